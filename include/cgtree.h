@@ -1,0 +1,250 @@
+/* cgtree — a CUDA graph tree runtime with checkpointed memory pools.
+ *
+ * A compiler splits a program at graph breaks into segments and calls them
+ * through cgt_run(). The first time a path through the segments is taken the
+ * runtime records one CUDA graph per segment; later steps that take the same
+ * path replay those graphs. All recordings share one device-memory pool that is
+ * checkpointed after each recording, so the program needs no more memory than
+ * it would eagerly.
+ *
+ * This is the one public header (plus cgtree_sim.h for the simulator
+ * backend). It compiles as C11 and as C++. Every function returns cgt_status,
+ * results travel through out-parameters, and a failing call changes nothing
+ * the caller can observe unless its comment says otherwise. The contract is
+ * shared/design/API.md; this file adds only what is marked "extension".
+ */
+#ifndef CGTREE_H
+#define CGTREE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CGT_VERSION_MAJOR 0
+#define CGT_VERSION_MINOR 1
+#define CGT_VERSION_PATCH 0
+#define CGT_VERSION_STRING "0.1.0"
+
+/* ---------------------------------------------------------------- status */
+
+/* One table generates the enum, cgt_status_name() and cgt_status_string(). */
+#define CGT_STATUS_MAP(X)                                                                       \
+  X(OK, "success")                                                                              \
+  X(ERR_INVALID_ARGUMENT, "invalid argument: NULL, counts that do not match the segment, or bad ids") \
+  X(ERR_OUT_OF_MEMORY, "host or device allocation failed; nothing changed")                     \
+  X(ERR_STALE_VALUE, "the value was released, or overwritten by a later step")                  \
+  X(ERR_CAPTURE_FAILED, "stream capture failed; the node runs eagerly")                         \
+  X(ERR_BACKEND, "the device runtime failed; see cgt_tree_last_error()")                        \
+  X(ERR_NO_DEVICE, "the CUDA backend was asked for, but no usable GPU or driver is present")    \
+  X(ERR_STATE, "the call is not allowed now")                                                   \
+  X(ERR_SEGMENT_FAILED, "the segment's launch function failed or did not set every output")
+
+typedef enum cgt_status {
+#define CGT__STATUS_ENUM(name, text) CGT_##name,
+  CGT_STATUS_MAP(CGT__STATUS_ENUM)
+#undef CGT__STATUS_ENUM
+  CGT_STATUS_COUNT /* extension: number of status codes */
+} cgt_status;
+
+const char *cgt_status_name(cgt_status s);   /* "CGT_ERR_STALE_VALUE"; "CGT_UNKNOWN_STATUS" if out of range */
+const char *cgt_status_string(cgt_status s); /* one-line human description */
+
+/* ------------------------------------------------------------------ tree */
+
+typedef struct cgt_tree cgt_tree;
+
+typedef enum cgt_backend { CGT_BACKEND_AUTO = 0, CGT_BACKEND_CUDA, CGT_BACKEND_SIM } cgt_backend;
+
+typedef enum cgt_mode {
+  CGT_MODE_TREE = 0, /* graph trees with one shared, checkpointed pool (the product) */
+  CGT_MODE_EAGER,    /* never capture: every run is eager (baseline, and a kill switch) */
+  CGT_MODE_SEPARATE  /* one graph per node, each with its own private pool, no sharing (baseline) */
+} cgt_mode;
+
+typedef struct cgt_options {
+  cgt_backend backend;       /* AUTO: CUDA when a usable GPU is present, else SIM */
+  cgt_mode mode;
+  int device;                /* CUDA device ordinal */
+  void *stream;              /* cudaStream_t to run on; NULL: the tree creates its own */
+  uint32_t warmup_runs;      /* eager runs of a (segment, variant) before it may be recorded; default 1; 0 = record at once */
+  uint32_t rerecord_limit;   /* max recorded children per (parent, segment, variant); past it the run is eager; default 32 */
+  size_t pool_chunk_bytes;   /* granularity of pool growth; default 2 MiB */
+  size_t pool_reserve_bytes; /* reserve this much at create; default 0 */
+  void (*log_fn)(void *user, int level, const char *msg); /* NULL: stderr, filtered by CGT_LOG */
+  void *log_user;
+} cgt_options;
+
+/* Log levels handed to log_fn (extension: the numbers behind CGT_LOG). */
+enum { CGT_LOG_ERROR = 0, CGT_LOG_WARN = 1, CGT_LOG_INFO = 2, CGT_LOG_DEBUG = 3 };
+
+void cgt_options_init(cgt_options *o); /* defaults above */
+
+/* Create a tree. o may be NULL (defaults). CGT_LOG and CGT_MODE are read
+ * here. Fails with CGT_ERR_NO_DEVICE when CUDA is asked for and absent. */
+cgt_status cgt_tree_create(const cgt_options *o, cgt_tree **out);
+/* Frees every graph, node, value and pool chunk. NULL is a no-op. Waits for
+ * the tree's stream first. */
+void cgt_tree_destroy(cgt_tree *t);
+cgt_backend cgt_tree_backend(const cgt_tree *t);  /* the backend actually chosen */
+cgt_mode cgt_tree_mode(const cgt_tree *t);        /* extension: the mode in force (after CGT_MODE) */
+void *cgt_tree_stream(const cgt_tree *t);         /* the stream all segments run on */
+const char *cgt_tree_last_error(const cgt_tree *t); /* detail of the last failure, "" if none */
+cgt_status cgt_sync(cgt_tree *t);                 /* wait for all work of the tree's stream */
+int cgt_cuda_available(void);                     /* 1 if a usable CUDA device and driver are present */
+
+/* -------------------------------------------------------------- segments */
+
+typedef uint32_t cgt_segment;
+typedef struct cgt_launch cgt_launch; /* context handed to a launch function */
+typedef cgt_status (*cgt_launch_fn)(cgt_launch *l, void *user);
+
+typedef struct cgt_segment_desc {
+  const char *name; /* copied; shown in logs, dot files and node info */
+  cgt_launch_fn launch;
+  void *user;
+  uint32_t n_inputs;
+  uint32_t n_outputs;
+} cgt_segment_desc;
+
+/* Segment ids are small integers starting at 1, in registration order. */
+cgt_status cgt_segment_register(cgt_tree *t, const cgt_segment_desc *d, cgt_segment *out);
+
+/* A launch function must enqueue the same work, with the same allocations in
+ * the same order, every time it is called with the same input addresses and
+ * variant: it is called for warmup and for recording, never for replay. These
+ * calls are valid inside it and only inside it (CGT_ERR_STATE elsewhere). */
+void *cgt_launch_stream(cgt_launch *l);            /* cudaStream_t (or sim stream) */
+void *cgt_launch_input(cgt_launch *l, uint32_t i); /* device pointer to read input i from; NULL if i is out of range */
+size_t cgt_launch_input_bytes(cgt_launch *l, uint32_t i);
+uint64_t cgt_launch_variant(cgt_launch *l);
+cgt_status cgt_launch_alloc(cgt_launch *l, size_t bytes, void **ptr); /* pool memory, 256-byte aligned */
+cgt_status cgt_launch_free(cgt_launch *l, void *ptr);    /* a temporary, no longer needed by later work */
+/* Output i is memory allocated in this launch or lies inside an input. */
+cgt_status cgt_launch_set_output(cgt_launch *l, uint32_t i, void *ptr, size_t bytes);
+
+/* ------------------------------------------------------------------ runs */
+
+typedef struct cgt_value {
+  uint64_t bits;
+} cgt_value; /* 0 is never a valid value */
+
+typedef enum cgt_arg_kind {
+  CGT_ARG_VALUE,  /* a value from an earlier run of this step */
+  CGT_ARG_STATIC, /* caller-owned device memory at a stable address: its address is part of the node key */
+  CGT_ARG_DYNAMIC /* caller-owned device memory whose address may change: copied into a pool placeholder before replay */
+} cgt_arg_kind;
+
+typedef struct cgt_arg {
+  cgt_arg_kind kind;
+  cgt_value value; /* CGT_ARG_VALUE */
+  const void *ptr; /* CGT_ARG_STATIC / CGT_ARG_DYNAMIC */
+  size_t bytes;    /* CGT_ARG_STATIC / CGT_ARG_DYNAMIC */
+} cgt_arg;
+
+static inline cgt_arg cgt_arg_value(cgt_value v) {
+  cgt_arg a;
+  a.kind = CGT_ARG_VALUE;
+  a.value = v;
+  a.ptr = NULL;
+  a.bytes = 0;
+  return a;
+}
+static inline cgt_arg cgt_arg_static(const void *ptr, size_t bytes) {
+  cgt_arg a;
+  a.kind = CGT_ARG_STATIC;
+  a.value.bits = 0;
+  a.ptr = ptr;
+  a.bytes = bytes;
+  return a;
+}
+static inline cgt_arg cgt_arg_dynamic(const void *ptr, size_t bytes) {
+  cgt_arg a;
+  a.kind = CGT_ARG_DYNAMIC;
+  a.value.bits = 0;
+  a.ptr = ptr;
+  a.bytes = bytes;
+  return a;
+}
+
+/* Ends the current step: every value still live becomes stale, and the path
+ * restarts at the roots. The first cgt_run after create needs none. */
+cgt_status cgt_step_begin(cgt_tree *t);
+
+/* Runs segment seg with args, by replay, recording, warmup or eagerly.
+ * Returns once the work is enqueued; outputs receive n_outputs new values.
+ * A capture failure is not an error here: the node turns EAGER and the run
+ * still produces its outputs. */
+cgt_status cgt_run(cgt_tree *t, cgt_segment seg, uint64_t variant, const cgt_arg *args, uint32_t n_args,
+                   cgt_value *outputs, uint32_t n_outputs);
+
+/* ---------------------------------------------------------------- values */
+
+/* A value is live from the cgt_run that made it until it is released or the
+ * step ends. Every use of a value that is not live is CGT_ERR_STALE_VALUE. */
+cgt_status cgt_value_ptr(cgt_tree *t, cgt_value v, void **ptr, size_t *bytes);
+cgt_status cgt_value_release(cgt_tree *t, cgt_value v); /* its memory may be reused by later runs */
+/* Async copy of the first `bytes` bytes of v to caller memory (device or host)
+ * on the tree stream; bytes may not exceed the value's size. */
+cgt_status cgt_value_copy_out(cgt_tree *t, cgt_value v, void *dst, size_t bytes);
+
+/* --------------------------------------------------------- introspection */
+
+typedef enum cgt_node_state {
+  CGT_NODE_WARMUP,   /* seen, not yet recorded: runs eagerly in the pool */
+  CGT_NODE_RECORDED, /* has a graph: replays */
+  CGT_NODE_EAGER     /* capture failed or limits hit: runs eagerly outside the pool, for good */
+} cgt_node_state;
+
+const char *cgt_node_state_name(cgt_node_state s); /* extension: "WARMUP", "RECORDED", "EAGER" */
+
+typedef struct cgt_node_info {
+  uint32_t id;     /* 1-based, in creation order; stable for the tree's life */
+  uint32_t parent; /* 0 for a root */
+  uint32_t depth;  /* 0 for a root */
+  cgt_segment segment;
+  uint64_t variant;
+  cgt_node_state state;
+  uint64_t replays;
+  uint64_t eager_runs;    /* warmup and eager runs of this node */
+  size_t pool_bytes_live; /* pool bytes allocated at this node's checkpoint */
+  const char *reason;     /* why the node is EAGER, else NULL; owned by the tree */
+  const char *segment_name; /* extension: the segment's registered name; owned by the tree */
+} cgt_node_info;
+
+/* The stats fields as one list, for printers (extension). */
+#define CGT_STATS_FIELDS(U64, SIZE)                                                              \
+  U64(runs) U64(replays) U64(recordings) U64(warmups) U64(eager_runs) U64(checkpoint_restores)  \
+  U64(rerecords) U64(capture_failures) U64(stale_uses) U64(nodes) U64(input_copies)             \
+  U64(input_copy_bytes) SIZE(pool_reserved_bytes) SIZE(pool_allocated_bytes) SIZE(pool_peak_bytes) \
+  SIZE(side_pool_peak_bytes) U64(host_allocs)
+
+typedef struct cgt_stats {
+  uint64_t runs, replays, recordings, warmups, eager_runs;
+  uint64_t checkpoint_restores, rerecords, capture_failures, stale_uses;
+  uint64_t nodes, input_copies, input_copy_bytes;
+  size_t pool_reserved_bytes, pool_allocated_bytes, pool_peak_bytes;
+  size_t side_pool_peak_bytes; /* memory of eager nodes, outside the graph pool */
+  uint64_t host_allocs;        /* extension: host allocations the tree made so far (0 on the replay path) */
+} cgt_stats;
+
+cgt_status cgt_tree_stats(const cgt_tree *t, cgt_stats *out);
+/* Writes at most cap entries ordered by id and sets *count to the total
+ * number of nodes (cap = 0 asks for the count; out may then be NULL). */
+cgt_status cgt_tree_nodes(const cgt_tree *t, cgt_node_info *out, size_t cap, size_t *count);
+/* Graphviz: one box per node with segment, state, replays. */
+cgt_status cgt_tree_write_dot(const cgt_tree *t, FILE *f);
+
+/* Extension: asserts every structural invariant of the tree (links, keys,
+ * value slots, pool agreement). Returns CGT_OK or CGT_ERR_STATE with the
+ * broken invariant in cgt_tree_last_error(). Tests call it after each run. */
+cgt_status cgt_tree_check(cgt_tree *t);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CGTREE_H */

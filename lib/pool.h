@@ -1,0 +1,92 @@
+/* pool.h — the checkpointable pool allocator.
+ *
+ * Device memory comes from a pool_source in big allocations called chunks;
+ * a chunk is carved into blocks (256-byte aligned, best fit, split on
+ * allocation, merged with free neighbours on free). A checkpoint snapshots the
+ * block layout without copying device memory; a restore rebuilds the layout
+ * from a checkpoint. Chunks are never given back while the pool lives: their
+ * addresses are burned into recorded graphs.
+ */
+#ifndef CGT_POOL_H
+#define CGT_POOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cgtree.h"
+
+#define POOL_ALIGN ((size_t)256)
+
+typedef struct pool pool;
+typedef struct pool_checkpoint pool_checkpoint;
+
+/* Where chunks come from. alloc returns CGT_ERR_OUT_OF_MEMORY when there is
+ * no room; the pool turns that into CGT_ERR_OUT_OF_MEMORY with itself
+ * unchanged. */
+typedef struct pool_source {
+  cgt_status (*alloc)(void *ctx, size_t bytes, void **ptr);
+  void (*free)(void *ctx, void *ptr);
+  void *ctx;
+} pool_source;
+
+typedef struct pool_stats {
+  size_t reserved_bytes;  /* sum of chunk sizes */
+  size_t allocated_bytes; /* sum of allocated block sizes (rounded to POOL_ALIGN) */
+  size_t peak_bytes;      /* highest allocated_bytes seen */
+  size_t chunks;
+  size_t blocks;          /* allocated and free blocks */
+  uint64_t host_allocs;   /* host allocations the pool made for itself */
+} pool_stats;
+
+/* chunk_bytes: the least size of a chunk (rounded up to POOL_ALIGN; 0 is
+ * invalid). The source is copied. */
+cgt_status pool_create(const pool_source *src, size_t chunk_bytes, pool **out);
+/* Gives every chunk back to the source. NULL is a no-op. */
+void pool_destroy(pool *p);
+
+/* Grows the pool so that `bytes` more could be allocated without a new
+ * chunk (one chunk of at least that size). */
+cgt_status pool_reserve(pool *p, size_t bytes);
+
+/* A block of at least `bytes` (0 and sizes that overflow when rounded are
+ * CGT_ERR_INVALID_ARGUMENT). Requests above chunk_bytes get a chunk of their
+ * own. New chunks come from the source only when no free block fits. */
+cgt_status pool_alloc(pool *p, size_t bytes, void **ptr);
+/* ptr must be the base of an allocated block (CGT_ERR_INVALID_ARGUMENT). */
+cgt_status pool_free(pool *p, void *ptr);
+
+/* The allocated block containing ptr (any address inside it): 1 and its base
+ * and size, or 0 if ptr is in no allocated block of this pool. */
+int pool_find(const pool *p, const void *ptr, void **base, size_t *bytes);
+/* Size of the allocated block based exactly at ptr, or 0. O(1). */
+size_t pool_block_bytes(const pool *p, const void *ptr);
+
+void pool_get_stats(const pool *p, pool_stats *out);
+void pool_reset_peak(pool *p); /* peak := allocated */
+
+/* Snapshot of the layout: for every chunk, its ordered blocks (offset, size,
+ * allocated). No device memory is copied. */
+cgt_status pool_checkpoint_take(pool *p, pool_checkpoint **out);
+void pool_checkpoint_free(pool_checkpoint *c);
+size_t pool_checkpoint_allocated_bytes(const pool_checkpoint *c);
+/* Calls fn for the base and size of every allocated block of c, in address order. */
+void pool_checkpoint_foreach_allocated(const pool_checkpoint *c, void (*fn)(void *user, void *base, size_t bytes),
+                                       void *user);
+
+/* Rebuilds the layout of c; chunks made after c are wholly free. Then frees
+ * every block of c for which keep(user, base) returns 0 (keep NULL: keep all).
+ * CGT_ERR_OUT_OF_MEMORY (host) leaves the pool unchanged. c must come from p. */
+cgt_status pool_restore(pool *p, const pool_checkpoint *c, int (*keep)(void *user, void *base), void *user);
+/* 1 if the current layout is exactly c's (chunks made after c wholly free). */
+int pool_matches(const pool *p, const pool_checkpoint *c);
+
+/* Frees every block (the layout of an empty pool; chunks stay). */
+void pool_clear(pool *p);
+
+/* Walks every chunk and checks every invariant: blocks tile each chunk
+ * exactly, no two adjacent free blocks, offsets aligned, the lookup table
+ * holds exactly the allocated blocks, totals match. Returns 1 if all hold;
+ * otherwise 0 with a description in why (if why is not NULL). */
+int pool_check(const pool *p, char *why, size_t why_bytes);
+
+#endif /* CGT_POOL_H */
