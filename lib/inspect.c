@@ -1,0 +1,242 @@
+/* inspect.c — what the tree shows of itself: statistics, node lists, a
+ * Graphviz drawing, and the invariant checker.
+ *
+ * tree__check() walks every structure and checks what the rest of the code
+ * relies on: the links between nodes and their parents' hash tables, the
+ * keys, the node states, the value slots and the path, every pool, and —
+ * while the graph pool mirrors the path — that the pool's allocated blocks
+ * are exactly the blocks of the live values, none overlapping another. Tests
+ * call it after every operation; debug builds call it at every state change.
+ */
+#include <string.h>
+
+#include "tree_internal.h"
+
+static void add_pool(const pool *p, size_t *reserved, size_t *allocated, size_t *peak, uint64_t *host_allocs) {
+  if (!p)
+    return;
+  pool_stats s;
+  pool_get_stats(p, &s);
+  *reserved += s.reserved_bytes;
+  *allocated += s.allocated_bytes;
+  *peak += s.peak_bytes;
+  *host_allocs += s.host_allocs;
+}
+
+cgt_status cgt_tree_stats(const cgt_tree *t, cgt_stats *out) {
+  if (!t || !out)
+    return CGT_ERR_INVALID_ARGUMENT;
+  *out = t->stats;
+  out->pool_reserved_bytes = out->pool_allocated_bytes = out->pool_peak_bytes = 0;
+  size_t side_reserved = 0, side_allocated = 0;
+  out->side_pool_peak_bytes = 0;
+  if (t->opt.mode == CGT_MODE_SEPARATE) {
+    /* Each node's private pool is its own memory: the baseline's cost. */
+    for (uint32_t i = 0; i < t->n_nodes; i++)
+      add_pool(t->nodes[i]->own_pool, &out->pool_reserved_bytes, &out->pool_allocated_bytes, &out->pool_peak_bytes,
+               &out->host_allocs);
+  }
+  /* The graph pool is unused in SEPARATE mode, so adding it changes nothing
+   * there but its (empty) host allocations. */
+  add_pool(t->pool, &out->pool_reserved_bytes, &out->pool_allocated_bytes, &out->pool_peak_bytes, &out->host_allocs);
+  add_pool(t->side_pool, &side_reserved, &side_allocated, &out->side_pool_peak_bytes, &out->host_allocs);
+  return CGT_OK;
+}
+
+static void node_info(const cgt_tree *t, const node *n, cgt_node_info *info) {
+  memset(info, 0, sizeof *info);
+  info->id = n->id;
+  info->parent = n->parent ? n->parent->id : 0;
+  info->depth = n->depth;
+  info->segment = n->segment;
+  info->variant = n->variant;
+  info->state = n->state;
+  info->replays = n->replays;
+  info->eager_runs = n->eager_runs;
+  info->pool_bytes_live = n->ckpt_bytes;
+  info->reason = n->reason;
+  info->segment_name = t->segments[n->segment - 1].name;
+}
+
+cgt_status cgt_tree_nodes(const cgt_tree *t, cgt_node_info *out, size_t cap, size_t *count) {
+  if (!t || !count || (cap && !out))
+    return CGT_ERR_INVALID_ARGUMENT;
+  for (size_t i = 0; i < cap && i < t->n_nodes; i++)
+    node_info(t, t->nodes[i], &out[i]);
+  *count = t->n_nodes;
+  return CGT_OK;
+}
+
+static void dot_escaped(FILE *f, const char *s) {
+  for (; *s; s++) {
+    if (*s == '"' || *s == '\\')
+      fputc('\\', f);
+    fputc(*s, f);
+  }
+}
+
+cgt_status cgt_tree_write_dot(const cgt_tree *t, FILE *f) {
+  if (!t || !f)
+    return CGT_ERR_INVALID_ARGUMENT;
+  fprintf(f, "digraph cgtree {\n  rankdir=TB;\n  node [shape=box, fontname=\"monospace\"];\n");
+  for (uint32_t i = 0; i < t->n_nodes; i++) {
+    const node *n = t->nodes[i];
+    static const char *const style[] = {"style=dashed", "style=solid", "style=\"dashed,bold\", color=red"};
+    fprintf(f, "  n%u [label=\"#%u ", n->id, n->id);
+    dot_escaped(f, t->segments[n->segment - 1].name);
+    fprintf(f, "\\nvariant %llu\\n%s\\nreplays %llu, eager %llu", (unsigned long long)n->variant,
+            cgt_node_state_name(n->state), (unsigned long long)n->replays, (unsigned long long)n->eager_runs);
+    if (n->reason) {
+      fprintf(f, "\\n");
+      dot_escaped(f, n->reason);
+    }
+    fprintf(f, "\", %s];\n", style[n->state]);
+    if (n->parent && n->parent->id)
+      fprintf(f, "  n%u -> n%u;\n", n->parent->id, n->id);
+  }
+  fprintf(f, "}\n");
+  return ferror(f) ? CGT_ERR_BACKEND : CGT_OK;
+}
+
+/* ---------------------------------------------------------------- checks */
+
+#define CHECK(cond, ...)                                 \
+  do {                                                   \
+    if (!(cond))                                         \
+      return tree__fail(t, CGT_ERR_STATE, __VA_ARGS__); \
+  } while (0)
+
+static cgt_status check_nodes(cgt_tree *t) {
+  CHECK(t->root.id == 0 && !t->root.parent, "the virtual root has an id or a parent");
+  CHECK(t->n_nodes == t->stats.nodes, "%u nodes but stats.nodes = %llu", t->n_nodes,
+        (unsigned long long)t->stats.nodes);
+  uint32_t reachable = 0;
+  for (uint32_t i = 0; i <= t->n_nodes; i++) {
+    const node *p = i ? t->nodes[i - 1] : &t->root;
+    for (const node *first = p->children; first; first = (const node *)first->hh.next)
+      for (const node *c = first; c; c = c->next_same_key) {
+        reachable++;
+        CHECK(c->parent == p, "node %u hangs under %u but names %u as parent", c->id, p->id,
+              c->parent ? c->parent->id : 0);
+        CHECK(c->key_bytes == first->key_bytes && !memcmp(c->key, first->key, c->key_bytes),
+              "node %u shares a key group with %u but not its key", c->id, first->id);
+      }
+  }
+  CHECK(reachable == t->n_nodes, "%u nodes reachable from the root, %u exist", reachable, t->n_nodes);
+  for (uint32_t i = 0; i < t->n_nodes; i++) {
+    const node *n = t->nodes[i];
+    CHECK(n->id == i + 1, "node at index %u has id %u", i, n->id);
+    CHECK(n->parent == &t->root || (n->parent && n->parent->id < n->id), "node %u is older than its parent", n->id);
+    CHECK(n->depth == (n->parent == &t->root ? 0 : n->parent->depth + 1), "node %u has depth %u", n->id, n->depth);
+    CHECK(n->segment >= 1 && n->segment <= t->n_segments, "node %u has unknown segment %u", n->id, n->segment);
+    const segment_rec *s = &t->segments[n->segment - 1];
+    CHECK(n->key_bytes == (2 + 3 * (size_t)s->n_inputs) * 8 && n->key[0] == ((uint64_t)n->segment | (uint64_t)s->n_inputs << 32) &&
+              n->key[1] == n->variant,
+          "node %u's key does not match its segment and variant", n->id);
+    switch (n->state) {
+    case CGT_NODE_WARMUP:
+      CHECK(!n->exec && !n->graph && !n->ckpt, "WARMUP node %u holds a recording", n->id);
+      break;
+    case CGT_NODE_RECORDED:
+      CHECK(n->exec && n->graph, "RECORDED node %u has no graph", n->id);
+      CHECK(t->opt.mode != CGT_MODE_TREE || n->ckpt, "RECORDED node %u has no checkpoint", n->id);
+      CHECK(n->n_outputs == s->n_outputs, "RECORDED node %u has %u outputs, its segment %u", n->id, n->n_outputs,
+            s->n_outputs);
+      break;
+    case CGT_NODE_EAGER:
+      CHECK(!n->exec && n->reason, "EAGER node %u has a graph or no reason", n->id);
+      break;
+    default:
+      CHECK(0, "node %u has state %d", n->id, (int)n->state);
+    }
+  }
+  return CGT_OK;
+}
+
+static int path_bit(const cgt_tree *t, uint32_t p) { return (int)(t->path_live[p / 64] >> (p % 64) & 1); }
+
+static cgt_status check_values(cgt_tree *t) {
+  uint32_t live = 0, free_count = 0;
+  for (uint32_t p = 0; p < t->path_len; p++) {
+    if (!path_bit(t, p))
+      continue;
+    CHECK(t->path[p] < t->n_slots, "path position %u names slot %u of %u", p, t->path[p], t->n_slots);
+    const value_slot *s = &t->slots[t->path[p]];
+    CHECK(s->live && s->path_pos == p, "path position %u is live but its slot is not (or points elsewhere)", p);
+    live++;
+  }
+  for (uint32_t i = t->free_slot; i != VALUE_NONE; i = t->slots[i].next_free) {
+    CHECK(i < t->n_slots && !t->slots[i].live, "free list holds slot %u, which is live or out of range", i);
+    CHECK(++free_count <= t->n_slots, "the free list of value slots loops");
+  }
+  uint32_t live_slots = 0;
+  for (uint32_t i = 0; i < t->n_slots; i++)
+    live_slots += t->slots[i].live;
+  CHECK(live_slots == live, "%u live slots but %u live path positions", live_slots, live);
+  CHECK(live + free_count == t->n_slots, "%u live + %u free slots != %u", live, free_count, t->n_slots);
+  return CGT_OK;
+}
+
+static cgt_status check_pools(cgt_tree *t) {
+  char why[256];
+  CHECK(pool_check(t->pool, why, sizeof why), "graph pool: %s", why);
+  CHECK(pool_check(t->side_pool, why, sizeof why), "side pool: %s", why);
+  for (uint32_t i = 0; i < t->n_nodes; i++)
+    if (t->nodes[i]->own_pool)
+      CHECK(pool_check(t->nodes[i]->own_pool, why, sizeof why), "private pool of node %u: %s", i + 1, why);
+
+  /* Live values: inside their blocks, and no two blocks overlap. */
+  size_t distinct_graph_bytes = 0;
+  for (uint32_t p = 0; p < t->path_len; p++) {
+    if (!path_bit(t, p))
+      continue;
+    const value_slot *a = &t->slots[t->path[p]];
+    if (!a->block)
+      continue;
+    size_t bytes = pool_block_bytes(a->pool, a->block);
+    /* Only the graph pool lets go of the path: replay leaves its layout. */
+    int owned_now = !(a->pool == t->pool && t->opt.mode == CGT_MODE_TREE && !t->pool_synced);
+    if (owned_now) {
+      CHECK(bytes > 0, "live value at path position %u sits in block %p, which is not allocated", p, a->block);
+      CHECK((uintptr_t)a->ptr >= (uintptr_t)a->block &&
+                (uintptr_t)a->ptr - (uintptr_t)a->block + a->bytes <= bytes,
+            "live value at path position %u overruns its block", p);
+    }
+    int first_of_block = 1;
+    for (uint32_t q = 0; q < p; q++) {
+      if (!path_bit(t, q))
+        continue;
+      const value_slot *b = &t->slots[t->path[q]];
+      if (!b->block || b->pool != a->pool)
+        continue;
+      if (b->block == a->block)
+        first_of_block = 0;
+    }
+    if (first_of_block && a->pool == t->pool && owned_now)
+      distinct_graph_bytes += bytes;
+  }
+  if (t->opt.mode == CGT_MODE_TREE && t->pool_synced) {
+    pool_stats ps;
+    pool_get_stats(t->pool, &ps);
+    CHECK(ps.allocated_bytes == distinct_graph_bytes,
+          "the graph pool mirrors the path, but holds %zu bytes while the live values hold %zu", ps.allocated_bytes,
+          distinct_graph_bytes);
+  }
+  return CGT_OK;
+}
+
+cgt_status tree__check(cgt_tree *t) {
+  CHECK(!t->launch.active, "a launch is active");
+  cgt_status st = check_nodes(t);
+  if (st == CGT_OK)
+    st = check_values(t);
+  if (st == CGT_OK)
+    st = check_pools(t);
+  return st;
+}
+
+cgt_status cgt_tree_check(cgt_tree *t) {
+  if (!t)
+    return CGT_ERR_INVALID_ARGUMENT;
+  return tree__check(t);
+}

@@ -1,0 +1,593 @@
+/* node.c — one run of a segment through the tree: lookup, then replay,
+ * record, warmup or an eager run, and the pool bookkeeping each needs.
+ *
+ * A node is a segment reached along one path. Its key under its parent is
+ * (segment, variant, the address and size of every VALUE and STATIC argument,
+ * the size of every DYNAMIC argument), so one hash probe finds it. Nodes with
+ * the same key are re-records for other liveness patterns and hang off the
+ * first one in creation order.
+ *
+ * Every node moves WARMUP -> RECORDED (-> EAGER). The shape of the choice:
+ *
+ *   REPLAY  a RECORDED node whose recorded liveness admits the values live
+ *           now, and no warmup yet in this step: copy DYNAMIC arguments into
+ *           the node's placeholders, launch the graph, hand out the values
+ *           the recording fixed.
+ *   RECORD  a new or WARMUP node whose (segment, variant) has warmed up:
+ *           bring the pool to the parent's layout, capture the launch
+ *           function, instantiate and upload, checkpoint the pool, launch.
+ *   WARMUP  otherwise: run the launch function eagerly with pool memory;
+ *           the rest of the step is warmup too, because those allocations
+ *           moved the pool away from every recorded layout.
+ *   EAGER   a node whose capture failed or whose parent has too many
+ *           recordings of the segment: run eagerly on the side pool, which
+ *           leaves the graph pool alone, so its children still record.
+ *
+ * The pool is "synced" while its layout is exactly the blocks of the path's
+ * live values; warmup and recording need that, replay breaks it (the graph
+ * used memory behind the allocator's back). Before warmup or recording on an
+ * unsynced pool we restore the checkpoint of the nearest recorded ancestor
+ * and free every block whose values have all died since; by the liveness
+ * invariant that is exactly the path's live values again.
+ */
+#include <string.h>
+
+#include "tree_internal.h"
+
+/* A fast mix of whole words: keys are arrays of uint64_t. */
+uint32_t tree__key_hash(const void *key, size_t len) {
+  const uint64_t *w = key;
+  uint64_t h = 0x243f6a8885a308d3ull ^ len;
+  for (size_t i = 0; i < len / 8; i++) {
+    h ^= w[i];
+    h *= 0x9e3779b97f4a7c15ull;
+    h ^= h >> 29;
+  }
+  h *= 0xbf58476d1ce4e5b9ull;
+  return (uint32_t)(h ^ (h >> 32));
+}
+
+enum { KEY_STATIC = 1, KEY_VALUE = 2, KEY_DYNAMIC = 3 };
+
+static size_t key_build(cgt_tree *t, cgt_segment id, uint64_t variant, uint32_t n_args) {
+  uint64_t *k = t->key_buf;
+  k[0] = (uint64_t)id | (uint64_t)n_args << 32;
+  k[1] = variant;
+  for (uint32_t i = 0; i < n_args; i++) {
+    const run_arg *a = &t->args[i];
+    uint64_t *w = &k[2 + 3 * (size_t)i];
+    w[0] = !a->keyed ? KEY_DYNAMIC : a->kind == CGT_ARG_STATIC ? KEY_STATIC : KEY_VALUE;
+    w[1] = a->keyed ? (uint64_t)(uintptr_t)a->ptr : 0;
+    w[2] = a->bytes;
+  }
+  return (2 + 3 * (size_t)n_args) * sizeof *k;
+}
+
+/* ------------------------------------------------------------- warm counts */
+
+static warm_count *warm_find(cgt_tree *t, cgt_segment id, uint64_t variant) {
+  warm_count probe, *w;
+  memset(&probe.key, 0, sizeof probe.key);
+  probe.key.segment = id;
+  probe.key.variant = variant;
+  HASH_FIND(hh, t->warm, &probe.key, sizeof probe.key, w);
+  return w;
+}
+
+/* Finds or makes the counter first, so that a run never fails after its
+ * launch function has done its work. */
+static warm_count *warm_get(cgt_tree *t, cgt_segment id, uint64_t variant) {
+  warm_count *w = warm_find(t, id, variant);
+  if (w)
+    return w;
+  w = tree__calloc(t, 1, sizeof *w);
+  if (!w)
+    return NULL;
+  w->key.segment = id;
+  w->key.variant = variant;
+  HASH_ADD(hh, t->warm, key, sizeof w->key, w);
+  return w;
+}
+
+/* ------------------------------------------------------------------- nodes */
+
+int node__liveness_ok(const cgt_tree *t, const node *n) {
+  if (t->opt.mode != CGT_MODE_TREE)
+    return 1;
+  if (NEVER(n->path_len != t->path_len))
+    return 0;
+  for (uint32_t w = 0; w < (n->path_len + 63) / 64; w++)
+    if (t->path_live[w] & n->dead_mask[w])
+      return 0;
+  return 1;
+}
+
+void node__destroy(cgt_tree *t, node *n) {
+  if (n->graph || n->exec)
+    t->dev.ops->graph_destroy(&t->dev, n->graph, n->exec);
+  if (n->ckpt)
+    pool_checkpoint_free(n->ckpt);
+  if (n->own_pool)
+    pool_destroy(n->own_pool);
+  HASH_CLEAR(hh, n->children);
+  free(n->key);
+  free(n->reason);
+  free(n->dead_mask);
+  free(n->placeholders);
+  free(n->outputs);
+  free(n);
+}
+
+/* Makes a child of t->cur under the key in t->key_buf; `first` is the head
+ * of its key group (NULL for a new key). */
+static node *node_create(cgt_tree *t, node *first, cgt_segment id, uint64_t variant, size_t key_bytes) {
+  if (t->n_nodes == UINT32_MAX - 1)
+    return NULL;
+  if (!tree__grow(t, (void **)&t->nodes, &t->nodes_cap, t->n_nodes + 1, sizeof *t->nodes))
+    return NULL;
+  node *n = tree__calloc(t, 1, sizeof *n);
+  uint64_t *key = tree__malloc(t, key_bytes);
+  if (!n || !key) {
+    free(n);
+    free(key);
+    return NULL;
+  }
+  memcpy(key, t->key_buf, key_bytes);
+  n->key = key;
+  n->key_bytes = key_bytes;
+  n->id = t->n_nodes + 1;
+  n->parent = t->cur;
+  n->depth = t->cur == &t->root ? 0 : t->cur->depth + 1;
+  n->segment = id;
+  n->variant = variant;
+  n->state = CGT_NODE_WARMUP;
+  if (first) {
+    node *last = first;
+    while (last->next_same_key)
+      last = last->next_same_key;
+    last->next_same_key = n;
+  } else {
+    HASH_ADD_KEYPTR(hh, t->cur->children, n->key, n->key_bytes, n);
+  }
+  t->nodes[t->n_nodes++] = n;
+  t->stats.nodes++;
+  return n;
+}
+
+/* Undoes node_create for a node whose first run failed: no half-made nodes. */
+static void node_unlink_newest(cgt_tree *t, node *n) {
+  node *first;
+  HASH_FIND(hh, n->parent->children, n->key, n->key_bytes, first);
+  if (first == n) {
+    HASH_DELETE(hh, n->parent->children, n);
+  } else {
+    node *prev = first;
+    while (prev && prev->next_same_key != n)
+      prev = prev->next_same_key;
+    if (prev)
+      prev->next_same_key = NULL;
+  }
+  t->n_nodes--;
+  t->stats.nodes--;
+  node__destroy(t, n);
+}
+
+/* Recordings a parent already has of (segment, variant), for rerecord_limit. */
+static uint32_t count_recordings(const node *parent, cgt_segment id, uint64_t variant) {
+  uint32_t count = 0;
+  for (const node *first = parent->children; first; first = (const node *)first->hh.next)
+    for (const node *c = first; c; c = c->next_same_key)
+      if (c->segment == id && c->variant == variant && c->state != CGT_NODE_EAGER)
+        count++;
+  return count;
+}
+
+static void node_make_eager(cgt_tree *t, node *n, const char *why) {
+  n->state = CGT_NODE_EAGER;
+  free(n->reason);
+  n->reason = tree__strdup(t, why);
+  if (n->graph || n->exec)
+    t->dev.ops->graph_destroy(&t->dev, n->graph, n->exec);
+  n->graph = n->exec = NULL;
+  tree__log(t, CGT_LOG_WARN, "node %u (segment '%s') runs eagerly from now on: %s", n->id,
+            t->segments[n->segment - 1].name, why);
+}
+
+/* ---------------------------------------------------------------- the pool */
+
+static int keep_live_block(void *user, void *base) {
+  cgt_tree *t = user;
+  return value__block_in_use(t, t->pool, base, VALUE_NONE);
+}
+
+/* Brings the graph pool to the layout of the path's live values. */
+static cgt_status pool_sync(cgt_tree *t) {
+  if (t->opt.mode != CGT_MODE_TREE || t->pool_synced)
+    return CGT_OK;
+  node *a = t->cur;
+  while (a != &t->root && !a->ckpt)
+    a = a->parent;
+  if (a == &t->root) {
+    pool_clear(t->pool);
+  } else {
+    cgt_status st = pool_restore(t->pool, a->ckpt, keep_live_block, t);
+    if (st != CGT_OK)
+      return tree__fail(t, st, "restoring the checkpoint of node %u: %s", a->id, cgt_status_string(st));
+    t->stats.checkpoint_restores++;
+    tree__log(t, CGT_LOG_DEBUG, "pool restored to the checkpoint of node %u", a->id);
+  }
+  t->pool_synced = 1;
+  return CGT_OK;
+}
+
+/* The pool a node's warmup and recording allocate from. */
+static cgt_status node_pool(cgt_tree *t, node *n, pool **out) {
+  if (t->opt.mode != CGT_MODE_SEPARATE) {
+    cgt_status st = pool_sync(t);
+    *out = t->pool;
+    return st;
+  }
+  if (!n->own_pool) {
+    cgt_status st = tree__pool_create(t, &n->own_pool);
+    if (st != CGT_OK)
+      return st;
+  }
+  /* The node runs at most once a step and its values die with the step, so
+   * whatever its private pool holds is dead now. */
+  pool_clear(n->own_pool);
+  *out = n->own_pool;
+  return CGT_OK;
+}
+
+/* ---------------------------------------------------------------- the runs */
+
+static void set_inputs_direct(cgt_tree *t) {
+  cgt_launch *l = &t->launch;
+  for (uint32_t i = 0; i < l->n_inputs; i++) {
+    l->in_ptr[i] = t->args[i].ptr;
+    l->in_bytes[i] = t->args[i].bytes;
+    l->in_block[i] = t->args[i].block;
+    l->in_pool[i] = t->args[i].pool;
+  }
+}
+
+static void hand_out_launch_outputs(cgt_tree *t, cgt_value *outputs) {
+  cgt_launch *l = &t->launch;
+  for (uint32_t o = 0; o < l->n_outputs; o++)
+    outputs[o] = value__make(t, l->out_ptr[o], l->out_bytes[o], l->out_block[o], l->out_pool[o]);
+}
+
+/* Runs the launch function eagerly with allocations from pl. n may be NULL
+ * (CGT_MODE_EAGER keeps no nodes). */
+static cgt_status run_eagerly(cgt_tree *t, node *n, cgt_segment id, const segment_rec *seg, uint64_t variant, pool *pl,
+                              int is_warmup, cgt_value *outputs) {
+  warm_count *w = warm_get(t, id, variant);
+  if (!w)
+    return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory for warmup counters");
+  cgt_status st = launch__prepare(t, seg, variant, pl);
+  if (st != CGT_OK)
+    return st;
+  set_inputs_direct(t);
+  if (t->dev.ops->range_push)
+    t->dev.ops->range_push(&t->dev, seg->name);
+  st = launch__call(t);
+  if (st == CGT_OK)
+    st = launch__finish(t);
+  if (t->dev.ops->range_pop)
+    t->dev.ops->range_pop(&t->dev);
+  if (st != CGT_OK) {
+    launch__rollback(t);
+    return st;
+  }
+  hand_out_launch_outputs(t, outputs);
+  w->runs++;
+  if (n) {
+    n->eager_runs++;
+    t->cur = n;
+  }
+  if (is_warmup) {
+    t->stats.warmups++;
+    if (t->opt.mode == CGT_MODE_TREE)
+      t->step_in_warmup = 1;
+  } else {
+    t->stats.eager_runs++;
+  }
+  return CGT_OK;
+}
+
+static cgt_status run_warmup(cgt_tree *t, node *n, const segment_rec *seg, cgt_value *outputs) {
+  pool *pl;
+  cgt_status st = node_pool(t, n, &pl);
+  if (st != CGT_OK)
+    return st;
+  return run_eagerly(t, n, n->segment, seg, n->variant, pl, 1, outputs);
+}
+
+static cgt_status run_eager_node(cgt_tree *t, node *n, const segment_rec *seg, cgt_value *outputs) {
+  return run_eagerly(t, n, n->segment, seg, n->variant, t->side_pool, 0, outputs);
+}
+
+static cgt_status replay(cgt_tree *t, node *n, cgt_value *outputs) {
+  const backend_ops *ops = t->dev.ops;
+  if (ops->range_push)
+    ops->range_push(&t->dev, t->segments[n->segment - 1].name);
+  cgt_status st = CGT_OK;
+  for (uint32_t i = 0; i < n->n_placeholders && st == CGT_OK; i++) {
+    const node_placeholder *ph = &n->placeholders[i];
+    st = ops->copy(&t->dev, ph->ptr, t->args[ph->arg].ptr, ph->bytes);
+    t->stats.input_copies++;
+    t->stats.input_copy_bytes += ph->bytes;
+  }
+  if (st == CGT_OK)
+    st = ops->launch(&t->dev, n->exec);
+  if (ops->range_pop)
+    ops->range_pop(&t->dev);
+  if (st != CGT_OK)
+    return tree__backend_fail(t, st, "replay");
+  for (uint32_t o = 0; o < n->n_outputs; o++) {
+    const node_output *out = &n->outputs[o];
+    outputs[o] = value__make(t, out->ptr, out->bytes, out->block, out->pool);
+  }
+  n->replays++;
+  t->stats.replays++;
+  if (t->opt.mode == CGT_MODE_TREE)
+    t->pool_synced = 0;
+  t->cur = n;
+  return CGT_OK;
+}
+
+/* What a recording holds while it is being made; undone as one piece. */
+typedef struct recording {
+  pool *pl;
+  node_placeholder *ph;
+  uint32_t n_ph; /* placeholders allocated so far */
+  node_output *outs;
+  uint64_t *dead;
+  void *graph;
+  void *exec;
+  pool_checkpoint *ckpt;
+} recording;
+
+/* Gives back everything a failed recording took: the pool ends as it was
+ * before the recording began. */
+static void recording_undo(cgt_tree *t, recording *r) {
+  if (r->graph || r->exec)
+    t->dev.ops->graph_destroy(&t->dev, r->graph, r->exec);
+  if (r->ckpt)
+    pool_checkpoint_free(r->ckpt);
+  launch__rollback(t);
+  for (uint32_t i = 0; i < r->n_ph; i++)
+    if (pool_block_bytes(r->pl, r->ph[i].ptr))
+      pool_free(r->pl, r->ph[i].ptr);
+  free(r->ph), free(r->outs), free(r->dead);
+}
+
+/* Allocates the placeholders of DYNAMIC arguments and copies the caller's
+ * data in; the graph reads them there, and each replay refills them first. */
+static cgt_status recording_placeholders(cgt_tree *t, recording *r, const segment_rec *seg) {
+  cgt_launch *l = &t->launch;
+  for (uint32_t i = 0; i < seg->n_inputs; i++) {
+    if (t->args[i].keyed)
+      continue;
+    void *p;
+    cgt_status st = pool_alloc(r->pl, t->args[i].bytes, &p);
+    if (st != CGT_OK)
+      return tree__fail(t, st, "placeholder of %zu bytes for input %u: %s", t->args[i].bytes, i,
+                        cgt_status_string(st));
+    r->ph[r->n_ph++] = (node_placeholder){i, p, t->args[i].bytes};
+    st = t->dev.ops->copy(&t->dev, p, t->args[i].ptr, t->args[i].bytes);
+    if (st != CGT_OK)
+      return tree__backend_fail(t, st, "copy into a placeholder");
+    t->stats.input_copies++;
+    t->stats.input_copy_bytes += t->args[i].bytes;
+    l->in_ptr[i] = p;
+    l->in_block[i] = p;
+    l->in_pool[i] = r->pl;
+  }
+  return CGT_OK;
+}
+
+/* Placeholders that no output aliases are free again once captured. */
+static void recording_release_placeholders(cgt_tree *t, recording *r) {
+  cgt_launch *l = &t->launch;
+  for (uint32_t i = 0; i < r->n_ph; i++) {
+    int held = 0;
+    for (uint32_t o = 0; o < l->n_outputs; o++)
+      held |= l->out_block[o] == r->ph[i].ptr;
+    if (!held)
+      pool_free(r->pl, r->ph[i].ptr);
+  }
+}
+
+/* Captures the launch function into a graph. On success the node is
+ * RECORDED, checkpointed and launched once. A capture failure turns the node
+ * EAGER and runs it eagerly; other failures change nothing. */
+static cgt_status record(cgt_tree *t, node *n, const segment_rec *seg, int is_rerecord, cgt_value *outputs) {
+  const backend_ops *ops = t->dev.ops;
+  recording r;
+  memset(&r, 0, sizeof r);
+  cgt_status st = node_pool(t, n, &r.pl);
+  if (st != CGT_OK)
+    return st;
+  warm_count *w = warm_get(t, n->segment, n->variant);
+  if (!w)
+    return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory for warmup counters");
+
+  /* Host memory the recording keeps is taken before anything happens. */
+  uint32_t n_dyn = 0, mask_words = (t->path_len + 63) / 64;
+  for (uint32_t i = 0; i < seg->n_inputs; i++)
+    n_dyn += !t->args[i].keyed;
+  r.ph = n_dyn ? tree__calloc(t, n_dyn, sizeof *r.ph) : NULL;
+  r.outs = seg->n_outputs ? tree__calloc(t, seg->n_outputs, sizeof *r.outs) : NULL;
+  r.dead = mask_words ? tree__calloc(t, mask_words, sizeof *r.dead) : NULL;
+  if ((n_dyn && !r.ph) || (seg->n_outputs && !r.outs) || (mask_words && !r.dead)) {
+    recording_undo(t, &r);
+    return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory to record node %u", n->id);
+  }
+  st = launch__prepare(t, seg, n->variant, r.pl);
+  if (st != CGT_OK) {
+    recording_undo(t, &r);
+    return st;
+  }
+  set_inputs_direct(t);
+  st = recording_placeholders(t, &r, seg);
+  if (st != CGT_OK) {
+    recording_undo(t, &r);
+    return st;
+  }
+
+  /* Capture. A launch function that fails is the caller's error; a capture
+   * the backend invalidated (a sync, a malloc) makes the node EAGER. */
+  if (ops->range_push)
+    ops->range_push(&t->dev, seg->name);
+  st = ops->capture_begin(&t->dev);
+  if (st != CGT_OK) {
+    if (ops->range_pop)
+      ops->range_pop(&t->dev);
+    recording_undo(t, &r);
+    return tree__backend_fail(t, st, "capture_begin");
+  }
+  cgt_status call_st = launch__call(t);
+  cgt_status cap_st = ops->capture_end(&t->dev, &r.graph);
+  if (ops->range_pop)
+    ops->range_pop(&t->dev);
+  char why[BACKEND_ERROR_BYTES + 32] = "";
+  if (cap_st != CGT_OK)
+    snprintf(why, sizeof why, "capture failed: %s", t->dev.error);
+  if (call_st != CGT_OK) {
+    recording_undo(t, &r);
+    return call_st;
+  }
+  if (cap_st == CGT_OK) {
+    st = launch__finish(t);
+    if (st != CGT_OK) {
+      recording_undo(t, &r);
+      return st;
+    }
+    st = ops->instantiate(&t->dev, r.graph, &r.exec);
+    if (st == CGT_ERR_OUT_OF_MEMORY) {
+      recording_undo(t, &r);
+      return tree__backend_fail(t, st, "instantiate");
+    }
+    if (st != CGT_OK) {
+      snprintf(why, sizeof why, "instantiate failed: %s", t->dev.error);
+      cap_st = CGT_ERR_CAPTURE_FAILED;
+    }
+  }
+  if (cap_st != CGT_OK) {
+    recording_undo(t, &r);
+    t->stats.capture_failures++;
+    tree__fail(t, CGT_ERR_CAPTURE_FAILED, "node %u (segment '%s'): %s", n->id, seg->name, why);
+    node_make_eager(t, n, why);
+    return run_eager_node(t, n, seg, outputs);
+  }
+
+  recording_release_placeholders(t, &r);
+  if (t->opt.mode == CGT_MODE_TREE) {
+    st = pool_checkpoint_take(r.pl, &r.ckpt);
+    if (st != CGT_OK) {
+      recording_undo(t, &r);
+      return tree__fail(t, st, "checkpoint after recording node %u", n->id);
+    }
+  }
+  st = ops->launch(&t->dev, r.exec);
+  if (st != CGT_OK) {
+    recording_undo(t, &r);
+    return tree__backend_fail(t, st, "first launch of a recording");
+  }
+
+  /* The recording is good: keep what replay needs. */
+  cgt_launch *l = &t->launch;
+  for (uint32_t o = 0; o < seg->n_outputs; o++)
+    r.outs[o] = (node_output){l->out_ptr[o], l->out_bytes[o], l->out_block[o], l->out_pool[o]};
+  for (uint32_t p = 0; p < t->path_len; p++)
+    if (!(t->path_live[p / 64] >> (p % 64) & 1))
+      r.dead[p / 64] |= (uint64_t)1 << (p % 64);
+  n->graph = r.graph;
+  n->exec = r.exec;
+  n->ckpt = r.ckpt;
+  n->ckpt_bytes = r.ckpt ? pool_checkpoint_allocated_bytes(r.ckpt) : 0;
+  n->path_len = t->path_len;
+  n->dead_mask = r.dead;
+  n->n_placeholders = r.n_ph;
+  n->placeholders = r.ph;
+  n->n_outputs = seg->n_outputs;
+  n->outputs = r.outs;
+  n->state = CGT_NODE_RECORDED;
+  w->runs++;
+  t->stats.recordings++;
+  if (is_rerecord)
+    t->stats.rerecords++;
+  hand_out_launch_outputs(t, outputs);
+  t->cur = n;
+  tree__log(t, CGT_LOG_INFO, "recorded node %u (segment '%s', depth %u)%s", n->id, seg->name, n->depth,
+            is_rerecord ? " as a re-record" : "");
+  if (t->graph_dot_dir && ops->graph_dot) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/node%u_%s.dot", t->graph_dot_dir, n->id, seg->name);
+    if (ops->graph_dot(&t->dev, n->graph, path) != CGT_OK)
+      tree__log(t, CGT_LOG_WARN, "could not write %s: %s", path, t->dev.error);
+  }
+  return CGT_OK;
+}
+
+/* Warmup or recording for a node that is not recorded yet. */
+static cgt_status first_runs(cgt_tree *t, node *n, const segment_rec *seg, int is_rerecord, cgt_value *outputs) {
+  if (n->state == CGT_NODE_EAGER)
+    return run_eager_node(t, n, seg, outputs);
+  warm_count *w = warm_find(t, n->segment, n->variant);
+  uint32_t runs = w ? w->runs : 0;
+  if (t->step_in_warmup || runs < t->opt.warmup_runs)
+    return run_warmup(t, n, seg, outputs);
+  return record(t, n, seg, is_rerecord, outputs);
+}
+
+cgt_status node__run(cgt_tree *t, cgt_segment id, const segment_rec *seg, uint64_t variant, cgt_value *outputs) {
+  if (t->opt.mode == CGT_MODE_EAGER)
+    return run_eagerly(t, NULL, id, seg, variant, t->pool, 0, outputs);
+
+  size_t key_bytes = key_build(t, id, variant, seg->n_inputs);
+  node *first;
+  HASH_FIND(hh, t->cur->children, t->key_buf, key_bytes, first);
+  int in_warmup = t->step_in_warmup;
+
+  if (first && !in_warmup)
+    for (node *c = first; c; c = c->next_same_key)
+      if (c->state == CGT_NODE_RECORDED && node__liveness_ok(t, c))
+        return replay(t, c, outputs);
+
+  int is_rerecord = 0;
+  if (first) {
+    node *warm = NULL, *recorded = NULL, *eager = NULL;
+    for (node *c = first; c; c = c->next_same_key) {
+      if (c->state == CGT_NODE_WARMUP && !warm)
+        warm = c;
+      else if (c->state == CGT_NODE_RECORDED && !recorded)
+        recorded = c;
+      else if (c->state == CGT_NODE_EAGER && !eager)
+        eager = c;
+    }
+    if (in_warmup && (warm || recorded))
+      return run_warmup(t, warm ? warm : recorded, seg, outputs);
+    if (warm)
+      return first_runs(t, warm, seg, 0, outputs);
+    if (eager)
+      return run_eager_node(t, eager, seg, outputs);
+    is_rerecord = 1; /* every recording of this key has the wrong liveness */
+  }
+
+  uint32_t recordings = count_recordings(t->cur, id, variant);
+  node *n = node_create(t, first, id, variant, key_bytes);
+  if (!n)
+    return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory for a new node");
+  if (recordings >= t->opt.rerecord_limit) {
+    char why[160];
+    snprintf(why, sizeof why, "rerecord limit: the parent already has %u recordings of this segment and variant",
+             recordings);
+    node_make_eager(t, n, why);
+  }
+  cgt_status st = first_runs(t, n, seg, is_rerecord, outputs);
+  if (st != CGT_OK)
+    node_unlink_newest(t, n);
+  return st;
+}

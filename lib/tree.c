@@ -1,0 +1,406 @@
+/* tree.c — the tree handle: creation, options, logging, segments, steps,
+ * and the front door of every run.
+ *
+ * cgt_run() checks everything the caller handed it before anything moves:
+ * the segment id, the argument and output counts, every argument (a stale
+ * VALUE is CGT_ERR_STALE_VALUE, a NULL or overflowing range is
+ * CGT_ERR_INVALID_ARGUMENT), and room for the outputs. Only then does
+ * node.c choose between replay, record, warmup and an eager run. A call that
+ * fails here changes nothing the caller can observe.
+ *
+ * Steps are cheap: cgt_step_begin() kills the step's values (their handles
+ * go stale) and empties the pools, because the root's checkpoint is the
+ * empty pool; the next run starts again from the roots.
+ *
+ * Errors carry detail: every failing call writes a one-line message into
+ * the tree (cgt_tree_last_error) and logs it at debug level. Nothing here is
+ * global; everything hangs off the tree.
+ */
+#include <stdarg.h>
+#include <string.h>
+#include <strings.h>
+
+#include "tree_internal.h"
+
+/* --------------------------------------------------- errors, logs, memory */
+
+static void tree_emit(cgt_tree *t, int level, const char *msg) {
+  if (level > t->log_level)
+    return;
+  if (t->opt.log_fn) {
+    t->opt.log_fn(t->opt.log_user, level, msg);
+    return;
+  }
+  static const char *const names[] = {"error", "warn", "info", "debug"};
+  fprintf(stderr, "cgtree %s: %s\n", names[level < 0 ? 0 : level > 3 ? 3 : level], msg);
+}
+
+void tree__log(cgt_tree *t, int level, const char *fmt, ...) {
+  if (level > t->log_level)
+    return;
+  char msg[TREE_ERROR_BYTES];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  tree_emit(t, level, msg);
+}
+
+cgt_status tree__fail(cgt_tree *t, cgt_status s, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(t->error, sizeof t->error, fmt, ap);
+  va_end(ap);
+  tree_emit(t, CGT_LOG_DEBUG, t->error);
+  return s;
+}
+
+cgt_status tree__backend_fail(cgt_tree *t, cgt_status s, const char *what) {
+  return tree__fail(t, s, "%s: %s", what, t->dev.error[0] ? t->dev.error : cgt_status_string(s));
+}
+
+void *tree__malloc(cgt_tree *t, size_t bytes) {
+  t->stats.host_allocs++;
+  return malloc(bytes);
+}
+
+void *tree__calloc(cgt_tree *t, size_t n, size_t bytes) {
+  t->stats.host_allocs++;
+  return calloc(n, bytes);
+}
+
+char *tree__strdup(cgt_tree *t, const char *s) {
+  size_t n = strlen(s) + 1;
+  char *d = tree__malloc(t, n);
+  if (d)
+    memcpy(d, s, n);
+  return d;
+}
+
+/* Grows *array to hold at least `need` elements (doubling); 0 on failure,
+ * with the array unchanged. */
+int tree__grow(cgt_tree *t, void **array, uint32_t *cap, uint32_t need, size_t elem_bytes) {
+  if (need <= *cap)
+    return 1;
+  uint64_t n = *cap ? *cap : 8;
+  while (n < need)
+    n *= 2;
+  if (n > UINT32_MAX || n > SIZE_MAX / elem_bytes)
+    return 0;
+  t->stats.host_allocs++;
+  void *p = realloc(*array, (size_t)n * elem_bytes);
+  if (!p)
+    return 0;
+  *array = p;
+  *cap = (uint32_t)n;
+  return 1;
+}
+
+/* ------------------------------------------------------------------ pools */
+
+static cgt_status pool_chunk_alloc(void *ctx, size_t bytes, void **ptr) {
+  backend *b = ctx;
+  return b->ops->mem_alloc(b, bytes, ptr);
+}
+
+static void pool_chunk_free(void *ctx, void *ptr) {
+  backend *b = ctx;
+  b->ops->mem_free(b, ptr);
+}
+
+cgt_status tree__pool_create(cgt_tree *t, pool **out) {
+  pool_source src = {pool_chunk_alloc, pool_chunk_free, &t->dev};
+  cgt_status st = pool_create(&src, t->opt.pool_chunk_bytes, out);
+  if (st != CGT_OK)
+    return tree__fail(t, st, "creating a pool: %s", cgt_status_string(st));
+  return CGT_OK;
+}
+
+/* ------------------------------------------------------- create / destroy */
+
+void cgt_options_init(cgt_options *o) {
+  if (!o)
+    return;
+  memset(o, 0, sizeof *o);
+  o->backend = CGT_BACKEND_AUTO;
+  o->mode = CGT_MODE_TREE;
+  o->warmup_runs = 1;
+  o->rerecord_limit = 32;
+  o->pool_chunk_bytes = (size_t)2 << 20;
+}
+
+int cgt_cuda_available(void) { return backend_cuda_available(); }
+
+static int env_log_level(int fallback) {
+  const char *e = getenv("CGT_LOG");
+  if (!e || !*e)
+    return fallback;
+  static const char *const names[] = {"error", "warn", "info", "debug"};
+  for (int i = 0; i < 4; i++)
+    if (!strcasecmp(e, names[i]))
+      return i;
+  return fallback;
+}
+
+/* CGT_MODE overrides the options' mode: a kill switch for users. */
+static cgt_mode env_mode(cgt_tree *t, cgt_mode fallback) {
+  const char *e = getenv("CGT_MODE");
+  if (!e || !*e)
+    return fallback;
+  if (!strcasecmp(e, "tree"))
+    return CGT_MODE_TREE;
+  if (!strcasecmp(e, "eager"))
+    return CGT_MODE_EAGER;
+  if (!strcasecmp(e, "separate"))
+    return CGT_MODE_SEPARATE;
+  tree__log(t, CGT_LOG_WARN, "CGT_MODE=%s is not tree, eager or separate; ignored", e);
+  return fallback;
+}
+
+static const backend_ops *choose_backend(cgt_backend want) {
+  if (want == CGT_BACKEND_AUTO)
+    want = backend_cuda_available() ? CGT_BACKEND_CUDA : CGT_BACKEND_SIM;
+  if (want == CGT_BACKEND_SIM)
+    return &backend_sim_ops;
+#ifdef CGT_HAVE_CUDA
+  if (want == CGT_BACKEND_CUDA && backend_cuda_available())
+    return &backend_cuda_ops;
+#endif
+  return NULL;
+}
+
+cgt_status cgt_tree_create(const cgt_options *o, cgt_tree **out) {
+  if (!out)
+    return CGT_ERR_INVALID_ARGUMENT;
+  *out = NULL;
+  cgt_options defaults;
+  cgt_options_init(&defaults);
+  if (!o)
+    o = &defaults;
+  if ((unsigned)o->backend > CGT_BACKEND_SIM || (unsigned)o->mode > CGT_MODE_SEPARATE)
+    return CGT_ERR_INVALID_ARGUMENT;
+
+  cgt_tree *t = calloc(1, sizeof *t);
+  if (!t)
+    return CGT_ERR_OUT_OF_MEMORY;
+  t->opt = *o;
+  if (t->opt.pool_chunk_bytes == 0)
+    t->opt.pool_chunk_bytes = defaults.pool_chunk_bytes;
+  t->log_level = env_log_level(o->log_fn ? CGT_LOG_INFO : CGT_LOG_WARN);
+  t->opt.mode = env_mode(t, o->mode);
+  t->root.id = 0;
+  t->cur = &t->root;
+  t->free_slot = VALUE_NONE;
+  t->pool_synced = 1;
+  const char *dot_dir = getenv("CGT_GRAPH_DOT_DIR");
+  if (dot_dir && *dot_dir)
+    t->graph_dot_dir = tree__strdup(t, dot_dir);
+
+  const backend_ops *ops = choose_backend(o->backend);
+  if (!ops) {
+    tree__log(t, CGT_LOG_ERROR, "the CUDA backend was asked for, but no usable GPU or driver is present");
+    free(t->graph_dot_dir);
+    free(t);
+    return CGT_ERR_NO_DEVICE;
+  }
+  t->dev.ops = ops;
+  cgt_status st = ops->open(&t->dev, o->device, o->stream);
+  if (st != CGT_OK) {
+    tree__log(t, CGT_LOG_ERROR, "opening the %s backend: %s", ops->name, t->dev.error);
+    free(t->graph_dot_dir);
+    free(t);
+    return st;
+  }
+  st = tree__pool_create(t, &t->pool);
+  if (st == CGT_OK)
+    st = tree__pool_create(t, &t->side_pool);
+  if (st == CGT_OK && o->pool_reserve_bytes)
+    st = pool_reserve(t->pool, o->pool_reserve_bytes);
+  if (st != CGT_OK) {
+    tree__log(t, CGT_LOG_ERROR, "creating the pools: %s", cgt_status_string(st));
+    cgt_tree_destroy(t);
+    return st;
+  }
+  tree__log(t, CGT_LOG_INFO, "tree created: backend %s, mode %s", ops->name,
+            t->opt.mode == CGT_MODE_TREE ? "tree" : t->opt.mode == CGT_MODE_EAGER ? "eager" : "separate");
+  *out = t;
+  return CGT_OK;
+}
+
+void cgt_tree_destroy(cgt_tree *t) {
+  if (!t)
+    return;
+  if (t->dev.ops)
+    t->dev.ops->sync(&t->dev);
+  for (uint32_t i = 0; i < t->n_nodes; i++)
+    node__destroy(t, t->nodes[i]);
+  HASH_CLEAR(hh, t->root.children);
+  warm_count *w, *tmp;
+  HASH_ITER(hh, t->warm, w, tmp) {
+    HASH_DEL(t->warm, w);
+    free(w);
+  }
+  for (uint32_t i = 0; i < t->n_segments; i++)
+    free(t->segments[i].name);
+  pool_destroy(t->pool);
+  pool_destroy(t->side_pool);
+  if (t->dev.ops)
+    t->dev.ops->close(&t->dev);
+  cgt_launch *l = &t->launch;
+  free(l->in_ptr), free(l->in_bytes), free(l->in_block), free(l->in_pool), free(l->out_ptr);
+  free(l->out_bytes), free(l->out_set), free(l->out_block), free(l->out_pool), free(l->allocs);
+  free(t->segments);
+  free(t->nodes);
+  free(t->slots);
+  free(t->path);
+  free(t->path_live);
+  free(t->key_buf);
+  free(t->args);
+  free(t->graph_dot_dir);
+  free(t);
+}
+
+cgt_backend cgt_tree_backend(const cgt_tree *t) { return t ? t->dev.ops->kind : CGT_BACKEND_AUTO; }
+cgt_mode cgt_tree_mode(const cgt_tree *t) { return t ? t->opt.mode : CGT_MODE_TREE; }
+void *cgt_tree_stream(const cgt_tree *t) { return t ? t->dev.stream : NULL; }
+const char *cgt_tree_last_error(const cgt_tree *t) { return t ? t->error : "no tree"; }
+
+cgt_status cgt_sync(cgt_tree *t) {
+  if (!t)
+    return CGT_ERR_INVALID_ARGUMENT;
+  if (t->launch.active)
+    return tree__fail(t, CGT_ERR_STATE, "cgt_sync: not allowed inside a launch function");
+  cgt_status st = t->dev.ops->sync(&t->dev);
+  return st == CGT_OK ? st : tree__backend_fail(t, st, "cgt_sync");
+}
+
+/* In debug builds every state change is followed by the full invariant walk. */
+static void tree_debug_check(cgt_tree *t) {
+#ifndef NDEBUG
+  if (tree__check(t) != CGT_OK) {
+    fprintf(stderr, "cgtree: invariant broken: %s\n", t->error);
+    abort();
+  }
+#else
+  (void)t;
+#endif
+}
+
+/* --------------------------------------------------------------- segments */
+
+cgt_status cgt_segment_register(cgt_tree *t, const cgt_segment_desc *d, cgt_segment *out) {
+  if (!t)
+    return CGT_ERR_INVALID_ARGUMENT;
+  if (!d || !out || !d->launch)
+    return tree__fail(t, CGT_ERR_INVALID_ARGUMENT, "cgt_segment_register: descriptor, launch function and out are required");
+  if (t->launch.active)
+    return tree__fail(t, CGT_ERR_STATE, "cgt_segment_register: not allowed inside a launch function");
+  if (d->n_inputs > (1u << 20) || d->n_outputs > (1u << 20))
+    return tree__fail(t, CGT_ERR_INVALID_ARGUMENT, "cgt_segment_register: %u inputs and %u outputs is too many",
+                      d->n_inputs, d->n_outputs);
+  char *name = tree__strdup(t, d->name ? d->name : "segment");
+  if (!name || !tree__grow(t, (void **)&t->segments, &t->segments_cap, t->n_segments + 1, sizeof *t->segments)) {
+    free(name);
+    return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "cgt_segment_register: no host memory");
+  }
+  segment_rec *s = &t->segments[t->n_segments++];
+  s->name = name;
+  s->launch = d->launch;
+  s->user = d->user;
+  s->n_inputs = d->n_inputs;
+  s->n_outputs = d->n_outputs;
+  *out = t->n_segments;
+  return CGT_OK;
+}
+
+/* ------------------------------------------------------------------- runs */
+
+cgt_status cgt_step_begin(cgt_tree *t) {
+  if (!t)
+    return CGT_ERR_INVALID_ARGUMENT;
+  if (t->launch.active)
+    return tree__fail(t, CGT_ERR_STATE, "cgt_step_begin: not allowed inside a launch function");
+  value__end_step(t);
+  pool_clear(t->side_pool);
+  /* The root's checkpoint is the empty pool, and every value is dead. A
+   * private pool (SEPARATE) is emptied when its node next runs. */
+  if (t->opt.mode != CGT_MODE_SEPARATE)
+    pool_clear(t->pool);
+  t->pool_synced = 1;
+  t->step_in_warmup = 0;
+  t->cur = &t->root;
+  tree_debug_check(t);
+  return CGT_OK;
+}
+
+static int range_overflows(const void *p, size_t bytes) { return (uintptr_t)p > UINTPTR_MAX - bytes; }
+
+/* Resolves args into t->args; changes nothing but the stale counter. */
+static cgt_status resolve_args(cgt_tree *t, const cgt_arg *args, uint32_t n_args) {
+  for (uint32_t i = 0; i < n_args; i++) {
+    const cgt_arg *a = &args[i];
+    run_arg *r = &t->args[i];
+    r->kind = a->kind;
+    switch (a->kind) {
+    case CGT_ARG_VALUE: {
+      value_slot *s;
+      cgt_status st = value__resolve(t, a->value, &s);
+      if (st != CGT_OK) {
+        char why[TREE_ERROR_BYTES];
+        memcpy(why, t->error, sizeof why);
+        return tree__fail(t, st, "cgt_run argument %u: %s", i, why);
+      }
+      r->ptr = s->ptr;
+      r->bytes = s->bytes;
+      r->block = s->block;
+      r->pool = s->pool;
+      r->keyed = value__in_graph_pool(t, s);
+      break;
+    }
+    case CGT_ARG_STATIC:
+    case CGT_ARG_DYNAMIC:
+      if (!a->ptr || a->bytes == 0 || range_overflows(a->ptr, a->bytes))
+        return tree__fail(t, CGT_ERR_INVALID_ARGUMENT, "argument %u: %s memory needs a pointer and 0 < bytes that fit",
+                          i, a->kind == CGT_ARG_STATIC ? "STATIC" : "DYNAMIC");
+      r->ptr = (void *)(uintptr_t)a->ptr;
+      r->bytes = a->bytes;
+      r->block = NULL;
+      r->pool = NULL;
+      r->keyed = a->kind == CGT_ARG_STATIC;
+      break;
+    default:
+      return tree__fail(t, CGT_ERR_INVALID_ARGUMENT, "argument %u: unknown kind %d", i, (int)a->kind);
+    }
+  }
+  return CGT_OK;
+}
+
+cgt_status cgt_run(cgt_tree *t, cgt_segment seg, uint64_t variant, const cgt_arg *args, uint32_t n_args,
+                   cgt_value *outputs, uint32_t n_outputs) {
+  if (!t)
+    return CGT_ERR_INVALID_ARGUMENT;
+  if (t->launch.active)
+    return tree__fail(t, CGT_ERR_STATE, "cgt_run: not allowed inside a launch function");
+  if (seg == 0 || seg > t->n_segments)
+    return tree__fail(t, CGT_ERR_INVALID_ARGUMENT, "cgt_run: unknown segment %u", seg);
+  const segment_rec *s = &t->segments[seg - 1];
+  if (n_args != s->n_inputs || (n_args && !args))
+    return tree__fail(t, CGT_ERR_INVALID_ARGUMENT, "cgt_run: segment '%s' takes %u arguments, got %u%s", s->name,
+                      s->n_inputs, n_args, n_args && !args ? " and NULL" : "");
+  if (n_outputs != s->n_outputs || (n_outputs && !outputs))
+    return tree__fail(t, CGT_ERR_INVALID_ARGUMENT, "cgt_run: segment '%s' makes %u outputs, room for %u%s", s->name,
+                      s->n_outputs, n_outputs, n_outputs && !outputs ? " at NULL" : "");
+  uint32_t key_words = 2 + 3 * n_args;
+  if (!tree__grow(t, (void **)&t->args, &t->args_cap, n_args ? n_args : 1, sizeof *t->args) ||
+      !tree__grow(t, (void **)&t->key_buf, &t->key_cap, key_words, sizeof *t->key_buf))
+    return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "cgt_run: no host memory for %u arguments", n_args);
+  cgt_status st = resolve_args(t, args, n_args);
+  if (st == CGT_OK)
+    st = value__reserve(t, n_outputs);
+  if (st == CGT_OK)
+    st = node__run(t, seg, s, variant, outputs);
+  if (st == CGT_OK)
+    t->stats.runs++;
+  tree_debug_check(t);
+  return st;
+}

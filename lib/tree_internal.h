@@ -1,0 +1,245 @@
+/* tree_internal.h — the structures behind cgt_tree, shared by the files of
+ * the tree manager (tree.c, node.c, value.c, launch.c, inspect.c).
+ *
+ * Words, as in ARCHITECTURE.md: a *segment* is registered code; a *node* is
+ * one recording site (a segment reached along one path); a *step* is one
+ * pass from the roots; a *value* is a handle to an output; the *path* is the
+ * list of values produced so far in this step, in order.
+ */
+#ifndef CGT_TREE_INTERNAL_H
+#define CGT_TREE_INTERNAL_H
+
+#include <stdarg.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "cgtree.h"
+#include "pool.h"
+
+/* uthash hashes node keys with our word hash (keys are whole 64-bit words). */
+uint32_t tree__key_hash(const void *key, size_t len);
+#define HASH_FUNCTION(keyptr, keylen, hashv) ((hashv) = tree__key_hash((keyptr), (keylen)))
+#include <uthash.h>
+
+#define TREE_ERROR_BYTES 512
+
+/* Defensive checks that stay in release builds (SQLite's NEVER()): the
+ * condition should never hold; if it does, the caller returns an error. */
+#define NEVER(x) (__builtin_expect(!!(x), 0))
+
+typedef struct segment_rec {
+  char *name;
+  cgt_launch_fn launch;
+  void *user;
+  uint32_t n_inputs;
+  uint32_t n_outputs;
+} segment_rec;
+
+/* Eager runs of a (segment, variant) anywhere in the tree, for warmup. */
+typedef struct warm_count {
+  struct {
+    uint64_t segment;
+    uint64_t variant;
+  } key;
+  uint32_t runs;
+  UT_hash_handle hh;
+} warm_count;
+
+/* A recorded node reads a DYNAMIC argument (or a VALUE outside the graph
+ * pool) from a placeholder in the pool that is refilled before each replay. */
+typedef struct node_placeholder {
+  uint32_t arg;
+  void *ptr;
+  size_t bytes;
+} node_placeholder;
+
+/* Where a recorded node's output lives; the same at every replay. */
+typedef struct node_output {
+  void *ptr;
+  size_t bytes;
+  void *block; /* base of the pool block that holds it; NULL outside any pool */
+  pool *pool;  /* the pool of block, or NULL */
+} node_output;
+
+typedef struct node node;
+struct node {
+  uint32_t id; /* 1-based; 0 is the virtual root above the roots */
+  node *parent;
+  uint32_t depth;
+  cgt_segment segment;
+  uint64_t variant;
+  cgt_node_state state;
+  uint64_t replays;
+  uint64_t eager_runs;
+  char *reason; /* why EAGER */
+
+  /* Key under the parent (see node_key_build). Nodes that share a key are
+   * re-records for other liveness patterns: the first one is in the hash,
+   * the others hang off it through next_same_key, in creation order. */
+  uint64_t *key;
+  size_t key_bytes;
+  UT_hash_handle hh;
+  node *next_same_key;
+  node *children; /* uthash head */
+
+  /* A recording. */
+  void *graph;
+  void *exec;
+  pool *own_pool;        /* CGT_MODE_SEPARATE: the node's private pool */
+  pool_checkpoint *ckpt; /* CGT_MODE_TREE: the layout right after recording */
+  size_t ckpt_bytes;
+  uint32_t path_len;  /* number of path values before this node's outputs */
+  uint64_t *dead_mask; /* path_len bits: graph-pool values dead at recording */
+  uint32_t n_placeholders;
+  node_placeholder *placeholders;
+  uint32_t n_outputs;
+  node_output *outputs;
+};
+
+/* A value slot. Handles are (generation << 32) | (index + 1), so 0 is never
+ * a handle. A slot is live from the run that made it until it is released or
+ * the step ends; then its generation moves on and old handles go stale. */
+typedef struct value_slot {
+  uint32_t gen;
+  uint32_t path_pos; /* index in t->path while live */
+  uint32_t next_free;
+  uint8_t live;
+  void *ptr;
+  size_t bytes;
+  void *block; /* pool block holding the value, NULL if none */
+  pool *pool;  /* pool of block, NULL if none */
+} value_slot;
+
+#define VALUE_NONE UINT32_MAX
+
+/* An argument of the run at hand, resolved to memory. `keyed`: its address
+ * is part of the node key (a STATIC, or a VALUE whose address a recording
+ * fixes); otherwise it is copied into a placeholder when recorded. */
+typedef struct run_arg {
+  void *ptr;
+  size_t bytes;
+  void *block; /* pool block of a VALUE, else NULL */
+  pool *pool;
+  cgt_arg_kind kind;
+  int keyed;
+} run_arg;
+
+/* One allocation made through cgt_launch_alloc. */
+typedef struct launch_alloc {
+  void *ptr;
+  size_t bytes;
+  uint8_t freed;
+  uint8_t kept; /* holds an output */
+} launch_alloc;
+
+/* The context of the launch function being called. Its arrays belong to the
+ * tree and grow as needed, so calling a launch function allocates nothing
+ * once they are large enough. */
+struct cgt_launch {
+  cgt_tree *tree;
+  int active;
+  const segment_rec *seg;
+  uint64_t variant;
+  pool *pool; /* where cgt_launch_alloc takes memory */
+  int oom;    /* an allocation failed for lack of memory */
+  uint32_t n_inputs;
+  void **in_ptr;
+  size_t *in_bytes;
+  void **in_block;
+  pool **in_pool;
+  uint32_t n_outputs;
+  void **out_ptr;
+  size_t *out_bytes;
+  uint8_t *out_set;
+  void **out_block; /* after launch__finish: the block holding output i, or NULL */
+  pool **out_pool;
+  uint32_t io_cap;
+  launch_alloc *allocs;
+  size_t n_allocs;
+  size_t allocs_cap;
+};
+
+struct cgt_tree {
+  cgt_options opt;
+  int log_level;
+  backend dev;
+  char error[TREE_ERROR_BYTES];
+
+  segment_rec *segments; /* index = id - 1 */
+  uint32_t n_segments;
+  uint32_t segments_cap;
+  warm_count *warm;
+
+  node root;     /* virtual: its children are the roots */
+  node **nodes;  /* index = id - 1 */
+  uint32_t n_nodes;
+  uint32_t nodes_cap;
+
+  pool *pool;      /* the graph pool (TREE), or the eager allocator (EAGER) */
+  pool *side_pool; /* outputs of EAGER nodes */
+  /* The pool's layout is exactly the blocks of the current path's live
+   * values, so warmup and recording may allocate from it as it stands. Replay
+   * clears it (the graph used memory the allocator did not see move). */
+  int pool_synced;
+  int step_in_warmup;
+
+  node *cur;       /* the path's last node; &root at the start of a step */
+  value_slot *slots;
+  uint32_t n_slots;
+  uint32_t free_slot; /* head of the free list, VALUE_NONE if empty */
+  uint32_t *path;     /* slot indexes of this step's values, in order */
+  uint64_t *path_live; /* bit i: path[i] is live */
+  uint32_t path_len;
+  uint32_t path_cap;
+
+  uint64_t *key_buf; /* scratch for the key of the run at hand */
+  uint32_t key_cap;  /* in words */
+  run_arg *args;     /* scratch: the arguments of the run at hand, resolved */
+  uint32_t args_cap;
+
+  cgt_launch launch;
+  cgt_stats stats;
+  char *graph_dot_dir; /* CGT_GRAPH_DOT_DIR: write every recorded graph there */
+};
+
+/* tree.c */
+cgt_status tree__fail(cgt_tree *t, cgt_status s, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+void tree__log(cgt_tree *t, int level, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+void *tree__malloc(cgt_tree *t, size_t bytes);
+void *tree__calloc(cgt_tree *t, size_t n, size_t bytes);
+int tree__grow(cgt_tree *t, void **array, uint32_t *cap, uint32_t need, size_t elem_bytes);
+char *tree__strdup(cgt_tree *t, const char *s);
+cgt_status tree__backend_fail(cgt_tree *t, cgt_status s, const char *what);
+cgt_status tree__pool_create(cgt_tree *t, pool **out);
+
+/* value.c */
+cgt_status value__resolve(cgt_tree *t, cgt_value v, value_slot **out);
+cgt_status value__reserve(cgt_tree *t, uint32_t n);
+cgt_value value__make(cgt_tree *t, void *ptr, size_t bytes, void *block, pool *pl);
+void value__end_step(cgt_tree *t);
+int value__block_in_use(const cgt_tree *t, const pool *pl, const void *block, uint32_t except_slot);
+int value__in_graph_pool(const cgt_tree *t, const value_slot *s);
+
+/* launch.c */
+cgt_status launch__prepare(cgt_tree *t, const segment_rec *seg, uint64_t variant, pool *pl);
+cgt_status launch__call(cgt_tree *t);
+cgt_status launch__finish(cgt_tree *t);
+void launch__rollback(cgt_tree *t);
+
+/* node.c */
+cgt_status node__run(cgt_tree *t, cgt_segment id, const segment_rec *seg, uint64_t variant, cgt_value *outputs);
+void node__destroy(cgt_tree *t, node *n);
+int node__liveness_ok(const cgt_tree *t, const node *n);
+
+/* inspect.c */
+cgt_status tree__check(cgt_tree *t);
+
+#endif /* CGT_TREE_INTERNAL_H */
