@@ -5,6 +5,9 @@
  * and a graph replays the recorded work with the recorded arguments. Launch
  * functions written for a tree on the simulator enqueue "kernels" with
  * cgt_sim_launch() on the stream that cgt_launch_stream() hands them.
+ *
+ * The simulator always creates its own stream: a tree on the simulator needs
+ * cgt_options.stream == NULL (anything else is CGT_ERR_INVALID_ARGUMENT).
  */
 #ifndef CGTREE_SIM_H
 #define CGTREE_SIM_H
@@ -28,13 +31,19 @@ cgt_status cgt_sim_launch(void *stream, cgt_sim_kernel k, const void *args, size
  * capture exactly as CUDA does (CGT_ERR_STATE; ending the capture then fails). */
 cgt_status cgt_sim_sync(void *stream);
 
-/* Extension: like cudaMemcpyAsync on the stream; recorded while capturing. */
+/* Extension: like cudaMemcpyAsync on the stream; recorded while capturing.
+ * A recorded copy keeps the two addresses, so each replay copies what src
+ * holds at replay time, as a captured cudaMemcpyAsync does. */
 cgt_status cgt_sim_memcpy_async(void *stream, void *dst, const void *src, size_t bytes);
 
 /* Extension: like cudaMalloc: illegal while the stream's thread is capturing
  * (invalidates the capture, as CUDA does); outside capture it allocates
  * simulated device memory the caller frees with cgt_sim_free(). */
 cgt_status cgt_sim_malloc(void *stream, size_t bytes, void **ptr);
+/* Like cudaFree, it invalidates a capture in progress (CGT_ERR_STATE, nothing
+ * freed). It frees only what cgt_sim_malloc returned (else
+ * CGT_ERR_INVALID_ARGUMENT), so user code cannot free the pool's memory. NULL
+ * is a no-op. */
 cgt_status cgt_sim_free(void *stream, void *ptr);
 
 /* Extension, for tests of out-of-memory recovery: the simulated device of tree

@@ -14,6 +14,7 @@
 #define CGT_BACKEND_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "cgtree.h"
 
@@ -66,6 +67,11 @@ struct backend_ops {
   void (*range_pop)(backend *b);
 };
 
+/* The CPU simulator (backend_sim.c). Where CUDA leaves a choice it takes the
+ * simpler one: open() refuses a non-NULL stream, a graph launch while the
+ * stream captures is CGT_ERR_STATE (no child-graph nodes), sync during capture
+ * invalidates the capture as cudaStreamSynchronize does, and close() frees
+ * whatever the caller left and names it in b->error. */
 extern const backend_ops backend_sim_ops;
 
 #ifdef CGT_HAVE_CUDA
@@ -78,5 +84,43 @@ int backend_cuda_available(void);
 
 /* Simulator-only knob behind cgt_sim_set_device_limit. */
 void backend_sim_set_limit(backend *b, size_t limit_bytes);
+
+/* Simulator-only: what one simulator backend has done so far, for tests and
+ * for invariant checks (device_bytes - user_bytes equals the pool's reserved
+ * bytes when the pool is the only caller of mem_alloc). Byte counts are
+ * rounded up to 256, as the simulator allocates them. */
+typedef struct backend_sim_counters {
+  uint64_t kernels_eager;        /* kernels run at once, outside capture */
+  uint64_t kernels_recorded;     /* kernels recorded into a capture */
+  uint64_t kernels_replayed;     /* kernels run by graph launches */
+  uint64_t copies_eager;         /* copies (copy op or cgt_sim_memcpy_async) done at once */
+  uint64_t copies_recorded;
+  uint64_t copies_replayed;
+  uint64_t captures_begun;
+  uint64_t captures_ended;       /* captures that produced a graph */
+  uint64_t captures_invalidated; /* captures broken by an illegal call */
+  uint64_t instantiations;
+  uint64_t graph_launches;
+  uint64_t device_allocs;        /* successful mem_alloc and cgt_sim_malloc calls */
+  uint64_t device_frees;
+  uint64_t bad_frees;            /* frees of pointers, graphs or execs this backend does not own */
+  uint64_t ranges_pushed;
+  uint64_t ranges_popped;
+  size_t device_bytes;           /* outstanding device memory, all callers */
+  size_t device_peak_bytes;
+  size_t user_bytes;             /* the part of device_bytes from cgt_sim_malloc */
+  size_t live_allocations;
+  size_t live_graphs;            /* graphs from capture_end not yet destroyed */
+  size_t live_execs;             /* executables from instantiate not yet destroyed */
+} backend_sim_counters;
+
+/* Copies the counters of simulator backend b into *out (all zero when b is
+ * not an open simulator backend). */
+void backend_sim_read_counters(const backend *b, backend_sim_counters *out);
+/* Outstanding simulated device memory of b in bytes (0 if b is not an open
+ * simulator backend): a test that freed everything expects 0. */
+size_t backend_sim_outstanding_bytes(const backend *b);
+/* 1 while b's stream is capturing, invalidated captures included. */
+int backend_sim_capturing(const backend *b);
 
 #endif /* CGT_BACKEND_H */
