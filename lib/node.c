@@ -255,12 +255,14 @@ static void hand_out_launch_outputs(cgt_tree *t, cgt_value *outputs) {
   cgt_launch *l = &t->launch;
   for (uint32_t o = 0; o < l->n_outputs; o++)
     outputs[o] = value__make(t, l->out_ptr[o], l->out_bytes[o], l->out_block[o], l->out_pool[o]);
+  l->n_allocs = 0; /* the allocations now belong to values */
 }
 
-/* Runs the launch function eagerly with allocations from pl. n may be NULL
- * (CGT_MODE_EAGER keeps no nodes). */
+/* Runs the launch function eagerly, outside the graph pool: EAGER nodes on
+ * the side pool, CGT_MODE_EAGER on the main pool. n is NULL in EAGER mode,
+ * which keeps no nodes. */
 static cgt_status run_eagerly(cgt_tree *t, node *n, cgt_segment id, const segment_rec *seg, uint64_t variant, pool *pl,
-                              int is_warmup, cgt_value *outputs) {
+                              cgt_value *outputs) {
   warm_count *w = warm_get(t, id, variant);
   if (!w)
     return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory for warmup counters");
@@ -281,30 +283,16 @@ static cgt_status run_eagerly(cgt_tree *t, node *n, cgt_segment id, const segmen
   }
   hand_out_launch_outputs(t, outputs);
   w->runs++;
+  t->stats.eager_runs++;
   if (n) {
     n->eager_runs++;
     t->cur = n;
   }
-  if (is_warmup) {
-    t->stats.warmups++;
-    if (t->opt.mode == CGT_MODE_TREE)
-      t->step_in_warmup = 1;
-  } else {
-    t->stats.eager_runs++;
-  }
   return CGT_OK;
 }
 
-static cgt_status run_warmup(cgt_tree *t, node *n, const segment_rec *seg, cgt_value *outputs) {
-  pool *pl;
-  cgt_status st = node_pool(t, n, &pl);
-  if (st != CGT_OK)
-    return st;
-  return run_eagerly(t, n, n->segment, seg, n->variant, pl, 1, outputs);
-}
-
 static cgt_status run_eager_node(cgt_tree *t, node *n, const segment_rec *seg, cgt_value *outputs) {
-  return run_eagerly(t, n, n->segment, seg, n->variant, t->side_pool, 0, outputs);
+  return run_eagerly(t, n, n->segment, seg, n->variant, t->side_pool, outputs);
 }
 
 static cgt_status replay(cgt_tree *t, node *n, cgt_value *outputs) {
@@ -387,6 +375,32 @@ static cgt_status recording_placeholders(cgt_tree *t, recording *r, const segmen
   return CGT_OK;
 }
 
+/* Takes the host memory a recording keeps (placeholders; with keep, the
+ * output list and dead mask too), prepares the launch context, and makes the
+ * placeholders. On failure everything is given back. */
+static cgt_status recording_prepare(cgt_tree *t, recording *r, const segment_rec *seg, uint64_t variant, int keep) {
+  t->launch.n_allocs = 0; /* nothing of an earlier launch may be rolled back */
+  uint32_t n_dyn = 0, mask_words = keep ? (t->path_len + 63) / 64 : 0;
+  uint32_t n_outs = keep ? seg->n_outputs : 0;
+  for (uint32_t i = 0; i < seg->n_inputs; i++)
+    n_dyn += !t->args[i].keyed;
+  r->ph = n_dyn ? tree__calloc(t, n_dyn, sizeof *r->ph) : NULL;
+  r->outs = n_outs ? tree__calloc(t, n_outs, sizeof *r->outs) : NULL;
+  r->dead = mask_words ? tree__calloc(t, mask_words, sizeof *r->dead) : NULL;
+  if ((n_dyn && !r->ph) || (n_outs && !r->outs) || (mask_words && !r->dead)) {
+    recording_undo(t, r);
+    return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory to run segment '%s'", seg->name);
+  }
+  cgt_status st = launch__prepare(t, seg, variant, r->pl);
+  if (st == CGT_OK) {
+    set_inputs_direct(t);
+    st = recording_placeholders(t, r, seg);
+  }
+  if (st != CGT_OK)
+    recording_undo(t, r);
+  return st;
+}
+
 /* Placeholders that no output aliases are free again once captured. */
 static void recording_release_placeholders(cgt_tree *t, recording *r) {
   cgt_launch *l = &t->launch;
@@ -397,6 +411,45 @@ static void recording_release_placeholders(cgt_tree *t, recording *r) {
     if (!held)
       pool_free(r->pl, r->ph[i].ptr);
   }
+}
+
+/* Warmup runs the launch function eagerly with pool memory, allocating
+ * exactly as a recording would (placeholders first), so the addresses it
+ * hands out, and with them the keys of the nodes below, are the ones a
+ * recording from the same layout will produce. */
+static cgt_status run_warmup(cgt_tree *t, node *n, const segment_rec *seg, cgt_value *outputs) {
+  recording r;
+  memset(&r, 0, sizeof r);
+  cgt_status st = node_pool(t, n, &r.pl);
+  if (st != CGT_OK)
+    return st;
+  warm_count *w = warm_get(t, n->segment, n->variant);
+  if (!w)
+    return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory for warmup counters");
+  st = recording_prepare(t, &r, seg, n->variant, 0);
+  if (st != CGT_OK)
+    return st;
+  if (t->dev.ops->range_push)
+    t->dev.ops->range_push(&t->dev, seg->name);
+  st = launch__call(t);
+  if (st == CGT_OK)
+    st = launch__finish(t);
+  if (t->dev.ops->range_pop)
+    t->dev.ops->range_pop(&t->dev);
+  if (st != CGT_OK) {
+    recording_undo(t, &r);
+    return st;
+  }
+  recording_release_placeholders(t, &r);
+  free(r.ph);
+  hand_out_launch_outputs(t, outputs);
+  w->runs++;
+  n->eager_runs++;
+  t->stats.warmups++;
+  if (t->opt.mode == CGT_MODE_TREE)
+    t->step_in_warmup = 1;
+  t->cur = n;
+  return CGT_OK;
 }
 
 /* Captures the launch function into a graph. On success the node is
@@ -413,28 +466,9 @@ static cgt_status record(cgt_tree *t, node *n, const segment_rec *seg, int is_re
   if (!w)
     return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory for warmup counters");
 
-  /* Host memory the recording keeps is taken before anything happens. */
-  uint32_t n_dyn = 0, mask_words = (t->path_len + 63) / 64;
-  for (uint32_t i = 0; i < seg->n_inputs; i++)
-    n_dyn += !t->args[i].keyed;
-  r.ph = n_dyn ? tree__calloc(t, n_dyn, sizeof *r.ph) : NULL;
-  r.outs = seg->n_outputs ? tree__calloc(t, seg->n_outputs, sizeof *r.outs) : NULL;
-  r.dead = mask_words ? tree__calloc(t, mask_words, sizeof *r.dead) : NULL;
-  if ((n_dyn && !r.ph) || (seg->n_outputs && !r.outs) || (mask_words && !r.dead)) {
-    recording_undo(t, &r);
-    return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory to record node %u", n->id);
-  }
-  st = launch__prepare(t, seg, n->variant, r.pl);
-  if (st != CGT_OK) {
-    recording_undo(t, &r);
+  st = recording_prepare(t, &r, seg, n->variant, 1);
+  if (st != CGT_OK)
     return st;
-  }
-  set_inputs_direct(t);
-  st = recording_placeholders(t, &r, seg);
-  if (st != CGT_OK) {
-    recording_undo(t, &r);
-    return st;
-  }
 
   /* Capture. A launch function that fails is the caller's error; a capture
    * the backend invalidated (a sync, a malloc) makes the node EAGER. */
@@ -544,7 +578,7 @@ static cgt_status first_runs(cgt_tree *t, node *n, const segment_rec *seg, int i
 
 cgt_status node__run(cgt_tree *t, cgt_segment id, const segment_rec *seg, uint64_t variant, cgt_value *outputs) {
   if (t->opt.mode == CGT_MODE_EAGER)
-    return run_eagerly(t, NULL, id, seg, variant, t->pool, 0, outputs);
+    return run_eagerly(t, NULL, id, seg, variant, t->pool, outputs);
 
   size_t key_bytes = key_build(t, id, variant, seg->n_inputs);
   node *first;

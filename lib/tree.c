@@ -20,6 +20,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "cgtree_sim.h"
 #include "tree_internal.h"
 
 /* --------------------------------------------------- errors, logs, memory */
@@ -403,4 +404,15 @@ cgt_status cgt_run(cgt_tree *t, cgt_segment seg, uint64_t variant, const cgt_arg
     t->stats.runs++;
   tree_debug_check(t);
   return st;
+}
+
+/* ------------------------------------------------------------- simulator */
+
+cgt_status cgt_sim_set_device_limit(cgt_tree *t, size_t limit_bytes) {
+  if (!t)
+    return CGT_ERR_INVALID_ARGUMENT;
+  if (t->dev.ops != &backend_sim_ops)
+    return tree__fail(t, CGT_ERR_INVALID_ARGUMENT, "cgt_sim_set_device_limit: the tree does not run on the simulator");
+  backend_sim_set_limit(&t->dev, limit_bytes);
+  return CGT_OK;
 }

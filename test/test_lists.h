@@ -1,0 +1,17 @@
+/* test_lists.h — the test lists each scenario file exports, so that one
+ * binary per backend can run them all. */
+#ifndef CGT_TEST_LISTS_H
+#define CGT_TEST_LISTS_H
+
+#include "test_util.h"
+
+extern const struct CMUnitTest scenario_tests[];
+extern const size_t scenario_test_count;
+extern const struct CMUnitTest bad_input_tests[];
+extern const size_t bad_input_test_count;
+extern const struct CMUnitTest fuzz_tests[];
+extern const size_t fuzz_test_count;
+extern const struct CMUnitTest cuda_specific_tests[];
+extern const size_t cuda_specific_test_count;
+
+#endif /* CGT_TEST_LISTS_H */

@@ -1,0 +1,12 @@
+/* test_tree.c — the tree scenarios, bad input and differential fuzzing, on
+ * the simulator backend: every CPU-only machine runs these. */
+#include "test_lists.h"
+
+int main(void) {
+  test_backend = CGT_BACKEND_SIM;
+  int failed = 0;
+  failed += test_run_group("tree scenarios (sim)", scenario_tests, scenario_test_count);
+  failed += test_run_group("bad input (sim)", bad_input_tests, bad_input_test_count);
+  failed += test_run_group("differential fuzz (sim)", fuzz_tests, fuzz_test_count);
+  return failed ? 1 : 0;
+}

@@ -1,0 +1,185 @@
+/* test_util.c — the shared fixture of the tree tests: trees on the backend
+ * under test, device buffers through the kernel table, and a handful of
+ * generic segments whose launch functions use only the public API.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "test_util.h"
+
+cgt_backend test_backend = CGT_BACKEND_SIM;
+
+void test_check_status(cgt_tree *t, cgt_status expected, cgt_status got, const char *expr, const char *file, int line) {
+  if (expected == got)
+    return;
+  fail_msg("%s:%d: %s returned %s, expected %s (last error: %s)", file, line, expr, cgt_status_name(got),
+           cgt_status_name(expected), t ? cgt_tree_last_error(t) : "-");
+}
+
+static void quiet_log(void *user, int level, const char *msg) {
+  (void)user;
+  if (level <= (getenv("CGT_TEST_LOG") ? 3 : CGT_LOG_ERROR))
+    fprintf(stderr, "cgtree error: %s\n", msg);
+}
+
+cgt_tree *test_tree_new(cgt_mode mode, const cgt_options *opts) {
+  cgt_options o;
+  if (opts)
+    o = *opts;
+  else
+    cgt_options_init(&o);
+  o.backend = test_backend;
+  o.mode = mode;
+  if (!o.log_fn)
+    o.log_fn = quiet_log;
+  cgt_tree *t = NULL;
+  CHECK_OK(NULL, cgt_tree_create(&o, &t));
+  assert_non_null(t);
+  assert_int_equal(cgt_tree_backend(t), test_backend);
+  return t;
+}
+
+void test_tree_free(cgt_tree *t) {
+  CHECK_TREE(t);
+  cgt_tree_destroy(t);
+}
+
+const kernels *test_kernels(void) {
+  const kernels *k = kernels_for(test_backend);
+  assert_non_null(k);
+  return k;
+}
+
+float *test_dev_floats(const float *host, size_t n) {
+  void *p = NULL;
+  assert_int_equal(CGT_OK, test_kernels()->dev_alloc(n * sizeof(float), &p));
+  if (host)
+    test_dev_upload(p, host, n);
+  return p;
+}
+
+void test_dev_free(void *p) { test_kernels()->dev_free(p); }
+
+void test_dev_upload(float *dev, const float *host, size_t n) {
+  assert_int_equal(CGT_OK, test_kernels()->upload(dev, host, n * sizeof(float)));
+}
+
+void test_read_value(cgt_tree *t, cgt_value v, float *host, size_t n) {
+  CHECK_OK(t, cgt_value_copy_out(t, v, host, n * sizeof(float)));
+  CHECK_OK(t, cgt_sync(t));
+}
+
+float test_read_first(cgt_tree *t, cgt_value v) {
+  float x = 0;
+  test_read_value(t, v, &x, 1);
+  return x;
+}
+
+cgt_stats test_stats(cgt_tree *t) {
+  cgt_stats s;
+  CHECK_OK(t, cgt_tree_stats(t, &s));
+  return s;
+}
+
+/* ------------------------------------------------------------- segments */
+
+static void do_illegal(cgt_launch *l, const test_affine *u, float *scratch) {
+  const kernels *k = test_kernels();
+  void *s = cgt_launch_stream(l);
+  switch (u->illegal) {
+  case 1:
+    (void)k->illegal_stream_sync(s);
+    break;
+  case 2:
+    (void)k->illegal_malloc(s);
+    break;
+  case 3:
+    (void)k->illegal_memcpy(s, scratch, scratch, sizeof(float));
+    break;
+  case 4:
+    (void)k->illegal_device_sync(s);
+    break;
+  default:
+    break;
+  }
+}
+
+static cgt_status launch_affine(cgt_launch *l, void *user) {
+  test_affine *u = user;
+  u->calls++;
+  void *out;
+  cgt_status st = cgt_launch_alloc(l, u->n * sizeof(float), &out);
+  if (st != CGT_OK)
+    return st;
+  st = test_kernels()->affine(cgt_launch_stream(l), cgt_launch_input(l, 0), u->a, u->b, out, u->n);
+  if (st != CGT_OK)
+    return st;
+  do_illegal(l, u, out);
+  return cgt_launch_set_output(l, 0, out, u->n * sizeof(float));
+}
+
+static cgt_status launch_add2(cgt_launch *l, void *user) {
+  test_affine *u = user;
+  u->calls++;
+  void *out;
+  cgt_status st = cgt_launch_alloc(l, u->n * sizeof(float), &out);
+  if (st != CGT_OK)
+    return st;
+  st = test_kernels()->add(cgt_launch_stream(l), cgt_launch_input(l, 0), cgt_launch_input(l, 1), out, u->n);
+  if (st != CGT_OK)
+    return st;
+  return cgt_launch_set_output(l, 0, out, u->n * sizeof(float));
+}
+
+static cgt_status launch_view(cgt_launch *l, void *user) {
+  test_affine *u = user;
+  u->calls++;
+  return cgt_launch_set_output(l, 0, cgt_launch_input(l, 0), cgt_launch_input_bytes(l, 0));
+}
+
+static cgt_status launch_temp(cgt_launch *l, void *user) {
+  test_affine *u = user;
+  u->calls++;
+  void *tmp, *out;
+  cgt_status st = cgt_launch_alloc(l, u->n * sizeof(float) + u->extra_bytes, &tmp);
+  if (st != CGT_OK)
+    return st;
+  const kernels *k = test_kernels();
+  void *s = cgt_launch_stream(l);
+  st = k->affine(s, cgt_launch_input(l, 0), u->a, 0.0f, tmp, u->n);
+  if (st == CGT_OK)
+    st = cgt_launch_alloc(l, u->n * sizeof(float), &out);
+  if (st == CGT_OK)
+    st = k->affine(s, tmp, 1.0f, u->b, out, u->n);
+  if (st == CGT_OK)
+    st = cgt_launch_free(l, tmp);
+  if (st != CGT_OK)
+    return st;
+  return cgt_launch_set_output(l, 0, out, u->n * sizeof(float));
+}
+
+static cgt_segment reg(cgt_tree *t, const char *name, cgt_launch_fn fn, void *user, uint32_t n_in) {
+  cgt_segment_desc d = {name, fn, user, n_in, 1};
+  cgt_segment s = 0;
+  CHECK_OK(t, cgt_segment_register(t, &d, &s));
+  assert_true(s != 0);
+  return s;
+}
+
+cgt_segment test_register_affine(cgt_tree *t, const char *name, test_affine *u) {
+  return reg(t, name, launch_affine, u, 1);
+}
+cgt_segment test_register_add2(cgt_tree *t, const char *name, test_affine *u) {
+  return reg(t, name, launch_add2, u, 2);
+}
+cgt_segment test_register_view(cgt_tree *t, const char *name, test_affine *u) {
+  return reg(t, name, launch_view, u, 1);
+}
+cgt_segment test_register_temp(cgt_tree *t, const char *name, test_affine *u) {
+  return reg(t, name, launch_temp, u, 1);
+}
+
+int test_run_group(const char *name, const struct CMUnitTest *tests, size_t count) {
+  return _cmocka_run_group_tests(name, tests, count, NULL, NULL);
+}
