@@ -240,3 +240,20 @@ cgt_status cgt_tree_check(cgt_tree *t) {
     return CGT_ERR_INVALID_ARGUMENT;
   return tree__check(t);
 }
+
+/* ------------------------------------------------------- for benchmarks */
+
+size_t tree__path_execs(const cgt_tree *t, void **execs, size_t cap) {
+  size_t depth = 0;
+  for (const node *n = t->cur; n && n != &t->root; n = n->parent)
+    depth++;
+  size_t i = depth;
+  for (const node *n = t->cur; n && n != &t->root; n = n->parent) {
+    i--;
+    if (i < cap)
+      execs[i] = n->state == CGT_NODE_RECORDED ? n->exec : NULL;
+  }
+  return depth;
+}
+
+cgt_status tree__launch_exec(cgt_tree *t, void *exec) { return t->dev.ops->launch(&t->dev, exec); }

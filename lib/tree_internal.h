@@ -241,5 +241,10 @@ int node__liveness_ok(const cgt_tree *t, const node *n);
 
 /* inspect.c */
 cgt_status tree__check(cgt_tree *t);
+/* For benchmarks that launch the tree's own graphs with no runtime around
+ * them: the executable graphs along the current path, root first (NULL for
+ * nodes that are not RECORDED). Returns the path's length; writes at most cap. */
+size_t tree__path_execs(const cgt_tree *t, void **execs, size_t cap);
+cgt_status tree__launch_exec(cgt_tree *t, void *exec);
 
 #endif /* CGT_TREE_INTERNAL_H */
