@@ -76,6 +76,10 @@ void pool_checkpoint_foreach_allocated(const pool_checkpoint *c, void (*fn)(void
 /* Rebuilds the layout of c; chunks made after c are wholly free. Then frees
  * every block of c for which keep(user, base) returns 0 (keep NULL: keep all).
  * CGT_ERR_OUT_OF_MEMORY (host) leaves the pool unchanged. c must come from p. */
+/* (Implementation note: keep is called once per allocated block of c, in
+ * address order, before the pool changes, and also when the restore then
+ * fails; it must not call into p. A c not taken from p is
+ * CGT_ERR_INVALID_ARGUMENT.) */
 cgt_status pool_restore(pool *p, const pool_checkpoint *c, int (*keep)(void *user, void *base), void *user);
 /* 1 if the current layout is exactly c's (chunks made after c wholly free). */
 int pool_matches(const pool *p, const pool_checkpoint *c);
@@ -88,5 +92,11 @@ void pool_clear(pool *p);
  * holds exactly the allocated blocks, totals match. Returns 1 if all hold;
  * otherwise 0 with a description in why (if why is not NULL). */
 int pool_check(const pool *p, char *why, size_t why_bytes);
+
+/* Test hook: the next n host allocations of p succeed and every later one
+ * fails, until called again; n < 0 turns failures off. The state is p's own.
+ * Every call of malloc or realloc the pool makes counts, including the
+ * allocations uthash makes for the lookup table. */
+void pool__fail_host_alloc_after(pool *p, long long n);
 
 #endif /* CGT_POOL_H */

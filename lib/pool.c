@@ -1,0 +1,957 @@
+/* pool.c — the checkpointable pool allocator.
+ *
+ * Every graph a tree records bakes the device addresses it touched into the
+ * graph itself, so the memory behind those addresses must stay where it is for
+ * as long as the graph can replay. We therefore take device memory from the
+ * source in big allocations, called chunks, and never give a chunk back while
+ * the pool lives. Each chunk is carved into blocks: a doubly linked list per
+ * chunk, in address order, that tiles the chunk exactly. Allocation picks the
+ * best fitting free block over all chunks and splits off the rest; freeing
+ * merges a block with its free neighbours, so no two free blocks ever touch.
+ * Only when no free block fits do we ask the source for a new chunk of at
+ * least chunk_bytes; a request larger than that gets a chunk of its own.
+ *
+ * The free blocks live in an AVL tree keyed by (size, address). Best fit is
+ * then the leftmost block whose size is large enough, found in O(log n). The
+ * address in the key matters more than it looks: it makes the choice a
+ * function of the layout alone, not of the order in which blocks were freed,
+ * so the same layout and the same requests always produce the same addresses,
+ * whether the layout was reached by allocating or rebuilt by a restore. That
+ * determinism is what lets a recording made after a restore line up with the
+ * warmup that preceded it. Allocated blocks live in
+ * a uthash table keyed by their base address, which makes pool_free and
+ * pool_block_bytes O(1); pool_find, which accepts interior pointers, binary
+ * searches the chunk array (kept sorted by address) and walks one chunk.
+ *
+ * A checkpoint is a snapshot of the layout, not of the memory: for every
+ * chunk, its blocks as (offset, size, allocated), in one host allocation.
+ * Restoring rebuilds the layout from it, leaves chunks made since then wholly
+ * free, and frees the blocks the caller no longer needs. A restore builds the
+ * whole new layout (descriptors, lookup table, free tree) beside the old one
+ * and swaps only once nothing can fail any more, so a host allocation failure
+ * leaves the pool exactly as it was. Every other operation follows the same
+ * rule: whatever can fail is done first, and the layout is touched last.
+ *
+ * Block descriptors are recycled through a spare list instead of being handed
+ * back to malloc, because allocation, free and restore all shuffle them and
+ * the tree reports how many host allocations the pool made (host_allocs): in
+ * a steady state the count stops growing.
+ */
+#include "pool.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* uthash allocates its buckets behind our back. We route those allocations
+ * through pool_host_malloc so they are counted and can be made to fail in
+ * tests, and we ask uthash to report failure instead of exiting. The macros
+ * name two locals, pool_hash_owner and pool_hash_oomed, that exist only in
+ * pool_hash_add, the one place that inserts; lookups and deletions never
+ * allocate. */
+#define HASH_NONFATAL_OOM 1
+#define uthash_malloc(sz) pool_host_malloc(pool_hash_owner, (sz))
+#define uthash_free(ptr, sz) free(ptr)
+#define uthash_nonfatal_oom(elt) (pool_hash_oomed = 1)
+#include <uthash.h>
+
+/* ------------------------------------------------------------- asserts */
+
+/* Three tiers, as in mimalloc. CGT_DEBUG 1 (the default unless NDEBUG) checks
+ * cheap preconditions; 2 adds checks inside the algorithms; 3 runs pool_check
+ * after every change of state, which makes every operation O(blocks). */
+#ifndef CGT_DEBUG
+#ifdef NDEBUG
+#define CGT_DEBUG 0
+#else
+#define CGT_DEBUG 1
+#endif
+#endif
+
+#if CGT_DEBUG >= 1
+static void pool_assert_fail(const char *what, const char *file, int line) {
+  fprintf(stderr, "cgtree: pool assertion failed: %s (%s:%d)\n", what, file, line);
+  abort();
+}
+#define pool_assert(x) ((x) ? (void)0 : pool_assert_fail(#x, __FILE__, __LINE__))
+#else
+#define pool_assert(x) ((void)0)
+#endif
+#if CGT_DEBUG >= 2
+#define pool_assert_internal(x) pool_assert(x)
+#else
+#define pool_assert_internal(x) ((void)0)
+#endif
+#if CGT_DEBUG >= 3
+#define pool_assert_expensive(p) pool_assert_valid(p, __FILE__, __LINE__)
+#else
+#define pool_assert_expensive(p) ((void)0)
+#endif
+
+/* pool_never(x) is for conditions that cannot happen unless a caller breaks
+ * a contract: debug builds stop at once, release builds evaluate to x so the
+ * caller can refuse the operation instead of corrupting the pool. */
+#if CGT_DEBUG >= 1
+#define pool_never(x) ((x) ? (pool_assert_fail("!(" #x ")", __FILE__, __LINE__), 1) : 0)
+#else
+#define pool_never(x) (x)
+#endif
+
+/* ----------------------------------------------------------- structures */
+
+typedef struct pool_chunk pool_chunk;
+typedef struct pool_block pool_block;
+
+struct pool_block {
+  char *base; /* the lookup key: it never changes while the block is in the table */
+  size_t size;
+  pool_chunk *chunk;
+  pool_block *prev, *next;  /* neighbours in address order; next also links the spare list */
+  pool_block *left, *right; /* children in the free tree, for free blocks only */
+  int height;               /* AVL height in the free tree */
+  int allocated;
+  UT_hash_handle hh; /* membership of the lookup table, for allocated blocks only */
+};
+
+struct pool_chunk {
+  char *base;
+  size_t size;
+  pool_block *first;  /* the layout: blocks in address order */
+  pool_block *staged; /* the layout a restore is building; NULL outside pool_restore */
+};
+
+struct pool {
+  pool_source src;
+  size_t chunk_bytes;
+  pool_chunk **chunks; /* sorted by base address, so checkpoints list blocks in address order */
+  size_t n_chunks, cap_chunks;
+  pool_block *table;     /* uthash head: the allocated blocks by base */
+  pool_block *free_root; /* AVL tree of the free blocks by (size, base) */
+  pool_block *spares;    /* descriptors waiting for reuse */
+  pool_stats stats;
+  long long fail_host_after; /* test hook: host allocations left before they fail; < 0: never */
+};
+
+typedef struct pool_checkpoint_chunk {
+  char *base;
+  size_t size;
+  size_t first; /* index of its first entry */
+  size_t count;
+} pool_checkpoint_chunk;
+
+typedef struct pool_checkpoint_entry {
+  size_t offset;
+  size_t size;
+  int allocated;
+} pool_checkpoint_entry;
+
+struct pool_checkpoint {
+  const pool *owner;
+  size_t allocated_bytes;
+  size_t n_chunks;
+  size_t n_entries;
+  pool_checkpoint_chunk *chunks; /* sorted by base, like the pool's */
+  pool_checkpoint_entry *entries;
+};
+
+static int pool_check_impl(const pool *p, char *why, size_t why_bytes);
+
+#if CGT_DEBUG >= 3
+static void pool_assert_valid(const pool *p, const char *file, int line) {
+  char why[256];
+  if (!pool_check_impl(p, why, sizeof why)) pool_assert_fail(why, file, line);
+}
+#endif
+
+/* ------------------------------------------------------ host allocation */
+
+/* Every host allocation the pool makes goes through these two, so that
+ * host_allocs counts them all (failed attempts included) and a test can make
+ * the n-th one fail. */
+static int pool_host_should_fail(pool *p) {
+  p->stats.host_allocs++;
+  if (p->fail_host_after < 0) return 0;
+  if (p->fail_host_after == 0) return 1;
+  p->fail_host_after--;
+  return 0;
+}
+
+static void *pool_host_malloc(pool *p, size_t bytes) {
+  if (pool_host_should_fail(p)) return NULL;
+  return malloc(bytes);
+}
+
+static void *pool_host_realloc(pool *p, void *ptr, size_t bytes) {
+  if (pool_host_should_fail(p)) return NULL;
+  return realloc(ptr, bytes);
+}
+
+void pool__fail_host_alloc_after(pool *p, long long n) {
+  if (p) p->fail_host_after = n < 0 ? -1 : n;
+}
+
+/* ------------------------------------------------------------- helpers */
+
+/* Rounds a request up to POOL_ALIGN. 0 and sizes that would wrap are refused. */
+static int pool_round(size_t bytes, size_t *out) {
+  if (bytes == 0 || bytes > SIZE_MAX - (POOL_ALIGN - 1)) return 0;
+  *out = (bytes + POOL_ALIGN - 1) & ~(POOL_ALIGN - 1);
+  return 1;
+}
+
+static int pool_ptr_less(const void *a, const void *b) {
+  /* Relational operators on unrelated pointers are undefined in C; their
+   * integer images are what we mean. */
+  return (uintptr_t)a < (uintptr_t)b;
+}
+
+static pool_block *pool_block_take(pool *p) {
+  pool_block *b = p->spares;
+  if (b) {
+    p->spares = b->next;
+  } else {
+    b = pool_host_malloc(p, sizeof *b);
+    if (!b) return NULL;
+  }
+  memset(b, 0, sizeof *b);
+  return b;
+}
+
+static void pool_block_give(pool *p, pool_block *b) {
+  b->next = p->spares;
+  p->spares = b;
+}
+
+/* -------------------------------------------------------- lookup table */
+
+/* Inserts b into the table at *table. Returns 0, with the table unchanged,
+ * when uthash could not allocate. The table is passed separately from the
+ * pool because a restore fills a new table beside the live one. */
+static int pool_hash_add(pool *p, pool_block **table, pool_block *b) {
+  pool *pool_hash_owner = p;
+  int pool_hash_oomed = 0;
+  HASH_ADD_PTR(*table, base, b);
+  return !pool_hash_oomed;
+}
+
+static pool_block *pool_hash_find(const pool *p, const void *ptr) {
+  pool_block *b = NULL;
+  HASH_FIND_PTR(p->table, &ptr, b);
+  return b;
+}
+
+/* ------------------------------------------------------------ free tree */
+
+static int pool_tree_cmp(const pool_block *a, const pool_block *b) {
+  if (a->size != b->size) return a->size < b->size ? -1 : 1;
+  if (a->base == b->base) return 0;
+  return pool_ptr_less(a->base, b->base) ? -1 : 1;
+}
+
+static int pool_tree_height(const pool_block *n) { return n ? n->height : 0; }
+
+static void pool_tree_update(pool_block *n) {
+  int l = pool_tree_height(n->left), r = pool_tree_height(n->right);
+  n->height = 1 + (l > r ? l : r);
+}
+
+static pool_block *pool_tree_rotate_right(pool_block *n) {
+  pool_block *l = n->left;
+  n->left = l->right;
+  l->right = n;
+  pool_tree_update(n);
+  pool_tree_update(l);
+  return l;
+}
+
+static pool_block *pool_tree_rotate_left(pool_block *n) {
+  pool_block *r = n->right;
+  n->right = r->left;
+  r->left = n;
+  pool_tree_update(n);
+  pool_tree_update(r);
+  return r;
+}
+
+static pool_block *pool_tree_balance(pool_block *n) {
+  int bal;
+  pool_tree_update(n);
+  bal = pool_tree_height(n->left) - pool_tree_height(n->right);
+  if (bal > 1) {
+    if (pool_tree_height(n->left->left) < pool_tree_height(n->left->right)) n->left = pool_tree_rotate_left(n->left);
+    return pool_tree_rotate_right(n);
+  }
+  if (bal < -1) {
+    if (pool_tree_height(n->right->right) < pool_tree_height(n->right->left))
+      n->right = pool_tree_rotate_right(n->right);
+    return pool_tree_rotate_left(n);
+  }
+  return n;
+}
+
+static pool_block *pool_tree_insert(pool_block *n, pool_block *x) {
+  if (!n) {
+    x->left = x->right = NULL;
+    x->height = 1;
+    return x;
+  }
+  pool_assert_internal(pool_tree_cmp(x, n) != 0);
+  if (pool_tree_cmp(x, n) < 0)
+    n->left = pool_tree_insert(n->left, x);
+  else
+    n->right = pool_tree_insert(n->right, x);
+  return pool_tree_balance(n);
+}
+
+static pool_block *pool_tree_remove_min(pool_block *n, pool_block **min) {
+  if (!n->left) {
+    *min = n;
+    return n->right;
+  }
+  n->left = pool_tree_remove_min(n->left, min);
+  return pool_tree_balance(n);
+}
+
+/* x must be in the tree: its key is unique because addresses are. */
+static pool_block *pool_tree_remove(pool_block *n, pool_block *x) {
+  int c;
+  pool_assert(n != NULL);
+  c = pool_tree_cmp(x, n);
+  if (c < 0) {
+    n->left = pool_tree_remove(n->left, x);
+  } else if (c > 0) {
+    n->right = pool_tree_remove(n->right, x);
+  } else {
+    pool_block *l = n->left, *r = n->right, *m = NULL;
+    if (!r) return l;
+    r = pool_tree_remove_min(r, &m);
+    m->left = l;
+    m->right = r;
+    n = m;
+  }
+  return pool_tree_balance(n);
+}
+
+/* The smallest free block of at least size bytes, the lowest address among
+ * equals. */
+static pool_block *pool_tree_best_fit(pool_block *n, size_t size) {
+  pool_block *best = NULL;
+  while (n) {
+    if (n->size >= size) {
+      best = n;
+      n = n->left;
+    } else {
+      n = n->right;
+    }
+  }
+  return best;
+}
+
+/* --------------------------------------------------------------- chunks */
+
+/* Index of the first chunk whose base is above ptr. */
+static size_t pool_chunk_upper(const pool *p, const void *ptr) {
+  size_t lo = 0, hi = p->n_chunks;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (pool_ptr_less(ptr, p->chunks[mid]->base))
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  return lo;
+}
+
+static const pool_chunk *pool_chunk_containing(const pool *p, const void *ptr) {
+  size_t i = pool_chunk_upper(p, ptr);
+  const pool_chunk *c;
+  if (i == 0) return NULL;
+  c = p->chunks[i - 1];
+  if ((uintptr_t)ptr - (uintptr_t)c->base >= c->size) return NULL;
+  return c;
+}
+
+/* Takes a chunk from the source and makes its one free block, without
+ * linking either into the pool, so the caller can still back out with
+ * pool_chunk_discard. The source is asked first: if it has no room, the
+ * pool has made no host allocation at all. */
+static cgt_status pool_chunk_create(pool *p, size_t size, pool_chunk **out) {
+  void *mem = NULL;
+  pool_chunk *c;
+  pool_block *b;
+  cgt_status st = p->src.alloc(p->src.ctx, size, &mem);
+  if (st != CGT_OK) return st;
+  if (pool_never(mem == NULL)) return CGT_ERR_BACKEND;
+  if (pool_never((uintptr_t)mem % POOL_ALIGN != 0)) {
+    p->src.free(p->src.ctx, mem);
+    return CGT_ERR_BACKEND;
+  }
+  if (p->n_chunks == p->cap_chunks) {
+    size_t cap = p->cap_chunks ? 2 * p->cap_chunks : 8;
+    pool_chunk **grown = pool_host_realloc(p, p->chunks, cap * sizeof *grown);
+    if (!grown) goto oom;
+    /* A larger array is invisible to the caller, so it stays even if a
+     * later step fails. */
+    p->chunks = grown;
+    p->cap_chunks = cap;
+  }
+  c = pool_host_malloc(p, sizeof *c);
+  if (!c) goto oom;
+  b = pool_block_take(p);
+  if (!b) {
+    free(c);
+    goto oom;
+  }
+  c->base = mem;
+  c->size = size;
+  c->first = b;
+  c->staged = NULL;
+  b->base = mem;
+  b->size = size;
+  b->chunk = c;
+  *out = c;
+  return CGT_OK;
+oom:
+  p->src.free(p->src.ctx, mem);
+  return CGT_ERR_OUT_OF_MEMORY;
+}
+
+static void pool_chunk_discard(pool *p, pool_chunk *c) {
+  pool_block_give(p, c->first);
+  p->src.free(p->src.ctx, c->base);
+  free(c);
+}
+
+/* Links a chunk made by pool_chunk_create into the sorted array. Cannot fail:
+ * pool_chunk_create made room. The chunk's free block is left out of the free
+ * tree for the caller to place. */
+static void pool_chunk_link(pool *p, pool_chunk *c) {
+  size_t i = pool_chunk_upper(p, c->base);
+  pool_assert(p->n_chunks < p->cap_chunks);
+  memmove(&p->chunks[i + 1], &p->chunks[i], (p->n_chunks - i) * sizeof *p->chunks);
+  p->chunks[i] = c;
+  p->n_chunks++;
+  p->stats.chunks = p->n_chunks;
+  p->stats.reserved_bytes += c->size;
+  p->stats.blocks++;
+}
+
+/* ------------------------------------------------------------ lifecycle */
+
+cgt_status pool_create(const pool_source *src, size_t chunk_bytes, pool **out) {
+  pool *p;
+  size_t rounded;
+  if (!out) return CGT_ERR_INVALID_ARGUMENT;
+  *out = NULL;
+  if (!src || !src->alloc || !src->free || !pool_round(chunk_bytes, &rounded)) return CGT_ERR_INVALID_ARGUMENT;
+  p = calloc(1, sizeof *p);
+  if (!p) return CGT_ERR_OUT_OF_MEMORY;
+  p->src = *src;
+  p->chunk_bytes = rounded;
+  p->fail_host_after = -1;
+  p->stats.host_allocs = 1; /* the pool itself */
+  *out = p;
+  pool_assert_expensive(p);
+  return CGT_OK;
+}
+
+void pool_destroy(pool *p) {
+  size_t i;
+  if (!p) return;
+  /* The table head is a block, so the table goes before the blocks do. */
+  HASH_CLEAR(hh, p->table);
+  for (i = 0; i < p->n_chunks; i++) {
+    pool_chunk *c = p->chunks[i];
+    pool_block *b = c->first;
+    while (b) {
+      pool_block *next = b->next;
+      free(b);
+      b = next;
+    }
+    p->src.free(p->src.ctx, c->base);
+    free(c);
+  }
+  while (p->spares) {
+    pool_block *next = p->spares->next;
+    free(p->spares);
+    p->spares = next;
+  }
+  free(p->chunks);
+  free(p);
+}
+
+/* ----------------------------------------------------- alloc and free */
+
+cgt_status pool_reserve(pool *p, size_t bytes) {
+  size_t need;
+  pool_chunk *c = NULL;
+  cgt_status st;
+  if (!p) return CGT_ERR_INVALID_ARGUMENT;
+  if (bytes == 0) return CGT_OK;
+  if (!pool_round(bytes, &need)) return CGT_ERR_INVALID_ARGUMENT;
+  if (pool_tree_best_fit(p->free_root, need)) return CGT_OK;
+  st = pool_chunk_create(p, need > p->chunk_bytes ? need : p->chunk_bytes, &c);
+  if (st != CGT_OK) return st;
+  pool_chunk_link(p, c);
+  p->free_root = pool_tree_insert(p->free_root, c->first);
+  pool_assert_expensive(p);
+  return CGT_OK;
+}
+
+cgt_status pool_alloc(pool *p, size_t bytes, void **ptr) {
+  size_t need;
+  pool_block *f, *a;
+  pool_chunk *grown = NULL;
+  if (!p || !ptr || !pool_round(bytes, &need)) return CGT_ERR_INVALID_ARGUMENT;
+
+  f = pool_tree_best_fit(p->free_root, need);
+  if (!f) {
+    cgt_status st = pool_chunk_create(p, need > p->chunk_bytes ? need : p->chunk_bytes, &grown);
+    if (st != CGT_OK) return st;
+    f = grown->first;
+  }
+  /* The allocated block takes the front of f. When f is larger it keeps its
+   * descriptor as the free remainder and a new descriptor covers the front;
+   * either way the allocated block's base is f's base now, so it can enter
+   * the table before anything else moves. */
+  a = f;
+  if (f->size > need) {
+    a = pool_block_take(p);
+    if (!a) goto oom;
+    a->base = f->base;
+    a->size = need;
+    a->chunk = f->chunk;
+  }
+  if (!pool_hash_add(p, &p->table, a)) {
+    if (a != f) pool_block_give(p, a);
+    goto oom;
+  }
+
+  /* Nothing can fail from here on. */
+  if (grown)
+    pool_chunk_link(p, grown);
+  else
+    p->free_root = pool_tree_remove(p->free_root, f);
+  if (a != f) {
+    a->prev = f->prev;
+    a->next = f;
+    if (f->prev)
+      f->prev->next = a;
+    else
+      f->chunk->first = a;
+    f->prev = a;
+    f->base += need;
+    f->size -= need;
+    p->free_root = pool_tree_insert(p->free_root, f);
+    p->stats.blocks++;
+  }
+  a->allocated = 1;
+  p->stats.allocated_bytes += need;
+  if (p->stats.allocated_bytes > p->stats.peak_bytes) p->stats.peak_bytes = p->stats.allocated_bytes;
+  *ptr = a->base;
+  pool_assert_expensive(p);
+  return CGT_OK;
+
+oom:
+  if (grown) pool_chunk_discard(p, grown);
+  return CGT_ERR_OUT_OF_MEMORY;
+}
+
+/* Takes b out of its chunk's list. b always has a predecessor here, because
+ * a merge folds a block into the one before it. */
+static void pool_block_unlink(pool_block *b) {
+  pool_assert_internal(b->prev != NULL);
+  b->prev->next = b->next;
+  if (b->next) b->next->prev = b->prev;
+}
+
+cgt_status pool_free(pool *p, void *ptr) {
+  pool_block *b, *l, *r;
+  if (!p || !ptr) return CGT_ERR_INVALID_ARGUMENT;
+  b = pool_hash_find(p, ptr);
+  if (!b) return CGT_ERR_INVALID_ARGUMENT;
+  pool_assert_internal(b->allocated);
+
+  HASH_DEL(p->table, b);
+  b->allocated = 0;
+  p->stats.allocated_bytes -= b->size;
+  l = b->prev;
+  r = b->next;
+  if (r && !r->allocated) {
+    p->free_root = pool_tree_remove(p->free_root, r);
+    b->size += r->size;
+    pool_block_unlink(r);
+    pool_block_give(p, r);
+    p->stats.blocks--;
+  }
+  if (l && !l->allocated) {
+    /* The left neighbour survives: its base is the merged block's base. */
+    p->free_root = pool_tree_remove(p->free_root, l);
+    l->size += b->size;
+    pool_block_unlink(b);
+    pool_block_give(p, b);
+    p->stats.blocks--;
+    b = l;
+  }
+  p->free_root = pool_tree_insert(p->free_root, b);
+  pool_assert_expensive(p);
+  return CGT_OK;
+}
+
+/* ---------------------------------------------------------------- query */
+
+int pool_find(const pool *p, const void *ptr, void **base, size_t *bytes) {
+  const pool_chunk *c;
+  const pool_block *b;
+  if (!p || !ptr) return 0;
+  c = pool_chunk_containing(p, ptr);
+  if (!c) return 0;
+  for (b = c->first; b; b = b->next) {
+    if ((uintptr_t)ptr - (uintptr_t)b->base < b->size) {
+      if (!b->allocated) return 0;
+      if (base) *base = b->base;
+      if (bytes) *bytes = b->size;
+      return 1;
+    }
+  }
+  return 0;
+}
+
+size_t pool_block_bytes(const pool *p, const void *ptr) {
+  const pool_block *b;
+  if (!p || !ptr) return 0;
+  b = pool_hash_find(p, ptr);
+  return b ? b->size : 0;
+}
+
+void pool_get_stats(const pool *p, pool_stats *out) {
+  if (!out) return;
+  if (!p) {
+    memset(out, 0, sizeof *out);
+    return;
+  }
+  *out = p->stats;
+}
+
+void pool_reset_peak(pool *p) {
+  if (p) p->stats.peak_bytes = p->stats.allocated_bytes;
+}
+
+/* ---------------------------------------------------------- checkpoints */
+
+cgt_status pool_checkpoint_take(pool *p, pool_checkpoint **out) {
+  pool_checkpoint *c;
+  size_t i, e = 0, head, bytes;
+  if (!out) return CGT_ERR_INVALID_ARGUMENT;
+  *out = NULL;
+  if (!p) return CGT_ERR_INVALID_ARGUMENT;
+  /* One allocation holds the header, the chunk table and the entries. Every
+   * part has the alignment of size_t, and the sizes are multiples of it. */
+  head = sizeof *c + p->n_chunks * sizeof(pool_checkpoint_chunk);
+  if (p->stats.blocks > (SIZE_MAX - head) / sizeof(pool_checkpoint_entry)) return CGT_ERR_OUT_OF_MEMORY;
+  bytes = head + p->stats.blocks * sizeof(pool_checkpoint_entry);
+  c = pool_host_malloc(p, bytes);
+  if (!c) return CGT_ERR_OUT_OF_MEMORY;
+  c->owner = p;
+  c->allocated_bytes = p->stats.allocated_bytes;
+  c->n_chunks = p->n_chunks;
+  c->n_entries = p->stats.blocks;
+  c->chunks = (pool_checkpoint_chunk *)(void *)(c + 1);
+  c->entries = (pool_checkpoint_entry *)(void *)((char *)c + head);
+  for (i = 0; i < p->n_chunks; i++) {
+    const pool_chunk *ch = p->chunks[i];
+    const pool_block *b;
+    c->chunks[i].base = ch->base;
+    c->chunks[i].size = ch->size;
+    c->chunks[i].first = e;
+    for (b = ch->first; b; b = b->next) {
+      pool_assert(e < c->n_entries);
+      c->entries[e].offset = (size_t)(b->base - ch->base);
+      c->entries[e].size = b->size;
+      c->entries[e].allocated = b->allocated;
+      e++;
+    }
+    c->chunks[i].count = e - c->chunks[i].first;
+  }
+  pool_assert(e == c->n_entries);
+  *out = c;
+  return CGT_OK;
+}
+
+void pool_checkpoint_free(pool_checkpoint *c) { free(c); }
+
+size_t pool_checkpoint_allocated_bytes(const pool_checkpoint *c) { return c ? c->allocated_bytes : 0; }
+
+void pool_checkpoint_foreach_allocated(const pool_checkpoint *c, void (*fn)(void *user, void *base, size_t bytes),
+                                       void *user) {
+  size_t i, k;
+  if (!c || !fn) return;
+  for (i = 0; i < c->n_chunks; i++) {
+    const pool_checkpoint_chunk *cc = &c->chunks[i];
+    for (k = cc->first; k < cc->first + cc->count; k++) {
+      const pool_checkpoint_entry *en = &c->entries[k];
+      if (en->allocated) fn(user, cc->base + en->offset, en->size);
+    }
+  }
+}
+
+/* 1 if c was taken from p: every chunk of c is still one of p's, at the same
+ * base and size. Both arrays are sorted, so one merge walk answers it. */
+static int pool_checkpoint_fits(const pool *p, const pool_checkpoint *c) {
+  size_t i = 0, j;
+  if (c->owner != p) return 0;
+  for (j = 0; j < c->n_chunks; j++) {
+    while (i < p->n_chunks && p->chunks[i]->base != c->chunks[j].base) i++;
+    if (i == p->n_chunks || p->chunks[i]->size != c->chunks[j].size) return 0;
+    i++;
+  }
+  return 1;
+}
+
+/* Gives back every descriptor a failed restore staged. */
+static void pool_restore_unstage(pool *p) {
+  size_t i;
+  for (i = 0; i < p->n_chunks; i++) {
+    pool_block *b = p->chunks[i]->staged;
+    while (b) {
+      pool_block *next = b->next;
+      pool_block_give(p, b);
+      b = next;
+    }
+    p->chunks[i]->staged = NULL;
+  }
+}
+
+cgt_status pool_restore(pool *p, const pool_checkpoint *c, int (*keep)(void *user, void *base), void *user) {
+  pool_block *table = NULL, *root = NULL, *b;
+  size_t allocated = 0, blocks = 0, i, j = 0, k;
+  if (!p || !c) return CGT_ERR_INVALID_ARGUMENT;
+  if (!pool_checkpoint_fits(p, c)) return CGT_ERR_INVALID_ARGUMENT;
+
+  /* Stage the new layout on chunk->staged, with its own table and free tree,
+   * out of fresh descriptors. The live layout is not touched until the swap. */
+  for (i = 0; i < p->n_chunks; i++) {
+    pool_chunk *ch = p->chunks[i];
+    pool_block *last = NULL;
+    pool_assert_internal(ch->staged == NULL);
+    if (j < c->n_chunks && c->chunks[j].base == ch->base) {
+      const pool_checkpoint_chunk *cc = &c->chunks[j++];
+      for (k = cc->first; k < cc->first + cc->count; k++) {
+        const pool_checkpoint_entry *en = &c->entries[k];
+        int alloc = en->allocated && (!keep || keep(user, ch->base + en->offset));
+        if (!alloc && last && !last->allocated) {
+          /* A dropped block next to a free one: they merge, as pool_free would. */
+          last->size += en->size;
+          continue;
+        }
+        b = pool_block_take(p);
+        if (!b) goto oom;
+        b->base = ch->base + en->offset;
+        b->size = en->size;
+        b->chunk = ch;
+        b->allocated = alloc;
+        b->prev = last;
+        if (last)
+          last->next = b;
+        else
+          ch->staged = b;
+        last = b;
+        blocks++;
+        if (alloc) {
+          if (!pool_hash_add(p, &table, b)) goto oom;
+          allocated += b->size;
+        }
+      }
+    } else {
+      /* Made after the checkpoint: wholly free. */
+      b = pool_block_take(p);
+      if (!b) goto oom;
+      b->base = ch->base;
+      b->size = ch->size;
+      b->chunk = ch;
+      ch->staged = b;
+      blocks++;
+    }
+    /* Sizes are final only once the chunk is done, so the free tree is
+     * filled afterwards. */
+    for (b = ch->staged; b; b = b->next)
+      if (!b->allocated) root = pool_tree_insert(root, b);
+  }
+
+  /* The swap: nothing below can fail. */
+  for (i = 0; i < p->n_chunks; i++) {
+    pool_chunk *ch = p->chunks[i];
+    b = ch->first;
+    while (b) {
+      pool_block *next = b->next;
+      pool_block_give(p, b);
+      b = next;
+    }
+    ch->first = ch->staged;
+    ch->staged = NULL;
+  }
+  HASH_CLEAR(hh, p->table);
+  p->table = table;
+  p->free_root = root;
+  p->stats.allocated_bytes = allocated;
+  p->stats.blocks = blocks;
+  if (allocated > p->stats.peak_bytes) p->stats.peak_bytes = allocated;
+  pool_assert_expensive(p);
+  return CGT_OK;
+
+oom:
+  HASH_CLEAR(hh, table);
+  pool_restore_unstage(p);
+  pool_assert_expensive(p);
+  return CGT_ERR_OUT_OF_MEMORY;
+}
+
+int pool_matches(const pool *p, const pool_checkpoint *c) {
+  size_t i, j = 0, k;
+  if (!p || !c || !pool_checkpoint_fits(p, c)) return 0;
+  for (i = 0; i < p->n_chunks; i++) {
+    const pool_chunk *ch = p->chunks[i];
+    const pool_block *b = ch->first;
+    if (j < c->n_chunks && c->chunks[j].base == ch->base) {
+      const pool_checkpoint_chunk *cc = &c->chunks[j++];
+      for (k = cc->first; k < cc->first + cc->count; k++, b = b->next) {
+        const pool_checkpoint_entry *en = &c->entries[k];
+        if (!b || b->base != ch->base + en->offset || b->size != en->size || b->allocated != en->allocated)
+          return 0;
+      }
+      if (b) return 0;
+    } else if (b->allocated || b->next) {
+      return 0;
+    }
+  }
+  return 1;
+}
+
+void pool_clear(pool *p) {
+  size_t i;
+  if (!p) return;
+  HASH_CLEAR(hh, p->table);
+  p->free_root = NULL;
+  for (i = 0; i < p->n_chunks; i++) {
+    pool_chunk *ch = p->chunks[i];
+    pool_block *first = ch->first, *b = first->next;
+    while (b) {
+      pool_block *next = b->next;
+      pool_block_give(p, b);
+      b = next;
+    }
+    first->next = NULL;
+    first->size = ch->size;
+    first->allocated = 0;
+    p->free_root = pool_tree_insert(p->free_root, first);
+  }
+  p->stats.allocated_bytes = 0;
+  p->stats.blocks = p->n_chunks;
+  pool_assert_expensive(p);
+}
+
+/* ----------------------------------------------------------- invariants */
+
+static int pool_fail(char *why, size_t why_bytes, const char *fmt, ...) {
+  if (why && why_bytes) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, why_bytes, fmt, ap);
+    va_end(ap);
+  }
+  return 0;
+}
+
+/* Checks the subtree at n: order, AVL balance and heights, and that it holds
+ * free blocks only. Returns its height, or -1 after writing why. */
+static int pool_check_tree(const pool_block *n, const pool_block *lo, const pool_block *hi, size_t *count,
+                           char *why, size_t why_bytes) {
+  int l, r;
+  if (!n) return 0;
+  if (n->allocated) {
+    pool_fail(why, why_bytes, "free tree holds allocated block %p", (void *)n->base);
+    return -1;
+  }
+  if ((lo && pool_tree_cmp(lo, n) >= 0) || (hi && pool_tree_cmp(n, hi) >= 0)) {
+    pool_fail(why, why_bytes, "free tree out of order at block %p", (void *)n->base);
+    return -1;
+  }
+  (*count)++;
+  l = pool_check_tree(n->left, lo, n, count, why, why_bytes);
+  if (l < 0) return -1;
+  r = pool_check_tree(n->right, n, hi, count, why, why_bytes);
+  if (r < 0) return -1;
+  if (n->height != 1 + (l > r ? l : r) || l - r > 1 || r - l > 1) {
+    pool_fail(why, why_bytes, "free tree unbalanced or stale height at block %p", (void *)n->base);
+    return -1;
+  }
+  return n->height;
+}
+
+static int pool_check_impl(const pool *p, char *why, size_t why_bytes) {
+  size_t i, reserved = 0, allocated = 0, blocks = 0, n_alloc = 0, n_free = 0, n_tree = 0;
+  if (why && why_bytes) why[0] = '\0';
+  if (!p) return pool_fail(why, why_bytes, "pool is NULL");
+  if (p->chunk_bytes == 0 || p->chunk_bytes % POOL_ALIGN) return pool_fail(why, why_bytes, "bad chunk_bytes");
+  if (p->n_chunks > p->cap_chunks) return pool_fail(why, why_bytes, "more chunks than capacity");
+  for (i = 0; i < p->n_chunks; i++) {
+    const pool_chunk *ch = p->chunks[i];
+    const pool_block *b, *prev = NULL;
+    char *end;
+    if (!ch) return pool_fail(why, why_bytes, "chunk %zu is NULL", i);
+    if ((uintptr_t)ch->base % POOL_ALIGN || ch->size == 0 || ch->size % POOL_ALIGN)
+      return pool_fail(why, why_bytes, "chunk %zu (%p) misaligned or empty", i, (void *)ch->base);
+    if (i > 0 && !pool_ptr_less(p->chunks[i - 1]->base, ch->base))
+      return pool_fail(why, why_bytes, "chunks %zu and %zu out of address order", i - 1, i);
+    if (i > 0 && (uintptr_t)p->chunks[i - 1]->base + p->chunks[i - 1]->size > (uintptr_t)ch->base)
+      return pool_fail(why, why_bytes, "chunks %zu and %zu overlap", i - 1, i);
+    if (ch->staged) return pool_fail(why, why_bytes, "chunk %zu has a staged layout outside a restore", i);
+    if (!ch->first) return pool_fail(why, why_bytes, "chunk %zu has no blocks", i);
+    reserved += ch->size;
+    end = ch->base;
+    for (b = ch->first; b; prev = b, b = b->next) {
+      if (b->chunk != ch) return pool_fail(why, why_bytes, "block %p names the wrong chunk", (void *)b->base);
+      if (b->prev != prev) return pool_fail(why, why_bytes, "block %p has a bad prev link", (void *)b->base);
+      if (b->base != end)
+        return pool_fail(why, why_bytes, "chunk %zu not tiled: block at %p, expected %p", i, (void *)b->base,
+                         (void *)end);
+      if (b->size == 0 || b->size % POOL_ALIGN)
+        return pool_fail(why, why_bytes, "block %p has bad size %zu", (void *)b->base, b->size);
+      if (b->size > ch->size - (size_t)(b->base - ch->base))
+        return pool_fail(why, why_bytes, "block %p runs past its chunk", (void *)b->base);
+      end = b->base + b->size;
+      blocks++;
+      if (b->allocated) {
+        n_alloc++;
+        allocated += b->size;
+        if (pool_hash_find(p, b->base) != b)
+          return pool_fail(why, why_bytes, "allocated block %p is not in the table", (void *)b->base);
+      } else {
+        n_free++;
+        if (prev && !prev->allocated)
+          return pool_fail(why, why_bytes, "adjacent free blocks %p and %p", (void *)prev->base, (void *)b->base);
+      }
+    }
+    if (end != ch->base + ch->size) return pool_fail(why, why_bytes, "chunk %zu not tiled to its end", i);
+  }
+  if (HASH_COUNT(p->table) != n_alloc)
+    return pool_fail(why, why_bytes, "table holds %u blocks, layout has %zu allocated", HASH_COUNT(p->table),
+                     n_alloc);
+  if (pool_check_tree(p->free_root, NULL, NULL, &n_tree, why, why_bytes) < 0) return 0;
+  if (n_tree != n_free)
+    return pool_fail(why, why_bytes, "free tree holds %zu blocks, layout has %zu free", n_tree, n_free);
+  if (p->stats.reserved_bytes != reserved)
+    return pool_fail(why, why_bytes, "reserved_bytes %zu, chunks sum to %zu", p->stats.reserved_bytes, reserved);
+  if (p->stats.allocated_bytes != allocated)
+    return pool_fail(why, why_bytes, "allocated_bytes %zu, blocks sum to %zu", p->stats.allocated_bytes, allocated);
+  if (p->stats.peak_bytes < allocated)
+    return pool_fail(why, why_bytes, "peak_bytes %zu below allocated %zu", p->stats.peak_bytes, allocated);
+  if (p->stats.chunks != p->n_chunks)
+    return pool_fail(why, why_bytes, "stats.chunks %zu, pool has %zu", p->stats.chunks, p->n_chunks);
+  if (p->stats.blocks != blocks)
+    return pool_fail(why, why_bytes, "stats.blocks %zu, layout has %zu", p->stats.blocks, blocks);
+  return 1;
+}
+
+int pool_check(const pool *p, char *why, size_t why_bytes) { return pool_check_impl(p, why, why_bytes); }
