@@ -1,0 +1,371 @@
+/* backend_cuda.c — the device interface on the CUDA runtime.
+ *
+ * This is the backend the product runs on. The tree drives it through the
+ * small table in backend.h: it asks for pool chunks, brackets each recording
+ * with a stream capture, instantiates and uploads the captured graph, and
+ * later replays it with one cudaGraphLaunch. The file is plain C11 against
+ * the CUDA runtime API; no kernel lives here, so the library builds with gcc
+ * alone and only tests, benchmarks and the demo need nvcc.
+ *
+ * Three things make this more than a list of wrappers.
+ *
+ * Errors. Every CUDA failure becomes a cgt_status plus one line in b->error
+ * naming the call and the CUDA error. CUDA also remembers the failure as the
+ * thread's "last error"; a later cudaGetLastError in the user's own code
+ * would then report our failure as theirs. So every failure path clears it.
+ * Errors that corrupt the context (an illegal address in a kernel) stay
+ * sticky whatever we do; those are the user's and are reported as
+ * CGT_ERR_BACKEND.
+ *
+ * Capture failure. A segment that synchronizes, calls cudaMalloc or a
+ * synchronous cudaMemcpy while it is being captured invalidates the capture.
+ * cudaStreamEndCapture then fails and may hand back a partial graph. We
+ * destroy that graph, clear the error, and make sure the stream really left
+ * capture mode, so the tree can run the segment eagerly on the same stream
+ * right away and record other segments later.
+ *
+ * Allocation during capture. The pool may need a new chunk while a segment is
+ * being recorded. A plain cudaMalloc in thread-local capture mode is refused
+ * and invalidates the capture, so chunk allocation switches the thread to
+ * relaxed capture mode around the call. The memory is not part of the graph:
+ * the pool owns it for the tree's life and the graph only bakes in addresses.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <cuda_runtime.h>
+
+/* NVTX v3 is header-only. Its loader casts dlsym's result to a function
+ * pointer, which ISO C forbids and -Wpedantic reports; the cast is fine on
+ * every platform CUDA supports, so the warning is silenced for the header
+ * alone. */
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpedantic"
+#endif
+#include <nvtx3/nvToolsExt.h>
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
+
+#include "backend.h"
+
+/* What open made, so that close undoes exactly that. */
+typedef struct cuda_state {
+  int device;
+  cudaStream_t stream;
+  int owns_stream;
+} cuda_state;
+
+static cuda_state *state_of(backend *b) { return (cuda_state *)b->impl; }
+
+/* The status a CUDA error maps to. Capture errors are told apart because the
+ * tree recovers from them (the node runs eagerly), not from the others. */
+static cgt_status status_of(cudaError_t e) {
+  switch (e) {
+  case cudaSuccess:
+    return CGT_OK;
+  case cudaErrorMemoryAllocation:
+    return CGT_ERR_OUT_OF_MEMORY;
+  case cudaErrorStreamCaptureUnsupported:
+  case cudaErrorStreamCaptureInvalidated:
+  case cudaErrorStreamCaptureMerge:
+  case cudaErrorStreamCaptureUnmatched:
+  case cudaErrorStreamCaptureUnjoined:
+  case cudaErrorStreamCaptureIsolation:
+  case cudaErrorStreamCaptureImplicit:
+  case cudaErrorCapturedEvent:
+  case cudaErrorStreamCaptureWrongThread:
+    return CGT_ERR_CAPTURE_FAILED;
+  default:
+    return CGT_ERR_BACKEND;
+  }
+}
+
+/* Records the failure of `call` in b->error and clears CUDA's last error so
+ * that it does not surface later in someone else's check. */
+static cgt_status fail(backend *b, const char *call, cudaError_t e) {
+  snprintf(b->error, sizeof b->error, "%s: %s: %s", call, cudaGetErrorName(e), cudaGetErrorString(e));
+  (void)cudaGetLastError();
+  return status_of(e);
+}
+
+static cgt_status cuda_open(backend *b, int device, void *stream) {
+  cuda_state *st = calloc(1, sizeof *st);
+  if (st == NULL) {
+    snprintf(b->error, sizeof b->error, "cuda backend: out of host memory");
+    return CGT_ERR_OUT_OF_MEMORY;
+  }
+  cudaError_t e = cudaSetDevice(device);
+  if (e != cudaSuccess) {
+    free(st);
+    cgt_status s = fail(b, "cudaSetDevice", e);
+    /* A missing driver or device is reported the way the API promises. */
+    if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver || e == cudaErrorStubLibrary ||
+        e == cudaErrorInvalidDevice)
+      return CGT_ERR_NO_DEVICE;
+    return s;
+  }
+  st->device = device;
+  if (stream != NULL) {
+    st->stream = (cudaStream_t)stream;
+  } else {
+    /* Non-blocking: the legacy default stream must not serialize with the
+     * tree's work, and a capture on a non-blocking stream does not forbid
+     * other code's use of the legacy stream. */
+    e = cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+      free(st);
+      return fail(b, "cudaStreamCreateWithFlags", e);
+    }
+    st->owns_stream = 1;
+  }
+  b->impl = st;
+  b->stream = (void *)st->stream;
+  return CGT_OK;
+}
+
+/* Ends a capture that is still open on the stream, dropping what it caught.
+ * Used when a capture broke and when the backend closes mid-capture. */
+static void end_stray_capture(cudaStream_t stream) {
+  enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &cs) == cudaSuccess && cs != cudaStreamCaptureStatusNone) {
+    cudaGraph_t g = NULL;
+    if (cudaStreamEndCapture(stream, &g) == cudaSuccess && g != NULL)
+      (void)cudaGraphDestroy(g);
+  }
+  (void)cudaGetLastError();
+}
+
+static void cuda_close(backend *b) {
+  cuda_state *st = state_of(b);
+  if (st == NULL)
+    return;
+  end_stray_capture(st->stream);
+  /* Errors here cannot be acted upon (the tree is going away); they are
+   * recorded and cleared so they do not leak into the caller's next check. */
+  cudaError_t e = cudaStreamSynchronize(st->stream);
+  if (e != cudaSuccess)
+    (void)fail(b, "cudaStreamSynchronize", e);
+  if (st->owns_stream) {
+    e = cudaStreamDestroy(st->stream);
+    if (e != cudaSuccess)
+      (void)fail(b, "cudaStreamDestroy", e);
+  }
+  free(st);
+  b->impl = NULL;
+  b->stream = NULL;
+}
+
+/* Runs cudaMalloc or cudaFree on the backend's device in relaxed capture
+ * mode. The mode switch is a thread-local flag, cheap enough to do always;
+ * doing it always also covers a capture this thread has open on another
+ * stream, which would forbid the call just the same. The caller's current
+ * device is put back, since pool growth must not change it. */
+static cgt_status with_relaxed_capture(backend *b, size_t bytes, void **ptr, void *to_free) {
+  cuda_state *st = state_of(b);
+  int prev_device = -1;
+  cudaError_t e = cudaGetDevice(&prev_device);
+  if (e != cudaSuccess)
+    return fail(b, "cudaGetDevice", e);
+  if (prev_device != st->device) {
+    e = cudaSetDevice(st->device);
+    if (e != cudaSuccess)
+      return fail(b, "cudaSetDevice", e);
+  }
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  e = cudaThreadExchangeStreamCaptureMode(&mode);
+  cgt_status s = CGT_OK;
+  if (e != cudaSuccess) {
+    s = fail(b, "cudaThreadExchangeStreamCaptureMode", e);
+  } else {
+    if (ptr != NULL) {
+      void *p = NULL;
+      e = cudaMalloc(&p, bytes);
+      if (e == cudaSuccess)
+        *ptr = p;
+      else
+        s = fail(b, "cudaMalloc", e);
+    } else {
+      e = cudaFree(to_free);
+      if (e != cudaSuccess)
+        s = fail(b, "cudaFree", e);
+    }
+    /* Restore the caller's mode (it was swapped into `mode`). */
+    e = cudaThreadExchangeStreamCaptureMode(&mode);
+    if (e != cudaSuccess && s == CGT_OK) {
+      if (ptr != NULL) {
+        (void)cudaFree(*ptr);
+        *ptr = NULL;
+      }
+      s = fail(b, "cudaThreadExchangeStreamCaptureMode", e);
+    }
+  }
+  if (prev_device != st->device) {
+    e = cudaSetDevice(prev_device);
+    if (e != cudaSuccess && s == CGT_OK) {
+      if (ptr != NULL) {
+        (void)cudaFree(*ptr);
+        *ptr = NULL;
+      }
+      s = fail(b, "cudaSetDevice", e);
+    }
+  }
+  return s;
+}
+
+static cgt_status cuda_mem_alloc(backend *b, size_t bytes, void **ptr) {
+  if (ptr == NULL || bytes == 0) {
+    snprintf(b->error, sizeof b->error, "cuda mem_alloc: %s", ptr == NULL ? "NULL ptr" : "zero bytes");
+    return CGT_ERR_INVALID_ARGUMENT;
+  }
+  /* cudaMalloc aligns to at least 256 bytes, which is what pool chunks need. */
+  return with_relaxed_capture(b, bytes, ptr, NULL);
+}
+
+static void cuda_mem_free(backend *b, void *ptr) {
+  if (ptr != NULL)
+    (void)with_relaxed_capture(b, 0, NULL, ptr);
+}
+
+static cgt_status cuda_capture_begin(backend *b) {
+  /* Thread-local mode: other threads' unsafe calls (their own cudaMalloc)
+   * must not break our capture, but this thread's must, so that a careless
+   * segment is caught and run eagerly instead of recorded wrongly. */
+  cudaError_t e = cudaStreamBeginCapture(state_of(b)->stream, cudaStreamCaptureModeThreadLocal);
+  if (e != cudaSuccess) {
+    (void)fail(b, "cudaStreamBeginCapture", e);
+    /* Whatever the cause, the tree's remedy is the same: run eagerly. */
+    return CGT_ERR_CAPTURE_FAILED;
+  }
+  return CGT_OK;
+}
+
+static cgt_status cuda_capture_end(backend *b, void **graph) {
+  cuda_state *st = state_of(b);
+  cudaGraph_t g = NULL;
+  cudaError_t e = cudaStreamEndCapture(st->stream, &g);
+  if (e == cudaSuccess && g != NULL) {
+    *graph = (void *)g;
+    return CGT_OK;
+  }
+  *graph = NULL;
+  /* The capture was invalidated (the segment synchronized, allocated, or
+   * copied synchronously) or failed to end. A partial graph may have come
+   * back; it is useless. */
+  if (g != NULL)
+    (void)cudaGraphDestroy(g);
+  if (e != cudaSuccess)
+    (void)fail(b, "cudaStreamEndCapture", e);
+  else
+    snprintf(b->error, sizeof b->error, "cudaStreamEndCapture: returned no graph");
+  end_stray_capture(st->stream);
+  return CGT_ERR_CAPTURE_FAILED;
+}
+
+static cgt_status cuda_instantiate(backend *b, void *graph, void **exec) {
+  cudaGraphExec_t ex = NULL;
+  cudaError_t e = cudaGraphInstantiate(&ex, (cudaGraph_t)graph, 0);
+  if (e != cudaSuccess)
+    return fail(b, "cudaGraphInstantiate", e);
+  /* Upload now so the first replay does not pay for it. */
+  e = cudaGraphUpload(ex, state_of(b)->stream);
+  if (e != cudaSuccess) {
+    cgt_status s = fail(b, "cudaGraphUpload", e);
+    (void)cudaGraphExecDestroy(ex);
+    (void)cudaGetLastError();
+    return s;
+  }
+  *exec = (void *)ex;
+  return CGT_OK;
+}
+
+static cgt_status cuda_launch(backend *b, void *exec) {
+  cudaError_t e = cudaGraphLaunch((cudaGraphExec_t)exec, state_of(b)->stream);
+  if (e != cudaSuccess)
+    return fail(b, "cudaGraphLaunch", e);
+  return CGT_OK;
+}
+
+static void cuda_graph_destroy(backend *b, void *graph, void *exec) {
+  cudaError_t e;
+  if (exec != NULL && (e = cudaGraphExecDestroy((cudaGraphExec_t)exec)) != cudaSuccess)
+    (void)fail(b, "cudaGraphExecDestroy", e);
+  if (graph != NULL && (e = cudaGraphDestroy((cudaGraph_t)graph)) != cudaSuccess)
+    (void)fail(b, "cudaGraphDestroy", e);
+}
+
+static cgt_status cuda_copy(backend *b, void *dst, const void *src, size_t bytes) {
+  if (bytes == 0)
+    return CGT_OK;
+  /* cudaMemcpyDefault: unified addressing tells host from device, so one
+   * call serves placeholders (device to device) and copy-out to the host. */
+  cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, state_of(b)->stream);
+  if (e != cudaSuccess)
+    return fail(b, "cudaMemcpyAsync", e);
+  return CGT_OK;
+}
+
+static cgt_status cuda_sync(backend *b) {
+  cudaError_t e = cudaStreamSynchronize(state_of(b)->stream);
+  if (e != cudaSuccess)
+    return fail(b, "cudaStreamSynchronize", e);
+  return CGT_OK;
+}
+
+static cgt_status cuda_graph_dot(backend *b, void *graph, const char *path) {
+  cudaError_t e = cudaGraphDebugDotPrint((cudaGraph_t)graph, path, cudaGraphDebugDotFlagsVerbose);
+  if (e != cudaSuccess)
+    return fail(b, "cudaGraphDebugDotPrint", e);
+  return CGT_OK;
+}
+
+/* NVTX ranges cost nothing measurable when no profiler is attached (the
+ * first call finds no injection library and later calls are no-ops). */
+static void cuda_range_push(backend *b, const char *name) {
+  (void)b;
+  nvtxRangePushA(name != NULL ? name : "cgtree");
+}
+
+static void cuda_range_pop(backend *b) {
+  (void)b;
+  nvtxRangePop();
+}
+
+const backend_ops backend_cuda_ops = {
+    .name = "cuda",
+    .kind = CGT_BACKEND_CUDA,
+    .open = cuda_open,
+    .close = cuda_close,
+    .mem_alloc = cuda_mem_alloc,
+    .mem_free = cuda_mem_free,
+    .capture_begin = cuda_capture_begin,
+    .capture_end = cuda_capture_end,
+    .instantiate = cuda_instantiate,
+    .launch = cuda_launch,
+    .graph_destroy = cuda_graph_destroy,
+    .copy = cuda_copy,
+    .sync = cuda_sync,
+    .graph_dot = cuda_graph_dot,
+    .range_push = cuda_range_push,
+    .range_pop = cuda_range_pop,
+};
+
+int backend_cuda_available(void) {
+  /* Without a driver the runtime returns cudaErrorInsufficientDriver and
+   * leaves the count unwritten; with only the stub libcuda it returns
+   * cudaErrorStubLibrary; without a GPU, cudaErrorNoDevice. All mean "no". */
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  int driver = 0;
+  e = cudaDriverGetVersion(&driver);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return count > 0 && driver > 0;
+}
