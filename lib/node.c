@@ -200,24 +200,50 @@ static int keep_live_block(void *user, void *base) {
   return value__block_in_use(t, t->pool, base, VALUE_NONE);
 }
 
-/* Brings the graph pool to the layout of the path's live values. */
+/* Brings the graph pool to the layout of the path's live values. The layout
+ * it replaces is kept until the run is over (pool_sync_end), so that a run
+ * that fails afterwards can put the pool back: a failing cgt_run changes
+ * nothing the caller can observe, restore counts included. */
 static cgt_status pool_sync(cgt_tree *t) {
   if (t->opt.mode != CGT_MODE_TREE || t->pool_synced)
     return CGT_OK;
   node *a = t->cur;
   while (a != &t->root && !a->ckpt)
     a = a->parent;
+  pool_checkpoint *undo;
+  cgt_status st = pool_checkpoint_take(t->pool, &undo);
+  if (st != CGT_OK)
+    return tree__fail(t, st, "no host memory to checkpoint the pool before a restore");
   if (a == &t->root) {
     pool_clear(t->pool);
   } else {
-    cgt_status st = pool_restore(t->pool, a->ckpt, keep_live_block, t);
-    if (st != CGT_OK)
+    st = pool_restore(t->pool, a->ckpt, keep_live_block, t);
+    if (st != CGT_OK) {
+      pool_checkpoint_free(undo);
       return tree__fail(t, st, "restoring the checkpoint of node %u: %s", a->id, cgt_status_string(st));
+    }
     t->stats.checkpoint_restores++;
     tree__log(t, CGT_LOG_DEBUG, "pool restored to the checkpoint of node %u", a->id);
   }
+  t->sync_undo = undo;
+  t->sync_undo_pool = t->pool;
+  t->sync_undo_restored = a != &t->root;
   t->pool_synced = 1;
   return CGT_OK;
+}
+
+/* Ends the run that may have synced the pool: keeps the new layout if the
+ * run succeeded, else puts back the one pool_sync replaced. */
+static void pool_sync_end(cgt_tree *t, cgt_status run_status) {
+  if (!t->sync_undo)
+    return;
+  if (run_status != CGT_OK && pool_restore(t->sync_undo_pool, t->sync_undo, NULL, NULL) == CGT_OK &&
+      t->sync_undo_pool == t->pool) {
+    t->pool_synced = 0;
+    t->stats.checkpoint_restores -= t->sync_undo_restored;
+  }
+  pool_checkpoint_free(t->sync_undo);
+  t->sync_undo = NULL;
 }
 
 /* The pool a node's warmup and recording allocate from. */
@@ -233,8 +259,16 @@ static cgt_status node_pool(cgt_tree *t, node *n, pool **out) {
       return st;
   }
   /* The node runs at most once a step and its values die with the step, so
-   * whatever its private pool holds is dead now. */
+   * whatever its private pool holds is dead now. The old layout is kept for
+   * pool_sync_end, as in TREE mode. */
+  pool_checkpoint *undo;
+  cgt_status st = pool_checkpoint_take(n->own_pool, &undo);
+  if (st != CGT_OK)
+    return tree__fail(t, st, "no host memory to checkpoint a private pool");
   pool_clear(n->own_pool);
+  t->sync_undo = undo;
+  t->sync_undo_pool = n->own_pool;
+  t->sync_undo_restored = 0;
   *out = n->own_pool;
   return CGT_OK;
 }
@@ -366,8 +400,6 @@ static cgt_status recording_placeholders(cgt_tree *t, recording *r, const segmen
     st = t->dev.ops->copy(&t->dev, p, t->args[i].ptr, t->args[i].bytes);
     if (st != CGT_OK)
       return tree__backend_fail(t, st, "copy into a placeholder");
-    t->stats.input_copies++;
-    t->stats.input_copy_bytes += t->args[i].bytes;
     l->in_ptr[i] = p;
     l->in_block[i] = p;
     l->in_pool[i] = r->pl;
@@ -399,6 +431,14 @@ static cgt_status recording_prepare(cgt_tree *t, recording *r, const segment_rec
   if (st != CGT_OK)
     recording_undo(t, r);
   return st;
+}
+
+/* A run that used placeholders succeeded: count its copies. */
+static void recording_count_copies(cgt_tree *t, const recording *r) {
+  for (uint32_t i = 0; i < r->n_ph; i++) {
+    t->stats.input_copies++;
+    t->stats.input_copy_bytes += r->ph[i].bytes;
+  }
 }
 
 /* Placeholders that no output aliases are free again once captured. */
@@ -441,6 +481,7 @@ static cgt_status run_warmup(cgt_tree *t, node *n, const segment_rec *seg, cgt_v
     return st;
   }
   recording_release_placeholders(t, &r);
+  recording_count_copies(t, &r);
   free(r.ph);
   hand_out_launch_outputs(t, outputs);
   w->runs++;
@@ -548,6 +589,7 @@ static cgt_status record(cgt_tree *t, node *n, const segment_rec *seg, int is_re
   n->n_outputs = seg->n_outputs;
   n->outputs = r.outs;
   n->state = CGT_NODE_RECORDED;
+  recording_count_copies(t, &r);
   w->runs++;
   t->stats.recordings++;
   if (is_rerecord)
@@ -576,7 +618,15 @@ static cgt_status first_runs(cgt_tree *t, node *n, const segment_rec *seg, int i
   return record(t, n, seg, is_rerecord, outputs);
 }
 
+static cgt_status node_run(cgt_tree *t, cgt_segment id, const segment_rec *seg, uint64_t variant, cgt_value *outputs);
+
 cgt_status node__run(cgt_tree *t, cgt_segment id, const segment_rec *seg, uint64_t variant, cgt_value *outputs) {
+  cgt_status st = node_run(t, id, seg, variant, outputs);
+  pool_sync_end(t, st);
+  return st;
+}
+
+static cgt_status node_run(cgt_tree *t, cgt_segment id, const segment_rec *seg, uint64_t variant, cgt_value *outputs) {
   if (t->opt.mode == CGT_MODE_EAGER)
     return run_eagerly(t, NULL, id, seg, variant, t->pool, outputs);
 

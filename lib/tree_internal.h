@@ -182,6 +182,9 @@ struct cgt_tree {
    * clears it (the graph used memory the allocator did not see move). */
   int pool_synced;
   int step_in_warmup;
+  pool_checkpoint *sync_undo; /* the layout the current run's pool_sync replaced */
+  pool *sync_undo_pool;
+  int sync_undo_restored;     /* that sync counted a checkpoint restore */
 
   node *cur;       /* the path's last node; &root at the start of a step */
   value_slot *slots;
