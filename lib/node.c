@@ -618,15 +618,20 @@ static cgt_status first_runs(cgt_tree *t, node *n, const segment_rec *seg, int i
   return record(t, n, seg, is_rerecord, outputs);
 }
 
-static cgt_status node_run(cgt_tree *t, cgt_segment id, const segment_rec *seg, uint64_t variant, cgt_value *outputs);
+static cgt_status node_run(cgt_tree *t, cgt_segment id, const segment_rec *seg, uint64_t variant, cgt_value *outputs,
+                           node **created);
 
 cgt_status node__run(cgt_tree *t, cgt_segment id, const segment_rec *seg, uint64_t variant, cgt_value *outputs) {
-  cgt_status st = node_run(t, id, seg, variant, outputs);
+  node *created = NULL;
+  cgt_status st = node_run(t, id, seg, variant, outputs, &created);
   pool_sync_end(t, st);
+  if (st != CGT_OK && created)
+    node_unlink_newest(t, created); /* no half-made nodes; after pool_sync_end, which may use its pool */
   return st;
 }
 
-static cgt_status node_run(cgt_tree *t, cgt_segment id, const segment_rec *seg, uint64_t variant, cgt_value *outputs) {
+static cgt_status node_run(cgt_tree *t, cgt_segment id, const segment_rec *seg, uint64_t variant, cgt_value *outputs,
+                           node **created) {
   if (t->opt.mode == CGT_MODE_EAGER)
     return run_eagerly(t, NULL, id, seg, variant, t->pool, outputs);
 
@@ -670,8 +675,6 @@ static cgt_status node_run(cgt_tree *t, cgt_segment id, const segment_rec *seg, 
              recordings);
     node_make_eager(t, n, why);
   }
-  cgt_status st = first_runs(t, n, seg, is_rerecord, outputs);
-  if (st != CGT_OK)
-    node_unlink_newest(t, n);
-  return st;
+  *created = n;
+  return first_runs(t, n, seg, is_rerecord, outputs);
 }

@@ -233,9 +233,10 @@ void cgt_tree_destroy(cgt_tree *t) {
     return;
   if (t->dev.ops)
     t->dev.ops->sync(&t->dev);
+  /* The roots' hash table lives in the first root node: clear it first. */
+  HASH_CLEAR(hh, t->root.children);
   for (uint32_t i = 0; i < t->n_nodes; i++)
     node__destroy(t, t->nodes[i]);
-  HASH_CLEAR(hh, t->root.children);
   warm_count *w, *tmp;
   HASH_ITER(hh, t->warm, w, tmp) {
     HASH_DEL(t->warm, w);
