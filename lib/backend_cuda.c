@@ -110,10 +110,15 @@ static cgt_status cuda_open(backend *b, int device, void *stream) {
   if (stream != NULL) {
     st->stream = (cudaStream_t)stream;
   } else {
-    /* Non-blocking: the legacy default stream must not serialize with the
-     * tree's work, and a capture on a non-blocking stream does not forbid
-     * other code's use of the legacy stream. */
-    e = cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking);
+    /* A blocking stream, on purpose. A segment that calls a synchronous
+     * cudaMemcpy (legacy default stream) while a non-blocking stream is
+     * captured is not refused by CUDA: the copy runs once, at recording, and
+     * is missing from every replay, which is silent corruption. With a
+     * blocking stream the legacy stream's implicit synchronization with the
+     * capturing stream invalidates the capture, and the node turns EAGER.
+     * Programs whose other threads use the legacy stream while we capture
+     * can hand in their own cudaStreamNonBlocking stream (options.stream). */
+    e = cudaStreamCreateWithFlags(&st->stream, cudaStreamDefault);
     if (e != cudaSuccess) {
       free(st);
       return fail(b, "cudaStreamCreateWithFlags", e);
@@ -244,6 +249,9 @@ static cgt_status cuda_capture_begin(backend *b) {
 static cgt_status cuda_capture_end(backend *b, void **graph) {
   cuda_state *st = state_of(b);
   cudaGraph_t g = NULL;
+  /* The call that broke a capture returned its error to the segment; if the
+   * segment did not clear it, it names the cause better than EndCapture. */
+  cudaError_t cause = cudaGetLastError();
   cudaError_t e = cudaStreamEndCapture(st->stream, &g);
   if (e == cudaSuccess && g != NULL) {
     *graph = (void *)g;
@@ -255,7 +263,10 @@ static cgt_status cuda_capture_end(backend *b, void **graph) {
    * back; it is useless. */
   if (g != NULL)
     (void)cudaGraphDestroy(g);
-  if (e != cudaSuccess)
+  if (e != cudaSuccess && cause != cudaSuccess && cause != e)
+    snprintf(b->error, sizeof b->error, "%s (%s) during capture; cudaStreamEndCapture: %s", cudaGetErrorName(cause),
+             cudaGetErrorString(cause), cudaGetErrorName(e));
+  else if (e != cudaSuccess)
     (void)fail(b, "cudaStreamEndCapture", e);
   else
     snprintf(b->error, sizeof b->error, "cudaStreamEndCapture: returned no graph");
