@@ -55,6 +55,7 @@ typedef struct seg_spec {
   int post;      /* end with out = post_a * out + post_b */
   float post_a, post_b;
   uint32_t n_args; /* 1 + n_layers: the input, then the weights (STATIC) */
+  const void *input_seen; /* input 0 as the launch function last saw it */
   cgt_arg *args;   /* prebuilt; args[0] is set per step */
 } seg_spec;
 
@@ -234,9 +235,10 @@ static cgt_status seg_body(const seg_spec *sp, mem *m, kern_ctx *ctx, void *stre
 }
 
 static cgt_status launch_segment(cgt_launch *l, void *user) {
-  const seg_spec *sp = user;
+  seg_spec *sp = user;
   const workload *w = sp->w;
   const float *x = cgt_launch_input(l, 0);
+  sp->input_seen = x;
   if (!x || cgt_launch_input_bytes(l, 0) < w->x_bytes)
     return wl_fail(CGT_ERR_INVALID_ARGUMENT, "segment %d: input 0 is missing or too small", sp->index);
   mem m = {l, NULL, 0, 0};
@@ -513,6 +515,12 @@ const kernels *wl_kernels(const workload *w) { return w ? w->k : NULL; }
 int wl_segment_count(const workload *w) { return w ? w->n_specs : 0; }
 cgt_tree *wl_tree(const workload *w) { return w ? w->tree : NULL; }
 const void *wl_input(const workload *w, int parity) { return w ? w->input[(unsigned)parity & 1u] : NULL; }
+
+const void *wl_segment_input_seen(const workload *w, int segment_index) {
+  if (!w || segment_index < 0 || segment_index >= w->n_specs)
+    return NULL;
+  return w->specs[segment_index].input_seen;
+}
 float wl_branch_sum(const workload *w) { return w ? w->sum_host : 0.0f; }
 const void *wl_branch_sum_device(const workload *w) { return w ? w->sum_dev : NULL; }
 int wl_branch_taken(const workload *w) { return w ? w->branch : 0; }

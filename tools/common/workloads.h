@@ -99,6 +99,15 @@ cgt_tree *wl_tree(const workload *w);
 /* The caller buffer the step input of a step of this parity lives in. */
 const void *wl_input(const workload *w, int parity);
 
+/* Where segment `segment_index`'s launch function last read its input 0
+ * (cgt_launch_input), NULL if it never ran. For the first segment of a
+ * recorded tree that is the pool placeholder the tree copies each step's
+ * DYNAMIC input into before replaying the graph: a benchmark that launches
+ * the tree's graphs by hand must fill it the same way, since the tree frees
+ * the placeholder after capture and later segments of the step reuse its
+ * memory. */
+const void *wl_segment_input_seen(const workload *w, int segment_index);
+
 /* Branchy: after a step, the host's copy of the branch sum, its device
  * address (fixed once segment 1 is recorded) and the branch taken (2 or 3);
  * 0 and NULL for chains or before a step. */
