@@ -62,6 +62,17 @@ struct backend_ops {
 
   /* Writes graph as Graphviz to path (optional: NULL if unsupported). */
   cgt_status (*graph_dot)(backend *b, void *graph, const char *path);
+  /* In-graph input copies (optional: all three NULL if unsupported). A
+   * copy() made while capturing becomes a node of the graph; find_copy
+   * returns the first copy node of graph that writes dst (a handle valid for
+   * every exec instantiated from graph while graph lives). set_copy_src
+   * points that node of exec at another source of the same size, without
+   * re-instantiating; it fails, changing nothing, where the device cannot
+   * (another kind of memory). copy_enable turns the node off or on in exec. */
+  cgt_status (*graph_find_copy)(backend *b, void *graph, const void *dst, void **node);
+  cgt_status (*exec_set_copy_src)(backend *b, void *exec, void *node, void *dst, const void *src, size_t bytes);
+  cgt_status (*exec_copy_enable)(backend *b, void *exec, void *node, int enabled);
+
   /* Profiler ranges around warmup, record and replay (optional: NULL). */
   void (*range_push)(backend *b, const char *name);
   void (*range_pop)(backend *b);

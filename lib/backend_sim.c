@@ -86,6 +86,7 @@ typedef struct sim_node {
   void *dst;             /* SIM_NODE_COPY */
   const void *src;       /* SIM_NODE_COPY */
   size_t copy_bytes;     /* SIM_NODE_COPY */
+  int disabled;          /* SIM_NODE_COPY: turned off in an executable */
 } sim_node;
 
 /* The recorded work shared by graphs and executables. */
@@ -528,12 +529,55 @@ static void exec_run(sim_device *dev, sim_exec *e) {
       }
       c->kernels_replayed++;
       n->kernel(args);
-    } else {
+    } else if (!n->disabled) {
       memmove(n->dst, n->src, n->copy_bytes);
       c->copies_replayed++;
     }
   }
   e->running = 0;
+}
+
+/* In-graph copies: a node handle is its index + 1, the same in a graph and
+ * in every executable cloned from it. */
+static cgt_status sim_graph_find_copy(backend *b, void *graph, const void *dst, void **node) {
+  sim_device *dev = device_of(b);
+  if (dev == NULL) return CGT_ERR_STATE;
+  sim_graph *g = graph_of(dev, graph);
+  if (g == NULL || node == NULL)
+    return backend_fail(b, CGT_ERR_INVALID_ARGUMENT, "sim: find_copy needs a graph of this device");
+  for (size_t i = 0; i < g->program.count; i++)
+    if (g->program.nodes[i].kind == SIM_NODE_COPY && g->program.nodes[i].dst == dst) {
+      *node = (void *)(uintptr_t)(i + 1);
+      return CGT_OK;
+    }
+  return backend_fail(b, CGT_ERR_INVALID_ARGUMENT, "sim: the graph has no copy into %p", (void *)(uintptr_t)dst);
+}
+
+static sim_node *exec_copy_node(backend *b, void *exec, void *node) {
+  sim_device *dev = device_of(b);
+  sim_exec *e = dev ? exec_of(dev, exec) : NULL;
+  size_t i = (size_t)(uintptr_t)node;
+  if (e == NULL || i == 0 || i > e->program.count || e->program.nodes[i - 1].kind != SIM_NODE_COPY) {
+    backend_fail(b, CGT_ERR_INVALID_ARGUMENT, "sim: not a copy node of an executable of this device");
+    return NULL;
+  }
+  return &e->program.nodes[i - 1];
+}
+
+static cgt_status sim_exec_set_copy_src(backend *b, void *exec, void *node, void *dst, const void *src, size_t bytes) {
+  sim_node *n = exec_copy_node(b, exec, node);
+  if (n == NULL) return CGT_ERR_INVALID_ARGUMENT;
+  if (n->dst != dst || n->copy_bytes != bytes || src == NULL)
+    return backend_fail(b, CGT_ERR_INVALID_ARGUMENT, "sim: set_copy_src may change the source only");
+  n->src = src;
+  return CGT_OK;
+}
+
+static cgt_status sim_exec_copy_enable(backend *b, void *exec, void *node, int enabled) {
+  sim_node *n = exec_copy_node(b, exec, node);
+  if (n == NULL) return CGT_ERR_INVALID_ARGUMENT;
+  n->disabled = !enabled;
+  return CGT_OK;
 }
 
 /* ---------------------------------------------------- backend table */
@@ -803,6 +847,9 @@ const backend_ops backend_sim_ops = {
     .copy = sim_copy,
     .sync = sim_sync,
     .graph_dot = sim_graph_dot,
+    .graph_find_copy = sim_graph_find_copy,
+    .exec_set_copy_src = sim_exec_set_copy_src,
+    .exec_copy_enable = sim_exec_copy_enable,
     .range_push = sim_range_push,
     .range_pop = sim_range_pop,
 };

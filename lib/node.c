@@ -335,8 +335,24 @@ static cgt_status replay(cgt_tree *t, node *n, cgt_value *outputs) {
     ops->range_push(&t->dev, t->segments[n->segment - 1].name);
   cgt_status st = CGT_OK;
   for (uint32_t i = 0; i < n->n_placeholders && st == CGT_OK; i++) {
-    const node_placeholder *ph = &n->placeholders[i];
-    st = ops->copy(&t->dev, ph->ptr, t->args[ph->arg].ptr, ph->bytes);
+    node_placeholder *ph = &n->placeholders[i];
+    const void *src = t->args[ph->arg].ptr;
+    if (ph->copy_node && src != ph->src) {
+      if (ops->exec_set_copy_src(&t->dev, n->exec, ph->copy_node, ph->ptr, src, ph->bytes) == CGT_OK) {
+        ph->src = src;
+      } else if (ops->exec_copy_enable(&t->dev, n->exec, ph->copy_node, 0) == CGT_OK) {
+        /* The device cannot repoint this copy (another kind of memory):
+         * turn the node off and copy before each launch from now on. */
+        tree__log(t, CGT_LOG_INFO, "node %u: input %u is copied outside the graph from now on: %s", n->id, ph->arg,
+                  t->dev.error);
+        ph->copy_node = NULL;
+      } else {
+        st = CGT_ERR_BACKEND;
+        break;
+      }
+    }
+    if (!ph->copy_node)
+      st = ops->copy(&t->dev, ph->ptr, src, ph->bytes);
     t->stats.input_copies++;
     t->stats.input_copy_bytes += ph->bytes;
   }
@@ -386,7 +402,7 @@ static void recording_undo(cgt_tree *t, recording *r) {
 
 /* Allocates the placeholders of DYNAMIC arguments and copies the caller's
  * data in; the graph reads them there, and each replay refills them first. */
-static cgt_status recording_placeholders(cgt_tree *t, recording *r, const segment_rec *seg) {
+static cgt_status recording_placeholders(cgt_tree *t, recording *r, const segment_rec *seg, int in_graph) {
   cgt_launch *l = &t->launch;
   for (uint32_t i = 0; i < seg->n_inputs; i++) {
     if (t->args[i].keyed)
@@ -396,8 +412,8 @@ static cgt_status recording_placeholders(cgt_tree *t, recording *r, const segmen
     if (st != CGT_OK)
       return tree__fail(t, st, "placeholder of %zu bytes for input %u: %s", t->args[i].bytes, i,
                         cgt_status_string(st));
-    r->ph[r->n_ph++] = (node_placeholder){i, p, t->args[i].bytes};
-    st = t->dev.ops->copy(&t->dev, p, t->args[i].ptr, t->args[i].bytes);
+    r->ph[r->n_ph++] = (node_placeholder){i, p, t->args[i].bytes, NULL, t->args[i].ptr};
+    st = in_graph ? CGT_OK : t->dev.ops->copy(&t->dev, p, t->args[i].ptr, t->args[i].bytes);
     if (st != CGT_OK)
       return tree__backend_fail(t, st, "copy into a placeholder");
     l->in_ptr[i] = p;
@@ -410,6 +426,11 @@ static cgt_status recording_placeholders(cgt_tree *t, recording *r, const segmen
 /* Takes the host memory a recording keeps (placeholders; with keep, the
  * output list and dead mask too), prepares the launch context, and makes the
  * placeholders. On failure everything is given back. */
+static int copies_in_graph(const cgt_tree *t) {
+  const backend_ops *ops = t->dev.ops;
+  return ops->graph_find_copy && ops->exec_set_copy_src && ops->exec_copy_enable;
+}
+
 static cgt_status recording_prepare(cgt_tree *t, recording *r, const segment_rec *seg, uint64_t variant, int keep) {
   t->launch.n_allocs = 0; /* nothing of an earlier launch may be rolled back */
   uint32_t n_dyn = 0, mask_words = keep ? (t->path_len + 63) / 64 : 0;
@@ -426,7 +447,7 @@ static cgt_status recording_prepare(cgt_tree *t, recording *r, const segment_rec
   cgt_status st = launch__prepare(t, seg, variant, r->pl);
   if (st == CGT_OK) {
     set_inputs_direct(t);
-    st = recording_placeholders(t, r, seg);
+    st = recording_placeholders(t, r, seg, keep && copies_in_graph(t));
   }
   if (st != CGT_OK)
     recording_undo(t, r);
@@ -522,8 +543,19 @@ static cgt_status record(cgt_tree *t, node *n, const segment_rec *seg, int is_re
     recording_undo(t, &r);
     return tree__backend_fail(t, st, "capture_begin");
   }
-  cgt_status call_st = launch__call(t);
+  /* DYNAMIC arguments are copied into their placeholders inside the graph
+   * when the backend can repoint such copies later. */
+  cgt_status call_st = CGT_OK;
+  for (uint32_t i = 0; i < r.n_ph && call_st == CGT_OK && copies_in_graph(t); i++)
+    call_st = ops->copy(&t->dev, r.ph[i].ptr, r.ph[i].src, r.ph[i].bytes);
+  if (call_st != CGT_OK)
+    call_st = tree__backend_fail(t, call_st, "copy into a placeholder");
+  else
+    call_st = launch__call(t);
   cgt_status cap_st = ops->capture_end(&t->dev, &r.graph);
+  for (uint32_t i = 0; i < r.n_ph && cap_st == CGT_OK && copies_in_graph(t); i++)
+    if (ops->graph_find_copy(&t->dev, r.graph, r.ph[i].ptr, &r.ph[i].copy_node) != CGT_OK)
+      cap_st = CGT_ERR_CAPTURE_FAILED; /* the reason is in t->dev.error */
   if (ops->range_pop)
     ops->range_pop(&t->dev);
   char why[BACKEND_ERROR_BYTES + 32] = "";

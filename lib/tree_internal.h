@@ -51,6 +51,11 @@ typedef struct node_placeholder {
   uint32_t arg;
   void *ptr;
   size_t bytes;
+  /* Where the backend supports it, the copy is a node of the graph itself
+   * and replay only repoints it when the argument moved; NULL: copied by a
+   * separate copy before each launch. */
+  void *copy_node;
+  const void *src; /* the source copy_node reads now */
 } node_placeholder;
 
 /* Where a recorded node's output lives; the same at every replay. */
