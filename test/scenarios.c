@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "test_lists.h"
 
@@ -668,6 +669,36 @@ static void test_write_dot_draws_every_node_and_edge(void **state) {
   test_tree_free(t);
 }
 
+static void test_graph_dot_dir_receives_every_recorded_graph(void **state) {
+  (void)state;
+  char dir[] = "/tmp/cgt_dotXXXXXX";
+  assert_non_null(mkdtemp(dir));
+  setenv("CGT_GRAPH_DOT_DIR", dir, 1);
+  cgt_tree *t = test_tree_new(CGT_MODE_TREE, NULL);
+  unsetenv("CGT_GRAPH_DOT_DIR");
+  branchy b;
+  branchy_init(t, &b);
+  for (int step = 0; step < 4; step++)
+    branchy_step(t, &b, step, NULL, NULL);
+  const char *names[] = {"node1_one.dot", "node2_two.dot", "node3_four.dot", "node4_three.dot", "node5_four.dot"};
+  for (size_t i = 0; i < 5; i++) {
+    char path[256];
+    snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+    FILE *f = fopen(path, "r");
+    if (!f)
+      fail_msg("no %s", path);
+    char head[64] = "";
+    assert_non_null(fgets(head, sizeof head, f));
+    assert_non_null(strstr(head, "digraph"));
+    fclose(f);
+    remove(path);
+  }
+  rmdir(dir);
+  CHECK_OK(t, cgt_sync(t));
+  test_dev_free(b.x);
+  test_tree_free(t);
+}
+
 static void test_modes_give_identical_branchy_outputs(void **state) {
   (void)state;
   cgt_tree *trees[3];
@@ -710,6 +741,7 @@ const struct CMUnitTest scenario_tests[] = {
     cmocka_unit_test(test_cgt_mode_environment_variable_overrides_the_mode),
     cmocka_unit_test(test_replay_steps_make_no_host_allocations),
     cmocka_unit_test(test_write_dot_draws_every_node_and_edge),
+    cmocka_unit_test(test_graph_dot_dir_receives_every_recorded_graph),
     cmocka_unit_test(test_modes_give_identical_branchy_outputs),
 };
 const size_t scenario_test_count = sizeof scenario_tests / sizeof scenario_tests[0];
