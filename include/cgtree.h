@@ -222,6 +222,12 @@ typedef struct cgt_node_info {
   U64(input_copy_bytes) SIZE(pool_reserved_bytes) SIZE(pool_allocated_bytes) SIZE(pool_peak_bytes) \
   SIZE(side_pool_peak_bytes) U64(host_allocs)
 
+/* Pool figures: pool_allocated_bytes is what the allocator holds now. Replays
+ * use the memory their recording reserved without telling the allocator, so
+ * in a step of pure replays it reads what the last warmup, recording or
+ * restore left (0 after cgt_step_begin). pool_peak_bytes is the high-water
+ * mark of allocated bytes, failed runs' allocations included. In
+ * CGT_MODE_SEPARATE they are summed over the nodes' private pools. */
 typedef struct cgt_stats {
   uint64_t runs, replays, recordings, warmups, eager_runs;
   uint64_t checkpoint_restores, rerecords, capture_failures, stale_uses;
