@@ -128,8 +128,8 @@ def render_table(cases, results, ours_by_key, B, H, torch_version, gpu):
         lines.append(f"| {name}{flag} | {f(oe)} | {f(ot)} | {f(ob)} | {f(og)} | {f(te)} | {f(tt)} | {f(tg)} | "
                      f"{f(r_tree, 1)} | {f(ov, 2)} | {f(tov, 1)} | {r_ov_s} | {f(obo, 2)} | {f(oho, 2)} |")
     lines.append("")
-    lines.append("ours bare = our tree's own graphs launched with no runtime (plus the input copy and, for branchy, the "
-                 "host read-back); (tree-bare)/S is our runtime's own cost per segment, host = with the GPU idle at "
+    lines.append("ours bare = our tree's own graphs launched with no runtime (their in-graph input copy not "
+                 "repointed; for branchy with the host read-back); (tree-bare)/S is our runtime's own cost per segment, host = with the GPU idle at "
                  "each step's start. Branchy has no one-graph form (the branch is decided on the host).")
     return "\n".join(lines)
 
