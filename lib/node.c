@@ -292,6 +292,20 @@ static void hand_out_launch_outputs(cgt_tree *t, cgt_value *outputs) {
   l->n_allocs = 0; /* the allocations now belong to values */
 }
 
+/* Calls the prepared launch function eagerly inside a profiler range named
+ * after the segment, and sorts its allocations into outputs and freed
+ * temporaries. */
+static cgt_status call_eagerly(cgt_tree *t, const segment_rec *seg) {
+  if (t->dev.ops->range_push)
+    t->dev.ops->range_push(&t->dev, seg->name);
+  cgt_status st = launch__call(t);
+  if (st == CGT_OK)
+    st = launch__finish(t);
+  if (t->dev.ops->range_pop)
+    t->dev.ops->range_pop(&t->dev);
+  return st;
+}
+
 /* Runs the launch function eagerly, outside the graph pool: EAGER nodes on
  * the side pool, CGT_MODE_EAGER on the main pool. n is NULL in EAGER mode,
  * which keeps no nodes. */
@@ -304,13 +318,7 @@ static cgt_status run_eagerly(cgt_tree *t, node *n, cgt_segment id, const segmen
   if (st != CGT_OK)
     return st;
   set_inputs_direct(t);
-  if (t->dev.ops->range_push)
-    t->dev.ops->range_push(&t->dev, seg->name);
-  st = launch__call(t);
-  if (st == CGT_OK)
-    st = launch__finish(t);
-  if (t->dev.ops->range_pop)
-    t->dev.ops->range_pop(&t->dev);
+  st = call_eagerly(t, seg);
   if (st != CGT_OK) {
     launch__rollback(t);
     return st;
@@ -454,6 +462,20 @@ static cgt_status recording_prepare(cgt_tree *t, recording *r, const segment_rec
   return st;
 }
 
+/* The opening of warmup and recording: the node's pool brought to the path's
+ * layout, its warmup counter, and recording_prepare. */
+static cgt_status recording_begin(cgt_tree *t, node *n, const segment_rec *seg, int keep, recording *r,
+                                  warm_count **w) {
+  memset(r, 0, sizeof *r);
+  cgt_status st = node_pool(t, n, &r->pl);
+  if (st != CGT_OK)
+    return st;
+  *w = warm_get(t, n->segment, n->variant);
+  if (!*w)
+    return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory for warmup counters");
+  return recording_prepare(t, r, seg, n->variant, keep);
+}
+
 /* A run that used placeholders succeeded: count its copies. */
 static void recording_count_copies(cgt_tree *t, const recording *r) {
   for (uint32_t i = 0; i < r->n_ph; i++) {
@@ -480,23 +502,11 @@ static void recording_release_placeholders(cgt_tree *t, recording *r) {
  * recording from the same layout will produce. */
 static cgt_status run_warmup(cgt_tree *t, node *n, const segment_rec *seg, cgt_value *outputs) {
   recording r;
-  memset(&r, 0, sizeof r);
-  cgt_status st = node_pool(t, n, &r.pl);
+  warm_count *w;
+  cgt_status st = recording_begin(t, n, seg, 0, &r, &w);
   if (st != CGT_OK)
     return st;
-  warm_count *w = warm_get(t, n->segment, n->variant);
-  if (!w)
-    return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory for warmup counters");
-  st = recording_prepare(t, &r, seg, n->variant, 0);
-  if (st != CGT_OK)
-    return st;
-  if (t->dev.ops->range_push)
-    t->dev.ops->range_push(&t->dev, seg->name);
-  st = launch__call(t);
-  if (st == CGT_OK)
-    st = launch__finish(t);
-  if (t->dev.ops->range_pop)
-    t->dev.ops->range_pop(&t->dev);
+  st = call_eagerly(t, seg);
   if (st != CGT_OK) {
     recording_undo(t, &r);
     return st;
@@ -520,15 +530,8 @@ static cgt_status run_warmup(cgt_tree *t, node *n, const segment_rec *seg, cgt_v
 static cgt_status record(cgt_tree *t, node *n, const segment_rec *seg, int is_rerecord, cgt_value *outputs) {
   const backend_ops *ops = t->dev.ops;
   recording r;
-  memset(&r, 0, sizeof r);
-  cgt_status st = node_pool(t, n, &r.pl);
-  if (st != CGT_OK)
-    return st;
-  warm_count *w = warm_get(t, n->segment, n->variant);
-  if (!w)
-    return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory for warmup counters");
-
-  st = recording_prepare(t, &r, seg, n->variant, 1);
+  warm_count *w;
+  cgt_status st = recording_begin(t, n, seg, 1, &r, &w);
   if (st != CGT_OK)
     return st;
 
