@@ -610,9 +610,13 @@ static cgt_status record(cgt_tree *t, node *n, const segment_rec *seg, int is_re
   cgt_launch *l = &t->launch;
   for (uint32_t o = 0; o < seg->n_outputs; o++)
     r.outs[o] = (node_output){l->out_ptr[o], l->out_bytes[o], l->out_block[o], l->out_pool[o]};
-  for (uint32_t p = 0; p < t->path_len; p++)
-    if (!(t->path_live[p / 64] >> (p % 64) & 1))
-      r.dead[p / 64] |= (uint64_t)1 << (p % 64);
+  /* Only dead graph-pool values matter: this recording may have reused
+   * their memory. Values elsewhere (eager nodes' side pool, views of caller
+   * memory) may be live or dead when it replays. */
+  for (uint32_t w = 0; w < (t->path_len + 63) / 64; w++)
+    r.dead[w] = ~t->path_live[w] & t->path_pooled[w];
+  if (t->path_len % 64)
+    r.dead[t->path_len / 64] &= ((uint64_t)1 << (t->path_len % 64)) - 1;
   n->graph = r.graph;
   n->exec = r.exec;
   n->ckpt = r.ckpt;

@@ -256,6 +256,7 @@ void cgt_tree_destroy(cgt_tree *t) {
   free(t->slots);
   free(t->path);
   free(t->path_live);
+  free(t->path_pooled);
   free(t->key_buf);
   free(t->args);
   free(t->graph_dot_dir);

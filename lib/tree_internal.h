@@ -196,7 +196,9 @@ struct cgt_tree {
   uint32_t n_slots;
   uint32_t free_slot; /* head of the free list, VALUE_NONE if empty */
   uint32_t *path;     /* slot indexes of this step's values, in order */
-  uint64_t *path_live; /* bit i: path[i] is live */
+  uint64_t *path_live;   /* bit i: path[i] is live */
+  uint64_t *path_pooled; /* bit i: path[i] lives in the graph pool, so a
+                            recording made after it died may reuse its memory */
   uint32_t path_len;
   uint32_t path_cap;
 

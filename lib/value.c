@@ -65,13 +65,21 @@ cgt_status value__reserve(cgt_tree *t, uint32_t n) {
     if (!tree__grow(t, (void **)&t->path, &cap, need, sizeof *t->path))
       return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory for the path");
     uint32_t words_old = (bits_cap + 63) / 64, words = (cap + 63) / 64;
-    uint64_t *bits = tree__calloc(t, words, sizeof *bits);
-    if (!bits)
+    uint64_t *live = tree__calloc(t, words, sizeof *live);
+    uint64_t *pooled = tree__calloc(t, words, sizeof *pooled);
+    if (!live || !pooled) {
+      free(live);
+      free(pooled);
       return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory for the path");
-    if (t->path_live)
-      memcpy(bits, t->path_live, words_old * sizeof *bits);
+    }
+    if (t->path_live) {
+      memcpy(live, t->path_live, words_old * sizeof *live);
+      memcpy(pooled, t->path_pooled, words_old * sizeof *pooled);
+    }
     free(t->path_live);
-    t->path_live = bits;
+    free(t->path_pooled);
+    t->path_live = live;
+    t->path_pooled = pooled;
     t->path_cap = cap;
   }
   return CGT_OK;
@@ -90,7 +98,12 @@ cgt_value value__make(cgt_tree *t, void *ptr, size_t bytes, void *block, pool *p
   s->pool = pl;
   s->path_pos = t->path_len;
   t->path[t->path_len] = i;
-  t->path_live[t->path_len / 64] |= (uint64_t)1 << (t->path_len % 64);
+  uint64_t bit = (uint64_t)1 << (t->path_len % 64);
+  t->path_live[t->path_len / 64] |= bit;
+  if (value__in_graph_pool(t, s))
+    t->path_pooled[t->path_len / 64] |= bit;
+  else
+    t->path_pooled[t->path_len / 64] &= ~bit;
   t->path_len++;
   cgt_value v = {((uint64_t)s->gen << 32) | (uint64_t)(i + 1)};
   return v;

@@ -342,6 +342,44 @@ static void test_liveness_mismatch_past_rerecord_limit_runs_eagerly(void **state
   test_tree_free(t);
 }
 
+static void test_releasing_a_value_outside_the_graph_pool_needs_no_rerecord(void **state) {
+  (void)state;
+  cgt_tree *t = test_tree_new(CGT_MODE_TREE, NULL);
+  /* A's capture fails, so its output lives in the side pool, where no
+   * recording can reuse its memory: whether it is live or not, C replays. */
+  test_affine ua = {.a = 2, .b = 0, .n = N, .illegal = 1};
+  test_affine ub = {.a = 1, .b = 3, .n = N}, uc = {.a = -1, .b = 0, .n = N};
+  cgt_segment sa = test_register_affine(t, "a", &ua);
+  cgt_segment sb = test_register_affine(t, "b", &ub);
+  cgt_segment sc = test_register_affine(t, "c", &uc);
+  float hx[N], ha[N], hb[N], hc[N];
+  for (int i = 0; i < N; i++)
+    hx[i] = (float)(i % 5);
+  affine_host(hx, 2, 0, ha, N);
+  affine_host(ha, 1, 3, hb, N);
+  affine_host(hb, -1, 0, hc, N);
+  float *x = test_dev_floats(hx, N);
+  for (int step = 0; step < 8; step++) {
+    int release_a = step < 4 || step % 2;
+    CHECK_OK(t, cgt_step_begin(t));
+    cgt_value a = run1(t, sa, 0, cgt_arg_static(x, N * sizeof(float)));
+    cgt_value b = run1(t, sb, 0, cgt_arg_value(a));
+    if (release_a)
+      CHECK_OK(t, cgt_value_release(t, a));
+    cgt_value c = run1(t, sc, 0, cgt_arg_value(b));
+    expect_floats(t, c, hc, N);
+    if (!release_a)
+      expect_floats(t, a, ha, N);
+  }
+  cgt_stats s = test_stats(t);
+  assert_int_equal(s.capture_failures, 1);
+  assert_int_equal(s.rerecords, 0);
+  assert_int_equal(s.recordings, 2); /* b and c, once each */
+  CHECK_OK(t, cgt_sync(t));
+  test_dev_free(x);
+  test_tree_free(t);
+}
+
 /* ------------------------------------------------------------ staleness */
 
 static void expect_stale_everywhere(cgt_tree *t, cgt_segment s, cgt_value v) {
@@ -728,6 +766,7 @@ const struct CMUnitTest scenario_tests[] = {
     cmocka_unit_test(test_tree_pool_peak_equals_eager_peak_when_values_die_early),
     cmocka_unit_test(test_node_recorded_while_a_value_was_dead_rerecords_when_it_is_live),
     cmocka_unit_test(test_liveness_mismatch_past_rerecord_limit_runs_eagerly),
+    cmocka_unit_test(test_releasing_a_value_outside_the_graph_pool_needs_no_rerecord),
     cmocka_unit_test(test_released_and_previous_step_values_are_stale_everywhere),
     cmocka_unit_test(test_static_address_change_records_a_new_node_and_the_old_one_still_replays),
     cmocka_unit_test(test_dynamic_arguments_at_changing_addresses_replay_one_node),
