@@ -172,12 +172,13 @@ static void node_unlink_newest(cgt_tree *t, node *n) {
   node__destroy(t, n);
 }
 
-/* Recordings a parent already has of (segment, variant), for rerecord_limit. */
+/* Recordings a parent already has of (segment, variant), for rerecord_limit:
+ * the limit bounds graphs, so WARMUP nodes (no graph) do not count. */
 static uint32_t count_recordings(const node *parent, cgt_segment id, uint64_t variant) {
   uint32_t count = 0;
   for (const node *first = parent->children; first; first = (const node *)first->hh.next)
     for (const node *c = first; c; c = c->next_same_key)
-      if (c->segment == id && c->variant == variant && c->state != CGT_NODE_EAGER)
+      if (c->segment == id && c->variant == variant && c->state == CGT_NODE_RECORDED)
         count++;
   return count;
 }
@@ -647,6 +648,19 @@ static cgt_status record(cgt_tree *t, node *n, const segment_rec *seg, int is_re
 }
 
 /* Warmup or recording for a node that is not recorded yet. */
+/* Turns n EAGER if its parent already holds rerecord_limit recordings of
+ * its (segment, variant); 1 if it did. */
+static int enforce_rerecord_limit(cgt_tree *t, node *n) {
+  uint32_t recordings = count_recordings(n->parent, n->segment, n->variant);
+  if (recordings < t->opt.rerecord_limit)
+    return 0;
+  char why[160];
+  snprintf(why, sizeof why, "rerecord limit: the parent already has %u recordings of this segment and variant",
+           recordings);
+  node_make_eager(t, n, why);
+  return 1;
+}
+
 static cgt_status first_runs(cgt_tree *t, node *n, const segment_rec *seg, int is_rerecord, cgt_value *outputs) {
   if (n->state == CGT_NODE_EAGER)
     return run_eager_node(t, n, seg, outputs);
@@ -654,6 +668,10 @@ static cgt_status first_runs(cgt_tree *t, node *n, const segment_rec *seg, int i
   uint32_t runs = w ? w->runs : 0;
   if (t->step_in_warmup || runs < t->opt.warmup_runs)
     return run_warmup(t, n, seg, outputs);
+  /* Checked when the recording would happen: a sibling may have recorded
+   * since this node was made. */
+  if (enforce_rerecord_limit(t, n))
+    return run_eager_node(t, n, seg, outputs);
   return record(t, n, seg, is_rerecord, outputs);
 }
 
@@ -704,16 +722,10 @@ static cgt_status node_run(cgt_tree *t, cgt_segment id, const segment_rec *seg, 
     is_rerecord = 1; /* every recording of this key has the wrong liveness */
   }
 
-  uint32_t recordings = count_recordings(t->cur, id, variant);
   node *n = node_create(t, first, id, variant, key_bytes);
   if (!n)
     return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory for a new node");
-  if (recordings >= t->opt.rerecord_limit) {
-    char why[160];
-    snprintf(why, sizeof why, "rerecord limit: the parent already has %u recordings of this segment and variant",
-             recordings);
-    node_make_eager(t, n, why);
-  }
+  enforce_rerecord_limit(t, n);
   *created = n;
   return first_runs(t, n, seg, is_rerecord, outputs);
 }
