@@ -362,8 +362,6 @@ static cgt_status replay(cgt_tree *t, node *n, cgt_value *outputs) {
     }
     if (!ph->copy_node)
       st = ops->copy(&t->dev, ph->ptr, src, ph->bytes);
-    t->stats.input_copies++;
-    t->stats.input_copy_bytes += ph->bytes;
   }
   if (st == CGT_OK)
     st = ops->launch(&t->dev, n->exec);
@@ -374,6 +372,10 @@ static cgt_status replay(cgt_tree *t, node *n, cgt_value *outputs) {
   for (uint32_t o = 0; o < n->n_outputs; o++) {
     const node_output *out = &n->outputs[o];
     outputs[o] = value__make(t, out->ptr, out->bytes, out->block, out->pool);
+  }
+  for (uint32_t i = 0; i < n->n_placeholders; i++) {
+    t->stats.input_copies++;
+    t->stats.input_copy_bytes += n->placeholders[i].bytes;
   }
   n->replays++;
   t->stats.replays++;
