@@ -650,6 +650,15 @@ static cgt_status record(cgt_tree *t, node *n, const segment_rec *seg, int is_re
 }
 
 /* Warmup or recording for a node that is not recorded yet. */
+/* The overflow node of (segment, variant) under parent, or NULL. */
+static node *find_overflow(const node *parent, cgt_segment id, uint64_t variant) {
+  for (node *first = parent->children; first; first = (node *)first->hh.next)
+    for (node *c = first; c; c = c->next_same_key)
+      if (c->overflow && c->segment == id && c->variant == variant)
+        return c;
+  return NULL;
+}
+
 /* Turns n EAGER if its parent already holds rerecord_limit recordings of
  * its (segment, variant); 1 if it did. */
 static int enforce_rerecord_limit(cgt_tree *t, node *n) {
@@ -724,10 +733,22 @@ static cgt_status node_run(cgt_tree *t, cgt_segment id, const segment_rec *seg, 
     is_rerecord = 1; /* every recording of this key has the wrong liveness */
   }
 
+  /* A new key past the limit (a buffer passed as STATIC that moves every
+   * step, say) runs on the one overflow node of its (segment, variant), so
+   * the tree stops growing. */
+  node *overflow = first ? NULL : find_overflow(t->cur, id, variant);
+  if (overflow && count_recordings(t->cur, id, variant) >= t->opt.rerecord_limit)
+    return run_eager_node(t, overflow, seg, outputs);
   node *n = node_create(t, first, id, variant, key_bytes);
   if (!n)
     return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory for a new node");
-  enforce_rerecord_limit(t, n);
+  if (enforce_rerecord_limit(t, n) && !first) {
+    n->overflow = 1;
+    tree__log(t, CGT_LOG_WARN,
+              "segment '%s' keeps arriving with new STATIC or VALUE addresses: past rerecord_limit its new keys run "
+              "eagerly on node %u (if an argument moves every step, pass it as DYNAMIC)",
+              seg->name, n->id);
+  }
   *created = n;
   return first_runs(t, n, seg, is_rerecord, outputs);
 }

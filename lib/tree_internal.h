@@ -76,7 +76,9 @@ struct node {
   cgt_node_state state;
   uint64_t replays;
   uint64_t eager_runs;
-  char *reason; /* why EAGER */
+  char *reason;     /* why EAGER */
+  uint8_t overflow; /* the EAGER node that serves every new key of its
+                       (segment, variant) once the parent is at rerecord_limit */
 
   /* Key under the parent (see node_key_build). Nodes that share a key are
    * re-records for other liveness patterns: the first one is in the hash,

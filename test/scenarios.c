@@ -490,6 +490,52 @@ static void test_dynamic_arguments_at_changing_addresses_replay_one_node(void **
   test_tree_free(t);
 }
 
+static void test_static_argument_that_moves_every_step_stops_growing_the_tree(void **state) {
+  (void)state;
+  cgt_options o;
+  cgt_options_init(&o);
+  o.rerecord_limit = 3;
+  cgt_tree *t = test_tree_new(CGT_MODE_TREE, &o);
+  test_affine u = {.a = 2, .b = 1, .n = N}, u2 = {.a = 1, .b = -1, .n = N};
+  cgt_segment s = test_register_affine(t, "moving", &u);
+  cgt_segment s2 = test_register_affine(t, "after", &u2);
+  enum { BUFS = 40 };
+  float *bufs[BUFS];
+  float h[N], e[N], e2[N];
+  for (int i = 0; i < N; i++)
+    h[i] = (float)(i % 11);
+  affine_host(h, 2, 1, e, N);
+  affine_host(e, 1, -1, e2, N);
+  for (int i = 0; i < BUFS; i++)
+    bufs[i] = test_dev_floats(h, N);
+  /* A compiler marked a buffer that moves every step as STATIC. */
+  for (int step = 0; step < BUFS; step++) {
+    CHECK_OK(t, cgt_step_begin(t));
+    cgt_value v = run1(t, s, 0, cgt_arg_static(bufs[step], N * sizeof(float)));
+    expect_floats(t, run1(t, s2, 0, cgt_arg_value(v)), e2, N);
+    expect_floats(t, v, e, N);
+  }
+  cgt_stats st = test_stats(t);
+  /* Step 0 warms both up; steps 1-3 record "moving" at 3 addresses (the
+   * limit) and "after" under each; step 4 makes the overflow node and records
+   * "after" under it; every later step runs there and replays "after". */
+  assert_int_equal(st.recordings, 3 + 3 + 1);
+  size_t nodes = node_count(t);
+  assert_int_equal(nodes, 2 + 6 + 2);
+  assert_int_equal(st.replays, BUFS - 5);
+  int overflow_nodes = 0;
+  for (uint32_t id = 1; id <= nodes; id++) {
+    cgt_node_info n = node_info(t, id);
+    if (n.segment == s && n.state == CGT_NODE_EAGER)
+      overflow_nodes++;
+  }
+  assert_int_equal(overflow_nodes, 1);
+  CHECK_OK(t, cgt_sync(t));
+  for (int i = 0; i < BUFS; i++)
+    test_dev_free(bufs[i]);
+  test_tree_free(t);
+}
+
 /* ------------------------------------------------------------- variants */
 
 static cgt_status launch_variant_bias(cgt_launch *l, void *user) {
@@ -770,6 +816,7 @@ const struct CMUnitTest scenario_tests[] = {
     cmocka_unit_test(test_released_and_previous_step_values_are_stale_everywhere),
     cmocka_unit_test(test_static_address_change_records_a_new_node_and_the_old_one_still_replays),
     cmocka_unit_test(test_dynamic_arguments_at_changing_addresses_replay_one_node),
+    cmocka_unit_test(test_static_argument_that_moves_every_step_stops_growing_the_tree),
     cmocka_unit_test(test_variants_make_distinct_nodes),
     cmocka_unit_test(test_segment_that_syncs_while_captured_becomes_eager_and_children_record),
     cmocka_unit_test(test_segment_that_mallocs_while_captured_becomes_eager_and_children_record),
