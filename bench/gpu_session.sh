@@ -26,10 +26,10 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   cp build-gpu/meson-logs/testlog.txt "$OUT/testlog.txt"
   {
     echo "== compute-sanitizer --tool memcheck"
-    CGT_FUZZ_STEPS=300 CGT_LOG=error compute-sanitizer --tool memcheck --leak-check full --report-api-errors no --error-exitcode 3 build-gpu/test/test_cuda 2>&1 | grep -vE "^\[ +(RUN|OK) +\]"
+    CGT_FUZZ_STEPS=300 CGT_LOG=error timeout 240 compute-sanitizer --tool memcheck --leak-check full --report-api-errors no --error-exitcode 3 build-gpu/test/test_cuda 2>&1 | grep -vE "^\[ +(RUN|OK) +\]"
     echo "memcheck rc=${PIPESTATUS[0]}"
     echo "== compute-sanitizer --tool racecheck"
-    CGT_FUZZ_STEPS=100 CGT_LOG=error compute-sanitizer --tool racecheck --error-exitcode 3 build-gpu/test/test_cuda 2>&1 | grep -vE "^\[ +(RUN|OK) +\]"
+    CGT_FUZZ_STEPS=100 CGT_LOG=error timeout 200 compute-sanitizer --tool racecheck --error-exitcode 3 build-gpu/test/test_cuda 2>&1 | grep -vE "^\[ +(RUN|OK) +\]"
     echo "racecheck rc=${PIPESTATUS[0]}"
   } > "$OUT/sanitizer.log" 2>&1
   grep -E "rc=|ERROR SUMMARY|RACECHECK SUMMARY|LEAK SUMMARY|PASSED|FAILED" "$OUT/sanitizer.log" | head -20
