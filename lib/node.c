@@ -91,7 +91,7 @@ static warm_count *warm_get(cgt_tree *t, cgt_segment id, uint64_t variant) {
 
 /* ------------------------------------------------------------------- nodes */
 
-int node__liveness_ok(const cgt_tree *t, const node *n) {
+static int node_liveness_ok(const cgt_tree *t, const node *n) {
   if (t->opt.mode != CGT_MODE_TREE)
     return 1;
   if (NEVER(n->path_len != t->path_len))
@@ -395,6 +395,7 @@ typedef struct recording {
   void *graph;
   void *exec;
   pool_checkpoint *ckpt;
+  int copies_in_graph; /* DYNAMIC copies are captured into the graph */
 } recording;
 
 /* Gives back everything a failed recording took: the pool ends as it was
@@ -413,7 +414,7 @@ static void recording_undo(cgt_tree *t, recording *r) {
 
 /* Allocates the placeholders of DYNAMIC arguments and copies the caller's
  * data in; the graph reads them there, and each replay refills them first. */
-static cgt_status recording_placeholders(cgt_tree *t, recording *r, const segment_rec *seg, int in_graph) {
+static cgt_status recording_placeholders(cgt_tree *t, recording *r, const segment_rec *seg) {
   cgt_launch *l = &t->launch;
   for (uint32_t i = 0; i < seg->n_inputs; i++) {
     if (t->args[i].keyed)
@@ -424,7 +425,7 @@ static cgt_status recording_placeholders(cgt_tree *t, recording *r, const segmen
       return tree__fail(t, st, "placeholder of %zu bytes for input %u: %s", t->args[i].bytes, i,
                         cgt_status_string(st));
     r->ph[r->n_ph++] = (node_placeholder){i, p, t->args[i].bytes, NULL, t->args[i].ptr};
-    st = in_graph ? CGT_OK : t->dev.ops->copy(&t->dev, p, t->args[i].ptr, t->args[i].bytes);
+    st = r->copies_in_graph ? CGT_OK : t->dev.ops->copy(&t->dev, p, t->args[i].ptr, t->args[i].bytes);
     if (st != CGT_OK)
       return tree__backend_fail(t, st, "copy into a placeholder");
     l->in_ptr[i] = p;
@@ -434,14 +435,15 @@ static cgt_status recording_placeholders(cgt_tree *t, recording *r, const segmen
   return CGT_OK;
 }
 
-/* Takes the host memory a recording keeps (placeholders; with keep, the
- * output list and dead mask too), prepares the launch context, and makes the
- * placeholders. On failure everything is given back. */
+/* 1 if the backend can capture DYNAMIC copies into a graph and repoint them. */
 static int copies_in_graph(const cgt_tree *t) {
   const backend_ops *ops = t->dev.ops;
   return ops->graph_find_copy && ops->exec_set_copy_src && ops->exec_copy_enable;
 }
 
+/* Takes the host memory a recording keeps (placeholders; with keep, the
+ * output list and dead mask too), prepares the launch context, and makes the
+ * placeholders. On failure everything is given back. */
 static cgt_status recording_prepare(cgt_tree *t, recording *r, const segment_rec *seg, uint64_t variant, int keep) {
   t->launch.n_allocs = 0; /* nothing of an earlier launch may be rolled back */
   uint32_t n_dyn = 0, mask_words = keep ? (t->path_len + 63) / 64 : 0;
@@ -458,7 +460,8 @@ static cgt_status recording_prepare(cgt_tree *t, recording *r, const segment_rec
   cgt_status st = launch__prepare(t, seg, variant, r->pl);
   if (st == CGT_OK) {
     set_inputs_direct(t);
-    st = recording_placeholders(t, r, seg, keep && copies_in_graph(t));
+    r->copies_in_graph = keep && copies_in_graph(t);
+    st = recording_placeholders(t, r, seg);
   }
   if (st != CGT_OK)
     recording_undo(t, r);
@@ -552,14 +555,14 @@ static cgt_status record(cgt_tree *t, node *n, const segment_rec *seg, int is_re
   /* DYNAMIC arguments are copied into their placeholders inside the graph
    * when the backend can repoint such copies later. */
   cgt_status call_st = CGT_OK;
-  for (uint32_t i = 0; i < r.n_ph && call_st == CGT_OK && copies_in_graph(t); i++)
+  for (uint32_t i = 0; i < r.n_ph && call_st == CGT_OK && r.copies_in_graph; i++)
     call_st = ops->copy(&t->dev, r.ph[i].ptr, r.ph[i].src, r.ph[i].bytes);
   if (call_st != CGT_OK)
     call_st = tree__backend_fail(t, call_st, "copy into a placeholder");
   else
     call_st = launch__call(t);
   cgt_status cap_st = ops->capture_end(&t->dev, &r.graph);
-  for (uint32_t i = 0; i < r.n_ph && cap_st == CGT_OK && copies_in_graph(t); i++)
+  for (uint32_t i = 0; i < r.n_ph && cap_st == CGT_OK && r.copies_in_graph; i++)
     if (ops->graph_find_copy(&t->dev, r.graph, r.ph[i].ptr, &r.ph[i].copy_node) != CGT_OK)
       cap_st = CGT_ERR_CAPTURE_FAILED; /* the reason is in t->dev.error */
   if (ops->range_pop)
@@ -710,7 +713,7 @@ static cgt_status node_run(cgt_tree *t, cgt_segment id, const segment_rec *seg, 
 
   if (first && !in_warmup)
     for (node *c = first; c; c = c->next_same_key)
-      if (c->state == CGT_NODE_RECORDED && node__liveness_ok(t, c))
+      if (c->state == CGT_NODE_RECORDED && node_liveness_ok(t, c))
         return replay(t, c, outputs);
 
   int is_rerecord = 0;

@@ -249,7 +249,6 @@ void launch__rollback(cgt_tree *t);
 /* node.c */
 cgt_status node__run(cgt_tree *t, cgt_segment id, const segment_rec *seg, uint64_t variant, cgt_value *outputs);
 void node__destroy(cgt_tree *t, node *n);
-int node__liveness_ok(const cgt_tree *t, const node *n);
 
 /* inspect.c */
 cgt_status tree__check(cgt_tree *t);
