@@ -150,8 +150,8 @@ static int setup_open(setup *s, cgt_backend backend, const config *cfg) {
   if (!s->c.k || !check(cgt_tree_create(&o, &s->t), "cgt_tree_create", NULL))
     return 0;
   const kernels *k = s->c.k;
-  cgt_segment_desc p = {"producer", producer_launch, &s->c, 0, 2};
-  cgt_segment_desc m = {"measured", measured_launch, &s->c, 4, 1};
+  cgt_segment_desc p = {"producer", producer_launch, &s->c, 0, 2, 0};
+  cgt_segment_desc m = {"measured", measured_launch, &s->c, 4, 1, 0};
   if (!check(cgt_segment_register(s->t, &p, &s->producer), "register", s->t) ||
       !check(cgt_segment_register(s->t, &m, &s->measured), "register", s->t))
     return 0;

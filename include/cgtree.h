@@ -76,6 +76,13 @@ typedef struct cgt_options {
   size_t pool_reserve_bytes; /* reserve this much at create; default 0 */
   void (*log_fn)(void *user, int level, const char *msg); /* NULL: stderr, filtered by CGT_LOG */
   void *log_user;
+  /* Added 2026-11-22. */
+  size_t pool_limit_bytes; /* cap on the device memory the tree holds in its pools (graph pool, side pool,
+                              SEPARATE pools, placeholders); 0 = no cap. An allocation that would pass it
+                              fails like a device out-of-memory: CGT_ERR_OUT_OF_MEMORY, nothing changed. */
+  uint32_t defer_launch;   /* 0 (default): cgt_run enqueues its work before it returns. 1: replays may be
+                              held back and launched later, several recorded nodes in ONE graph launch
+                              (path fusion); see cgt_flush. */
 } cgt_options;
 
 /* Log levels handed to log_fn (extension: the numbers behind CGT_LOG). */
@@ -108,7 +115,12 @@ typedef struct cgt_segment_desc {
   void *user;
   uint32_t n_inputs;
   uint32_t n_outputs;
+  uint32_t flags; /* added 2026-11-22: 0, or CGT_SEGMENT_NO_CAPTURE */
 } cgt_segment_desc;
+
+/* Never capture this segment: its nodes are EAGER from their first run, with
+ * reason "declared uncapturable" (MXNet's per-operator compatibility flag). */
+#define CGT_SEGMENT_NO_CAPTURE 1u
 
 /* Segment ids are small integers starting at 1, in registration order. */
 cgt_status cgt_segment_register(cgt_tree *t, const cgt_segment_desc *d, cgt_segment *out);
@@ -174,6 +186,11 @@ static inline cgt_arg cgt_arg_dynamic(const void *ptr, size_t bytes) {
  * restarts at the roots. The first cgt_run after create needs none. */
 cgt_status cgt_step_begin(cgt_tree *t);
 
+/* Enqueues every held-back replay (defer_launch = 1) on the tree's stream
+ * now, in program order. With defer_launch = 0 nothing is ever held back
+ * and it returns CGT_OK at once. CGT_ERR_STATE inside a launch function. */
+cgt_status cgt_flush(cgt_tree *t);
+
 /* Runs segment seg with args, by replay, recording, warmup or eagerly.
  * Returns once the work is enqueued; outputs receive n_outputs new values.
  * A capture failure is not an error here: the node turns EAGER and the run
@@ -220,7 +237,7 @@ typedef struct cgt_node_info {
   U64(runs) U64(replays) U64(recordings) U64(warmups) U64(eager_runs) U64(checkpoint_restores)  \
   U64(rerecords) U64(capture_failures) U64(stale_uses) U64(nodes) U64(input_copies)             \
   U64(input_copy_bytes) SIZE(pool_reserved_bytes) SIZE(pool_allocated_bytes) SIZE(pool_peak_bytes) \
-  SIZE(side_pool_peak_bytes) U64(host_allocs)
+  SIZE(side_pool_peak_bytes) U64(host_allocs) U64(fused_launches) U64(fused_runs)
 
 /* Pool figures: pool_allocated_bytes is what the allocator holds now. Replays
  * use the memory their recording reserved without telling the allocator, so
@@ -235,6 +252,8 @@ typedef struct cgt_stats {
   size_t pool_reserved_bytes, pool_allocated_bytes, pool_peak_bytes;
   size_t side_pool_peak_bytes; /* memory of eager nodes, outside the graph pool */
   uint64_t host_allocs;        /* extension: host allocations the tree made so far (0 on the replay path) */
+  uint64_t fused_launches;     /* graph launches that replayed more than one node (defer_launch) */
+  uint64_t fused_runs;         /* runs replayed inside those launches */
 } cgt_stats;
 
 cgt_status cgt_tree_stats(const cgt_tree *t, cgt_stats *out);

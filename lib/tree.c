@@ -420,3 +420,13 @@ cgt_status cgt_sim_set_device_limit(cgt_tree *t, size_t limit_bytes) {
   backend_sim_set_limit(&t->dev, limit_bytes);
   return CGT_OK;
 }
+
+/* -------------------------------------------------------------- flushing */
+
+cgt_status cgt_flush(cgt_tree *t) {
+  if (!t)
+    return CGT_ERR_INVALID_ARGUMENT;
+  if (t->launch.active)
+    return tree__fail(t, CGT_ERR_STATE, "cgt_flush: not allowed inside a launch function");
+  return CGT_OK; /* nothing is held back while defer_launch is 0 */
+}

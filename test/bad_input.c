@@ -355,7 +355,7 @@ static void test_every_function_refuses_a_null_tree(void **state) {
   assert_int_equal(cgt_tree_check(NULL), CGT_ERR_INVALID_ARGUMENT);
 
   test_affine u = {.a = 1, .n = N};
-  cgt_segment_desc d = {"s", launch_nothing, &u, 1, 1};
+  cgt_segment_desc d = {"s", launch_nothing, &u, 1, 1, 0};
   cgt_segment id = 77;
   assert_int_equal(cgt_segment_register(NULL, &d, &id), CGT_ERR_INVALID_ARGUMENT);
   assert_int_equal(id, 77);
@@ -393,7 +393,7 @@ static void test_segment_register_refuses_null_descriptor_launch_out_and_huge_co
   for (size_t m = 0; m < N_MODES; m++) {
     cgt_tree *t = test_tree_new(all_modes[m], NULL);
     cgt_segment id = 77;
-    cgt_segment_desc good = {"good", launch_nothing, NULL, 1, 1};
+    cgt_segment_desc good = {"good", launch_nothing, NULL, 1, 1, 0};
     EXPECT_REFUSED(t, CGT_ERR_INVALID_ARGUMENT, cgt_segment_register(t, NULL, &id));
     EXPECT_REFUSED(t, CGT_ERR_INVALID_ARGUMENT, cgt_segment_register(t, &good, NULL));
     cgt_segment_desc bad = good;
@@ -641,7 +641,7 @@ static cgt_status launch_careless(cgt_launch *l, void *user) {
     float host[1];
     cgt_arg a = cgt_arg_value(u->live);
     cgt_value v = {111};
-    cgt_segment_desc d = {"inner", launch_nothing, NULL, 0, 0};
+    cgt_segment_desc d = {"inner", launch_nothing, NULL, 0, 0, 0};
     cgt_segment id = 77;
     IN_LAUNCH_EXPECT(u, CGT_ERR_STATE, cgt_run(t, u->self, 0, &a, 1, &v, 1));
     IN_LAUNCH_EXPECT(u, CGT_ERR_STATE, cgt_step_begin(t));
@@ -672,7 +672,7 @@ static void run_careless_against_a_clean_twin(cgt_mode mode, int bad, int meddle
     u[k].bad = k == 0 && bad;
     u[k].meddle = k == 0 && meddle;
     u[k].tree = w[k].t;
-    cgt_segment_desc d = {"careless", launch_careless, &u[k], 1, 1};
+    cgt_segment_desc d = {"careless", launch_careless, &u[k], 1, 1, 0};
     CHECK_OK(w[k].t, cgt_segment_register(w[k].t, &d, &u[k].self));
   }
   for (int step = 0; step < 4; step++)
@@ -734,7 +734,7 @@ static void test_launch_calls_outside_a_launch_are_refused(void **state) {
     cgt_tree *t = w.t;
     careless u;
     memset(&u, 0, sizeof u);
-    cgt_segment_desc d = {"keeper", launch_careless, &u, 1, 1};
+    cgt_segment_desc d = {"keeper", launch_careless, &u, 1, 1, 0};
     CHECK_OK(t, cgt_segment_register(t, &d, &u.self));
     for (int step = 0; step < 3; step++) {
       if (step) {
@@ -810,7 +810,7 @@ static cgt_status launch_failing(cgt_launch *l, void *user) {
 }
 
 static cgt_segment register_failing(cgt_tree *t, failing *u, uint32_t n_out) {
-  cgt_segment_desc d = {"failing", launch_failing, u, 1, n_out};
+  cgt_segment_desc d = {"failing", launch_failing, u, 1, n_out, 0};
   cgt_segment s = 0;
   CHECK_OK(t, cgt_segment_register(t, &d, &s));
   return s;

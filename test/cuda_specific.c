@@ -117,7 +117,7 @@ static void close_tree(gpu_tree *g) {
 
 static cgt_segment add_segment(gpu_tree *g, const char *name, cgt_launch_fn fn, uint32_t n_inputs,
                                uint32_t n_outputs) {
-  cgt_segment_desc d = {name, fn, &g->e, n_inputs, n_outputs};
+  cgt_segment_desc d = {name, fn, &g->e, n_inputs, n_outputs, 0};
   cgt_segment seg = 0;
   CHECK_TREE(g->t, cgt_segment_register(g->t, &d, &seg));
   return seg;

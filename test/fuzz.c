@@ -935,7 +935,7 @@ static void fz_run_seed(const fz_config *cfg, uint64_t seed, uint64_t steps, fz_
     c.t[m] = test_tree_new(fz_modes[m], &o);
     assert_int_equal(cgt_tree_mode(c.t[m]), fz_modes[m]);
     for (uint32_t i = 0; i < w.n_segs; i++) {
-      cgt_segment_desc d = {w.segs[i].name, fz_launch, &w.segs[i], w.segs[i].n_in, w.segs[i].n_out};
+      cgt_segment_desc d = {w.segs[i].name, fz_launch, &w.segs[i], w.segs[i].n_in, w.segs[i].n_out, 0};
       cgt_segment id = 0;
       CHECK_OK(c.t[m], cgt_segment_register(c.t[m], &d, &id));
       if (m == 0)

@@ -552,7 +552,7 @@ static void test_variants_make_distinct_nodes(void **state) {
   (void)state;
   cgt_tree *t = test_tree_new(CGT_MODE_TREE, NULL);
   test_affine u = {.n = N};
-  cgt_segment_desc d = {"bias", launch_variant_bias, &u, 1, 1};
+  cgt_segment_desc d = {"bias", launch_variant_bias, &u, 1, 1, 0};
   cgt_segment s;
   CHECK_OK(t, cgt_segment_register(t, &d, &s));
   float h[N];

@@ -160,7 +160,7 @@ static cgt_status launch_temp(cgt_launch *l, void *user) {
 }
 
 static cgt_segment reg(cgt_tree *t, const char *name, cgt_launch_fn fn, void *user, uint32_t n_in) {
-  cgt_segment_desc d = {name, fn, user, n_in, 1};
+  cgt_segment_desc d = {name, fn, user, n_in, 1, 0};
   cgt_segment s = 0;
   CHECK_OK(t, cgt_segment_register(t, &d, &s));
   assert_true(s != 0);

@@ -345,7 +345,7 @@ static cgt_status register_segments(workload *w) {
       snprintf(name, sizeof name, "chain.fused");
     else
       snprintf(name, sizeof name, "chain.%d", i);
-    cgt_segment_desc d = {name, launch_segment, sp, sp->n_args, sp->sum_first ? 2u : 1u};
+    cgt_segment_desc d = {name, launch_segment, sp, sp->n_args, sp->sum_first ? 2u : 1u, 0};
     cgt_status st = cgt_segment_register(w->tree, &d, &sp->id);
     if (st != CGT_OK)
       return wl_fail(st, "registering %s: %s", name, cgt_tree_last_error(w->tree));
