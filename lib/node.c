@@ -91,13 +91,17 @@ static warm_count *warm_get(cgt_tree *t, cgt_segment id, uint64_t variant) {
 
 /* ------------------------------------------------------------------- nodes */
 
+/* The liveness invariant: every graph-pool value that was dead when n was
+ * recorded is dead now. Its nearest recorded ancestor ran this step (by
+ * replay, after this same check, or by recording) and dead values stay
+ * dead, so only the positions n adds to the ancestor's need a look. */
 static int node_liveness_ok(const cgt_tree *t, const node *n) {
   if (t->opt.mode != CGT_MODE_TREE)
     return 1;
   if (NEVER(n->path_len != t->path_len))
     return 0;
-  for (uint32_t w = 0; w < (n->path_len + 63) / 64; w++)
-    if (t->path_live[w] & n->dead_mask[w])
+  for (uint32_t i = 0; i < n->n_dead; i++)
+    if (t->path_live[n->dead[i] / 64] >> (n->dead[i] % 64) & 1)
       return 0;
   return 1;
 }
@@ -112,7 +116,7 @@ void node__destroy(cgt_tree *t, node *n) {
   HASH_CLEAR(hh, n->children);
   free(n->key);
   free(n->reason);
-  free(n->dead_mask);
+  free(n->dead);
   free(n->placeholders);
   free(n->outputs);
   free(n);
@@ -121,7 +125,7 @@ void node__destroy(cgt_tree *t, node *n) {
 /* Makes a child of t->cur under the key in t->key_buf; `first` is the head
  * of its key group (NULL for a new key). */
 static node *node_create(cgt_tree *t, node *first, cgt_segment id, uint64_t variant, size_t key_bytes) {
-  if (t->n_nodes == UINT32_MAX - 1)
+  if (t->next_id == UINT32_MAX)
     return NULL;
   if (!tree__grow(t, (void **)&t->nodes, &t->nodes_cap, t->n_nodes + 1, sizeof *t->nodes))
     return NULL;
@@ -135,7 +139,8 @@ static node *node_create(cgt_tree *t, node *first, cgt_segment id, uint64_t vari
   memcpy(key, t->key_buf, key_bytes);
   n->key = key;
   n->key_bytes = key_bytes;
-  n->id = t->n_nodes + 1;
+  n->id = t->next_id++;
+  n->last_step = t->step;
   n->parent = t->cur;
   n->depth = t->cur == &t->root ? 0 : t->cur->depth + 1;
   n->segment = id;
@@ -168,6 +173,7 @@ static void node_unlink_newest(cgt_tree *t, node *n) {
       prev->next_same_key = NULL;
   }
   t->n_nodes--;
+  t->next_id--; /* the node never existed for the caller: its id is free again */
   t->stats.nodes--;
   node__destroy(t, n);
 }
@@ -198,7 +204,7 @@ static void node_make_eager(cgt_tree *t, node *n, const char *why) {
 
 static int keep_live_block(void *user, void *base) {
   cgt_tree *t = user;
-  return value__block_in_use(t, t->pool, base, VALUE_NONE);
+  return value__block_refs(t, base) > 0;
 }
 
 /* Brings the graph pool to the layout of the path's live values. The layout
@@ -329,6 +335,7 @@ static cgt_status run_eagerly(cgt_tree *t, node *n, cgt_segment id, const segmen
   t->stats.eager_runs++;
   if (n) {
     n->eager_runs++;
+    n->last_step = t->step;
     t->cur = n;
   }
   return CGT_OK;
@@ -378,6 +385,7 @@ static cgt_status replay(cgt_tree *t, node *n, cgt_value *outputs) {
     t->stats.input_copy_bytes += n->placeholders[i].bytes;
   }
   n->replays++;
+  n->last_step = t->step;
   t->stats.replays++;
   if (t->opt.mode == CGT_MODE_TREE)
     t->pool_synced = 0;
@@ -391,7 +399,8 @@ typedef struct recording {
   node_placeholder *ph;
   uint32_t n_ph; /* placeholders allocated so far */
   node_output *outs;
-  uint64_t *dead;
+  uint32_t n_dead;
+  uint32_t *dead; /* see node.dead */
   void *graph;
   void *exec;
   pool_checkpoint *ckpt;
@@ -441,23 +450,75 @@ static int copies_in_graph(const cgt_tree *t) {
   return ops->graph_find_copy && ops->exec_set_copy_src && ops->exec_copy_enable;
 }
 
+/* The nearest RECORDED proper ancestor of n, or the virtual root. */
+static const node *recorded_ancestor(const cgt_tree *t, const node *n) {
+  const node *a = n->parent;
+  while (a != &t->root && a->state != CGT_NODE_RECORDED)
+    a = a->parent;
+  return a;
+}
+
+/* The positions a recording of n must see dead whenever it replays, beyond
+ * those of its nearest recorded ancestor: graph-pool values dead now (the
+ * recording may reuse their memory) that the ancestors' lists do not name.
+ * Values elsewhere (eager nodes' side pool, views of caller memory) may be
+ * live or dead when it replays. */
+static cgt_status recording_dead_list(cgt_tree *t, const node *n, recording *r) {
+  if (t->opt.mode != CGT_MODE_TREE)
+    return CGT_OK;
+  uint32_t words = (t->path_len + 63) / 64;
+  if (words > t->dead_scratch_words) {
+    uint64_t *scratch = tree__calloc(t, words, sizeof *scratch);
+    if (!scratch)
+      return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory for a liveness list");
+    free(t->dead_scratch);
+    t->dead_scratch = scratch;
+    t->dead_scratch_words = words;
+  }
+  uint64_t *known = t->dead_scratch;
+  memset(known, 0, words * sizeof *known);
+  for (const node *a = recorded_ancestor(t, n); a != &t->root; a = recorded_ancestor(t, a))
+    for (uint32_t i = 0; i < a->n_dead; i++)
+      known[a->dead[i] / 64] |= (uint64_t)1 << (a->dead[i] % 64);
+  uint32_t count = 0;
+  for (uint32_t w = 0; w < words; w++) {
+    known[w] = ~t->path_live[w] & t->path_pooled[w] & ~known[w]; /* now: the new positions */
+    if (w == words - 1 && t->path_len % 64)
+      known[w] &= ((uint64_t)1 << (t->path_len % 64)) - 1;
+    count += (uint32_t)__builtin_popcountll(known[w]);
+  }
+  if (!count)
+    return CGT_OK;
+  r->dead = tree__malloc(t, count * sizeof *r->dead);
+  if (!r->dead)
+    return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory for a liveness list");
+  for (uint32_t w = 0; w < words; w++)
+    for (uint64_t bits = known[w]; bits; bits &= bits - 1)
+      r->dead[r->n_dead++] = w * 64 + (uint32_t)__builtin_ctzll(bits);
+  return CGT_OK;
+}
+
 /* Takes the host memory a recording keeps (placeholders; with keep, the
- * output list and dead mask too), prepares the launch context, and makes the
- * placeholders. On failure everything is given back. */
-static cgt_status recording_prepare(cgt_tree *t, recording *r, const segment_rec *seg, uint64_t variant, int keep) {
+ * output list and liveness list too), prepares the launch context, and makes
+ * the placeholders. On failure everything is given back. */
+static cgt_status recording_prepare(cgt_tree *t, recording *r, const node *n, const segment_rec *seg, int keep) {
   t->launch.n_allocs = 0; /* nothing of an earlier launch may be rolled back */
-  uint32_t n_dyn = 0, mask_words = keep ? (t->path_len + 63) / 64 : 0;
+  uint32_t n_dyn = 0;
   uint32_t n_outs = keep ? seg->n_outputs : 0;
   for (uint32_t i = 0; i < seg->n_inputs; i++)
     n_dyn += !t->args[i].keyed;
   r->ph = n_dyn ? tree__calloc(t, n_dyn, sizeof *r->ph) : NULL;
   r->outs = n_outs ? tree__calloc(t, n_outs, sizeof *r->outs) : NULL;
-  r->dead = mask_words ? tree__calloc(t, mask_words, sizeof *r->dead) : NULL;
-  if ((n_dyn && !r->ph) || (n_outs && !r->outs) || (mask_words && !r->dead)) {
+  cgt_status st = CGT_OK;
+  if ((n_dyn && !r->ph) || (n_outs && !r->outs))
+    st = tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory to run segment '%s'", seg->name);
+  if (st == CGT_OK && keep)
+    st = recording_dead_list(t, n, r);
+  if (st != CGT_OK) {
     recording_undo(t, r);
-    return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory to run segment '%s'", seg->name);
+    return st;
   }
-  cgt_status st = launch__prepare(t, seg, variant, r->pl);
+  st = launch__prepare(t, seg, n->variant, r->pl);
   if (st == CGT_OK) {
     set_inputs_direct(t);
     r->copies_in_graph = keep && copies_in_graph(t);
@@ -479,7 +540,7 @@ static cgt_status recording_begin(cgt_tree *t, node *n, const segment_rec *seg, 
   *w = warm_get(t, n->segment, n->variant);
   if (!*w)
     return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory for warmup counters");
-  return recording_prepare(t, r, seg, n->variant, keep);
+  return recording_prepare(t, r, n, seg, keep);
 }
 
 /* A run that used placeholders succeeded: count its copies. */
@@ -523,6 +584,7 @@ static cgt_status run_warmup(cgt_tree *t, node *n, const segment_rec *seg, cgt_v
   hand_out_launch_outputs(t, outputs);
   w->runs++;
   n->eager_runs++;
+  n->last_step = t->step;
   t->stats.warmups++;
   if (t->opt.mode == CGT_MODE_TREE)
     t->step_in_warmup = 1;
@@ -616,24 +678,19 @@ static cgt_status record(cgt_tree *t, node *n, const segment_rec *seg, int is_re
   cgt_launch *l = &t->launch;
   for (uint32_t o = 0; o < seg->n_outputs; o++)
     r.outs[o] = (node_output){l->out_ptr[o], l->out_bytes[o], l->out_block[o], l->out_pool[o]};
-  /* Only dead graph-pool values matter: this recording may have reused
-   * their memory. Values elsewhere (eager nodes' side pool, views of caller
-   * memory) may be live or dead when it replays. */
-  for (uint32_t w = 0; w < (t->path_len + 63) / 64; w++)
-    r.dead[w] = ~t->path_live[w] & t->path_pooled[w];
-  if (t->path_len % 64)
-    r.dead[t->path_len / 64] &= ((uint64_t)1 << (t->path_len % 64)) - 1;
   n->graph = r.graph;
   n->exec = r.exec;
   n->ckpt = r.ckpt;
   n->ckpt_bytes = r.ckpt ? pool_checkpoint_allocated_bytes(r.ckpt) : 0;
   n->path_len = t->path_len;
-  n->dead_mask = r.dead;
+  n->n_dead = r.n_dead;
+  n->dead = r.dead;
   n->n_placeholders = r.n_ph;
   n->placeholders = r.ph;
   n->n_outputs = seg->n_outputs;
   n->outputs = r.outs;
   n->state = CGT_NODE_RECORDED;
+  n->last_step = t->step;
   recording_count_copies(t, &r);
   w->runs++;
   t->stats.recordings++;
@@ -754,4 +811,66 @@ static cgt_status node_run(cgt_tree *t, cgt_segment id, const segment_rec *seg, 
   }
   *created = n;
   return first_runs(t, n, seg, is_rerecord, outputs);
+}
+
+/* ---------------------------------------------------------------- pruning */
+
+/* Takes n out of its parent's key group. A WARMUP node is always the last
+ * of its group (a group grows only when it has no WARMUP node, and a node
+ * never goes back to WARMUP), so this never re-inserts into a hash table and
+ * cannot fail. */
+static void node_unlink(node *n) {
+  node *first;
+  HASH_FIND(hh, n->parent->children, n->key, n->key_bytes, first);
+  if (first == n) {
+    HASH_DELETE(hh, n->parent->children, n);
+    return;
+  }
+  for (node *c = first; c; c = c->next_same_key)
+    if (c->next_same_key == n) {
+      c->next_same_key = n->next_same_key;
+      return;
+    }
+}
+
+/* Removes every WARMUP node that no step has reached for prune_after_steps
+ * steps, with its subtree. Such a node warmed up under a pool layout that
+ * has not come back (or under a node that has since turned EAGER, whose
+ * outputs moved out of the graph pool), so its key is unlikely to match
+ * again; if it does, the node is simply made anew. In TREE mode there are
+ * only WARMUP and EAGER nodes below a WARMUP node (its step was in warmup
+ * from it on), so no recording is lost; in SEPARATE mode the subtree may
+ * hold recordings, but none of them has run for as long either. Called at cgt_step_begin; it looks every
+ * prune_after_steps / 2 steps, so a forgotten node lives at most 1.5 times
+ * the limit, and the walk is linear in the nodes. The ids of the nodes that
+ * stay do not change. */
+void node__prune(cgt_tree *t) {
+  if (t->step < t->next_prune_step)
+    return;
+  uint64_t limit = t->opt.prune_after_steps;
+  t->next_prune_step = t->step + (limit / 2 ? limit / 2 : 1);
+  if (t->step < limit)
+    return;
+  /* Parents come before children in id order, so one pass marks whole
+   * subtrees: a node goes if it is a forgotten WARMUP node or its parent
+   * goes; only the top of a subtree is unlinked from its parent. */
+  for (uint32_t i = 0; i < t->n_nodes; i++) {
+    node *n = t->nodes[i];
+    int parent_goes = n->parent != &t->root && n->parent->pruned;
+    n->pruned = parent_goes || (n->state == CGT_NODE_WARMUP && t->step - n->last_step >= limit);
+    if (n->pruned && !parent_goes)
+      node_unlink(n);
+  }
+  uint32_t kept = 0;
+  for (uint32_t i = 0; i < t->n_nodes; i++) {
+    node *n = t->nodes[i];
+    if (!n->pruned) {
+      t->nodes[kept++] = n;
+      continue;
+    }
+    node__destroy(t, n); /* a parent before its children: each clears only its own table */
+    t->stats.nodes--;
+    t->stats.nodes_pruned++;
+  }
+  t->n_nodes = kept;
 }

@@ -99,18 +99,63 @@ int tree__grow(cgt_tree *t, void **array, uint32_t *cap, uint32_t need, size_t e
 
 /* ------------------------------------------------------------------ pools */
 
+/* Every pool of the tree takes its chunks through here, so the tree knows
+ * all the device memory it holds (t->chunks, sorted by address) and can
+ * refuse caller arguments that point into it. The table grows before the
+ * device allocation, so a failure leaves both unchanged. */
 static cgt_status pool_chunk_alloc(void *ctx, size_t bytes, void **ptr) {
-  backend *b = ctx;
-  return b->ops->mem_alloc(b, bytes, ptr);
+  cgt_tree *t = ctx;
+  if (!tree__grow(t, (void **)&t->chunks, &t->chunks_cap, t->n_chunks + 1, sizeof *t->chunks))
+    return CGT_ERR_OUT_OF_MEMORY;
+  cgt_status st = t->dev.ops->mem_alloc(&t->dev, bytes, ptr);
+  if (st != CGT_OK)
+    return st;
+  uintptr_t base = (uintptr_t)*ptr;
+  uint32_t i = t->n_chunks;
+  while (i > 0 && t->chunks[i - 1].base > base) {
+    t->chunks[i] = t->chunks[i - 1];
+    i--;
+  }
+  t->chunks[i].base = base;
+  t->chunks[i].end = base + bytes;
+  t->n_chunks++;
+  return CGT_OK;
+}
+
+/* The first chunk whose end lies above p (chunks are disjoint, so their
+ * ends are sorted too), or n_chunks. */
+static uint32_t chunk_above(const cgt_tree *t, uintptr_t p) {
+  uint32_t lo = 0, hi = t->n_chunks;
+  while (lo < hi) {
+    uint32_t mid = lo + (hi - lo) / 2;
+    if (t->chunks[mid].end <= p)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
 }
 
 static void pool_chunk_free(void *ctx, void *ptr) {
-  backend *b = ctx;
-  b->ops->mem_free(b, ptr);
+  cgt_tree *t = ctx;
+  uint32_t i = chunk_above(t, (uintptr_t)ptr);
+  if (!NEVER(i >= t->n_chunks || t->chunks[i].base != (uintptr_t)ptr)) {
+    memmove(&t->chunks[i], &t->chunks[i + 1], (t->n_chunks - i - 1) * sizeof *t->chunks);
+    t->n_chunks--;
+  }
+  t->dev.ops->mem_free(&t->dev, ptr);
+}
+
+/* 1 if [p, p + bytes) overlaps device memory of any pool of the tree (graph
+ * pool, side pool, private pools, placeholders): O(log chunks), no
+ * allocation, so it runs on every replay. */
+int tree__overlaps_pools(const cgt_tree *t, const void *p, size_t bytes) {
+  uint32_t i = chunk_above(t, (uintptr_t)p);
+  return i < t->n_chunks && t->chunks[i].base < (uintptr_t)p + bytes;
 }
 
 cgt_status tree__pool_create(cgt_tree *t, pool **out) {
-  pool_source src = {pool_chunk_alloc, pool_chunk_free, &t->dev};
+  pool_source src = {pool_chunk_alloc, pool_chunk_free, t};
   cgt_status st = pool_create(&src, t->opt.pool_chunk_bytes, out);
   if (st != CGT_OK)
     return tree__fail(t, st, "creating a pool: %s", cgt_status_string(st));
@@ -128,6 +173,7 @@ void cgt_options_init(cgt_options *o) {
   o->warmup_runs = 1;
   o->rerecord_limit = 32;
   o->pool_chunk_bytes = (size_t)2 << 20;
+  o->prune_after_steps = 256;
 }
 
 int cgt_cuda_available(void) { return backend_cuda_available(); }
@@ -187,6 +233,10 @@ cgt_status cgt_tree_create(const cgt_options *o, cgt_tree **out) {
   t->opt = *o;
   if (t->opt.pool_chunk_bytes == 0)
     t->opt.pool_chunk_bytes = defaults.pool_chunk_bytes;
+  if (t->opt.prune_after_steps == 0)
+    t->opt.prune_after_steps = defaults.prune_after_steps;
+  t->next_id = 1;
+  t->tag = value__new_tag();
   t->log_level = env_log_level(o->log_fn ? CGT_LOG_INFO : CGT_LOG_WARN);
   t->opt.mode = env_mode(t, o->mode);
   t->root.id = 0;
@@ -257,6 +307,9 @@ void cgt_tree_destroy(cgt_tree *t) {
   free(t->path);
   free(t->path_live);
   free(t->path_pooled);
+  free(t->block_refs);
+  free(t->dead_scratch);
+  free(t->chunks);
   free(t->key_buf);
   free(t->args);
   free(t->graph_dot_dir);
@@ -334,6 +387,8 @@ cgt_status cgt_step_begin(cgt_tree *t) {
   t->pool_synced = 1;
   t->step_in_warmup = 0;
   t->cur = &t->root;
+  t->step++;
+  node__prune(t);
   tree_debug_check(t);
   return CGT_OK;
 }
@@ -367,6 +422,12 @@ static cgt_status resolve_args(cgt_tree *t, const cgt_arg *args, uint32_t n_args
       if (!a->ptr || a->bytes == 0 || range_overflows(a->ptr, a->bytes))
         return tree__fail(t, CGT_ERR_INVALID_ARGUMENT, "argument %u: %s memory needs a pointer and 0 < bytes that fit",
                           i, a->kind == CGT_ARG_STATIC ? "STATIC" : "DYNAMIC");
+      if (tree__overlaps_pools(t, a->ptr, a->bytes))
+        return tree__fail(t, CGT_ERR_INVALID_ARGUMENT,
+                          "argument %u: %s memory %p (%zu bytes) lies in the tree's own pool memory (a value's "
+                          "memory, say); only caller-owned memory may be passed so: pass the value itself "
+                          "(cgt_arg_value) instead",
+                          i, a->kind == CGT_ARG_STATIC ? "STATIC" : "DYNAMIC", a->ptr, a->bytes);
       r->ptr = (void *)(uintptr_t)a->ptr;
       r->bytes = a->bytes;
       r->block = NULL;

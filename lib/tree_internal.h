@@ -77,6 +77,7 @@ struct node {
   uint64_t replays;
   uint64_t eager_runs;
   char *reason;     /* why EAGER */
+  uint8_t pruned;   /* node__prune: on its way out */
   uint8_t overflow; /* the EAGER node that serves every new key of its
                        (segment, variant) once the parent is at rerecord_limit */
 
@@ -95,17 +96,26 @@ struct node {
   pool *own_pool;        /* CGT_MODE_SEPARATE: the node's private pool */
   pool_checkpoint *ckpt; /* CGT_MODE_TREE: the layout right after recording */
   size_t ckpt_bytes;
-  uint32_t path_len;  /* number of path values before this node's outputs */
-  uint64_t *dead_mask; /* path_len bits: graph-pool values dead at recording */
+  uint32_t path_len; /* number of path values before this node's outputs */
+  /* The liveness a recording needs, stored as the difference to its nearest
+   * RECORDED ancestor A: the path positions of graph-pool values that were
+   * dead when this node was recorded and are not in A's set (A's own
+   * positions, A's ancestor's, and so on). Replaying A this step already
+   * proved A's positions dead, and dead values stay dead, so a replay checks
+   * only these: none in the common case. Along a chain the lists are
+   * disjoint, so their memory is linear in the path. */
+  uint32_t n_dead;
+  uint32_t *dead;
+  uint64_t last_step; /* the step this node last ran in (pruning of WARMUP nodes) */
   uint32_t n_placeholders;
   node_placeholder *placeholders;
   uint32_t n_outputs;
   node_output *outputs;
 };
 
-/* A value slot. Handles are (generation << 32) | (index + 1), so 0 is never
- * a handle. A slot is live from the run that made it until it is released or
- * the step ends; then its generation moves on and old handles go stale. */
+/* A value slot. A slot is live from the run that made it until it is
+ * released or the step ends; then its generation moves on and old handles go
+ * stale. The handle layout is in value.c. */
 typedef struct value_slot {
   uint32_t gen;
   uint32_t path_pos; /* index in t->path while live */
@@ -118,6 +128,21 @@ typedef struct value_slot {
 } value_slot;
 
 #define VALUE_NONE UINT32_MAX
+
+/* How many live values share a pool block (aliases and views share their
+ * input's block). An open-addressing table keyed by the block's address:
+ * every pool of a tree takes its chunks from the tree, so block addresses
+ * never collide across pools. */
+typedef struct block_ref {
+  const void *block; /* NULL: empty entry */
+  uint32_t count;
+  uint32_t seen; /* scratch for tree__check */
+} block_ref;
+
+/* A chunk of device memory some pool of the tree holds: [base, end). */
+typedef struct chunk_range {
+  uintptr_t base, end;
+} chunk_range;
 
 /* An argument of the run at hand, resolved to memory. `keyed`: its address
  * is part of the node key (a STATIC, or a VALUE whose address a recording
@@ -178,9 +203,19 @@ struct cgt_tree {
   warm_count *warm;
 
   node root;     /* virtual: its children are the roots */
-  node **nodes;  /* index = id - 1 */
+  node **nodes;  /* the nodes that exist, in id order (pruned ids leave no hole) */
   uint32_t n_nodes;
   uint32_t nodes_cap;
+  uint32_t next_id;   /* the id the next node gets; ids are never reused */
+  uint64_t step;      /* steps begun so far (cgt_step_begin) */
+  uint64_t next_prune_step; /* the step at which WARMUP nodes are next looked at */
+  uint32_t tag;       /* this tree's tag in value handles (value.c) */
+
+  /* Every chunk of device memory the tree's pools hold, sorted by address:
+   * STATIC and DYNAMIC arguments must not overlap them. */
+  chunk_range *chunks;
+  uint32_t n_chunks;
+  uint32_t chunks_cap;
 
   pool *pool;      /* the graph pool (TREE), or the eager allocator (EAGER) */
   pool *side_pool; /* outputs of EAGER nodes */
@@ -203,6 +238,12 @@ struct cgt_tree {
                             recording made after it died may reuse its memory */
   uint32_t path_len;
   uint32_t path_cap;
+  uint32_t n_live;        /* live values */
+  block_ref *block_refs;  /* live values per block; capacity a power of 2 */
+  uint32_t block_refs_cap;
+  uint32_t n_block_refs;
+  uint64_t *dead_scratch; /* recording: the dead set of the nearest recorded ancestor */
+  uint32_t dead_scratch_words;
 
   uint64_t *key_buf; /* scratch for the key of the run at hand */
   uint32_t key_cap;  /* in words */
@@ -231,14 +272,17 @@ int tree__grow(cgt_tree *t, void **array, uint32_t *cap, uint32_t need, size_t e
 char *tree__strdup(cgt_tree *t, const char *s);
 cgt_status tree__backend_fail(cgt_tree *t, cgt_status s, const char *what);
 cgt_status tree__pool_create(cgt_tree *t, pool **out);
+int tree__overlaps_pools(const cgt_tree *t, const void *p, size_t bytes);
 
 /* value.c */
 cgt_status value__resolve(cgt_tree *t, cgt_value v, value_slot **out);
 cgt_status value__reserve(cgt_tree *t, uint32_t n);
 cgt_value value__make(cgt_tree *t, void *ptr, size_t bytes, void *block, pool *pl);
 void value__end_step(cgt_tree *t);
-int value__block_in_use(const cgt_tree *t, const pool *pl, const void *block, uint32_t except_slot);
+uint32_t value__block_refs(const cgt_tree *t, const void *block);
+block_ref *value__find_block_ref(const cgt_tree *t, const void *block);
 int value__in_graph_pool(const cgt_tree *t, const value_slot *s);
+uint32_t value__new_tag(void);
 
 /* launch.c */
 cgt_status launch__prepare(cgt_tree *t, const segment_rec *seg, uint64_t variant, pool *pl);
@@ -249,6 +293,7 @@ void launch__rollback(cgt_tree *t);
 /* node.c */
 cgt_status node__run(cgt_tree *t, cgt_segment id, const segment_rec *seg, uint64_t variant, cgt_value *outputs);
 void node__destroy(cgt_tree *t, node *n);
+void node__prune(cgt_tree *t);
 
 /* inspect.c */
 cgt_status tree__check(cgt_tree *t);
