@@ -74,8 +74,18 @@ static warm_count *warm_find(cgt_tree *t, cgt_segment id, uint64_t variant) {
   return w;
 }
 
+/* 1 if w went into the table; 0, with the table unchanged, when uthash had
+ * no host memory. */
+static int warm_add(cgt_tree *t, warm_count *w) {
+  cgt_tree *hash_tree = t;
+  int hash_oomed = 0;
+  HASH_ADD(hh, t->warm, key, sizeof w->key, w);
+  return !hash_oomed;
+}
+
 /* Finds or makes the counter first, so that a run never fails after its
- * launch function has done its work. */
+ * launch function has done its work. A counter left behind by a run that
+ * failed later reads 0, as no counter does. */
 static warm_count *warm_get(cgt_tree *t, cgt_segment id, uint64_t variant) {
   warm_count *w = warm_find(t, id, variant);
   if (w)
@@ -85,7 +95,10 @@ static warm_count *warm_get(cgt_tree *t, cgt_segment id, uint64_t variant) {
     return NULL;
   w->key.segment = id;
   w->key.variant = variant;
-  HASH_ADD(hh, t->warm, key, sizeof w->key, w);
+  if (!warm_add(t, w)) {
+    free(w);
+    return NULL;
+  }
   return w;
 }
 
@@ -122,6 +135,15 @@ void node__destroy(cgt_tree *t, node *n) {
   free(n);
 }
 
+/* Puts n into its parent's table of children; 0, with the table unchanged,
+ * when uthash had no host memory. */
+static int children_add(cgt_tree *t, node *parent, node *n) {
+  cgt_tree *hash_tree = t;
+  int hash_oomed = 0;
+  HASH_ADD_KEYPTR(hh, parent->children, n->key, n->key_bytes, n);
+  return !hash_oomed;
+}
+
 /* Makes a child of t->cur under the key in t->key_buf; `first` is the head
  * of its key group (NULL for a new key). */
 static node *node_create(cgt_tree *t, node *first, cgt_segment id, uint64_t variant, size_t key_bytes) {
@@ -151,8 +173,10 @@ static node *node_create(cgt_tree *t, node *first, cgt_segment id, uint64_t vari
     while (last->next_same_key)
       last = last->next_same_key;
     last->next_same_key = n;
-  } else {
-    HASH_ADD_KEYPTR(hh, t->cur->children, n->key, n->key_bytes, n);
+  } else if (!children_add(t, t->cur, n)) {
+    free(key);
+    free(n);
+    return NULL;
   }
   t->nodes[t->n_nodes++] = n;
   t->stats.nodes++;
@@ -189,15 +213,17 @@ static uint32_t count_recordings(const node *parent, cgt_segment id, uint64_t va
   return count;
 }
 
-static void node_make_eager(cgt_tree *t, node *n, const char *why) {
+/* Turns n EAGER for good; reason (non-NULL) becomes the node's. Cannot
+ * fail: the reason was allocated before the run that commits the change. */
+static void node_make_eager(cgt_tree *t, node *n, char *reason) {
   n->state = CGT_NODE_EAGER;
   free(n->reason);
-  n->reason = tree__strdup(t, why);
+  n->reason = reason;
   if (n->graph || n->exec)
     t->dev.ops->graph_destroy(&t->dev, n->graph, n->exec);
   n->graph = n->exec = NULL;
   tree__log(t, CGT_LOG_WARN, "node %u (segment '%s') runs eagerly from now on: %s", n->id,
-            t->segments[n->segment - 1].name, why);
+            t->segments[n->segment - 1].name, reason);
 }
 
 /* ---------------------------------------------------------------- the pool */
@@ -341,8 +367,21 @@ static cgt_status run_eagerly(cgt_tree *t, node *n, cgt_segment id, const segmen
   return CGT_OK;
 }
 
-static cgt_status run_eager_node(cgt_tree *t, node *n, const segment_rec *seg, cgt_value *outputs) {
-  return run_eagerly(t, n, n->segment, seg, n->variant, t->side_pool, outputs);
+/* Runs node n eagerly on the side pool. With `why` (not NULL) the run also
+ * turns n EAGER for that reason, but only if it succeeds: the transition is
+ * part of the run's commit, so a failing run leaves the node as it was. */
+static cgt_status run_eager_node(cgt_tree *t, node *n, const segment_rec *seg, const char *why, cgt_value *outputs) {
+  char *reason = NULL;
+  if (why && !(reason = tree__strdup(t, why)))
+    return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory to turn node %u eager", n->id);
+  cgt_status st = run_eagerly(t, n, n->segment, seg, n->variant, t->side_pool, outputs);
+  if (st != CGT_OK) {
+    free(reason);
+    return st;
+  }
+  if (reason)
+    node_make_eager(t, n, reason);
+  return CGT_OK;
 }
 
 static cgt_status replay(cgt_tree *t, node *n, cgt_value *outputs) {
@@ -592,6 +631,24 @@ static cgt_status run_warmup(cgt_tree *t, node *n, const segment_rec *seg, cgt_v
   return CGT_OK;
 }
 
+/* The capture of n failed (why says how): run n eagerly once more, and if
+ * that succeeds, n is EAGER for good and the failure is counted. If the
+ * eager run fails too, the run fails and nothing changes. */
+static cgt_status fall_back_eagerly(cgt_tree *t, node *n, const segment_rec *seg, const char *why,
+                                    cgt_value *outputs) {
+  tree__log(t, CGT_LOG_DEBUG, "node %u (segment '%s'): %s; running it eagerly", n->id, seg->name, why);
+  cgt_status st = run_eager_node(t, n, seg, why, outputs);
+  if (st != CGT_OK) {
+    char eager_error[TREE_ERROR_BYTES];
+    memcpy(eager_error, t->error, sizeof eager_error);
+    return tree__fail(t, st, "node %u (segment '%s'): %s; the eager run after it failed too: %s", n->id, seg->name,
+                      why, eager_error);
+  }
+  t->stats.capture_failures++;
+  tree__fail(t, CGT_ERR_CAPTURE_FAILED, "node %u (segment '%s'): %s", n->id, seg->name, why);
+  return CGT_OK;
+}
+
 /* Captures the launch function into a graph. On success the node is
  * RECORDED, checkpointed and launched once. A capture failure turns the node
  * EAGER and runs it eagerly; other failures change nothing. */
@@ -603,8 +660,10 @@ static cgt_status record(cgt_tree *t, node *n, const segment_rec *seg, int is_re
   if (st != CGT_OK)
     return st;
 
-  /* Capture. A launch function that fails is the caller's error; a capture
-   * the backend invalidated (a sync, a malloc) makes the node EAGER. */
+  /* Capture. A capture the backend invalidated (a sync, a malloc, a legacy
+   * stream call) makes the node EAGER whatever the launch function returned:
+   * careful code returns the error of the illegal call it made. A launch
+   * function that fails while its capture holds is the caller's error. */
   if (ops->range_push)
     ops->range_push(&t->dev, seg->name);
   st = ops->capture_begin(&t->dev);
@@ -632,7 +691,7 @@ static cgt_status record(cgt_tree *t, node *n, const segment_rec *seg, int is_re
   char why[BACKEND_ERROR_BYTES + 32] = "";
   if (cap_st != CGT_OK)
     snprintf(why, sizeof why, "capture failed: %s", t->dev.error);
-  if (call_st != CGT_OK) {
+  if (call_st != CGT_OK && cap_st == CGT_OK) {
     recording_undo(t, &r);
     return call_st;
   }
@@ -654,10 +713,7 @@ static cgt_status record(cgt_tree *t, node *n, const segment_rec *seg, int is_re
   }
   if (cap_st != CGT_OK) {
     recording_undo(t, &r);
-    t->stats.capture_failures++;
-    tree__fail(t, CGT_ERR_CAPTURE_FAILED, "node %u (segment '%s'): %s", n->id, seg->name, why);
-    node_make_eager(t, n, why);
-    return run_eager_node(t, n, seg, outputs);
+    return fall_back_eagerly(t, n, seg, why, outputs);
   }
 
   recording_release_placeholders(t, &r);
@@ -719,30 +775,31 @@ static node *find_overflow(const node *parent, cgt_segment id, uint64_t variant)
   return NULL;
 }
 
-/* Turns n EAGER if its parent already holds rerecord_limit recordings of
- * its (segment, variant); 1 if it did. */
-static int enforce_rerecord_limit(cgt_tree *t, node *n) {
+#define WHY_BYTES 192
+
+/* 1, with the reason in why, if n's parent already holds rerecord_limit
+ * recordings of n's (segment, variant), so n may not record. */
+static int over_rerecord_limit(const cgt_tree *t, const node *n, char why[WHY_BYTES]) {
   uint32_t recordings = count_recordings(n->parent, n->segment, n->variant);
   if (recordings < t->opt.rerecord_limit)
     return 0;
-  char why[160];
-  snprintf(why, sizeof why, "rerecord limit: the parent already has %u recordings of this segment and variant",
+  snprintf(why, WHY_BYTES, "rerecord limit: the parent already has %u recordings of this segment and variant",
            recordings);
-  node_make_eager(t, n, why);
   return 1;
 }
 
 static cgt_status first_runs(cgt_tree *t, node *n, const segment_rec *seg, int is_rerecord, cgt_value *outputs) {
   if (n->state == CGT_NODE_EAGER)
-    return run_eager_node(t, n, seg, outputs);
+    return run_eager_node(t, n, seg, NULL, outputs);
   warm_count *w = warm_find(t, n->segment, n->variant);
   uint32_t runs = w ? w->runs : 0;
   if (t->step_in_warmup || runs < t->opt.warmup_runs)
     return run_warmup(t, n, seg, outputs);
   /* Checked when the recording would happen: a sibling may have recorded
    * since this node was made. */
-  if (enforce_rerecord_limit(t, n))
-    return run_eager_node(t, n, seg, outputs);
+  char why[WHY_BYTES];
+  if (over_rerecord_limit(t, n, why))
+    return run_eager_node(t, n, seg, why, outputs);
   return record(t, n, seg, is_rerecord, outputs);
 }
 
@@ -789,28 +846,38 @@ static cgt_status node_run(cgt_tree *t, cgt_segment id, const segment_rec *seg, 
     if (warm)
       return first_runs(t, warm, seg, 0, outputs);
     if (eager)
-      return run_eager_node(t, eager, seg, outputs);
+      return run_eager_node(t, eager, seg, NULL, outputs);
     is_rerecord = 1; /* every recording of this key has the wrong liveness */
   }
 
   /* A new key past the limit (a buffer passed as STATIC that moves every
    * step, say) runs on the one overflow node of its (segment, variant), so
-   * the tree stops growing. */
+   * the tree stops growing. A segment declared uncapturable has nothing but
+   * such nodes: one per (parent, segment, variant), whatever its inputs. */
+  int no_capture = (seg->flags & CGT_SEGMENT_NO_CAPTURE) != 0;
   node *overflow = first ? NULL : find_overflow(t->cur, id, variant);
-  if (overflow && count_recordings(t->cur, id, variant) >= t->opt.rerecord_limit)
-    return run_eager_node(t, overflow, seg, outputs);
+  if (overflow && (no_capture || count_recordings(t->cur, id, variant) >= t->opt.rerecord_limit))
+    return run_eager_node(t, overflow, seg, NULL, outputs);
   node *n = node_create(t, first, id, variant, key_bytes);
   if (!n)
     return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory for a new node");
-  if (enforce_rerecord_limit(t, n) && !first) {
-    n->overflow = 1;
-    tree__log(t, CGT_LOG_WARN,
-              "segment '%s' keeps arriving with new STATIC or VALUE addresses: past rerecord_limit its new keys run "
-              "eagerly on node %u (if an argument moves every step, pass it as DYNAMIC)",
-              seg->name, n->id);
-  }
   *created = n;
-  return first_runs(t, n, seg, is_rerecord, outputs);
+  if (no_capture) {
+    n->overflow = 1;
+    return run_eager_node(t, n, seg, "declared uncapturable", outputs);
+  }
+  char why[WHY_BYTES];
+  if (!over_rerecord_limit(t, n, why))
+    return first_runs(t, n, seg, is_rerecord, outputs);
+  n->overflow = !first;
+  cgt_status st = run_eager_node(t, n, seg, why, outputs);
+  if (st == CGT_OK && !first)
+    tree__log(t, CGT_LOG_WARN,
+              "segment '%s' (variant %llu) arrived with argument addresses not seen before after its parent node "
+              "reached rerecord_limit (%u recordings): this and later new keys run eagerly on node %u. If a "
+              "STATIC argument moves every step, pass it as DYNAMIC",
+              seg->name, (unsigned long long)variant, t->opt.rerecord_limit, n->id);
+  return st;
 }
 
 /* ---------------------------------------------------------------- pruning */

@@ -19,6 +19,17 @@
 /* uthash hashes node keys with our word hash (keys are whole 64-bit words). */
 uint32_t tree__key_hash(const void *key, size_t len);
 #define HASH_FUNCTION(keyptr, keylen, hashv) ((hashv) = tree__key_hash((keyptr), (keylen)))
+/* uthash must never exit(): a failed insertion reports itself and leaves the
+ * table as it was. Its allocations are the tree's own (counted in
+ * host_allocs, and failed by the test hook). The macros name two locals,
+ * hash_tree and hash_oomed, that only the functions that insert declare
+ * (node.c: children_add, warm_add), so an insertion anywhere else does not
+ * compile; lookups and deletions never allocate. */
+void *tree__hash_malloc(struct cgt_tree *t, size_t bytes);
+#define HASH_NONFATAL_OOM 1
+#define uthash_malloc(sz) tree__hash_malloc(hash_tree, (sz))
+#define uthash_free(ptr, sz) free(ptr)
+#define uthash_nonfatal_oom(elt) (hash_oomed = 1)
 #include <uthash.h>
 
 #define TREE_ERROR_BYTES 512
@@ -33,6 +44,7 @@ typedef struct segment_rec {
   void *user;
   uint32_t n_inputs;
   uint32_t n_outputs;
+  uint32_t flags; /* CGT_SEGMENT_NO_CAPTURE */
 } segment_rec;
 
 /* Eager runs of a (segment, variant) anywhere in the tree, for warmup. */
@@ -253,6 +265,13 @@ struct cgt_tree {
   cgt_launch launch;
   cgt_stats stats;
   char *graph_dot_dir; /* CGT_GRAPH_DOT_DIR: write every recorded graph there */
+
+  /* Device memory of every pool of the tree (graph pool, side pool, private
+   * pools; placeholders live in them), as chunks taken from the backend and
+   * not yet given back. pool_limit_bytes caps it. */
+  size_t pool_held_bytes;
+  /* Test hook shared by the tree and all its pools (tree_hooks.h). */
+  pool_fail_hook host_fail;
 };
 
 /* tree.c */
