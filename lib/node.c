@@ -127,7 +127,6 @@ void node__destroy(cgt_tree *t, node *n) {
   if (n->own_pool)
     pool_destroy(n->own_pool);
   HASH_CLEAR(hh, n->children);
-  free(n->key);
   free(n->reason);
   free(n->dead);
   free(n->placeholders);
@@ -151,15 +150,13 @@ static node *node_create(cgt_tree *t, node *first, cgt_segment id, uint64_t vari
     return NULL;
   if (!tree__grow(t, (void **)&t->nodes, &t->nodes_cap, t->n_nodes + 1, sizeof *t->nodes))
     return NULL;
-  node *n = tree__calloc(t, 1, sizeof *n);
-  uint64_t *key = tree__malloc(t, key_bytes);
-  if (!n || !key) {
-    free(n);
-    free(key);
+  /* The key lives right behind the node: a lookup that finds the node
+   * finds its key in the next cache lines. */
+  node *n = tree__calloc(t, 1, sizeof *n + key_bytes);
+  if (!n)
     return NULL;
-  }
-  memcpy(key, t->key_buf, key_bytes);
-  n->key = key;
+  n->key = (uint64_t *)(n + 1);
+  memcpy(n->key, t->key_buf, key_bytes);
   n->key_bytes = key_bytes;
   n->id = t->next_id++;
   n->last_step = t->step;
@@ -174,7 +171,6 @@ static node *node_create(cgt_tree *t, node *first, cgt_segment id, uint64_t vari
       last = last->next_same_key;
     last->next_same_key = n;
   } else if (!children_add(t, t->cur, n)) {
-    free(key);
     free(n);
     return NULL;
   }
@@ -189,6 +185,8 @@ static void node_unlink_newest(cgt_tree *t, node *n) {
   HASH_FIND(hh, n->parent->children, n->key, n->key_bytes, first);
   if (first == n) {
     HASH_DELETE(hh, n->parent->children, n);
+    if (n->parent->hot_child == n)
+      n->parent->hot_child = NULL;
   } else {
     node *prev = first;
     while (prev && prev->next_same_key != n)
@@ -425,6 +423,7 @@ static cgt_status replay(cgt_tree *t, node *n, cgt_value *outputs) {
   }
   n->replays++;
   n->last_step = t->step;
+  n->parent->next_exec = n->exec;
   t->stats.replays++;
   if (t->opt.mode == CGT_MODE_TREE)
     t->pool_synced = 0;
@@ -812,6 +811,17 @@ cgt_status node__run(cgt_tree *t, cgt_segment id, const segment_rec *seg, uint64
   pool_sync_end(t, st);
   if (st != CGT_OK && created)
     node_unlink_newest(t, created); /* no half-made nodes; after pool_sync_end, which may use its pool */
+  /* Ask for the likely next node and its key now, while the caller works. */
+  node *cur = t->cur;
+  const node *next = cur->hot_child;
+  if (next) {
+    __builtin_prefetch(next);
+    __builtin_prefetch((const char *)next + 64);
+    __builtin_prefetch((const char *)next + 128);
+    __builtin_prefetch(next->key);
+  }
+  if (cur->next_exec)
+    __builtin_prefetch(cur->next_exec); /* a hint only: it may be stale, and prefetching cannot fault */
   return st;
 }
 
@@ -820,9 +830,15 @@ static cgt_status node_run(cgt_tree *t, cgt_segment id, const segment_rec *seg, 
   if (t->opt.mode == CGT_MODE_EAGER)
     return run_eagerly(t, NULL, id, seg, variant, t->pool, outputs);
 
+  /* Programs mostly take the same child as last time: try it before the
+   * hash table, whose lookup costs several dependent cache misses once the
+   * tree is larger than the caches. */
   size_t key_bytes = key_build(t, id, variant, seg->n_inputs);
-  node *first;
-  HASH_FIND(hh, t->cur->children, t->key_buf, key_bytes, first);
+  node *first = t->cur->hot_child;
+  if (!first || first->key_bytes != key_bytes || memcmp(first->key, t->key_buf, key_bytes)) {
+    HASH_FIND(hh, t->cur->children, t->key_buf, key_bytes, first);
+    t->cur->hot_child = first;
+  }
   int in_warmup = t->step_in_warmup;
 
   if (first && !in_warmup)
@@ -891,6 +907,8 @@ static void node_unlink(node *n) {
   HASH_FIND(hh, n->parent->children, n->key, n->key_bytes, first);
   if (first == n) {
     HASH_DELETE(hh, n->parent->children, n);
+    if (n->parent->hot_child == n)
+      n->parent->hot_child = NULL;
     return;
   }
   for (node *c = first; c; c = c->next_same_key)

@@ -96,11 +96,13 @@ struct node {
   /* Key under the parent (see node_key_build). Nodes that share a key are
    * re-records for other liveness patterns: the first one is in the hash,
    * the others hang off it through next_same_key, in creation order. */
-  uint64_t *key;
+  uint64_t *key; /* stored right behind the node */
   size_t key_bytes;
   UT_hash_handle hh;
   node *next_same_key;
   node *children; /* uthash head */
+  node *hot_child; /* the key-group head last looked up under this node, or NULL */
+  void *next_exec;  /* the executable last replayed right after this node: prefetched, never used */
 
   /* A recording. */
   void *graph;
