@@ -459,10 +459,11 @@ static cgt_status recording_placeholders(cgt_tree *t, recording *r, const segmen
     if (t->args[i].keyed)
       continue;
     void *p;
+    t->dev.error[0] = '\0'; /* a refused chunk leaves its reason here */
     cgt_status st = pool_alloc(r->pl, t->args[i].bytes, &p);
     if (st != CGT_OK)
       return tree__fail(t, st, "placeholder of %zu bytes for input %u: %s", t->args[i].bytes, i,
-                        cgt_status_string(st));
+                        t->dev.error[0] ? t->dev.error : cgt_status_string(st));
     r->ph[r->n_ph++] = (node_placeholder){i, p, t->args[i].bytes, NULL, t->args[i].ptr};
     st = r->copies_in_graph ? CGT_OK : t->dev.ops->copy(&t->dev, p, t->args[i].ptr, t->args[i].bytes);
     if (st != CGT_OK)

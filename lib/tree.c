@@ -79,9 +79,10 @@ void cgt__fail_host_alloc_after(cgt_tree *t, long long n, int once) {
     return;
   t->host_fail.after = n < 0 ? -1 : n;
   t->host_fail.once = once;
+  t->host_fail.fired = 0;
 }
 
-int cgt__host_alloc_hook_armed(const cgt_tree *t) { return t && t->host_fail.after >= 0; }
+long long cgt__host_alloc_failures(const cgt_tree *t) { return t ? t->host_fail.fired : 0; }
 
 char *tree__strdup(cgt_tree *t, const char *s) {
   size_t n = strlen(s) + 1;
