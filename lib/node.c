@@ -610,7 +610,13 @@ static cgt_status record(cgt_tree *t, node *n, const segment_rec *seg, int is_re
     if (ops->range_pop)
       ops->range_pop(&t->dev);
     recording_undo(t, &r);
-    return tree__backend_fail(t, st, "capture_begin");
+    if (st != CGT_ERR_CAPTURE_FAILED)
+      return tree__backend_fail(t, st, "capture_begin");
+    /* The device would not capture this stream at all: the remedy is the
+     * same as for a capture that broke. */
+    char why[BACKEND_ERROR_BYTES + 32];
+    snprintf(why, sizeof why, "capture could not begin: %s", t->dev.error);
+    return fall_back_eagerly(t, n, seg, why, outputs);
   }
   /* DYNAMIC arguments are copied into their placeholders inside the graph
    * when the backend can repoint such copies later. */

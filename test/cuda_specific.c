@@ -743,6 +743,59 @@ static void test_fresh_tree_after_a_failed_capture_checks_cuda_get_last_error_an
   free(got);
 }
 
+/* A tree handed the legacy default stream cannot capture at all (CUDA
+ * refuses to begin a capture on cudaStreamLegacy): every node falls back to
+ * eager runs, cgt_run still succeeds with the right outputs, and no CUDA
+ * error is left behind. */
+static void test_tree_on_the_legacy_stream_runs_every_segment_eagerly_with_correct_outputs(void **state) {
+  (void)state;
+  const kernels *k = cuda_kernels_or_skip();
+  const size_t n = 1024;
+  gpu_tree g;
+  memset(&g, 0, sizeof g);
+  cgt_options o;
+  cgt_options_init(&o);
+  o.backend = CGT_BACKEND_CUDA;
+  o.stream = (void *)cudaStreamLegacy;
+  CHECK_TREE(NULL, cgt_tree_create(&o, &g.t));
+  g.e.k = k;
+  g.e.n = n;
+  CHECK_KERN(k, k->ctx_create(cgt_tree_stream(g.t), &g.e.ctx));
+  cgt_segment seg = add_segment(&g, "checks_last_error", seg_checks_last_error, 1, 1);
+  float *hx = host_alloc(n * sizeof(float)), *got = host_alloc(n * sizeof(float));
+  for (size_t i = 0; i < n; i++)
+    hx[i] = (float)(i % 6);
+  float *x = dev_alloc(k, n * sizeof(float));
+  CHECK_KERN(k, k->upload(x, hx, n * sizeof(float)));
+  g.e.scratch = 0.0f;
+  for (int step = 0; step < 4; step++) {
+    if (step > 0)
+      CHECK_TREE(g.t, cgt_step_begin(g.t));
+    cgt_arg arg = cgt_arg_static(x, n * sizeof(float));
+    cgt_value z;
+    run(&g, seg, &arg, 1, &z, 1);
+    read_value(&g, z, got, n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+      if (got[i] != 3.0f * hx[i])
+        fail_msg("step %d: z[%zu] = %g, want %g", step, i, (double)got[i], (double)(3.0f * hx[i]));
+    assert_no_cuda_error();
+  }
+  assert_true(g.e.scratch == 0.0f);
+  const char *reason = NULL;
+  if (best_node(&g, seg, CGT_NODE_EAGER, &reason) < 0)
+    fail_msg("a segment on the legacy stream should run EAGER");
+  assert_non_null(reason);
+  print_message("legacy stream: node EAGER because: %s\n", reason);
+  cgt_stats st;
+  CHECK_TREE(g.t, cgt_tree_stats(g.t, &st));
+  assert_int_equal(st.capture_failures, 1);
+  assert_int_equal(st.recordings, 0);
+  k->dev_free(x);
+  free(hx);
+  free(got);
+  close_tree(&g);
+}
+
 /* ------------------------------------ pool_limit_bytes (issue 9, item 8) */
 
 /* out = 2x + 1 through a temporary of e->careless bytes (the field is
@@ -1008,6 +1061,7 @@ const struct CMUnitTest cuda_specific_tests[] = {
     cmocka_unit_test(test_segment_that_returns_its_stream_sync_error_records_as_eager_with_correct_outputs),
     cmocka_unit_test(test_fresh_tree_after_a_failed_capture_checks_cuda_get_last_error_and_still_records),
     cmocka_unit_test(test_pool_limit_bytes_makes_device_oom_a_tested_path_on_cuda),
+    cmocka_unit_test(test_tree_on_the_legacy_stream_runs_every_segment_eagerly_with_correct_outputs),
     cmocka_unit_test(test_thousand_steps_alternating_two_branches_equal_eager),
 };
 
