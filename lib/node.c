@@ -19,9 +19,11 @@
  *   WARMUP  otherwise: run the launch function eagerly with pool memory;
  *           the rest of the step is warmup too, because those allocations
  *           moved the pool away from every recorded layout.
- *   EAGER   a node whose capture failed or whose parent has too many
- *           recordings of the segment: run eagerly on the side pool, which
- *           leaves the graph pool alone, so its children still record.
+ *   EAGER   a node whose capture failed, whose parent has too many
+ *           recordings of the segment, or whose segment is declared
+ *           uncapturable: run eagerly on the side pool, which leaves the
+ *           graph pool alone, so its children still record. A node turns
+ *           EAGER only as part of a run that succeeds (see run_eager_node).
  *
  * The pool is "synced" while its layout is exactly the blocks of the path's
  * live values; warmup and recording need that, replay breaks it (the graph
@@ -589,8 +591,9 @@ static cgt_status fall_back_eagerly(cgt_tree *t, node *n, const segment_rec *seg
 }
 
 /* Captures the launch function into a graph. On success the node is
- * RECORDED, checkpointed and launched once. A capture failure turns the node
- * EAGER and runs it eagerly; other failures change nothing. */
+ * RECORDED, checkpointed and launched once. A capture failure runs the node
+ * eagerly and, if that succeeds, turns it EAGER; every other failure, and an
+ * eager run that fails too, changes nothing. */
 static cgt_status record(cgt_tree *t, node *n, const segment_rec *seg, int is_rerecord, cgt_value *outputs) {
   const backend_ops *ops = t->dev.ops;
   recording r;
