@@ -147,6 +147,9 @@ static cgt_status check_nodes(cgt_tree *t) {
     CHECK(n->key_bytes == (2 + 3 * (size_t)s->n_inputs) * 8 && n->key[0] == ((uint64_t)n->segment | (uint64_t)s->n_inputs << 32) &&
               n->key[1] == n->variant,
           "node %u's key does not match its segment and variant", n->id);
+    CHECK(!(s->flags & CGT_SEGMENT_NO_CAPTURE) ||
+              (n->state == CGT_NODE_EAGER && n->reason && !strcmp(n->reason, "declared uncapturable")),
+          "node %u of a segment declared uncapturable is not EAGER for that reason", n->id);
     switch (n->state) {
     case CGT_NODE_WARMUP:
       CHECK(!n->exec && !n->graph && !n->ckpt, "WARMUP node %u holds a recording", n->id);
@@ -224,6 +227,19 @@ static cgt_status check_pools(cgt_tree *t) {
   for (uint32_t i = 0; i < t->n_nodes; i++)
     if (t->nodes[i]->own_pool)
       CHECK(pool_check(t->nodes[i]->own_pool, why, sizeof why), "private pool of node %u: %s", i + 1, why);
+
+  /* Every chunk the tree holds is in one of its pools, and together they
+   * keep pool_limit_bytes. */
+  size_t held = 0, unused = 0;
+  uint64_t host_allocs = 0;
+  add_pool(t->pool, &held, &unused, &unused, &host_allocs);
+  add_pool(t->side_pool, &held, &unused, &unused, &host_allocs);
+  for (uint32_t i = 0; i < t->n_nodes; i++)
+    add_pool(t->nodes[i]->own_pool, &held, &unused, &unused, &host_allocs);
+  CHECK(held == t->pool_held_bytes, "the pools hold %zu bytes of chunks, the tree counts %zu", held,
+        t->pool_held_bytes);
+  CHECK(!t->opt.pool_limit_bytes || held <= t->opt.pool_limit_bytes,
+        "the pools hold %zu bytes, above pool_limit_bytes %zu", held, t->opt.pool_limit_bytes);
 
   /* Live values: inside their blocks, and no two blocks overlap. */
   size_t distinct_graph_bytes = 0;

@@ -19,9 +19,11 @@
  *   WARMUP  otherwise: run the launch function eagerly with pool memory;
  *           the rest of the step is warmup too, because those allocations
  *           moved the pool away from every recorded layout.
- *   EAGER   a node whose capture failed or whose parent has too many
- *           recordings of the segment: run eagerly on the side pool, which
- *           leaves the graph pool alone, so its children still record.
+ *   EAGER   a node whose capture failed, whose parent has too many
+ *           recordings of the segment, or whose segment is declared
+ *           uncapturable: run eagerly on the side pool, which leaves the
+ *           graph pool alone, so its children still record. A node turns
+ *           EAGER only as part of a run that succeeds (see run_eager_node).
  *
  * The pool is "synced" while its layout is exactly the blocks of the path's
  * live values; warmup and recording need that, replay breaks it (the graph
@@ -467,10 +469,11 @@ static cgt_status recording_placeholders(cgt_tree *t, recording *r, const segmen
     if (t->args[i].keyed)
       continue;
     void *p;
+    t->dev.error[0] = '\0'; /* a refused chunk leaves its reason here */
     cgt_status st = pool_alloc(r->pl, t->args[i].bytes, &p);
     if (st != CGT_OK)
       return tree__fail(t, st, "placeholder of %zu bytes for input %u: %s", t->args[i].bytes, i,
-                        cgt_status_string(st));
+                        t->dev.error[0] ? t->dev.error : cgt_status_string(st));
     r->ph[r->n_ph++] = (node_placeholder){i, p, t->args[i].bytes, NULL, t->args[i].ptr};
     st = r->copies_in_graph ? CGT_OK : t->dev.ops->copy(&t->dev, p, t->args[i].ptr, t->args[i].bytes);
     if (st != CGT_OK)
@@ -649,8 +652,9 @@ static cgt_status fall_back_eagerly(cgt_tree *t, node *n, const segment_rec *seg
 }
 
 /* Captures the launch function into a graph. On success the node is
- * RECORDED, checkpointed and launched once. A capture failure turns the node
- * EAGER and runs it eagerly; other failures change nothing. */
+ * RECORDED, checkpointed and launched once. A capture failure runs the node
+ * eagerly and, if that succeeds, turns it EAGER; every other failure, and an
+ * eager run that fails too, changes nothing. */
 static cgt_status record(cgt_tree *t, node *n, const segment_rec *seg, int is_rerecord, cgt_value *outputs) {
   const backend_ops *ops = t->dev.ops;
   recording r;
@@ -670,7 +674,13 @@ static cgt_status record(cgt_tree *t, node *n, const segment_rec *seg, int is_re
     if (ops->range_pop)
       ops->range_pop(&t->dev);
     recording_undo(t, &r);
-    return tree__backend_fail(t, st, "capture_begin");
+    if (st != CGT_ERR_CAPTURE_FAILED)
+      return tree__backend_fail(t, st, "capture_begin");
+    /* The device would not capture this stream at all: the remedy is the
+     * same as for a capture that broke. */
+    char why[BACKEND_ERROR_BYTES + 32];
+    snprintf(why, sizeof why, "capture could not begin: %s", t->dev.error);
+    return fall_back_eagerly(t, n, seg, why, outputs);
   }
   /* DYNAMIC arguments are copied into their placeholders inside the graph
    * when the backend can repoint such copies later. */

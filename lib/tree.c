@@ -15,6 +15,12 @@
  * Errors carry detail: every failing call writes a one-line message into
  * the tree (cgt_tree_last_error) and logs it at debug level. Nothing here is
  * global; everything hangs off the tree.
+ *
+ * Memory, host and device, fails softly. Every host allocation goes through
+ * tree__malloc and its siblings (uthash's too), which count it and let a
+ * test hook fail it; every pool of the tree takes device memory from one
+ * chunk source here, which keeps pool_limit_bytes. Options left at zero mean
+ * their defaults, except warmup_runs (0: record at once).
  */
 #include <stdarg.h>
 #include <string.h>
@@ -79,9 +85,10 @@ void cgt__fail_host_alloc_after(cgt_tree *t, long long n, int once) {
     return;
   t->host_fail.after = n < 0 ? -1 : n;
   t->host_fail.once = once;
+  t->host_fail.fired = 0;
 }
 
-int cgt__host_alloc_hook_armed(const cgt_tree *t) { return t && t->host_fail.after >= 0; }
+long long cgt__host_alloc_failures(const cgt_tree *t) { return t ? t->host_fail.fired : 0; }
 
 char *tree__strdup(cgt_tree *t, const char *s) {
   size_t n = strlen(s) + 1;
