@@ -505,9 +505,9 @@ static const node *recorded_ancestor(const cgt_tree *t, const node *n) {
  * Values elsewhere (eager nodes' side pool, views of caller memory) may be
  * live or dead when it replays. */
 static cgt_status recording_dead_list(cgt_tree *t, const node *n, recording *r) {
-  if (t->opt.mode != CGT_MODE_TREE)
-    return CGT_OK;
   uint32_t words = (t->path_len + 63) / 64;
+  if (t->opt.mode != CGT_MODE_TREE || words == 0)
+    return CGT_OK;
   if (words > t->dead_scratch_words) {
     uint64_t *scratch = tree__calloc(t, words, sizeof *scratch);
     if (!scratch)
