@@ -228,10 +228,6 @@ static void node_make_eager(cgt_tree *t, node *n, char *reason) {
 
 /* ---------------------------------------------------------------- the pool */
 
-static int keep_live_block(void *user, void *base) {
-  cgt_tree *t = user;
-  return value__block_refs(t, base) > 0;
-}
 
 /* Brings the graph pool to the layout of the path's live values. The layout
  * it replaces is kept until the run is over (pool_sync_end), so that a run
@@ -250,7 +246,9 @@ static cgt_status pool_sync(cgt_tree *t) {
   if (a == &t->root) {
     pool_clear(t->pool);
   } else {
-    st = pool_restore(t->pool, a->ckpt, keep_live_block, t);
+    st = value__collect_live_blocks(t, t->pool);
+    if (st == CGT_OK)
+      st = pool_restore(t->pool, a->ckpt, value__keep_live_block, t);
     if (st != CGT_OK) {
       pool_checkpoint_free(undo);
       return tree__fail(t, st, "restoring the checkpoint of node %u: %s", a->id, cgt_status_string(st));
@@ -318,10 +316,28 @@ static void set_inputs_direct(cgt_tree *t) {
   }
 }
 
+/* A live value in `block` that this run knows of: an earlier output of the
+ * run (two outputs in one allocation or one input), or a VALUE argument the
+ * output aliases. No other live value can hold the block: a run allocates
+ * only memory no live value holds, and a recording replays only while the
+ * values it overlapped are dead. VALUE_NONE if the block is new. */
+static uint32_t block_sharer(const cgt_tree *t, const void *block, const cgt_value *made, uint32_t n_made) {
+  if (!block)
+    return VALUE_NONE;
+  for (uint32_t o = 0; o < n_made; o++)
+    if (t->slots[value__slot_of(made[o])].block == block)
+      return value__slot_of(made[o]);
+  for (uint32_t i = 0; i < t->n_run_args; i++)
+    if (t->args[i].slot != VALUE_NONE && t->args[i].block == block)
+      return t->args[i].slot;
+  return VALUE_NONE;
+}
+
 static void hand_out_launch_outputs(cgt_tree *t, cgt_value *outputs) {
   cgt_launch *l = &t->launch;
   for (uint32_t o = 0; o < l->n_outputs; o++)
-    outputs[o] = value__make(t, l->out_ptr[o], l->out_bytes[o], l->out_block[o], l->out_pool[o]);
+    outputs[o] = value__make(t, l->out_ptr[o], l->out_bytes[o], l->out_block[o], l->out_pool[o],
+                             block_sharer(t, l->out_block[o], outputs, o));
   l->n_allocs = 0; /* the allocations now belong to values */
 }
 
@@ -417,7 +433,7 @@ static cgt_status replay(cgt_tree *t, node *n, cgt_value *outputs) {
     return tree__backend_fail(t, st, "replay");
   for (uint32_t o = 0; o < n->n_outputs; o++) {
     const node_output *out = &n->outputs[o];
-    outputs[o] = value__make(t, out->ptr, out->bytes, out->block, out->pool);
+    outputs[o] = value__make(t, out->ptr, out->bytes, out->block, out->pool, block_sharer(t, out->block, outputs, o));
   }
   for (uint32_t i = 0; i < n->n_placeholders; i++) {
     t->stats.input_copies++;
@@ -826,9 +842,7 @@ cgt_status node__run(cgt_tree *t, cgt_segment id, const segment_rec *seg, uint64
   const node *next = cur->hot_child;
   if (next) {
     __builtin_prefetch(next);
-    __builtin_prefetch((const char *)next + 64);
-    __builtin_prefetch((const char *)next + 128);
-    __builtin_prefetch(next->key);
+    __builtin_prefetch(next + 1); /* its key, without waiting for the node to arrive */
   }
   if (cur->next_exec)
     __builtin_prefetch(cur->next_exec); /* a hint only: it may be stale, and prefetching cannot fault */

@@ -353,7 +353,7 @@ void cgt_tree_destroy(cgt_tree *t) {
   free(t->path);
   free(t->path_live);
   free(t->path_pooled);
-  free(t->block_refs);
+  free(t->live_blocks);
   free(t->dead_scratch);
   free(t->chunks);
   free(t->key_buf);
@@ -465,6 +465,7 @@ static cgt_status resolve_args(cgt_tree *t, const cgt_arg *args, uint32_t n_args
       r->block = s->block;
       r->pool = s->pool;
       r->keyed = value__in_graph_pool(t, s);
+      r->slot = value__slot_of(a->value);
       break;
     }
     case CGT_ARG_STATIC:
@@ -480,6 +481,7 @@ static cgt_status resolve_args(cgt_tree *t, const cgt_arg *args, uint32_t n_args
                           i, a->kind == CGT_ARG_STATIC ? "STATIC" : "DYNAMIC", a->ptr, a->bytes);
       r->ptr = (void *)(uintptr_t)a->ptr;
       r->bytes = a->bytes;
+      r->slot = VALUE_NONE;
       r->block = NULL;
       r->pool = NULL;
       r->keyed = a->kind == CGT_ARG_STATIC;
@@ -510,6 +512,7 @@ cgt_status cgt_run(cgt_tree *t, cgt_segment seg, uint64_t variant, const cgt_arg
   if (!tree__grow(t, (void **)&t->args, &t->args_cap, n_args ? n_args : 1, sizeof *t->args) ||
       !tree__grow(t, (void **)&t->key_buf, &t->key_cap, key_words, sizeof *t->key_buf))
     return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "cgt_run: no host memory for %u arguments", n_args);
+  t->n_run_args = n_args;
   cgt_status st = resolve_args(t, args, n_args);
   if (st == CGT_OK)
     st = value__reserve(t, n_outputs);
