@@ -24,10 +24,31 @@
 extern "C" {
 #endif
 
+/* CGT_API marks every function the shared library exports. The library is
+ * built with hidden visibility (-fvisibility=hidden), so only names declared
+ * with CGT_API, all of them cgt_*, reach libcgtree.so's dynamic symbol table;
+ * internal helpers (pool_*, node__*, ...) stay private and cannot clash with a
+ * host program's own symbols. A program may define CGT_API itself before
+ * including this header. */
+#ifndef CGT_API
+#if defined(__GNUC__) || defined(__clang__)
+#define CGT_API __attribute__((visibility("default")))
+#else
+#define CGT_API
+#endif
+#endif
+
+/* The version of this header. cgt_version() tells the version of the library
+ * that is actually loaded; a program can compare the two at start-up. The
+ * shared library's soname is libcgtree.so.0 for all of 0.x (docs/api.md,
+ * "Versions and ABI"). */
 #define CGT_VERSION_MAJOR 0
 #define CGT_VERSION_MINOR 1
 #define CGT_VERSION_PATCH 0
 #define CGT_VERSION_STRING "0.1.0"
+
+/* "0.1.0": the version of the loaded library, a static string. */
+CGT_API const char *cgt_version(void);
 
 /* ---------------------------------------------------------------- status */
 
@@ -50,8 +71,8 @@ typedef enum cgt_status {
   CGT_STATUS_COUNT /* extension: number of status codes */
 } cgt_status;
 
-const char *cgt_status_name(cgt_status s);   /* "CGT_ERR_STALE_VALUE"; "CGT_UNKNOWN_STATUS" if out of range */
-const char *cgt_status_string(cgt_status s); /* one-line human description */
+CGT_API const char *cgt_status_name(cgt_status s);   /* "CGT_ERR_STALE_VALUE"; "CGT_UNKNOWN_STATUS" if out of range */
+CGT_API const char *cgt_status_string(cgt_status s); /* one-line human description */
 
 /* ------------------------------------------------------------------ tree */
 
@@ -88,20 +109,20 @@ typedef struct cgt_options {
 /* Log levels handed to log_fn (extension: the numbers behind CGT_LOG). */
 enum { CGT_LOG_ERROR = 0, CGT_LOG_WARN = 1, CGT_LOG_INFO = 2, CGT_LOG_DEBUG = 3 };
 
-void cgt_options_init(cgt_options *o); /* defaults above */
+CGT_API void cgt_options_init(cgt_options *o); /* defaults above */
 
 /* Create a tree. o may be NULL (defaults). CGT_LOG and CGT_MODE are read
  * here. Fails with CGT_ERR_NO_DEVICE when CUDA is asked for and absent. */
-cgt_status cgt_tree_create(const cgt_options *o, cgt_tree **out);
+CGT_API cgt_status cgt_tree_create(const cgt_options *o, cgt_tree **out);
 /* Frees every graph, node, value and pool chunk. NULL is a no-op. Waits for
  * the tree's stream first. */
-void cgt_tree_destroy(cgt_tree *t);
-cgt_backend cgt_tree_backend(const cgt_tree *t);  /* the backend actually chosen */
-cgt_mode cgt_tree_mode(const cgt_tree *t);        /* extension: the mode in force (after CGT_MODE) */
-void *cgt_tree_stream(const cgt_tree *t);         /* the stream all segments run on */
-const char *cgt_tree_last_error(const cgt_tree *t); /* detail of the last failure, "" if none */
-cgt_status cgt_sync(cgt_tree *t);                 /* wait for all work of the tree's stream */
-int cgt_cuda_available(void);                     /* 1 if a usable CUDA device and driver are present */
+CGT_API void cgt_tree_destroy(cgt_tree *t);
+CGT_API cgt_backend cgt_tree_backend(const cgt_tree *t);  /* the backend actually chosen */
+CGT_API cgt_mode cgt_tree_mode(const cgt_tree *t);        /* extension: the mode in force (after CGT_MODE) */
+CGT_API void *cgt_tree_stream(const cgt_tree *t);         /* the stream all segments run on */
+CGT_API const char *cgt_tree_last_error(const cgt_tree *t); /* detail of the last failure, "" if none */
+CGT_API cgt_status cgt_sync(cgt_tree *t);                 /* wait for all work of the tree's stream */
+CGT_API int cgt_cuda_available(void);                     /* 1 if a usable CUDA device and driver are present */
 
 /* -------------------------------------------------------------- segments */
 
@@ -123,20 +144,20 @@ typedef struct cgt_segment_desc {
 #define CGT_SEGMENT_NO_CAPTURE 1u
 
 /* Segment ids are small integers starting at 1, in registration order. */
-cgt_status cgt_segment_register(cgt_tree *t, const cgt_segment_desc *d, cgt_segment *out);
+CGT_API cgt_status cgt_segment_register(cgt_tree *t, const cgt_segment_desc *d, cgt_segment *out);
 
 /* A launch function must enqueue the same work, with the same allocations in
  * the same order, every time it is called with the same input addresses and
  * variant: it is called for warmup and for recording, never for replay. These
  * calls are valid inside it and only inside it (CGT_ERR_STATE elsewhere). */
-void *cgt_launch_stream(cgt_launch *l);            /* cudaStream_t (or sim stream) */
-void *cgt_launch_input(cgt_launch *l, uint32_t i); /* device pointer to read input i from; NULL if i is out of range */
-size_t cgt_launch_input_bytes(cgt_launch *l, uint32_t i);
-uint64_t cgt_launch_variant(cgt_launch *l);
-cgt_status cgt_launch_alloc(cgt_launch *l, size_t bytes, void **ptr); /* pool memory, 256-byte aligned */
-cgt_status cgt_launch_free(cgt_launch *l, void *ptr);    /* a temporary, no longer needed by later work */
+CGT_API void *cgt_launch_stream(cgt_launch *l);            /* cudaStream_t (or sim stream) */
+CGT_API void *cgt_launch_input(cgt_launch *l, uint32_t i); /* device pointer to read input i from; NULL if i is out of range */
+CGT_API size_t cgt_launch_input_bytes(cgt_launch *l, uint32_t i);
+CGT_API uint64_t cgt_launch_variant(cgt_launch *l);
+CGT_API cgt_status cgt_launch_alloc(cgt_launch *l, size_t bytes, void **ptr); /* pool memory, 256-byte aligned */
+CGT_API cgt_status cgt_launch_free(cgt_launch *l, void *ptr);    /* a temporary, no longer needed by later work */
 /* Output i is memory allocated in this launch or lies inside an input. */
-cgt_status cgt_launch_set_output(cgt_launch *l, uint32_t i, void *ptr, size_t bytes);
+CGT_API cgt_status cgt_launch_set_output(cgt_launch *l, uint32_t i, void *ptr, size_t bytes);
 
 /* ------------------------------------------------------------------ runs */
 
@@ -184,29 +205,29 @@ static inline cgt_arg cgt_arg_dynamic(const void *ptr, size_t bytes) {
 
 /* Ends the current step: every value still live becomes stale, and the path
  * restarts at the roots. The first cgt_run after create needs none. */
-cgt_status cgt_step_begin(cgt_tree *t);
+CGT_API cgt_status cgt_step_begin(cgt_tree *t);
 
 /* Enqueues every held-back replay (defer_launch = 1) on the tree's stream
  * now, in program order. With defer_launch = 0 nothing is ever held back
  * and it returns CGT_OK at once. CGT_ERR_STATE inside a launch function. */
-cgt_status cgt_flush(cgt_tree *t);
+CGT_API cgt_status cgt_flush(cgt_tree *t);
 
 /* Runs segment seg with args, by replay, recording, warmup or eagerly.
  * Returns once the work is enqueued; outputs receive n_outputs new values.
  * A capture failure is not an error here: the node turns EAGER and the run
  * still produces its outputs. */
-cgt_status cgt_run(cgt_tree *t, cgt_segment seg, uint64_t variant, const cgt_arg *args, uint32_t n_args,
+CGT_API cgt_status cgt_run(cgt_tree *t, cgt_segment seg, uint64_t variant, const cgt_arg *args, uint32_t n_args,
                    cgt_value *outputs, uint32_t n_outputs);
 
 /* ---------------------------------------------------------------- values */
 
 /* A value is live from the cgt_run that made it until it is released or the
  * step ends. Every use of a value that is not live is CGT_ERR_STALE_VALUE. */
-cgt_status cgt_value_ptr(cgt_tree *t, cgt_value v, void **ptr, size_t *bytes);
-cgt_status cgt_value_release(cgt_tree *t, cgt_value v); /* its memory may be reused by later runs */
+CGT_API cgt_status cgt_value_ptr(cgt_tree *t, cgt_value v, void **ptr, size_t *bytes);
+CGT_API cgt_status cgt_value_release(cgt_tree *t, cgt_value v); /* its memory may be reused by later runs */
 /* Async copy of the first `bytes` bytes of v to caller memory (device or host)
  * on the tree stream; bytes may not exceed the value's size. */
-cgt_status cgt_value_copy_out(cgt_tree *t, cgt_value v, void *dst, size_t bytes);
+CGT_API cgt_status cgt_value_copy_out(cgt_tree *t, cgt_value v, void *dst, size_t bytes);
 
 /* --------------------------------------------------------- introspection */
 
@@ -216,7 +237,7 @@ typedef enum cgt_node_state {
   CGT_NODE_EAGER     /* capture failed or limits hit: runs eagerly outside the pool, for good */
 } cgt_node_state;
 
-const char *cgt_node_state_name(cgt_node_state s); /* extension: "WARMUP", "RECORDED", "EAGER" */
+CGT_API const char *cgt_node_state_name(cgt_node_state s); /* extension: "WARMUP", "RECORDED", "EAGER" */
 
 typedef struct cgt_node_info {
   uint32_t id;     /* 1-based, in creation order; stable for the tree's life */
@@ -256,17 +277,17 @@ typedef struct cgt_stats {
   uint64_t fused_runs;         /* runs replayed inside those launches */
 } cgt_stats;
 
-cgt_status cgt_tree_stats(const cgt_tree *t, cgt_stats *out);
+CGT_API cgt_status cgt_tree_stats(const cgt_tree *t, cgt_stats *out);
 /* Writes at most cap entries ordered by id and sets *count to the total
  * number of nodes (cap = 0 asks for the count; out may then be NULL). */
-cgt_status cgt_tree_nodes(const cgt_tree *t, cgt_node_info *out, size_t cap, size_t *count);
+CGT_API cgt_status cgt_tree_nodes(const cgt_tree *t, cgt_node_info *out, size_t cap, size_t *count);
 /* Graphviz: one box per node with segment, state, replays. */
-cgt_status cgt_tree_write_dot(const cgt_tree *t, FILE *f);
+CGT_API cgt_status cgt_tree_write_dot(const cgt_tree *t, FILE *f);
 
 /* Extension: asserts every structural invariant of the tree (links, keys,
  * value slots, pool agreement). Returns CGT_OK or CGT_ERR_STATE with the
  * broken invariant in cgt_tree_last_error(). Tests call it after each run. */
-cgt_status cgt_tree_check(cgt_tree *t);
+CGT_API cgt_status cgt_tree_check(cgt_tree *t);
 
 #ifdef __cplusplus
 }
