@@ -1,0 +1,2 @@
+def main(argv):
+    return 0
