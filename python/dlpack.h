@@ -5,7 +5,8 @@
  * here instead of vendoring the project's header: only these few are needed,
  * their layout is frozen by the ABI (version 0.8, the "unversioned" capsule
  * every consumer reads), and the extension then depends on nothing but
- * Python and cgtree.h.
+ * Python and cgtree.h. Both the unversioned (0.8) and the versioned (1.0)
+ * managed tensors are here.
  *
  * The capsule protocol: a producer returns a PyCapsule named "dltensor" that
  * points to a DLManagedTensor. A consumer that takes ownership renames the
@@ -69,7 +70,29 @@ typedef struct DLManagedTensor {
   void (*deleter)(struct DLManagedTensor *self);
 } DLManagedTensor;
 
+/* DLPack 1.0 adds a versioned tensor with flags (read-only, copied); a
+ * consumer that passes max_version >= (1, 0) to __dlpack__ accepts it. numpy
+ * makes arrays of unversioned tensors read-only, of versioned ones writable
+ * unless the flag says otherwise. */
+typedef struct {
+  uint32_t major;
+  uint32_t minor;
+} DLPackVersion;
+
+#define DLPACK_FLAG_BITMASK_READ_ONLY (1UL << 0UL)
+#define DLPACK_FLAG_BITMASK_IS_COPIED (1UL << 1UL)
+
+typedef struct DLManagedTensorVersioned {
+  DLPackVersion version;
+  void *manager_ctx;
+  void (*deleter)(struct DLManagedTensorVersioned *self);
+  uint64_t flags;
+  DLTensor dl_tensor;
+} DLManagedTensorVersioned;
+
 #define DLPACK_CAPSULE_NAME "dltensor"
 #define DLPACK_USED_CAPSULE_NAME "used_dltensor"
+#define DLPACK_VERSIONED_CAPSULE_NAME "dltensor_versioned"
+#define DLPACK_USED_VERSIONED_CAPSULE_NAME "used_dltensor_versioned"
 
 #endif /* CGTREE_PY_DLPACK_H */

@@ -16,9 +16,10 @@
  * the serial it ran into `sim_ran_serial`: if that is not the serial we just
  * launched, the kernel went into a graph, and the tuple must live as long as
  * any graph may replay it — the tree whose launch function is running keeps
- * it in its `keep` list until the tree is destroyed (kernels launched with no
- * launch function running, which only a caller's own capture could record,
- * are kept by the module). A kernel that raises during a replay cannot
+ * it in its `keep` list until the tree is destroyed. sim_launch is accepted
+ * only inside a launch function of a simulator tree, on that launch's
+ * stream: a stream is an address, and any other int would be dereferenced.
+ * A kernel that raises during a replay cannot
  * return an error through the graph; the trampoline stores the exception
  * and the tree call that ran the replay raises it (see tree.c).
  */
@@ -32,7 +33,6 @@ PyTree *pycgt_current_tree;
 static uint64_t sim_serial;       /* the last serial handed out */
 static uint64_t sim_ran_serial;   /* the serial of the kernel that ran last */
 static PyObject *sim_error;       /* an exception a kernel raised and nobody has taken yet */
-static PyObject *sim_orphans;     /* recorded kernels with no tree to keep them */
 
 /* --------------------------------------------------------------- errors */
 
@@ -165,6 +165,16 @@ static PyObject *sim_launch(PyObject *self, PyObject *const *args, Py_ssize_t na
     return NULL;
   if (!PyCallable_Check(args[1]))
     return PyErr_Format(PyExc_TypeError, "sim_launch: fn must be callable, not %.100s", Py_TYPE(args[1])->tp_name);
+  /* A stream is an address: libcgtree would read whatever an arbitrary int
+   * points to. Only the stream of the launch running now is accepted. */
+  PyTree *tree = pycgt_current_tree;
+  if (!tree || !tree->t)
+    return pycgt_raise(CGT_ERR_STATE, "sim_launch", "only inside a launch function, on its l.stream");
+  if (tree->backend != CGT_BACKEND_SIM)
+    return pycgt_raise(CGT_ERR_INVALID_ARGUMENT, "sim_launch",
+                       "the tree runs on CUDA: launch real kernels on l.stream (Triton, CuPy, PyTorch)");
+  if (stream != cgt_tree_stream(tree->t))
+    return pycgt_raise(CGT_ERR_INVALID_ARGUMENT, "sim_launch", "stream is not the launch's l.stream");
   PyObject *fn_args = PyTuple_New(nargs - 2);
   if (!fn_args)
     return NULL;
@@ -181,16 +191,13 @@ static PyObject *sim_launch(PyObject *self, PyObject *const *args, Py_ssize_t na
   if (st != CGT_OK) {
     Py_DECREF(k.call);
     Py_XDECREF(earlier_error);
-    return pycgt_raise(st, "sim_launch",
-                       st == CGT_ERR_INVALID_ARGUMENT ? "the stream is not a simulator stream (on CUDA, launch real kernels)"
-                                                      : NULL);
+    return pycgt_raise(st, "sim_launch", cgt_tree_last_error(tree->t));
   }
   PyObject *kernel_error = pycgt_take_kernel_error();
   sim_error = earlier_error;
   if (sim_ran_serial != k.serial) {
     /* Recorded into a graph: keep (fn, args) for every replay. */
-    PyObject *keeper = pycgt_current_tree ? pycgt_current_tree->keep : sim_orphans;
-    if (PyList_Append(keeper, k.call) < 0) {
+    if (PyList_Append(tree->keep, k.call) < 0) {
       /* Without a keeper the graph would call freed memory: leak it instead. */
       PyErr_Clear();
       return Py_NewRef(Py_None);
@@ -274,14 +281,12 @@ PyMODINIT_FUNC PyInit__cgtree(void) {
   PyObject *m = PyModule_Create(&module_def);
   if (!m)
     return NULL;
-  sim_orphans = PyList_New(0);
-  if (!sim_orphans || make_errors(m) < 0 || add_type(m, &PyTree_Type, "Tree") < 0 ||
+  if (make_errors(m) < 0 || add_type(m, &PyTree_Type, "Tree") < 0 ||
       add_type(m, &PyValue_Type, "Value") < 0 || add_type(m, &PyArgBuf_Type, "Arg") < 0 ||
       add_type(m, &PyLaunch_Type, "Launch") < 0 ||
       PyModule_AddStringConstant(m, "__version__", CGT_VERSION_STRING) < 0 ||
       PyModule_AddIntConstant(m, "SEGMENT_NO_CAPTURE", CGT_SEGMENT_NO_CAPTURE) < 0 ||
-      PyModule_AddIntConstant(m, "STATUS_COUNT", CGT_STATUS_COUNT) < 0 ||
-      PyModule_AddObjectRef(m, "_sim_orphans", sim_orphans) < 0) {
+      PyModule_AddIntConstant(m, "STATUS_COUNT", CGT_STATUS_COUNT) < 0) {
     Py_DECREF(m);
     return NULL;
   }

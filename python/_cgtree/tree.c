@@ -414,7 +414,7 @@ static PyObject *tree_run(PyTree *self, PyObject *const *args, Py_ssize_t nargs,
   if (arg_items(args_o, &items, &n) < 0)
     return NULL;
   if ((uint64_t)n != s->n_inputs)
-    return raise_invalid("Tree.run", "segment '%U' takes %u arguments, got %zd", s->name, s->n_inputs, n);
+    return raise_invalid("Tree.run", "segment '%s' takes %u arguments, got %zd", PyUnicode_AsUTF8(s->name), s->n_inputs, n);
 
   cgt_arg args_stack[STACK_ARGS];
   cgt_value outs_stack[STACK_ARGS];

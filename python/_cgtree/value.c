@@ -8,7 +8,8 @@
  * release the value (as in C, values die with their step unless released).
  *
  * Exports. __dlpack__ hands out the value's bytes as a 1-D uint8 tensor
- * (shape [nbytes]); _dlpack(code, bits, shape) hands out the same memory
+ * (shape [nbytes]), as a DLPack 1.0 versioned, writable tensor to consumers
+ * that ask for max_version >= (1, 0) and as the unversioned one otherwise; _dlpack(code, bits, shape) hands out the same memory
  * with a dtype and a shape, which cgtree.Value.view builds on. The exported
  * DLManagedTensor holds a reference to the Value, so the memory stays
  * allocated while a consumer holds it — but the export is only *valid*
@@ -105,27 +106,48 @@ static PyObject *value_release(PyValue *self, PyObject *unused) {
 
 /* ----------------------------------------------------------- DLPack */
 
+/* One export: both managed-tensor flavours share it (only one is handed out). */
 typedef struct value_export {
   DLManagedTensor managed;
+  DLManagedTensorVersioned versioned;
   PyObject *owner; /* the Value */
   int64_t shape[]; /* ndim entries */
 } value_export;
 
-static void export_deleter(DLManagedTensor *m) {
-  value_export *e = m->manager_ctx;
+static void export_free(value_export *e) {
+  /* A consumer may call the deleter from any thread. */
   PyGILState_STATE g = PyGILState_Ensure();
   Py_DECREF(e->owner);
   PyGILState_Release(g);
   PyMem_RawFree(e);
 }
 
+static void export_deleter(DLManagedTensor *m) { export_free(m->manager_ctx); }
+static void export_deleter_versioned(DLManagedTensorVersioned *m) { export_free(m->manager_ctx); }
+
 static void capsule_destructor(PyObject *capsule) {
   /* Only a capsule nobody consumed still owns its tensor. */
-  if (!PyCapsule_IsValid(capsule, DLPACK_CAPSULE_NAME))
-    return;
-  DLManagedTensor *m = PyCapsule_GetPointer(capsule, DLPACK_CAPSULE_NAME);
-  if (m && m->deleter)
-    m->deleter(m);
+  if (PyCapsule_IsValid(capsule, DLPACK_CAPSULE_NAME)) {
+    DLManagedTensor *m = PyCapsule_GetPointer(capsule, DLPACK_CAPSULE_NAME);
+    if (m && m->deleter)
+      m->deleter(m);
+  } else if (PyCapsule_IsValid(capsule, DLPACK_VERSIONED_CAPSULE_NAME)) {
+    DLManagedTensorVersioned *m = PyCapsule_GetPointer(capsule, DLPACK_VERSIONED_CAPSULE_NAME);
+    if (m && m->deleter)
+      m->deleter(m);
+  }
+}
+
+/* 1 if the consumer's max_version (None or (major, minor)) accepts DLPack 1.x. */
+static int wants_versioned(PyObject *max_version) {
+  if (!max_version || max_version == Py_None || !PyTuple_Check(max_version) || PyTuple_GET_SIZE(max_version) < 1)
+    return 0;
+  long major = PyLong_AsLong(PyTuple_GET_ITEM(max_version, 0));
+  if (major == -1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    return 0;
+  }
+  return major >= 1;
 }
 
 /* Makes `stream` (a consumer's CUDA stream handle) wait for the tree's work. */
@@ -172,7 +194,8 @@ static DLDevice value_device(PyValue *self) {
 }
 
 /* A capsule with the value's memory as a compact tensor of `dtype` and `shape`. */
-static PyObject *export_capsule(PyValue *self, DLDataType dtype, const int64_t *shape, int ndim, PyObject *stream) {
+static PyObject *export_capsule(PyValue *self, DLDataType dtype, const int64_t *shape, int ndim, PyObject *stream,
+                                int versioned) {
   void *p;
   size_t n;
   if (value_memory(self, &p, &n, "Value.__dlpack__") < 0)
@@ -197,22 +220,35 @@ static PyObject *export_capsule(PyValue *self, DLDataType dtype, const int64_t *
   value_export *e = PyMem_RawMalloc(sizeof *e + (size_t)(ndim ? ndim : 1) * sizeof(int64_t));
   if (!e)
     return PyErr_NoMemory();
-  memset(&e->managed, 0, sizeof e->managed);
+  memset(e, 0, sizeof *e);
   for (int i = 0; i < ndim; i++)
     e->shape[i] = shape[i];
   e->owner = Py_NewRef((PyObject *)self);
-  e->managed.dl_tensor.data = p;
-  e->managed.dl_tensor.device = value_device(self);
-  e->managed.dl_tensor.ndim = ndim;
-  e->managed.dl_tensor.dtype = dtype;
-  e->managed.dl_tensor.shape = e->shape;
-  e->managed.dl_tensor.strides = NULL;
-  e->managed.dl_tensor.byte_offset = 0;
-  e->managed.manager_ctx = e;
-  e->managed.deleter = export_deleter;
-  PyObject *capsule = PyCapsule_New(&e->managed, DLPACK_CAPSULE_NAME, capsule_destructor);
+  DLTensor t;
+  t.data = p;
+  t.device = value_device(self);
+  t.ndim = ndim;
+  t.dtype = dtype;
+  t.shape = e->shape;
+  t.strides = NULL;
+  t.byte_offset = 0;
+  PyObject *capsule;
+  if (versioned) {
+    e->versioned.version.major = 1;
+    e->versioned.version.minor = 0;
+    e->versioned.manager_ctx = e;
+    e->versioned.deleter = export_deleter_versioned;
+    e->versioned.flags = 0; /* writable, not a copy */
+    e->versioned.dl_tensor = t;
+    capsule = PyCapsule_New(&e->versioned, DLPACK_VERSIONED_CAPSULE_NAME, capsule_destructor);
+  } else {
+    e->managed.dl_tensor = t;
+    e->managed.manager_ctx = e;
+    e->managed.deleter = export_deleter;
+    capsule = PyCapsule_New(&e->managed, DLPACK_CAPSULE_NAME, capsule_destructor);
+  }
   if (!capsule)
-    export_deleter(&e->managed);
+    export_free(e);
   return capsule;
 }
 
@@ -241,7 +277,6 @@ static PyObject *value_dlpack(PyValue *self, PyObject *args, PyObject *kwargs) {
   if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$OOOO:__dlpack__", kwlist, &stream, &max_version, &dl_device,
                                    &copy))
     return NULL;
-  (void)max_version; /* we always produce the unversioned capsule, which every consumer accepts */
   if (check_export_options(self, dl_device, copy) < 0)
     return NULL;
   void *p;
@@ -250,15 +285,16 @@ static PyObject *value_dlpack(PyValue *self, PyObject *args, PyObject *kwargs) {
     return NULL;
   DLDataType u8 = {kDLUInt, 8, 1};
   int64_t shape[1] = {(int64_t)n};
-  return export_capsule(self, u8, shape, 1, stream);
+  return export_capsule(self, u8, shape, 1, stream, wants_versioned(max_version));
 }
 
-/* _dlpack(code, bits, shape, stream=None): the memory typed and shaped (for Value.view). */
+/* _dlpack(code, bits, shape, stream=None, max_version=None): the memory typed and shaped (for Value.view). */
 static PyObject *value_dlpack_typed(PyValue *self, PyObject *args, PyObject *kwargs) {
-  static char *kwlist[] = {"code", "bits", "shape", "stream", NULL};
+  static char *kwlist[] = {"code", "bits", "shape", "stream", "max_version", NULL};
   int code, bits;
-  PyObject *shape_obj, *stream = Py_None;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iiO|O:_dlpack", kwlist, &code, &bits, &shape_obj, &stream))
+  PyObject *shape_obj, *stream = Py_None, *max_version = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iiO|OO:_dlpack", kwlist, &code, &bits, &shape_obj, &stream,
+                                   &max_version))
     return NULL;
   if (code < 0 || code > 255 || bits <= 0 || bits > 255)
     return pycgt_raise(CGT_ERR_INVALID_ARGUMENT, "Value.view", "bad dtype");
@@ -281,7 +317,7 @@ static PyObject *value_dlpack_typed(PyValue *self, PyObject *args, PyObject *kwa
   }
   Py_DECREF(seq);
   DLDataType dt = {(uint8_t)code, (uint8_t)bits, 1};
-  return export_capsule(self, dt, shape, (int)ndim, stream);
+  return export_capsule(self, dt, shape, (int)ndim, stream, wants_versioned(max_version));
 }
 
 static PyObject *value_dlpack_device(PyValue *self, PyObject *unused) {

@@ -58,7 +58,7 @@ class ValueView:
             raise BufferError("cgtree values are exported without a copy (copy=True is not supported)")
         if dl_device is not None and tuple(dl_device) != self.value.__dlpack_device__():
             raise BufferError(f"the value lives on {self.value.__dlpack_device__()}, not {tuple(dl_device)}")
-        return self.value._dlpack(self._code, self._bits, self.shape, stream)
+        return self.value._dlpack(self._code, self._bits, self.shape, stream, max_version)
 
     def __dlpack_device__(self):
         return self.value.__dlpack_device__()
