@@ -172,3 +172,11 @@ def test_a_closed_tree_refuses_every_call_and_its_values_are_stale_to_it():
     with pytest.raises(cgtree.StateError):
         y.ptr
     t.close()  # twice is fine
+
+
+def test_the_demo_runs_and_checks_every_step_on_the_simulator(capsys):
+    from cgtree.demo import demo
+
+    assert demo("sim", 12) == 0
+    out = capsys.readouterr().out
+    assert "all equal" in out and "#1 scale [RECORDED]" in out
