@@ -99,7 +99,8 @@ def test_exports_and_wrapped_arguments_leak_nothing(tree):
     before = sys.getallocatedblocks()
     churn()
     gc.collect()
-    assert sys.getallocatedblocks() - before < 50
+    # A leak would keep at least one block per iteration (300); caches warming up keep a few.
+    assert sys.getallocatedblocks() - before < 150
 
 
 def test_another_thread_cannot_enter_a_tree_while_its_launch_function_runs(tree):
