@@ -96,9 +96,10 @@ def test_exports_and_wrapped_arguments_leak_nothing(tree):
 
     churn()
     gc.collect()
-    before = sys.getallocatedblocks()
+    before, refs = sys.getallocatedblocks(), (sys.getrefcount(y), sys.getrefcount(a))
     churn()
     gc.collect()
+    assert (sys.getrefcount(y), sys.getrefcount(a)) == refs  # every export and wrapper let go of its owner
     # A leak would keep at least one block per iteration (300); caches warming up keep a few.
     assert sys.getallocatedblocks() - before < 150
 
