@@ -57,18 +57,16 @@ static int check_kernel_error(PyTree *self, const char *what) {
   PyObject *e = pycgt_take_kernel_error();
   if (!e)
     return 0;
-  PyErr_Format(pycgt_errors[CGT_ERR_SEGMENT_FAILED], "%s: a simulator kernel raised %.200s while it replayed",
-               what, Py_TYPE(e)->tp_name);
-  PyObject *type, *value, *tb;
-  PyErr_Fetch(&type, &value, &tb);
-  PyErr_NormalizeException(&type, &value, &tb);
-  if (value) {
-    PyException_SetCause(value, Py_NewRef(e));
-    PyException_SetContext(value, e);
-  } else {
-    Py_DECREF(e);
+  char detail[256];
+  snprintf(detail, sizeof detail, "a simulator kernel raised %.200s while it replayed", Py_TYPE(e)->tp_name);
+  pycgt_raise(CGT_ERR_SEGMENT_FAILED, what, detail);
+  PyObject *exc = pycgt_take_exception();
+  if (exc) {
+    PyException_SetCause(exc, Py_NewRef(e));
+    PyException_SetContext(exc, Py_NewRef(e));
   }
-  PyErr_Restore(type, value, tb);
+  pycgt_set_exception(exc);
+  Py_DECREF(e);
   (void)self;
   return -1;
 }
@@ -205,8 +203,7 @@ static void destroy_tree(PyTree *self) {
   self->t = NULL;
   PyObject *e = pycgt_take_kernel_error();
   if (e) {
-    PyErr_SetObject((PyObject *)Py_TYPE(e), e);
-    Py_DECREF(e);
+    pycgt_set_exception(e);
     PyErr_WriteUnraisable((PyObject *)self);
   }
 }
