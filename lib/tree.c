@@ -174,7 +174,7 @@ void cgt_options_init(cgt_options *o) {
 
 int cgt_cuda_available(void) { return backend_cuda_available(); }
 
-static int env_log_level(int fallback) {
+static int env_log_level(cgt_tree *t, int fallback) {
   const char *e = getenv("CGT_LOG");
   if (!e || !*e)
     return fallback;
@@ -182,6 +182,8 @@ static int env_log_level(int fallback) {
   for (int i = 0; i < 4; i++)
     if (!strcasecmp(e, names[i]))
       return i;
+  t->log_level = fallback; /* so that the warning itself is filtered as usual */
+  tree__log(t, CGT_LOG_WARN, "CGT_LOG=%s is not error, warn, info or debug; ignored", e);
   return fallback;
 }
 
@@ -234,7 +236,7 @@ cgt_status cgt_tree_create(const cgt_options *o, cgt_tree **out) {
   if (t->opt.rerecord_limit == 0)
     t->opt.rerecord_limit = defaults.rerecord_limit;
   t->host_fail.after = -1;
-  t->log_level = env_log_level(o->log_fn ? CGT_LOG_INFO : CGT_LOG_WARN);
+  t->log_level = env_log_level(t, o->log_fn ? CGT_LOG_INFO : CGT_LOG_WARN);
   t->opt.mode = env_mode(t, o->mode);
   t->root.id = 0;
   t->cur = &t->root;
