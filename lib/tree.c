@@ -219,7 +219,7 @@ void cgt_options_init(cgt_options *o) {
 
 int cgt_cuda_available(void) { return backend_cuda_available(); }
 
-static int env_log_level(int fallback) {
+static int env_log_level(cgt_tree *t, int fallback) {
   const char *e = getenv("CGT_LOG");
   if (!e || !*e)
     return fallback;
@@ -227,6 +227,8 @@ static int env_log_level(int fallback) {
   for (int i = 0; i < 4; i++)
     if (!strcasecmp(e, names[i]))
       return i;
+  t->log_level = fallback; /* so that the warning itself is filtered as usual */
+  tree__log(t, CGT_LOG_WARN, "CGT_LOG=%s is not error, warn, info or debug; ignored", e);
   return fallback;
 }
 
@@ -283,7 +285,7 @@ cgt_status cgt_tree_create(const cgt_options *o, cgt_tree **out) {
   t->host_fail.after = -1;
   t->next_id = 1;
   t->tag = value__new_tag();
-  t->log_level = env_log_level(o->log_fn ? CGT_LOG_INFO : CGT_LOG_WARN);
+  t->log_level = env_log_level(t, o->log_fn ? CGT_LOG_INFO : CGT_LOG_WARN);
   t->opt.mode = env_mode(t, o->mode);
   t->root.id = 0;
   t->cur = &t->root;

@@ -1132,6 +1132,57 @@ static void test_capture_failure_whose_eager_run_runs_out_of_memory_changes_noth
   }
 }
 
+/* A WARMUP node that may not record because a sibling reached
+ * rerecord_limit turns EAGER only if its eager run succeeds. */
+static void test_rerecord_limit_turns_a_node_eager_only_when_its_eager_run_succeeds(void **state) {
+  (void)state;
+  cgt_options o;
+  cgt_options_init(&o);
+  o.warmup_runs = 2;
+  o.rerecord_limit = 1;
+  cgt_tree *t = test_tree_new(CGT_MODE_TREE, &o);
+  failing u = {.outputs_set = 1, .ret = CGT_ERR_BACKEND};
+  cgt_segment s = register_failing(t, &u, 1);
+  float threes[N];
+  for (int i = 0; i < N; i++)
+    threes[i] = 3;
+  float *x[2] = {test_dev_floats(threes, N), test_dev_floats(threes, N)};
+  /* x[0]: node 1 warms up, then records; x[1]: node 2 warms up in between. */
+  const int which[] = {0, 1, 0};
+  for (int step = 0; step < 3; step++) {
+    CHECK_OK(t, cgt_step_begin(t));
+    cgt_arg a = cgt_arg_static(x[which[step]], N * sizeof(float));
+    cgt_value out;
+    CHECK_OK(t, cgt_run(t, s, 0, &a, 1, &out, 1));
+  }
+  assert_int_equal(test_stats(t).recordings, 1);
+  CHECK_OK(t, cgt_step_begin(t));
+  cgt_arg a = cgt_arg_static(x[1], N * sizeof(float));
+  cgt_value out = {111};
+  u.fail_on = u.calls + 1;
+  snapshot before;
+  take(t, &before);
+  CHECK_STATUS(t, CGT_ERR_SEGMENT_FAILED, cgt_run(t, s, 0, &a, 1, &out, 1));
+  expect_unchanged(t, &before, 0, "a failing eager run at the rerecord limit");
+  assert_int_equal(out.bits, 111);
+  cgt_node_info info[2];
+  size_t count = 0;
+  CHECK_OK(t, cgt_tree_nodes(t, info, 2, &count));
+  assert_int_equal(count, 2);
+  assert_int_equal(info[1].state, CGT_NODE_WARMUP);
+  assert_null(info[1].reason);
+  CHECK_OK(t, cgt_run(t, s, 0, &a, 1, &out, 1));
+  CHECK_TREE(t);
+  assert_true(test_read_first(t, out) == 7.0f);
+  CHECK_OK(t, cgt_tree_nodes(t, info, 2, &count));
+  assert_int_equal(info[1].state, CGT_NODE_EAGER);
+  assert_non_null(strstr(info[1].reason, "rerecord limit"));
+  CHECK_OK(t, cgt_sync(t));
+  test_dev_free(x[0]);
+  test_dev_free(x[1]);
+  test_tree_free(t);
+}
+
 /* ----------------------------------------------- host out of memory */
 
 /* Runs seg on arg with the host allocation number k of the run failing, for
@@ -1644,6 +1695,7 @@ const struct CMUnitTest bad_input_tests[] = {
     T(test_tree_create_refuses_a_reserve_above_pool_limit_bytes),
     T(test_capture_failure_whose_eager_run_fails_changes_nothing),
     T(test_capture_failure_whose_eager_run_runs_out_of_memory_changes_nothing),
+    T(test_rerecord_limit_turns_a_node_eager_only_when_its_eager_run_succeeds),
     T(test_every_host_allocation_of_a_run_failing_in_turn_changes_nothing),
     T(test_host_running_dry_in_the_middle_of_a_run_leaves_a_sound_tree),
     T(test_segment_register_with_each_host_allocation_failing_changes_nothing),
