@@ -3,7 +3,9 @@
 # call: build with CUDA, run every suite, run the CUDA suite again under
 # compute-sanitizer (memcheck, racecheck), then the benchmarks and the demo.
 # Results go to $OUT (at most 8 files come back). Usage, from the repo root:
-#   bash bench/gpu_session.sh [tests|demo|bench|all]
+#   bash bench/gpu_session.sh [tests|demo|bench|all|soak]
+# soak (not part of all): the differential fuzz for 10,000 steps on the GPU
+# (test/soak.sh cuda), log in $OUT/soak.log.
 set -u
 what=${1:-all}
 OUT=${OUT:-/tmp/out}
@@ -33,6 +35,12 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
     echo "racecheck rc=${PIPESTATUS[0]}"
   } > "$OUT/sanitizer.log" 2>&1
   grep -E "rc=|ERROR SUMMARY|RACECHECK SUMMARY|LEAK SUMMARY|PASSED|FAILED" "$OUT/sanitizer.log" | head -20
+fi
+
+if [ "$what" = soak ]; then
+  CGT_SOAK_BUILD=build-gpu bash test/soak.sh cuda > "$OUT/soak.log" 2>&1
+  echo "soak rc=$?"
+  grep -E "^soak:|^fuzz |FAILED|ERROR" "$OUT/soak.log" | cut -c1-200
 fi
 
 if [ "$what" = demo ] || [ "$what" = bench ] || [ "$what" = all ]; then

@@ -5,6 +5,7 @@
 #
 #   bash test/soak.sh                 # simulator: 1,000,000 steps, build/test/test_tree
 #   bash test/soak.sh cuda            # GPU: 10,000 steps, build-cuda/test/test_cuda
+#                                     # (CGT_SOAK_BUILD=dir: another build directory)
 #   CGT_FUZZ_STEPS=N bash test/soak.sh [cuda]   # another budget
 #
 # Build first (README). Prints every fuzz test's totals, the wall time, and
@@ -15,7 +16,7 @@ cd "$(dirname "$0")/.."
 what=${1:-sim}
 case "$what" in
   sim) bin=build/test/test_tree; steps=${CGT_FUZZ_STEPS:-1000000} ;;
-  cuda) bin=build-cuda/test/test_cuda; steps=${CGT_FUZZ_STEPS:-10000} ;;
+  cuda) bin=${CGT_SOAK_BUILD:-build-cuda}/test/test_cuda; steps=${CGT_FUZZ_STEPS:-10000} ;;
   *) echo "usage: bash test/soak.sh [sim|cuda]" >&2; exit 2 ;;
 esac
 if [ ! -x "$bin" ]; then
