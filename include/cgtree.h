@@ -230,6 +230,7 @@ typedef struct cgt_node_info {
   size_t pool_bytes_live; /* pool bytes allocated at this node's checkpoint */
   const char *reason;     /* why the node is EAGER, else NULL; owned by the tree */
   const char *segment_name; /* extension: the segment's registered name; owned by the tree */
+  uint64_t fused_runs;      /* extension: replays of this node launched inside fused launches (defer_launch) */
 } cgt_node_info;
 
 /* The stats fields as one list, for printers (extension). */

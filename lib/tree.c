@@ -193,6 +193,7 @@ cgt_status cgt_tree_create(const cgt_options *o, cgt_tree **out) {
   t->cur = &t->root;
   t->free_slot = VALUE_NONE;
   t->pool_synced = 1;
+  fuse__init(t);
   const char *dot_dir = getenv("CGT_GRAPH_DOT_DIR");
   if (dot_dir && *dot_dir)
     t->graph_dot_dir = tree__strdup(t, dot_dir);
@@ -231,8 +232,11 @@ cgt_status cgt_tree_create(const cgt_options *o, cgt_tree **out) {
 void cgt_tree_destroy(cgt_tree *t) {
   if (!t)
     return;
-  if (t->dev.ops)
+  if (t->dev.ops) {
+    (void)fuse__flush(t);
     t->dev.ops->sync(&t->dev);
+    fuse__destroy(t);
+  }
   /* The roots' hash table lives in the first root node: clear it first. */
   HASH_CLEAR(hh, t->root.children);
   for (uint32_t i = 0; i < t->n_nodes; i++)
@@ -273,7 +277,10 @@ cgt_status cgt_sync(cgt_tree *t) {
     return CGT_ERR_INVALID_ARGUMENT;
   if (t->launch.active)
     return tree__fail(t, CGT_ERR_STATE, "cgt_sync: not allowed inside a launch function");
-  cgt_status st = t->dev.ops->sync(&t->dev);
+  cgt_status st = fuse__flush(t);
+  if (st != CGT_OK)
+    return st;
+  st = t->dev.ops->sync(&t->dev);
   return st == CGT_OK ? st : tree__backend_fail(t, st, "cgt_sync");
 }
 
@@ -325,6 +332,9 @@ cgt_status cgt_step_begin(cgt_tree *t) {
     return CGT_ERR_INVALID_ARGUMENT;
   if (t->launch.active)
     return tree__fail(t, CGT_ERR_STATE, "cgt_step_begin: not allowed inside a launch function");
+  cgt_status st = fuse__flush(t);
+  if (st != CGT_OK)
+    return st;
   value__end_step(t);
   pool_clear(t->side_pool);
   /* The root's checkpoint is the empty pool, and every value is dead. A
@@ -428,5 +438,7 @@ cgt_status cgt_flush(cgt_tree *t) {
     return CGT_ERR_INVALID_ARGUMENT;
   if (t->launch.active)
     return tree__fail(t, CGT_ERR_STATE, "cgt_flush: not allowed inside a launch function");
-  return CGT_OK; /* nothing is held back while defer_launch is 0 */
+  cgt_status st = fuse__flush(t); /* nothing is ever held back while defer_launch is 0 */
+  tree_debug_check(t);
+  return st;
 }

@@ -14,6 +14,7 @@
 
 #include "backend.h"
 #include "cgtree.h"
+#include "fuse.h"
 #include "pool.h"
 
 /* uthash hashes node keys with our word hash (keys are whole 64-bit words). */
@@ -56,6 +57,7 @@ typedef struct node_placeholder {
    * separate copy before each launch. */
   void *copy_node;
   const void *src; /* the source copy_node reads now */
+  const void *next_src; /* the source of the replay at hand (held back: until its flush) */
 } node_placeholder;
 
 /* Where a recorded node's output lives; the same at every replay. */
@@ -101,6 +103,10 @@ struct node {
   node_placeholder *placeholders;
   uint32_t n_outputs;
   node_output *outputs;
+
+  /* Deferred launch (fuse.c). */
+  uint64_t fused_runs; /* replays of this node launched inside fused launches */
+  fuse_span *spans;    /* the spans that end at this node, each keyed by its first node */
 };
 
 /* A value slot. Handles are (generation << 32) | (index + 1), so 0 is never
@@ -210,6 +216,7 @@ struct cgt_tree {
   uint32_t args_cap;
 
   cgt_launch launch;
+  fuse_state fuse; /* held-back replays and fused executables (defer_launch) */
   cgt_stats stats;
   char *graph_dot_dir; /* CGT_GRAPH_DOT_DIR: write every recorded graph there */
 };
@@ -249,6 +256,8 @@ void launch__rollback(cgt_tree *t);
 /* node.c */
 cgt_status node__run(cgt_tree *t, cgt_segment id, const segment_rec *seg, uint64_t variant, cgt_value *outputs);
 void node__destroy(cgt_tree *t, node *n);
+/* Enqueues n's own executable, its DYNAMIC copies reading next_src. */
+cgt_status node__launch(cgt_tree *t, node *n);
 
 /* inspect.c */
 cgt_status tree__check(cgt_tree *t);
