@@ -469,7 +469,26 @@ static void test_a_span_seen_once_and_single_replays_launch_node_by_node(void **
   test_tree_free(t);
 }
 
+/* The steady state of deferred launch allocates nothing on the host: the
+ * queue and the span cache have grown to the program's size. */
+static void test_fused_steps_make_no_host_allocations(void **state) {
+  (void)state;
+  cgt_tree *t = defer_tree(CGT_MODE_TREE, 1);
+  chain c;
+  chain_init(t, &c);
+  for (int step = 0; step < 4; step++)
+    chain_step(t, &c, step);
+  uint64_t allocs = test_stats(t).host_allocs, fused = test_stats(t).fused_launches;
+  for (int step = 4; step < 10; step++)
+    chain_step(t, &c, step);
+  assert_int_equal(test_stats(t).host_allocs, allocs);
+  assert_int_equal(test_stats(t).fused_launches, fused + 6);
+  chain_free(&c);
+  test_tree_free(t);
+}
+
 const struct CMUnitTest fusion_tests[] = {
+    cmocka_unit_test(test_fused_steps_make_no_host_allocations),
     cmocka_unit_test(test_a_recurring_span_is_fused_into_one_launch_from_its_second_flush),
     cmocka_unit_test(test_separate_mode_fuses_recurring_spans_too),
     cmocka_unit_test(test_every_host_visible_call_and_every_other_run_flushes_first),
