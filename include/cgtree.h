@@ -83,6 +83,9 @@ typedef struct cgt_options {
   uint32_t defer_launch;   /* 0 (default): cgt_run enqueues its work before it returns. 1: replays may be
                               held back and launched later, several recorded nodes in ONE graph launch
                               (path fusion); see cgt_flush. */
+  uint32_t prune_after_steps; /* extension: a WARMUP node that no step has reached for this many steps is
+                                 removed, with its subtree (in TREE mode only WARMUP and EAGER nodes), so
+                                 warmups under layouts that never recur do not pile up; 0 = default 256 */
 } cgt_options;
 
 /* Log levels handed to log_fn (extension: the numbers behind CGT_LOG). */
@@ -238,7 +241,7 @@ typedef struct cgt_node_info {
   U64(runs) U64(replays) U64(recordings) U64(warmups) U64(eager_runs) U64(checkpoint_restores)  \
   U64(rerecords) U64(capture_failures) U64(stale_uses) U64(nodes) U64(input_copies)             \
   U64(input_copy_bytes) SIZE(pool_reserved_bytes) SIZE(pool_allocated_bytes) SIZE(pool_peak_bytes) \
-  SIZE(side_pool_peak_bytes) U64(host_allocs) U64(fused_launches) U64(fused_runs)
+  SIZE(side_pool_peak_bytes) U64(host_allocs) U64(fused_launches) U64(fused_runs) U64(nodes_pruned)
 
 /* Pool figures: pool_allocated_bytes is what the allocator holds now. Replays
  * use the memory their recording reserved without telling the allocator, so
@@ -255,11 +258,15 @@ typedef struct cgt_stats {
   uint64_t host_allocs;        /* extension: host allocations the tree made so far (0 on the replay path) */
   uint64_t fused_launches;     /* graph launches that replayed more than one node (defer_launch) */
   uint64_t fused_runs;         /* runs replayed inside those launches */
+  uint64_t nodes_pruned;       /* extension: nodes removed by prune_after_steps (nodes counts those that exist) */
 } cgt_stats;
 
 cgt_status cgt_tree_stats(const cgt_tree *t, cgt_stats *out);
 /* Writes at most cap entries ordered by id and sets *count to the total
- * number of nodes (cap = 0 asks for the count; out may then be NULL). */
+ * number of nodes (cap = 0 asks for the count; out may then be NULL).
+ * Pruned nodes (prune_after_steps) no longer exist: the list skips their
+ * ids, *count does not include them, and the ids of the nodes that remain
+ * never change. Ids are never reused. */
 cgt_status cgt_tree_nodes(const cgt_tree *t, cgt_node_info *out, size_t cap, size_t *count);
 /* Graphviz: one box per node with segment, state, replays. */
 cgt_status cgt_tree_write_dot(const cgt_tree *t, FILE *f);

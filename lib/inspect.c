@@ -125,6 +125,8 @@ static cgt_status check_nodes(cgt_tree *t) {
   uint32_t reachable = 0;
   for (uint32_t i = 0; i <= t->n_nodes; i++) {
     const node *p = i ? t->nodes[i - 1] : &t->root;
+    CHECK(!i || p->parent == &t->root || (p->parent->id && p->parent->id < p->id),
+          "node %u's parent does not exist", p->id);
     for (const node *first = p->children; first; first = (const node *)first->hh.next)
       for (const node *c = first; c; c = c->next_same_key) {
         reachable++;
@@ -137,7 +139,19 @@ static cgt_status check_nodes(cgt_tree *t) {
   CHECK(reachable == t->n_nodes, "%u nodes reachable from the root, %u exist", reachable, t->n_nodes);
   for (uint32_t i = 0; i < t->n_nodes; i++) {
     const node *n = t->nodes[i];
-    CHECK(n->id == i + 1, "node at index %u has id %u", i, n->id);
+    CHECK(n->id >= 1 && n->id < t->next_id && (i == 0 || t->nodes[i - 1]->id < n->id),
+          "node at index %u has id %u: ids must rise and stay below %u", i, n->id, t->next_id);
+    CHECK(!n->pruned, "node %u is marked for pruning outside a prune", n->id);
+    CHECK(n->state != CGT_NODE_WARMUP || !n->next_same_key,
+          "WARMUP node %u is not the last of its key group", n->id);
+    CHECK(t->opt.mode != CGT_MODE_TREE || n->parent == &t->root || n->parent->state != CGT_NODE_WARMUP ||
+              n->state != CGT_NODE_RECORDED,
+          "RECORDED node %u hangs below WARMUP node %u", n->id, n->parent->id);
+    CHECK(n->last_step <= t->step, "node %u ran in step %llu, a step not begun yet", n->id,
+          (unsigned long long)n->last_step);
+    for (uint32_t d = 0; d < n->n_dead; d++)
+      CHECK(n->dead[d] < n->path_len && (d == 0 || n->dead[d - 1] < n->dead[d]),
+            "node %u's liveness list is out of order or past its path", n->id);
     CHECK(n->parent == &t->root || (n->parent && n->parent->id < n->id), "node %u is older than its parent", n->id);
     CHECK(n->depth == (n->parent == &t->root ? 0 : n->parent->depth + 1), "node %u has depth %u", n->id, n->depth);
     CHECK(n->segment >= 1 && n->segment <= t->n_segments, "node %u has unknown segment %u", n->id, n->segment);
@@ -181,11 +195,37 @@ static cgt_status check_values(cgt_tree *t) {
     CHECK(i < t->n_slots && !t->slots[i].live, "free list holds slot %u, which is live or out of range", i);
     CHECK(++free_count <= t->n_slots, "the free list of value slots loops");
   }
-  uint32_t live_slots = 0;
-  for (uint32_t i = 0; i < t->n_slots; i++)
+  uint32_t live_slots = 0, retired = 0;
+  for (uint32_t i = 0; i < t->n_slots; i++) {
     live_slots += t->slots[i].live;
-  CHECK(live_slots == live, "%u live slots but %u live path positions", live_slots, live);
-  CHECK(live + free_count == t->n_slots, "%u live + %u free slots != %u", live, free_count, t->n_slots);
+    retired += !t->slots[i].live && t->slots[i].gen == 0;
+  }
+  CHECK(live_slots == live && live == t->n_live, "%u live slots, %u live path positions, n_live %u", live_slots, live,
+        t->n_live);
+  CHECK(live + free_count + retired == t->n_slots, "%u live + %u free + %u retired slots != %u", live, free_count,
+        retired, t->n_slots);
+  /* The block table counts exactly the live values of each block. */
+  for (uint32_t i = 0; i < t->block_refs_cap; i++)
+    t->block_refs[i].seen = 0;
+  for (uint32_t p = 0; p < t->path_len; p++) {
+    const value_slot *s = &t->slots[t->path[p]];
+    if (!path_bit(t, p) || !s->block)
+      continue;
+    block_ref *r = value__find_block_ref(t, s->block);
+    CHECK(r, "live value at path position %u sits in block %p, which the block table lacks", p, s->block);
+    r->seen++;
+  }
+  uint32_t entries = 0;
+  for (uint32_t i = 0; i < t->block_refs_cap; i++) {
+    const block_ref *r = &t->block_refs[i];
+    if (!r->block)
+      continue;
+    entries++;
+    CHECK(r->count > 0 && r->seen == r->count, "block %p: the table counts %u live values, the path holds %u",
+          r->block, r->count, r->seen);
+  }
+  CHECK(entries == t->n_block_refs, "the block table holds %u entries but says %u", entries, t->n_block_refs);
+  CHECK(t->n_block_refs * 2 <= t->block_refs_cap || !t->block_refs_cap, "the block table is more than half full");
   return CGT_OK;
 }
 
@@ -214,16 +254,11 @@ static cgt_status check_pools(cgt_tree *t) {
                 (uintptr_t)a->ptr - (uintptr_t)a->block + a->bytes <= bytes,
             "live value at path position %u overruns its block", p);
     }
-    int first_of_block = 1;
-    for (uint32_t q = 0; q < p; q++) {
-      if (!path_bit(t, q))
-        continue;
-      const value_slot *b = &t->slots[t->path[q]];
-      if (!b->block || b->pool != a->pool)
-        continue;
-      if (b->block == a->block)
-        first_of_block = 0;
-    }
+    /* check_values proved the table right; count each block once. */
+    block_ref *r = value__find_block_ref(t, a->block);
+    int first_of_block = r && r->seen == r->count;
+    if (r)
+      r->seen--;
     if (first_of_block && a->pool == t->pool && owned_now)
       distinct_graph_bytes += bytes;
   }

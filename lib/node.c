@@ -75,8 +75,18 @@ static warm_count *warm_find(cgt_tree *t, cgt_segment id, uint64_t variant) {
   return w;
 }
 
+/* 1 if w went into the table; 0, with the table unchanged, when uthash had
+ * no host memory. */
+static int warm_add(cgt_tree *t, warm_count *w) {
+  cgt_tree *hash_tree = t;
+  int hash_oomed = 0;
+  HASH_ADD(hh, t->warm, key, sizeof w->key, w);
+  return !hash_oomed;
+}
+
 /* Finds or makes the counter first, so that a run never fails after its
- * launch function has done its work. */
+ * launch function has done its work. A counter left behind by a run that
+ * failed later reads 0, as no counter does. */
 static warm_count *warm_get(cgt_tree *t, cgt_segment id, uint64_t variant) {
   warm_count *w = warm_find(t, id, variant);
   if (w)
@@ -86,19 +96,26 @@ static warm_count *warm_get(cgt_tree *t, cgt_segment id, uint64_t variant) {
     return NULL;
   w->key.segment = id;
   w->key.variant = variant;
-  HASH_ADD(hh, t->warm, key, sizeof w->key, w);
+  if (!warm_add(t, w)) {
+    free(w);
+    return NULL;
+  }
   return w;
 }
 
 /* ------------------------------------------------------------------- nodes */
 
+/* The liveness invariant: every graph-pool value that was dead when n was
+ * recorded is dead now. Its nearest recorded ancestor ran this step (by
+ * replay, after this same check, or by recording) and dead values stay
+ * dead, so only the positions n adds to the ancestor's need a look. */
 static int node_liveness_ok(const cgt_tree *t, const node *n) {
   if (t->opt.mode != CGT_MODE_TREE)
     return 1;
   if (NEVER(n->path_len != t->path_len))
     return 0;
-  for (uint32_t w = 0; w < (n->path_len + 63) / 64; w++)
-    if (t->path_live[w] & n->dead_mask[w])
+  for (uint32_t i = 0; i < n->n_dead; i++)
+    if (t->path_live[n->dead[i] / 64] >> (n->dead[i] % 64) & 1)
       return 0;
   return 1;
 }
@@ -112,32 +129,39 @@ void node__destroy(cgt_tree *t, node *n) {
   if (n->own_pool)
     pool_destroy(n->own_pool);
   HASH_CLEAR(hh, n->children);
-  free(n->key);
   free(n->reason);
-  free(n->dead_mask);
+  free(n->dead);
   free(n->placeholders);
   free(n->outputs);
   free(n);
 }
 
+/* Puts n into its parent's table of children; 0, with the table unchanged,
+ * when uthash had no host memory. */
+static int children_add(cgt_tree *t, node *parent, node *n) {
+  cgt_tree *hash_tree = t;
+  int hash_oomed = 0;
+  HASH_ADD_KEYPTR(hh, parent->children, n->key, n->key_bytes, n);
+  return !hash_oomed;
+}
+
 /* Makes a child of t->cur under the key in t->key_buf; `first` is the head
  * of its key group (NULL for a new key). */
 static node *node_create(cgt_tree *t, node *first, cgt_segment id, uint64_t variant, size_t key_bytes) {
-  if (t->n_nodes == UINT32_MAX - 1)
+  if (t->next_id == UINT32_MAX)
     return NULL;
   if (!tree__grow(t, (void **)&t->nodes, &t->nodes_cap, t->n_nodes + 1, sizeof *t->nodes))
     return NULL;
-  node *n = tree__calloc(t, 1, sizeof *n);
-  uint64_t *key = tree__malloc(t, key_bytes);
-  if (!n || !key) {
-    free(n);
-    free(key);
+  /* The key lives right behind the node: a lookup that finds the node
+   * finds its key in the next cache lines. */
+  node *n = tree__calloc(t, 1, sizeof *n + key_bytes);
+  if (!n)
     return NULL;
-  }
-  memcpy(key, t->key_buf, key_bytes);
-  n->key = key;
+  n->key = (uint64_t *)(n + 1);
+  memcpy(n->key, t->key_buf, key_bytes);
   n->key_bytes = key_bytes;
-  n->id = t->n_nodes + 1;
+  n->id = t->next_id++;
+  n->last_step = t->step;
   n->parent = t->cur;
   n->depth = t->cur == &t->root ? 0 : t->cur->depth + 1;
   n->segment = id;
@@ -148,8 +172,9 @@ static node *node_create(cgt_tree *t, node *first, cgt_segment id, uint64_t vari
     while (last->next_same_key)
       last = last->next_same_key;
     last->next_same_key = n;
-  } else {
-    HASH_ADD_KEYPTR(hh, t->cur->children, n->key, n->key_bytes, n);
+  } else if (!children_add(t, t->cur, n)) {
+    free(n);
+    return NULL;
   }
   t->nodes[t->n_nodes++] = n;
   t->stats.nodes++;
@@ -162,6 +187,8 @@ static void node_unlink_newest(cgt_tree *t, node *n) {
   HASH_FIND(hh, n->parent->children, n->key, n->key_bytes, first);
   if (first == n) {
     HASH_DELETE(hh, n->parent->children, n);
+    if (n->parent->hot_child == n)
+      n->parent->hot_child = NULL;
   } else {
     node *prev = first;
     while (prev && prev->next_same_key != n)
@@ -170,6 +197,7 @@ static void node_unlink_newest(cgt_tree *t, node *n) {
       prev->next_same_key = NULL;
   }
   t->n_nodes--;
+  t->next_id--; /* the node never existed for the caller: its id is free again */
   t->stats.nodes--;
   node__destroy(t, n);
 }
@@ -185,22 +213,24 @@ static uint32_t count_recordings(const node *parent, cgt_segment id, uint64_t va
   return count;
 }
 
-static void node_make_eager(cgt_tree *t, node *n, const char *why) {
+/* Turns n EAGER for good; reason (non-NULL) becomes the node's. Cannot
+ * fail: the reason was allocated before the run that commits the change. */
+static void node_make_eager(cgt_tree *t, node *n, char *reason) {
   n->state = CGT_NODE_EAGER;
   free(n->reason);
-  n->reason = tree__strdup(t, why);
+  n->reason = reason;
   if (n->graph || n->exec)
     t->dev.ops->graph_destroy(&t->dev, n->graph, n->exec);
   n->graph = n->exec = NULL;
   tree__log(t, CGT_LOG_WARN, "node %u (segment '%s') runs eagerly from now on: %s", n->id,
-            t->segments[n->segment - 1].name, why);
+            t->segments[n->segment - 1].name, reason);
 }
 
 /* ---------------------------------------------------------------- the pool */
 
 static int keep_live_block(void *user, void *base) {
   cgt_tree *t = user;
-  return value__block_in_use(t, t->pool, base, VALUE_NONE);
+  return value__block_refs(t, base) > 0;
 }
 
 /* Brings the graph pool to the layout of the path's live values. The layout
@@ -331,13 +361,27 @@ static cgt_status run_eagerly(cgt_tree *t, node *n, cgt_segment id, const segmen
   t->stats.eager_runs++;
   if (n) {
     n->eager_runs++;
+    n->last_step = t->step;
     t->cur = n;
   }
   return CGT_OK;
 }
 
-static cgt_status run_eager_node(cgt_tree *t, node *n, const segment_rec *seg, cgt_value *outputs) {
-  return run_eagerly(t, n, n->segment, seg, n->variant, t->side_pool, outputs);
+/* Runs node n eagerly on the side pool. With `why` (not NULL) the run also
+ * turns n EAGER for that reason, but only if it succeeds: the transition is
+ * part of the run's commit, so a failing run leaves the node as it was. */
+static cgt_status run_eager_node(cgt_tree *t, node *n, const segment_rec *seg, const char *why, cgt_value *outputs) {
+  char *reason = NULL;
+  if (why && !(reason = tree__strdup(t, why)))
+    return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory to turn node %u eager", n->id);
+  cgt_status st = run_eagerly(t, n, n->segment, seg, n->variant, t->side_pool, outputs);
+  if (st != CGT_OK) {
+    free(reason);
+    return st;
+  }
+  if (reason)
+    node_make_eager(t, n, reason);
+  return CGT_OK;
 }
 
 /* Enqueues n's own executable. DYNAMIC arguments reach their placeholders
@@ -397,6 +441,8 @@ static cgt_status replay(cgt_tree *t, node *n, cgt_value *outputs) {
     t->stats.input_copy_bytes += n->placeholders[i].bytes;
   }
   n->replays++;
+  n->last_step = t->step;
+  n->parent->next_exec = n->exec;
   t->stats.replays++;
   if (t->opt.mode == CGT_MODE_TREE)
     t->pool_synced = 0;
@@ -410,7 +456,8 @@ typedef struct recording {
   node_placeholder *ph;
   uint32_t n_ph; /* placeholders allocated so far */
   node_output *outs;
-  uint64_t *dead;
+  uint32_t n_dead;
+  uint32_t *dead; /* see node.dead */
   void *graph;
   void *exec;
   pool_checkpoint *ckpt;
@@ -460,23 +507,75 @@ static int copies_in_graph(const cgt_tree *t) {
   return ops->graph_find_copy && ops->exec_set_copy_src && ops->exec_copy_enable;
 }
 
+/* The nearest RECORDED proper ancestor of n, or the virtual root. */
+static const node *recorded_ancestor(const cgt_tree *t, const node *n) {
+  const node *a = n->parent;
+  while (a != &t->root && a->state != CGT_NODE_RECORDED)
+    a = a->parent;
+  return a;
+}
+
+/* The positions a recording of n must see dead whenever it replays, beyond
+ * those of its nearest recorded ancestor: graph-pool values dead now (the
+ * recording may reuse their memory) that the ancestors' lists do not name.
+ * Values elsewhere (eager nodes' side pool, views of caller memory) may be
+ * live or dead when it replays. */
+static cgt_status recording_dead_list(cgt_tree *t, const node *n, recording *r) {
+  if (t->opt.mode != CGT_MODE_TREE)
+    return CGT_OK;
+  uint32_t words = (t->path_len + 63) / 64;
+  if (words > t->dead_scratch_words) {
+    uint64_t *scratch = tree__calloc(t, words, sizeof *scratch);
+    if (!scratch)
+      return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory for a liveness list");
+    free(t->dead_scratch);
+    t->dead_scratch = scratch;
+    t->dead_scratch_words = words;
+  }
+  uint64_t *known = t->dead_scratch;
+  memset(known, 0, words * sizeof *known);
+  for (const node *a = recorded_ancestor(t, n); a != &t->root; a = recorded_ancestor(t, a))
+    for (uint32_t i = 0; i < a->n_dead; i++)
+      known[a->dead[i] / 64] |= (uint64_t)1 << (a->dead[i] % 64);
+  uint32_t count = 0;
+  for (uint32_t w = 0; w < words; w++) {
+    known[w] = ~t->path_live[w] & t->path_pooled[w] & ~known[w]; /* now: the new positions */
+    if (w == words - 1 && t->path_len % 64)
+      known[w] &= ((uint64_t)1 << (t->path_len % 64)) - 1;
+    count += (uint32_t)__builtin_popcountll(known[w]);
+  }
+  if (!count)
+    return CGT_OK;
+  r->dead = tree__malloc(t, count * sizeof *r->dead);
+  if (!r->dead)
+    return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory for a liveness list");
+  for (uint32_t w = 0; w < words; w++)
+    for (uint64_t bits = known[w]; bits; bits &= bits - 1)
+      r->dead[r->n_dead++] = w * 64 + (uint32_t)__builtin_ctzll(bits);
+  return CGT_OK;
+}
+
 /* Takes the host memory a recording keeps (placeholders; with keep, the
- * output list and dead mask too), prepares the launch context, and makes the
- * placeholders. On failure everything is given back. */
-static cgt_status recording_prepare(cgt_tree *t, recording *r, const segment_rec *seg, uint64_t variant, int keep) {
+ * output list and liveness list too), prepares the launch context, and makes
+ * the placeholders. On failure everything is given back. */
+static cgt_status recording_prepare(cgt_tree *t, recording *r, const node *n, const segment_rec *seg, int keep) {
   t->launch.n_allocs = 0; /* nothing of an earlier launch may be rolled back */
-  uint32_t n_dyn = 0, mask_words = keep ? (t->path_len + 63) / 64 : 0;
+  uint32_t n_dyn = 0;
   uint32_t n_outs = keep ? seg->n_outputs : 0;
   for (uint32_t i = 0; i < seg->n_inputs; i++)
     n_dyn += !t->args[i].keyed;
   r->ph = n_dyn ? tree__calloc(t, n_dyn, sizeof *r->ph) : NULL;
   r->outs = n_outs ? tree__calloc(t, n_outs, sizeof *r->outs) : NULL;
-  r->dead = mask_words ? tree__calloc(t, mask_words, sizeof *r->dead) : NULL;
-  if ((n_dyn && !r->ph) || (n_outs && !r->outs) || (mask_words && !r->dead)) {
+  cgt_status st = CGT_OK;
+  if ((n_dyn && !r->ph) || (n_outs && !r->outs))
+    st = tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory to run segment '%s'", seg->name);
+  if (st == CGT_OK && keep)
+    st = recording_dead_list(t, n, r);
+  if (st != CGT_OK) {
     recording_undo(t, r);
-    return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory to run segment '%s'", seg->name);
+    return st;
   }
-  cgt_status st = launch__prepare(t, seg, variant, r->pl);
+  st = launch__prepare(t, seg, n->variant, r->pl);
   if (st == CGT_OK) {
     set_inputs_direct(t);
     r->copies_in_graph = keep && copies_in_graph(t);
@@ -498,7 +597,7 @@ static cgt_status recording_begin(cgt_tree *t, node *n, const segment_rec *seg, 
   *w = warm_get(t, n->segment, n->variant);
   if (!*w)
     return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory for warmup counters");
-  return recording_prepare(t, r, seg, n->variant, keep);
+  return recording_prepare(t, r, n, seg, keep);
 }
 
 /* A run that used placeholders succeeded: count its copies. */
@@ -542,10 +641,29 @@ static cgt_status run_warmup(cgt_tree *t, node *n, const segment_rec *seg, cgt_v
   hand_out_launch_outputs(t, outputs);
   w->runs++;
   n->eager_runs++;
+  n->last_step = t->step;
   t->stats.warmups++;
   if (t->opt.mode == CGT_MODE_TREE)
     t->step_in_warmup = 1;
   t->cur = n;
+  return CGT_OK;
+}
+
+/* The capture of n failed (why says how): run n eagerly once more, and if
+ * that succeeds, n is EAGER for good and the failure is counted. If the
+ * eager run fails too, the run fails and nothing changes. */
+static cgt_status fall_back_eagerly(cgt_tree *t, node *n, const segment_rec *seg, const char *why,
+                                    cgt_value *outputs) {
+  tree__log(t, CGT_LOG_DEBUG, "node %u (segment '%s'): %s; running it eagerly", n->id, seg->name, why);
+  cgt_status st = run_eager_node(t, n, seg, why, outputs);
+  if (st != CGT_OK) {
+    char eager_error[TREE_ERROR_BYTES];
+    memcpy(eager_error, t->error, sizeof eager_error);
+    return tree__fail(t, st, "node %u (segment '%s'): %s; the eager run after it failed too: %s", n->id, seg->name,
+                      why, eager_error);
+  }
+  t->stats.capture_failures++;
+  tree__fail(t, CGT_ERR_CAPTURE_FAILED, "node %u (segment '%s'): %s", n->id, seg->name, why);
   return CGT_OK;
 }
 
@@ -560,8 +678,10 @@ static cgt_status record(cgt_tree *t, node *n, const segment_rec *seg, int is_re
   if (st != CGT_OK)
     return st;
 
-  /* Capture. A launch function that fails is the caller's error; a capture
-   * the backend invalidated (a sync, a malloc) makes the node EAGER. */
+  /* Capture. A capture the backend invalidated (a sync, a malloc, a legacy
+   * stream call) makes the node EAGER whatever the launch function returned:
+   * careful code returns the error of the illegal call it made. A launch
+   * function that fails while its capture holds is the caller's error. */
   if (ops->range_push)
     ops->range_push(&t->dev, seg->name);
   st = ops->capture_begin(&t->dev);
@@ -589,7 +709,7 @@ static cgt_status record(cgt_tree *t, node *n, const segment_rec *seg, int is_re
   char why[BACKEND_ERROR_BYTES + 32] = "";
   if (cap_st != CGT_OK)
     snprintf(why, sizeof why, "capture failed: %s", t->dev.error);
-  if (call_st != CGT_OK) {
+  if (call_st != CGT_OK && cap_st == CGT_OK) {
     recording_undo(t, &r);
     return call_st;
   }
@@ -611,10 +731,7 @@ static cgt_status record(cgt_tree *t, node *n, const segment_rec *seg, int is_re
   }
   if (cap_st != CGT_OK) {
     recording_undo(t, &r);
-    t->stats.capture_failures++;
-    tree__fail(t, CGT_ERR_CAPTURE_FAILED, "node %u (segment '%s'): %s", n->id, seg->name, why);
-    node_make_eager(t, n, why);
-    return run_eager_node(t, n, seg, outputs);
+    return fall_back_eagerly(t, n, seg, why, outputs);
   }
 
   recording_release_placeholders(t, &r);
@@ -635,24 +752,19 @@ static cgt_status record(cgt_tree *t, node *n, const segment_rec *seg, int is_re
   cgt_launch *l = &t->launch;
   for (uint32_t o = 0; o < seg->n_outputs; o++)
     r.outs[o] = (node_output){l->out_ptr[o], l->out_bytes[o], l->out_block[o], l->out_pool[o]};
-  /* Only dead graph-pool values matter: this recording may have reused
-   * their memory. Values elsewhere (eager nodes' side pool, views of caller
-   * memory) may be live or dead when it replays. */
-  for (uint32_t w = 0; w < (t->path_len + 63) / 64; w++)
-    r.dead[w] = ~t->path_live[w] & t->path_pooled[w];
-  if (t->path_len % 64)
-    r.dead[t->path_len / 64] &= ((uint64_t)1 << (t->path_len % 64)) - 1;
   n->graph = r.graph;
   n->exec = r.exec;
   n->ckpt = r.ckpt;
   n->ckpt_bytes = r.ckpt ? pool_checkpoint_allocated_bytes(r.ckpt) : 0;
   n->path_len = t->path_len;
-  n->dead_mask = r.dead;
+  n->n_dead = r.n_dead;
+  n->dead = r.dead;
   n->n_placeholders = r.n_ph;
   n->placeholders = r.ph;
   n->n_outputs = seg->n_outputs;
   n->outputs = r.outs;
   n->state = CGT_NODE_RECORDED;
+  n->last_step = t->step;
   recording_count_copies(t, &r);
   w->runs++;
   t->stats.recordings++;
@@ -681,30 +793,31 @@ static node *find_overflow(const node *parent, cgt_segment id, uint64_t variant)
   return NULL;
 }
 
-/* Turns n EAGER if its parent already holds rerecord_limit recordings of
- * its (segment, variant); 1 if it did. */
-static int enforce_rerecord_limit(cgt_tree *t, node *n) {
+#define WHY_BYTES 192
+
+/* 1, with the reason in why, if n's parent already holds rerecord_limit
+ * recordings of n's (segment, variant), so n may not record. */
+static int over_rerecord_limit(const cgt_tree *t, const node *n, char why[WHY_BYTES]) {
   uint32_t recordings = count_recordings(n->parent, n->segment, n->variant);
   if (recordings < t->opt.rerecord_limit)
     return 0;
-  char why[160];
-  snprintf(why, sizeof why, "rerecord limit: the parent already has %u recordings of this segment and variant",
+  snprintf(why, WHY_BYTES, "rerecord limit: the parent already has %u recordings of this segment and variant",
            recordings);
-  node_make_eager(t, n, why);
   return 1;
 }
 
 static cgt_status first_runs(cgt_tree *t, node *n, const segment_rec *seg, int is_rerecord, cgt_value *outputs) {
   if (n->state == CGT_NODE_EAGER)
-    return run_eager_node(t, n, seg, outputs);
+    return run_eager_node(t, n, seg, NULL, outputs);
   warm_count *w = warm_find(t, n->segment, n->variant);
   uint32_t runs = w ? w->runs : 0;
   if (t->step_in_warmup || runs < t->opt.warmup_runs)
     return run_warmup(t, n, seg, outputs);
   /* Checked when the recording would happen: a sibling may have recorded
    * since this node was made. */
-  if (enforce_rerecord_limit(t, n))
-    return run_eager_node(t, n, seg, outputs);
+  char why[WHY_BYTES];
+  if (over_rerecord_limit(t, n, why))
+    return run_eager_node(t, n, seg, why, outputs);
   return record(t, n, seg, is_rerecord, outputs);
 }
 
@@ -717,6 +830,17 @@ cgt_status node__run(cgt_tree *t, cgt_segment id, const segment_rec *seg, uint64
   pool_sync_end(t, st);
   if (st != CGT_OK && created)
     node_unlink_newest(t, created); /* no half-made nodes; after pool_sync_end, which may use its pool */
+  /* Ask for the likely next node and its key now, while the caller works. */
+  node *cur = t->cur;
+  const node *next = cur->hot_child;
+  if (next) {
+    __builtin_prefetch(next);
+    __builtin_prefetch((const char *)next + 64);
+    __builtin_prefetch((const char *)next + 128);
+    __builtin_prefetch(next->key);
+  }
+  if (cur->next_exec)
+    __builtin_prefetch(cur->next_exec); /* a hint only: it may be stale, and prefetching cannot fault */
   return st;
 }
 
@@ -725,9 +849,15 @@ static cgt_status node_run(cgt_tree *t, cgt_segment id, const segment_rec *seg, 
   if (t->opt.mode == CGT_MODE_EAGER)
     return run_eagerly(t, NULL, id, seg, variant, t->pool, outputs);
 
+  /* Programs mostly take the same child as last time: try it before the
+   * hash table, whose lookup costs several dependent cache misses once the
+   * tree is larger than the caches. */
   size_t key_bytes = key_build(t, id, variant, seg->n_inputs);
-  node *first;
-  HASH_FIND(hh, t->cur->children, t->key_buf, key_bytes, first);
+  node *first = t->cur->hot_child;
+  if (!first || first->key_bytes != key_bytes || memcmp(first->key, t->key_buf, key_bytes)) {
+    HASH_FIND(hh, t->cur->children, t->key_buf, key_bytes, first);
+    t->cur->hot_child = first;
+  }
   int in_warmup = t->step_in_warmup;
 
   if (first && !in_warmup)
@@ -755,26 +885,100 @@ static cgt_status node_run(cgt_tree *t, cgt_segment id, const segment_rec *seg, 
     if (warm)
       return first_runs(t, warm, seg, 0, outputs);
     if (eager)
-      return run_eager_node(t, eager, seg, outputs);
+      return run_eager_node(t, eager, seg, NULL, outputs);
     is_rerecord = 1; /* every recording of this key has the wrong liveness */
   }
 
   /* A new key past the limit (a buffer passed as STATIC that moves every
    * step, say) runs on the one overflow node of its (segment, variant), so
-   * the tree stops growing. */
+   * the tree stops growing. A segment declared uncapturable has nothing but
+   * such nodes: one per (parent, segment, variant), whatever its inputs. */
+  int no_capture = (seg->flags & CGT_SEGMENT_NO_CAPTURE) != 0;
   node *overflow = first ? NULL : find_overflow(t->cur, id, variant);
-  if (overflow && count_recordings(t->cur, id, variant) >= t->opt.rerecord_limit)
-    return run_eager_node(t, overflow, seg, outputs);
+  if (overflow && (no_capture || count_recordings(t->cur, id, variant) >= t->opt.rerecord_limit))
+    return run_eager_node(t, overflow, seg, NULL, outputs);
   node *n = node_create(t, first, id, variant, key_bytes);
   if (!n)
     return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory for a new node");
-  if (enforce_rerecord_limit(t, n) && !first) {
-    n->overflow = 1;
-    tree__log(t, CGT_LOG_WARN,
-              "segment '%s' keeps arriving with new STATIC or VALUE addresses: past rerecord_limit its new keys run "
-              "eagerly on node %u (if an argument moves every step, pass it as DYNAMIC)",
-              seg->name, n->id);
-  }
   *created = n;
-  return first_runs(t, n, seg, is_rerecord, outputs);
+  if (no_capture) {
+    n->overflow = 1;
+    return run_eager_node(t, n, seg, "declared uncapturable", outputs);
+  }
+  char why[WHY_BYTES];
+  if (!over_rerecord_limit(t, n, why))
+    return first_runs(t, n, seg, is_rerecord, outputs);
+  n->overflow = !first;
+  cgt_status st = run_eager_node(t, n, seg, why, outputs);
+  if (st == CGT_OK && !first)
+    tree__log(t, CGT_LOG_WARN,
+              "segment '%s' (variant %llu) arrived with argument addresses not seen before after its parent node "
+              "reached rerecord_limit (%u recordings): this and later new keys run eagerly on node %u. If a "
+              "STATIC argument moves every step, pass it as DYNAMIC",
+              seg->name, (unsigned long long)variant, t->opt.rerecord_limit, n->id);
+  return st;
+}
+
+/* ---------------------------------------------------------------- pruning */
+
+/* Takes n out of its parent's key group. A WARMUP node is always the last
+ * of its group (a group grows only when it has no WARMUP node, and a node
+ * never goes back to WARMUP), so this never re-inserts into a hash table and
+ * cannot fail. */
+static void node_unlink(node *n) {
+  node *first;
+  HASH_FIND(hh, n->parent->children, n->key, n->key_bytes, first);
+  if (first == n) {
+    HASH_DELETE(hh, n->parent->children, n);
+    if (n->parent->hot_child == n)
+      n->parent->hot_child = NULL;
+    return;
+  }
+  for (node *c = first; c; c = c->next_same_key)
+    if (c->next_same_key == n) {
+      c->next_same_key = n->next_same_key;
+      return;
+    }
+}
+
+/* Removes every WARMUP node that no step has reached for prune_after_steps
+ * steps, with its subtree. Such a node warmed up under a pool layout that
+ * has not come back (or under a node that has since turned EAGER, whose
+ * outputs moved out of the graph pool), so its key is unlikely to match
+ * again; if it does, the node is simply made anew. In TREE mode there are
+ * only WARMUP and EAGER nodes below a WARMUP node (its step was in warmup
+ * from it on), so no recording is lost; in SEPARATE mode the subtree may
+ * hold recordings, but none of them has run for as long either. Called at cgt_step_begin; it looks every
+ * prune_after_steps / 2 steps, so a forgotten node lives at most 1.5 times
+ * the limit, and the walk is linear in the nodes. The ids of the nodes that
+ * stay do not change. */
+void node__prune(cgt_tree *t) {
+  if (t->step < t->next_prune_step)
+    return;
+  uint64_t limit = t->opt.prune_after_steps;
+  t->next_prune_step = t->step + (limit / 2 ? limit / 2 : 1);
+  if (t->step < limit)
+    return;
+  /* Parents come before children in id order, so one pass marks whole
+   * subtrees: a node goes if it is a forgotten WARMUP node or its parent
+   * goes; only the top of a subtree is unlinked from its parent. */
+  for (uint32_t i = 0; i < t->n_nodes; i++) {
+    node *n = t->nodes[i];
+    int parent_goes = n->parent != &t->root && n->parent->pruned;
+    n->pruned = parent_goes || (n->state == CGT_NODE_WARMUP && t->step - n->last_step >= limit);
+    if (n->pruned && !parent_goes)
+      node_unlink(n);
+  }
+  uint32_t kept = 0;
+  for (uint32_t i = 0; i < t->n_nodes; i++) {
+    node *n = t->nodes[i];
+    if (!n->pruned) {
+      t->nodes[kept++] = n;
+      continue;
+    }
+    node__destroy(t, n); /* a parent before its children: each clears only its own table */
+    t->stats.nodes--;
+    t->stats.nodes_pruned++;
+  }
+  t->n_nodes = kept;
 }

@@ -130,7 +130,8 @@ struct pool {
   pool_block *free_root; /* AVL tree of the free blocks by (size, base) */
   pool_block *spares;    /* descriptors waiting for reuse */
   pool_stats stats;
-  long long fail_host_after; /* test hook: host allocations left before they fail; < 0: never */
+  pool_fail_hook own_fail_hook; /* test hook: see pool__fail_host_alloc_after */
+  pool_fail_hook *fail_hook;    /* &own_fail_hook, or a hook shared with a tree */
 };
 
 typedef struct pool_checkpoint_chunk {
@@ -171,10 +172,7 @@ static void pool_assert_valid(const pool *p, const char *file, int line) {
  * the n-th one fail. */
 static int pool_host_should_fail(pool *p) {
   p->stats.host_allocs++;
-  if (p->fail_host_after < 0) return 0;
-  if (p->fail_host_after == 0) return 1;
-  p->fail_host_after--;
-  return 0;
+  return pool_fail_hook_fires(p->fail_hook);
 }
 
 static void *pool_host_malloc(pool *p, size_t bytes) {
@@ -188,7 +186,14 @@ static void *pool_host_realloc(pool *p, void *ptr, size_t bytes) {
 }
 
 void pool__fail_host_alloc_after(pool *p, long long n) {
-  if (p) p->fail_host_after = n < 0 ? -1 : n;
+  if (!p) return;
+  p->own_fail_hook.after = n < 0 ? -1 : n;
+  p->own_fail_hook.once = 0;
+  p->fail_hook = &p->own_fail_hook;
+}
+
+void pool__share_fail_hook(pool *p, pool_fail_hook *hook) {
+  if (p && hook) p->fail_hook = hook;
 }
 
 /* ------------------------------------------------------------- helpers */
@@ -384,7 +389,7 @@ static cgt_status pool_chunk_create(pool *p, size_t size, pool_chunk **out) {
   if (st != CGT_OK) return st;
   if (pool_never(mem == NULL)) return CGT_ERR_BACKEND;
   if (pool_never((uintptr_t)mem % POOL_ALIGN != 0)) {
-    p->src.free(p->src.ctx, mem);
+    p->src.free(p->src.ctx, mem, size);
     return CGT_ERR_BACKEND;
   }
   if (p->n_chunks == p->cap_chunks) {
@@ -413,13 +418,13 @@ static cgt_status pool_chunk_create(pool *p, size_t size, pool_chunk **out) {
   *out = c;
   return CGT_OK;
 oom:
-  p->src.free(p->src.ctx, mem);
+  p->src.free(p->src.ctx, mem, size);
   return CGT_ERR_OUT_OF_MEMORY;
 }
 
 static void pool_chunk_discard(pool *p, pool_chunk *c) {
   pool_block_give(p, c->first);
-  p->src.free(p->src.ctx, c->base);
+  p->src.free(p->src.ctx, c->base, c->size);
   free(c);
 }
 
@@ -449,7 +454,8 @@ cgt_status pool_create(const pool_source *src, size_t chunk_bytes, pool **out) {
   if (!p) return CGT_ERR_OUT_OF_MEMORY;
   p->src = *src;
   p->chunk_bytes = rounded;
-  p->fail_host_after = -1;
+  p->own_fail_hook.after = -1;
+  p->fail_hook = &p->own_fail_hook;
   p->stats.host_allocs = 1; /* the pool itself */
   *out = p;
   pool_assert_expensive(p);
@@ -469,7 +475,7 @@ void pool_destroy(pool *p) {
       free(b);
       b = next;
     }
-    p->src.free(p->src.ctx, c->base);
+    p->src.free(p->src.ctx, c->base, c->size);
     free(c);
   }
   while (p->spares) {

@@ -25,7 +25,7 @@ typedef struct pool_checkpoint pool_checkpoint;
  * unchanged. */
 typedef struct pool_source {
   cgt_status (*alloc)(void *ctx, size_t bytes, void **ptr);
-  void (*free)(void *ctx, void *ptr);
+  void (*free)(void *ctx, void *ptr, size_t bytes); /* bytes: what alloc was asked for */
   void *ctx;
 } pool_source;
 
@@ -93,10 +93,37 @@ void pool_clear(pool *p);
  * otherwise 0 with a description in why (if why is not NULL). */
 int pool_check(const pool *p, char *why, size_t why_bytes);
 
+/* Host allocation failure injection, for tests. `after` more allocations
+ * succeed, the next one fails; then, if `once`, the hook turns itself off
+ * (after = -1), else every later one fails too. after < 0: off. */
+typedef struct pool_fail_hook {
+  long long after;
+  int once;
+} pool_fail_hook;
+
+/* 1 if the allocation about to be made must fail; counts it down. */
+static inline int pool_fail_hook_fires(pool_fail_hook *h) {
+  if (h->after < 0)
+    return 0;
+  if (h->after > 0) {
+    h->after--;
+    return 0;
+  }
+  if (h->once)
+    h->after = -1;
+  return 1;
+}
+
 /* Test hook: the next n host allocations of p succeed and every later one
- * fails, until called again; n < 0 turns failures off. The state is p's own.
- * Every call of malloc or realloc the pool makes counts, including the
- * allocations uthash makes for the lookup table. */
+ * fails, until called again; n < 0 turns failures off. The state is p's own
+ * (this also undoes pool__share_fail_hook). Every call of malloc or realloc
+ * the pool makes counts, including the allocations uthash makes for the
+ * lookup table. */
 void pool__fail_host_alloc_after(pool *p, long long n);
+/* Makes p's host allocations answer to `hook` (owned by the caller, who
+ * outlives p) instead of p's own: a tree shares one hook among itself and
+ * all its pools, so that a test can fail the n-th allocation of a run
+ * wherever it happens. */
+void pool__share_fail_hook(pool *p, pool_fail_hook *hook);
 
 #endif /* CGT_POOL_H */

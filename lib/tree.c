@@ -21,6 +21,7 @@
 #include <strings.h>
 
 #include "cgtree_sim.h"
+#include "tree_hooks.h"
 #include "tree_internal.h"
 
 /* --------------------------------------------------- errors, logs, memory */
@@ -60,15 +61,27 @@ cgt_status tree__backend_fail(cgt_tree *t, cgt_status s, const char *what) {
   return tree__fail(t, s, "%s: %s", what, t->dev.error[0] ? t->dev.error : cgt_status_string(s));
 }
 
-void *tree__malloc(cgt_tree *t, size_t bytes) {
+/* Every host allocation of the tree goes through these (pools count their
+ * own), so that host_allocs counts it and the test hook can fail it. */
+static int host_alloc_fails(cgt_tree *t) {
   t->stats.host_allocs++;
-  return malloc(bytes);
+  return pool_fail_hook_fires(&t->host_fail);
 }
 
-void *tree__calloc(cgt_tree *t, size_t n, size_t bytes) {
-  t->stats.host_allocs++;
-  return calloc(n, bytes);
+void *tree__malloc(cgt_tree *t, size_t bytes) { return host_alloc_fails(t) ? NULL : malloc(bytes); }
+
+void *tree__calloc(cgt_tree *t, size_t n, size_t bytes) { return host_alloc_fails(t) ? NULL : calloc(n, bytes); }
+
+void *tree__hash_malloc(cgt_tree *t, size_t bytes) { return tree__malloc(t, bytes); }
+
+void cgt__fail_host_alloc_after(cgt_tree *t, long long n, int once) {
+  if (!t)
+    return;
+  t->host_fail.after = n < 0 ? -1 : n;
+  t->host_fail.once = once;
 }
+
+int cgt__host_alloc_hook_armed(const cgt_tree *t) { return t && t->host_fail.after >= 0; }
 
 char *tree__strdup(cgt_tree *t, const char *s) {
   size_t n = strlen(s) + 1;
@@ -88,7 +101,8 @@ int tree__grow(cgt_tree *t, void **array, uint32_t *cap, uint32_t need, size_t e
     n *= 2;
   if (n > UINT32_MAX || n > SIZE_MAX / elem_bytes)
     return 0;
-  t->stats.host_allocs++;
+  if (host_alloc_fails(t))
+    return 0;
   void *p = realloc(*array, (size_t)n * elem_bytes);
   if (!p)
     return 0;
@@ -99,21 +113,86 @@ int tree__grow(cgt_tree *t, void **array, uint32_t *cap, uint32_t need, size_t e
 
 /* ------------------------------------------------------------------ pools */
 
+/* Every pool of the tree (graph pool, side pool, the private pools of
+ * SEPARATE mode) takes its chunks here, so this is the one place that keeps
+ * pool_limit_bytes, and the tree knows all the device memory it holds
+ * (t->chunks, sorted by address), so it can refuse caller arguments that
+ * point into it. A chunk that would pass the limit is refused exactly as a
+ * full device refuses it, and the pool then fails the allocation with
+ * CGT_ERR_OUT_OF_MEMORY, changing nothing. The chunk table grows before the
+ * device allocation, so a failure leaves both unchanged. */
 static cgt_status pool_chunk_alloc(void *ctx, size_t bytes, void **ptr) {
-  backend *b = ctx;
-  return b->ops->mem_alloc(b, bytes, ptr);
+  cgt_tree *t = ctx;
+  size_t limit = t->opt.pool_limit_bytes;
+  if (limit && (bytes > limit || t->pool_held_bytes > limit - bytes)) {
+    snprintf(t->dev.error, sizeof t->dev.error,
+             "pool_limit_bytes: a chunk of %zu bytes would take the tree's pools from %zu to more than %zu bytes",
+             bytes, t->pool_held_bytes, limit);
+    return CGT_ERR_OUT_OF_MEMORY;
+  }
+  if (!tree__grow(t, (void **)&t->chunks, &t->chunks_cap, t->n_chunks + 1, sizeof *t->chunks)) {
+    snprintf(t->dev.error, sizeof t->dev.error, "no host memory for the table of pool chunks");
+    return CGT_ERR_OUT_OF_MEMORY;
+  }
+  cgt_status st = t->dev.ops->mem_alloc(&t->dev, bytes, ptr);
+  if (st != CGT_OK)
+    return st;
+  t->pool_held_bytes += bytes;
+  uintptr_t base = (uintptr_t)*ptr;
+  uint32_t i = t->n_chunks;
+  while (i > 0 && t->chunks[i - 1].base > base) {
+    t->chunks[i] = t->chunks[i - 1];
+    i--;
+  }
+  t->chunks[i].base = base;
+  t->chunks[i].end = base + bytes;
+  t->n_chunks++;
+  return CGT_OK;
 }
 
-static void pool_chunk_free(void *ctx, void *ptr) {
-  backend *b = ctx;
-  b->ops->mem_free(b, ptr);
+/* The first chunk whose end lies above p (chunks are disjoint, so their
+ * ends are sorted too), or n_chunks. */
+static uint32_t chunk_above(const cgt_tree *t, uintptr_t p) {
+  uint32_t lo = 0, hi = t->n_chunks;
+  while (lo < hi) {
+    uint32_t mid = lo + (hi - lo) / 2;
+    if (t->chunks[mid].end <= p)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+static void pool_chunk_free(void *ctx, void *ptr, size_t bytes) {
+  cgt_tree *t = ctx;
+  uint32_t i = chunk_above(t, (uintptr_t)ptr);
+  if (!NEVER(i >= t->n_chunks || t->chunks[i].base != (uintptr_t)ptr)) {
+    memmove(&t->chunks[i], &t->chunks[i + 1], (t->n_chunks - i - 1) * sizeof *t->chunks);
+    t->n_chunks--;
+  }
+  t->dev.ops->mem_free(&t->dev, ptr);
+  t->pool_held_bytes -= bytes;
+}
+
+/* 1 if [p, p + bytes) overlaps device memory of any pool of the tree (graph
+ * pool, side pool, private pools, placeholders): O(log chunks), no
+ * allocation, so it runs on every replay. */
+int tree__overlaps_pools(const cgt_tree *t, const void *p, size_t bytes) {
+  uint32_t i = chunk_above(t, (uintptr_t)p);
+  return i < t->n_chunks && t->chunks[i].base < (uintptr_t)p + bytes;
 }
 
 cgt_status tree__pool_create(cgt_tree *t, pool **out) {
-  pool_source src = {pool_chunk_alloc, pool_chunk_free, &t->dev};
+  pool_source src = {pool_chunk_alloc, pool_chunk_free, t};
+  /* The pool's own record is a host allocation like any other (the pool
+   * counts it in its host_allocs). */
+  if (pool_fail_hook_fires(&t->host_fail))
+    return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory for a pool");
   cgt_status st = pool_create(&src, t->opt.pool_chunk_bytes, out);
   if (st != CGT_OK)
     return tree__fail(t, st, "creating a pool: %s", cgt_status_string(st));
+  pool__share_fail_hook(*out, &t->host_fail);
   return CGT_OK;
 }
 
@@ -128,6 +207,7 @@ void cgt_options_init(cgt_options *o) {
   o->warmup_runs = 1;
   o->rerecord_limit = 32;
   o->pool_chunk_bytes = (size_t)2 << 20;
+  o->prune_after_steps = 256;
 }
 
 int cgt_cuda_available(void) { return backend_cuda_available(); }
@@ -184,9 +264,18 @@ cgt_status cgt_tree_create(const cgt_options *o, cgt_tree **out) {
   cgt_tree *t = calloc(1, sizeof *t);
   if (!t)
     return CGT_ERR_OUT_OF_MEMORY;
+  /* Zero means default (what `= {0}` or a foreign binding gives), except
+   * warmup_runs, where 0 means "record at once". */
   t->opt = *o;
   if (t->opt.pool_chunk_bytes == 0)
     t->opt.pool_chunk_bytes = defaults.pool_chunk_bytes;
+  if (t->opt.rerecord_limit == 0)
+    t->opt.rerecord_limit = defaults.rerecord_limit;
+  if (t->opt.prune_after_steps == 0)
+    t->opt.prune_after_steps = defaults.prune_after_steps;
+  t->host_fail.after = -1;
+  t->next_id = 1;
+  t->tag = value__new_tag();
   t->log_level = env_log_level(o->log_fn ? CGT_LOG_INFO : CGT_LOG_WARN);
   t->opt.mode = env_mode(t, o->mode);
   t->root.id = 0;
@@ -261,6 +350,9 @@ void cgt_tree_destroy(cgt_tree *t) {
   free(t->path);
   free(t->path_live);
   free(t->path_pooled);
+  free(t->block_refs);
+  free(t->dead_scratch);
+  free(t->chunks);
   free(t->key_buf);
   free(t->args);
   free(t->graph_dot_dir);
@@ -310,6 +402,9 @@ cgt_status cgt_segment_register(cgt_tree *t, const cgt_segment_desc *d, cgt_segm
   if (d->n_inputs > (1u << 20) || d->n_outputs > (1u << 20))
     return tree__fail(t, CGT_ERR_INVALID_ARGUMENT, "cgt_segment_register: %u inputs and %u outputs is too many",
                       d->n_inputs, d->n_outputs);
+  if (d->flags & ~CGT_SEGMENT_NO_CAPTURE)
+    return tree__fail(t, CGT_ERR_INVALID_ARGUMENT, "cgt_segment_register: unknown flag bits 0x%x",
+                      (unsigned)(d->flags & ~CGT_SEGMENT_NO_CAPTURE));
   char *name = tree__strdup(t, d->name ? d->name : "segment");
   if (!name || !tree__grow(t, (void **)&t->segments, &t->segments_cap, t->n_segments + 1, sizeof *t->segments)) {
     free(name);
@@ -321,6 +416,7 @@ cgt_status cgt_segment_register(cgt_tree *t, const cgt_segment_desc *d, cgt_segm
   s->user = d->user;
   s->n_inputs = d->n_inputs;
   s->n_outputs = d->n_outputs;
+  s->flags = d->flags;
   *out = t->n_segments;
   return CGT_OK;
 }
@@ -344,6 +440,8 @@ cgt_status cgt_step_begin(cgt_tree *t) {
   t->pool_synced = 1;
   t->step_in_warmup = 0;
   t->cur = &t->root;
+  t->step++;
+  node__prune(t);
   tree_debug_check(t);
   return CGT_OK;
 }
@@ -377,6 +475,12 @@ static cgt_status resolve_args(cgt_tree *t, const cgt_arg *args, uint32_t n_args
       if (!a->ptr || a->bytes == 0 || range_overflows(a->ptr, a->bytes))
         return tree__fail(t, CGT_ERR_INVALID_ARGUMENT, "argument %u: %s memory needs a pointer and 0 < bytes that fit",
                           i, a->kind == CGT_ARG_STATIC ? "STATIC" : "DYNAMIC");
+      if (tree__overlaps_pools(t, a->ptr, a->bytes))
+        return tree__fail(t, CGT_ERR_INVALID_ARGUMENT,
+                          "argument %u: %s memory %p (%zu bytes) lies in the tree's own pool memory (a value's "
+                          "memory, say); only caller-owned memory may be passed so: pass the value itself "
+                          "(cgt_arg_value) instead",
+                          i, a->kind == CGT_ARG_STATIC ? "STATIC" : "DYNAMIC", a->ptr, a->bytes);
       r->ptr = (void *)(uintptr_t)a->ptr;
       r->bytes = a->bytes;
       r->block = NULL;

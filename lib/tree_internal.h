@@ -20,6 +20,17 @@
 /* uthash hashes node keys with our word hash (keys are whole 64-bit words). */
 uint32_t tree__key_hash(const void *key, size_t len);
 #define HASH_FUNCTION(keyptr, keylen, hashv) ((hashv) = tree__key_hash((keyptr), (keylen)))
+/* uthash must never exit(): a failed insertion reports itself and leaves the
+ * table as it was. Its allocations are the tree's own (counted in
+ * host_allocs, and failed by the test hook). The macros name two locals,
+ * hash_tree and hash_oomed, that only the functions that insert declare
+ * (node.c: children_add, warm_add), so an insertion anywhere else does not
+ * compile; lookups and deletions never allocate. */
+void *tree__hash_malloc(struct cgt_tree *t, size_t bytes);
+#define HASH_NONFATAL_OOM 1
+#define uthash_malloc(sz) tree__hash_malloc(hash_tree, (sz))
+#define uthash_free(ptr, sz) free(ptr)
+#define uthash_nonfatal_oom(elt) (hash_oomed = 1)
 #include <uthash.h>
 
 #define TREE_ERROR_BYTES 512
@@ -34,6 +45,7 @@ typedef struct segment_rec {
   void *user;
   uint32_t n_inputs;
   uint32_t n_outputs;
+  uint32_t flags; /* CGT_SEGMENT_NO_CAPTURE */
 } segment_rec;
 
 /* Eager runs of a (segment, variant) anywhere in the tree, for warmup. */
@@ -79,17 +91,20 @@ struct node {
   uint64_t replays;
   uint64_t eager_runs;
   char *reason;     /* why EAGER */
+  uint8_t pruned;   /* node__prune: on its way out */
   uint8_t overflow; /* the EAGER node that serves every new key of its
                        (segment, variant) once the parent is at rerecord_limit */
 
   /* Key under the parent (see node_key_build). Nodes that share a key are
    * re-records for other liveness patterns: the first one is in the hash,
    * the others hang off it through next_same_key, in creation order. */
-  uint64_t *key;
+  uint64_t *key; /* stored right behind the node */
   size_t key_bytes;
   UT_hash_handle hh;
   node *next_same_key;
   node *children; /* uthash head */
+  node *hot_child; /* the key-group head last looked up under this node, or NULL */
+  void *next_exec;  /* the executable last replayed right after this node: prefetched, never used */
 
   /* A recording. */
   void *graph;
@@ -97,8 +112,17 @@ struct node {
   pool *own_pool;        /* CGT_MODE_SEPARATE: the node's private pool */
   pool_checkpoint *ckpt; /* CGT_MODE_TREE: the layout right after recording */
   size_t ckpt_bytes;
-  uint32_t path_len;  /* number of path values before this node's outputs */
-  uint64_t *dead_mask; /* path_len bits: graph-pool values dead at recording */
+  uint32_t path_len; /* number of path values before this node's outputs */
+  /* The liveness a recording needs, stored as the difference to its nearest
+   * RECORDED ancestor A: the path positions of graph-pool values that were
+   * dead when this node was recorded and are not in A's set (A's own
+   * positions, A's ancestor's, and so on). Replaying A this step already
+   * proved A's positions dead, and dead values stay dead, so a replay checks
+   * only these: none in the common case. Along a chain the lists are
+   * disjoint, so their memory is linear in the path. */
+  uint32_t n_dead;
+  uint32_t *dead;
+  uint64_t last_step; /* the step this node last ran in (pruning of WARMUP nodes) */
   uint32_t n_placeholders;
   node_placeholder *placeholders;
   uint32_t n_outputs;
@@ -109,9 +133,9 @@ struct node {
   fuse_span *spans;    /* the spans that end at this node, each keyed by its first node */
 };
 
-/* A value slot. Handles are (generation << 32) | (index + 1), so 0 is never
- * a handle. A slot is live from the run that made it until it is released or
- * the step ends; then its generation moves on and old handles go stale. */
+/* A value slot. A slot is live from the run that made it until it is
+ * released or the step ends; then its generation moves on and old handles go
+ * stale. The handle layout is in value.c. */
 typedef struct value_slot {
   uint32_t gen;
   uint32_t path_pos; /* index in t->path while live */
@@ -124,6 +148,21 @@ typedef struct value_slot {
 } value_slot;
 
 #define VALUE_NONE UINT32_MAX
+
+/* How many live values share a pool block (aliases and views share their
+ * input's block). An open-addressing table keyed by the block's address:
+ * every pool of a tree takes its chunks from the tree, so block addresses
+ * never collide across pools. */
+typedef struct block_ref {
+  const void *block; /* NULL: empty entry */
+  uint32_t count;
+  uint32_t seen; /* scratch for tree__check */
+} block_ref;
+
+/* A chunk of device memory some pool of the tree holds: [base, end). */
+typedef struct chunk_range {
+  uintptr_t base, end;
+} chunk_range;
 
 /* An argument of the run at hand, resolved to memory. `keyed`: its address
  * is part of the node key (a STATIC, or a VALUE whose address a recording
@@ -184,9 +223,19 @@ struct cgt_tree {
   warm_count *warm;
 
   node root;     /* virtual: its children are the roots */
-  node **nodes;  /* index = id - 1 */
+  node **nodes;  /* the nodes that exist, in id order (pruned ids leave no hole) */
   uint32_t n_nodes;
   uint32_t nodes_cap;
+  uint32_t next_id;   /* the id the next node gets; ids are never reused */
+  uint64_t step;      /* steps begun so far (cgt_step_begin) */
+  uint64_t next_prune_step; /* the step at which WARMUP nodes are next looked at */
+  uint32_t tag;       /* this tree's tag in value handles (value.c) */
+
+  /* Every chunk of device memory the tree's pools hold, sorted by address:
+   * STATIC and DYNAMIC arguments must not overlap them. */
+  chunk_range *chunks;
+  uint32_t n_chunks;
+  uint32_t chunks_cap;
 
   pool *pool;      /* the graph pool (TREE), or the eager allocator (EAGER) */
   pool *side_pool; /* outputs of EAGER nodes */
@@ -209,6 +258,12 @@ struct cgt_tree {
                             recording made after it died may reuse its memory */
   uint32_t path_len;
   uint32_t path_cap;
+  uint32_t n_live;        /* live values */
+  block_ref *block_refs;  /* live values per block; capacity a power of 2 */
+  uint32_t block_refs_cap;
+  uint32_t n_block_refs;
+  uint64_t *dead_scratch; /* recording: the dead set of the nearest recorded ancestor */
+  uint32_t dead_scratch_words;
 
   uint64_t *key_buf; /* scratch for the key of the run at hand */
   uint32_t key_cap;  /* in words */
@@ -219,6 +274,13 @@ struct cgt_tree {
   fuse_state fuse; /* held-back replays and fused executables (defer_launch) */
   cgt_stats stats;
   char *graph_dot_dir; /* CGT_GRAPH_DOT_DIR: write every recorded graph there */
+
+  /* Device memory of every pool of the tree (graph pool, side pool, private
+   * pools; placeholders live in them), as chunks taken from the backend and
+   * not yet given back. pool_limit_bytes caps it. */
+  size_t pool_held_bytes;
+  /* Test hook shared by the tree and all its pools (tree_hooks.h). */
+  pool_fail_hook host_fail;
 };
 
 /* tree.c */
@@ -238,14 +300,17 @@ int tree__grow(cgt_tree *t, void **array, uint32_t *cap, uint32_t need, size_t e
 char *tree__strdup(cgt_tree *t, const char *s);
 cgt_status tree__backend_fail(cgt_tree *t, cgt_status s, const char *what);
 cgt_status tree__pool_create(cgt_tree *t, pool **out);
+int tree__overlaps_pools(const cgt_tree *t, const void *p, size_t bytes);
 
 /* value.c */
 cgt_status value__resolve(cgt_tree *t, cgt_value v, value_slot **out);
 cgt_status value__reserve(cgt_tree *t, uint32_t n);
 cgt_value value__make(cgt_tree *t, void *ptr, size_t bytes, void *block, pool *pl);
 void value__end_step(cgt_tree *t);
-int value__block_in_use(const cgt_tree *t, const pool *pl, const void *block, uint32_t except_slot);
+uint32_t value__block_refs(const cgt_tree *t, const void *block);
+block_ref *value__find_block_ref(const cgt_tree *t, const void *block);
 int value__in_graph_pool(const cgt_tree *t, const value_slot *s);
+uint32_t value__new_tag(void);
 
 /* launch.c */
 cgt_status launch__prepare(cgt_tree *t, const segment_rec *seg, uint64_t variant, pool *pl);
@@ -258,6 +323,7 @@ cgt_status node__run(cgt_tree *t, cgt_segment id, const segment_rec *seg, uint64
 void node__destroy(cgt_tree *t, node *n);
 /* Enqueues n's own executable, its DYNAMIC copies reading next_src. */
 cgt_status node__launch(cgt_tree *t, node *n);
+void node__prune(cgt_tree *t);
 
 /* inspect.c */
 cgt_status tree__check(cgt_tree *t);

@@ -1,31 +1,168 @@
 /* value.c — value slots: generations, liveness, and the step's path.
  *
  * A value is what a segment output becomes: a handle the caller passes to
- * later runs, reads with cgt_value_ptr, copies out, and releases. Handles are
- * a slot index plus a generation packed into 64 bits. A slot's generation
- * moves on whenever the value dies (release or step end), so an old handle
- * can never reach memory that has since been handed to someone else: every
- * use of a dead value is reported as CGT_ERR_STALE_VALUE and counted.
+ * later runs, reads with cgt_value_ptr, copies out, and releases. A slot's
+ * generation moves on whenever the value dies (release or step end), so an
+ * old handle can never reach memory that has since been handed to someone
+ * else: every use of a dead value is reported as CGT_ERR_STALE_VALUE and
+ * counted.
+ *
+ * A handle is 64 bits:
+ *
+ *   bits 63..52  the tree's tag (1..4095): a handle given to another tree is
+ *                CGT_ERR_INVALID_ARGUMENT and changes nothing there
+ *   bits 51..20  the slot's generation (32 bits)
+ *   bits 19..0   the slot's index + 1 (so at most 1,048,575 values are live
+ *                at once, and 0 is never a handle)
+ *
+ * Tags come from a process-wide counter, so trees made one after another get
+ * different tags until 4095 trees have been made; only a tree and one made
+ * 4095 trees later share a tag (a handle passed between those two is then
+ * caught only when its slot's generation differs). A slot whose generation
+ * would wrap around is retired instead of reused, so a stale handle can never
+ * become valid again: wraparound cannot happen, at the price of one slot per
+ * 2^32 deaths of a slot.
  *
  * The values of one step also form the *path*: an array in creation order
- * with one liveness bit each. The replay check of the liveness invariant is
- * then a few word-wide ANDs against a node's recorded dead mask, and
- * restoring a checkpoint can find every block that must stay allocated.
+ * with one liveness bit each. A recorded node lists the positions whose
+ * death it relies on (node.c), so a replay tests a few bits.
+ *
+ * Aliases and views share their input's pool block; a table counts the live
+ * values of every block, so that a release knows in O(1) whether it freed
+ * the block's last value, and a checkpoint restore knows which blocks the
+ * path still holds.
  *
  * Slots are recycled through a free list and the arrays only ever grow, so
  * once a program has reached its widest step, making values allocates
  * nothing on the host.
  */
+#include <stdatomic.h>
 #include <string.h>
 
 #include "tree_internal.h"
 
-static uint32_t value_index(cgt_value v) { return (uint32_t)(v.bits & 0xffffffffu) - 1u; }
-static uint32_t value_gen(cgt_value v) { return (uint32_t)(v.bits >> 32); }
+#define HANDLE_INDEX_BITS 20
+#define HANDLE_GEN_BITS 32
+#define HANDLE_TAG_BITS 12
+#define HANDLE_MAX_SLOTS ((1u << HANDLE_INDEX_BITS) - 1u)
+
+static uint32_t value_index(cgt_value v) { return (uint32_t)(v.bits & HANDLE_MAX_SLOTS) - 1u; }
+static uint32_t value_gen(cgt_value v) { return (uint32_t)(v.bits >> HANDLE_INDEX_BITS); }
+static uint32_t value_tag(cgt_value v) { return (uint32_t)(v.bits >> (HANDLE_INDEX_BITS + HANDLE_GEN_BITS)); }
+
+uint32_t value__new_tag(void) {
+  static atomic_uint next_tag;
+  return atomic_fetch_add(&next_tag, 1u) % ((1u << HANDLE_TAG_BITS) - 1u) + 1u;
+}
+
+/* ------------------------------------------------------- block references */
+
+static uint32_t ref_slot(const cgt_tree *t, const void *block) {
+  uint64_t h = ((uint64_t)(uintptr_t)block >> 8) * 0x9e3779b97f4a7c15ull;
+  return (uint32_t)(h >> 32) & (t->block_refs_cap - 1);
+}
+
+static block_ref *ref_find(const cgt_tree *t, const void *block) {
+  if (!t->block_refs_cap)
+    return NULL;
+  for (uint32_t i = ref_slot(t, block);; i = (i + 1) & (t->block_refs_cap - 1)) {
+    block_ref *r = &t->block_refs[i];
+    if (r->block == block)
+      return r;
+    if (!r->block)
+      return NULL;
+  }
+}
+
+block_ref *value__find_block_ref(const cgt_tree *t, const void *block) { return ref_find(t, block); }
+
+uint32_t value__block_refs(const cgt_tree *t, const void *block) {
+  const block_ref *r = ref_find(t, block);
+  return r ? r->count : 0;
+}
+
+/* value__reserve keeps the table at most half full, so there is room. */
+static void ref_add(cgt_tree *t, const void *block) {
+  uint32_t i = ref_slot(t, block);
+  while (t->block_refs[i].block && t->block_refs[i].block != block)
+    i = (i + 1) & (t->block_refs_cap - 1);
+  block_ref *r = &t->block_refs[i];
+  if (!r->block) {
+    r->block = block;
+    r->count = 0;
+    t->n_block_refs++;
+  }
+  r->count++;
+}
+
+/* Deletes entry i, moving later entries of its probe run back (no
+ * tombstones, so lookups stay short however often blocks come and go). */
+static void ref_delete(cgt_tree *t, uint32_t i) {
+  uint32_t mask = t->block_refs_cap - 1;
+  t->block_refs[i].block = NULL;
+  t->n_block_refs--;
+  for (uint32_t j = (i + 1) & mask; t->block_refs[j].block; j = (j + 1) & mask) {
+    uint32_t home = ref_slot(t, t->block_refs[j].block);
+    /* Entry j may move to the hole at i if its home is not in (i, j]. */
+    if (((j - home) & mask) >= ((j - i) & mask)) {
+      t->block_refs[i] = t->block_refs[j];
+      t->block_refs[j].block = NULL;
+      i = j;
+    }
+  }
+}
+
+/* Drops one value of block; returns the number left. */
+static uint32_t ref_drop(cgt_tree *t, const void *block) {
+  block_ref *r = ref_find(t, block);
+  if (NEVER(!r))
+    return 0;
+  if (--r->count)
+    return r->count;
+  ref_delete(t, (uint32_t)(r - t->block_refs));
+  return 0;
+}
+
+/* Makes the table at least twice as large as `values` (each live value
+ * names at most one block). */
+static int ref_reserve(cgt_tree *t, uint32_t values) {
+  uint64_t want = (uint64_t)values * 2;
+  if (want <= t->block_refs_cap)
+    return 1;
+  uint32_t cap = t->block_refs_cap ? t->block_refs_cap : 16;
+  while (cap < want)
+    cap *= 2;
+  block_ref *old = t->block_refs;
+  uint32_t old_cap = t->block_refs_cap;
+  block_ref *refs = tree__calloc(t, cap, sizeof *refs);
+  if (!refs)
+    return 0;
+  t->block_refs = refs;
+  t->block_refs_cap = cap;
+  t->n_block_refs = 0;
+  for (uint32_t i = 0; i < old_cap; i++) {
+    if (!old[i].block)
+      continue;
+    uint32_t j = ref_slot(t, old[i].block);
+    while (t->block_refs[j].block)
+      j = (j + 1) & (cap - 1);
+    t->block_refs[j] = old[i];
+    t->n_block_refs++;
+  }
+  free(old);
+  return 1;
+}
+
+/* ------------------------------------------------------------------ slots */
 
 cgt_status value__resolve(cgt_tree *t, cgt_value v, value_slot **out) {
-  if (v.bits == 0 || (uint32_t)(v.bits & 0xffffffffu) == 0)
-    return tree__fail(t, CGT_ERR_INVALID_ARGUMENT, "value 0 is never a valid value");
+  if (v.bits == 0 || (v.bits & HANDLE_MAX_SLOTS) == 0)
+    return tree__fail(t, CGT_ERR_INVALID_ARGUMENT, "value %#llx is not a value handle (0 is never a valid value)",
+                      (unsigned long long)v.bits);
+  if (value_tag(v) != t->tag)
+    return tree__fail(t, CGT_ERR_INVALID_ARGUMENT,
+                      "value %#llx belongs to another tree (its tag is %u, this tree's is %u)",
+                      (unsigned long long)v.bits, value_tag(v), t->tag);
   uint32_t i = value_index(v);
   if (i >= t->n_slots)
     return tree__fail(t, CGT_ERR_INVALID_ARGUMENT, "value %#llx was never made by this tree",
@@ -48,8 +185,12 @@ cgt_status value__reserve(cgt_tree *t, uint32_t n) {
     free_count++;
   if (free_count < n) {
     uint32_t old = t->n_slots, cap = t->n_slots, need = t->n_slots + (n - free_count);
+    if (need > HANDLE_MAX_SLOTS)
+      return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "at most %u values can be live at once", HANDLE_MAX_SLOTS);
     if (!tree__grow(t, (void **)&t->slots, &cap, need, sizeof *t->slots))
       return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory for value slots");
+    if (cap > HANDLE_MAX_SLOTS)
+      cap = HANDLE_MAX_SLOTS;
     /* Thread the new slots onto the free list; generations start at 1. */
     for (uint32_t i = cap; i-- > old;) {
       memset(&t->slots[i], 0, sizeof t->slots[i]);
@@ -82,6 +223,8 @@ cgt_status value__reserve(cgt_tree *t, uint32_t n) {
     t->path_pooled = pooled;
     t->path_cap = cap;
   }
+  if (!ref_reserve(t, t->n_live + n))
+    return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory for the block table");
   return CGT_OK;
 }
 
@@ -97,6 +240,9 @@ cgt_value value__make(cgt_tree *t, void *ptr, size_t bytes, void *block, pool *p
   s->block = block;
   s->pool = pl;
   s->path_pos = t->path_len;
+  t->n_live++;
+  if (block)
+    ref_add(t, block);
   t->path[t->path_len] = i;
   uint64_t bit = (uint64_t)1 << (t->path_len % 64);
   t->path_live[t->path_len / 64] |= bit;
@@ -105,29 +251,22 @@ cgt_value value__make(cgt_tree *t, void *ptr, size_t bytes, void *block, pool *p
   else
     t->path_pooled[t->path_len / 64] &= ~bit;
   t->path_len++;
-  cgt_value v = {((uint64_t)s->gen << 32) | (uint64_t)(i + 1)};
+  cgt_value v = {(uint64_t)t->tag << (HANDLE_INDEX_BITS + HANDLE_GEN_BITS) | (uint64_t)s->gen << HANDLE_INDEX_BITS |
+                 (uint64_t)(i + 1)};
   return v;
 }
 
+/* Kills slot i. Its block reference is dropped by the caller (or, at the
+ * end of a step, all at once). A slot whose generation wraps is retired. */
 static void value_kill(cgt_tree *t, uint32_t i) {
   value_slot *s = &t->slots[i];
   t->path_live[s->path_pos / 64] &= ~((uint64_t)1 << (s->path_pos % 64));
   s->live = 0;
-  s->gen++;
+  t->n_live--;
+  if (++s->gen == 0)
+    return; /* retired: never handed out again */
   s->next_free = t->free_slot;
   t->free_slot = i;
-}
-
-/* 1 if another live value of the path (not slot `except`) sits in block. */
-int value__block_in_use(const cgt_tree *t, const pool *pl, const void *block, uint32_t except) {
-  for (uint32_t p = 0; p < t->path_len; p++) {
-    if (!(t->path_live[p / 64] >> (p % 64) & 1))
-      continue;
-    const value_slot *s = &t->slots[t->path[p]];
-    if (t->path[p] != except && s->block == block && s->pool == pl)
-      return 1;
-  }
-  return 0;
 }
 
 /* Values whose address is fixed by a recording and part of a node key. */
@@ -146,6 +285,9 @@ void value__end_step(cgt_tree *t) {
     if (t->path_live[p / 64] >> (p % 64) & 1)
       value_kill(t, t->path[p]);
   t->path_len = 0;
+  if (t->n_block_refs)
+    memset(t->block_refs, 0, t->block_refs_cap * sizeof *t->block_refs);
+  t->n_block_refs = 0;
 }
 
 cgt_status cgt_value_ptr(cgt_tree *t, cgt_value v, void **ptr, size_t *bytes) {
@@ -182,11 +324,10 @@ cgt_status cgt_value_release(cgt_tree *t, cgt_value v) {
    * only while it mirrors the path (otherwise a later restore frees it). */
   int owns_layout = s->pool == t->side_pool || t->opt.mode == CGT_MODE_EAGER ||
                     (s->pool == t->pool && t->opt.mode == CGT_MODE_TREE && t->pool_synced);
-  if (s->block && owns_layout && !value__block_in_use(t, s->pool, s->block, i)) {
-    cgt_status fs = pool_free(s->pool, s->block);
-    if (NEVER(fs != CGT_OK))
-      return tree__fail(t, CGT_ERR_STATE, "cgt_value_release: block %p of the value is not allocated", s->block);
-  }
+  if (s->block && owns_layout && value__block_refs(t, s->block) == 1 && NEVER(!pool_block_bytes(s->pool, s->block)))
+    return tree__fail(t, CGT_ERR_STATE, "cgt_value_release: block %p of the value is not allocated", s->block);
+  if (s->block && ref_drop(t, s->block) == 0 && owns_layout)
+    pool_free(s->pool, s->block);
   value_kill(t, i);
   return CGT_OK;
 }

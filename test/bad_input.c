@@ -503,6 +503,84 @@ static void test_run_refuses_null_empty_and_overflowing_caller_memory_and_unknow
   }
 }
 
+/* Caller-owned means caller-owned: memory of the tree's own pools (here a
+ * value's memory, from cgt_value_ptr, whole or in part, and in every mode's
+ * pool) is refused as a STATIC or DYNAMIC argument, with a message that says
+ * to pass the value instead. Memory right beside the pool's chunks is not. */
+static void test_static_and_dynamic_arguments_inside_the_trees_own_pools_are_refused_in_every_mode(void **state) {
+  (void)state;
+  for (size_t m = 0; m < N_MODES; m++) {
+    world w;
+    world_open(&w, all_modes[m]);
+    cgt_tree *t = w.t;
+    cgt_value out = {111};
+    void *p = NULL;
+    size_t bytes = 0;
+    CHECK_OK(t, cgt_value_ptr(t, w.v1, &p, &bytes));
+    char *v1 = p;
+    for (int dynamic = 0; dynamic < 2; dynamic++) {
+      cgt_arg (*make)(const void *, size_t) = dynamic ? cgt_arg_dynamic : cgt_arg_static;
+      cgt_arg bad[] = {make(v1, bytes), make(v1 + 4, 8), make(v1 + bytes - 4, 4)};
+      for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        WORLD_REFUSES(&w, CGT_ERR_INVALID_ARGUMENT, cgt_run(t, w.aff_r, 0, &bad[i], 1, &out, 1));
+        assert_non_null(strstr(cgt_tree_last_error(t), "pass the value"));
+        cgt_arg second_bad[2] = {cgt_arg_value(w.v2), bad[i]};
+        WORLD_REFUSES(&w, CGT_ERR_INVALID_ARGUMENT, cgt_run(t, w.add, 0, second_bad, 2, &out, 1));
+      }
+    }
+    assert_int_equal(out.bits, 111);
+    /* The caller's own buffer still is fine, and so is the value itself. */
+    cgt_arg good = cgt_arg_static(w.buf, N * sizeof(float));
+    CHECK_OK(t, cgt_run(t, w.aff_r, 0, &good, 1, &out, 1));
+    good = cgt_arg_value(w.v1);
+    CHECK_OK(t, cgt_run(t, w.aff_r, 0, &good, 1, &out, 1));
+    CHECK_TREE(t);
+    world_close(&w);
+  }
+}
+
+/* Values belong to their tree: two trees that ran the same program hold
+ * handles that differ only in the tree's tag; each refuses the other's in
+ * every call that takes a value, and neither changes. */
+static void test_values_of_another_tree_are_refused_and_change_nothing_in_either_tree(void **state) {
+  (void)state;
+  for (size_t m = 0; m < N_MODES; m++) {
+    world a, b;
+    world_open(&a, all_modes[m]);
+    world_open(&b, all_modes[m]);
+    const uint64_t tag_mask = ~(uint64_t)0 << 52;
+    assert_int_equal(a.v1.bits & ~tag_mask, b.v1.bits & ~tag_mask);
+    assert_true(a.v1.bits != b.v1.bits);
+    cgt_value foreign[] = {b.v1, b.v2};
+    for (size_t i = 0; i < 2; i++) {
+      cgt_tree *t = a.t;
+      void *p = NULL;
+      size_t bytes = 0;
+      float host[N];
+      cgt_value out = {111};
+      cgt_arg arg = cgt_arg_value(foreign[i]);
+      WORLD_REFUSES(&a, CGT_ERR_INVALID_ARGUMENT, cgt_value_release(t, foreign[i]));
+      assert_non_null(strstr(cgt_tree_last_error(t), "another tree"));
+      WORLD_REFUSES(&a, CGT_ERR_INVALID_ARGUMENT, cgt_run(t, a.aff_r, 0, &arg, 1, &out, 1));
+      WORLD_REFUSES(&a, CGT_ERR_INVALID_ARGUMENT, cgt_value_ptr(t, foreign[i], &p, &bytes));
+      WORLD_REFUSES(&a, CGT_ERR_INVALID_ARGUMENT, cgt_value_copy_out(t, foreign[i], host, sizeof host));
+      assert_int_equal(out.bits, 111);
+    }
+    /* B's values are untouched and still B's. */
+    world_expect_values(&b);
+    CHECK_OK(b.t, cgt_value_release(b.t, b.v2));
+    EXPECT_REFUSED(b.t, CGT_ERR_STALE_VALUE, cgt_value_release(b.t, b.v2));
+    world_expect_values(&a);
+    CHECK_OK(a.t, cgt_value_release(a.t, a.v2));
+    b.v2 = b.v1;
+    a.v2 = a.v1;
+    memcpy(a.v2_host, a.v1_host, sizeof a.v2_host);
+    memcpy(b.v2_host, b.v1_host, sizeof b.v2_host);
+    world_close(&a);
+    world_close(&b);
+  }
+}
+
 /* --------------------------------------------------------------- values */
 
 static void test_value_calls_refuse_zero_stale_and_bad_sizes(void **state) {
@@ -1162,6 +1240,8 @@ const struct CMUnitTest bad_input_tests[] = {
     T(test_run_refuses_zero_foreign_released_and_previous_step_values),
     T(test_run_refuses_null_empty_and_overflowing_caller_memory_and_unknown_kinds),
     T(test_value_calls_refuse_zero_stale_and_bad_sizes),
+    T(test_static_and_dynamic_arguments_inside_the_trees_own_pools_are_refused_in_every_mode),
+    T(test_values_of_another_tree_are_refused_and_change_nothing_in_either_tree),
     T(test_launch_calls_refuse_a_null_context),
     T(test_bad_launch_calls_inside_a_launch_are_refused_and_change_nothing),
     T(test_tree_calls_from_inside_a_launch_are_refused_and_change_nothing),

@@ -806,6 +806,220 @@ static void test_modes_give_identical_branchy_outputs(void **state) {
   }
 }
 
+/* --------------------------------------------------- issue 9: robustness */
+
+static const cgt_mode every_mode[] = {CGT_MODE_TREE, CGT_MODE_SEPARATE, CGT_MODE_EAGER};
+
+/* The corruption the pool-argument rule prevents: a view of a value, passed
+ * on as a VALUE, keeps the value's block after the value is released, so a
+ * later run's output never lands on it. The same memory passed as STATIC is
+ * refused (here: an EAGER node's output, in the side pool), in every mode. */
+static void test_a_view_of_a_released_value_keeps_its_memory_and_pool_memory_as_static_is_refused(void **state) {
+  (void)state;
+  for (int m = 0; m < 3; m++) {
+    cgt_tree *t = test_tree_new(every_mode[m], NULL);
+    test_affine ua = {.a = 2, .b = 1, .n = N}, uv = {.n = N}, ub = {.a = 1, .b = 100, .n = N},
+                ue = {.a = 1, .b = 0, .n = N, .illegal = 1};
+    cgt_segment sa = test_register_affine(t, "a", &ua), sv = test_register_view(t, "view", &uv);
+    cgt_segment sb = test_register_affine(t, "b", &ub), se = test_register_affine(t, "syncs", &ue);
+    float x[N], expect_view[N], expect_b[N];
+    for (int i = 0; i < N; i++)
+      x[i] = (float)(i % 5);
+    float *buf = test_dev_floats(x, N);
+    affine_host(x, 2, 1, expect_view, N);
+    affine_host(x, 1, 100, expect_b, N);
+    for (int step = 0; step < 5; step++) {
+      if (step)
+        CHECK_OK(t, cgt_step_begin(t));
+      cgt_value v = run1(t, sa, 0, cgt_arg_static(buf, sizeof x));
+      cgt_value view = run1(t, sv, 0, cgt_arg_value(v));
+      CHECK_OK(t, cgt_value_release(t, v));
+      CHECK_TREE(t);
+      cgt_value b = run1(t, sb, 0, cgt_arg_static(buf, sizeof x));
+      void *pv, *pb;
+      size_t nv, nb;
+      CHECK_OK(t, cgt_value_ptr(t, view, &pv, &nv));
+      CHECK_OK(t, cgt_value_ptr(t, b, &pb, &nb));
+      assert_false(ranges_overlap(pv, nv, pb, nb));
+      expect_floats(t, view, expect_view, N);
+      expect_floats(t, b, expect_b, N);
+      /* An EAGER node's output lives in the side pool: still the tree's. */
+      cgt_value e = run1(t, se, 0, cgt_arg_static(buf, sizeof x));
+      void *pe;
+      CHECK_OK(t, cgt_value_ptr(t, e, &pe, NULL));
+      cgt_arg as_static = cgt_arg_static(pe, sizeof x), as_dynamic = cgt_arg_dynamic(pv, sizeof(float));
+      cgt_value out = {7};
+      uint64_t runs = test_stats(t).runs;
+      CHECK_STATUS(t, CGT_ERR_INVALID_ARGUMENT, cgt_run(t, sb, 0, &as_static, 1, &out, 1));
+      CHECK_STATUS(t, CGT_ERR_INVALID_ARGUMENT, cgt_run(t, sb, 0, &as_dynamic, 1, &out, 1));
+      assert_int_equal(out.bits, 7);
+      assert_int_equal(test_stats(t).runs, runs);
+      CHECK_TREE(t);
+    }
+    if (every_mode[m] == CGT_MODE_TREE)
+      assert_true(test_stats(t).replays > 0);
+    CHECK_OK(t, cgt_sync(t));
+    test_dev_free(buf);
+    test_tree_free(t);
+  }
+}
+
+/* The liveness check looks only at what a node adds to its nearest recorded
+ * ancestor's list, however long the path: a value released before node X's
+ * recording, 300 runs back, and live when X's parent replays in a later
+ * step, still makes X re-record instead of replaying over it. */
+static void test_a_value_dead_at_recording_far_back_in_a_long_path_forces_a_rerecord_when_live(void **state) {
+  (void)state;
+  enum { LONG_CHAIN = 300 };
+  cgt_tree *t = test_tree_new(CGT_MODE_TREE, NULL);
+  test_affine u0 = {.a = 1, .b = 1, .n = N}, uc = {.a = 1, .b = 0, .n = N}, ux = {.a = -1, .b = 0, .n = N};
+  cgt_segment s0 = test_register_affine(t, "first", &u0), sc = test_register_affine(t, "link", &uc);
+  cgt_segment sx = test_register_affine(t, "x", &ux);
+  float x[N], expect_first[N], expect_x[N];
+  for (int i = 0; i < N; i++)
+    x[i] = (float)i;
+  float *buf = test_dev_floats(x, N);
+  affine_host(x, 1, 1, expect_first, N);
+  affine_host(expect_first, -1, 0, expect_x, N);
+  /* Steps 0-2 release `first` early (X records with it dead), steps 3-5
+   * keep it live to the end, then both again. */
+  for (int step = 0; step < 9; step++) {
+    if (step)
+      CHECK_OK(t, cgt_step_begin(t));
+    int keep = step >= 3 && step < 6;
+    cgt_value first = run1(t, s0, 0, cgt_arg_static(buf, sizeof x));
+    cgt_value prev = run1(t, sc, 0, cgt_arg_value(first));
+    for (int i = 1; i < LONG_CHAIN; i++) {
+      cgt_arg a = cgt_arg_value(prev);
+      cgt_value next = {0};
+      CHECK_OK(t, cgt_run(t, sc, 0, &a, 1, &next, 1));
+      CHECK_OK(t, cgt_value_release(t, prev));
+      prev = next;
+      if (i == 10 && !keep)
+        CHECK_OK(t, cgt_value_release(t, first));
+    }
+    cgt_value xv = run1(t, sx, 0, cgt_arg_value(prev));
+    expect_floats(t, xv, expect_x, N);
+    if (keep)
+      expect_floats(t, first, expect_first, N);
+  }
+  cgt_stats s = test_stats(t);
+  assert_true(s.rerecords >= 1);
+  assert_true(s.replays > 5 * (LONG_CHAIN + 1));
+  CHECK_OK(t, cgt_sync(t));
+  test_dev_free(buf);
+  test_tree_free(t);
+}
+
+/* Node info by id, or NULL if no such node exists (any number of nodes). */
+static int find_node(cgt_tree *t, uint32_t id, cgt_node_info *out) {
+  size_t n = node_count(t);
+  cgt_node_info *all = calloc(n + 1, sizeof *all);
+  assert_non_null(all);
+  CHECK_OK(t, cgt_tree_nodes(t, all, n, &n));
+  int found = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (i)
+      assert_true(all[i].id > all[i - 1].id);
+    if (all[i].id == id) {
+      *out = all[i];
+      found = 1;
+    }
+  }
+  free(all);
+  return found;
+}
+
+/* Warmups under a layout that never recurs (here a variant that is new
+ * every step, so its run warms up and the rest of the step with it) leave
+ * WARMUP nodes nobody visits again; past prune_after_steps they go, and the
+ * tree's size stays bounded however long the program runs. The recorded
+ * node every step starts with keeps its id and its counters. */
+static void test_warmup_nodes_of_layouts_that_never_recur_are_pruned_and_the_rest_keep_their_ids(void **state) {
+  (void)state;
+  enum { PRUNE = 8, STEPS = 400 };
+  for (int m = 0; m < 2; m++) {
+    cgt_options o;
+    cgt_options_init(&o);
+    o.prune_after_steps = PRUNE;
+    cgt_tree *t = test_tree_new(every_mode[m], &o);
+    test_affine ur = {.a = 1, .b = 1, .n = N}, un = {.a = 2, .b = 0, .n = N}, uc = {.a = 1, .b = 2, .n = N};
+    cgt_segment sr = test_register_affine(t, "root", &ur), sn = test_register_affine(t, "new_variant", &un);
+    cgt_segment sc = test_register_affine(t, "after", &uc);
+    float x[N];
+    for (int i = 0; i < N; i++)
+      x[i] = 1;
+    float *buf = test_dev_floats(x, N);
+    size_t most = 0;
+    for (int step = 0; step < STEPS; step++) {
+      if (step)
+        CHECK_OK(t, cgt_step_begin(t));
+      CHECK_TREE(t);
+      cgt_value r = run1(t, sr, 0, cgt_arg_static(buf, sizeof x));
+      cgt_value v = run1(t, sn, (uint64_t)step, cgt_arg_value(r));
+      cgt_value c = run1(t, sc, 0, cgt_arg_value(v));
+      assert_true(test_read_first(t, c) == 6.0f); /* (1 + 1) * 2 + 2; the variant only keys the node */
+      size_t n = node_count(t);
+      if (n > most)
+        most = n;
+    }
+    cgt_stats s = test_stats(t);
+    /* Two nodes a step are made; at most 1.5 * PRUNE steps' worth stay. */
+    assert_true(s.nodes_pruned > 2 * (STEPS - 2 * PRUNE));
+    assert_true(most <= 1 + 2 * (PRUNE + PRUNE / 2 + 1));
+    assert_int_equal(node_count(t), s.nodes);
+    cgt_node_info root;
+    assert_true(find_node(t, 1, &root));
+    assert_int_equal(root.segment, sr);
+    assert_true(root.state == CGT_NODE_RECORDED);
+    assert_true(root.replays >= STEPS - 2);
+    cgt_node_info gone;
+    assert_false(find_node(t, 2, &gone)); /* the first step's warmup */
+    CHECK_OK(t, cgt_sync(t));
+    test_dev_free(buf);
+    test_tree_free(t);
+  }
+}
+
+/* A node that turns EAGER moves its outputs out of the graph pool, so the
+ * WARMUP children it had under its warmup layout never match again: they
+ * are pruned, the children made under the EAGER node stay. */
+static void test_a_warmup_child_orphaned_by_its_parent_turning_eager_is_pruned(void **state) {
+  (void)state;
+  enum { PRUNE = 6 };
+  cgt_options o;
+  cgt_options_init(&o);
+  o.prune_after_steps = PRUNE;
+  cgt_tree *t = test_tree_new(CGT_MODE_TREE, &o);
+  test_affine ue = {.a = 1, .b = 1, .n = N, .illegal = 1}, uc = {.a = 3, .b = 0, .n = N};
+  cgt_segment se = test_register_affine(t, "syncs", &ue), sc = test_register_affine(t, "child", &uc);
+  float x[N];
+  for (int i = 0; i < N; i++)
+    x[i] = 2;
+  float *buf = test_dev_floats(x, N);
+  uint32_t orphan = 0;
+  for (int step = 0; step < 4 * PRUNE; step++) {
+    if (step)
+      CHECK_OK(t, cgt_step_begin(t));
+    cgt_value e = run1(t, se, 0, cgt_arg_static(buf, sizeof x));
+    cgt_value c = run1(t, sc, 0, cgt_arg_value(e));
+    assert_true(test_read_first(t, c) == 9.0f);
+    if (step == 0) {
+      orphan = node_info(t, 2).id;
+      assert_true(node_info(t, 2).state == CGT_NODE_WARMUP);
+    }
+  }
+  cgt_node_info info;
+  assert_true(find_node(t, 1, &info));
+  assert_true(info.state == CGT_NODE_EAGER);
+  assert_false(find_node(t, orphan, &info));
+  assert_true(test_stats(t).nodes_pruned == 1);
+  assert_int_equal(node_count(t), 2);
+  CHECK_OK(t, cgt_sync(t));
+  test_dev_free(buf);
+  test_tree_free(t);
+}
+
 const struct CMUnitTest scenario_tests[] = {
     cmocka_unit_test(test_alternating_branches_record_five_nodes_then_only_replay),
     cmocka_unit_test(test_second_branch_records_after_checkpoint_restore),
@@ -829,5 +1043,9 @@ const struct CMUnitTest scenario_tests[] = {
     cmocka_unit_test(test_write_dot_draws_every_node_and_edge),
     cmocka_unit_test(test_graph_dot_dir_receives_every_recorded_graph),
     cmocka_unit_test(test_modes_give_identical_branchy_outputs),
+    cmocka_unit_test(test_a_view_of_a_released_value_keeps_its_memory_and_pool_memory_as_static_is_refused),
+    cmocka_unit_test(test_a_value_dead_at_recording_far_back_in_a_long_path_forces_a_rerecord_when_live),
+    cmocka_unit_test(test_warmup_nodes_of_layouts_that_never_recur_are_pruned_and_the_rest_keep_their_ids),
+    cmocka_unit_test(test_a_warmup_child_orphaned_by_its_parent_turning_eager_is_pruned),
 };
 const size_t scenario_test_count = sizeof scenario_tests / sizeof scenario_tests[0];

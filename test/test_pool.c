@@ -76,12 +76,14 @@ static cgt_status source_alloc(void *ctx, size_t bytes, void **ptr) {
   return CGT_OK;
 }
 
-static void source_free(void *ctx, void *ptr) {
+static void source_free(void *ctx, void *ptr, size_t freed_bytes) {
   test_source *s = ctx;
   size_t i;
   for (i = 0; i < s->n_chunks; i++) {
     if (s->chunks[i].base == ptr) {
       size_t bytes = s->chunks[i].bytes;
+      if (freed_bytes != bytes)
+        fail_msg("source_free of %p names %zu bytes; the source handed out %zu", ptr, freed_bytes, bytes);
       s->live_bytes -= bytes;
       s->chunks[i] = s->chunks[--s->n_chunks];
       if (!s->arena) {

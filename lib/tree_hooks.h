@@ -1,0 +1,25 @@
+/* tree_hooks.h — test hooks of the tree, for the library's own tests.
+ *
+ * Not installed and not part of the contract. Tests link the static library
+ * and include this header to reach failures that a CPU-only machine cannot
+ * produce on demand, such as the host running out of memory in the middle of
+ * a run.
+ */
+#ifndef CGT_TREE_HOOKS_H
+#define CGT_TREE_HOOKS_H
+
+#include "cgtree.h"
+
+/* Host allocation failure injection for the whole tree: the tree's own
+ * allocations, those uthash makes for it, and those of every pool it has or
+ * makes later all count. The next n host allocations succeed and the one
+ * after fails; with once = 1 the hook then turns itself off (so a failing
+ * run's own clean-up still gets memory), with once = 0 every later one fails
+ * too. n < 0 turns the hook off. NULL t is a no-op. */
+void cgt__fail_host_alloc_after(cgt_tree *t, long long n, int once);
+
+/* 1 while the hook is armed and has not fired (a test that saw a run succeed
+ * with the hook still armed knows the run needed fewer than n allocations). */
+int cgt__host_alloc_hook_armed(const cgt_tree *t);
+
+#endif /* CGT_TREE_HOOKS_H */
