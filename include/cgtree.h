@@ -191,7 +191,10 @@ cgt_status cgt_step_begin(cgt_tree *t);
 
 /* Enqueues every held-back replay (defer_launch = 1) on the tree's stream
  * now, in program order. With defer_launch = 0 nothing is ever held back
- * and it returns CGT_OK at once. CGT_ERR_STATE inside a launch function. */
+ * and it returns CGT_OK at once. CGT_ERR_STATE inside a launch function.
+ * Extension: if a held-back launch fails, this call (or whichever call
+ * flushed) returns CGT_ERR_BACKEND and the rest of the held-back work is
+ * dropped, never launched twice. */
 cgt_status cgt_flush(cgt_tree *t);
 
 /* Runs segment seg with args, by replay, recording, warmup or eagerly.
