@@ -59,6 +59,9 @@ struct fuse_span {
 void fuse__init(cgt_tree *t) {
   fuse_state *q = &t->fuse;
   memset(q, 0, sizeof *q);
+  const backend_ops *ops = t->dev.ops;
+  q->enabled = t->opt.defer_launch && ops->fuse && ops->fused_find_copy && ops->fused_set_copy_src &&
+               ops->fused_launch && ops->fused_destroy;
   q->exec_cap = FUSE_CACHE_DEFAULT;
   const char *e = getenv("CGT_FUSE_CACHE");
   if (e && *e) {
@@ -72,11 +75,7 @@ void fuse__init(cgt_tree *t) {
   }
 }
 
-int fuse__enabled(const cgt_tree *t) {
-  const backend_ops *ops = t->dev.ops;
-  return t->opt.defer_launch && ops->fuse && ops->fused_find_copy && ops->fused_set_copy_src && ops->fused_launch &&
-         ops->fused_destroy;
-}
+int fuse__enabled(const cgt_tree *t) { return t->fuse.enabled; }
 
 /* ------------------------------------------------------------ the cache */
 

@@ -22,6 +22,7 @@ typedef struct node node;
 typedef struct fuse_span fuse_span;
 
 typedef struct fuse_state {
+  int enabled; /* defer_launch is set and the backend can fuse */
   /* The held-back replays: always a contiguous stretch of the current path,
    * held[0] (the span's first node, A) down to held[n_held - 1] (its last,
    * B), each the parent of the next. */
@@ -37,7 +38,8 @@ typedef struct fuse_state {
   uint32_t parts_cap;
 } fuse_state;
 
-/* Reads the cap from the environment; holds nothing yet. */
+/* Once the backend is chosen: whether replays may be held back, and the
+ * cap from the environment; holds nothing yet. */
 void fuse__init(cgt_tree *t);
 /* 1 if replays may be held back: defer_launch is set and the backend can
  * fuse. */

@@ -282,7 +282,6 @@ cgt_status cgt_tree_create(const cgt_options *o, cgt_tree **out) {
   t->cur = &t->root;
   t->free_slot = VALUE_NONE;
   t->pool_synced = 1;
-  fuse__init(t);
   const char *dot_dir = getenv("CGT_GRAPH_DOT_DIR");
   if (dot_dir && *dot_dir)
     t->graph_dot_dir = tree__strdup(t, dot_dir);
@@ -295,6 +294,7 @@ cgt_status cgt_tree_create(const cgt_options *o, cgt_tree **out) {
     return CGT_ERR_NO_DEVICE;
   }
   t->dev.ops = ops;
+  fuse__init(t);
   cgt_status st = ops->open(&t->dev, o->device, o->stream);
   if (st != CGT_OK) {
     tree__log(t, CGT_LOG_ERROR, "opening the %s backend: %s", ops->name, t->dev.error);
