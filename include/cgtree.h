@@ -10,8 +10,21 @@
  * This is the one public header (plus cgtree_sim.h for the simulator
  * backend). It compiles as C11 and as C++. Every function returns cgt_status,
  * results travel through out-parameters, and a failing call changes nothing
- * the caller can observe unless its comment says otherwise. The contract is
- * shared/design/API.md; this file adds only what is marked "extension".
+ * the caller can observe unless its comment says otherwise; it leaves a
+ * one-line explanation in cgt_tree_last_error(). A NULL tree is always
+ * CGT_ERR_INVALID_ARGUMENT. Out of memory is CGT_ERR_OUT_OF_MEMORY and
+ * recoverable; the library never exits.
+ *
+ * Threads: one thread per tree at a time (the runtime takes no locks).
+ * Different trees share nothing, so trees on different devices in different
+ * threads are independent. A launch function runs on the thread that called
+ * cgt_run, before it returns. A thread using a tree on device N must have N
+ * as its current CUDA device (cgt_tree_create makes it current on the
+ * creating thread).
+ *
+ * The full reference is docs/api.md (installed under share/doc/cgtree); the
+ * contract is API.md of the design documents, and this file marks what it
+ * adds as "extension".
  */
 #ifndef CGTREE_H
 #define CGTREE_H
@@ -24,10 +37,31 @@
 extern "C" {
 #endif
 
+/* CGT_API marks every function the shared library exports. The library is
+ * built with hidden visibility (-fvisibility=hidden), so only names declared
+ * with CGT_API, all of them cgt_*, reach libcgtree.so's dynamic symbol table;
+ * internal helpers (pool_*, node__*, ...) stay private and cannot clash with a
+ * host program's own symbols. A program may define CGT_API itself before
+ * including this header. */
+#ifndef CGT_API
+#if defined(__GNUC__) || defined(__clang__)
+#define CGT_API __attribute__((visibility("default")))
+#else
+#define CGT_API
+#endif
+#endif
+
+/* The version of this header. cgt_version() tells the version of the library
+ * that is actually loaded; a program can compare the two at start-up. The
+ * shared library's soname is libcgtree.so.0 for all of 0.x (docs/api.md,
+ * "Versions and ABI"). */
 #define CGT_VERSION_MAJOR 0
 #define CGT_VERSION_MINOR 1
 #define CGT_VERSION_PATCH 0
 #define CGT_VERSION_STRING "0.1.0"
+
+/* "0.1.0": the version of the loaded library, a static string. */
+CGT_API const char *cgt_version(void);
 
 /* ---------------------------------------------------------------- status */
 
@@ -50,11 +84,15 @@ typedef enum cgt_status {
   CGT_STATUS_COUNT /* extension: number of status codes */
 } cgt_status;
 
-const char *cgt_status_name(cgt_status s);   /* "CGT_ERR_STALE_VALUE"; "CGT_UNKNOWN_STATUS" if out of range */
-const char *cgt_status_string(cgt_status s); /* one-line human description */
+/* "CGT_ERR_STALE_VALUE"; "CGT_UNKNOWN_STATUS" if out of range. Both return
+ * static strings, valid forever; any thread may call them. */
+CGT_API const char *cgt_status_name(cgt_status s);
+CGT_API const char *cgt_status_string(cgt_status s); /* one-line human description */
 
 /* ------------------------------------------------------------------ tree */
 
+/* Opaque. Made by cgt_tree_create, freed by cgt_tree_destroy; one thread
+ * at a time. */
 typedef struct cgt_tree cgt_tree;
 
 typedef enum cgt_backend { CGT_BACKEND_AUTO = 0, CGT_BACKEND_CUDA, CGT_BACKEND_SIM } cgt_backend;
@@ -65,11 +103,16 @@ typedef enum cgt_mode {
   CGT_MODE_SEPARATE  /* one graph per node, each with its own private pool, no sharing (baseline) */
 } cgt_mode;
 
+/* Zero means default: an all-zeros cgt_options behaves like one from
+ * cgt_options_init, except warmup_runs (0 = record at once). In particular
+ * rerecord_limit = 0 and pool_chunk_bytes = 0 mean their defaults; to turn
+ * recording off, use CGT_MODE_EAGER. Adding a field here is an ABI break. */
 typedef struct cgt_options {
   cgt_backend backend;       /* AUTO: CUDA when a usable GPU is present, else SIM */
   cgt_mode mode;
   int device;                /* CUDA device ordinal */
-  void *stream;              /* cudaStream_t to run on; NULL: the tree creates its own */
+  void *stream;              /* cudaStream_t to run on (stays the caller's); NULL: the tree creates its own
+                                (blocking) stream. Must be NULL on the simulator */
   uint32_t warmup_runs;      /* eager runs of a (segment, variant) before it may be recorded; default 1; 0 = record at once */
   uint32_t rerecord_limit;   /* max recorded children per (parent, segment, variant); past it the run is eager; default 32 */
   size_t pool_chunk_bytes;   /* granularity of pool growth; default 2 MiB */
@@ -91,20 +134,32 @@ typedef struct cgt_options {
 /* Log levels handed to log_fn (extension: the numbers behind CGT_LOG). */
 enum { CGT_LOG_ERROR = 0, CGT_LOG_WARN = 1, CGT_LOG_INFO = 2, CGT_LOG_DEBUG = 3 };
 
-void cgt_options_init(cgt_options *o); /* defaults above */
+CGT_API void cgt_options_init(cgt_options *o); /* writes the defaults above; NULL is a no-op */
 
-/* Create a tree. o may be NULL (defaults). CGT_LOG and CGT_MODE are read
- * here. Fails with CGT_ERR_NO_DEVICE when CUDA is asked for and absent. */
-cgt_status cgt_tree_create(const cgt_options *o, cgt_tree **out);
-/* Frees every graph, node, value and pool chunk. NULL is a no-op. Waits for
- * the tree's stream first. */
-void cgt_tree_destroy(cgt_tree *t);
-cgt_backend cgt_tree_backend(const cgt_tree *t);  /* the backend actually chosen */
-cgt_mode cgt_tree_mode(const cgt_tree *t);        /* extension: the mode in force (after CGT_MODE) */
-void *cgt_tree_stream(const cgt_tree *t);         /* the stream all segments run on */
-const char *cgt_tree_last_error(const cgt_tree *t); /* detail of the last failure, "" if none */
-cgt_status cgt_sync(cgt_tree *t);                 /* wait for all work of the tree's stream */
-int cgt_cuda_available(void);                     /* 1 if a usable CUDA device and driver are present */
+/* Creates a tree; *out is the caller's until cgt_tree_destroy (NULL on
+ * failure). o may be NULL (defaults). CGT_LOG and CGT_MODE are read here;
+ * unknown values are ignored with a warning. CGT_ERR_NO_DEVICE when CUDA is
+ * asked for and absent; CGT_ERR_INVALID_ARGUMENT for NULL out, an unknown
+ * backend or mode, or a stream on the simulator. */
+CGT_API cgt_status cgt_tree_create(const cgt_options *o, cgt_tree **out);
+/* Waits for the tree's stream, then frees every graph, node, value, segment
+ * and pool chunk, and the stream if the tree made it. NULL is a no-op. Every
+ * value, value pointer and string of the tree dies with it. Never call it
+ * inside a launch function. */
+CGT_API void cgt_tree_destroy(cgt_tree *t);
+CGT_API cgt_backend cgt_tree_backend(const cgt_tree *t);  /* the backend actually chosen */
+CGT_API cgt_mode cgt_tree_mode(const cgt_tree *t);        /* extension: the mode in force (after CGT_MODE) */
+/* The stream all segments run on. Owned by the tree if it made it (valid
+ * until cgt_tree_destroy; do not destroy it). */
+CGT_API void *cgt_tree_stream(const cgt_tree *t);
+/* Detail of the last failing call on t, "" if none. Owned by the tree and
+ * overwritten by the next failure: copy it to keep it. */
+CGT_API const char *cgt_tree_last_error(const cgt_tree *t);
+/* Waits for all work of the tree's stream (held-back work is enqueued
+ * first). CGT_ERR_BACKEND when the device reports an error, CGT_ERR_STATE
+ * inside a launch function. */
+CGT_API cgt_status cgt_sync(cgt_tree *t);
+CGT_API int cgt_cuda_available(void);                     /* 1 if a usable CUDA device and driver are present */
 
 /* -------------------------------------------------------------- segments */
 
@@ -115,7 +170,7 @@ typedef cgt_status (*cgt_launch_fn)(cgt_launch *l, void *user);
 typedef struct cgt_segment_desc {
   const char *name; /* copied; shown in logs, dot files and node info */
   cgt_launch_fn launch;
-  void *user;
+  void *user;       /* handed to launch; stays the caller's and must outlive the segment's runs */
   uint32_t n_inputs;
   uint32_t n_outputs;
   uint32_t flags; /* added 2026-11-22: 0, or CGT_SEGMENT_NO_CAPTURE */
@@ -125,28 +180,57 @@ typedef struct cgt_segment_desc {
  * reason "declared uncapturable" (MXNet's per-operator compatibility flag). */
 #define CGT_SEGMENT_NO_CAPTURE 1u
 
-/* Segment ids are small integers starting at 1, in registration order. */
-cgt_status cgt_segment_register(cgt_tree *t, const cgt_segment_desc *d, cgt_segment *out);
+/* Segment ids are small integers starting at 1, in registration order,
+ * valid for the tree's life. CGT_ERR_INVALID_ARGUMENT for a NULL d, launch or
+ * out, or more than 2^20 inputs or outputs; CGT_ERR_STATE inside a launch
+ * function. */
+CGT_API cgt_status cgt_segment_register(cgt_tree *t, const cgt_segment_desc *d, cgt_segment *out);
 
 /* A launch function must enqueue the same work, with the same allocations in
  * the same order, every time it is called with the same input addresses and
- * variant: it is called for warmup and for recording, never for replay. These
- * calls are valid inside it and only inside it (CGT_ERR_STATE elsewhere). */
-void *cgt_launch_stream(cgt_launch *l);            /* cudaStream_t (or sim stream) */
-void *cgt_launch_input(cgt_launch *l, uint32_t i); /* device pointer to read input i from; NULL if i is out of range */
-size_t cgt_launch_input_bytes(cgt_launch *l, uint32_t i);
-uint64_t cgt_launch_variant(cgt_launch *l);
-cgt_status cgt_launch_alloc(cgt_launch *l, size_t bytes, void **ptr); /* pool memory, 256-byte aligned */
-cgt_status cgt_launch_free(cgt_launch *l, void *ptr);    /* a temporary, no longer needed by later work */
-/* Output i is memory allocated in this launch or lies inside an input. */
-cgt_status cgt_launch_set_output(cgt_launch *l, uint32_t i, void *ptr, size_t bytes);
+ * variant: it is called for warmup and for recording, never for replay. It
+ * must not sync the stream or device, cudaMalloc/cudaFree, or use the legacy
+ * stream (capture fails and the node runs eagerly for good), and must set
+ * every output (else the run fails with CGT_ERR_SEGMENT_FAILED). A status
+ * other than CGT_OK fails the run, which then changes nothing.
+ *
+ * These calls are valid inside it and only inside it (CGT_ERR_STATE, NULL or
+ * 0 elsewhere); the context dies when the launch function returns. Inside it
+ * the read-only queries (cgt_tree_backend/mode/stream/last_error/stats/nodes)
+ * are fine too; cgt_run, cgt_step_begin, cgt_sync, cgt_flush,
+ * cgt_value_release, cgt_value_copy_out and cgt_segment_register return
+ * CGT_ERR_STATE; never call cgt_tree_destroy from it. */
+CGT_API void *cgt_launch_stream(cgt_launch *l);            /* cudaStream_t (or sim stream) */
+/* Device pointer to read input i from; NULL if i is out of range. For a
+ * DYNAMIC argument it is a placeholder in the pool, not the caller's
+ * pointer. Stable for the node, so kernels may use it on every replay. */
+CGT_API void *cgt_launch_input(cgt_launch *l, uint32_t i);
+CGT_API size_t cgt_launch_input_bytes(cgt_launch *l, uint32_t i); /* 0 if i is out of range */
+CGT_API uint64_t cgt_launch_variant(cgt_launch *l);
+/* Pool memory, 256-byte aligned. It lives until the launch returns unless an
+ * output lies in it (then as long as a value in it lives): workspaces need
+ * no free. Return CGT_ERR_OUT_OF_MEMORY from the launch if it fails. */
+CGT_API cgt_status cgt_launch_alloc(cgt_launch *l, size_t bytes, void **ptr);
+/* A temporary of this launch, no longer needed by later work; anything else
+ * is CGT_ERR_INVALID_ARGUMENT. */
+CGT_API cgt_status cgt_launch_free(cgt_launch *l, void *ptr);
+/* Output i is [ptr, ptr + bytes): memory allocated in this launch or inside
+ * an input (an alias or a view). CGT_ERR_INVALID_ARGUMENT otherwise, or for
+ * i out of range, NULL, 0 bytes or an overflowing range. */
+CGT_API cgt_status cgt_launch_set_output(cgt_launch *l, uint32_t i, void *ptr, size_t bytes);
 
 /* ------------------------------------------------------------------ runs */
 
+/* A plain 64-bit handle (slot and generation): copy it freely, it needs no
+ * freeing. It belongs to the tree that made it; another tree refuses it
+ * (CGT_ERR_INVALID_ARGUMENT). */
 typedef struct cgt_value {
   uint64_t bits;
 } cgt_value; /* 0 is never a valid value */
 
+/* Caller-owned means caller-owned: a STATIC or DYNAMIC argument that overlaps
+ * memory of the tree's pools is refused with CGT_ERR_INVALID_ARGUMENT, in
+ * every mode (pass the value instead). */
 typedef enum cgt_arg_kind {
   CGT_ARG_VALUE,  /* a value from an earlier run of this step */
   CGT_ARG_STATIC, /* caller-owned device memory at a stable address: its address is part of the node key */
@@ -185,34 +269,60 @@ static inline cgt_arg cgt_arg_dynamic(const void *ptr, size_t bytes) {
   return a;
 }
 
-/* Ends the current step: every value still live becomes stale, and the path
- * restarts at the roots. The first cgt_run after create needs none. */
-cgt_status cgt_step_begin(cgt_tree *t);
+/* Ends the current step: every value still live becomes stale (its memory
+ * will be reused), and the path restarts at the roots. The first cgt_run
+ * after create needs none. CGT_ERR_STATE inside a launch function. */
+CGT_API cgt_status cgt_step_begin(cgt_tree *t);
 
 /* Enqueues every held-back replay (defer_launch = 1) on the tree's stream
  * now, in program order. With defer_launch = 0 nothing is ever held back
  * and it returns CGT_OK at once. CGT_ERR_STATE inside a launch function.
+ * Held-back work is also enqueued, at the latest, by cgt_sync,
+ * cgt_value_copy_out, cgt_value_ptr, cgt_step_begin, cgt_tree_destroy and any
+ * cgt_run that warms up, records or runs eagerly; until then the caller must
+ * not touch memory that held-back work reads or writes (STATIC and DYNAMIC
+ * arguments included). Results are bit-for-bit those of defer_launch = 0.
  * Extension: if a held-back launch fails, this call (or whichever call
  * flushed) returns CGT_ERR_BACKEND and the rest of the held-back work is
  * dropped, never launched twice. */
-cgt_status cgt_flush(cgt_tree *t);
+CGT_API cgt_status cgt_flush(cgt_tree *t);
 
 /* Runs segment seg with args, by replay, recording, warmup or eagerly.
- * Returns once the work is enqueued; outputs receive n_outputs new values.
- * A capture failure is not an error here: the node turns EAGER and the run
- * still produces its outputs. */
-cgt_status cgt_run(cgt_tree *t, cgt_segment seg, uint64_t variant, const cgt_arg *args, uint32_t n_args,
+ * Returns once the work is enqueued; outputs receive n_outputs new values,
+ * live until released or the step ends. The node key is (seg, variant, the
+ * address and size of every VALUE and STATIC argument, the size of every
+ * DYNAMIC one). Statuses: CGT_ERR_INVALID_ARGUMENT (unknown segment, counts
+ * that do not match it, bad or pool-overlapping caller memory, a value of
+ * another tree), CGT_ERR_STALE_VALUE, CGT_ERR_SEGMENT_FAILED, CGT_ERR_STATE
+ * inside a launch function, CGT_ERR_OUT_OF_MEMORY, CGT_ERR_BACKEND; on any of
+ * them nothing changed.
+ *
+ * A capture failure is not an error here: when the backend reports the
+ * capture invalidated, the node turns EAGER whatever the launch function
+ * returned, runs eagerly once more, and cgt_run returns what that run
+ * returns (any sticky device error the capture left is cleared). If the eager
+ * run fails too, the run fails and changes nothing. */
+CGT_API cgt_status cgt_run(cgt_tree *t, cgt_segment seg, uint64_t variant, const cgt_arg *args, uint32_t n_args,
                    cgt_value *outputs, uint32_t n_outputs);
 
 /* ---------------------------------------------------------------- values */
 
 /* A value is live from the cgt_run that made it until it is released or the
- * step ends. Every use of a value that is not live is CGT_ERR_STALE_VALUE. */
-cgt_status cgt_value_ptr(cgt_tree *t, cgt_value v, void **ptr, size_t *bytes);
-cgt_status cgt_value_release(cgt_tree *t, cgt_value v); /* its memory may be reused by later runs */
+ * step ends. Every use of a value that is not live is CGT_ERR_STALE_VALUE
+ * (counted in stats.stale_uses), never served from overwritten memory. */
+
+/* The device address and size of a live value; either out-parameter may be
+ * NULL, not both. The memory is the tree's: use it on the tree's stream or
+ * after cgt_sync, only while the value is live, and never free it. */
+CGT_API cgt_status cgt_value_ptr(cgt_tree *t, cgt_value v, void **ptr, size_t *bytes);
+/* The caller will not use v again: its memory may be reused by later runs.
+ * Release values where an eager program would free them. CGT_ERR_STATE
+ * inside a launch function. */
+CGT_API cgt_status cgt_value_release(cgt_tree *t, cgt_value v);
 /* Async copy of the first `bytes` bytes of v to caller memory (device or host)
- * on the tree stream; bytes may not exceed the value's size. */
-cgt_status cgt_value_copy_out(cgt_tree *t, cgt_value v, void *dst, size_t bytes);
+ * on the tree stream (cgt_sync before reading it on the host); bytes may not
+ * exceed the value's size. CGT_ERR_STATE inside a launch function. */
+CGT_API cgt_status cgt_value_copy_out(cgt_tree *t, cgt_value v, void *dst, size_t bytes);
 
 /* --------------------------------------------------------- introspection */
 
@@ -222,7 +332,7 @@ typedef enum cgt_node_state {
   CGT_NODE_EAGER     /* capture failed or limits hit: runs eagerly outside the pool, for good */
 } cgt_node_state;
 
-const char *cgt_node_state_name(cgt_node_state s); /* extension: "WARMUP", "RECORDED", "EAGER" */
+CGT_API const char *cgt_node_state_name(cgt_node_state s); /* extension: "WARMUP", "RECORDED", "EAGER" */
 
 typedef struct cgt_node_info {
   uint32_t id;     /* 1-based, in creation order; stable for the tree's life */
@@ -264,20 +374,21 @@ typedef struct cgt_stats {
   uint64_t nodes_pruned;       /* extension: nodes removed by prune_after_steps (nodes counts those that exist) */
 } cgt_stats;
 
-cgt_status cgt_tree_stats(const cgt_tree *t, cgt_stats *out);
+CGT_API cgt_status cgt_tree_stats(const cgt_tree *t, cgt_stats *out);
 /* Writes at most cap entries ordered by id and sets *count to the total
- * number of nodes (cap = 0 asks for the count; out may then be NULL).
+ * number of nodes (cap = 0 asks for the count; out may then be NULL). The
+ * entries' strings are the tree's, valid until cgt_tree_destroy.
  * Pruned nodes (prune_after_steps) no longer exist: the list skips their
  * ids, *count does not include them, and the ids of the nodes that remain
  * never change. Ids are never reused. */
-cgt_status cgt_tree_nodes(const cgt_tree *t, cgt_node_info *out, size_t cap, size_t *count);
-/* Graphviz: one box per node with segment, state, replays. */
-cgt_status cgt_tree_write_dot(const cgt_tree *t, FILE *f);
+CGT_API cgt_status cgt_tree_nodes(const cgt_tree *t, cgt_node_info *out, size_t cap, size_t *count);
+/* Graphviz: one box per node with segment, state, replays. Does not close f. */
+CGT_API cgt_status cgt_tree_write_dot(const cgt_tree *t, FILE *f);
 
 /* Extension: asserts every structural invariant of the tree (links, keys,
  * value slots, pool agreement). Returns CGT_OK or CGT_ERR_STATE with the
  * broken invariant in cgt_tree_last_error(). Tests call it after each run. */
-cgt_status cgt_tree_check(cgt_tree *t);
+CGT_API cgt_status cgt_tree_check(cgt_tree *t);
 
 #ifdef __cplusplus
 }

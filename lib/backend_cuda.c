@@ -146,8 +146,21 @@ static cgt_status cuda_open(backend *b, int device, void *stream) {
   return CGT_OK;
 }
 
-/* Ends a capture that is still open on the stream, dropping what it caught.
- * Used when a capture broke and when the backend closes mid-capture. */
+/* Ends a capture that is still open on the stream, dropping what it caught,
+ * and leaves no error behind. Used when a capture broke and when the backend
+ * closes mid-capture.
+ *
+ * Nothing of a broken capture may reach the next cudaGetLastError of a
+ * segment, in this tree or in another one on this thread: the illegal call's
+ * error, the errors of the launches made into the invalidated capture and
+ * cudaStreamEndCapture's own are all recorded as the thread's last error.
+ * Capture errors are not sticky (they do not corrupt the context), so one
+ * cudaGetLastError clears them; a query of the stream first makes it give up
+ * anything it still holds for us (a healthy stream answers cudaSuccess or
+ * cudaErrorNotReady, and the cudaGetLastError after it clears either way).
+ * The loop is bounded because a truly sticky error (a kernel that faulted)
+ * cannot be cleared at all; that one is the program's, and every later call
+ * reports it. */
 static void end_stray_capture(cudaStream_t stream) {
   enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(stream, &cs) == cudaSuccess && cs != cudaStreamCaptureStatusNone) {
@@ -156,6 +169,9 @@ static void end_stray_capture(cudaStream_t stream) {
       (void)cudaGraphDestroy(g);
   }
   (void)cudaGetLastError();
+  (void)cudaStreamQuery(stream);
+  for (int i = 0; i < 4 && cudaGetLastError() != cudaSuccess; i++)
+    ;
 }
 
 static void cuda_close(backend *b) {
@@ -279,6 +295,9 @@ static cgt_status cuda_capture_end(backend *b, void **graph) {
    * back; it is useless. */
   if (g != NULL)
     (void)cudaGraphDestroy(g);
+  /* Every path below ends in end_stray_capture, which leaves the thread
+   * without a CUDA error: the tree runs the segment eagerly next, and its
+   * own error checks must see a clean slate. */
   if (e != cudaSuccess && cause != cudaSuccess && cause != e)
     snprintf(b->error, sizeof b->error, "%s (%s) during capture; cudaStreamEndCapture: %s", cudaGetErrorName(cause),
              cudaGetErrorString(cause), cudaGetErrorName(e));

@@ -163,8 +163,9 @@ static void evict_execs(cgt_tree *t, const fuse_span *keep) {
     }
 }
 
-/* Builds the fused executable of span s (held[0..n)). On failure the span
- * is marked unfusable; the caller launches it node by node. */
+/* Builds the fused executable of span s (held[0..n)). On failure the caller
+ * launches it node by node; the span is marked unfusable unless only memory
+ * ran out (then the next flush tries again). */
 static void span_build(cgt_tree *t, fuse_span *s, node *const *held, uint32_t n) {
   const backend_ops *ops = t->dev.ops;
   fuse_state *q = &t->fuse;
@@ -178,28 +179,34 @@ static void span_build(cgt_tree *t, fuse_span *s, node *const *held, uint32_t n)
         why = "a DYNAMIC argument is copied outside its graph";
     n_copies += held[i]->n_placeholders;
   }
-  if (!why && !tree__grow(t, (void **)&q->parts, &q->parts_cap, n, sizeof *q->parts))
-    why = "no host memory";
+  int retry = 0; /* only memory ran out: try again at the next flush */
   fuse_copy *copies = NULL;
-  if (!why && n_copies && !(copies = tree__calloc(t, n_copies, sizeof *copies)))
+  if (!why && (!tree__grow(t, (void **)&q->parts, &q->parts_cap, n, sizeof *q->parts) ||
+               (n_copies && !(copies = tree__calloc(t, n_copies, sizeof *copies))))) {
     why = "no host memory";
+    retry = 1;
+  }
   void *fused = NULL;
   if (!why) {
     for (uint32_t i = 0; i < n; i++)
       q->parts[i] = held[i]->graph;
-    if (ops->fuse(&t->dev, q->parts, n, &fused) != CGT_OK)
+    cgt_status st = ops->fuse(&t->dev, q->parts, n, &fused);
+    if (st != CGT_OK) {
       why = t->dev.error;
+      retry = st == CGT_ERR_OUT_OF_MEMORY;
+    }
   }
   for (uint32_t i = 0, k = 0; i < n && !why; i++)
     for (uint32_t j = 0; j < held[i]->n_placeholders && !why; j++, k++)
       if (ops->fused_find_copy(&t->dev, fused, i, held[i]->placeholders[j].ptr, &copies[k].handle) != CGT_OK)
         why = t->dev.error;
   if (why) {
-    tree__log(t, CGT_LOG_INFO, "span of nodes %u..%u is launched node by node: %s", s->first->id, s->last->id, why);
+    tree__log(t, CGT_LOG_INFO, "span of nodes %u..%u is launched node by node%s: %s", s->first->id, s->last->id,
+              retry ? " this time" : "", why);
     if (fused)
       ops->fused_destroy(&t->dev, fused);
     free(copies);
-    s->unfusable = 1;
+    s->unfusable = !retry;
     return;
   }
   s->fused = fused;

@@ -159,6 +159,9 @@ static cgt_status check_nodes(cgt_tree *t) {
     CHECK(n->key_bytes == (2 + 3 * (size_t)s->n_inputs) * 8 && n->key[0] == ((uint64_t)n->segment | (uint64_t)s->n_inputs << 32) &&
               n->key[1] == n->variant,
           "node %u's key does not match its segment and variant", n->id);
+    CHECK(!(s->flags & CGT_SEGMENT_NO_CAPTURE) ||
+              (n->state == CGT_NODE_EAGER && n->reason && !strcmp(n->reason, "declared uncapturable")),
+          "node %u of a segment declared uncapturable is not EAGER for that reason", n->id);
     switch (n->state) {
     case CGT_NODE_WARMUP:
       CHECK(!n->exec && !n->graph && !n->ckpt, "WARMUP node %u holds a recording", n->id);
@@ -181,6 +184,16 @@ static cgt_status check_nodes(cgt_tree *t) {
 
 static int path_bit(const cgt_tree *t, uint32_t p) { return (int)(t->path_live[p / 64] >> (p % 64) & 1); }
 
+typedef struct block_owner {
+  const void *block;
+  uint32_t owner;
+} block_owner;
+
+static int compare_block_owner(const void *a, const void *b) {
+  uintptr_t x = (uintptr_t)((const block_owner *)a)->block, y = (uintptr_t)((const block_owner *)b)->block;
+  return (x > y) - (x < y);
+}
+
 static cgt_status check_values(cgt_tree *t) {
   uint32_t live = 0, free_count = 0;
   for (uint32_t p = 0; p < t->path_len; p++) {
@@ -195,38 +208,52 @@ static cgt_status check_values(cgt_tree *t) {
     CHECK(i < t->n_slots && !t->slots[i].live, "free list holds slot %u, which is live or out of range", i);
     CHECK(++free_count <= t->n_slots, "the free list of value slots loops");
   }
-  uint32_t live_slots = 0, retired = 0;
+  uint32_t live_slots = 0, retired = 0, held = 0;
   for (uint32_t i = 0; i < t->n_slots; i++) {
-    live_slots += t->slots[i].live;
-    retired += !t->slots[i].live && t->slots[i].gen == 0;
+    const value_slot *s = &t->slots[i];
+    live_slots += s->live;
+    retired += !s->live && s->gen == 0;
+    held += !s->live && s->gen != 0 && s->refs > 0;
   }
   CHECK(live_slots == live && live == t->n_live, "%u live slots, %u live path positions, n_live %u", live_slots, live,
         t->n_live);
-  CHECK(live + free_count + retired == t->n_slots, "%u live + %u free + %u retired slots != %u", live, free_count,
-        retired, t->n_slots);
-  /* The block table counts exactly the live values of each block. */
-  for (uint32_t i = 0; i < t->block_refs_cap; i++)
-    t->block_refs[i].seen = 0;
-  for (uint32_t p = 0; p < t->path_len; p++) {
+  CHECK(live + free_count + retired + held == t->n_slots, "%u live + %u free + %u retired + %u held slots != %u",
+        live, free_count, retired, held, t->n_slots);
+  /* Block counts: every live value in a block names an owner in the same
+   * block, the owner counts exactly those values, and one block has one
+   * owner. */
+  uint32_t *count = calloc(t->n_slots ? t->n_slots : 1, sizeof *count);
+  block_owner *pairs = calloc(t->path_len ? t->path_len : 1, sizeof *pairs);
+  uint32_t n_pairs = 0;
+  cgt_status st = count && pairs ? CGT_OK : tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory to check the tree");
+  for (uint32_t p = 0; p < t->path_len && st == CGT_OK; p++) {
     const value_slot *s = &t->slots[t->path[p]];
-    if (!path_bit(t, p) || !s->block)
+    if (!path_bit(t, p))
       continue;
-    block_ref *r = value__find_block_ref(t, s->block);
-    CHECK(r, "live value at path position %u sits in block %p, which the block table lacks", p, s->block);
-    r->seen++;
-  }
-  uint32_t entries = 0;
-  for (uint32_t i = 0; i < t->block_refs_cap; i++) {
-    const block_ref *r = &t->block_refs[i];
-    if (!r->block)
+    if (!s->block) {
+      if (s->owner != VALUE_NONE)
+        st = tree__fail(t, CGT_ERR_STATE, "live value at path position %u lies in no block but has an owner", p);
       continue;
-    entries++;
-    CHECK(r->count > 0 && r->seen == r->count, "block %p: the table counts %u live values, the path holds %u",
-          r->block, r->count, r->seen);
+    }
+    if (s->owner >= t->n_slots || t->slots[s->owner].block != s->block || t->slots[s->owner].pool != s->pool)
+      st = tree__fail(t, CGT_ERR_STATE, "live value at path position %u names an owner outside its block", p);
+    else
+      count[s->owner]++;
+    pairs[n_pairs++] = (block_owner){s->block, s->owner};
   }
-  CHECK(entries == t->n_block_refs, "the block table holds %u entries but says %u", entries, t->n_block_refs);
-  CHECK(t->n_block_refs * 2 <= t->block_refs_cap || !t->block_refs_cap, "the block table is more than half full");
-  return CGT_OK;
+  for (uint32_t i = 0; i < t->n_slots && st == CGT_OK; i++)
+    if (count[i] != t->slots[i].refs)
+      st = tree__fail(t, CGT_ERR_STATE, "slot %u counts %u live values in its block, %u name it", i, t->slots[i].refs,
+                      count[i]);
+  if (st == CGT_OK)
+    qsort(pairs, n_pairs, sizeof *pairs, compare_block_owner);
+  for (uint32_t i = 1; i < n_pairs && st == CGT_OK; i++)
+    if (pairs[i].block == pairs[i - 1].block && pairs[i].owner != pairs[i - 1].owner)
+      st = tree__fail(t, CGT_ERR_STATE, "block %p has two owners, slots %u and %u", pairs[i].block, pairs[i - 1].owner,
+                      pairs[i].owner);
+  free(count);
+  free(pairs);
+  return st;
 }
 
 static cgt_status check_pools(cgt_tree *t) {
@@ -237,8 +264,33 @@ static cgt_status check_pools(cgt_tree *t) {
     if (t->nodes[i]->own_pool)
       CHECK(pool_check(t->nodes[i]->own_pool, why, sizeof why), "private pool of node %u: %s", i + 1, why);
 
-  /* Live values: inside their blocks, and no two blocks overlap. */
+  /* Every chunk the tree holds is in one of its pools, and together they
+   * keep pool_limit_bytes. */
+  size_t held = 0, unused = 0;
+  uint64_t host_allocs = 0;
+  add_pool(t->pool, &held, &unused, &unused, &host_allocs);
+  add_pool(t->side_pool, &held, &unused, &unused, &host_allocs);
+  for (uint32_t i = 0; i < t->n_nodes; i++)
+    add_pool(t->nodes[i]->own_pool, &held, &unused, &unused, &host_allocs);
+  CHECK(held == t->pool_held_bytes, "the pools hold %zu bytes of chunks, the tree counts %zu", held,
+        t->pool_held_bytes);
+  CHECK(!t->opt.pool_limit_bytes || held <= t->opt.pool_limit_bytes,
+        "the pools hold %zu bytes, above pool_limit_bytes %zu", held, t->opt.pool_limit_bytes);
+
+  /* Every chunk is in the tree's table of chunks, which arguments are
+   * checked against. */
+  size_t table_bytes = 0;
+  for (uint32_t i = 0; i < t->n_chunks; i++) {
+    CHECK(t->chunks[i].base < t->chunks[i].end && (i == 0 || t->chunks[i - 1].end <= t->chunks[i].base),
+          "the table of pool chunks is out of order at %u", i);
+    table_bytes += t->chunks[i].end - t->chunks[i].base;
+  }
+  CHECK(table_bytes == held, "the table of pool chunks covers %zu bytes, the pools hold %zu", table_bytes, held);
+
+  /* Live values: inside their blocks, each block counted once. */
   size_t distinct_graph_bytes = 0;
+  uint8_t *seen_owner = calloc(t->n_slots ? t->n_slots : 1, 1);
+  CHECK(seen_owner, "no host memory to check the pools");
   for (uint32_t p = 0; p < t->path_len; p++) {
     if (!path_bit(t, p))
       continue;
@@ -248,20 +300,20 @@ static cgt_status check_pools(cgt_tree *t) {
     size_t bytes = pool_block_bytes(a->pool, a->block);
     /* Only the graph pool lets go of the path: replay leaves its layout. */
     int owned_now = !(a->pool == t->pool && t->opt.mode == CGT_MODE_TREE && !t->pool_synced);
-    if (owned_now) {
-      CHECK(bytes > 0, "live value at path position %u sits in block %p, which is not allocated", p, a->block);
-      CHECK((uintptr_t)a->ptr >= (uintptr_t)a->block &&
-                (uintptr_t)a->ptr - (uintptr_t)a->block + a->bytes <= bytes,
-            "live value at path position %u overruns its block", p);
+    if (owned_now && (bytes == 0 || (uintptr_t)a->ptr < (uintptr_t)a->block ||
+                      (uintptr_t)a->ptr - (uintptr_t)a->block + a->bytes > bytes)) {
+      free(seen_owner);
+      return tree__fail(t, CGT_ERR_STATE, "live value at path position %u is not inside its allocated block %p", p,
+                        a->block);
     }
-    /* check_values proved the table right; count each block once. */
-    block_ref *r = value__find_block_ref(t, a->block);
-    int first_of_block = r && r->seen == r->count;
-    if (r)
-      r->seen--;
+    /* check_values proved the owners right; count each block once, at the
+     * first live value that names its owner. */
+    int first_of_block = !seen_owner[a->owner];
+    seen_owner[a->owner] = 1;
     if (first_of_block && a->pool == t->pool && owned_now)
       distinct_graph_bytes += bytes;
   }
+  free(seen_owner);
   if (t->opt.mode == CGT_MODE_TREE && t->pool_synced) {
     pool_stats ps;
     pool_get_stats(t->pool, &ps);

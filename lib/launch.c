@@ -88,9 +88,12 @@ cgt_status launch__call(cgt_tree *t) {
   cgt_status st = l->seg->launch(l, l->seg->user);
   l->active = 0;
   if (st != CGT_OK) {
-    if (l->oom)
-      return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "segment '%s': out of pool memory (launch returned %s)",
-                        l->seg->name, cgt_status_name(st));
+    if (l->oom) {
+      char detail[TREE_ERROR_BYTES];
+      memcpy(detail, t->error, sizeof detail); /* the failed cgt_launch_alloc's message */
+      return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "segment '%s': out of pool memory (launch returned %s): %s",
+                        l->seg->name, cgt_status_name(st), detail);
+    }
     return tree__fail(t, CGT_ERR_SEGMENT_FAILED, "segment '%s': launch function returned %s", l->seg->name,
                       cgt_status_name(st));
   }
@@ -172,12 +175,13 @@ cgt_status cgt_launch_alloc(cgt_launch *l, size_t bytes, void **ptr) {
     l->allocs_cap = cap;
   }
   void *p;
+  t->dev.error[0] = '\0'; /* a refused chunk leaves its reason here */
   cgt_status st = pool_alloc(l->pool, bytes, &p);
   if (st != CGT_OK) {
     if (st == CGT_ERR_OUT_OF_MEMORY)
       l->oom = 1;
     return tree__fail(t, st, "cgt_launch_alloc: %zu bytes for segment '%s': %s", bytes, l->seg->name,
-                      cgt_status_string(st));
+                      t->dev.error[0] ? t->dev.error : cgt_status_string(st));
   }
   launch_alloc *a = &l->allocs[l->n_allocs++];
   a->ptr = p;

@@ -20,9 +20,11 @@
  *   WARMUP  otherwise: run the launch function eagerly with pool memory;
  *           the rest of the step is warmup too, because those allocations
  *           moved the pool away from every recorded layout.
- *   EAGER   a node whose capture failed or whose parent has too many
- *           recordings of the segment: run eagerly on the side pool, which
- *           leaves the graph pool alone, so its children still record.
+ *   EAGER   a node whose capture failed, whose parent has too many
+ *           recordings of the segment, or whose segment is declared
+ *           uncapturable: run eagerly on the side pool, which leaves the
+ *           graph pool alone, so its children still record. A node turns
+ *           EAGER only as part of a run that succeeds (see run_eager_node).
  *
  * The pool is "synced" while its layout is exactly the blocks of the path's
  * live values; warmup and recording need that, replay breaks it (the graph
@@ -228,10 +230,6 @@ static void node_make_eager(cgt_tree *t, node *n, char *reason) {
 
 /* ---------------------------------------------------------------- the pool */
 
-static int keep_live_block(void *user, void *base) {
-  cgt_tree *t = user;
-  return value__block_refs(t, base) > 0;
-}
 
 /* Brings the graph pool to the layout of the path's live values. The layout
  * it replaces is kept until the run is over (pool_sync_end), so that a run
@@ -250,7 +248,9 @@ static cgt_status pool_sync(cgt_tree *t) {
   if (a == &t->root) {
     pool_clear(t->pool);
   } else {
-    st = pool_restore(t->pool, a->ckpt, keep_live_block, t);
+    st = value__collect_live_blocks(t, t->pool);
+    if (st == CGT_OK)
+      st = pool_restore(t->pool, a->ckpt, value__keep_live_block, t);
     if (st != CGT_OK) {
       pool_checkpoint_free(undo);
       return tree__fail(t, st, "restoring the checkpoint of node %u: %s", a->id, cgt_status_string(st));
@@ -318,10 +318,28 @@ static void set_inputs_direct(cgt_tree *t) {
   }
 }
 
+/* A live value in `block` that this run knows of: an earlier output of the
+ * run (two outputs in one allocation or one input), or a VALUE argument the
+ * output aliases. No other live value can hold the block: a run allocates
+ * only memory no live value holds, and a recording replays only while the
+ * values it overlapped are dead. VALUE_NONE if the block is new. */
+static uint32_t block_sharer(const cgt_tree *t, const void *block, const cgt_value *made, uint32_t n_made) {
+  if (!block)
+    return VALUE_NONE;
+  for (uint32_t o = 0; o < n_made; o++)
+    if (t->slots[value__slot_of(made[o])].block == block)
+      return value__slot_of(made[o]);
+  for (uint32_t i = 0; i < t->n_run_args; i++)
+    if (t->args[i].slot != VALUE_NONE && t->args[i].block == block)
+      return t->args[i].slot;
+  return VALUE_NONE;
+}
+
 static void hand_out_launch_outputs(cgt_tree *t, cgt_value *outputs) {
   cgt_launch *l = &t->launch;
   for (uint32_t o = 0; o < l->n_outputs; o++)
-    outputs[o] = value__make(t, l->out_ptr[o], l->out_bytes[o], l->out_block[o], l->out_pool[o]);
+    outputs[o] = value__make(t, l->out_ptr[o], l->out_bytes[o], l->out_block[o], l->out_pool[o],
+                             block_sharer(t, l->out_block[o], outputs, o));
   l->n_allocs = 0; /* the allocations now belong to values */
 }
 
@@ -434,7 +452,7 @@ static cgt_status replay(cgt_tree *t, node *n, cgt_value *outputs) {
   }
   for (uint32_t o = 0; o < n->n_outputs; o++) {
     const node_output *out = &n->outputs[o];
-    outputs[o] = value__make(t, out->ptr, out->bytes, out->block, out->pool);
+    outputs[o] = value__make(t, out->ptr, out->bytes, out->block, out->pool, block_sharer(t, out->block, outputs, o));
   }
   for (uint32_t i = 0; i < n->n_placeholders; i++) {
     t->stats.input_copies++;
@@ -486,10 +504,11 @@ static cgt_status recording_placeholders(cgt_tree *t, recording *r, const segmen
     if (t->args[i].keyed)
       continue;
     void *p;
+    t->dev.error[0] = '\0'; /* a refused chunk leaves its reason here */
     cgt_status st = pool_alloc(r->pl, t->args[i].bytes, &p);
     if (st != CGT_OK)
       return tree__fail(t, st, "placeholder of %zu bytes for input %u: %s", t->args[i].bytes, i,
-                        cgt_status_string(st));
+                        t->dev.error[0] ? t->dev.error : cgt_status_string(st));
     r->ph[r->n_ph++] = (node_placeholder){i, p, t->args[i].bytes, NULL, t->args[i].ptr, t->args[i].ptr};
     st = r->copies_in_graph ? CGT_OK : t->dev.ops->copy(&t->dev, p, t->args[i].ptr, t->args[i].bytes);
     if (st != CGT_OK)
@@ -521,9 +540,9 @@ static const node *recorded_ancestor(const cgt_tree *t, const node *n) {
  * Values elsewhere (eager nodes' side pool, views of caller memory) may be
  * live or dead when it replays. */
 static cgt_status recording_dead_list(cgt_tree *t, const node *n, recording *r) {
-  if (t->opt.mode != CGT_MODE_TREE)
-    return CGT_OK;
   uint32_t words = (t->path_len + 63) / 64;
+  if (t->opt.mode != CGT_MODE_TREE || words == 0)
+    return CGT_OK;
   if (words > t->dead_scratch_words) {
     uint64_t *scratch = tree__calloc(t, words, sizeof *scratch);
     if (!scratch)
@@ -668,8 +687,9 @@ static cgt_status fall_back_eagerly(cgt_tree *t, node *n, const segment_rec *seg
 }
 
 /* Captures the launch function into a graph. On success the node is
- * RECORDED, checkpointed and launched once. A capture failure turns the node
- * EAGER and runs it eagerly; other failures change nothing. */
+ * RECORDED, checkpointed and launched once. A capture failure runs the node
+ * eagerly and, if that succeeds, turns it EAGER; every other failure, and an
+ * eager run that fails too, changes nothing. */
 static cgt_status record(cgt_tree *t, node *n, const segment_rec *seg, int is_rerecord, cgt_value *outputs) {
   const backend_ops *ops = t->dev.ops;
   recording r;
@@ -689,7 +709,13 @@ static cgt_status record(cgt_tree *t, node *n, const segment_rec *seg, int is_re
     if (ops->range_pop)
       ops->range_pop(&t->dev);
     recording_undo(t, &r);
-    return tree__backend_fail(t, st, "capture_begin");
+    if (st != CGT_ERR_CAPTURE_FAILED)
+      return tree__backend_fail(t, st, "capture_begin");
+    /* The device would not capture this stream at all: the remedy is the
+     * same as for a capture that broke. */
+    char why[BACKEND_ERROR_BYTES + 32];
+    snprintf(why, sizeof why, "capture could not begin: %s", t->dev.error);
+    return fall_back_eagerly(t, n, seg, why, outputs);
   }
   /* DYNAMIC arguments are copied into their placeholders inside the graph
    * when the backend can repoint such copies later. */
@@ -835,9 +861,7 @@ cgt_status node__run(cgt_tree *t, cgt_segment id, const segment_rec *seg, uint64
   const node *next = cur->hot_child;
   if (next) {
     __builtin_prefetch(next);
-    __builtin_prefetch((const char *)next + 64);
-    __builtin_prefetch((const char *)next + 128);
-    __builtin_prefetch(next->key);
+    __builtin_prefetch(next + 1); /* its key, without waiting for the node to arrive */
   }
   if (cur->next_exec)
     __builtin_prefetch(cur->next_exec); /* a hint only: it may be stale, and prefetching cannot fault */

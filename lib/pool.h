@@ -99,6 +99,7 @@ int pool_check(const pool *p, char *why, size_t why_bytes);
 typedef struct pool_fail_hook {
   long long after;
   int once;
+  long long fired; /* failures injected so far */
 } pool_fail_hook;
 
 /* 1 if the allocation about to be made must fail; counts it down. */
@@ -111,6 +112,7 @@ static inline int pool_fail_hook_fires(pool_fail_hook *h) {
   }
   if (h->once)
     h->after = -1;
+  h->fired++;
   return 1;
 }
 

@@ -15,6 +15,12 @@
  * Errors carry detail: every failing call writes a one-line message into
  * the tree (cgt_tree_last_error) and logs it at debug level. Nothing here is
  * global; everything hangs off the tree.
+ *
+ * Memory, host and device, fails softly. Every host allocation goes through
+ * tree__malloc and its siblings (uthash's too), which count it and let a
+ * test hook fail it; every pool of the tree takes device memory from one
+ * chunk source here, which keeps pool_limit_bytes. Options left at zero mean
+ * their defaults, except warmup_runs (0: record at once).
  */
 #include <stdarg.h>
 #include <string.h>
@@ -79,9 +85,10 @@ void cgt__fail_host_alloc_after(cgt_tree *t, long long n, int once) {
     return;
   t->host_fail.after = n < 0 ? -1 : n;
   t->host_fail.once = once;
+  t->host_fail.fired = 0;
 }
 
-int cgt__host_alloc_hook_armed(const cgt_tree *t) { return t && t->host_fail.after >= 0; }
+long long cgt__host_alloc_failures(const cgt_tree *t) { return t ? t->host_fail.fired : 0; }
 
 char *tree__strdup(cgt_tree *t, const char *s) {
   size_t n = strlen(s) + 1;
@@ -212,7 +219,7 @@ void cgt_options_init(cgt_options *o) {
 
 int cgt_cuda_available(void) { return backend_cuda_available(); }
 
-static int env_log_level(int fallback) {
+static int env_log_level(cgt_tree *t, int fallback) {
   const char *e = getenv("CGT_LOG");
   if (!e || !*e)
     return fallback;
@@ -220,6 +227,8 @@ static int env_log_level(int fallback) {
   for (int i = 0; i < 4; i++)
     if (!strcasecmp(e, names[i]))
       return i;
+  t->log_level = fallback; /* so that the warning itself is filtered as usual */
+  tree__log(t, CGT_LOG_WARN, "CGT_LOG=%s is not error, warn, info or debug; ignored", e);
   return fallback;
 }
 
@@ -276,7 +285,7 @@ cgt_status cgt_tree_create(const cgt_options *o, cgt_tree **out) {
   t->host_fail.after = -1;
   t->next_id = 1;
   t->tag = value__new_tag();
-  t->log_level = env_log_level(o->log_fn ? CGT_LOG_INFO : CGT_LOG_WARN);
+  t->log_level = env_log_level(t, o->log_fn ? CGT_LOG_INFO : CGT_LOG_WARN);
   t->opt.mode = env_mode(t, o->mode);
   t->root.id = 0;
   t->cur = &t->root;
@@ -350,7 +359,7 @@ void cgt_tree_destroy(cgt_tree *t) {
   free(t->path);
   free(t->path_live);
   free(t->path_pooled);
-  free(t->block_refs);
+  free(t->live_blocks);
   free(t->dead_scratch);
   free(t->chunks);
   free(t->key_buf);
@@ -468,6 +477,7 @@ static cgt_status resolve_args(cgt_tree *t, const cgt_arg *args, uint32_t n_args
       r->block = s->block;
       r->pool = s->pool;
       r->keyed = value__in_graph_pool(t, s);
+      r->slot = value__slot_of(a->value);
       break;
     }
     case CGT_ARG_STATIC:
@@ -483,6 +493,7 @@ static cgt_status resolve_args(cgt_tree *t, const cgt_arg *args, uint32_t n_args
                           i, a->kind == CGT_ARG_STATIC ? "STATIC" : "DYNAMIC", a->ptr, a->bytes);
       r->ptr = (void *)(uintptr_t)a->ptr;
       r->bytes = a->bytes;
+      r->slot = VALUE_NONE;
       r->block = NULL;
       r->pool = NULL;
       r->keyed = a->kind == CGT_ARG_STATIC;
@@ -513,6 +524,7 @@ cgt_status cgt_run(cgt_tree *t, cgt_segment seg, uint64_t variant, const cgt_arg
   if (!tree__grow(t, (void **)&t->args, &t->args_cap, n_args ? n_args : 1, sizeof *t->args) ||
       !tree__grow(t, (void **)&t->key_buf, &t->key_cap, key_words, sizeof *t->key_buf))
     return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "cgt_run: no host memory for %u arguments", n_args);
+  t->n_run_args = n_args;
   cgt_status st = resolve_args(t, args, n_args);
   if (st == CGT_OK)
     st = value__reserve(t, n_outputs);

@@ -18,8 +18,8 @@
  * too. n < 0 turns the hook off. NULL t is a no-op. */
 void cgt__fail_host_alloc_after(cgt_tree *t, long long n, int once);
 
-/* 1 while the hook is armed and has not fired (a test that saw a run succeed
- * with the hook still armed knows the run needed fewer than n allocations). */
-int cgt__host_alloc_hook_armed(const cgt_tree *t);
+/* Host allocations the hook has failed since cgt__fail_host_alloc_after
+ * armed it (0 after a run that needed no more than n allocations). */
+long long cgt__host_alloc_failures(const cgt_tree *t);
 
 #endif /* CGT_TREE_HOOKS_H */

@@ -145,19 +145,11 @@ typedef struct value_slot {
   size_t bytes;
   void *block; /* pool block holding the value, NULL if none */
   pool *pool;  /* pool of block, NULL if none */
+  uint32_t owner; /* the slot counting block's live values (maybe this one); VALUE_NONE without a block */
+  uint32_t refs;  /* as an owner: live values in its block; the slot is not reused before this is 0 */
 } value_slot;
 
 #define VALUE_NONE UINT32_MAX
-
-/* How many live values share a pool block (aliases and views share their
- * input's block). An open-addressing table keyed by the block's address:
- * every pool of a tree takes its chunks from the tree, so block addresses
- * never collide across pools. */
-typedef struct block_ref {
-  const void *block; /* NULL: empty entry */
-  uint32_t count;
-  uint32_t seen; /* scratch for tree__check */
-} block_ref;
 
 /* A chunk of device memory some pool of the tree holds: [base, end). */
 typedef struct chunk_range {
@@ -174,6 +166,7 @@ typedef struct run_arg {
   pool *pool;
   cgt_arg_kind kind;
   int keyed;
+  uint32_t slot; /* the VALUE's slot, else VALUE_NONE */
 } run_arg;
 
 /* One allocation made through cgt_launch_alloc. */
@@ -259,15 +252,15 @@ struct cgt_tree {
   uint32_t path_len;
   uint32_t path_cap;
   uint32_t n_live;        /* live values */
-  block_ref *block_refs;  /* live values per block; capacity a power of 2 */
-  uint32_t block_refs_cap;
-  uint32_t n_block_refs;
+  void **live_blocks;     /* restore: the graph-pool blocks live values hold, sorted */
+  uint32_t n_live_blocks, live_blocks_cap, live_blocks_next;
   uint64_t *dead_scratch; /* recording: the dead set of the nearest recorded ancestor */
   uint32_t dead_scratch_words;
 
   uint64_t *key_buf; /* scratch for the key of the run at hand */
   uint32_t key_cap;  /* in words */
   run_arg *args;     /* scratch: the arguments of the run at hand, resolved */
+  uint32_t n_run_args;
   uint32_t args_cap;
 
   cgt_launch launch;
@@ -305,10 +298,11 @@ int tree__overlaps_pools(const cgt_tree *t, const void *p, size_t bytes);
 /* value.c */
 cgt_status value__resolve(cgt_tree *t, cgt_value v, value_slot **out);
 cgt_status value__reserve(cgt_tree *t, uint32_t n);
-cgt_value value__make(cgt_tree *t, void *ptr, size_t bytes, void *block, pool *pl);
+cgt_value value__make(cgt_tree *t, void *ptr, size_t bytes, void *block, pool *pl, uint32_t shares);
+uint32_t value__slot_of(cgt_value v);
+cgt_status value__collect_live_blocks(cgt_tree *t, const pool *pl);
+int value__keep_live_block(void *user, void *base);
 void value__end_step(cgt_tree *t);
-uint32_t value__block_refs(const cgt_tree *t, const void *block);
-block_ref *value__find_block_ref(const cgt_tree *t, const void *block);
 int value__in_graph_pool(const cgt_tree *t, const value_slot *s);
 uint32_t value__new_tag(void);
 

@@ -27,16 +27,19 @@
  * with one liveness bit each. A recorded node lists the positions whose
  * death it relies on (node.c), so a replay tests a few bits.
  *
- * Aliases and views share their input's pool block; a table counts the live
- * values of every block, so that a release knows in O(1) whether it freed
- * the block's last value, and a checkpoint restore knows which blocks the
- * path still holds.
+ * Aliases and views share their input's pool block. The first value made in
+ * a block counts the block's live values (refs); every later value in it
+ * names that slot as its owner, so a release knows in O(1) whether it let go
+ * of the block's last value. An owner that dies before its aliases keeps its
+ * slot (not its handle, which is stale at once) until the count reaches 0.
+ * A checkpoint restore lists the blocks live values hold, sorted, once.
  *
  * Slots are recycled through a free list and the arrays only ever grow, so
  * once a program has reached its widest step, making values allocates
  * nothing on the host.
  */
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "tree_internal.h"
@@ -57,101 +60,24 @@ uint32_t value__new_tag(void) {
 
 /* ------------------------------------------------------- block references */
 
-static uint32_t ref_slot(const cgt_tree *t, const void *block) {
-  uint64_t h = ((uint64_t)(uintptr_t)block >> 8) * 0x9e3779b97f4a7c15ull;
-  return (uint32_t)(h >> 32) & (t->block_refs_cap - 1);
+/* The slot that counts the live values of slot i's block (VALUE_NONE when
+ * the value lies in no block). */
+static value_slot *owner_of(cgt_tree *t, const value_slot *s) {
+  return s->owner == VALUE_NONE ? NULL : &t->slots[s->owner];
 }
 
-static block_ref *ref_find(const cgt_tree *t, const void *block) {
-  if (!t->block_refs_cap)
-    return NULL;
-  for (uint32_t i = ref_slot(t, block);; i = (i + 1) & (t->block_refs_cap - 1)) {
-    block_ref *r = &t->block_refs[i];
-    if (r->block == block)
-      return r;
-    if (!r->block)
-      return NULL;
-  }
+/* Puts slot i on the free list once nothing needs it: it is dead and counts
+ * no live values. A slot whose generation wrapped is retired instead. */
+static void slot_maybe_free(cgt_tree *t, uint32_t i) {
+  value_slot *s = &t->slots[i];
+  if (s->live || s->refs || s->gen == 0)
+    return;
+  s->owner = VALUE_NONE;
+  s->next_free = t->free_slot;
+  t->free_slot = i;
 }
 
-block_ref *value__find_block_ref(const cgt_tree *t, const void *block) { return ref_find(t, block); }
-
-uint32_t value__block_refs(const cgt_tree *t, const void *block) {
-  const block_ref *r = ref_find(t, block);
-  return r ? r->count : 0;
-}
-
-/* value__reserve keeps the table at most half full, so there is room. */
-static void ref_add(cgt_tree *t, const void *block) {
-  uint32_t i = ref_slot(t, block);
-  while (t->block_refs[i].block && t->block_refs[i].block != block)
-    i = (i + 1) & (t->block_refs_cap - 1);
-  block_ref *r = &t->block_refs[i];
-  if (!r->block) {
-    r->block = block;
-    r->count = 0;
-    t->n_block_refs++;
-  }
-  r->count++;
-}
-
-/* Deletes entry i, moving later entries of its probe run back (no
- * tombstones, so lookups stay short however often blocks come and go). */
-static void ref_delete(cgt_tree *t, uint32_t i) {
-  uint32_t mask = t->block_refs_cap - 1;
-  t->block_refs[i].block = NULL;
-  t->n_block_refs--;
-  for (uint32_t j = (i + 1) & mask; t->block_refs[j].block; j = (j + 1) & mask) {
-    uint32_t home = ref_slot(t, t->block_refs[j].block);
-    /* Entry j may move to the hole at i if its home is not in (i, j]. */
-    if (((j - home) & mask) >= ((j - i) & mask)) {
-      t->block_refs[i] = t->block_refs[j];
-      t->block_refs[j].block = NULL;
-      i = j;
-    }
-  }
-}
-
-/* Drops one value of block; returns the number left. */
-static uint32_t ref_drop(cgt_tree *t, const void *block) {
-  block_ref *r = ref_find(t, block);
-  if (NEVER(!r))
-    return 0;
-  if (--r->count)
-    return r->count;
-  ref_delete(t, (uint32_t)(r - t->block_refs));
-  return 0;
-}
-
-/* Makes the table at least twice as large as `values` (each live value
- * names at most one block). */
-static int ref_reserve(cgt_tree *t, uint32_t values) {
-  uint64_t want = (uint64_t)values * 2;
-  if (want <= t->block_refs_cap)
-    return 1;
-  uint32_t cap = t->block_refs_cap ? t->block_refs_cap : 16;
-  while (cap < want)
-    cap *= 2;
-  block_ref *old = t->block_refs;
-  uint32_t old_cap = t->block_refs_cap;
-  block_ref *refs = tree__calloc(t, cap, sizeof *refs);
-  if (!refs)
-    return 0;
-  t->block_refs = refs;
-  t->block_refs_cap = cap;
-  t->n_block_refs = 0;
-  for (uint32_t i = 0; i < old_cap; i++) {
-    if (!old[i].block)
-      continue;
-    uint32_t j = ref_slot(t, old[i].block);
-    while (t->block_refs[j].block)
-      j = (j + 1) & (cap - 1);
-    t->block_refs[j] = old[i];
-    t->n_block_refs++;
-  }
-  free(old);
-  return 1;
-}
+uint32_t value__slot_of(cgt_value v) { return value_index(v); }
 
 /* ------------------------------------------------------------------ slots */
 
@@ -195,6 +121,7 @@ cgt_status value__reserve(cgt_tree *t, uint32_t n) {
     for (uint32_t i = cap; i-- > old;) {
       memset(&t->slots[i], 0, sizeof t->slots[i]);
       t->slots[i].gen = 1;
+      t->slots[i].owner = VALUE_NONE;
       t->slots[i].next_free = t->free_slot;
       t->free_slot = i;
     }
@@ -223,13 +150,15 @@ cgt_status value__reserve(cgt_tree *t, uint32_t n) {
     t->path_pooled = pooled;
     t->path_cap = cap;
   }
-  if (!ref_reserve(t, t->n_live + n))
-    return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory for the block table");
   return CGT_OK;
 }
 
-/* Hands out a value; value__reserve must have made room. */
-cgt_value value__make(cgt_tree *t, void *ptr, size_t bytes, void *block, pool *pl) {
+/* Hands out a value; value__reserve must have made room. `shares` is a live
+ * value known to lie in the same block (an input the output aliases, or an
+ * earlier output of the same run in the same allocation), or VALUE_NONE for
+ * a block no live value holds: the new value then counts the block's
+ * values itself. */
+cgt_value value__make(cgt_tree *t, void *ptr, size_t bytes, void *block, pool *pl, uint32_t shares) {
   uint32_t i = t->free_slot;
   value_slot *s = &t->slots[i];
   t->free_slot = s->next_free;
@@ -241,8 +170,14 @@ cgt_value value__make(cgt_tree *t, void *ptr, size_t bytes, void *block, pool *p
   s->pool = pl;
   s->path_pos = t->path_len;
   t->n_live++;
-  if (block)
-    ref_add(t, block);
+  if (!block)
+    s->owner = VALUE_NONE;
+  else if (shares != VALUE_NONE && !NEVER(t->slots[shares].block != block))
+    s->owner = t->slots[shares].owner;
+  else
+    s->owner = i;
+  if (s->owner != VALUE_NONE)
+    t->slots[s->owner].refs++;
   t->path[t->path_len] = i;
   uint64_t bit = (uint64_t)1 << (t->path_len % 64);
   t->path_live[t->path_len / 64] |= bit;
@@ -256,17 +191,23 @@ cgt_value value__make(cgt_tree *t, void *ptr, size_t bytes, void *block, pool *p
   return v;
 }
 
-/* Kills slot i. Its block reference is dropped by the caller (or, at the
- * end of a step, all at once). A slot whose generation wraps is retired. */
-static void value_kill(cgt_tree *t, uint32_t i) {
+/* Kills slot i and drops its block reference; returns the owner slot if that
+ * was the block's last live value (the caller may free the block), else
+ * NULL. The owner slot goes back to the free list only now, so a value that
+ * dies before its aliases keeps counting them. */
+static value_slot *value_kill(cgt_tree *t, uint32_t i) {
   value_slot *s = &t->slots[i];
   t->path_live[s->path_pos / 64] &= ~((uint64_t)1 << (s->path_pos % 64));
   s->live = 0;
   t->n_live--;
-  if (++s->gen == 0)
-    return; /* retired: never handed out again */
-  s->next_free = t->free_slot;
-  t->free_slot = i;
+  s->gen++; /* 0 after a wrap: retired, never handed out again */
+  value_slot *o = owner_of(t, s);
+  uint32_t owner = s->owner;
+  int last = o && --o->refs == 0;
+  slot_maybe_free(t, i);
+  if (owner != VALUE_NONE && owner != i)
+    slot_maybe_free(t, owner);
+  return last ? o : NULL;
 }
 
 /* Values whose address is fixed by a recording and part of a node key. */
@@ -283,11 +224,44 @@ int value__in_graph_pool(const cgt_tree *t, const value_slot *s) {
 void value__end_step(cgt_tree *t) {
   for (uint32_t p = 0; p < t->path_len; p++)
     if (t->path_live[p / 64] >> (p % 64) & 1)
-      value_kill(t, t->path[p]);
+      (void)value_kill(t, t->path[p]);
   t->path_len = 0;
-  if (t->n_block_refs)
-    memset(t->block_refs, 0, t->block_refs_cap * sizeof *t->block_refs);
-  t->n_block_refs = 0;
+}
+
+static int compare_ptr(const void *a, const void *b) {
+  uintptr_t x = (uintptr_t)*(void *const *)a, y = (uintptr_t)*(void *const *)b;
+  return (x > y) - (x < y);
+}
+
+/* Sorts the distinct blocks of pl that live values of the path hold into
+ * t->live_blocks, for a restore to keep (value__keep_live_block). */
+cgt_status value__collect_live_blocks(cgt_tree *t, const pool *pl) {
+  if (!tree__grow(t, (void **)&t->live_blocks, &t->live_blocks_cap, t->n_live ? t->n_live : 1,
+                  sizeof *t->live_blocks))
+    return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory to list the live blocks");
+  uint32_t n = 0;
+  for (uint32_t p = 0; p < t->path_len; p++) {
+    const value_slot *s = &t->slots[t->path[p]];
+    if ((t->path_live[p / 64] >> (p % 64) & 1) && s->block && s->pool == pl)
+      t->live_blocks[n++] = s->block;
+  }
+  qsort(t->live_blocks, n, sizeof *t->live_blocks, compare_ptr);
+  uint32_t d = 0;
+  for (uint32_t i = 0; i < n; i++)
+    if (!d || t->live_blocks[d - 1] != t->live_blocks[i])
+      t->live_blocks[d++] = t->live_blocks[i];
+  t->n_live_blocks = d;
+  t->live_blocks_next = 0;
+  return CGT_OK;
+}
+
+/* pool_restore's keep callback: calls come in address order, so one cursor
+ * walks the sorted list. */
+int value__keep_live_block(void *user, void *base) {
+  cgt_tree *t = user;
+  while (t->live_blocks_next < t->n_live_blocks && (uintptr_t)t->live_blocks[t->live_blocks_next] < (uintptr_t)base)
+    t->live_blocks_next++;
+  return t->live_blocks_next < t->n_live_blocks && t->live_blocks[t->live_blocks_next] == base;
 }
 
 cgt_status cgt_value_ptr(cgt_tree *t, cgt_value v, void **ptr, size_t *bytes) {
@@ -324,11 +298,13 @@ cgt_status cgt_value_release(cgt_tree *t, cgt_value v) {
    * only while it mirrors the path (otherwise a later restore frees it). */
   int owns_layout = s->pool == t->side_pool || t->opt.mode == CGT_MODE_EAGER ||
                     (s->pool == t->pool && t->opt.mode == CGT_MODE_TREE && t->pool_synced);
-  if (s->block && owns_layout && value__block_refs(t, s->block) == 1 && NEVER(!pool_block_bytes(s->pool, s->block)))
+  value_slot *o = owner_of(t, s);
+  if (o && o->refs == 1 && owns_layout && NEVER(!pool_block_bytes(s->pool, s->block)))
     return tree__fail(t, CGT_ERR_STATE, "cgt_value_release: block %p of the value is not allocated", s->block);
-  if (s->block && ref_drop(t, s->block) == 0 && owns_layout)
-    pool_free(s->pool, s->block);
-  value_kill(t, i);
+  void *block = s->block;
+  pool *pl = s->pool;
+  if (value_kill(t, i) && owns_layout)
+    pool_free(pl, block);
   return CGT_OK;
 }
 

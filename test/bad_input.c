@@ -31,6 +31,7 @@
 
 #include "cgtree_sim.h"
 #include "test_lists.h"
+#include "tree_hooks.h"
 
 #define N 64 /* floats per value */
 
@@ -405,6 +406,14 @@ static void test_segment_register_refuses_null_descriptor_launch_out_and_huge_co
     bad = good;
     bad.n_outputs = UINT32_MAX;
     EXPECT_REFUSED(t, CGT_ERR_INVALID_ARGUMENT, cgt_segment_register(t, &bad, &id));
+    /* Unknown flag bits, alone or beside CGT_SEGMENT_NO_CAPTURE. */
+    static const uint32_t unknown_flags[] = {2, 0x80000000u, CGT_SEGMENT_NO_CAPTURE | 4, UINT32_MAX};
+    for (size_t f = 0; f < sizeof unknown_flags / sizeof unknown_flags[0]; f++) {
+      bad = good;
+      bad.flags = unknown_flags[f];
+      EXPECT_REFUSED(t, CGT_ERR_INVALID_ARGUMENT, cgt_segment_register(t, &bad, &id));
+      assert_non_null(strstr(cgt_tree_last_error(t), "flag"));
+    }
     assert_int_equal(id, 77);
     /* Nothing was registered: segment 1 is unknown, and the next good
      * registration gets id 1. */
@@ -860,6 +869,7 @@ typedef struct failing {
   uint32_t outputs_set;
   int free_output;    /* set output 0, then free its memory */
   int illegal;        /* sync the stream while captured: the node turns EAGER */
+  int check_illegal;  /* and return the sync's error, as careful code does */
 } failing;
 
 static cgt_status launch_failing(cgt_launch *l, void *user) {
@@ -873,8 +883,11 @@ static cgt_status launch_failing(cgt_launch *l, void *user) {
     st = test_kernels()->affine(cgt_launch_stream(l), cgt_launch_input(l, 0), 2.0f, 1.0f, out, N);
   if (st != CGT_OK)
     return st;
-  if (u->illegal)
-    (void)test_kernels()->illegal_stream_sync(cgt_launch_stream(l));
+  if (u->illegal) {
+    st = test_kernels()->illegal_stream_sync(cgt_launch_stream(l));
+    if (st != CGT_OK && u->check_illegal)
+      return st;
+  }
   if (u->calls == u->fail_on)
     return u->ret;
   for (uint32_t i = 0; i < u->outputs_set; i++) {
@@ -1053,6 +1066,259 @@ static void test_inspection_calls_refuse_null_results(void **state) {
   }
 }
 
+
+/* --------------------------------------- capture failure, then failure */
+
+/* A capture that the launch function's own sync breaks falls back to an
+ * eager run; when that fails too, the run fails and the node stays as it was
+ * (WARMUP, no capture failure counted), and the next attempt recovers. */
+static void test_capture_failure_whose_eager_run_fails_changes_nothing(void **state) {
+  (void)state;
+  const cgt_mode modes[] = {CGT_MODE_TREE, CGT_MODE_SEPARATE};
+  for (size_t m = 0; m < 2; m++)
+    for (int check = 0; check < 2; check++) {
+      world w;
+      world_open(&w, modes[m]);
+      failing u = {.outputs_set = 1, .illegal = 1, .check_illegal = check, .ret = CGT_ERR_BACKEND};
+      cgt_segment s = register_failing(w.t, &u, 1);
+      expect_run_gives_seven(&w, s, cgt_arg_value(w.v2), 1); /* call 1: warmup */
+      CHECK_OK(w.t, cgt_step_begin(w.t));
+      world_step(&w);
+      u.fail_on = 3; /* call 2: the capture breaks; call 3: the eager run fails */
+      expect_run_fails(&w, s, cgt_arg_value(w.v2), 1, CGT_ERR_SEGMENT_FAILED, "an eager run after a failed capture");
+      assert_int_equal(u.calls, 3);
+      assert_non_null(strstr(cgt_tree_last_error(w.t), "capture"));
+      /* Call 4 breaks the capture again, call 5 runs eagerly and succeeds. */
+      expect_run_gives_seven(&w, s, cgt_arg_value(w.v2), 1);
+      assert_int_equal(u.calls, 5);
+      cgt_stats st = test_stats(w.t);
+      assert_int_equal(st.capture_failures, 1);
+      size_t count = 0;
+      cgt_node_info info[MAX_NODES];
+      CHECK_OK(w.t, cgt_tree_nodes(w.t, info, MAX_NODES, &count));
+      assert_int_equal(info[count - 1].segment, s);
+      assert_int_equal(info[count - 1].state, CGT_NODE_EAGER);
+      assert_int_equal(info[count - 1].eager_runs, 2);
+      world_close(&w);
+    }
+}
+
+/* The same, with the eager run out of memory: the side pool needs a chunk
+ * that pool_limit_bytes refuses. Runs on every backend. */
+static void test_capture_failure_whose_eager_run_runs_out_of_memory_changes_nothing(void **state) {
+  (void)state;
+  const cgt_mode modes[] = {CGT_MODE_TREE, CGT_MODE_SEPARATE};
+  for (size_t m = 0; m < 2; m++) {
+    cgt_options o;
+    cgt_options_init(&o);
+    o.pool_chunk_bytes = 4096;
+    /* TREE: the graph pool's one chunk. SEPARATE: the private pools of the
+     * world's three nodes and of the failing one. */
+    o.pool_limit_bytes = modes[m] == CGT_MODE_SEPARATE ? 4 * 4096 : 4096;
+    world w;
+    world_open_with(&w, modes[m], &o);
+    failing u = {.outputs_set = 1, .illegal = 1, .check_illegal = 1, .ret = CGT_ERR_BACKEND};
+    cgt_segment s = register_failing(w.t, &u, 1);
+    expect_run_gives_seven(&w, s, cgt_arg_value(w.v2), 1); /* warmup */
+    for (int attempt = 0; attempt < 2; attempt++) {
+      CHECK_OK(w.t, cgt_step_begin(w.t));
+      world_step(&w);
+      expect_run_fails(&w, s, cgt_arg_value(w.v2), 1, CGT_ERR_OUT_OF_MEMORY,
+                       "an eager run after a failed capture, past pool_limit_bytes");
+      assert_non_null(strstr(cgt_tree_last_error(w.t), "pool_limit_bytes"));
+      assert_int_equal(test_stats(w.t).capture_failures, 0);
+    }
+    world_close(&w);
+  }
+}
+
+/* A WARMUP node that may not record because a sibling reached
+ * rerecord_limit turns EAGER only if its eager run succeeds. */
+static void test_rerecord_limit_turns_a_node_eager_only_when_its_eager_run_succeeds(void **state) {
+  (void)state;
+  cgt_options o;
+  cgt_options_init(&o);
+  o.warmup_runs = 2;
+  o.rerecord_limit = 1;
+  cgt_tree *t = test_tree_new(CGT_MODE_TREE, &o);
+  failing u = {.outputs_set = 1, .ret = CGT_ERR_BACKEND};
+  cgt_segment s = register_failing(t, &u, 1);
+  float threes[N];
+  for (int i = 0; i < N; i++)
+    threes[i] = 3;
+  float *x[2] = {test_dev_floats(threes, N), test_dev_floats(threes, N)};
+  /* x[0]: node 1 warms up, then records; x[1]: node 2 warms up in between. */
+  const int which[] = {0, 1, 0};
+  for (int step = 0; step < 3; step++) {
+    CHECK_OK(t, cgt_step_begin(t));
+    cgt_arg a = cgt_arg_static(x[which[step]], N * sizeof(float));
+    cgt_value out;
+    CHECK_OK(t, cgt_run(t, s, 0, &a, 1, &out, 1));
+  }
+  assert_int_equal(test_stats(t).recordings, 1);
+  CHECK_OK(t, cgt_step_begin(t));
+  cgt_arg a = cgt_arg_static(x[1], N * sizeof(float));
+  cgt_value out = {111};
+  u.fail_on = u.calls + 1;
+  snapshot before;
+  take(t, &before);
+  CHECK_STATUS(t, CGT_ERR_SEGMENT_FAILED, cgt_run(t, s, 0, &a, 1, &out, 1));
+  expect_unchanged(t, &before, 0, "a failing eager run at the rerecord limit");
+  assert_int_equal(out.bits, 111);
+  cgt_node_info info[2];
+  size_t count = 0;
+  CHECK_OK(t, cgt_tree_nodes(t, info, 2, &count));
+  assert_int_equal(count, 2);
+  assert_int_equal(info[1].state, CGT_NODE_WARMUP);
+  assert_null(info[1].reason);
+  CHECK_OK(t, cgt_run(t, s, 0, &a, 1, &out, 1));
+  CHECK_TREE(t);
+  assert_true(test_read_first(t, out) == 7.0f);
+  CHECK_OK(t, cgt_tree_nodes(t, info, 2, &count));
+  assert_int_equal(info[1].state, CGT_NODE_EAGER);
+  assert_non_null(strstr(info[1].reason, "rerecord limit"));
+  CHECK_OK(t, cgt_sync(t));
+  test_dev_free(x[0]);
+  test_dev_free(x[1]);
+  test_tree_free(t);
+}
+
+/* ----------------------------------------------- host out of memory */
+
+/* Runs seg on arg with the host allocation number k of the run failing, for
+ * k = 0, 1, ... until the run needs fewer than k + 1. once = 1: only that
+ * allocation fails; the run must fail with CGT_ERR_OUT_OF_MEMORY and change
+ * nothing. once = 0: every later allocation fails too (the run's clean-up
+ * included); the run must fail with CGT_ERR_OUT_OF_MEMORY and leave the tree
+ * sound. Returns the output of the run that succeeded; *allocs gets the
+ * number of host allocations it made. */
+static cgt_value run_with_each_host_alloc_failing(world *w, cgt_segment seg, cgt_arg arg, int once, const char *what,
+                                                  long long *allocs) {
+  for (long long k = 0;; k++) {
+    cgt_value out = {111};
+    snapshot before;
+    take(w->t, &before);
+    cgt__fail_host_alloc_after(w->t, k, once);
+    cgt_status st = cgt_run(w->t, seg, 0, &arg, 1, &out, 1);
+    int fired = cgt__host_alloc_failures(w->t) > 0;
+    cgt__fail_host_alloc_after(w->t, -1, 0);
+    if (!fired) {
+      CHECK_OK(w->t, st);
+      CHECK_TREE(w->t);
+      *allocs = k;
+      return out;
+    }
+    if (st != CGT_ERR_OUT_OF_MEMORY)
+      fail_msg("%s (%s mode): with host allocation %lld failing, cgt_run returned %s (%s)", what, mode_name(w->mode),
+               k, cgt_status_name(st), cgt_tree_last_error(w->t));
+    assert_int_equal(out.bits, 111);
+    if (once) {
+      char full[160];
+      snprintf(full, sizeof full, "%s (%s mode) with host allocation %lld failing", what, mode_name(w->mode), k);
+      expect_unchanged(w->t, &before, 0, full);
+    } else {
+      CHECK_TREE(w->t);
+    }
+    world_expect_values(w);
+    assert_true(k < 100000);
+  }
+}
+
+static void expect_seven(world *w, cgt_value v) {
+  float got[N];
+  test_read_value(w->t, v, got, N);
+  for (int i = 0; i < N; i++)
+    assert_true(got[i] == 7.0f);
+}
+
+static void host_oom_program(cgt_mode mode, int once) {
+  world w;
+  world_open(&w, mode);
+  failing fresh = {.outputs_set = 1}, careful = {.outputs_set = 1, .illegal = 1, .check_illegal = 1};
+  cgt_segment s_fresh = register_failing(w.t, &fresh, 1);
+  cgt_segment s_careful = register_failing(w.t, &careful, 1);
+  float threes[N];
+  for (int i = 0; i < N; i++)
+    threes[i] = 3;
+  float *dyn = test_dev_floats(threes, N);
+  cgt_arg dyn_arg = cgt_arg_dynamic(dyn, N * sizeof(float));
+  long long allocs = 0, first_allocs = 0;
+  /* Step 3: first runs (warmup, new nodes, counters, tables); step 4:
+   * recordings, and a capture failure with its eager run; step 5: replays
+   * and an eager node; step 6: a new step's worth of everything again. */
+  for (int step = 0; step < 4; step++) {
+    if (step) {
+      CHECK_OK(w.t, cgt_step_begin(w.t));
+      world_step(&w);
+    }
+    expect_seven(&w, run_with_each_host_alloc_failing(&w, s_fresh, cgt_arg_value(w.v2), once, "fresh", &allocs));
+    if (step == 0)
+      first_allocs = allocs;
+    if (step >= 2 && mode == CGT_MODE_TREE)
+      assert_int_equal(allocs, 0); /* a replay allocates nothing */
+    expect_seven(&w, run_with_each_host_alloc_failing(&w, s_careful, dyn_arg, once, "careful", &allocs));
+  }
+  assert_true(first_allocs > 0);
+  if (mode != CGT_MODE_EAGER) {
+    assert_int_equal(test_stats(w.t).capture_failures, 1);
+    assert_true(test_stats(w.t).recordings >= 1);
+  }
+  CHECK_OK(w.t, cgt_sync(w.t));
+  test_dev_free(dyn);
+  world_close(&w);
+}
+
+static void test_every_host_allocation_of_a_run_failing_in_turn_changes_nothing(void **state) {
+  (void)state;
+  for (size_t m = 0; m < N_MODES; m++)
+    host_oom_program(all_modes[m], 1);
+}
+
+static void test_host_running_dry_in_the_middle_of_a_run_leaves_a_sound_tree(void **state) {
+  (void)state;
+  for (size_t m = 0; m < N_MODES; m++)
+    host_oom_program(all_modes[m], 0);
+}
+
+static void test_segment_register_with_each_host_allocation_failing_changes_nothing(void **state) {
+  (void)state;
+  for (size_t m = 0; m < N_MODES; m++) {
+    world w;
+    world_open(&w, all_modes[m]);
+    cgt_segment_desc d = {"late", launch_nothing, NULL, 0, 0, 0};
+    cgt_segment id = 0;
+    long long k = 0;
+    for (;; k++) {
+      cgt__fail_host_alloc_after(w.t, k, 1);
+      snapshot before;
+      take(w.t, &before);
+      cgt_status st = cgt_segment_register(w.t, &d, &id);
+      int fired = cgt__host_alloc_failures(w.t) > 0;
+      cgt__fail_host_alloc_after(w.t, -1, 0);
+      if (!fired) {
+        CHECK_OK(w.t, st);
+        break;
+      }
+      CHECK_STATUS(w.t, CGT_ERR_OUT_OF_MEMORY, st);
+      expect_unchanged(w.t, &before, 0, "cgt_segment_register with a host allocation failing");
+    }
+    assert_true(k > 0);
+    assert_int_equal(id, 4); /* the world has three: no failed attempt took an id */
+    world_close(&w);
+  }
+}
+
+/* ------------------------------------------------- pool_limit_bytes */
+
+/* One value of BIG_FLOATS fills one chunk of CHUNK_BYTES (defined below). */
+static cgt_tree *limited_tree(cgt_mode mode, size_t chunk_bytes, size_t limit) {
+  cgt_options o;
+  cgt_options_init(&o);
+  o.pool_chunk_bytes = chunk_bytes;
+  o.pool_limit_bytes = limit;
+  return test_tree_new(mode, &o);
+}
+
 /* ------------------------------------------------------- out of memory */
 
 static void skip_unless_simulator(void) {
@@ -1169,6 +1435,174 @@ static void test_out_of_device_memory_for_a_new_chunk_changes_nothing(void **sta
   }
 }
 
+
+/* The pool_limit_bytes versions of the three tests above: a cap the tree
+ * keeps itself, so they run on every backend. */
+
+static void test_pool_limit_refuses_the_first_warmup_and_changes_nothing(void **state) {
+  (void)state;
+  for (size_t m = 0; m < N_MODES; m++) {
+    cgt_tree *t = limited_tree(all_modes[m], CHUNK_BYTES, CHUNK_BYTES);
+    test_affine big = {.a = 2, .b = 1, .n = 2 * BIG_FLOATS}, small = {.a = 2, .b = 1, .n = N};
+    cgt_segment s_big = test_register_affine(t, "big", &big);
+    cgt_segment s_small = test_register_affine(t, "small", &small);
+    float x[2 * BIG_FLOATS];
+    for (int i = 0; i < 2 * BIG_FLOATS; i++)
+      x[i] = (float)(i % 4);
+    float *buf = test_dev_floats(x, 2 * BIG_FLOATS);
+    cgt_arg a = cgt_arg_static(buf, sizeof x);
+    cgt_value out = {111};
+    for (int attempt = 0; attempt < 2; attempt++) {
+      EXPECT_REFUSED(t, CGT_ERR_OUT_OF_MEMORY, cgt_run(t, s_big, 0, &a, 1, &out, 1));
+      assert_int_equal(out.bits, 111);
+      assert_non_null(strstr(cgt_tree_last_error(t), "pool_limit_bytes"));
+      assert_int_equal(test_stats(t).pool_reserved_bytes, 0);
+      assert_int_equal(test_stats(t).nodes, 0);
+    }
+    /* What fits under the cap still runs, step after step. */
+    a.bytes = N * sizeof(float);
+    for (int step = 0; step < 3; step++) {
+      CHECK_OK(t, cgt_step_begin(t));
+      CHECK_OK(t, cgt_run(t, s_small, 0, &a, 1, &out, 1));
+      CHECK_TREE(t);
+      assert_true(test_read_first(t, out) == 1.0f);
+    }
+    assert_true(test_stats(t).pool_reserved_bytes <= CHUNK_BYTES);
+    test_dev_free(buf);
+    test_tree_free(t);
+  }
+}
+
+static void test_pool_limit_refuses_a_recording_that_needs_a_new_chunk_and_changes_nothing(void **state) {
+  (void)state;
+  cgt_tree *t = limited_tree(CGT_MODE_TREE, CHUNK_BYTES, CHUNK_BYTES);
+  test_affine u = {.a = 2, .b = 1, .n = BIG_FLOATS};
+  cgt_segment s = test_register_affine(t, "aff", &u);
+  float x[BIG_FLOATS] = {0};
+  float *buf = test_dev_floats(x, BIG_FLOATS);
+  cgt_arg a = cgt_arg_static(buf, sizeof x);
+  cgt_value v, w = {111};
+  for (int step = 0; step < 2; step++) { /* warmup, record */
+    if (step)
+      CHECK_OK(t, cgt_step_begin(t));
+    CHECK_OK(t, cgt_run(t, s, 0, &a, 1, &v, 1));
+  }
+  assert_int_equal(test_stats(t).recordings, 1);
+  /* Step 2: v replays and fills the one chunk the cap allows; a second run
+   * of aff would record at once and needs a second chunk. */
+  CHECK_OK(t, cgt_step_begin(t));
+  CHECK_OK(t, cgt_run(t, s, 0, &a, 1, &v, 1));
+  assert_int_equal(test_stats(t).replays, 1);
+  EXPECT_REFUSED(t, CGT_ERR_OUT_OF_MEMORY, cgt_run(t, s, 0, &a, 1, &w, 1));
+  assert_int_equal(w.bits, 111);
+  assert_true(test_read_first(t, v) == 1.0f);
+  /* Once v is released its memory is free again: the same run records. */
+  CHECK_OK(t, cgt_value_release(t, v));
+  CHECK_OK(t, cgt_run(t, s, 0, &a, 1, &w, 1));
+  CHECK_TREE(t);
+  assert_int_equal(test_stats(t).recordings, 2);
+  assert_int_equal(test_stats(t).pool_reserved_bytes, CHUNK_BYTES);
+  assert_true(test_read_first(t, w) == 1.0f);
+  test_dev_free(buf);
+  test_tree_free(t);
+}
+
+static void test_pool_limit_refuses_a_new_chunk_and_changes_nothing(void **state) {
+  (void)state;
+  for (size_t m = 0; m < N_MODES; m++) {
+    cgt_tree *t = limited_tree(all_modes[m], CHUNK_BYTES, CHUNK_BYTES);
+    test_affine u = {.a = 2, .b = 1, .n = BIG_FLOATS}, cold = {.a = 1, .b = 1, .n = BIG_FLOATS};
+    cgt_segment s = test_register_affine(t, "aff", &u);
+    cgt_segment s_cold = test_register_affine(t, "cold", &cold);
+    float x[BIG_FLOATS] = {0};
+    float *buf = test_dev_floats(x, BIG_FLOATS);
+    cgt_arg a = cgt_arg_static(buf, sizeof x);
+    cgt_value v, w = {111};
+    for (int step = 0; step < 3; step++) {
+      if (step)
+        CHECK_OK(t, cgt_step_begin(t));
+      CHECK_OK(t, cgt_run(t, s, 0, &a, 1, &v, 1));
+    }
+    /* v is live and fills the only chunk the cap allows; a segment never run
+     * before needs a new chunk (in SEPARATE mode, a private pool). */
+    char what[64];
+    snprintf(what, sizeof what, "a run past pool_limit_bytes (%s mode)", mode_name(all_modes[m]));
+    snapshot before;
+    take(t, &before);
+    CHECK_STATUS(t, CGT_ERR_OUT_OF_MEMORY, cgt_run(t, s_cold, 0, &a, 1, &w, 1));
+    expect_unchanged(t, &before, 0, what);
+    assert_int_equal(w.bits, 111);
+    assert_true(test_read_first(t, v) == 1.0f);
+    if (all_modes[m] != CGT_MODE_SEPARATE) {
+      /* Released, v's memory serves the cold segment. */
+      CHECK_OK(t, cgt_value_release(t, v));
+      CHECK_OK(t, cgt_run(t, s_cold, 0, &a, 1, &w, 1));
+      CHECK_TREE(t);
+      assert_true(test_read_first(t, w) == 1.0f);
+    } else {
+      /* The private pool of v's node is all the cap allows: v still replays. */
+      CHECK_OK(t, cgt_step_begin(t));
+      CHECK_OK(t, cgt_run(t, s, 0, &a, 1, &v, 1));
+      assert_true(test_read_first(t, v) == 1.0f);
+    }
+    test_dev_free(buf);
+    test_tree_free(t);
+  }
+}
+
+/* The cap covers every pool of the tree together: the graph pool, the side
+ * pool of eager nodes, and the placeholders of DYNAMIC arguments. */
+static void test_pool_limit_covers_the_graph_pool_the_side_pool_and_placeholders(void **state) {
+  (void)state;
+  cgt_tree *t = limited_tree(CGT_MODE_TREE, CHUNK_BYTES, 2 * CHUNK_BYTES);
+  test_affine ua = {.a = 2, .b = 1, .n = BIG_FLOATS}, ue1 = {.a = 3, .b = 0, .n = BIG_FLOATS};
+  test_affine ue2 = {.a = 4, .b = 0, .n = BIG_FLOATS}, ud = {.a = 5, .b = 0, .n = BIG_FLOATS};
+  cgt_segment s_a = test_register_affine(t, "graph", &ua);
+  cgt_segment s_e1 = test_register_affine_flags(t, "eager1", &ue1, CGT_SEGMENT_NO_CAPTURE);
+  cgt_segment s_e2 = test_register_affine_flags(t, "eager2", &ue2, CGT_SEGMENT_NO_CAPTURE);
+  cgt_segment s_d = test_register_affine(t, "dynamic", &ud);
+  float x[BIG_FLOATS];
+  for (int i = 0; i < BIG_FLOATS; i++)
+    x[i] = 1;
+  float *buf = test_dev_floats(x, BIG_FLOATS);
+  cgt_arg a = cgt_arg_static(buf, sizeof x), d = cgt_arg_dynamic(buf, sizeof x);
+  cgt_value v, e1, e2 = {111}, dv = {222};
+  CHECK_OK(t, cgt_run(t, s_a, 0, &a, 1, &v, 1));   /* graph pool: chunk 1 */
+  CHECK_OK(t, cgt_run(t, s_e1, 0, &a, 1, &e1, 1)); /* side pool: chunk 2 */
+  assert_true(test_read_first(t, v) == 3.0f && test_read_first(t, e1) == 3.0f);
+  /* A placeholder and an output in the graph pool need a third chunk. */
+  EXPECT_REFUSED(t, CGT_ERR_OUT_OF_MEMORY, cgt_run(t, s_d, 0, &d, 1, &dv, 1));
+  /* So does a second eager output in the side pool. */
+  EXPECT_REFUSED(t, CGT_ERR_OUT_OF_MEMORY, cgt_run(t, s_e2, 0, &a, 1, &e2, 1));
+  assert_int_equal(e2.bits, 111);
+  assert_int_equal(dv.bits, 222);
+  /* Memory given back within a pool serves that pool again. */
+  CHECK_OK(t, cgt_value_release(t, e1));
+  CHECK_OK(t, cgt_run(t, s_e2, 0, &a, 1, &e2, 1));
+  assert_true(test_read_first(t, e2) == 4.0f);
+  CHECK_TREE(t);
+  assert_true(test_stats(t).pool_reserved_bytes <= CHUNK_BYTES);
+  test_dev_free(buf);
+  test_tree_free(t);
+}
+
+static void test_tree_create_refuses_a_reserve_above_pool_limit_bytes(void **state) {
+  (void)state;
+  cgt_options o;
+  cgt_options_init(&o);
+  o.backend = test_backend;
+  o.log_fn = silent_log;
+  o.pool_reserve_bytes = (size_t)4 << 20;
+  o.pool_limit_bytes = (size_t)1 << 20;
+  cgt_tree *t = (cgt_tree *)&o;
+  assert_int_equal(cgt_tree_create(&o, &t), CGT_ERR_OUT_OF_MEMORY);
+  assert_null(t);
+  o.pool_limit_bytes = (size_t)4 << 20;
+  CHECK_OK(NULL, cgt_tree_create(&o, &t));
+  assert_int_equal(test_stats(t).pool_reserved_bytes, (size_t)4 << 20);
+  test_tree_free(t);
+}
+
 static void test_device_limit_is_refused_on_a_cuda_tree(void **state) {
   (void)state;
   if (test_backend != CGT_BACKEND_CUDA)
@@ -1254,6 +1688,17 @@ const struct CMUnitTest bad_input_tests[] = {
     T(test_out_of_device_memory_at_the_first_warmup_changes_nothing),
     T(test_out_of_device_memory_while_recording_changes_nothing),
     T(test_out_of_device_memory_for_a_new_chunk_changes_nothing),
+    T(test_pool_limit_refuses_the_first_warmup_and_changes_nothing),
+    T(test_pool_limit_refuses_a_recording_that_needs_a_new_chunk_and_changes_nothing),
+    T(test_pool_limit_refuses_a_new_chunk_and_changes_nothing),
+    T(test_pool_limit_covers_the_graph_pool_the_side_pool_and_placeholders),
+    T(test_tree_create_refuses_a_reserve_above_pool_limit_bytes),
+    T(test_capture_failure_whose_eager_run_fails_changes_nothing),
+    T(test_capture_failure_whose_eager_run_runs_out_of_memory_changes_nothing),
+    T(test_rerecord_limit_turns_a_node_eager_only_when_its_eager_run_succeeds),
+    T(test_every_host_allocation_of_a_run_failing_in_turn_changes_nothing),
+    T(test_host_running_dry_in_the_middle_of_a_run_leaves_a_sound_tree),
+    T(test_segment_register_with_each_host_allocation_failing_changes_nothing),
     T(test_device_limit_is_refused_on_a_cuda_tree),
     T(test_simulator_calls_refuse_bad_streams_kernels_and_pointers),
 };

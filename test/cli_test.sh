@@ -46,14 +46,18 @@ for h in --help help -h; do
   has out "usage: cgtree"
 done
 
-# --- bad command lines: usage on stderr, exit 2
+# --- bad command lines: one line saying what is wrong plus a hint, on
+# stderr, exit 2 (not the whole help, which would bury the one line)
 for args in "" "bogus" "demo --bogus" "demo --steps 0" "demo --steps x" "demo --steps" \
   "demo --workload nope" "demo --backend tpu" "demo --backend" "demo extra" "dot --json" \
   "dot a.dot b.dot" "info --bogus" "--version extra"; do
   last="$args"
   # shellcheck disable=SC2086 # word splitting is the point
   run 2 $args
-  has err "usage: cgtree"
+  [ "$(wc -l <"$tmp/err")" -eq 2 ] || fail "cgtree $args: $(wc -l <"$tmp/err") lines on stderr, wanted 2"
+  head -1 "$tmp/err" | grep -q '^cgtree: ' || fail "cgtree $args: the first line does not say what is wrong"
+  has err "Try 'cgtree help' for usage."
+  lacks err "usage: cgtree"
   [ -s "$tmp/out" ] && fail "cgtree $args wrote to stdout on a usage error"
 done
 
@@ -98,15 +102,18 @@ last="demo --backend auto"
 run 0 demo --workload chain --steps 2
 has out "auto"
 
-# --- JSON: one object per workload, each a parsable line
-last="demo --json"
-run 0 demo --backend sim --json --steps $steps
-[ "$(wc -l <"$tmp/out")" -eq 2 ] || fail "--json printed $(wc -l <"$tmp/out") lines, wanted 2"
+# --- JSON: the whole output is one JSON document, one object per workload
+for w in all chain; do
+last="demo --json --workload $w"
+run 0 demo --backend sim --json --workload $w --steps $steps
 if command -v python3 >/dev/null 2>&1; then
-  python3 - "$tmp/out" <<'EOF' || fail "--json output does not parse or lacks fields"
+  python3 - "$tmp/out" "$w" <<'EOF' || fail "$last: the output is not one JSON document with the fields"
 import json, sys
-for line in open(sys.argv[1]):
-    o = json.loads(line)
+doc = json.load(open(sys.argv[1]))
+assert doc["cgtree"].count(".") == 2
+names = [o["workload"] for o in doc["workloads"]]
+assert names == (["branchy", "chain"] if sys.argv[2] == "all" else [sys.argv[2]]), names
+for o in doc["workloads"]:
     assert o["timing"] == "cpu_simulation" and o["outputs_bit_equal"] is True
     assert [m["mode"] for m in o["modes"]] == ["eager", "separate", "tree"]
     assert all(m["speedup_vs_eager"] is None for m in o["modes"])
@@ -114,6 +121,31 @@ for line in open(sys.argv[1]):
     assert o["modes"][2]["stats"]["replays"] > 0
 EOF
 fi
+done
+
+# --- the demo's one-line legend of its table columns
+last="demo legend"
+run 0 demo --backend sim --workload chain --steps 2
+[ "$(grep -c '^Columns: ' "$tmp/out")" -eq 1 ] || fail "demo: no one-line 'Columns:' legend"
+for col in "pool peak =" "graphs =" "replays =" "restores =" "eager nodes ="; do
+  has out "$col"
+done
+
+# --- progress from the first step whenever stderr is a terminal (script(1)
+# gives the demo a terminal; stdout goes to a file)
+if command -v script >/dev/null 2>&1; then
+  last="demo progress on a terminal"
+  script -qec "\"$bin\" demo --backend sim --workload chain --steps 2 >\"$tmp/out\"" /dev/null >"$tmp/tty" 2>&1 </dev/null
+  grep -q "running chain, eager mode: step 1/2" "$tmp/tty" || fail "$last: no progress line at the first step"
+  lacks out "running chain"
+fi
+
+# --- an unknown CGT_LOG value: one warning, then the demo runs as usual
+last="CGT_LOG=loud demo"
+CGT_LOG=loud "$bin" demo --backend sim --workload chain --steps 2 >"$tmp/out" 2>"$tmp/err" || fail "$last failed"
+[ "$(grep -c "CGT_LOG=loud is not error, warn, info or debug; ignored" "$tmp/err")" -eq 1 ] ||
+  fail "$last: wanted the warning once on stderr, got: $(cat "$tmp/err")"
+has out "tree mode grew"
 
 # --- dot: to stdout, to a file, and from the demo
 last="dot"

@@ -590,6 +590,306 @@ static void test_device_sync_in_a_segment_makes_its_node_eager_and_leaves_no_err
   check_careless(CARELESS_DEVICE_SYNC);
 }
 
+/* ------------------------------------- careful segments (issue 9, item 1) */
+
+/* y = relu(2x + 1), with the error check careful C code makes around a sync:
+ * `if ((st = cudaStreamSynchronize(s)) != cudaSuccess) return error;`. Under
+ * capture the sync is illegal and the segment returns an error; the tree
+ * must see the invalidated capture, run it eagerly (where the sync is legal)
+ * and hand back the right outputs. The error it does not clear is the
+ * tree's to clear. */
+static cgt_status seg_checks_its_sync(cgt_launch *l, void *user) {
+  env *e = user;
+  cudaStream_t s = (cudaStream_t)cgt_launch_stream(l);
+  const float *x = cgt_launch_input(l, 0);
+  float *y = NULL;
+  cudaError_t st;
+  TRY(cgt_launch_alloc(l, e->n * sizeof(float), (void **)&y));
+  TRY(e->k->affine(s, x, 2.0f, 1.0f, y, e->n));
+  if ((st = cudaStreamSynchronize(s)) != cudaSuccess)
+    return CGT_ERR_BACKEND;
+  TRY(e->k->relu(s, y, y, e->n));
+  return cgt_launch_set_output(l, 0, y, e->n * sizeof(float));
+}
+
+/* z = 3y, after checking that no CUDA error is pending, as careful code
+ * does before its first launch; a stale error counts in e->scratch. */
+static cgt_status seg_checks_last_error(cgt_launch *l, void *user) {
+  env *e = user;
+  cudaError_t pending = cudaGetLastError();
+  if (pending != cudaSuccess) {
+    e->scratch += 1.0f;
+    return CGT_ERR_BACKEND;
+  }
+  const float *y = cgt_launch_input(l, 0);
+  float *z = NULL;
+  TRY(cgt_launch_alloc(l, e->n * sizeof(float), (void **)&z));
+  TRY(e->k->affine(cgt_launch_stream(l), y, 3.0f, 0.0f, z, e->n));
+  return cgt_launch_set_output(l, 0, z, e->n * sizeof(float));
+}
+
+static float relu_affine(float x) {
+  float y = 2.0f * x + 1.0f;
+  return y > 0.0f ? y : 0.0f;
+}
+
+static void test_segment_that_returns_its_stream_sync_error_records_as_eager_with_correct_outputs(void **state) {
+  (void)state;
+  const kernels *k = cuda_kernels_or_skip();
+  const size_t n = 4096;
+  gpu_tree tree;
+  open_tree(&tree, CGT_MODE_TREE, 1, 0, n);
+  cgt_segment careful = add_segment(&tree, "careful", seg_checks_its_sync, 1, 1);
+  cgt_segment after = add_segment(&tree, "checks_last_error", seg_checks_last_error, 1, 1);
+  float *hx = host_alloc(n * sizeof(float)), *got = host_alloc(n * sizeof(float));
+  float *x = dev_alloc(k, n * sizeof(float));
+  tree.e.scratch = 0.0f;
+  /* 1: warmup; 2: the capture fails, "careful" runs eagerly and turns
+   * EAGER, "checks_last_error" records right after it; 3-5: replays. */
+  const int steps = 5;
+  for (int step = 0; step < steps; step++) {
+    for (size_t i = 0; i < n; i++)
+      hx[i] = (float)((int)(i % 11) - 5 + step);
+    CHECK_KERN(k, k->upload(x, hx, n * sizeof(float)));
+    if (step > 0)
+      CHECK_TREE(tree.t, cgt_step_begin(tree.t));
+    cgt_arg arg = cgt_arg_static(x, n * sizeof(float));
+    cgt_value y, z;
+    run(&tree, careful, &arg, 1, &y, 1);
+    assert_no_cuda_error();
+    cgt_arg from_y = cgt_arg_value(y);
+    run(&tree, after, &from_y, 1, &z, 1);
+    read_value(&tree, y, got, n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+      if (got[i] != relu_affine(hx[i]))
+        fail_msg("step %d: y[%zu] = %g, want %g", step, i, (double)got[i], (double)relu_affine(hx[i]));
+    read_value(&tree, z, got, n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+      if (got[i] != 3.0f * relu_affine(hx[i]))
+        fail_msg("step %d: z[%zu] = %g, want %g", step, i, (double)got[i], (double)(3.0f * relu_affine(hx[i])));
+    assert_no_cuda_error();
+  }
+  if (tree.e.scratch != 0.0f)
+    fail_msg("a segment after the failed capture found a CUDA error pending %g times", (double)tree.e.scratch);
+  const char *reason = NULL;
+  if (best_node(&tree, careful, CGT_NODE_EAGER, &reason) < 0)
+    fail_msg("the segment whose sync failed under capture should be EAGER");
+  assert_non_null(reason);
+  assert_non_null(strstr(reason, "capture"));
+  if (best_node(&tree, after, CGT_NODE_RECORDED, NULL) < steps - 2)
+    fail_msg("the segment after the EAGER one should record and replay %d times", steps - 2);
+  cgt_stats st;
+  CHECK_TREE(tree.t, cgt_tree_stats(tree.t, &st));
+  assert_int_equal(st.capture_failures, 1);
+  k->dev_free(x);
+  free(hx);
+  free(got);
+  close_tree(&tree);
+}
+
+/* z = 3x, checking cudaGetLastError first, in a tree made after another
+ * tree's capture failed (and while that tree still lives). */
+static void test_fresh_tree_after_a_failed_capture_checks_cuda_get_last_error_and_still_records(void **state) {
+  (void)state;
+  const kernels *k = cuda_kernels_or_skip();
+  const size_t n = 2048;
+  float *hx = host_alloc(n * sizeof(float)), *got = host_alloc(n * sizeof(float));
+  for (size_t i = 0; i < n; i++)
+    hx[i] = (float)((int)(i % 9) - 4);
+  float *x = dev_alloc(k, n * sizeof(float));
+  CHECK_KERN(k, k->upload(x, hx, n * sizeof(float)));
+  for (int keep_old = 0; keep_old < 2; keep_old++) {
+    gpu_tree old;
+    open_tree(&old, CGT_MODE_TREE, 1, 0, n);
+    cgt_segment careful = add_segment(&old, "careful", seg_checks_its_sync, 1, 1);
+    cgt_arg arg = cgt_arg_static(x, n * sizeof(float));
+    cgt_value y;
+    for (int step = 0; step < 2; step++) { /* warmup, then the failed capture */
+      if (step > 0)
+        CHECK_TREE(old.t, cgt_step_begin(old.t));
+      run(&old, careful, &arg, 1, &y, 1);
+    }
+    cgt_stats st;
+    CHECK_TREE(old.t, cgt_tree_stats(old.t, &st));
+    assert_int_equal(st.capture_failures, 1);
+    if (!keep_old)
+      close_tree(&old);
+
+    gpu_tree fresh;
+    open_tree(&fresh, CGT_MODE_TREE, 1, 0, n);
+    fresh.e.scratch = 0.0f;
+    cgt_segment healthy = add_segment(&fresh, "healthy", seg_checks_last_error, 1, 1);
+    for (int step = 0; step < 4; step++) { /* warmup, record, two replays */
+      if (step > 0)
+        CHECK_TREE(fresh.t, cgt_step_begin(fresh.t));
+      cgt_value z;
+      run(&fresh, healthy, &arg, 1, &z, 1);
+      read_value(&fresh, z, got, n * sizeof(float));
+      for (size_t i = 0; i < n; i++)
+        if (got[i] != 3.0f * hx[i])
+          fail_msg("step %d: z[%zu] = %g, want %g", step, i, (double)got[i], (double)(3.0f * hx[i]));
+    }
+    assert_true(fresh.e.scratch == 0.0f);
+    CHECK_TREE(fresh.t, cgt_tree_stats(fresh.t, &st));
+    assert_int_equal(st.capture_failures, 0);
+    assert_int_equal(st.recordings, 1);
+    assert_int_equal(st.replays, 2);
+    close_tree(&fresh);
+    if (keep_old)
+      close_tree(&old);
+  }
+  k->dev_free(x);
+  free(hx);
+  free(got);
+}
+
+/* A tree handed the legacy default stream cannot capture at all (CUDA
+ * refuses to begin a capture on cudaStreamLegacy): every node falls back to
+ * eager runs, cgt_run still succeeds with the right outputs, and no CUDA
+ * error is left behind. */
+static void test_tree_on_the_legacy_stream_runs_every_segment_eagerly_with_correct_outputs(void **state) {
+  (void)state;
+  const kernels *k = cuda_kernels_or_skip();
+  const size_t n = 1024;
+  gpu_tree g;
+  memset(&g, 0, sizeof g);
+  cgt_options o;
+  cgt_options_init(&o);
+  o.backend = CGT_BACKEND_CUDA;
+  o.stream = (void *)cudaStreamLegacy;
+  CHECK_TREE(NULL, cgt_tree_create(&o, &g.t));
+  g.e.k = k;
+  g.e.n = n;
+  CHECK_KERN(k, k->ctx_create(cgt_tree_stream(g.t), &g.e.ctx));
+  cgt_segment seg = add_segment(&g, "checks_last_error", seg_checks_last_error, 1, 1);
+  float *hx = host_alloc(n * sizeof(float)), *got = host_alloc(n * sizeof(float));
+  for (size_t i = 0; i < n; i++)
+    hx[i] = (float)(i % 6);
+  float *x = dev_alloc(k, n * sizeof(float));
+  CHECK_KERN(k, k->upload(x, hx, n * sizeof(float)));
+  g.e.scratch = 0.0f;
+  for (int step = 0; step < 4; step++) {
+    if (step > 0)
+      CHECK_TREE(g.t, cgt_step_begin(g.t));
+    cgt_arg arg = cgt_arg_static(x, n * sizeof(float));
+    cgt_value z;
+    run(&g, seg, &arg, 1, &z, 1);
+    read_value(&g, z, got, n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+      if (got[i] != 3.0f * hx[i])
+        fail_msg("step %d: z[%zu] = %g, want %g", step, i, (double)got[i], (double)(3.0f * hx[i]));
+    assert_no_cuda_error();
+  }
+  assert_true(g.e.scratch == 0.0f);
+  const char *reason = NULL;
+  if (best_node(&g, seg, CGT_NODE_EAGER, &reason) < 0)
+    fail_msg("a segment on the legacy stream should run EAGER");
+  assert_non_null(reason);
+  print_message("legacy stream: node EAGER because: %s\n", reason);
+  cgt_stats st;
+  CHECK_TREE(g.t, cgt_tree_stats(g.t, &st));
+  assert_int_equal(st.capture_failures, 1);
+  assert_int_equal(st.recordings, 0);
+  k->dev_free(x);
+  free(hx);
+  free(got);
+  close_tree(&g);
+}
+
+/* ------------------------------------ pool_limit_bytes (issue 9, item 8) */
+
+/* out = 2x + 1 through a temporary of e->careless bytes (the field is
+ * reused as a size here). */
+static cgt_status seg_workspace(cgt_launch *l, void *user) {
+  env *e = user;
+  void *s = cgt_launch_stream(l);
+  void *ws = NULL;
+  float *out = NULL;
+  TRY(cgt_launch_alloc(l, (size_t)e->careless, &ws));
+  TRY(cgt_launch_alloc(l, e->n * sizeof(float), (void **)&out));
+  TRY(e->k->affine(s, cgt_launch_input(l, 0), 2.0f, 1.0f, out, e->n));
+  TRY(cgt_launch_free(l, ws));
+  return cgt_launch_set_output(l, 0, out, e->n * sizeof(float));
+}
+
+/* Every stats field but host_allocs and the peaks must match. */
+static void expect_same_stats(gpu_tree *g, const cgt_stats *before, const char *what) {
+  cgt_stats now;
+  CHECK_TREE(g->t, cgt_tree_stats(g->t, &now));
+#define SAME_FIELD(f)                                                                                          \
+  if (strcmp(#f, "host_allocs") && !strstr(#f, "peak_bytes") && before->f != now.f)                            \
+    fail_msg("%s changed stats: %s %llu -> %llu", what, #f, (unsigned long long)before->f, (unsigned long long)now.f);
+  CGT_STATS_FIELDS(SAME_FIELD, SAME_FIELD)
+#undef SAME_FIELD
+}
+
+static void test_pool_limit_bytes_makes_device_oom_a_tested_path_on_cuda(void **state) {
+  (void)state;
+  const kernels *k = cuda_kernels_or_skip();
+  const size_t n = 1024, chunk = (size_t)1 << 20, limit = (size_t)4 << 20;
+  const cgt_mode modes[] = {CGT_MODE_TREE, CGT_MODE_SEPARATE, CGT_MODE_EAGER};
+  float *hx = host_alloc(n * sizeof(float)), *got = host_alloc(n * sizeof(float));
+  for (size_t i = 0; i < n; i++)
+    hx[i] = (float)(i % 5);
+  float *x = dev_alloc(k, n * sizeof(float));
+  CHECK_KERN(k, k->upload(x, hx, n * sizeof(float)));
+  for (int m = 0; m < 3; m++) {
+    gpu_tree g;
+    memset(&g, 0, sizeof g);
+    cgt_options o;
+    cgt_options_init(&o);
+    o.backend = CGT_BACKEND_CUDA;
+    o.mode = modes[m];
+    o.pool_chunk_bytes = chunk;
+    o.pool_limit_bytes = limit;
+    CHECK_TREE(NULL, cgt_tree_create(&o, &g.t));
+    g.e.k = k;
+    g.e.n = n;
+    CHECK_KERN(k, k->ctx_create(cgt_tree_stream(g.t), &g.e.ctx));
+    cgt_segment seg = add_segment(&g, "workspace", seg_workspace, 1, 1);
+    cgt_arg arg = cgt_arg_static(x, n * sizeof(float));
+    for (int step = 0; step < 4; step++) {
+      if (step > 0)
+        CHECK_TREE(g.t, cgt_step_begin(g.t));
+      /* A workspace above the cap: refused like a full device, nothing
+       * changed, no CUDA error left behind. */
+      g.e.careless = (int)(8u << 20);
+      cgt_stats before;
+      CHECK_TREE(g.t, cgt_tree_stats(g.t, &before));
+      cgt_value out = {111};
+      cgt_status st = cgt_run(g.t, seg, 1, &arg, 1, &out, 1);
+      if (st != CGT_ERR_OUT_OF_MEMORY)
+        fail_msg("mode %d step %d: a run past pool_limit_bytes returned %s (%s)", (int)modes[m], step,
+                 cgt_status_name(st), cgt_tree_last_error(g.t));
+      assert_int_equal(out.bits, 111);
+      assert_non_null(strstr(cgt_tree_last_error(g.t), "pool_limit_bytes"));
+      expect_same_stats(&g, &before, "a run past pool_limit_bytes");
+      CHECK_TREE(g.t, cgt_tree_check(g.t));
+      assert_no_cuda_error();
+      /* One within it: warmup, record, replays. */
+      g.e.careless = (int)(1u << 20);
+      run(&g, seg, &arg, 1, &out, 1);
+      read_value(&g, out, got, n * sizeof(float));
+      for (size_t i = 0; i < n; i++)
+        if (got[i] != 2.0f * hx[i] + 1.0f)
+          fail_msg("mode %d step %d: out[%zu] = %g, want %g", (int)modes[m], step, i, (double)got[i],
+                   (double)(2.0f * hx[i] + 1.0f));
+      assert_no_cuda_error();
+    }
+    cgt_stats st;
+    CHECK_TREE(g.t, cgt_tree_stats(g.t, &st));
+    if (st.pool_reserved_bytes + st.side_pool_peak_bytes > limit)
+      fail_msg("mode %d: the pools reserve %zu bytes, above the %zu-byte cap", (int)modes[m], st.pool_reserved_bytes,
+               limit);
+    if (modes[m] == CGT_MODE_TREE && st.replays < 2)
+      fail_msg("the run within the cap should replay, replays = %llu", (unsigned long long)st.replays);
+    close_tree(&g);
+  }
+  k->dev_free(x);
+  free(hx);
+  free(got);
+}
+
 /* ------------------------------------------------ a thousand branches */
 
 /* head: y = -x, s = sum(y). then: z = y/2 + 1/4. else: z = y/2 - 1/4.
@@ -758,6 +1058,10 @@ const struct CMUnitTest cuda_specific_tests[] = {
     cmocka_unit_test(test_malloc_in_a_segment_makes_its_node_eager_and_leaves_no_error),
     cmocka_unit_test(test_synchronous_memcpy_in_a_segment_makes_its_node_eager_and_leaves_no_error),
     cmocka_unit_test(test_device_sync_in_a_segment_makes_its_node_eager_and_leaves_no_error),
+    cmocka_unit_test(test_segment_that_returns_its_stream_sync_error_records_as_eager_with_correct_outputs),
+    cmocka_unit_test(test_fresh_tree_after_a_failed_capture_checks_cuda_get_last_error_and_still_records),
+    cmocka_unit_test(test_pool_limit_bytes_makes_device_oom_a_tested_path_on_cuda),
+    cmocka_unit_test(test_tree_on_the_legacy_stream_runs_every_segment_eagerly_with_correct_outputs),
     cmocka_unit_test(test_thousand_steps_alternating_two_branches_equal_eager),
 };
 

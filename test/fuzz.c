@@ -56,9 +56,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#include "cgtree_sim.h"
 #include "test_lists.h"
 #include "test_util.h"
+#include "tree_hooks.h"
 
 /* ------------------------------------------------------------------ PRNG */
 
@@ -122,9 +125,24 @@ static size_t fz_in_floats(cgt_launch *l, uint32_t i) { return cgt_launch_input_
       return st_;                    \
   } while (0)
 
+/* What a launch function of one tree gets: its segment, and that tree's
+ * fault switch (see fz_run). */
+typedef struct fz_seg_user {
+  const fz_seg *s;
+  int *fail_next_launch;
+} fz_seg_user;
+
 static cgt_status fz_launch(cgt_launch *l, void *user) {
-  const fz_seg *s = user;
+  const fz_seg_user *u = user;
+  const fz_seg *s = u->s;
   const kernels *k = test_kernels();
+  if (*u->fail_next_launch) {
+    /* An injected failure, after taking memory the tree must give back. */
+    void *junk;
+    *u->fail_next_launch = 0;
+    (void)cgt_launch_alloc(l, 256, &junk);
+    return CGT_ERR_SEGMENT_FAILED;
+  }
   void *stream = cgt_launch_stream(l);
   float bias = s->b + (float)cgt_launch_variant(l);
   const float *x = cgt_launch_input(l, 0);
@@ -252,7 +270,7 @@ struct fz_block {
 #define FZ_MAX_SEGS 10
 #define FZ_MAX_PROGRAMS 3
 #define FZ_MAX_DEPTH 3
-#define FZ_MAX_MADE 512 /* values a step may make that are checked at its end */
+#define FZ_MAX_MADE 2048 /* values a step may make that are checked at its end */
 
 /* The names a program may use at a point, as the generator sees them.
  * Pinned names belong to an enclosing loop body's outer scope: the body may
@@ -591,6 +609,12 @@ typedef struct fz_config {
   int big_values;           /* values larger than a small chunk */
   uint32_t min_ops, max_ops; /* top-level operations of a program; 0: 6..20 */
   size_t pool_reserve_bytes;
+  uint32_t check_every;      /* cgt_tree_check after every this many runs (0: every run) */
+  uint32_t fault_percent;    /* runs that get an injected fault first (fz_run) */
+  uint32_t no_capture_percent; /* segments registered with CGT_SEGMENT_NO_CAPTURE */
+  size_t pool_limit_bytes;   /* options.pool_limit_bytes */
+  uint32_t prune_after_steps; /* options.prune_after_steps (0: default) */
+  int zero_options;          /* an all-zero cgt_options: zero means default */
 } fz_config;
 
 static void world_make(fz_world *w, uint64_t seed, const fz_config *cfg) {
@@ -649,6 +673,10 @@ typedef struct fz_ctx {
   fz_world *w;
   cgt_tree *t[FZ_MODES];
   cgt_segment seg_id[FZ_MAX_SEGS];
+  fz_seg_user user[FZ_MODES][FZ_MAX_SEGS];
+  int fail_next_launch[FZ_MODES];
+  uint64_t runs_done;                  /* for check_every */
+  uint64_t faults_injected, faults_hit; /* faults set up; runs they made fail */
   cgt_value *map[FZ_MODES]; /* name -> value, per tree */
   int map_cap;
   float *stat_fixed, *stat_changing, *dyn[2]; /* caller device buffers */
@@ -776,6 +804,57 @@ static void fz_release(fz_ctx *c, int name) {
   }
 }
 
+enum { FAULT_NONE, FAULT_LAUNCH, FAULT_DEVICE_MEMORY, FAULT_HOST_MEMORY, FAULT_KINDS };
+
+/* One cgt_run in tree m, perhaps with an injected fault first: the launch
+ * function fails (after allocating), the device has no memory left (a
+ * simulator limit of 0), or the host allocation after the next few fails.
+ * A fault may not bite (a replay calls no launch function and allocates
+ * nothing); when it does, the run must fail with the fault's status and no
+ * outputs, change nothing, and succeed when run again without the fault:
+ * since the comparison with the other trees goes on afterwards, anything a
+ * failed run left behind shows up as a difference. */
+static cgt_status fz_run(fz_ctx *c, int m, cgt_segment seg, uint64_t variant, const cgt_arg *args, uint32_t n_in,
+                         cgt_value *outs, uint32_t n_out) {
+  cgt_tree *t = c->t[m];
+  int fault = FAULT_NONE;
+  if (c->cfg->fault_percent) {
+    uint64_t h = fz_hash(c->seed * 31 + (uint64_t)m, c->step * 1000003u + c->ops_done);
+    if (h % 100 < c->cfg->fault_percent)
+      fault = 1 + (int)(h >> 20) % (FAULT_KINDS - 1);
+    if (fault == FAULT_DEVICE_MEMORY && test_backend != CGT_BACKEND_SIM)
+      fault = FAULT_LAUNCH;
+    if (fault == FAULT_LAUNCH)
+      c->fail_next_launch[m] = 1;
+    else if (fault == FAULT_DEVICE_MEMORY)
+      CHECK_OK(t, cgt_sim_set_device_limit(t, 0));
+    else if (fault == FAULT_HOST_MEMORY)
+      cgt__fail_host_alloc_after(t, (long long)(h >> 40) % 4, 1);
+    c->faults_injected += fault != FAULT_NONE;
+  }
+  cgt_status st = cgt_run(t, seg, variant, args, n_in, outs, n_out);
+  c->fail_next_launch[m] = 0;
+  if (fault == FAULT_DEVICE_MEMORY)
+    CHECK_OK(t, cgt_sim_set_device_limit(t, SIZE_MAX));
+  if (fault == FAULT_HOST_MEMORY)
+    cgt__fail_host_alloc_after(t, -1, 0);
+  if (st == CGT_OK || fault == FAULT_NONE)
+    return st;
+  cgt_status expected = fault == FAULT_LAUNCH ? CGT_ERR_SEGMENT_FAILED : CGT_ERR_OUT_OF_MEMORY;
+  if (st != expected)
+    FZ_FAIL(c, "an injected %s fault made cgt_run fail with %s, not %s (last error: %s)",
+            fault == FAULT_LAUNCH ? "launch" : fault == FAULT_DEVICE_MEMORY ? "device memory" : "host memory",
+            cgt_status_name(st), cgt_status_name(expected), cgt_tree_last_error(t));
+  for (uint32_t o = 0; o < n_out; o++)
+    if (outs[o].bits)
+      FZ_FAIL(c, "a failed cgt_run in %s mode wrote output %u", fz_mode_names[m], o);
+  st = cgt_tree_check(t);
+  if (st != CGT_OK)
+    FZ_FAIL(c, "cgt_tree_check after a failed run in %s mode: %s", fz_mode_names[m], cgt_tree_last_error(t));
+  c->faults_hit++;
+  return cgt_run(t, seg, variant, args, n_in, outs, n_out);
+}
+
 static void fz_exec(fz_ctx *c, const fz_block *b);
 
 static void fz_exec_op(fz_ctx *c, const fz_op *op) {
@@ -792,12 +871,15 @@ static void fz_exec_op(fz_ctx *c, const fz_op *op) {
       cgt_value outs[2] = {{0}, {0}};
       for (uint32_t i = 0; i < s->n_in; i++)
         args[i] = fz_arg(c, m, i == 0 && use_alt ? &op->alt : &op->in[i]);
-      cgt_status st = cgt_run(c->t[m], c->seg_id[op->seg], variant, args, s->n_in, outs, s->n_out);
+      cgt_status st = fz_run(c, m, c->seg_id[op->seg], variant, args, s->n_in, outs, s->n_out);
       if (st != CGT_OK)
         FZ_FAIL(c, "cgt_run of %s (variant %llu) in %s mode returned %s (last error: %s)", s->name,
                 (unsigned long long)variant, fz_mode_names[m], cgt_status_name(st),
                 cgt_tree_last_error(c->t[m]));
-      st = cgt_tree_check(c->t[m]);
+      if (c->cfg->check_every > 1 && (c->runs_done + 1) % c->cfg->check_every)
+        st = CGT_OK;
+      else
+        st = cgt_tree_check(c->t[m]);
       if (st != CGT_OK)
         FZ_FAIL(c, "cgt_tree_check after %s in %s mode: %s", s->name, fz_mode_names[m], cgt_tree_last_error(c->t[m]));
       for (uint32_t o = 0; o < s->n_out; o++) {
@@ -810,6 +892,7 @@ static void fz_exec_op(fz_ctx *c, const fz_op *op) {
     for (uint32_t o = 0; o < s->n_out && c->n_made < FZ_MAX_MADE; o++)
       c->made_released[c->n_made++] = 0;
     c->step_values += s->n_out;
+    c->runs_done++;
     break;
   }
   case OP_RELEASE:
@@ -884,6 +967,7 @@ typedef struct fz_totals {
   uint64_t warm_nodes;  /* TREE mode: nodes never recorded */
   uint64_t max_step_values;
   uint64_t same_tree_seeds; /* seeds whose TREE and TREE+defer trees were compared */
+  uint64_t faults_injected, faults_hit;
   cgt_stats s[FZ_MODES];
 } fz_totals;
 
@@ -935,12 +1019,21 @@ static void fz_run_seed(const fz_config *cfg, uint64_t seed, uint64_t steps, fz_
   if (cfg->pool_chunk_bytes)
     o.pool_chunk_bytes = cfg->pool_chunk_bytes;
   o.pool_reserve_bytes = cfg->pool_reserve_bytes;
+  o.pool_limit_bytes = cfg->pool_limit_bytes;
+  o.prune_after_steps = cfg->prune_after_steps;
+  if (cfg->zero_options)
+    memset(&o, 0, sizeof o); /* test_tree_new sets backend, mode and the log */
+  fz_rng flags_rng = {seed ^ 0x6e6f6361ull};
+  uint32_t flags[FZ_MAX_SEGS];
+  for (uint32_t i = 0; i < w.n_segs; i++)
+    flags[i] = fz_percent(&flags_rng, cfg->no_capture_percent) ? CGT_SEGMENT_NO_CAPTURE : 0;
   for (int m = 0; m < FZ_MODES; m++) {
     o.defer_launch = m == FZ_DEFER;
     c.t[m] = test_tree_new(fz_modes[m], &o);
     assert_int_equal(cgt_tree_mode(c.t[m]), fz_modes[m]);
     for (uint32_t i = 0; i < w.n_segs; i++) {
-      cgt_segment_desc d = {w.segs[i].name, fz_launch, &w.segs[i], w.segs[i].n_in, w.segs[i].n_out, 0};
+      c.user[m][i] = (fz_seg_user){&w.segs[i], &c.fail_next_launch[m]};
+      cgt_segment_desc d = {w.segs[i].name, fz_launch, &c.user[m][i], w.segs[i].n_in, w.segs[i].n_out, flags[i]};
       cgt_segment id = 0;
       CHECK_OK(c.t[m], cgt_segment_register(c.t[m], &d, &id));
       if (m == 0)
@@ -989,13 +1082,14 @@ static void fz_run_seed(const fz_config *cfg, uint64_t seed, uint64_t steps, fz_
     for (int m = 0; m < FZ_EAGER; m++) {
       CHECK_OK(c.t[m], cgt_tree_stats(c.t[m], &after[m]));
       if (after[m].recordings != before[m].recordings || after[m].warmups != before[m].warmups ||
-          after[m].nodes != before[m].nodes)
+          after[m].nodes + after[m].nodes_pruned != before[m].nodes + before[m].nodes_pruned)
         fail_msg("fuzz %s, seed %llu: %s mode has not settled: a third pass over steps %llu..%llu made %llu "
                  "recordings, %llu warmups and %llu nodes",
                  cfg->test, (unsigned long long)seed, fz_mode_names[m], (unsigned long long)(steps - window),
                  (unsigned long long)(steps - 1), (unsigned long long)(after[m].recordings - before[m].recordings),
                  (unsigned long long)(after[m].warmups - before[m].warmups),
-                 (unsigned long long)(after[m].nodes - before[m].nodes));
+                 (unsigned long long)(after[m].nodes + after[m].nodes_pruned - before[m].nodes -
+                                      before[m].nodes_pruned));
     }
   }
 
@@ -1023,6 +1117,8 @@ static void fz_run_seed(const fz_config *cfg, uint64_t seed, uint64_t steps, fz_
   tot->steps += steps;
   tot->runs += s[FZ_EAGER].runs;
   tot->reads += c.reads;
+  tot->faults_injected += c.faults_injected;
+  tot->faults_hit += c.faults_hit;
   /* Every mode ran every run, and EAGER mode never records. */
   assert_int_equal(s[FZ_TREE].runs, s[FZ_EAGER].runs);
   assert_int_equal(s[FZ_SEPARATE].runs, s[FZ_EAGER].runs);
@@ -1069,13 +1165,13 @@ static void fz_run_seed(const fz_config *cfg, uint64_t seed, uint64_t steps, fz_
   world_free(&w);
 }
 
-/* The total step budget: CGT_FUZZ_STEPS, else 24,000 on the simulator and
+/* The total step budget: CGT_FUZZ_STEPS, else 50,000 on the simulator and
  * 2,000 on a GPU (where every read-back is a real synchronisation). */
 static uint64_t fz_total_steps(void) {
   const char *e = getenv("CGT_FUZZ_STEPS");
   if (e && *e)
     return strtoull(e, NULL, 10);
-  return test_backend == CGT_BACKEND_CUDA ? 2000 : 24000;
+  return test_backend == CGT_BACKEND_CUDA ? 2000 : 50000;
 }
 
 /* Runs n_seeds seeds from first_seed with share/100 of the total budget. */
@@ -1089,20 +1185,30 @@ static void fz_run_test(const fz_config *cfg, uint64_t first_seed, uint32_t n_se
   fz_totals tot;
   memset(&tot, 0, sizeof tot);
   uint64_t per_seed = steps / n_seeds ? steps / n_seeds : 1;
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
   for (uint32_t i = 0; i < n_seeds; i++)
     if (!one || !*one || strtoull(one, NULL, 10) == first_seed + i)
       fz_run_seed(cfg, first_seed + i, per_seed, &tot);
-  print_message("fuzz %s: %llu steps (up to %llu values each), %llu runs per mode, %llu read-backs; TREE %llu "
-                "replays, %llu recordings, %llu re-records, %llu restores, %llu nodes (%llu EAGER, %llu WARMUP); "
-                "TREE+defer %llu fused launches of %llu runs, the same tree in %llu seeds\n",
-                cfg->test, (unsigned long long)tot.steps, (unsigned long long)tot.max_step_values,
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  print_message("fuzz %s: %.1f s, %llu steps (up to %llu values each), %llu runs per mode, %llu read-backs; TREE %llu "
+                "replays, %llu recordings, %llu re-records, %llu restores, %llu nodes (%llu EAGER, %llu WARMUP, %llu "
+                "pruned); %llu faults injected, %llu made a run fail; TREE+defer %llu fused launches of %llu runs, the same "
+                "tree in %llu seeds\n",
+                cfg->test, (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec),
+                (unsigned long long)tot.steps, (unsigned long long)tot.max_step_values,
                 (unsigned long long)tot.runs,
                 (unsigned long long)tot.reads, (unsigned long long)tot.s[FZ_TREE].replays,
                 (unsigned long long)tot.s[FZ_TREE].recordings, (unsigned long long)tot.s[FZ_TREE].rerecords,
                 (unsigned long long)tot.s[FZ_TREE].checkpoint_restores, (unsigned long long)tot.s[FZ_TREE].nodes,
                 (unsigned long long)tot.eager_nodes, (unsigned long long)tot.warm_nodes,
-                (unsigned long long)tot.s[FZ_DEFER].fused_launches, (unsigned long long)tot.s[FZ_DEFER].fused_runs,
-                (unsigned long long)tot.same_tree_seeds);
+                (unsigned long long)tot.s[FZ_TREE].nodes_pruned, (unsigned long long)tot.faults_injected,
+                (unsigned long long)tot.faults_hit, (unsigned long long)tot.s[FZ_DEFER].fused_launches,
+                (unsigned long long)tot.s[FZ_DEFER].fused_runs, (unsigned long long)tot.same_tree_seeds);
+  if (cfg->fault_percent && tot.steps >= 50)
+    assert_true(tot.faults_hit > 0);
+  if (cfg->min_ops >= 300 && tot.steps >= 10)
+    assert_true(tot.max_step_values >= 500);
   /* The fuzz must not pass by never recording. */
   if (tot.steps >= 50) {
     assert_true(tot.s[FZ_TREE].recordings > 0);
@@ -1123,7 +1229,7 @@ static void test_random_programs_give_identical_outputs_in_tree_separate_and_eag
     char name[32];
     snprintf(name, sizeof name, "mixed/warmup%u", warmup);
     cfg.test = name;
-    fz_run_test(&cfg, 1000 + 100 * warmup, 8, 14);
+    fz_run_test(&cfg, 1000 + 100 * warmup, 8, 12);
   }
 }
 
@@ -1132,7 +1238,7 @@ static void test_random_programs_give_identical_outputs_in_tree_separate_and_eag
 static void test_random_programs_with_tiny_pool_chunks_give_identical_outputs(void **state) {
   (void)state;
   fz_config cfg = {.test = "tiny-chunks", .warmup_runs = 1, .rerecord_limit = 32, .pool_chunk_bytes = 4 << 10, .big_values = 1};
-  fz_run_test(&cfg, 2000, 10, 24);
+  fz_run_test(&cfg, 2000, 10, 21);
 }
 
 /* Rerecord limits of 1 to 3: siblings past the limit run eagerly on the side
@@ -1147,7 +1253,7 @@ static void test_random_programs_at_low_rerecord_limits_give_identical_outputs(v
                      .rerecord_limit = limit,
                      .pool_chunk_bytes = limit == 3 ? 4 << 10 : 16 << 10,
                      .big_values = limit == 3};
-    fz_run_test(&cfg, 3000 + 100 * limit, 4, 8);
+    fz_run_test(&cfg, 3000 + 100 * limit, 4, 6);
   }
 }
 
@@ -1155,7 +1261,7 @@ static void test_random_programs_at_low_rerecord_limits_give_identical_outputs(v
 static void test_random_programs_with_default_options_give_identical_outputs(void **state) {
   (void)state;
   fz_config cfg = {.test = "defaults", .warmup_runs = 1, .rerecord_limit = 32};
-  fz_run_test(&cfg, 4000, 4, 6);
+  fz_run_test(&cfg, 4000, 4, 5);
 }
 
 /* Programs of 30 to 60 top-level operations: steps make well over 64
@@ -1168,8 +1274,67 @@ static void test_long_random_programs_give_identical_outputs(void **state) {
                    .pool_chunk_bytes = 16 << 10,
                    .min_ops = 30,
                    .max_ops = 60,
-                   .pool_reserve_bytes = 256 << 10};
+                   .pool_reserve_bytes = 256 << 10,
+                   .check_every = 8};
   fz_run_test(&cfg, 5000, 4, 5);
+}
+
+/* Programs of 300 to 420 top-level operations: 500 and more runs a step,
+ * so liveness lists, block counts and lookups work on long paths. The tree
+ * is checked every 64 runs and at every step's end. */
+static void test_very_long_random_programs_give_identical_outputs(void **state) {
+  (void)state;
+  fz_config cfg = {.test = "very-long-programs",
+                   .warmup_runs = 1,
+                   .rerecord_limit = 32,
+                   .pool_chunk_bytes = 64 << 10,
+                   .min_ops = 300,
+                   .max_ops = 420,
+                   .check_every = 64};
+  fz_run_test(&cfg, 6000, 4, 1);
+}
+
+/* Injected failures in 5% of the runs: launch functions that fail after
+ * allocating, a device without memory, a host whose next allocations fail.
+ * Every failed run must change nothing: run again, it must give the same
+ * bytes as the trees it is compared with. Some seeds use small chunks so
+ * that runs need new ones. */
+static void test_random_programs_with_injected_failures_give_identical_outputs(void **state) {
+  (void)state;
+  for (uint32_t variant = 0; variant < 2; variant++) {
+    char name[32];
+    snprintf(name, sizeof name, "faults%u", variant);
+    fz_config cfg = {.test = name,
+                     .warmup_runs = variant,
+                     .rerecord_limit = variant ? 2 : 32,
+                     .pool_chunk_bytes = variant ? 4 << 10 : 64 << 10,
+                     .big_values = (int)variant,
+                     .fault_percent = 5};
+    fz_run_test(&cfg, 7000 + 100 * variant, 6, 4);
+  }
+}
+
+/* The newer options: all-zero options (zero means default), segments
+ * declared uncapturable, a pool limit no program reaches, and WARMUP nodes
+ * pruned after 4 steps, so pruned nodes are made again. */
+static void test_random_programs_with_newer_options_give_identical_outputs(void **state) {
+  (void)state;
+  fz_config zero = {.test = "zero-options", .zero_options = 1};
+  fz_run_test(&zero, 8000, 4, 2);
+  fz_config flags = {.test = "no-capture+limit",
+                     .warmup_runs = 1,
+                     .rerecord_limit = 3,
+                     .pool_chunk_bytes = 16 << 10,
+                     .no_capture_percent = 25,
+                     .pool_limit_bytes = (size_t)256 << 20};
+  fz_run_test(&flags, 8100, 4, 2);
+  fz_config prune = {.test = "prune4",
+                     .warmup_runs = 2,
+                     .rerecord_limit = 32,
+                     .pool_chunk_bytes = 16 << 10,
+                     .prune_after_steps = 4,
+                     .fault_percent = 2};
+  fz_run_test(&prune, 8200, 4, 2);
 }
 
 #define FZ_TEST(f) cmocka_unit_test(f)
@@ -1179,5 +1344,8 @@ const struct CMUnitTest fuzz_tests[] = {
     FZ_TEST(test_random_programs_at_low_rerecord_limits_give_identical_outputs),
     FZ_TEST(test_random_programs_with_default_options_give_identical_outputs),
     FZ_TEST(test_long_random_programs_give_identical_outputs),
+    FZ_TEST(test_very_long_random_programs_give_identical_outputs),
+    FZ_TEST(test_random_programs_with_injected_failures_give_identical_outputs),
+    FZ_TEST(test_random_programs_with_newer_options_give_identical_outputs),
 };
 const size_t fuzz_test_count = sizeof fuzz_tests / sizeof fuzz_tests[0];

@@ -579,9 +579,11 @@ static void test_variants_make_distinct_nodes(void **state) {
 
 /* ------------------------------------------------------ capture failure */
 
-static void capture_failure_scenario(int illegal) {
+/* check: the careless segment returns the illegal call's error, as careful
+ * code does; the capture failure is recovered all the same. */
+static void capture_failure_scenario(int illegal, int check) {
   cgt_tree *t = test_tree_new(CGT_MODE_TREE, NULL);
-  test_affine bad = {.a = 2, .b = 0, .n = N, .illegal = illegal};
+  test_affine bad = {.a = 2, .b = 0, .n = N, .illegal = illegal, .check_illegal = check};
   test_affine good = {.a = 1, .b = 4, .n = N};
   cgt_segment sb = test_register_affine(t, "careless", &bad);
   cgt_segment sg = test_register_affine(t, "after", &good);
@@ -619,6 +621,8 @@ static void capture_failure_scenario(int illegal) {
   }
   assert_int_equal(recorded_children, 1);
   assert_int_equal(n1.eager_runs, 5); /* warmup, the failed recording's eager run, then eager for good */
+  /* Called for warmup, for the capture, then eagerly in each of 4 steps. */
+  assert_int_equal(bad.calls, 6);
   CHECK_OK(t, cgt_sync(t));
   test_dev_free(x);
   test_tree_free(t);
@@ -626,19 +630,182 @@ static void capture_failure_scenario(int illegal) {
 
 static void test_segment_that_syncs_while_captured_becomes_eager_and_children_record(void **state) {
   (void)state;
-  capture_failure_scenario(1);
+  capture_failure_scenario(1, 0);
 }
 static void test_segment_that_mallocs_while_captured_becomes_eager_and_children_record(void **state) {
   (void)state;
-  capture_failure_scenario(2);
+  capture_failure_scenario(2, 0);
 }
 static void test_segment_that_copies_synchronously_while_captured_becomes_eager(void **state) {
   (void)state;
-  capture_failure_scenario(3);
+  capture_failure_scenario(3, 0);
 }
 static void test_segment_that_syncs_the_device_while_captured_becomes_eager(void **state) {
   (void)state;
-  capture_failure_scenario(4);
+  capture_failure_scenario(4, 0);
+}
+
+static void test_segment_that_returns_the_error_of_its_illegal_call_becomes_eager_and_children_record(void **state) {
+  (void)state;
+  for (int illegal = 1; illegal <= 4; illegal++)
+    capture_failure_scenario(illegal, 1);
+}
+
+/* After a capture failure, nothing is left behind for the next tree on the
+ * same device: a healthy segment there warms up, records and replays. */
+static void test_fresh_tree_after_a_failed_capture_records_and_replays(void **state) {
+  (void)state;
+  cgt_tree *t = test_tree_new(CGT_MODE_TREE, NULL);
+  test_affine bad = {.a = 2, .b = 0, .n = N, .illegal = 1, .check_illegal = 1};
+  cgt_segment sb = test_register_affine(t, "careful", &bad);
+  float h[N], e[N];
+  for (int i = 0; i < N; i++)
+    h[i] = (float)(i % 5);
+  affine_host(h, 2, 0, e, N);
+  float *x = test_dev_floats(h, N);
+  for (int step = 0; step < 2; step++) {
+    CHECK_OK(t, cgt_step_begin(t));
+    expect_floats(t, run1(t, sb, 0, cgt_arg_static(x, N * sizeof(float))), e, N);
+  }
+  assert_int_equal(test_stats(t).capture_failures, 1);
+  CHECK_OK(t, cgt_sync(t));
+  test_tree_free(t);
+
+  cgt_tree *fresh = test_tree_new(CGT_MODE_TREE, NULL);
+  test_affine good = {.a = 1, .b = 3, .n = N};
+  cgt_segment sg = test_register_affine(fresh, "healthy", &good);
+  affine_host(h, 1, 3, e, N);
+  for (int step = 0; step < 4; step++) {
+    CHECK_OK(fresh, cgt_step_begin(fresh));
+    expect_floats(fresh, run1(fresh, sg, 0, cgt_arg_static(x, N * sizeof(float))), e, N);
+  }
+  cgt_stats s = test_stats(fresh);
+  assert_int_equal(s.capture_failures, 0);
+  assert_int_equal(s.recordings, 1);
+  assert_int_equal(s.replays, 2);
+  assert_int_equal(node_info(fresh, 1).state, CGT_NODE_RECORDED);
+  CHECK_OK(fresh, cgt_sync(fresh));
+  test_dev_free(x);
+  test_tree_free(fresh);
+}
+
+/* ------------------------------------------------ declared uncapturable */
+
+static void test_segment_declared_uncapturable_runs_eagerly_from_its_first_run(void **state) {
+  (void)state;
+  const cgt_mode modes[] = {CGT_MODE_TREE, CGT_MODE_SEPARATE};
+  for (int m = 0; m < 2; m++)
+    for (int illegal = 0; illegal <= 1; illegal++) {
+      cgt_tree *t = test_tree_new(modes[m], NULL);
+      /* With illegal = 1 it even synchronizes: never captured, it may. */
+      test_affine un = {.a = 2, .b = 1, .n = N, .illegal = illegal, .check_illegal = 1};
+      test_affine after = {.a = 1, .b = -1, .n = N};
+      cgt_segment su = test_register_affine_flags(t, "uncapturable", &un, CGT_SEGMENT_NO_CAPTURE);
+      cgt_segment sa = test_register_affine(t, "after", &after);
+      float h[N], e1[N], e2[N];
+      for (int i = 0; i < N; i++)
+        h[i] = (float)(i % 7);
+      affine_host(h, 2, 1, e1, N);
+      affine_host(e1, 1, -1, e2, N);
+      /* Two buffers, alternating as a moving STATIC argument would: the
+       * segment still has one node under its parent. */
+      float *x[2] = {test_dev_floats(h, N), test_dev_floats(h, N)};
+      const int steps = 6;
+      for (int step = 0; step < steps; step++) {
+        CHECK_OK(t, cgt_step_begin(t));
+        cgt_value v1 = run1(t, su, 0, cgt_arg_static(x[step % 2], N * sizeof(float)));
+        cgt_value v2 = run1(t, sa, 0, cgt_arg_value(v1));
+        expect_floats(t, v1, e1, N);
+        expect_floats(t, v2, e2, N);
+      }
+      /* No capture attempt: one call per run, no recording, no failure. */
+      assert_int_equal(un.calls, steps);
+      cgt_stats s = test_stats(t);
+      assert_int_equal(s.capture_failures, 0);
+      assert_int_equal(s.recordings, 1); /* "after" only */
+      cgt_node_info n1 = node_info(t, 1);
+      assert_int_equal(n1.segment, su);
+      assert_int_equal(n1.state, CGT_NODE_EAGER);
+      assert_non_null(n1.reason);
+      assert_string_equal(n1.reason, "declared uncapturable");
+      assert_int_equal(n1.eager_runs, steps);
+      size_t uncapturable_nodes = 0;
+      for (uint32_t id = 1; id <= node_count(t); id++)
+        uncapturable_nodes += node_info(t, id).segment == su;
+      assert_int_equal(uncapturable_nodes, 1);
+      CHECK_OK(t, cgt_sync(t));
+      test_dev_free(x[0]);
+      test_dev_free(x[1]);
+      test_tree_free(t);
+    }
+}
+
+/* ---------------------------------------------------- zero means default */
+
+static void zero_options_program(cgt_tree *t, float *x[3]) {
+  test_affine u = {.a = 2, .b = 1, .n = N};
+  cgt_segment s = test_register_affine(t, "aff", &u);
+  float h[N], e[N];
+  for (int i = 0; i < N; i++)
+    h[i] = (float)(i % 3);
+  affine_host(h, 2, 1, e, N);
+  /* Three STATIC addresses under one parent: three recordings. */
+  for (int step = 0; step < 6; step++) {
+    CHECK_OK(t, cgt_step_begin(t));
+    expect_floats(t, run1(t, s, 0, cgt_arg_static(x[step % 3], N * sizeof(float))), e, N);
+  }
+}
+
+static void count_warnings(void *user, int level, const char *msg) {
+  (void)msg;
+  if (level <= CGT_LOG_WARN)
+    (*(int *)user)++;
+}
+
+static void test_all_zero_options_behave_like_the_defaults_except_warmup(void **state) {
+  (void)state;
+  float h[N];
+  for (int i = 0; i < N; i++)
+    h[i] = (float)(i % 3);
+  float *x[3] = {test_dev_floats(h, N), test_dev_floats(h, N), test_dev_floats(h, N)};
+  int warnings[2] = {0, 0};
+  cgt_tree *trees[2];
+  for (int k = 0; k < 2; k++) {
+    cgt_options o;
+    if (k == 0) {
+      memset(&o, 0, sizeof o); /* what `= {0}` or a foreign binding gives */
+    } else {
+      cgt_options_init(&o);
+      o.warmup_runs = 0;
+    }
+    o.log_fn = count_warnings;
+    o.log_user = &warnings[k];
+    trees[k] = test_tree_new(CGT_MODE_TREE, &o);
+    zero_options_program(trees[k], x);
+  }
+  cgt_stats zero = test_stats(trees[0]), dflt = test_stats(trees[1]);
+  /* rerecord_limit 0 means 32, not "record nothing". */
+  assert_int_equal(zero.recordings, 3);
+  assert_int_equal(zero.replays, 3);
+  assert_int_equal(zero.eager_runs, 0);
+  /* pool_chunk_bytes 0 means 2 MiB. */
+  assert_int_equal(zero.pool_reserved_bytes, (size_t)2 << 20);
+#define SAME(f) assert_int_equal(zero.f, dflt.f);
+  CGT_STATS_FIELDS(SAME, SAME)
+#undef SAME
+  assert_int_equal(node_count(trees[0]), node_count(trees[1]));
+  for (uint32_t id = 1; id <= node_count(trees[0]); id++) {
+    assert_int_equal(node_info(trees[0], id).state, CGT_NODE_RECORDED);
+    assert_int_equal(node_info(trees[1], id).state, CGT_NODE_RECORDED);
+  }
+  assert_int_equal(warnings[0], 0);
+  assert_int_equal(warnings[1], 0);
+  for (int k = 0; k < 2; k++) {
+    CHECK_OK(trees[k], cgt_sync(trees[k]));
+    test_tree_free(trees[k]);
+  }
+  for (int i = 0; i < 3; i++)
+    test_dev_free(x[i]);
 }
 
 /* -------------------------------------------------------------- aliases */
@@ -1036,6 +1203,10 @@ const struct CMUnitTest scenario_tests[] = {
     cmocka_unit_test(test_segment_that_mallocs_while_captured_becomes_eager_and_children_record),
     cmocka_unit_test(test_segment_that_copies_synchronously_while_captured_becomes_eager),
     cmocka_unit_test(test_segment_that_syncs_the_device_while_captured_becomes_eager),
+    cmocka_unit_test(test_segment_that_returns_the_error_of_its_illegal_call_becomes_eager_and_children_record),
+    cmocka_unit_test(test_fresh_tree_after_a_failed_capture_records_and_replays),
+    cmocka_unit_test(test_segment_declared_uncapturable_runs_eagerly_from_its_first_run),
+    cmocka_unit_test(test_all_zero_options_behave_like_the_defaults_except_warmup),
     cmocka_unit_test(test_outputs_that_alias_inputs_replay_with_the_right_data),
     cmocka_unit_test(test_warmup_runs_zero_records_at_the_first_visit),
     cmocka_unit_test(test_cgt_mode_environment_variable_overrides_the_mode),

@@ -84,24 +84,20 @@ cgt_stats test_stats(cgt_tree *t) {
 
 /* ------------------------------------------------------------- segments */
 
-static void do_illegal(cgt_launch *l, const test_affine *u, float *scratch) {
+static cgt_status do_illegal(cgt_launch *l, const test_affine *u, float *scratch) {
   const kernels *k = test_kernels();
   void *s = cgt_launch_stream(l);
   switch (u->illegal) {
   case 1:
-    (void)k->illegal_stream_sync(s);
-    break;
+    return k->illegal_stream_sync(s);
   case 2:
-    (void)k->illegal_malloc(s);
-    break;
+    return k->illegal_malloc(s);
   case 3:
-    (void)k->illegal_memcpy(s, scratch, scratch, sizeof(float));
-    break;
+    return k->illegal_memcpy(s, scratch, scratch, sizeof(float));
   case 4:
-    (void)k->illegal_device_sync(s);
-    break;
+    return k->illegal_device_sync(s);
   default:
-    break;
+    return CGT_OK;
   }
 }
 
@@ -115,7 +111,9 @@ static cgt_status launch_affine(cgt_launch *l, void *user) {
   st = test_kernels()->affine(cgt_launch_stream(l), cgt_launch_input(l, 0), u->a, u->b, out, u->n);
   if (st != CGT_OK)
     return st;
-  do_illegal(l, u, out);
+  st = do_illegal(l, u, out);
+  if (st != CGT_OK && u->check_illegal)
+    return st;
   return cgt_launch_set_output(l, 0, out, u->n * sizeof(float));
 }
 
@@ -159,14 +157,22 @@ static cgt_status launch_temp(cgt_launch *l, void *user) {
   return cgt_launch_set_output(l, 0, out, u->n * sizeof(float));
 }
 
-static cgt_segment reg(cgt_tree *t, const char *name, cgt_launch_fn fn, void *user, uint32_t n_in) {
-  cgt_segment_desc d = {name, fn, user, n_in, 1, 0};
+static cgt_segment reg_flags(cgt_tree *t, const char *name, cgt_launch_fn fn, void *user, uint32_t n_in,
+                             uint32_t flags) {
+  cgt_segment_desc d = {name, fn, user, n_in, 1, flags};
   cgt_segment s = 0;
   CHECK_OK(t, cgt_segment_register(t, &d, &s));
   assert_true(s != 0);
   return s;
 }
 
+static cgt_segment reg(cgt_tree *t, const char *name, cgt_launch_fn fn, void *user, uint32_t n_in) {
+  return reg_flags(t, name, fn, user, n_in, 0);
+}
+
+cgt_segment test_register_affine_flags(cgt_tree *t, const char *name, test_affine *u, uint32_t flags) {
+  return reg_flags(t, name, launch_affine, u, 1, flags);
+}
 cgt_segment test_register_affine(cgt_tree *t, const char *name, test_affine *u) {
   return reg(t, name, launch_affine, u, 1);
 }

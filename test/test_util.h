@@ -55,10 +55,13 @@ typedef struct test_affine {
   size_t n;            /* floats */
   size_t extra_bytes;  /* temp: bytes of the temporary */
   int illegal;         /* 1..4: call the kernel table's illegal_* op (1 stream sync, 2 malloc, 3 memcpy, 4 device sync) */
+  int check_illegal;   /* return the illegal op's error, as careful code does, instead of ignoring it */
   int calls;           /* how often the launch function ran (warmup, record, eager) */
 } test_affine;
 
 cgt_segment test_register_affine(cgt_tree *t, const char *name, test_affine *u);
+/* affine, registered with cgt_segment_desc.flags = flags */
+cgt_segment test_register_affine_flags(cgt_tree *t, const char *name, test_affine *u, uint32_t flags);
 cgt_segment test_register_add2(cgt_tree *t, const char *name, test_affine *u);
 cgt_segment test_register_view(cgt_tree *t, const char *name, test_affine *u);
 cgt_segment test_register_temp(cgt_tree *t, const char *name, test_affine *u);

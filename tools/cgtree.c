@@ -35,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -71,7 +72,8 @@ static const char usage_text[] =
     "  --workload  which workload to run (default: all)\n"
     "  --steps     steps per mode (default: 200)\n"
     "  --dot       also write each tree-mode tree to FILE as Graphviz\n"
-    "  --json      one JSON object per workload instead of the tables\n"
+    "  --json      print one JSON document instead of the tables:\n"
+    "              {\"cgtree\": version, \"workloads\": [one object per workload]}\n"
     "  --defer     also run the tree with defer_launch = 1 (tree+defer): replays\n"
     "              are held back and recurring spans launched as one fused graph\n"
     "\n"
@@ -85,15 +87,15 @@ static const char usage_text[] =
 
 static void usage(FILE *f) { fputs(usage_text, f); }
 
-/* A command line we do not understand: say what, then how it goes. */
+/* A command line we do not understand: say what in one line, then where
+ * the help is (the whole help would bury the one line that matters). */
 static int usage_error(const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   fputs("cgtree: ", stderr);
   vfprintf(stderr, fmt, ap);
-  fputs("\n\n", stderr);
+  fputs("\nTry 'cgtree help' for usage.\n", stderr);
   va_end(ap);
-  usage(stderr);
   return EXIT_USAGE;
 }
 
@@ -289,9 +291,11 @@ static int choose_backend(cgt_backend asked, backend_choice *b) {
 
 /* --------------------------------------------------------------- progress */
 
-/* A progress line for runs long enough to leave someone wondering, shown
- * only when both stdout and stderr are terminals: it goes to stderr and is
- * erased before anything else is printed, so no file or pipe ever holds it. */
+/* A progress line, shown from the first step whenever stderr is a terminal
+ * (a demo of 200 steps in three modes takes seconds on the simulator and
+ * should never look hung). It goes to stderr and is erased before anything
+ * else is printed, so no file or pipe ever holds it, and a terminal shows
+ * it even while stdout goes to a file. */
 typedef struct progress {
   int enabled, shown;
   double start, last;
@@ -300,7 +304,7 @@ typedef struct progress {
 
 static void progress_init(progress *p, long total) {
   memset(p, 0, sizeof *p);
-  p->enabled = isatty(STDOUT_FILENO) && isatty(STDERR_FILENO);
+  p->enabled = isatty(STDERR_FILENO);
   p->start = p->last = now_s();
   p->total = total > 0 ? total : 1;
 }
@@ -310,7 +314,7 @@ static void progress_step(progress *p, const char *what, cgt_mode mode, int step
   if (!p->enabled)
     return;
   double t = now_s();
-  if (t - p->start < 0.5 || t - p->last < 0.1)
+  if (p->shown && t - p->last < 0.1 && p->done < p->total)
     return;
   p->last = t;
   fprintf(stderr, "\r\033[K  running %s, %s mode: step %d/%d  (%ld%% done)", what, mode_name(mode), step + 1,
@@ -704,9 +708,9 @@ static void print_table(const demo_run *d, const workload_result *r) {
   draw_tree(r);
 }
 
-/* JSON: one object per workload on one line, so `jq` and line readers both
- * take it. Strings come from the library and the workloads, so they are
- * escaped in full. */
+/* JSON: the demo prints one document, {"cgtree": version, "workloads": [...]},
+ * with each workload's object on a line of its own. Strings come from the
+ * library and the workloads, so they are escaped in full. */
 static void json_string(const char *s) {
   putchar('"');
   for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
@@ -793,7 +797,7 @@ static void print_json(const demo_run *d, const workload_result *r) {
       fputs("null", stdout);
     putchar('}');
   }
-  printf("]}\n");
+  printf("]}");
 }
 
 /* The Graphviz destination is opened before the run, so a path that cannot
@@ -887,7 +891,8 @@ static int cmd_demo(int argc, char **argv) {
       printf("Times are CPU simulation (not GPU time); no speedup is derived from them.\n");
     else
       printf("Times are host-clock means per step over back-to-back steps, synced once at the end (as bench/ times).\n");
-    printf("pool peak: peak bytes allocated from the graph pool(s) plus the eager nodes' side pool.\n\n");
+    printf("Columns: pool peak = peak bytes of the graph pool(s) plus the eager side pool; graphs = recordings; "
+           "replays = graph replays; restores = pool checkpoint restores; eager nodes = nodes that run eagerly for good.\n\n");
     fflush(stdout);
   }
   FILE *dot = NULL;
@@ -897,16 +902,21 @@ static int cmd_demo(int argc, char **argv) {
   int n = 0;
   rc = run_all(&d, &c, 0, results, &n);
   int disagree = 0;
+  if (c.json)
+    printf("{\"cgtree\":\"%s\",\"workloads\":[\n", CGT_VERSION_STRING);
   for (int i = 0; i < n; i++) {
-    if (c.json)
+    if (c.json) {
       print_json(&d, &results[i]);
-    else {
+      printf(i + 1 < n ? ",\n" : "\n");
+    } else {
       if (i)
         printf("\n");
       print_table(&d, &results[i]);
     }
     disagree |= !outputs_agree(&results[i]);
   }
+  if (c.json)
+    printf("]}\n");
   if (dot) {
     /* After a failed run the file keeps the trees that were finished. */
     int dot_rc = write_dot(results, n, dot, c.dot_path);
@@ -987,7 +997,23 @@ static int cmd_info(int argc, char **argv) {
   return 0;
 }
 
+/* The library warns about an unknown CGT_LOG at every cgt_tree_create; the
+ * demo creates a tree per mode and workload, so it says it once here and
+ * sets the variable aside (the library then uses its default level). */
+static void check_cgt_log(void) {
+  const char *e = getenv("CGT_LOG");
+  if (!e || !*e)
+    return;
+  static const char *const levels[] = {"error", "warn", "info", "debug"};
+  for (int i = 0; i < 4; i++)
+    if (!strcasecmp(e, levels[i]))
+      return;
+  fprintf(stderr, "cgtree: warning: CGT_LOG=%s is not error, warn, info or debug; ignored\n", e);
+  unsetenv("CGT_LOG");
+}
+
 int main(int argc, char **argv) {
+  check_cgt_log();
   if (argc < 2)
     return usage_error("no command given");
   const char *cmd = argv[1];
