@@ -469,6 +469,39 @@ static void test_a_span_seen_once_and_single_replays_launch_node_by_node(void **
   test_tree_free(t);
 }
 
+/* A segment that works in place on its STATIC input and hands it out as
+ * its output: its effect outlives the tree. */
+static cgt_status launch_in_place(cgt_launch *l, void *user) {
+  (void)user;
+  float *x = cgt_launch_input(l, 0);
+  cgt_status st = test_kernels()->affine(cgt_launch_stream(l), x, 2.0f, 1.0f, x, N);
+  return st == CGT_OK ? cgt_launch_set_output(l, 0, x, N * sizeof(float)) : st;
+}
+
+/* API.md: held-back work is enqueued no later than cgt_tree_destroy. */
+static void test_cgt_tree_destroy_launches_held_back_replays(void **state) {
+  (void)state;
+  cgt_tree *t = defer_tree(CGT_MODE_TREE, 1);
+  cgt_segment_desc d = {"in-place", launch_in_place, NULL, 1, 1, 0};
+  cgt_segment s = 0;
+  CHECK_OK(t, cgt_segment_register(t, &d, &s));
+  float x[N], expect[N], got[N];
+  for (int i = 0; i < N; i++)
+    expect[i] = x[i] = (float)(i % 3);
+  float *buf = test_dev_floats(x, N);
+  for (int step = 0; step < 4; step++) { /* warmup, recording, two replays: x = 2x + 1 each time */
+    CHECK_OK(t, cgt_step_begin(t));
+    (void)run1(t, s, cgt_arg_static(buf, N * sizeof(float)));
+    for (int i = 0; i < N; i++)
+      expect[i] = 2.0f * expect[i] + 1.0f;
+  }
+  assert_int_equal(test_stats(t).replays, 2);
+  test_tree_free(t); /* the last replay is still held back here */
+  assert_int_equal(CGT_OK, test_kernels()->download(got, buf, sizeof got));
+  assert_memory_equal(got, expect, sizeof got);
+  test_dev_free(buf);
+}
+
 /* The steady state of deferred launch allocates nothing on the host: the
  * queue and the span cache have grown to the program's size. */
 static void test_fused_steps_make_no_host_allocations(void **state) {
@@ -488,6 +521,7 @@ static void test_fused_steps_make_no_host_allocations(void **state) {
 }
 
 const struct CMUnitTest fusion_tests[] = {
+    cmocka_unit_test(test_cgt_tree_destroy_launches_held_back_replays),
     cmocka_unit_test(test_fused_steps_make_no_host_allocations),
     cmocka_unit_test(test_a_recurring_span_is_fused_into_one_launch_from_its_second_flush),
     cmocka_unit_test(test_separate_mode_fuses_recurring_spans_too),
