@@ -16,6 +16,14 @@
  *              read-back of the branch sum and choice of the branch's graphs.
  *   one_graph  chain only: the same S*L layers as one segment (the fused
  *              workload) recorded by a tree, i.e. a single graph replayed.
+ *   tree_defer the tree with defer_launch = 1: replays are held back and a
+ *              span of the path that recurs is launched as one fused graph
+ *              (chain: all S segments; branchy: segments 2|3 and 4, since
+ *              the host reads segment 1's sum back). Its host time per step
+ *              includes the flush (cgt_flush at the end of the step), which
+ *              is where the launch happens; and on fresh trees the flush
+ *              that first fuses a span (instantiation + upload + launch) is
+ *              timed against the flushes after it.
  *
  * Correctness comes first: every mode's output, on both step parities, is
  * compared with the eager run's before timing and again after it (bit for
@@ -50,8 +58,8 @@
 #include "tree_internal.h"
 #include "workloads.h"
 
-enum { M_EAGER, M_SEPARATE, M_TREE, M_BARE, M_ONE_GRAPH, N_MODES };
-static const char *const mode_names[N_MODES] = {"eager", "separate", "tree", "bare", "one_graph"};
+enum { M_EAGER, M_SEPARATE, M_TREE, M_BARE, M_ONE_GRAPH, M_DEFER, N_MODES };
+static const char *const mode_names[N_MODES] = {"eager", "separate", "tree", "bare", "one_graph", "tree_defer"};
 
 typedef struct options {
   cgt_backend backend;
@@ -71,6 +79,7 @@ typedef struct mode_result {
   uint64_t host_allocs;  /* during the timed repetitions */
   double input_copies;   /* per step, timed repetitions */
   uint64_t replays, eager_runs; /* during the timed repetitions */
+  uint64_t fused_launches;       /* during the timed repetitions */
   char check[128];
 } mode_result;
 
@@ -88,6 +97,11 @@ typedef struct case_result {
   uint64_t record_restores;           /* branchy: restores inside the timed recording run (per run) */
   int second_branch;                  /* branchy: the segment (2 or 3) recorded in step 3 */
   double raw_capture_us, raw_instantiate_us, raw_total_us;
+  /* deferred launch: the flush that builds a span's fused executable, and
+   * the flushes after it (host time of cgt_flush, median) */
+  int have_fuse;
+  double first_fused_us, fused_flush_us;
+  double fused_launches_per_step; /* timed repetitions */
 } case_result;
 
 static int fail_msg(const char *what, cgt_status st, cgt_tree *t) {
@@ -155,7 +169,16 @@ static int check_outputs(workload *w, int *step, float *ref[2], int ref_fill, mo
   return 1;
 }
 
-static int time_steps(workload *w, int *step, const options *o, mode_result *m) {
+/* One step; with flush, its held-back replays are launched before it ends
+ * (tree_defer), so that host time includes them. */
+static cgt_status timed_step(workload *w, int step, int flush) {
+  cgt_status st = wl_step(w, step);
+  if (st == CGT_OK && flush)
+    st = cgt_flush(wl_tree(w));
+  return st;
+}
+
+static int time_steps(workload *w, int *step, const options *o, mode_result *m, int flush) {
   cgt_tree *t = wl_tree(w);
   double *v = calloc((size_t)o->reps, sizeof *v);
   if (!v)
@@ -187,7 +210,7 @@ static int time_steps(workload *w, int *step, const options *o, mode_result *m) 
     cgt_status st = cgt_sync(t);
     double t0 = bench_now_ns();
     if (st == CGT_OK)
-      st = wl_step(w, (*step)++);
+      st = timed_step(w, (*step)++, flush);
     h[i] = (bench_now_ns() - t0) / 1e3;
     if (st == CGT_OK)
       st = cgt_sync(t);
@@ -201,6 +224,7 @@ static int time_steps(workload *w, int *step, const options *o, mode_result *m) 
   m->host_allocs = s1.host_allocs - s0.host_allocs;
   m->input_copies = (double)(s1.input_copies - s0.input_copies) / ((double)o->reps * o->steps);
   m->replays = s1.replays - s0.replays;
+  m->fused_launches = s1.fused_launches - s0.fused_launches;
   m->eager_runs = s1.eager_runs - s0.eager_runs;
   m->us = bench_median(v, (size_t)o->reps);
   m->us_min = v[0];
@@ -343,11 +367,12 @@ done:
 
 /* ------------------------------------------------------------ one mode */
 
-static int open_tree(const options *o, cgt_mode mode, const wl_params *p, cgt_tree **t, workload **w) {
+static int open_tree(const options *o, cgt_mode mode, int defer, const wl_params *p, cgt_tree **t, workload **w) {
   cgt_options co;
   cgt_options_init(&co);
   co.backend = o->backend;
   co.mode = mode;
+  co.defer_launch = (uint32_t)defer;
   *t = NULL;
   *w = NULL;
   cgt_status st = cgt_tree_create(&co, t);
@@ -383,7 +408,7 @@ static int run_mode(const options *o, case_result *c, int mi, float *ref[2], flo
   p.fused = mi == M_ONE_GRAPH;
   cgt_tree *t;
   workload *w;
-  if (!open_tree(o, mode, &p, &t, &w))
+  if (!open_tree(o, mode, mi == M_DEFER, &p, &t, &w))
     return 0;
   int ok = 0, step = 0;
   int allow_tol = mi == M_ONE_GRAPH;
@@ -392,7 +417,7 @@ static int run_mode(const options *o, case_result *c, int mi, float *ref[2], flo
       goto done;
   if (mi == M_EAGER && !check_outputs(w, &step, ref, 1, m, 0, scratch))
     goto done;
-  if (!check_outputs(w, &step, ref, 0, m, allow_tol, scratch) || !time_steps(w, &step, o, m) ||
+  if (!check_outputs(w, &step, ref, 0, m, allow_tol, scratch) || !time_steps(w, &step, o, m, mi == M_DEFER) ||
       !check_outputs(w, &step, ref, 0, m, allow_tol, scratch))
     goto done;
   if (mi == M_EAGER && m->ok)
@@ -473,7 +498,7 @@ static int measure_record(const options *o, case_result *c) {
   if (!h.us || !h.recordings || !h.restores || !h.replays || !rec || !rep || !tail)
     goto done;
   for (int r = 0; r < reps; r++) {
-    if (!open_tree(o, CGT_MODE_TREE, &c->p, &t, &w))
+    if (!open_tree(o, CGT_MODE_TREE, 0, &c->p, &t, &w))
       goto done;
     h.t = t;
     if (c->p.kind == WL_CHAIN) {
@@ -545,6 +570,66 @@ done:
   return ok;
 }
 
+/* --------------------------------------------------------- fusion cost */
+
+/* On fresh tree_defer trees: each step's runs, then a timed cgt_flush. The
+ * first flush that makes a fused launch builds the span's executable
+ * (instantiation and upload included); the fused flushes after it only
+ * repoint the step input's copy and launch. Host time, medians. */
+static int measure_first_fused(const options *o, case_result *c) {
+  int reps = o->record_reps < 1 ? 1 : o->record_reps, later_n = 10, n_first = 0, n_later = 0;
+  double *first = calloc((size_t)reps, sizeof *first), *later = calloc((size_t)reps * later_n, sizeof *later);
+  int ok = 0;
+  if (!first || !later)
+    goto done;
+  for (int r = 0; r < reps; r++) {
+    cgt_tree *t;
+    workload *w;
+    if (!open_tree(o, CGT_MODE_TREE, 1, &c->p, &t, &w))
+      goto done;
+    int seen_first = 0, taken = 0;
+    for (int step = 0; step < 40 && taken < later_n; step++) {
+      cgt_stats s0, s1;
+      cgt_status st = cgt_sync(t);
+      if (st == CGT_OK)
+        st = wl_step(w, step);
+      cgt_tree_stats(t, &s0);
+      double t0 = bench_now_ns();
+      if (st == CGT_OK)
+        st = cgt_flush(t);
+      double us = (bench_now_ns() - t0) / 1e3;
+      if (st == CGT_OK)
+        st = cgt_sync(t);
+      if (st != CGT_OK) {
+        fail_msg("fused step", st, t);
+        close_tree(t, w);
+        goto done;
+      }
+      cgt_tree_stats(t, &s1);
+      if (s1.fused_launches == s0.fused_launches)
+        continue;
+      if (!seen_first) {
+        first[n_first++] = us;
+        seen_first = 1;
+      } else {
+        later[n_later++] = us;
+        taken++;
+      }
+    }
+    close_tree(t, w);
+  }
+  c->have_fuse = n_first > 0 && n_later > 0;
+  if (c->have_fuse) {
+    c->first_fused_us = bench_median(first, (size_t)n_first);
+    c->fused_flush_us = bench_median(later, (size_t)n_later);
+  }
+  ok = 1;
+done:
+  free(first);
+  free(later);
+  return ok;
+}
+
 /* ---------------------------------------------------------------- cases */
 
 static int run_case(const options *o, case_result *c) {
@@ -568,6 +653,12 @@ static int run_case(const options *o, case_result *c) {
     fprintf(stderr, "  %s: recording latency ...\n", c->name);
     ok = measure_record(o, c);
   }
+  if (ok && c->ok) {
+    fprintf(stderr, "  %s: first fused launch ...\n", c->name);
+    ok = measure_first_fused(o, c);
+  }
+  if (c->m[M_DEFER].ran)
+    c->fused_launches_per_step = (double)c->m[M_DEFER].fused_launches / ((double)o->reps * o->steps);
   free(ref[0]), free(ref[1]), free(scratch);
   if (!ok)
     c->ok = 0;
@@ -674,6 +765,15 @@ static void json_case(FILE *f, const options *o, const case_result *c, const cha
             (m[M_TREE].us - m[M_ONE_GRAPH].us) / c->segments_per_step, m[M_TREE].us / m[M_ONE_GRAPH].us);
   if (c->ok && m[M_TREE].ran && m[M_EAGER].ran)
     fprintf(f, ",\"tree_over_eager\":%.3f", m[M_TREE].us / m[M_EAGER].us);
+  if (c->ok && m[M_DEFER].ran && m[M_ONE_GRAPH].ran)
+    fprintf(f, ",\"tree_defer_over_one_graph\":%.3f,\"tree_defer_host_minus_one_graph_per_segment_us\":%.3f",
+            m[M_DEFER].us / m[M_ONE_GRAPH].us, (m[M_DEFER].host_us - m[M_ONE_GRAPH].host_us) / c->segments_per_step);
+  if (c->ok && m[M_DEFER].ran && m[M_BARE].ran)
+    fprintf(f, ",\"tree_defer_over_bare\":%.3f", m[M_DEFER].us / m[M_BARE].us);
+  if (c->ok && m[M_DEFER].ran)
+    fprintf(f, ",\"tree_defer_fused_launches_per_step\":%.3f", c->fused_launches_per_step);
+  if (c->have_fuse)
+    fprintf(f, ",\"first_fused_flush_us\":%.1f,\"fused_flush_us\":%.2f", c->first_fused_us, c->fused_flush_us);
   fprintf(f, ",\"bare_does_input_copy\":false");
   if (c->have_record) {
     fprintf(f, ",\"record_us\":%.1f,\"record_replay_synced_us\":%.1f,\"record_what\":\"%s\"", c->record_us,
@@ -772,6 +872,41 @@ static void print_tables(const options *o, case_result *cs, int n, const char *d
       snprintf(r2, sizeof r2, "%.2f", (double)(m[M_SEPARATE].pool_peak + m[M_SEPARATE].side_peak) / eb);
     }
     printf("| %s | %s | %s | %s | %s | %s | %s |\n", c->name, e, s, t, g, r1, r2);
+  }
+
+  printf("\nDeferred launch (tree_defer: defer_launch = 1, recurring spans launched as one fused graph). Times as\n"
+         "above (µs per step); host = host time of one step's calls including its cgt_flush; first fused flush =\n"
+         "host time of the cgt_flush that builds a span's fused executable (instantiate + upload + launch), fused\n"
+         "flush = the same call afterwards (repoint the step input's copy + one launch), medians on fresh trees.\n\n");
+  printf("| case | tree | tree_defer | one-graph | bare | tree_defer/one-graph | tree/one-graph | tree_defer/bare | "
+         "fused launches/step | host tree_defer | host one-graph | host (defer-one)/S | first fused flush | "
+         "fused flush |\n");
+  printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  for (int i = 0; i < n; i++) {
+    case_result *c = &cs[i];
+    mode_result *m = c->m;
+    if (!c->ok || !m[M_DEFER].ran)
+      continue;
+    char t[32], d[32], g[32], b[32], r1[32] = "-", r2[32] = "-", r3[32] = "-", hg[32] = "-", hov[32] = "-",
+                                     ff[32] = "-", fl[32] = "-";
+    fmt_us(t, sizeof t, &m[M_TREE]);
+    fmt_us(d, sizeof d, &m[M_DEFER]);
+    fmt_us(g, sizeof g, &m[M_ONE_GRAPH]);
+    fmt_us(b, sizeof b, &m[M_BARE]);
+    if (m[M_ONE_GRAPH].ran) {
+      snprintf(r1, sizeof r1, "%.3f", m[M_DEFER].us / m[M_ONE_GRAPH].us);
+      snprintf(r2, sizeof r2, "%.3f", m[M_TREE].us / m[M_ONE_GRAPH].us);
+      snprintf(hg, sizeof hg, "%.2f", m[M_ONE_GRAPH].host_us);
+      snprintf(hov, sizeof hov, "%.3f", (m[M_DEFER].host_us - m[M_ONE_GRAPH].host_us) / c->segments_per_step);
+    }
+    if (m[M_BARE].ran)
+      snprintf(r3, sizeof r3, "%.3f", m[M_DEFER].us / m[M_BARE].us);
+    if (c->have_fuse) {
+      snprintf(ff, sizeof ff, "%.1f", c->first_fused_us);
+      snprintf(fl, sizeof fl, "%.2f", c->fused_flush_us);
+    }
+    printf("| %s | %s | %s | %s | %s | %s | %s | %s | %.2f | %.2f | %s | %s | %s | %s |\n", c->name, t, d, g, b, r1,
+           r2, r3, c->fused_launches_per_step, m[M_DEFER].host_us, hg, hov, ff, fl);
   }
 
   printf("\nRecording latency (µs; cgt_sync before and after the run, so each figure includes the first launch):\n\n");

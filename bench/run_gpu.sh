@@ -9,7 +9,8 @@
 # (meson + ninja; when meson, ninja or uthash.h is missing and .deps is
 # there, bench/gpu_env.sh sets them up); replay_overhead on the simulator and
 # on CUDA; bench_workloads on CUDA (every mode's outputs checked against
-# eager before any time is reported); compare_torch.py with our JSON lines;
+# eager before any time is reported; tree_defer included); dynamic_args (the
+# DYNAMIC-argument alternatives); compare_torch.py with our JSON lines;
 # then the tables. BENCH_BUDGET_S (default 560) caps the whole run: the
 # PyTorch stage gets what is left of it.
 #
@@ -18,6 +19,7 @@
 #                   only when it fails)
 #   bench.jsonl     every JSON line: replay_overhead ("bench":
 #                   "replay_overhead"), bench_workloads ("workloads"),
+#                   dynamic_args ("dynamic_args"),
 #                   compare_torch.py ("torch")
 #   bench.md        the machine and every table, the comparison with PyTorch
 #                   last (also printed at the end)
@@ -86,7 +88,7 @@ for tool in meson ninja; do
 done
 rm -rf "$BUILD"
 if ! { meson setup "$BUILD" -Dcuda=enabled -Dtests=false -Dbench=true --buildtype=release &&
-       timeout 240 ninja -C "$BUILD" bench/replay_overhead bench/bench_workloads; } > "$tmp/build.log" 2>&1; then
+       timeout 240 ninja -C "$BUILD" bench/replay_overhead bench/bench_workloads bench/dynamic_args; } > "$tmp/build.log" 2>&1; then
   tail -60 "$tmp/build.log"
   echo "run_gpu.sh: the build failed (its output is above)" >&2
   exit 4
@@ -108,6 +110,13 @@ timeout 200 "$BUILD/bench/bench_workloads" --backend cuda "${bw_args[@]}" --json
 rc=$?
 grep -v '^{' "$tmp/workloads.txt" >> "$md"
 [ $rc -eq 0 ] || { echo "bench_workloads: FAILED (exit $rc)"; failed=$((failed + 1)); }
+
+stage "dynamic_args (CUDA: the DYNAMIC-argument alternatives, unfused and fused)"
+timeout 60 "$BUILD/bench/dynamic_args" > "$tmp/dynamic.txt"
+rc=$?
+grep -v '^{' "$tmp/dynamic.txt" | tee -a "$md"
+grep '^{' "$tmp/dynamic.txt" >> "$json"
+[ $rc -eq 0 ] || { echo "dynamic_args: FAILED (exit $rc)"; failed=$((failed + 1)); }
 
 stage "compare_torch.py (PyTorch eager and CUDAGraph Trees on the same workloads)"
 if [ "$QUICK" = 1 ]; then ct_args=(--quick); else ct_args=(); fi

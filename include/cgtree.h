@@ -281,7 +281,10 @@ CGT_API cgt_status cgt_step_begin(cgt_tree *t);
  * cgt_value_copy_out, cgt_value_ptr, cgt_step_begin, cgt_tree_destroy and any
  * cgt_run that warms up, records or runs eagerly; until then the caller must
  * not touch memory that held-back work reads or writes (STATIC and DYNAMIC
- * arguments included). Results are bit-for-bit those of defer_launch = 0. */
+ * arguments included). Results are bit-for-bit those of defer_launch = 0.
+ * Extension: if a held-back launch fails, this call (or whichever call
+ * flushed) returns CGT_ERR_BACKEND and the rest of the held-back work is
+ * dropped, never launched twice. */
 CGT_API cgt_status cgt_flush(cgt_tree *t);
 
 /* Runs segment seg with args, by replay, recording, warmup or eagerly.
@@ -343,6 +346,7 @@ typedef struct cgt_node_info {
   size_t pool_bytes_live; /* pool bytes allocated at this node's checkpoint */
   const char *reason;     /* why the node is EAGER, else NULL; owned by the tree */
   const char *segment_name; /* extension: the segment's registered name; owned by the tree */
+  uint64_t fused_runs;      /* extension: replays of this node launched inside fused launches (defer_launch) */
 } cgt_node_info;
 
 /* The stats fields as one list, for printers (extension). */

@@ -73,6 +73,22 @@ struct backend_ops {
   cgt_status (*exec_set_copy_src)(backend *b, void *exec, void *node, void *dst, const void *src, size_t bytes);
   cgt_status (*exec_copy_enable)(backend *b, void *exec, void *node, int enabled);
 
+  /* Fused executables, for deferred launch (optional: all five NULL, and
+   * the tree then launches every replay at once). fuse builds ONE
+   * executable that runs graphs parts[0..n) in order, each part after all of
+   * the previous one's work, as a single launch; the parts stay the
+   * caller's. fused_find_copy returns the handle, inside the fused
+   * executable, of part `part`'s first copy node into dst (a copy() captured
+   * into that part's graph); fused_set_copy_src repoints it at another
+   * source of the same size, like exec_set_copy_src, and fails, changing
+   * nothing, where the device cannot. */
+  cgt_status (*fuse)(backend *b, void *const *parts, uint32_t n, void **fused);
+  cgt_status (*fused_find_copy)(backend *b, void *fused, uint32_t part, const void *dst, void **node);
+  cgt_status (*fused_set_copy_src)(backend *b, void *fused, uint32_t part, void *node, void *dst, const void *src,
+                                   size_t bytes);
+  cgt_status (*fused_launch)(backend *b, void *fused);
+  void (*fused_destroy)(backend *b, void *fused);
+
   /* Profiler ranges around warmup, record and replay (optional: NULL). */
   void (*range_push)(backend *b, const char *name);
   void (*range_pop)(backend *b);
@@ -111,6 +127,8 @@ typedef struct backend_sim_counters {
   uint64_t captures_ended;       /* captures that produced a graph */
   uint64_t captures_invalidated; /* captures broken by an illegal call */
   uint64_t instantiations;
+  uint64_t fusions;              /* fused executables built (fuse) */
+  uint64_t fused_launches;       /* launches of fused executables (also counted in graph_launches) */
   uint64_t graph_launches;
   uint64_t device_allocs;        /* successful mem_alloc and cgt_sim_malloc calls */
   uint64_t device_frees;
@@ -123,6 +141,7 @@ typedef struct backend_sim_counters {
   size_t live_allocations;
   size_t live_graphs;            /* graphs from capture_end not yet destroyed */
   size_t live_execs;             /* executables from instantiate not yet destroyed */
+  size_t live_fused;             /* fused executables from fuse not yet destroyed */
 } backend_sim_counters;
 
 /* Copies the counters of simulator backend b into *out (all zero when b is

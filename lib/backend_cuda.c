@@ -56,7 +56,18 @@ typedef struct cuda_state {
   int device;
   cudaStream_t stream;
   int owns_stream;
+  int fused_repoint; /* how copies inside fused executables are repointed: a FUSED_REPOINT_* */
 } cuda_state;
+
+/* Repointing a copy node that sits inside a child graph of a fused
+ * executable. DIRECT hands the embedded graph's node to
+ * cudaGraphExecMemcpyNodeSetParams1D; CHILD sets the node in the embedded
+ * graph and updates the whole child-graph node with
+ * cudaGraphExecChildGraphNodeSetParams, which the documentation allows
+ * (same topology: it is the very graph the node holds). UNKNOWN tries
+ * DIRECT once and keeps whichever works. CGT_FUSED_REPOINT=direct|child
+ * forces one, for the benchmark that compares them. */
+enum { FUSED_REPOINT_UNKNOWN, FUSED_REPOINT_DIRECT, FUSED_REPOINT_CHILD };
 
 static cuda_state *state_of(backend *b) { return (cuda_state *)b->impl; }
 
@@ -126,6 +137,10 @@ static cgt_status cuda_open(backend *b, int device, void *stream) {
     }
     st->owns_stream = 1;
   }
+  const char *repoint = getenv("CGT_FUSED_REPOINT");
+  st->fused_repoint = repoint && !strcmp(repoint, "direct")  ? FUSED_REPOINT_DIRECT
+                      : repoint && !strcmp(repoint, "child") ? FUSED_REPOINT_CHILD
+                                                             : FUSED_REPOINT_UNKNOWN;
   b->impl = st;
   b->stream = (void *)st->stream;
   return CGT_OK;
@@ -406,6 +421,122 @@ static cgt_status cuda_exec_copy_enable(backend *b, void *exec, void *node, int 
   return CGT_OK;
 }
 
+/* Fused executables: a graph whose nodes are child-graph nodes, one per
+ * part, each depending on the one before, instantiated and uploaded like a
+ * recording. cudaGraphAddChildGraphNode clones the part, so the fused
+ * executable does not depend on the part's graph living on; the clone is
+ * where its copy nodes are found and, on the CHILD path, repointed. */
+typedef struct cuda_fused {
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  uint32_t n;
+  cudaGraphNode_t *parts; /* the child-graph node of each part */
+  cudaGraph_t *embedded;  /* the graph each of them holds (owned by the node) */
+} cuda_fused;
+
+static void fused_free(backend *b, cuda_fused *f) {
+  cudaError_t e;
+  if (f->exec != NULL && (e = cudaGraphExecDestroy(f->exec)) != cudaSuccess)
+    (void)fail(b, "cudaGraphExecDestroy", e);
+  if (f->graph != NULL && (e = cudaGraphDestroy(f->graph)) != cudaSuccess)
+    (void)fail(b, "cudaGraphDestroy", e);
+  free(f->parts);
+  free(f->embedded);
+  free(f);
+}
+
+static cgt_status cuda_fuse(backend *b, void *const *parts, uint32_t n, void **fused) {
+  if (fused == NULL || parts == NULL || n == 0) {
+    snprintf(b->error, sizeof b->error, "cuda fuse: needs parts and a result pointer");
+    return CGT_ERR_INVALID_ARGUMENT;
+  }
+  *fused = NULL;
+  cuda_fused *f = calloc(1, sizeof *f);
+  if (f != NULL) {
+    f->parts = calloc(n, sizeof *f->parts);
+    f->embedded = calloc(n, sizeof *f->embedded);
+  }
+  if (f == NULL || f->parts == NULL || f->embedded == NULL) {
+    if (f != NULL)
+      fused_free(b, f);
+    snprintf(b->error, sizeof b->error, "cuda backend: out of host memory");
+    return CGT_ERR_OUT_OF_MEMORY;
+  }
+  f->n = n;
+  cgt_status s = CGT_OK;
+  cudaError_t e = cudaGraphCreate(&f->graph, 0);
+  if (e != cudaSuccess)
+    s = fail(b, "cudaGraphCreate", e);
+  for (uint32_t i = 0; i < n && s == CGT_OK; i++) {
+    e = cudaGraphAddChildGraphNode(&f->parts[i], f->graph, i ? &f->parts[i - 1] : NULL, i ? 1 : 0,
+                                   (cudaGraph_t)parts[i]);
+    if (e == cudaSuccess)
+      e = cudaGraphChildGraphNodeGetGraph(f->parts[i], &f->embedded[i]);
+    if (e != cudaSuccess)
+      s = fail(b, "cudaGraphAddChildGraphNode", e);
+  }
+  if (s == CGT_OK && (e = cudaGraphInstantiate(&f->exec, f->graph, 0)) != cudaSuccess)
+    s = fail(b, "cudaGraphInstantiate (fused)", e);
+  if (s == CGT_OK && (e = cudaGraphUpload(f->exec, state_of(b)->stream)) != cudaSuccess)
+    s = fail(b, "cudaGraphUpload (fused)", e);
+  if (s != CGT_OK) {
+    char why[BACKEND_ERROR_BYTES];
+    memcpy(why, b->error, sizeof why);
+    fused_free(b, f);
+    memcpy(b->error, why, sizeof why);
+    (void)cudaGetLastError();
+    return s;
+  }
+  *fused = f;
+  return CGT_OK;
+}
+
+static cgt_status cuda_fused_find_copy(backend *b, void *fused, uint32_t part, const void *dst, void **node) {
+  cuda_fused *f = fused;
+  if (f == NULL || part >= f->n) {
+    snprintf(b->error, sizeof b->error, "cuda fused_find_copy: no part %u", part);
+    return CGT_ERR_INVALID_ARGUMENT;
+  }
+  return cuda_graph_find_copy(b, (void *)f->embedded[part], dst, node);
+}
+
+static cgt_status cuda_fused_set_copy_src(backend *b, void *fused, uint32_t part, void *node, void *dst,
+                                          const void *src, size_t bytes) {
+  cuda_state *st = state_of(b);
+  cuda_fused *f = fused;
+  cudaError_t e = cudaSuccess;
+  if (st->fused_repoint != FUSED_REPOINT_CHILD) {
+    e = cudaGraphExecMemcpyNodeSetParams1D(f->exec, (cudaGraphNode_t)node, dst, src, bytes, cudaMemcpyDefault);
+    if (e == cudaSuccess) {
+      st->fused_repoint = FUSED_REPOINT_DIRECT;
+      return CGT_OK;
+    }
+    if (st->fused_repoint == FUSED_REPOINT_DIRECT)
+      return fail(b, "cudaGraphExecMemcpyNodeSetParams1D (fused)", e);
+    (void)cudaGetLastError();
+    st->fused_repoint = FUSED_REPOINT_CHILD;
+  }
+  e = cudaGraphMemcpyNodeSetParams1D((cudaGraphNode_t)node, dst, src, bytes, cudaMemcpyDefault);
+  if (e != cudaSuccess)
+    return fail(b, "cudaGraphMemcpyNodeSetParams1D (fused part)", e);
+  e = cudaGraphExecChildGraphNodeSetParams(f->exec, f->parts[part], f->embedded[part]);
+  if (e != cudaSuccess)
+    return fail(b, "cudaGraphExecChildGraphNodeSetParams", e);
+  return CGT_OK;
+}
+
+static cgt_status cuda_fused_launch(backend *b, void *fused) {
+  cudaError_t e = cudaGraphLaunch(((cuda_fused *)fused)->exec, state_of(b)->stream);
+  if (e != cudaSuccess)
+    return fail(b, "cudaGraphLaunch (fused)", e);
+  return CGT_OK;
+}
+
+static void cuda_fused_destroy(backend *b, void *fused) {
+  if (fused != NULL)
+    fused_free(b, fused);
+}
+
 /* NVTX ranges cost nothing measurable when no profiler is attached (the
  * first call finds no injection library and later calls are no-ops). */
 static void cuda_range_push(backend *b, const char *name) {
@@ -436,6 +567,11 @@ const backend_ops backend_cuda_ops = {
     .graph_find_copy = cuda_graph_find_copy,
     .exec_set_copy_src = cuda_exec_set_copy_src,
     .exec_copy_enable = cuda_exec_copy_enable,
+    .fuse = cuda_fuse,
+    .fused_find_copy = cuda_fused_find_copy,
+    .fused_set_copy_src = cuda_fused_set_copy_src,
+    .fused_launch = cuda_fused_launch,
+    .fused_destroy = cuda_fused_destroy,
     .range_push = cuda_range_push,
     .range_pop = cuda_range_pop,
 };

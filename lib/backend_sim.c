@@ -42,9 +42,14 @@
  * CGT_ERR_STATE (CUDA would record a child-graph node; the tree never needs
  * one, and rejecting is the simpler honest answer).
  *
+ * A fused executable (deferred launch) is the same thing built from several
+ * graphs: their programs one after another, so one launch replays them in
+ * order, with each part's copy nodes repointable on their own, which is what
+ * CUDA's graph of child-graph nodes gives.
+ *
  * open() refuses a caller-supplied stream: the simulator always makes its own,
  * and sharing one stream between two backends would blur who frees it. Live
- * graphs and executables sit on two lists, so close() frees whatever the
+ * graphs and executables (fused ones too) sit on lists, so close() frees whatever the
  * caller left behind, as destroying a CUDA context frees its memory, and says
  * what it freed in b->error, where a test can see a leak. Nothing here is
  * global: everything hangs off the backend instance, and nothing is thread
@@ -71,6 +76,7 @@
 #define SIM_STREAM_MAGIC UINT32_C(0x5354524d) /* "STRM" */
 #define SIM_GRAPH_MAGIC UINT32_C(0x47525048)  /* "GRPH" */
 #define SIM_EXEC_MAGIC UINT32_C(0x45584543)   /* "EXEC" */
+#define SIM_FUSED_MAGIC UINT32_C(0x46555345)  /* "FUSE" */
 
 typedef struct sim_device sim_device;
 
@@ -117,6 +123,11 @@ typedef struct sim_exec {
   sim_program program;
   unsigned char *scratch; /* max_args_bytes bytes: each kernel's private copy of its arguments */
   int running;            /* a replay is in progress, so the executable may be neither relaunched nor freed */
+  /* A fused executable (magic SIM_FUSED_MAGIC): its program is the parts'
+   * programs one after another, part i at nodes [part_start[i],
+   * part_start[i + 1]). */
+  uint32_t n_parts;
+  size_t *part_start;
 } sim_exec;
 
 typedef enum sim_capture {
@@ -147,6 +158,7 @@ struct sim_device {
   size_t allocation_cap; /* live allocations are counters.live_allocations */
   sim_object *graphs;
   sim_object *execs;
+  sim_object *fused;
   backend_sim_counters counters;
 };
 
@@ -334,6 +346,7 @@ static void exec_free(sim_exec *e) {
   e->head.magic = 0;
   program_free(&e->program);
   free(e->scratch);
+  free(e->part_start);
   free(e);
 }
 
@@ -580,6 +593,137 @@ static cgt_status sim_exec_copy_enable(backend *b, void *exec, void *node, int e
   return CGT_OK;
 }
 
+/* ------------------------------------------------- fused executables */
+
+/* A fused executable is the concatenation of its parts' recorded work, so
+ * one launch replays them in order; each part keeps its copy nodes, which
+ * are repointed one by one. */
+static sim_exec *fused_of(sim_device *dev, void *fused) {
+  sim_exec *e = fused;
+  if (e == NULL || e->head.magic != SIM_FUSED_MAGIC || e->head.device != dev) return NULL;
+  return e;
+}
+
+/* Appends src's nodes and argument bytes to dst. */
+static int program_append(sim_program *dst, const sim_program *src) {
+  size_t base = dst->arg_used;
+  if (src->arg_used > 0) {
+    void *arg_bytes = dst->arg_bytes;
+    if (src->arg_used > SIZE_MAX - base || !grow(&arg_bytes, &dst->arg_cap, base + src->arg_used, 1)) return 0;
+    dst->arg_bytes = arg_bytes;
+  }
+  void *nodes = dst->nodes;
+  if (!grow(&nodes, &dst->cap, dst->count + src->count, sizeof *dst->nodes)) return 0;
+  dst->nodes = nodes;
+  for (size_t i = 0; i < src->count; i++) {
+    sim_node n = src->nodes[i];
+    if (n.kind == SIM_NODE_KERNEL) n.args_offset += base;
+    dst->nodes[dst->count++] = n;
+  }
+  if (src->arg_used > 0) memcpy(dst->arg_bytes + base, src->arg_bytes, src->arg_used);
+  dst->arg_used += src->arg_used;
+  if (src->max_args_bytes > dst->max_args_bytes) dst->max_args_bytes = src->max_args_bytes;
+  return 1;
+}
+
+static cgt_status sim_fuse(backend *b, void *const *parts, uint32_t n, void **fused) {
+  sim_device *dev = device_of(b);
+  if (dev == NULL) return CGT_ERR_STATE;
+  if (fused == NULL || parts == NULL || n == 0)
+    return backend_fail(b, CGT_ERR_INVALID_ARGUMENT, "sim: fuse needs parts and a result pointer");
+  *fused = NULL;
+  for (uint32_t i = 0; i < n; i++)
+    if (graph_of(dev, parts[i]) == NULL)
+      return backend_fail(b, CGT_ERR_INVALID_ARGUMENT, "sim: fuse: part %u is not a graph of this device", i);
+  sim_exec *e = calloc(1, sizeof *e);
+  size_t *starts = calloc((size_t)n + 1, sizeof *starts);
+  int ok = e != NULL && starts != NULL;
+  for (uint32_t i = 0; ok && i < n; i++) {
+    starts[i] = e->program.count;
+    ok = program_append(&e->program, &graph_of(dev, parts[i])->program);
+  }
+  if (ok) {
+    starts[n] = e->program.count;
+    if (e->program.max_args_bytes > 0) ok = (e->scratch = malloc(e->program.max_args_bytes)) != NULL;
+  }
+  if (!ok) {
+    if (e != NULL) program_free(&e->program);
+    if (e != NULL) free(e->scratch);
+    free(e);
+    free(starts);
+    return backend_fail(b, CGT_ERR_OUT_OF_MEMORY, "sim: out of host memory fusing %u graphs", n);
+  }
+  e->n_parts = n;
+  e->part_start = starts;
+  e->head.magic = SIM_FUSED_MAGIC;
+  e->head.device = dev;
+  list_push(&dev->fused, &e->head);
+  dev->counters.live_fused++;
+  dev->counters.fusions++;
+  *fused = e;
+  return CGT_OK;
+}
+
+/* A copy node of a fused executable: its index + 1, like in an executable. */
+static cgt_status sim_fused_find_copy(backend *b, void *fused, uint32_t part, const void *dst, void **node) {
+  sim_device *dev = device_of(b);
+  if (dev == NULL) return CGT_ERR_STATE;
+  sim_exec *e = fused_of(dev, fused);
+  if (e == NULL || part >= e->n_parts || node == NULL)
+    return backend_fail(b, CGT_ERR_INVALID_ARGUMENT, "sim: fused_find_copy needs a fused executable and a part of it");
+  for (size_t i = e->part_start[part]; i < e->part_start[part + 1]; i++)
+    if (e->program.nodes[i].kind == SIM_NODE_COPY && e->program.nodes[i].dst == dst) {
+      *node = (void *)(uintptr_t)(i + 1);
+      return CGT_OK;
+    }
+  return backend_fail(b, CGT_ERR_INVALID_ARGUMENT, "sim: part %u has no copy into %p", part, (void *)(uintptr_t)dst);
+}
+
+static cgt_status sim_fused_set_copy_src(backend *b, void *fused, uint32_t part, void *node, void *dst,
+                                         const void *src, size_t bytes) {
+  sim_device *dev = device_of(b);
+  if (dev == NULL) return CGT_ERR_STATE;
+  sim_exec *e = fused_of(dev, fused);
+  size_t i = (size_t)(uintptr_t)node;
+  if (e == NULL || part >= e->n_parts || i <= e->part_start[part] || i > e->part_start[part + 1] ||
+      e->program.nodes[i - 1].kind != SIM_NODE_COPY)
+    return backend_fail(b, CGT_ERR_INVALID_ARGUMENT, "sim: not a copy node of part %u of a fused executable", part);
+  sim_node *n = &e->program.nodes[i - 1];
+  if (n->dst != dst || n->copy_bytes != bytes || src == NULL)
+    return backend_fail(b, CGT_ERR_INVALID_ARGUMENT, "sim: set_copy_src may change the source only");
+  n->src = src;
+  return CGT_OK;
+}
+
+static cgt_status sim_fused_launch(backend *b, void *fused) {
+  sim_device *dev = device_of(b);
+  if (dev == NULL) return CGT_ERR_STATE;
+  sim_exec *e = fused_of(dev, fused);
+  if (e == NULL) return backend_fail(b, CGT_ERR_INVALID_ARGUMENT, "sim: launch of something not a fused executable");
+  if (dev->stream.capture != SIM_CAPTURE_NONE)
+    return backend_fail(b, CGT_ERR_STATE, "sim: graph launch while the stream is capturing is not supported");
+  if (e->running) return backend_fail(b, CGT_ERR_STATE, "sim: fused launch from inside its own replay");
+  dev->counters.graph_launches++;
+  dev->counters.fused_launches++;
+  exec_run(dev, e);
+  return CGT_OK;
+}
+
+static void sim_fused_destroy(backend *b, void *fused) {
+  sim_device *dev = device_of(b);
+  if (dev == NULL || fused == NULL) return;
+  sim_exec *e = fused_of(dev, fused);
+  if (e == NULL || e->running) {
+    dev->counters.bad_frees++;
+    snprintf(b->error, sizeof b->error, "sim: fused_destroy of %s",
+             e == NULL ? "something not a fused executable of this device" : "a fused executable during its replay");
+    return;
+  }
+  list_remove(&dev->fused, &e->head);
+  dev->counters.live_fused--;
+  exec_free(e);
+}
+
 /* ---------------------------------------------------- backend table */
 
 static cgt_status sim_open(backend *b, int device, void *stream) {
@@ -611,7 +755,7 @@ static void sim_close(backend *b) {
   if (dev == NULL) return;
   backend_sim_counters *c = &dev->counters;
   size_t allocations = c->live_allocations, bytes = c->device_bytes;
-  size_t graphs = c->live_graphs, execs = c->live_execs;
+  size_t graphs = c->live_graphs, execs = c->live_execs + c->live_fused;
   int capturing = dev->stream.capture != SIM_CAPTURE_NONE;
 
   if (dev->stream.graph != NULL) graph_free(dev->stream.graph);
@@ -623,6 +767,11 @@ static void sim_close(backend *b) {
   while (dev->execs != NULL) {
     sim_object *o = dev->execs;
     list_remove(&dev->execs, o);
+    exec_free((sim_exec *)o);
+  }
+  while (dev->fused != NULL) {
+    sim_object *o = dev->fused;
+    list_remove(&dev->fused, o);
     exec_free((sim_exec *)o);
   }
   while (c->live_allocations > 0) device_release(dev, c->live_allocations - 1);
@@ -850,6 +999,11 @@ const backend_ops backend_sim_ops = {
     .graph_find_copy = sim_graph_find_copy,
     .exec_set_copy_src = sim_exec_set_copy_src,
     .exec_copy_enable = sim_exec_copy_enable,
+    .fuse = sim_fuse,
+    .fused_find_copy = sim_fused_find_copy,
+    .fused_set_copy_src = sim_fused_set_copy_src,
+    .fused_launch = sim_fused_launch,
+    .fused_destroy = sim_fused_destroy,
     .range_push = sim_range_push,
     .range_pop = sim_range_pop,
 };

@@ -56,6 +56,7 @@ static void node_info(const cgt_tree *t, const node *n, cgt_node_info *info) {
   info->pool_bytes_live = n->ckpt_bytes;
   info->reason = n->reason;
   info->segment_name = t->segments[n->segment - 1].name;
+  info->fused_runs = n->fused_runs;
 }
 
 cgt_status cgt_tree_nodes(const cgt_tree *t, cgt_node_info *out, size_t cap, size_t *count) {
@@ -90,9 +91,20 @@ cgt_status cgt_tree_write_dot(const cgt_tree *t, FILE *f) {
       fprintf(f, "\\n");
       dot_escaped(f, n->reason);
     }
+    if (n->fused_runs)
+      fprintf(f, "\\nfused runs %llu", (unsigned long long)n->fused_runs);
     fprintf(f, "\", %s];\n", style[n->state]);
     if (n->parent && n->parent->id)
       fprintf(f, "  n%u -> n%u;\n", n->parent->id, n->id);
+  }
+  /* Fused spans (defer_launch): a blue edge from a span's first node to its
+   * last, which holds the fused executable. */
+  for (uint32_t i = 0; i < t->n_nodes; i++) {
+    uint32_t first, length;
+    uint64_t launches;
+    for (uint32_t k = 0; fuse__span_at(t->nodes[i], k, &first, &length, &launches); k++)
+      fprintf(f, "  n%u -> n%u [style=dashed, color=blue, constraint=false, label=\"fused span: %u nodes, %llu launches\"];\n",
+              first, t->nodes[i]->id, length, (unsigned long long)launches);
   }
   fprintf(f, "}\n");
   return ferror(f) ? CGT_ERR_BACKEND : CGT_OK;
@@ -319,6 +331,8 @@ cgt_status tree__check(cgt_tree *t) {
     st = check_values(t);
   if (st == CGT_OK)
     st = check_pools(t);
+  if (st == CGT_OK)
+    st = fuse__check(t);
   return st;
 }
 

@@ -12,7 +12,8 @@
  *   REPLAY  a RECORDED node whose recorded liveness admits the values live
  *           now, and no warmup yet in this step: copy DYNAMIC arguments into
  *           the node's placeholders, launch the graph, hand out the values
- *           the recording fixed.
+ *           the recording fixed. With defer_launch the launch is held back
+ *           (fuse.c) and every other kind of run flushes it first.
  *   RECORD  a new or WARMUP node whose (segment, variant) has warmed up:
  *           bring the pool to the parent's layout, capture the launch
  *           function, instantiate and upload, checkpoint the pool, launch.
@@ -122,6 +123,7 @@ static int node_liveness_ok(const cgt_tree *t, const node *n) {
 }
 
 void node__destroy(cgt_tree *t, node *n) {
+  fuse__forget_node(t, n);
   if (n->graph || n->exec)
     t->dev.ops->graph_destroy(&t->dev, n->graph, n->exec);
   if (n->ckpt)
@@ -400,14 +402,17 @@ static cgt_status run_eager_node(cgt_tree *t, node *n, const segment_rec *seg, c
   return CGT_OK;
 }
 
-static cgt_status replay(cgt_tree *t, node *n, cgt_value *outputs) {
+/* Enqueues n's own executable. DYNAMIC arguments reach their placeholders
+ * through the copy nodes of the graph, repointed when the source moved, or
+ * by a copy before the launch where the device cannot repoint them. */
+cgt_status node__launch(cgt_tree *t, node *n) {
   const backend_ops *ops = t->dev.ops;
   if (ops->range_push)
     ops->range_push(&t->dev, t->segments[n->segment - 1].name);
   cgt_status st = CGT_OK;
   for (uint32_t i = 0; i < n->n_placeholders && st == CGT_OK; i++) {
     node_placeholder *ph = &n->placeholders[i];
-    const void *src = t->args[ph->arg].ptr;
+    const void *src = ph->next_src;
     if (ph->copy_node && src != ph->src) {
       if (ops->exec_set_copy_src(&t->dev, n->exec, ph->copy_node, ph->ptr, src, ph->bytes) == CGT_OK) {
         ph->src = src;
@@ -429,8 +434,22 @@ static cgt_status replay(cgt_tree *t, node *n, cgt_value *outputs) {
     st = ops->launch(&t->dev, n->exec);
   if (ops->range_pop)
     ops->range_pop(&t->dev);
-  if (st != CGT_OK)
-    return tree__backend_fail(t, st, "replay");
+  return st == CGT_OK ? CGT_OK : tree__backend_fail(t, st, "replay");
+}
+
+/* A replay: n's launch, now or (defer_launch) held back until the next
+ * flush, and the values its recording fixed, handed out at once. */
+static cgt_status replay(cgt_tree *t, node *n, cgt_value *outputs) {
+  for (uint32_t i = 0; i < n->n_placeholders; i++)
+    n->placeholders[i].next_src = t->args[n->placeholders[i].arg].ptr;
+  int held = fuse__enabled(t) && fuse__hold(t, n) == CGT_OK;
+  if (!held) {
+    cgt_status st = fuse__flush(t); /* what was held back goes first */
+    if (st == CGT_OK)
+      st = node__launch(t, n);
+    if (st != CGT_OK)
+      return st;
+  }
   for (uint32_t o = 0; o < n->n_outputs; o++) {
     const node_output *out = &n->outputs[o];
     outputs[o] = value__make(t, out->ptr, out->bytes, out->block, out->pool, block_sharer(t, out->block, outputs, o));
@@ -490,7 +509,7 @@ static cgt_status recording_placeholders(cgt_tree *t, recording *r, const segmen
     if (st != CGT_OK)
       return tree__fail(t, st, "placeholder of %zu bytes for input %u: %s", t->args[i].bytes, i,
                         t->dev.error[0] ? t->dev.error : cgt_status_string(st));
-    r->ph[r->n_ph++] = (node_placeholder){i, p, t->args[i].bytes, NULL, t->args[i].ptr};
+    r->ph[r->n_ph++] = (node_placeholder){i, p, t->args[i].bytes, NULL, t->args[i].ptr, t->args[i].ptr};
     st = r->copies_in_graph ? CGT_OK : t->dev.ops->copy(&t->dev, p, t->args[i].ptr, t->args[i].bytes);
     if (st != CGT_OK)
       return tree__backend_fail(t, st, "copy into a placeholder");
@@ -869,6 +888,10 @@ static cgt_status node_run(cgt_tree *t, cgt_segment id, const segment_rec *seg, 
     for (node *c = first; c; c = c->next_same_key)
       if (c->state == CGT_NODE_RECORDED && node_liveness_ok(t, c))
         return replay(t, c, outputs);
+  /* Anything but a replay launches what was held back first. */
+  cgt_status flushed = fuse__flush(t);
+  if (flushed != CGT_OK)
+    return flushed;
 
   int is_rerecord = 0;
   if (first) {

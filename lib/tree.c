@@ -303,6 +303,7 @@ cgt_status cgt_tree_create(const cgt_options *o, cgt_tree **out) {
     return CGT_ERR_NO_DEVICE;
   }
   t->dev.ops = ops;
+  fuse__init(t);
   cgt_status st = ops->open(&t->dev, o->device, o->stream);
   if (st != CGT_OK) {
     tree__log(t, CGT_LOG_ERROR, "opening the %s backend: %s", ops->name, t->dev.error);
@@ -329,8 +330,11 @@ cgt_status cgt_tree_create(const cgt_options *o, cgt_tree **out) {
 void cgt_tree_destroy(cgt_tree *t) {
   if (!t)
     return;
-  if (t->dev.ops)
+  if (t->dev.ops) {
+    (void)fuse__flush(t);
     t->dev.ops->sync(&t->dev);
+    fuse__destroy(t);
+  }
   /* The roots' hash table lives in the first root node: clear it first. */
   HASH_CLEAR(hh, t->root.children);
   for (uint32_t i = 0; i < t->n_nodes; i++)
@@ -374,7 +378,10 @@ cgt_status cgt_sync(cgt_tree *t) {
     return CGT_ERR_INVALID_ARGUMENT;
   if (t->launch.active)
     return tree__fail(t, CGT_ERR_STATE, "cgt_sync: not allowed inside a launch function");
-  cgt_status st = t->dev.ops->sync(&t->dev);
+  cgt_status st = fuse__flush(t);
+  if (st != CGT_OK)
+    return st;
+  st = t->dev.ops->sync(&t->dev);
   return st == CGT_OK ? st : tree__backend_fail(t, st, "cgt_sync");
 }
 
@@ -430,6 +437,9 @@ cgt_status cgt_step_begin(cgt_tree *t) {
     return CGT_ERR_INVALID_ARGUMENT;
   if (t->launch.active)
     return tree__fail(t, CGT_ERR_STATE, "cgt_step_begin: not allowed inside a launch function");
+  cgt_status st = fuse__flush(t);
+  if (st != CGT_OK)
+    return st;
   value__end_step(t);
   pool_clear(t->side_pool);
   /* The root's checkpoint is the empty pool, and every value is dead. A
@@ -544,5 +554,7 @@ cgt_status cgt_flush(cgt_tree *t) {
     return CGT_ERR_INVALID_ARGUMENT;
   if (t->launch.active)
     return tree__fail(t, CGT_ERR_STATE, "cgt_flush: not allowed inside a launch function");
-  return CGT_OK; /* nothing is held back while defer_launch is 0 */
+  cgt_status st = fuse__flush(t); /* nothing is ever held back while defer_launch is 0 */
+  tree_debug_check(t);
+  return st;
 }

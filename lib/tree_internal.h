@@ -14,6 +14,7 @@
 
 #include "backend.h"
 #include "cgtree.h"
+#include "fuse.h"
 #include "pool.h"
 
 /* uthash hashes node keys with our word hash (keys are whole 64-bit words). */
@@ -68,6 +69,7 @@ typedef struct node_placeholder {
    * separate copy before each launch. */
   void *copy_node;
   const void *src; /* the source copy_node reads now */
+  const void *next_src; /* the source of the replay at hand (held back: until its flush) */
 } node_placeholder;
 
 /* Where a recorded node's output lives; the same at every replay. */
@@ -125,6 +127,10 @@ struct node {
   node_placeholder *placeholders;
   uint32_t n_outputs;
   node_output *outputs;
+
+  /* Deferred launch (fuse.c). */
+  uint64_t fused_runs; /* replays of this node launched inside fused launches */
+  fuse_span *spans;    /* the spans that end at this node, each keyed by its first node */
 };
 
 /* A value slot. A slot is live from the run that made it until it is
@@ -258,6 +264,7 @@ struct cgt_tree {
   uint32_t args_cap;
 
   cgt_launch launch;
+  fuse_state fuse; /* held-back replays and fused executables (defer_launch) */
   cgt_stats stats;
   char *graph_dot_dir; /* CGT_GRAPH_DOT_DIR: write every recorded graph there */
 
@@ -308,6 +315,8 @@ void launch__rollback(cgt_tree *t);
 /* node.c */
 cgt_status node__run(cgt_tree *t, cgt_segment id, const segment_rec *seg, uint64_t variant, cgt_value *outputs);
 void node__destroy(cgt_tree *t, node *n);
+/* Enqueues n's own executable, its DYNAMIC copies reading next_src. */
+cgt_status node__launch(cgt_tree *t, node *n);
 void node__prune(cgt_tree *t);
 
 /* inspect.c */

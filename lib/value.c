@@ -270,7 +270,10 @@ cgt_status cgt_value_ptr(cgt_tree *t, cgt_value v, void **ptr, size_t *bytes) {
   if (!ptr && !bytes)
     return tree__fail(t, CGT_ERR_INVALID_ARGUMENT, "cgt_value_ptr: ptr and bytes are both NULL");
   value_slot *s;
-  cgt_status st = value__resolve(t, v, &s);
+  cgt_status st = fuse__flush(t); /* the caller may touch the memory next */
+  if (st != CGT_OK)
+    return st;
+  st = value__resolve(t, v, &s);
   if (st != CGT_OK)
     return st;
   if (ptr)
@@ -311,7 +314,10 @@ cgt_status cgt_value_copy_out(cgt_tree *t, cgt_value v, void *dst, size_t bytes)
   if (t->launch.active)
     return tree__fail(t, CGT_ERR_STATE, "cgt_value_copy_out: not allowed inside a launch function");
   value_slot *s;
-  cgt_status st = value__resolve(t, v, &s);
+  cgt_status st = fuse__flush(t); /* the copy must read what held-back work writes */
+  if (st != CGT_OK)
+    return st;
+  st = value__resolve(t, v, &s);
   if (st != CGT_OK)
     return st;
   if (!dst)

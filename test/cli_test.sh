@@ -164,6 +164,19 @@ if command -v dot >/dev/null 2>&1; then
     dot -Tsvg "$f" >/dev/null || fail "dot -Tsvg rejects $f"
   done
 fi
+# --- --defer: a tree+defer mode, fused spans in the table, the tree and the dot
+last="demo --defer"
+run 0 demo --backend sim --workload chain --steps $steps --defer
+has out "tree+defer"
+has out "fused launches"
+has out "fused="
+last="dot --defer"
+run 0 dot --backend sim --workload chain --steps $steps --defer
+has out "fused span: 4 nodes"
+last="demo without --defer"
+run 0 demo --backend sim --workload chain --steps $steps
+lacks out "tree+defer"
+
 last="dot to a directory that does not exist"
 run 1 dot --backend sim --steps 2 "$tmp/no/such/dir/x.dot"
 

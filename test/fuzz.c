@@ -1,5 +1,5 @@
 /* fuzz.c — differential fuzzing: random programs give bit-identical outputs
- * in TREE, SEPARATE and EAGER modes.
+ * in TREE, SEPARATE and EAGER modes, and in TREE mode with deferred launch.
  *
  * A seed makes a *world*: a handful of segments of random kinds (affine,
  * add, view or sub-view of the input, a temporary freed early, clamp, two
@@ -24,10 +24,11 @@
  * Each step picks a program, fills the step's inputs (the DYNAMIC buffer's
  * address alternates between two caller buffers, the one not in use holds
  * junk, and its contents, like those of one STATIC buffer, change from step
- * to step so that branches vary) and runs the program in three trees at
- * once, one per mode, operation by operation. Every value read back, at
+ * to step so that branches vary) and runs the program in four trees at
+ * once, one per mode (TREE+defer is TREE with defer_launch = 1, whose
+ * replays are held back and fused), operation by operation. Every value read back, at
  * every decision and, at the end of the step, every value the step made and
- * did not release, named or not, must be the same bytes in all three trees;
+ * did not release, named or not, must be the same bytes in all four trees;
  * cgt_tree_check must pass after every run in every tree. EAGER mode never
  * records, so it is the reference; SEPARATE records without sharing; TREE is
  * the product. After the last step the last 60 steps run three more times:
@@ -660,9 +661,11 @@ static void world_free(fz_world *w) {
 
 /* ------------------------------------------------------------ the runner */
 
-enum { FZ_TREE, FZ_SEPARATE, FZ_EAGER, FZ_MODES };
-static const cgt_mode fz_modes[FZ_MODES] = {CGT_MODE_TREE, CGT_MODE_SEPARATE, CGT_MODE_EAGER};
-static const char *const fz_mode_names[FZ_MODES] = {"TREE", "SEPARATE", "EAGER"};
+/* DEFER is TREE with defer_launch = 1 (path fusion). EAGER comes last: the
+ * modes before it record. */
+enum { FZ_TREE, FZ_SEPARATE, FZ_DEFER, FZ_EAGER, FZ_MODES };
+static const cgt_mode fz_modes[FZ_MODES] = {CGT_MODE_TREE, CGT_MODE_SEPARATE, CGT_MODE_TREE, CGT_MODE_EAGER};
+static const char *const fz_mode_names[FZ_MODES] = {"TREE", "SEPARATE", "TREE+defer", "EAGER"};
 
 typedef struct fz_ctx {
   const fz_config *cfg;
@@ -963,6 +966,7 @@ typedef struct fz_totals {
   uint64_t eager_nodes; /* TREE mode */
   uint64_t warm_nodes;  /* TREE mode: nodes never recorded */
   uint64_t max_step_values;
+  uint64_t same_tree_seeds; /* seeds whose TREE and TREE+defer trees were compared */
   uint64_t faults_injected, faults_hit;
   cgt_stats s[FZ_MODES];
 } fz_totals;
@@ -973,7 +977,7 @@ static void fz_add_stats(cgt_stats *a, const cgt_stats *b) {
 #undef FZ_ADD
 }
 
-/* One step of the program the step's number picks, in all three trees. */
+/* One step of the program the step's number picks, in all four trees. */
 static void fz_step(fz_ctx *c, uint64_t step) {
   c->step = step;
   if (c->started)
@@ -1024,6 +1028,7 @@ static void fz_run_seed(const fz_config *cfg, uint64_t seed, uint64_t steps, fz_
   for (uint32_t i = 0; i < w.n_segs; i++)
     flags[i] = fz_percent(&flags_rng, cfg->no_capture_percent) ? CGT_SEGMENT_NO_CAPTURE : 0;
   for (int m = 0; m < FZ_MODES; m++) {
+    o.defer_launch = m == FZ_DEFER;
     c.t[m] = test_tree_new(fz_modes[m], &o);
     assert_int_equal(cgt_tree_mode(c.t[m]), fz_modes[m]);
     for (uint32_t i = 0; i < w.n_segs; i++) {
@@ -1120,6 +1125,23 @@ static void fz_run_seed(const fz_config *cfg, uint64_t seed, uint64_t steps, fz_
   assert_int_equal(s[FZ_EAGER].recordings, 0);
   assert_int_equal(s[FZ_EAGER].replays, 0);
   assert_int_equal(s[FZ_EAGER].nodes, 0);
+  /* Deferred launch changes when graphs are launched, nothing else: the
+   * same tree, the same recordings, the same pool memory. That holds for the
+   * same device addresses; when a pool spans several chunks, best fit
+   * depends on their address order, which here is the host heap's (the
+   * trees share it, and fused executables are host memory on the
+   * simulator), so the comparison is made where each pool is one chunk. */
+  size_t chunk = o.pool_chunk_bytes;
+  if (s[FZ_TREE].pool_reserved_bytes <= chunk && s[FZ_DEFER].pool_reserved_bytes <= chunk) {
+    assert_int_equal(s[FZ_DEFER].recordings, s[FZ_TREE].recordings);
+    assert_int_equal(s[FZ_DEFER].replays, s[FZ_TREE].replays);
+    assert_int_equal(s[FZ_DEFER].nodes, s[FZ_TREE].nodes);
+    assert_int_equal(s[FZ_DEFER].pool_peak_bytes, s[FZ_TREE].pool_peak_bytes);
+    assert_int_equal(s[FZ_DEFER].pool_reserved_bytes, s[FZ_TREE].pool_reserved_bytes);
+    tot->same_tree_seeds++;
+  }
+  assert_int_equal(s[FZ_TREE].fused_launches, 0);
+  assert_true(s[FZ_DEFER].fused_runs >= 2 * s[FZ_DEFER].fused_launches);
   if (getenv("CGT_FUZZ_VERBOSE"))
     for (int m = 0; m < FZ_MODES; m++)
       print_message("fuzz %s seed %llu %s: %llu runs, %llu replays, %llu recordings, %llu re-records, %llu warmups, "
@@ -1154,7 +1176,7 @@ static uint64_t fz_total_steps(void) {
 
 /* Runs n_seeds seeds from first_seed with share/100 of the total budget. */
 static void fz_run_test(const fz_config *cfg, uint64_t first_seed, uint32_t n_seeds, uint32_t share) {
-  /* CGT_MODE would put all three trees in one mode: nothing to compare. */
+  /* CGT_MODE would put all four trees in one mode: nothing to compare. */
   const char *forced = getenv("CGT_MODE");
   if (forced && *forced)
     skip();
@@ -1171,7 +1193,8 @@ static void fz_run_test(const fz_config *cfg, uint64_t first_seed, uint32_t n_se
   clock_gettime(CLOCK_MONOTONIC, &t1);
   print_message("fuzz %s: %.1f s, %llu steps (up to %llu values each), %llu runs per mode, %llu read-backs; TREE %llu "
                 "replays, %llu recordings, %llu re-records, %llu restores, %llu nodes (%llu EAGER, %llu WARMUP, %llu "
-                "pruned); %llu faults injected, %llu made a run fail\n",
+                "pruned); %llu faults injected, %llu made a run fail; TREE+defer %llu fused launches of %llu runs, the same "
+                "tree in %llu seeds\n",
                 cfg->test, (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec),
                 (unsigned long long)tot.steps, (unsigned long long)tot.max_step_values,
                 (unsigned long long)tot.runs,
@@ -1180,7 +1203,8 @@ static void fz_run_test(const fz_config *cfg, uint64_t first_seed, uint32_t n_se
                 (unsigned long long)tot.s[FZ_TREE].checkpoint_restores, (unsigned long long)tot.s[FZ_TREE].nodes,
                 (unsigned long long)tot.eager_nodes, (unsigned long long)tot.warm_nodes,
                 (unsigned long long)tot.s[FZ_TREE].nodes_pruned, (unsigned long long)tot.faults_injected,
-                (unsigned long long)tot.faults_hit);
+                (unsigned long long)tot.faults_hit, (unsigned long long)tot.s[FZ_DEFER].fused_launches,
+                (unsigned long long)tot.s[FZ_DEFER].fused_runs, (unsigned long long)tot.same_tree_seeds);
   if (cfg->fault_percent && tot.steps >= 50)
     assert_true(tot.faults_hit > 0);
   if (cfg->min_ops >= 300 && tot.steps >= 10)
@@ -1191,6 +1215,7 @@ static void fz_run_test(const fz_config *cfg, uint64_t first_seed, uint32_t n_se
     assert_true(tot.s[FZ_TREE].replays > 0);
     assert_true(tot.s[FZ_SEPARATE].recordings > 0);
     assert_true(tot.s[FZ_SEPARATE].replays > 0);
+    assert_true(tot.s[FZ_DEFER].fused_launches > 0);
   }
 }
 

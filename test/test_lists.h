@@ -11,6 +11,8 @@ extern const struct CMUnitTest bad_input_tests[];
 extern const size_t bad_input_test_count;
 extern const struct CMUnitTest fuzz_tests[];
 extern const size_t fuzz_test_count;
+extern const struct CMUnitTest fusion_tests[];
+extern const size_t fusion_test_count;
 extern const struct CMUnitTest cuda_specific_tests[];
 extern const size_t cuda_specific_test_count;
 

@@ -11,7 +11,9 @@
  * buys: time per step against eager on a GPU, memory against eager (the tree
  * should match it, separate graphs should not), and the counters that say
  * why (graphs recorded, replays, checkpoint restores, nodes that fell back
- * to eager), and draws the tree the run grew.
+ * to eager), and draws the tree the run grew. With --defer a fourth run,
+ * tree+defer, holds replays back and launches recurring spans of the path
+ * as one fused graph (defer_launch); its table column and tree show them.
  *
  * Every step is first checked against eager (each ending in cgt_sync and a
  * read-back); then as many steps as there were after the warm-up ones run
@@ -65,15 +67,17 @@ static const char usage_text[] =
     "  help   print this help\n"
     "\n"
     "cgtree demo [--backend auto|cuda|sim] [--workload branchy|chain|all]\n"
-    "            [--steps N] [--dot FILE] [--json]\n"
+    "            [--steps N] [--dot FILE] [--json] [--defer]\n"
     "  --backend   auto (default): the GPU if there is one, else the simulator\n"
     "  --workload  which workload to run (default: all)\n"
     "  --steps     steps per mode (default: 200)\n"
     "  --dot       also write each tree-mode tree to FILE as Graphviz\n"
     "  --json      print one JSON document instead of the tables:\n"
     "              {\"cgtree\": version, \"workloads\": [one object per workload]}\n"
+    "  --defer     also run the tree with defer_launch = 1 (tree+defer): replays\n"
+    "              are held back and recurring spans launched as one fused graph\n"
     "\n"
-    "cgtree dot [--backend B] [--workload W] [--steps N] [FILE]\n"
+    "cgtree dot [--backend B] [--workload W] [--steps N] [--defer] [FILE]\n"
     "  writes to FILE, or to standard output; default workload: branchy\n"
     "  (several workloads give several graphs, one after another)\n"
     "\n"
@@ -157,6 +161,7 @@ typedef struct cli {
   int steps;           /* 0: DEFAULT_STEPS */
   const char *dot_path;
   int json;
+  int defer; /* --defer: a tree+defer mode (demo), or the dot of that tree (dot) */
 } cli;
 
 /* Takes "--name value" or "--name=value" at argv[*i]. Returns 1 and sets
@@ -223,6 +228,8 @@ static int parse_cli(int argc, char **argv, const char *command, cli *c) {
       c->dot_path = v;
     } else if (!is_dot && !strcmp(argv[i], "--json")) {
       c->json = 1;
+    } else if (!strcmp(argv[i], "--defer")) {
+      c->defer = 1;
     } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
       usage(stdout);
       exit(0);
@@ -326,11 +333,13 @@ static void progress_clear(progress *p) {
 
 /* ---------------------------------------------------------------- running */
 
-static const cgt_mode demo_modes[] = {CGT_MODE_EAGER, CGT_MODE_SEPARATE, CGT_MODE_TREE};
-enum { N_MODES = 3, MODE_TREE_INDEX = 2 };
+/* The fourth, with --defer, is the tree again with defer_launch = 1. */
+static const cgt_mode demo_modes[] = {CGT_MODE_EAGER, CGT_MODE_SEPARATE, CGT_MODE_TREE, CGT_MODE_TREE};
+enum { N_MODES = 4, MODE_TREE_INDEX = 2, MODE_DEFER_INDEX = 3 };
 
 typedef struct mode_result {
   cgt_mode mode;
+  int defer;           /* the tree+defer mode */
   double step_s;       /* mean host time of a timed step */
   cgt_stats stats;
   size_t memory_peak;  /* graph pool peak plus the eager nodes' side pool peak */
@@ -342,12 +351,15 @@ typedef struct mode_result {
   size_t first_diff_index;
 } mode_result;
 
+static const char *result_name(const mode_result *m) { return m->defer ? "tree+defer" : mode_name(m->mode); }
+
 typedef struct workload_result {
   wl_kind kind;
   wl_params params;
   char description[256];
   int steps, warmup_steps, segments_per_step;
   size_t output_floats;
+  int n_modes; /* 3, or 4 with --defer */
   mode_result modes[N_MODES];
   /* The tree-mode run is kept until it has been printed: the node list's
    * names belong to the tree. */
@@ -359,6 +371,7 @@ typedef struct workload_result {
 
 typedef struct demo_run {
   backend_choice backend;
+  int n_modes; /* 3, or 4 with --defer */
   int steps, warmup_steps;
   progress progress;
 } demo_run;
@@ -414,6 +427,7 @@ static int run_mode(demo_run *d, workload_result *r, int mode_index, float **ref
   cgt_mode mode = demo_modes[mode_index];
   memset(m, 0, sizeof *m);
   m->mode = mode;
+  m->defer = mode_index == MODE_DEFER_INDEX;
   m->bit_equal = 1;
   m->first_diff_step = -1;
 
@@ -421,6 +435,7 @@ static int run_mode(demo_run *d, workload_result *r, int mode_index, float **ref
   cgt_options_init(&o);
   o.backend = d->backend.backend;
   o.mode = mode;
+  o.defer_launch = (uint32_t)m->defer;
   cgt_tree *t = NULL;
   cgt_status st = cgt_tree_create(&o, &t);
   if (st != CGT_OK) {
@@ -509,6 +524,11 @@ static int run_mode(demo_run *d, workload_result *r, int mode_index, float **ref
   for (size_t i = 0; i < count; i++)
     m->eager_nodes += nodes[i].state == CGT_NODE_EAGER;
   if (mode == CGT_MODE_TREE) {
+    /* The last tree-mode run is the one drawn (tree+defer, with --defer). */
+    free(r->nodes);
+    if (r->wl)
+      wl_destroy(r->wl);
+    cgt_tree_destroy(r->tree);
     r->tree = t;
     r->wl = w;
     r->nodes = nodes;
@@ -547,9 +567,10 @@ static int run_workload(demo_run *d, wl_kind kind, int first_mode, workload_resu
   wl_describe(&r->params, r->description, sizeof r->description);
   r->steps = d->steps;
   r->warmup_steps = d->warmup_steps;
+  r->n_modes = d->n_modes;
   float *ref = NULL;
   int rc = 0;
-  for (int i = first_mode; i < N_MODES && rc == 0; i++)
+  for (int i = first_mode; i < d->n_modes && rc == 0; i++)
     rc = run_mode(d, r, i, &ref);
   free(ref);
   if (rc)
@@ -578,6 +599,8 @@ static void draw_node(drawing *g, const cgt_node_info *n, int last, size_t prefi
   if (n->variant)
     printf(" (variant %" PRIu64 ")", n->variant);
   printf(" [%s] replays=%" PRIu64, cgt_node_state_name(n->state), n->replays);
+  if (n->fused_runs)
+    printf(" fused=%" PRIu64, n->fused_runs);
   if (n->state == CGT_NODE_EAGER && n->reason)
     printf(" (%s)", n->reason);
   putchar('\n');
@@ -626,7 +649,7 @@ static void draw_tree(const workload_result *r) {
 }
 
 static int outputs_agree(const workload_result *r) {
-  for (int i = 0; i < N_MODES; i++)
+  for (int i = 0; i < r->n_modes; i++)
     if (!r->modes[i].bit_equal)
       return 0;
   return 1;
@@ -638,11 +661,11 @@ static void print_agreement(const workload_result *r) {
            r->steps == 1 ? "" : "s", r->output_floats);
     return;
   }
-  for (int i = 1; i < N_MODES; i++) {
+  for (int i = 1; i < r->n_modes; i++) {
     const mode_result *m = &r->modes[i];
     if (!m->bit_equal)
       printf("  outputs: %s DIFFERS from eager: max abs diff %.9g%s (first at step %d, float %zu)\n",
-             mode_name(m->mode), m->max_abs_diff, isinf(m->max_abs_diff) ? " (a NaN or inf on one side)" : "",
+             result_name(m), m->max_abs_diff, isinf(m->max_abs_diff) ? " (a NaN or inf on one side)" : "",
              m->first_diff_step, m->first_diff_index);
   }
 }
@@ -655,23 +678,29 @@ static void print_table(const demo_run *d, const workload_result *r) {
          r->steps == 1 ? "" : "s", r->steps - r->warmup_steps, r->segments_per_step,
          r->segments_per_step == 1 ? "" : "s");
   /* On the simulator there is no speedup column: see the essay. */
-  printf("  %-9s %12s", "mode", gpu ? "time/step" : "CPU sim/step");
+  printf("  %-10s %12s", "mode", gpu ? "time/step" : "CPU sim/step");
   if (gpu)
     printf(" %8s", "speedup");
-  printf(" %11s %9s %7s %8s %9s %12s\n", "pool peak", "vs eager", "graphs", "replays", "restores", "eager nodes");
+  printf(" %11s %9s %7s %8s %9s %12s", "pool peak", "vs eager", "graphs", "replays", "restores", "eager nodes");
+  if (r->n_modes > MODE_DEFER_INDEX)
+    printf(" %14s", "fused launches");
+  putchar('\n');
   const mode_result *eager = &r->modes[0];
-  for (int i = 0; i < N_MODES; i++) {
+  for (int i = 0; i < r->n_modes; i++) {
     const mode_result *m = &r->modes[i];
     char t[32], b[32], speedup[16] = "-", mem[16] = "-";
     if (timed && m->step_s > 0)
       snprintf(speedup, sizeof speedup, "%.2fx", eager->step_s / m->step_s);
     if (eager->memory_peak)
       snprintf(mem, sizeof mem, "%.2fx", (double)m->memory_peak / (double)eager->memory_peak);
-    printf("  %-9s %12s", mode_name(m->mode), timed ? fmt_time(m->step_s, t, sizeof t) : "-");
+    printf("  %-10s %12s", result_name(m), timed ? fmt_time(m->step_s, t, sizeof t) : "-");
     if (gpu)
       printf(" %8s", speedup);
-    printf(" %11s %9s %7" PRIu64 " %8" PRIu64 " %9" PRIu64 " %12" PRIu32 "\n", fmt_bytes(m->memory_peak, b, sizeof b),
+    printf(" %11s %9s %7" PRIu64 " %8" PRIu64 " %9" PRIu64 " %12" PRIu32, fmt_bytes(m->memory_peak, b, sizeof b),
            mem, m->stats.recordings, m->stats.replays, m->stats.checkpoint_restores, m->eager_nodes);
+    if (r->n_modes > MODE_DEFER_INDEX)
+      printf(" %14" PRIu64, m->stats.fused_launches);
+    putchar('\n');
   }
   putchar('\n');
   print_agreement(r);
@@ -730,16 +759,16 @@ static void print_json(const demo_run *d, const workload_result *r) {
   printf(",\"timing\":\"%s\",\"steps\":%d,\"warmup_steps\":%d,\"segments_per_step\":%d,\"output_floats\":%zu",
          gpu ? "gpu" : "cpu_simulation", r->steps, r->warmup_steps, r->segments_per_step, r->output_floats);
   double max_diff = 0;
-  for (int i = 0; i < N_MODES; i++)
+  for (int i = 0; i < r->n_modes; i++)
     if (r->modes[i].max_abs_diff > max_diff)
       max_diff = r->modes[i].max_abs_diff;
   printf(",\"outputs_bit_equal\":%s,\"max_abs_diff\":", outputs_agree(r) ? "true" : "false");
   json_number(max_diff);
   printf(",\"modes\":[");
   const mode_result *eager = &r->modes[0];
-  for (int i = 0; i < N_MODES; i++) {
+  for (int i = 0; i < r->n_modes; i++) {
     const mode_result *m = &r->modes[i];
-    printf("%s{\"mode\":\"%s\",\"step_us\":", i ? "," : "", mode_name(m->mode));
+    printf("%s{\"mode\":\"%s\",\"step_us\":", i ? "," : "", result_name(m));
     json_number(r->steps > r->warmup_steps ? m->step_s * 1e6 : NAN);
     printf(",\"speedup_vs_eager\":");
     json_number(gpu && m->step_s > 0 ? eager->step_s / m->step_s : NAN);
@@ -760,8 +789,8 @@ static void print_json(const demo_run *d, const workload_result *r) {
            i ? "," : "", n->id, n->parent, n->depth, n->segment);
     json_string(n->segment_name);
     printf(",\"variant\":%" PRIu64 ",\"state\":\"%s\",\"replays\":%" PRIu64 ",\"eager_runs\":%" PRIu64
-           ",\"pool_bytes_live\":%zu,\"reason\":",
-           n->variant, cgt_node_state_name(n->state), n->replays, n->eager_runs, n->pool_bytes_live);
+           ",\"pool_bytes_live\":%zu,\"fused_runs\":%" PRIu64 ",\"reason\":",
+           n->variant, cgt_node_state_name(n->state), n->replays, n->eager_runs, n->pool_bytes_live, n->fused_runs);
     if (n->reason)
       json_string(n->reason);
     else
@@ -820,12 +849,13 @@ static int run_all(demo_run *d, const cli *c, int tree_only, workload_result *re
   *n = 0;
   long total = 0;
   for (int k = 0; k < N_WORKLOADS; k++)
-    total += c->want[k] ? (long)d->steps * (tree_only ? 1 : N_MODES) : 0;
+    total += c->want[k] ? (long)d->steps * (tree_only ? 1 : d->n_modes) : 0;
   progress_init(&d->progress, total);
   for (int k = 0; k < N_WORKLOADS; k++) {
     if (!c->want[k])
       continue;
-    int rc = run_workload(d, all_workloads[k], tree_only ? MODE_TREE_INDEX : 0, &results[*n]);
+    int first = !tree_only ? 0 : d->n_modes > MODE_DEFER_INDEX ? MODE_DEFER_INDEX : MODE_TREE_INDEX;
+    int rc = run_workload(d, all_workloads[k], first, &results[*n]);
     progress_clear(&d->progress);
     if (rc)
       return rc;
@@ -841,6 +871,7 @@ static int setup_run(const cli *c, demo_run *d) {
     return rc;
   d->steps = c->steps ? c->steps : DEFAULT_STEPS;
   d->warmup_steps = warmup_steps_for(d->steps);
+  d->n_modes = c->defer ? N_MODES : N_MODES - 1;
   return 0;
 }
 
