@@ -212,7 +212,11 @@ struct cgt_tree {
   cgt_launch launch;
   cgt_stats stats;
   char *graph_dot_dir; /* CGT_GRAPH_DOT_DIR: write every recorded graph there */
+  uint64_t path_hash;  /* cgt_tree_path_hash: (segment, variant) of this step's runs */
 };
+
+/* The path hash of a step with no run yet. */
+#define PATH_HASH_START 0x6367747265657061ull
 
 /* tree.c */
 cgt_status tree__fail(cgt_tree *t, cgt_status s, const char *fmt, ...)
@@ -231,6 +235,10 @@ int tree__grow(cgt_tree *t, void **array, uint32_t *cap, uint32_t need, size_t e
 char *tree__strdup(cgt_tree *t, const char *s);
 cgt_status tree__backend_fail(cgt_tree *t, cgt_status s, const char *what);
 cgt_status tree__pool_create(cgt_tree *t, pool **out);
+/* Makes the tree's device current; returns what tree__device_leave puts
+ * back. Every public call that does device work is bracketed by the pair. */
+int tree__device_enter(cgt_tree *t);
+void tree__device_leave(cgt_tree *t, int saved);
 
 /* value.c */
 cgt_status value__resolve(cgt_tree *t, cgt_value v, value_slot **out);
