@@ -97,13 +97,46 @@ static cgt_status fail(backend *b, const char *call, cudaError_t e) {
   return status_of(e);
 }
 
-/* Makes `device` current again if it is a device (-1: leave it). A failure
- * cannot be acted upon by our caller and is cleared. */
+/* 1 if `device`'s primary context exists, or if we cannot tell. Since CUDA
+ * 12, cudaSetDevice creates the context, and a thread that never used CUDA
+ * reports device 0 without having a context there: "restoring" device 0
+ * would put a context (hundreds of MiB) on GPU 0 in every rank's process.
+ * The driver's answer comes through the runtime, so the library does not
+ * link libcuda. */
+static int device_has_context(int device) {
+#if CUDART_VERSION >= 12050
+  typedef int (*get_state_fn)(int dev, unsigned int *flags, int *active);
+  void *sym = NULL;
+  get_state_fn get_state;
+  enum cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  if (cudaGetDriverEntryPointByVersion("cuDevicePrimaryCtxGetState", &sym, 12000, cudaEnableDefault, &found) !=
+          cudaSuccess ||
+      sym == NULL || found != cudaDriverEntryPointSuccess) {
+    (void)cudaGetLastError();
+    return 1;
+  }
+  memcpy(&get_state, &sym, sizeof get_state); /* ISO C has no cast from void * to a function pointer */
+  unsigned int flags = 0;
+  int active = 1;
+  if (get_state(device, &flags, &active) != 0)
+    return 1;
+  return active != 0;
+#else
+  (void)device;
+  return 1;
+#endif
+}
+
+/* Makes `device` current again if it is a device (-1: leave it) whose
+ * context exists; otherwise the thread stays where it is. A failure cannot
+ * be acted upon by our caller and is cleared. */
 static void restore_device(int device) {
   int now = -1;
   if (device < 0)
     return;
-  if (cudaGetDevice(&now) != cudaSuccess || now != device)
+  if (cudaGetDevice(&now) == cudaSuccess && now == device)
+    return;
+  if (device_has_context(device))
     (void)cudaSetDevice(device);
   (void)cudaGetLastError();
 }
