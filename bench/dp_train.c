@@ -197,6 +197,7 @@ typedef struct rank_state {
   int rank;
   ncclComm_t comm;
   cgt_tree *t;
+  cudaStream_t stream;
   const kernels *k;
   kern_ctx *ctx;
   cgt_segment forward, backward, allreduce, update, backoff;
@@ -338,6 +339,10 @@ static void rank_setup(rank_state *r) {
   o.backend = CGT_BACKEND_CUDA;
   o.mode = c->mode;
   o.device = rank;
+  /* Our own stream, not synchronizing with the legacy stream: nothing
+   * another thread (NCCL's included) puts there can break a capture. */
+  CUDA_TRY(rank, cudaStreamCreateWithFlags(&r->stream, cudaStreamNonBlocking));
+  o.stream = r->stream;
   CGT_TRY(rank, NULL, cgt_tree_create(&o, &r->t));
   r->k = kernels_for(CGT_BACKEND_CUDA);
   if (!r->k)
@@ -715,6 +720,7 @@ int main(int argc, char **argv) {
     (void)cgt_sync(rs->t);
     rs->k->ctx_destroy(rs->ctx);
     cgt_tree_destroy(rs->t);
+    (void)cudaStreamDestroy(rs->stream);
     rs->k->dev_free(rs->x), rs->k->dev_free(rs->w), rs->k->dev_free(rs->scale);
     rs->k->dev_free(rs->inject), rs->k->dev_free(rs->counter), rs->k->dev_free(rs->stamps);
     free(rs->t_begin), free(rs->t_end), free(rs->skipped), free(rs->hashes);

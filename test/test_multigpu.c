@@ -298,6 +298,7 @@ static cgt_status seg_backoff(cgt_launch *l, void *user) {
 /* One rank's program on one tree. */
 typedef struct rank_prog {
   cgt_tree *t;
+  cudaStream_t stream;
   rank_env env;
   cgt_segment forward, allreduce, update, backoff;
   float *x, *w, *scale; /* caller memory on the rank's device */
@@ -330,6 +331,11 @@ static void prog_open(rank_prog *p, int rank, cgt_mode mode, ncclComm_t comm) {
   o.backend = CGT_BACKEND_CUDA;
   o.mode = mode;
   o.device = rank;
+  /* A stream of our own that does not synchronize with the legacy stream,
+   * so nothing another thread (NCCL's own included) puts there can break a
+   * capture. */
+  RANK_CUDA(rank, cudaStreamCreateWithFlags(&p->stream, cudaStreamNonBlocking));
+  o.stream = p->stream;
   RANK_OK(rank, NULL, cgt_tree_create(&o, &p->t));
   p->env.rank = rank;
   p->env.k = kernels_for(CGT_BACKEND_CUDA);
@@ -363,6 +369,7 @@ static void prog_close(rank_prog *p) {
   p->env.k->dev_free(p->w);
   p->env.k->dev_free(p->scale);
   cgt_tree_destroy(p->t);
+  RANK_CUDA(p->env.rank, cudaStreamDestroy(p->stream));
 }
 
 /* Steps whose data on rank 0 carries an infinity: every third. */
