@@ -4,7 +4,9 @@
  * The claim under test: graphs take the CPU's launch work off the critical
  * path, so a rank whose launching thread gets descheduled falls behind less,
  * and the others wait less for it in the all-reduce. Every rank is a thread
- * driving its own GPU and its own tree (docs/multi-gpu.md), and runs:
+ * (or, with --procs, a process) driving its own GPU and its own tree
+ * (docs/multi-gpu.md), with its own NCCL communicator (ncclCommInitRank on
+ * an id made by rank 0), and runs:
  *
  *   forward    L layers of gemm + relu on its own batch (cuBLAS), then the
  *              loss: the mean of the last activation, plus an injected
@@ -38,10 +40,18 @@
  * and every rank must have skipped exactly the injected steps; the weights'
  * checksum is printed so eager and tree runs can be compared (they must
  * match). Exit status 0 on success, 1 on a failed check, 2 on bad usage,
- * 3 when the run timed out (a hung collective).
+ * 3 when the run timed out (a hung collective), 77 with too few GPUs.
  *
- *   dp_train --mode tree|eager [--noise N] [--steps S] [--json FILE] [--debug]
+ * Ranks share one MAP_SHARED mapping made before any thread or fork (the
+ * results, a process-shared barrier, the NCCL id), so threads and
+ * processes run the same code; with --procs this process forks the ranks
+ * before it touches CUDA and only waits, runs the noise and reports.
+ *
+ *   dp_train --mode tree|eager [--procs] [--noise N] [--steps S] [--json FILE] [--debug]
  */
+/* MAP_ANONYMOUS is not POSIX; the build defines _POSIX_C_SOURCE. */
+#define _DEFAULT_SOURCE
+
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -50,6 +60,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -75,6 +87,7 @@ typedef struct config {
   double noise_duty;
   int noise_period_us;
   int debug;
+  int procs; /* ranks are processes (fork) instead of threads */
   int timeout_s;
   const char *json;
   const char *label;
@@ -83,12 +96,12 @@ typedef struct config {
 static void usage(void) {
   fprintf(stderr,
           "usage: dp_train [--mode tree|eager] [--ranks R] [--steps S] [--warmup W] [--layers L] [--hidden H]\n"
-          "                [--skip-every K] [--noise N] [--noise-duty D] [--noise-period-us P] [--debug]\n"
+          "                [--skip-every K] [--noise N] [--noise-duty D] [--noise-period-us P] [--debug] [--procs]\n"
           "                [--timeout S] [--json FILE] [--label TEXT]\n");
 }
 
 static int parse(int argc, char **argv, config *c) {
-  *c = (config){CGT_MODE_TREE, 2, 2000, 50, 8, 512, 10, 0, 0.5, 1000, 0, 240, NULL, ""};
+  *c = (config){CGT_MODE_TREE, 2, 2000, 50, 8, 512, 10, 0, 0.5, 1000, 0, 0, 240, NULL, ""};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -127,6 +140,8 @@ static int parse(int argc, char **argv, config *c) {
       i++;
     } else if (!strcmp(a, "--debug")) {
       c->debug = 1;
+    } else if (!strcmp(a, "--procs")) {
+      c->procs = 1;
     } else {
       return 0;
     }
@@ -187,6 +202,14 @@ static double now_ns(void) {
   return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
 }
 
+static uint64_t fnv1a(const void *p, size_t n) {
+  const unsigned char *b = p;
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < n; i++)
+    h = (h ^ b[i]) * 0x100000001b3ull;
+  return h;
+}
+
 /* --------------------------------------------------------------- a rank */
 
 typedef struct shared shared;
@@ -206,18 +229,34 @@ typedef struct rank_state {
   size_t grad_floats; /* GRAD_HEAD + layers * w_floats */
   float *x, *w, *scale, *inject; /* caller memory */
   int *counter;
-  uint64_t *stamps; /* [total steps][2] */
-  /* Results, per step (total steps). */
-  double *t_begin, *t_end;
+  uint64_t *stamps; /* device: [total steps][2] global-timer stamps */
+  struct rank_result *res;
+} rank_state;
+
+/* What a rank leaves for main, in memory shared by the ranks whether they
+ * are threads or processes (a MAP_SHARED mapping made before any fork,
+ * so its pointers are valid everywhere). Arrays have one entry per step,
+ * warmup included. */
+typedef struct rank_result {
+  double *t_begin, *t_end; /* host CLOCK_MONOTONIC, ns */
   int *skipped;
   uint64_t *hashes;
-} rank_state;
+  double *allreduce_us; /* device time of the all-reduce */
+  uint64_t weights_fnv; /* of the final weights' bytes */
+  float scale;          /* the final loss scale */
+  int weights_finite;
+  int done;             /* the rank finished and filled everything */
+  int nccl_version;
+  char device[256];
+  cgt_stats stats;
+} rank_result;
 
 struct shared {
   const config *cfg;
-  pthread_barrier_t barrier;
+  pthread_barrier_t barrier; /* process-shared */
+  ncclUniqueId nccl_id;      /* made by rank 0 */
   uint64_t step_hash[MAX_RANKS];
-  rank_state ranks[MAX_RANKS];
+  rank_result res[MAX_RANKS];
 };
 
 static cgt_status seg_forward(cgt_launch *l, void *user) {
@@ -333,6 +372,12 @@ static int injected(const config *c, int step) { return c->skip_every > 0 && ste
 static void rank_setup(rank_state *r) {
   const config *c = r->cfg;
   int rank = r->rank, total = c->warmup + c->steps;
+  int ndev = 0;
+  if (!cgt_cuda_available() || cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < c->ranks) {
+    fprintf(stderr, "dp_train: rank %d: %d rank(s) need as many GPUs; %d usable\n", rank, c->ranks, ndev);
+    fflush(stderr);
+    _exit(77); /* the same answer on every rank, before any of them waits for another */
+  }
   CUDA_TRY(rank, cudaSetDevice(rank));
   cgt_options o;
   cgt_options_init(&o);
@@ -363,11 +408,7 @@ static void rank_setup(rank_state *r) {
   size_t wn = (size_t)c->layers * r->w_floats;
   float *host = malloc((wn > r->act_floats ? wn : r->act_floats) * sizeof(float));
   float *inj = calloc((size_t)total, sizeof(float));
-  r->t_begin = calloc((size_t)total, sizeof(double));
-  r->t_end = calloc((size_t)total, sizeof(double));
-  r->skipped = calloc((size_t)total, sizeof(int));
-  r->hashes = calloc((size_t)total, sizeof(uint64_t));
-  if (!host || !inj || !r->t_begin || !r->t_end || !r->skipped || !r->hashes)
+  if (!host || !inj)
     die(rank, "out of host memory");
   CGT_TRY(rank, NULL, r->k->dev_alloc(r->act_floats * sizeof(float), (void **)&r->x));
   CGT_TRY(rank, NULL, r->k->dev_alloc(wn * sizeof(float), (void **)&r->w));
@@ -389,6 +430,52 @@ static void rank_setup(rank_state *r) {
   CGT_TRY(rank, NULL, r->k->upload(r->counter, &zero, sizeof zero));
   free(host);
   free(inj);
+  /* One communicator per rank: rank 0 makes the id, every rank joins. */
+  if (rank == 0) {
+    ncclResult_t nr = ncclGetUniqueId(&r->sh->nccl_id);
+    if (nr != ncclSuccess)
+      die(rank, "ncclGetUniqueId: %s", ncclGetErrorString(nr));
+  }
+  pthread_barrier_wait(&r->sh->barrier);
+  ncclResult_t nr = ncclCommInitRank(&r->comm, c->ranks, r->sh->nccl_id, rank);
+  if (nr != ncclSuccess)
+    die(rank, "ncclCommInitRank: %s", ncclGetErrorString(nr));
+}
+
+/* Reads the results back into r->res, then frees everything the rank made. */
+static void rank_finish(rank_state *r) {
+  const config *c = r->cfg;
+  int rank = r->rank, total = c->warmup + c->steps;
+  rank_result *res = r->res;
+  size_t wn = (size_t)c->layers * r->w_floats;
+  float *w = malloc(wn * sizeof(float));
+  uint64_t *stamps = malloc((size_t)total * 2 * sizeof(uint64_t));
+  if (!w || !stamps)
+    die(rank, "out of host memory");
+  CGT_TRY(rank, r->t, cgt_sync(r->t));
+  CGT_TRY(rank, NULL, r->k->download(w, r->w, wn * sizeof(float)));
+  CGT_TRY(rank, NULL, r->k->download(&res->scale, r->scale, sizeof(float)));
+  CGT_TRY(rank, NULL, r->k->download(stamps, r->stamps, (size_t)total * 2 * sizeof(uint64_t)));
+  res->weights_fnv = fnv1a(w, wn * sizeof(float));
+  res->weights_finite = 1;
+  for (size_t i = 0; i < wn; i++)
+    res->weights_finite &= isfinite(w[i]) != 0;
+  for (int s = 0; s < total; s++)
+    res->allreduce_us[s] = (double)(stamps[2 * s + 1] - stamps[2 * s]) / 1e3;
+  CGT_TRY(rank, r->t, cgt_tree_stats(r->t, &res->stats));
+  struct cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, rank) == cudaSuccess)
+    snprintf(res->device, sizeof res->device, "%s", prop.name);
+  (void)ncclGetVersion(&res->nccl_version);
+  free(w);
+  free(stamps);
+  r->k->ctx_destroy(r->ctx);
+  cgt_tree_destroy(r->t);
+  CUDA_TRY(rank, cudaStreamDestroy(r->stream));
+  r->k->dev_free(r->x), r->k->dev_free(r->w), r->k->dev_free(r->scale);
+  r->k->dev_free(r->inject), r->k->dev_free(r->counter), r->k->dev_free(r->stamps);
+  (void)ncclCommDestroy(r->comm);
+  res->done = 1;
 }
 
 static void rank_step(shared *sh, rank_state *r, int step) {
@@ -396,7 +483,8 @@ static void rank_step(shared *sh, rank_state *r, int step) {
   int rank = r->rank;
   cgt_tree *t = r->t;
   size_t wn = (size_t)c->layers * r->w_floats;
-  r->t_begin[step] = now_ns();
+  rank_result *res = r->res;
+  res->t_begin[step] = now_ns();
   CGT_TRY(rank, t, cgt_step_begin(t));
   cgt_arg fa[4] = {cgt_arg_static(r->x, r->act_floats * sizeof(float)), cgt_arg_static(r->w, wn * sizeof(float)),
                    cgt_arg_static(r->inject, (size_t)(c->warmup + c->steps) * sizeof(float)),
@@ -413,8 +501,8 @@ static void rank_step(shared *sh, rank_state *r, int step) {
   float loss = 0;
   CGT_TRY(rank, t, cgt_value_copy_out(t, grads, &loss, sizeof loss));
   CGT_TRY(rank, t, cgt_sync(t));
-  r->skipped[step] = !isfinite(loss);
-  if (!r->skipped[step]) {
+  res->skipped[step] = !isfinite(loss);
+  if (!res->skipped[step]) {
     cgt_arg ua[2] = {fa[1], cgt_arg_value(grads)};
     CGT_TRY(rank, t, cgt_run(t, r->update, 0, ua, 2, NULL, 0));
   } else {
@@ -422,16 +510,16 @@ static void rank_step(shared *sh, rank_state *r, int step) {
     CGT_TRY(rank, t, cgt_run(t, r->backoff, 0, &sa, 1, NULL, 0));
   }
   CGT_TRY(rank, t, cgt_sync(t));
-  r->t_end[step] = now_ns();
-  CGT_TRY(rank, t, cgt_tree_path_hash(t, &r->hashes[step]));
+  res->t_end[step] = now_ns();
+  CGT_TRY(rank, t, cgt_tree_path_hash(t, &res->hashes[step]));
   if (c->debug) {
     /* Ranks that disagree here would issue different collectives next. */
-    sh->step_hash[rank] = r->hashes[step];
+    sh->step_hash[rank] = res->hashes[step];
     pthread_barrier_wait(&sh->barrier);
     for (int o = 0; o < c->ranks; o++)
-      if (sh->step_hash[o] != r->hashes[step])
+      if (sh->step_hash[o] != res->hashes[step])
         die(rank, "step %d: path hash %016llx, rank %d has %016llx: the ranks took different paths", step,
-            (unsigned long long)r->hashes[step], o, (unsigned long long)sh->step_hash[o]);
+            (unsigned long long)res->hashes[step], o, (unsigned long long)sh->step_hash[o]);
     pthread_barrier_wait(&sh->barrier);
   }
 }
@@ -447,6 +535,7 @@ static void *rank_main(void *arg) {
       pthread_barrier_wait(&sh->barrier); /* the measured steps start together */
     rank_step(sh, r, s);
   }
+  rank_finish(r);
   return NULL;
 }
 
@@ -519,13 +608,125 @@ static double mean(const double *v, int n) {
   return n ? s / n : 0;
 }
 
-static uint64_t fnv1a(const void *p, size_t n) {
-  const unsigned char *b = p;
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (size_t i = 0; i < n; i++)
-    h = (h ^ b[i]) * 0x100000001b3ull;
-  return h;
+/* ------------------------------------------------------- shared memory */
+
+/* One MAP_SHARED mapping for everything the ranks and main share, made
+ * before any thread or fork: the same addresses in every process. */
+static shared *shared_map(const config *c, size_t *bytes_out) {
+  size_t total = (size_t)(c->warmup + c->steps);
+  size_t head = (sizeof(shared) + 63) / 64 * 64;
+  size_t per_rank = total * (3 * sizeof(double) + sizeof(uint64_t) + sizeof(int));
+  size_t bytes = head + (size_t)c->ranks * (per_rank + 64);
+  void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED)
+    return NULL;
+  shared *sh = m; /* zero-filled */
+  char *p = (char *)m + head;
+  for (int r = 0; r < c->ranks; r++) {
+    rank_result *res = &sh->res[r];
+    res->t_begin = (double *)(void *)p, p += total * sizeof(double);
+    res->t_end = (double *)(void *)p, p += total * sizeof(double);
+    res->allreduce_us = (double *)(void *)p, p += total * sizeof(double);
+    res->hashes = (uint64_t *)(void *)p, p += total * sizeof(uint64_t);
+    res->skipped = (int *)(void *)p, p += total * sizeof(int);
+    p += 64 - (uintptr_t)p % 64;
+  }
+  pthread_barrierattr_t attr;
+  if (pthread_barrierattr_init(&attr) != 0 || pthread_barrierattr_setpshared(&attr, PTHREAD_PROCESS_SHARED) != 0 ||
+      pthread_barrier_init(&sh->barrier, &attr, (unsigned)c->ranks) != 0) {
+    munmap(m, bytes);
+    return NULL;
+  }
+  pthread_barrierattr_destroy(&attr);
+  sh->cfg = c;
+  *bytes_out = bytes;
+  return sh;
 }
+
+/* Ranks as processes: fork them all before this process touches CUDA, wait
+ * for them, and kill the rest as soon as one fails (they would wait for it
+ * in the next collective). Returns 0, 77 when every rank skipped, or 1. */
+static int run_processes(shared *sh, const config *c) {
+  pid_t pids[MAX_RANKS];
+  int n = 0, result = 0, skipped = 0;
+  fflush(stdout);
+  fflush(stderr);
+  for (; n < c->ranks; n++) {
+    pids[n] = fork();
+    if (pids[n] < 0) {
+      fprintf(stderr, "dp_train: fork failed\n");
+      result = 1;
+      break;
+    }
+    if (pids[n] == 0) {
+      alarm((unsigned)c->timeout_s);
+      rank_state r;
+      memset(&r, 0, sizeof r);
+      r.cfg = c;
+      r.sh = sh;
+      r.rank = n;
+      r.res = &sh->res[n];
+      rank_main(&r);
+      fflush(stdout);
+      _exit(0);
+    }
+  }
+  noise z;
+  if (!noise_start(&z, c)) {
+    fprintf(stderr, "dp_train: could not start %d noise threads\n", c->noise_threads);
+    result = 1;
+  }
+  for (int left = n; left > 0; left--) {
+    int status = 0;
+    pid_t pid = waitpid(-1, &status, 0);
+    if (pid < 0)
+      break;
+    for (int i = 0; i < n; i++)
+      if (pids[i] == pid)
+        pids[i] = 0;
+    int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+    if (code == 77) {
+      skipped++;
+    } else if (code != 0 && result == 0) {
+      fprintf(stderr, "dp_train: a rank process ended with status %d; stopping the others\n", code);
+      result = 1;
+    }
+    if (result != 0)
+      for (int i = 0; i < n; i++)
+        if (pids[i] > 0)
+          kill(pids[i], SIGKILL);
+  }
+  noise_stop(&z);
+  if (result == 0 && skipped > 0)
+    return 77;
+  return result;
+}
+
+static int run_threads(shared *sh, const config *c) {
+  static rank_state ranks[MAX_RANKS];
+  pthread_t th[MAX_RANKS];
+  noise z;
+  if (!noise_start(&z, c)) {
+    fprintf(stderr, "dp_train: could not start %d noise threads\n", c->noise_threads);
+    return 1;
+  }
+  for (int r = 0; r < c->ranks; r++) {
+    ranks[r].cfg = c;
+    ranks[r].sh = sh;
+    ranks[r].rank = r;
+    ranks[r].res = &sh->res[r];
+    if (pthread_create(&th[r], NULL, rank_main, &ranks[r]) != 0) {
+      fprintf(stderr, "dp_train: pthread_create failed\n");
+      _exit(1); /* the ranks already started would wait for this one */
+    }
+  }
+  for (int r = 0; r < c->ranks; r++)
+    pthread_join(th[r], NULL);
+  noise_stop(&z);
+  return 0;
+}
+
+/* ------------------------------------------------------------------ main */
 
 int main(int argc, char **argv) {
   config cfg;
@@ -533,115 +734,68 @@ int main(int argc, char **argv) {
     usage();
     return 2;
   }
-  int ndev = 0;
-  if (!cgt_cuda_available() || cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < cfg.ranks) {
-    fprintf(stderr, "dp_train: %d rank(s) need as many GPUs; %d usable\n", cfg.ranks, ndev);
-    return 77;
-  }
-  signal(SIGALRM, on_alarm);
-  alarm((unsigned)cfg.timeout_s);
-  int total = cfg.warmup + cfg.steps;
-
-  static shared sh;
-  sh.cfg = &cfg;
-  pthread_barrier_init(&sh.barrier, NULL, (unsigned)cfg.ranks);
-  ncclComm_t comms[MAX_RANKS];
-  int devs[MAX_RANKS];
-  for (int r = 0; r < cfg.ranks; r++)
-    devs[r] = r;
-  ncclResult_t nr = ncclCommInitAll(comms, cfg.ranks, devs);
-  if (nr != ncclSuccess) {
-    fprintf(stderr, "dp_train: ncclCommInitAll: %s\n", ncclGetErrorString(nr));
-    return 1;
-  }
-  noise z;
-  if (!noise_start(&z, &cfg)) {
-    fprintf(stderr, "dp_train: could not start %d noise threads\n", cfg.noise_threads);
-    return 1;
-  }
-  pthread_t th[MAX_RANKS];
-  double wall0 = now_ns();
-  for (int r = 0; r < cfg.ranks; r++) {
-    sh.ranks[r].cfg = &cfg;
-    sh.ranks[r].sh = &sh;
-    sh.ranks[r].rank = r;
-    sh.ranks[r].comm = comms[r];
-    if (pthread_create(&th[r], NULL, rank_main, &sh.ranks[r]) != 0) {
-      fprintf(stderr, "dp_train: pthread_create failed\n");
-      return 1;
+  /* Processes must not touch CUDA before they fork: each rank checks the
+   * device count itself (rank_setup). */
+  if (!cfg.procs) {
+    int ndev = 0;
+    if (!cgt_cuda_available() || cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < cfg.ranks) {
+      fprintf(stderr, "dp_train: %d rank(s) need as many GPUs; %d usable\n", cfg.ranks, ndev);
+      return 77;
     }
   }
-  for (int r = 0; r < cfg.ranks; r++)
-    pthread_join(th[r], NULL);
+  signal(SIGALRM, on_alarm);
+  alarm((unsigned)cfg.timeout_s + 5);
+  int total = cfg.warmup + cfg.steps;
+  size_t map_bytes = 0;
+  shared *sh = shared_map(&cfg, &map_bytes);
+  if (!sh) {
+    fprintf(stderr, "dp_train: no shared memory\n");
+    return 1;
+  }
+  double wall0 = now_ns();
+  int rc = cfg.procs ? run_processes(sh, &cfg) : run_threads(sh, &cfg);
   double wall_s = (now_ns() - wall0) / 1e9;
-  noise_stop(&z);
+  if (rc != 0)
+    return rc;
 
-  /* Correctness: the same skips and path hashes on every rank, the same
-   * weights everywhere. */
-  int failed = 0, expected_skips = 0;
+  /* Correctness: every rank done, the same skips and path hashes on every
+   * rank, the same final weights everywhere. */
+  int failed = 0, expected_skips = 0, R = cfg.ranks, n = cfg.steps;
   for (int s = 0; s < total; s++)
     expected_skips += injected(&cfg, s);
-  size_t wn = (size_t)cfg.layers * (size_t)cfg.hidden * (size_t)cfg.hidden;
-  float *w0 = malloc(wn * sizeof(float)), *wr = malloc(wn * sizeof(float));
-  uint64_t checksum = 0;
-  float scale0 = 0;
-  for (int r = 0; r < cfg.ranks && w0 && wr; r++) {
-    rank_state *rs = &sh.ranks[r];
-    for (int s = 0; s < total; s++) {
-      if (rs->skipped[s] != injected(&cfg, s) || rs->hashes[s] != sh.ranks[0].hashes[s]) {
+  for (int r = 0; r < R; r++) {
+    rank_result *res = &sh->res[r];
+    if (!res->done) {
+      fprintf(stderr, "dp_train: rank %d did not finish\n", r);
+      return 1;
+    }
+    for (int s = 0; s < total; s++)
+      if (res->skipped[s] != injected(&cfg, s) || res->hashes[s] != sh->res[0].hashes[s]) {
         fprintf(stderr, "dp_train: rank %d, step %d: skipped %d (injected %d), path hash %s rank 0's\n", r, s,
-                rs->skipped[s], injected(&cfg, s), rs->hashes[s] == sh.ranks[0].hashes[s] ? "equals" : "differs from");
+                res->skipped[s], injected(&cfg, s), res->hashes[s] == sh->res[0].hashes[s] ? "equals" : "differs from");
         failed = 1;
         break;
       }
-    }
-    (void)cudaSetDevice(r);
-    float sc = 0;
-    if (rs->k->download(r ? wr : w0, rs->w, wn * sizeof(float)) != CGT_OK ||
-        rs->k->download(&sc, rs->scale, sizeof sc) != CGT_OK) {
-      fprintf(stderr, "dp_train: rank %d: reading the weights back failed\n", r);
+    if (!res->weights_finite) {
+      fprintf(stderr, "dp_train: rank %d: some final weights are not finite\n", r);
       failed = 1;
-      continue;
     }
-    if (r == 0) {
-      checksum = fnv1a(w0, wn * sizeof(float));
-      scale0 = sc;
-      for (size_t i = 0; i < wn; i++)
-        if (!isfinite(w0[i])) {
-          fprintf(stderr, "dp_train: rank 0: weight %zu is not finite\n", i);
-          failed = 1;
-          break;
-        }
-    } else if (memcmp(w0, wr, wn * sizeof(float)) != 0 || sc != scale0) {
+    if (res->weights_fnv != sh->res[0].weights_fnv || res->scale != sh->res[0].scale) {
       fprintf(stderr, "dp_train: rank %d's weights or loss scale differ from rank 0's\n", r);
       failed = 1;
     }
   }
 
   /* Timing, over the measured steps. */
-  int n = cfg.steps, R = cfg.ranks;
-  double *v = malloc((size_t)n * sizeof(double)), *ar = malloc((size_t)n * R * sizeof(double));
-  double *spread = malloc((size_t)n * sizeof(double));
-  uint64_t *stamps = malloc((size_t)total * 2 * sizeof(uint64_t));
-  if (!v || !ar || !spread || !stamps) {
+  double *v = malloc((size_t)n * sizeof(double)), *spread = malloc((size_t)n * sizeof(double));
+  if (!v || !spread) {
     fprintf(stderr, "dp_train: out of host memory\n");
     return 1;
-  }
-  for (int r = 0; r < R; r++) {
-    (void)cudaSetDevice(r);
-    if (sh.ranks[r].k->download(stamps, sh.ranks[r].stamps, (size_t)total * 2 * sizeof(uint64_t)) != CGT_OK) {
-      fprintf(stderr, "dp_train: rank %d: reading the timestamps back failed\n", r);
-      return 1;
-    }
-    for (int s = 0; s < n; s++) {
-      int g = cfg.warmup + s;
-      ar[(size_t)s * R + r] = (double)(stamps[2 * g + 1] - stamps[2 * g]) / 1e3;
-    }
   }
   for (int s = 0; s < n; s++) {
     double lo = 1e300, hi = -1e300;
     for (int r = 0; r < R; r++) {
-      double e = sh.ranks[r].t_end[cfg.warmup + s];
+      double e = sh->res[r].t_end[cfg.warmup + s];
       lo = e < lo ? e : lo;
       hi = e > hi ? e : hi;
     }
@@ -650,44 +804,43 @@ int main(int argc, char **argv) {
   double spread_mean = mean(spread, n);
   double spread_p50 = pct(spread, n, 0.5), spread_p99 = pct(spread, n, 0.99), spread_max = spread[n - 1];
 
-  char dev_name[256] = "unknown";
-  struct cudaDeviceProp prop;
-  if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess)
-    snprintf(dev_name, sizeof dev_name, "%s", prop.name);
-  int ncclv = 0;
-  (void)ncclGetVersion(&ncclv);
   const char *mode = cfg.mode == CGT_MODE_TREE ? "tree" : "eager";
-  printf("dp_train %s: mode %s, %d ranks (%s, NCCL %d), %d layers of %dx%d, %d steps after %d warmup, "
+  const rank_result *r0 = &sh->res[0];
+  printf("dp_train %s: mode %s, %d ranks as %s (%s, NCCL %d), %d layers of %dx%d, %d steps after %d warmup, "
          "%d skipped, noise %d threads at %.0f%% of %d us; %.1f s\n",
-         cfg.label, mode, R, dev_name, ncclv, cfg.layers, cfg.hidden, cfg.hidden, n, cfg.warmup, expected_skips,
-         cfg.noise_threads, cfg.noise_duty * 100, cfg.noise_period_us, wall_s);
+         cfg.label, mode, R, cfg.procs ? "processes" : "threads", r0->device, r0->nccl_version, cfg.layers, cfg.hidden,
+         cfg.hidden, n, cfg.warmup, expected_skips, cfg.noise_threads, cfg.noise_duty * 100, cfg.noise_period_us,
+         wall_s);
   printf("  rank  step_p50_us  step_p99_us  step_mean_us  ar_p50_us  ar_p99_us  wait_p50_us  wait_p99_us  wait_mean_us\n");
   FILE *js = cfg.json ? fopen(cfg.json, "a") : NULL;
   if (cfg.json && !js)
     fprintf(stderr, "dp_train: cannot open %s for appending\n", cfg.json);
   if (js)
     fprintf(js,
-            "{\"bench\": \"dp_train\", \"label\": \"%s\", \"mode\": \"%s\", \"ranks\": %d, \"device\": \"%s\", "
-            "\"nccl\": %d, \"layers\": %d, \"hidden\": %d, \"steps\": %d, \"warmup\": %d, \"skipped\": %d, "
-            "\"noise_threads\": %d, \"noise_duty\": %.2f, \"noise_period_us\": %d, \"wall_s\": %.2f, "
+            "{\"bench\": \"dp_train\", \"label\": \"%s\", \"mode\": \"%s\", \"ranks\": %d, \"rank_kind\": \"%s\", "
+            "\"device\": \"%s\", \"nccl\": %d, \"layers\": %d, \"hidden\": %d, \"steps\": %d, \"warmup\": %d, "
+            "\"skipped\": %d, \"noise_threads\": %d, \"noise_duty\": %.2f, \"noise_period_us\": %d, \"wall_s\": %.2f, "
             "\"weights_fnv1a\": \"%016llx\", \"ok\": %s, \"spread_mean_us\": %.2f, \"spread_p50_us\": %.2f, "
             "\"spread_p99_us\": %.2f, \"spread_max_us\": %.2f, \"per_rank\": [",
-            cfg.label, mode, R, dev_name, ncclv, cfg.layers, cfg.hidden, n, cfg.warmup, expected_skips,
-            cfg.noise_threads, cfg.noise_duty, cfg.noise_period_us, wall_s, (unsigned long long)checksum,
-            failed ? "false" : "true", spread_mean, spread_p50, spread_p99, spread_max);
+            cfg.label, mode, R, cfg.procs ? "processes" : "threads", r0->device, r0->nccl_version, cfg.layers,
+            cfg.hidden, n, cfg.warmup, expected_skips, cfg.noise_threads, cfg.noise_duty, cfg.noise_period_us, wall_s,
+            (unsigned long long)r0->weights_fnv, failed ? "false" : "true", spread_mean, spread_p50, spread_p99,
+            spread_max);
   for (int r = 0; r < R; r++) {
-    rank_state *rs = &sh.ranks[r];
+    const rank_result *res = &sh->res[r];
     for (int s = 0; s < n; s++)
-      v[s] = (rs->t_end[cfg.warmup + s] - rs->t_begin[cfg.warmup + s]) / 1e3;
+      v[s] = (res->t_end[cfg.warmup + s] - res->t_begin[cfg.warmup + s]) / 1e3;
     double step_mean = mean(v, n), step_p50 = pct(v, n, 0.5), step_p99 = pct(v, n, 0.99);
     for (int s = 0; s < n; s++)
-      v[s] = ar[(size_t)s * R + r];
+      v[s] = res->allreduce_us[cfg.warmup + s];
     double ar_p50 = pct(v, n, 0.5), ar_p99 = pct(v, n, 0.99);
+    /* The wait: this rank's all-reduce time minus the shortest of any rank
+     * in the same step. */
     for (int s = 0; s < n; s++) {
       double lo = 1e300;
       for (int o = 0; o < R; o++)
-        lo = ar[(size_t)s * R + o] < lo ? ar[(size_t)s * R + o] : lo;
-      v[s] = ar[(size_t)s * R + r] - lo;
+        lo = sh->res[o].allreduce_us[cfg.warmup + s] < lo ? sh->res[o].allreduce_us[cfg.warmup + s] : lo;
+      v[s] = res->allreduce_us[cfg.warmup + s] - lo;
     }
     double wait_mean = mean(v, n), wait_p50 = pct(v, n, 0.5), wait_p99 = pct(v, n, 0.99);
     printf("  %4d  %11.1f  %11.1f  %12.1f  %9.1f  %9.1f  %11.1f  %11.1f  %12.1f\n", r, step_p50, step_p99, step_mean,
@@ -701,32 +854,18 @@ int main(int argc, char **argv) {
   }
   printf("  step-end spread across ranks: mean %.1f us, p50 %.1f us, p99 %.1f us, max %.1f us\n", spread_mean,
          spread_p50, spread_p99, spread_max);
-  if (cfg.mode == CGT_MODE_TREE) {
-    cgt_stats st;
-    if (cgt_tree_stats(sh.ranks[0].t, &st) == CGT_OK)
-      printf("  rank 0 tree: %llu nodes, %llu recordings, %llu replays, %llu eager runs\n",
-             (unsigned long long)st.nodes, (unsigned long long)st.recordings, (unsigned long long)st.replays,
-             (unsigned long long)st.eager_runs);
-  }
-  printf("  weights fnv1a %016llx, equal on all ranks: %s; loss scale %g\n", (unsigned long long)checksum,
-         failed ? "NO" : "yes", (double)scale0);
+  printf("  rank 0 tree: %llu nodes, %llu recordings, %llu replays, %llu eager runs\n",
+         (unsigned long long)r0->stats.nodes, (unsigned long long)r0->stats.recordings,
+         (unsigned long long)r0->stats.replays, (unsigned long long)r0->stats.eager_runs);
+  printf("  weights fnv1a %016llx, equal on all ranks: %s; loss scale %g\n", (unsigned long long)r0->weights_fnv,
+         failed ? "NO" : "yes", (double)r0->scale);
   if (js) {
     fprintf(js, "]}\n");
     fclose(js);
   }
-  for (int r = 0; r < R; r++) {
-    rank_state *rs = &sh.ranks[r];
-    (void)cudaSetDevice(r);
-    (void)cgt_sync(rs->t);
-    rs->k->ctx_destroy(rs->ctx);
-    cgt_tree_destroy(rs->t);
-    (void)cudaStreamDestroy(rs->stream);
-    rs->k->dev_free(rs->x), rs->k->dev_free(rs->w), rs->k->dev_free(rs->scale);
-    rs->k->dev_free(rs->inject), rs->k->dev_free(rs->counter), rs->k->dev_free(rs->stamps);
-    free(rs->t_begin), free(rs->t_end), free(rs->skipped), free(rs->hashes);
-    ncclCommDestroy(comms[r]);
-  }
-  free(v), free(ar), free(spread), free(stamps), free(w0), free(wr);
-  pthread_barrier_destroy(&sh.barrier);
+  free(v);
+  free(spread);
+  pthread_barrier_destroy(&sh->barrier);
+  munmap(sh, map_bytes);
   return failed;
 }

@@ -10,9 +10,11 @@
 # -Dcuda=enabled -Dnccl=enabled of the two targets it needs; the multigpu
 # test suite (test/test_multigpu: a tree on a non-current device, and
 # all-reduce segments replayed against eager on both ranks, the skip branch
-# included); dp_train once with --debug (path hashes compared across the
-# ranks every step); then dp_train in the four measured configurations,
-# eager and tree, each without and with CPU noise; then the table.
+# included); dp_train with --debug (path hashes compared across the ranks
+# every step; threads, and once processes); then dp_train in the four
+# measured configurations, eager and tree, each without and with CPU noise,
+# ranks as threads; then, while the time allows, eager and tree with noise
+# and ranks as processes; then the table.
 #
 # Every stage logs and a failing stage does not stop the next ones. Files
 # under $OUT (6):
@@ -111,13 +113,27 @@ if [ $built = 1 ]; then
   stage "dp_train --debug (path hashes compared across ranks every step)"
   dp debug-tree --mode tree --steps 300 --warmup 20 --debug
   dp debug-eager --mode eager --steps 300 --warmup 20 --debug
-  tail -n 20 "$log"
+  dp debug-tree-procs --mode tree --procs --steps 200 --warmup 20 --debug
+  grep -E "^dp_train|weights|spread|dp_train:" "$log" | tail -n 12
 
   for cfg in "eager 0" "tree 0" "eager $NOISE" "tree $NOISE"; do
     set -- $cfg
     stage "dp_train: $1, noise $2 threads"
     dp "$1-noise$2" --mode "$1" --noise "$2" --noise-duty "$DUTY" --steps "$STEPS" --warmup "$WARMUP" --json "$json"
     grep -A8 "^dp_train $1-noise$2:" "$log" | head -9
+  done
+
+  # Ranks as processes (one per GPU, as torchrun starts them), with noise,
+  # while the time allows (the whole script should stay near 4 minutes).
+  for m in eager tree; do
+    if [ $(($(date +%s) - start)) -lt "${MGPU_PROCS_UNTIL_S:-180}" ]; then
+      stage "dp_train: $m, processes, noise $NOISE threads"
+      dp "$m-procs-noise$NOISE" --mode "$m" --procs --noise "$NOISE" --noise-duty "$DUTY" --steps "$STEPS" \
+        --warmup "$WARMUP" --json "$json"
+      grep -A8 "^dp_train $m-procs-noise$NOISE:" "$log" | head -9
+    else
+      echo "dp_train $m with processes: skipped, $(($(date +%s) - start)) s are gone"
+    fi
   done
 fi
 
@@ -135,11 +151,11 @@ print(f"{r0['layers']} layers of {r0['hidden']}x{r0['hidden']} fp32 (batch {r0['
       f"after {r0['warmup']} warmup, {r0['skipped']} skip steps in all; noise = busy host threads at "
       f"{r0['noise_duty']*100:.0f}% of every {r0['noise_period_us']} us. Times in us.")
 print()
-print("| mode | noise threads | rank | step p50 | step p99 | step mean | all-reduce p50 | all-reduce p99 | wait p50 | wait p99 | wait mean | step-end spread p50 | spread p99 | spread max | ok |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+print("| mode | ranks as | noise threads | rank | step p50 | step p99 | step mean | all-reduce p50 | all-reduce p99 | wait p50 | wait p99 | wait mean | step-end spread p50 | spread p99 | spread max | ok |")
+print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
 for r in rows:
     for p in r["per_rank"]:
-        print(f"| {r['mode']} | {r['noise_threads']} | {p['rank']} | {p['step_p50_us']:.1f} | {p['step_p99_us']:.1f} | "
+        print(f"| {r['mode']} | {r.get('rank_kind', 'threads')} | {r['noise_threads']} | {p['rank']} | {p['step_p50_us']:.1f} | {p['step_p99_us']:.1f} | "
               f"{p['step_mean_us']:.1f} | {p['allreduce_p50_us']:.1f} | {p['allreduce_p99_us']:.1f} | "
               f"{p['wait_p50_us']:.1f} | {p['wait_p99_us']:.1f} | {p['wait_mean_us']:.1f} | "
               f"{r['spread_p50_us']:.1f} | {r['spread_p99_us']:.1f} | {r['spread_max_us']:.1f} | {'yes' if r['ok'] else 'NO'} |")
