@@ -228,13 +228,6 @@ typedef struct rank_env {
   float lr;
 } rank_env;
 
-#define RANK_NCCL(rank, call)                                                                            \
-  do {                                                                                                   \
-    ncclResult_t r_ = (call);                                                                            \
-    if (r_ != ncclSuccess)                                                                               \
-      RANK_FAIL((rank), "%s: %s", #call, ncclGetErrorString(r_));                                        \
-  } while (0)
-
 /* Inside a launch function: hand any failure back to the tree. */
 #define TRY(call)                                                                                        \
   do {                                                                                                   \
