@@ -58,38 +58,6 @@
 #define STEPS 14
 #define TIMEOUT_S 120
 
-/* A rank's failure ends the process: its peer may be waiting for it inside
- * a collective. */
-static void rank_die(int rank, const char *file, int line, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  fprintf(stderr, "%s:%d: rank %d: ", file, line, rank);
-  vfprintf(stderr, fmt, ap);
-  fprintf(stderr, "\n");
-  va_end(ap);
-  fflush(stderr);
-  fflush(stdout);
-  _exit(1);
-}
-#define RANK_FAIL(rank, ...) rank_die((rank), __FILE__, __LINE__, __VA_ARGS__)
-#define RANK_CHECK(rank, cond)                                                                           \
-  do {                                                                                                   \
-    if (!(cond))                                                                                         \
-      RANK_FAIL((rank), "check failed: %s", #cond);                                                      \
-  } while (0)
-#define RANK_OK(rank, tree, call)                                                                        \
-  do {                                                                                                   \
-    cgt_status s_ = (call);                                                                              \
-    if (s_ != CGT_OK)                                                                                    \
-      RANK_FAIL((rank), "%s: %s (%s)", #call, cgt_status_name(s_), (tree) ? cgt_tree_last_error(tree) : ""); \
-  } while (0)
-#define RANK_CUDA(rank, call)                                                                            \
-  do {                                                                                                   \
-    cudaError_t e_ = (call);                                                                             \
-    if (e_ != cudaSuccess)                                                                               \
-      RANK_FAIL((rank), "%s: %s", #call, cudaGetErrorString(e_));                                        \
-  } while (0)
-
 static void on_alarm(int sig) {
   (void)sig;
   static const char msg[] = "test_multigpu: the ranks did not finish in time (a collective hangs?)\n";
@@ -218,6 +186,39 @@ static void test_a_tree_on_another_device_runs_there_and_leaves_the_callers_devi
 
 #ifdef CGT_HAVE_NCCL
 /* ------------------------------------------------- data parallel, 2 ranks */
+
+/* A rank's failure ends the process: its peer may be waiting for it inside
+ * a collective. */
+static void rank_die(int rank, const char *file, int line, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "%s:%d: rank %d: ", file, line, rank);
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, "\n");
+  va_end(ap);
+  fflush(stderr);
+  fflush(stdout);
+  _exit(1);
+}
+#define RANK_FAIL(rank, ...) rank_die((rank), __FILE__, __LINE__, __VA_ARGS__)
+#define RANK_CHECK(rank, cond)                                                                           \
+  do {                                                                                                   \
+    if (!(cond))                                                                                         \
+      RANK_FAIL((rank), "check failed: %s", #cond);                                                      \
+  } while (0)
+#define RANK_OK(rank, tree, call)                                                                        \
+  do {                                                                                                   \
+    cgt_status s_ = (call);                                                                              \
+    if (s_ != CGT_OK)                                                                                    \
+      RANK_FAIL((rank), "%s: %s (%s)", #call, cgt_status_name(s_), (tree) ? cgt_tree_last_error(tree) : ""); \
+  } while (0)
+#define RANK_CUDA(rank, call)                                                                            \
+  do {                                                                                                   \
+    cudaError_t e_ = (call);                                                                             \
+    if (e_ != cudaSuccess)                                                                               \
+      RANK_FAIL((rank), "%s: %s", #call, cudaGetErrorString(e_));                                        \
+  } while (0)
+
 
 /* What the launch functions of one tree need. */
 typedef struct rank_env {
