@@ -274,6 +274,14 @@ static inline cgt_arg cgt_arg_dynamic(const void *ptr, size_t bytes) {
  * after create needs none. CGT_ERR_STATE inside a launch function. */
 CGT_API cgt_status cgt_step_begin(cgt_tree *t);
 
+/* Extension: a fingerprint of the current step's path so far, a running
+ * hash of (segment id, variant) over every successful cgt_run since the step
+ * began (cgt_step_begin or cgt_tree_create), the same in every mode. Two
+ * trees whose programs registered their segments in the same order and took
+ * the same path have equal hashes: data-parallel ranks compare it to catch a
+ * divergence before a collective inside a segment hangs. */
+CGT_API cgt_status cgt_tree_path_hash(const cgt_tree *t, uint64_t *out);
+
 /* Enqueues every held-back replay (defer_launch = 1) on the tree's stream
  * now, in program order. With defer_launch = 0 nothing is ever held back
  * and it returns CGT_OK at once. CGT_ERR_STATE inside a launch function.

@@ -92,6 +92,15 @@ struct backend_ops {
   /* Profiler ranges around warmup, record and replay (optional: NULL). */
   void (*range_push)(backend *b, const char *name);
   void (*range_pop)(backend *b);
+
+  /* The device a tree's calls run on (optional: NULL where there is only
+   * one, as in the simulator). device_enter makes the backend's device the
+   * calling thread's current one and returns what has to be put back
+   * afterwards: the previous device, or -1 when nothing changed.
+   * device_leave(b, saved) puts it back (a no-op for -1). It touches nothing
+   * open() made, so it may follow close(). See docs/multi-gpu.md. */
+  int (*device_enter)(backend *b);
+  void (*device_leave)(backend *b, int saved);
 };
 
 /* The CPU simulator (backend_sim.c). Where CUDA leaves a choice it takes the

@@ -29,6 +29,12 @@
  * and invalidates the capture, so chunk allocation switches the thread to
  * relaxed capture mode around the call. The memory is not part of the graph:
  * the pool owns it for the tree's life and the graph only bakes in addresses.
+ *
+ * Devices. A process may hold one tree per GPU, driven from one thread per
+ * device or all from one thread. The current device is per-thread state
+ * that belongs to the caller, so open() puts it back after it made the
+ * stream, and device_enter/device_leave let the tree run every later call on
+ * its own device and then restore the caller's (docs/multi-gpu.md).
  */
 #include <stdio.h>
 #include <string.h>
@@ -102,15 +108,67 @@ static cgt_status fail(backend *b, const char *call, cudaError_t e) {
   return status_of(e);
 }
 
+/* 1 if `device`'s primary context exists, or if we cannot tell. Since CUDA
+ * 12, cudaSetDevice creates the context, and a thread that never used CUDA
+ * reports device 0 without having a context there: "restoring" device 0
+ * would put a context (hundreds of MiB) on GPU 0 in every rank's process.
+ * The driver's answer comes through the runtime, so the library does not
+ * link libcuda. */
+static int device_has_context(int device) {
+#if CUDART_VERSION >= 12050
+  typedef int (*get_state_fn)(int dev, unsigned int *flags, int *active);
+  void *sym = NULL;
+  get_state_fn get_state;
+  enum cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  if (cudaGetDriverEntryPointByVersion("cuDevicePrimaryCtxGetState", &sym, 12000, cudaEnableDefault, &found) !=
+          cudaSuccess ||
+      sym == NULL || found != cudaDriverEntryPointSuccess) {
+    (void)cudaGetLastError();
+    return 1;
+  }
+  memcpy(&get_state, &sym, sizeof get_state); /* ISO C has no cast from void * to a function pointer */
+  unsigned int flags = 0;
+  int active = 1;
+  if (get_state(device, &flags, &active) != 0)
+    return 1;
+  return active != 0;
+#else
+  (void)device;
+  return 1;
+#endif
+}
+
+/* Makes `device` current again if it is a device (-1: leave it) whose
+ * context exists; otherwise the thread stays where it is. A failure cannot
+ * be acted upon by our caller and is cleared. */
+static void restore_device(int device) {
+  int now = -1;
+  if (device < 0)
+    return;
+  if (cudaGetDevice(&now) == cudaSuccess && now == device)
+    return;
+  if (device_has_context(device))
+    (void)cudaSetDevice(device);
+  (void)cudaGetLastError();
+}
+
 static cgt_status cuda_open(backend *b, int device, void *stream) {
   cuda_state *st = calloc(1, sizeof *st);
   if (st == NULL) {
     snprintf(b->error, sizeof b->error, "cuda backend: out of host memory");
     return CGT_ERR_OUT_OF_MEMORY;
   }
+  /* The caller's current device, put back before we return. Without a
+   * driver cudaGetDevice fails; cudaSetDevice then reports why. */
+  int prev_device = -1;
+  if (cudaGetDevice(&prev_device) != cudaSuccess) {
+    prev_device = -1;
+    (void)cudaGetLastError();
+  }
   cudaError_t e = cudaSetDevice(device);
   if (e != cudaSuccess) {
     free(st);
+    restore_device(prev_device);
     cgt_status s = fail(b, "cudaSetDevice", e);
     /* A missing driver or device is reported the way the API promises. */
     if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver || e == cudaErrorStubLibrary ||
@@ -133,7 +191,9 @@ static cgt_status cuda_open(backend *b, int device, void *stream) {
     e = cudaStreamCreateWithFlags(&st->stream, cudaStreamDefault);
     if (e != cudaSuccess) {
       free(st);
-      return fail(b, "cudaStreamCreateWithFlags", e);
+      cgt_status s = fail(b, "cudaStreamCreateWithFlags", e);
+      restore_device(prev_device);
+      return s;
     }
     st->owns_stream = 1;
   }
@@ -143,6 +203,7 @@ static cgt_status cuda_open(backend *b, int device, void *stream) {
                                                              : FUSED_REPOINT_UNKNOWN;
   b->impl = st;
   b->stream = (void *)st->stream;
+  restore_device(prev_device);
   return CGT_OK;
 }
 
@@ -174,10 +235,13 @@ static void end_stray_capture(cudaStream_t stream) {
     ;
 }
 
+static int cuda_device_enter(backend *b);
+
 static void cuda_close(backend *b) {
   cuda_state *st = state_of(b);
   if (st == NULL)
     return;
+  int prev_device = cuda_device_enter(b);
   end_stray_capture(st->stream);
   /* Errors here cannot be acted upon (the tree is going away); they are
    * recorded and cleared so they do not leak into the caller's next check. */
@@ -192,6 +256,7 @@ static void cuda_close(backend *b) {
   free(st);
   b->impl = NULL;
   b->stream = NULL;
+  restore_device(prev_device);
 }
 
 /* Runs cudaMalloc or cudaFree on the backend's device in relaxed capture
@@ -549,6 +614,32 @@ static void cuda_range_pop(backend *b) {
   nvtxRangePop();
 }
 
+/* One cudaGetDevice (a thread-local read) when the tree's device is current
+ * already, which is the common case: one thread per device. */
+static int cuda_device_enter(backend *b) {
+  cuda_state *st = state_of(b);
+  int prev_device = -1;
+  if (st == NULL)
+    return -1;
+  if (cudaGetDevice(&prev_device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return -1;
+  }
+  if (prev_device == st->device)
+    return -1;
+  if (cudaSetDevice(st->device) != cudaSuccess) {
+    /* The work that follows fails on the wrong device and says so. */
+    (void)cudaGetLastError();
+    return -1;
+  }
+  return prev_device;
+}
+
+static void cuda_device_leave(backend *b, int saved) {
+  (void)b;
+  restore_device(saved);
+}
+
 const backend_ops backend_cuda_ops = {
     .name = "cuda",
     .kind = CGT_BACKEND_CUDA,
@@ -574,6 +665,8 @@ const backend_ops backend_cuda_ops = {
     .fused_destroy = cuda_fused_destroy,
     .range_push = cuda_range_push,
     .range_pop = cuda_range_pop,
+    .device_enter = cuda_device_enter,
+    .device_leave = cuda_device_leave,
 };
 
 int backend_cuda_available(void) {

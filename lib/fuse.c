@@ -255,12 +255,23 @@ static cgt_status launch_one_by_one(cgt_tree *t, node *const *held, uint32_t n) 
   return CGT_OK;
 }
 
+static cgt_status flush_held(cgt_tree *t, node *const *held, uint32_t n);
+
+/* Public calls that flush (cgt_flush, cgt_sync, cgt_value_ptr, ...) may come
+ * while another device is current: the launches go to the tree's device. */
 cgt_status fuse__flush(cgt_tree *t) {
   fuse_state *q = &t->fuse;
   uint32_t n = q->n_held;
   if (n == 0)
     return CGT_OK;
-  node *const *held = q->held;
+  int saved = tree__device_enter(t);
+  cgt_status st = flush_held(t, q->held, n);
+  tree__device_leave(t, saved);
+  return st;
+}
+
+static cgt_status flush_held(cgt_tree *t, node *const *held, uint32_t n) {
+  fuse_state *q = &t->fuse;
   q->n_held = 0; /* empty whatever happens: work is never launched twice */
   if (n == 1)
     return node__launch(t, held[0]);

@@ -12,6 +12,15 @@
  * go stale) and empties the pools, because the root's checkpoint is the
  * empty pool; the next run starts again from the roots.
  *
+ * Devices: every call that does device work runs with the tree's device
+ * current and gives the calling thread its own device back afterwards
+ * (tree__device_enter/leave), so one thread may drive trees on several GPUs.
+ *
+ * The path hash fingerprints the step so far: a running hash of (segment,
+ * variant) over every successful cgt_run since the step began. Ranks of a
+ * data-parallel job compare it to catch a divergence before a collective
+ * hangs (docs/multi-gpu.md).
+ *
  * Errors carry detail: every failing call writes a one-line message into
  * the tree (cgt_tree_last_error) and logs it at debug level. Nothing here is
  * global; everything hangs off the tree.
@@ -116,6 +125,15 @@ int tree__grow(cgt_tree *t, void **array, uint32_t *cap, uint32_t need, size_t e
   *array = p;
   *cap = (uint32_t)n;
   return 1;
+}
+
+/* ---------------------------------------------------------------- devices */
+
+int tree__device_enter(cgt_tree *t) { return t->dev.ops->device_enter ? t->dev.ops->device_enter(&t->dev) : -1; }
+
+void tree__device_leave(cgt_tree *t, int saved) {
+  if (saved >= 0 && t->dev.ops->device_leave)
+    t->dev.ops->device_leave(&t->dev, saved);
 }
 
 /* ------------------------------------------------------------------ pools */
@@ -291,6 +309,7 @@ cgt_status cgt_tree_create(const cgt_options *o, cgt_tree **out) {
   t->cur = &t->root;
   t->free_slot = VALUE_NONE;
   t->pool_synced = 1;
+  t->path_hash = PATH_HASH_START;
   const char *dot_dir = getenv("CGT_GRAPH_DOT_DIR");
   if (dot_dir && *dot_dir)
     t->graph_dot_dir = tree__strdup(t, dot_dir);
@@ -314,8 +333,11 @@ cgt_status cgt_tree_create(const cgt_options *o, cgt_tree **out) {
   st = tree__pool_create(t, &t->pool);
   if (st == CGT_OK)
     st = tree__pool_create(t, &t->side_pool);
-  if (st == CGT_OK && o->pool_reserve_bytes)
+  if (st == CGT_OK && o->pool_reserve_bytes) {
+    int saved = tree__device_enter(t);
     st = pool_reserve(t->pool, o->pool_reserve_bytes);
+    tree__device_leave(t, saved);
+  }
   if (st != CGT_OK) {
     tree__log(t, CGT_LOG_ERROR, "creating the pools: %s", cgt_status_string(st));
     cgt_tree_destroy(t);
@@ -330,6 +352,8 @@ cgt_status cgt_tree_create(const cgt_options *o, cgt_tree **out) {
 void cgt_tree_destroy(cgt_tree *t) {
   if (!t)
     return;
+  /* Graphs, chunks and the stream are freed on the tree's device. */
+  int saved = t->dev.ops ? tree__device_enter(t) : -1;
   if (t->dev.ops) {
     (void)fuse__flush(t);
     t->dev.ops->sync(&t->dev);
@@ -348,8 +372,10 @@ void cgt_tree_destroy(cgt_tree *t) {
     free(t->segments[i].name);
   pool_destroy(t->pool);
   pool_destroy(t->side_pool);
-  if (t->dev.ops)
+  if (t->dev.ops) {
     t->dev.ops->close(&t->dev);
+    tree__device_leave(t, saved);
+  }
   cgt_launch *l = &t->launch;
   free(l->in_ptr), free(l->in_bytes), free(l->in_block), free(l->in_pool), free(l->out_ptr);
   free(l->out_bytes), free(l->out_set), free(l->out_block), free(l->out_pool), free(l->allocs);
@@ -378,11 +404,15 @@ cgt_status cgt_sync(cgt_tree *t) {
     return CGT_ERR_INVALID_ARGUMENT;
   if (t->launch.active)
     return tree__fail(t, CGT_ERR_STATE, "cgt_sync: not allowed inside a launch function");
-  cgt_status st = fuse__flush(t);
-  if (st != CGT_OK)
-    return st;
-  st = t->dev.ops->sync(&t->dev);
-  return st == CGT_OK ? st : tree__backend_fail(t, st, "cgt_sync");
+  int saved = tree__device_enter(t);
+  cgt_status st = fuse__flush(t); /* a failing flush writes its own message */
+  if (st == CGT_OK) {
+    st = t->dev.ops->sync(&t->dev);
+    if (st != CGT_OK)
+      st = tree__backend_fail(t, st, "cgt_sync");
+  }
+  tree__device_leave(t, saved);
+  return st;
 }
 
 /* In debug builds (buildtype=debug defines CGT_DEBUG_CHECKS) every state
@@ -451,7 +481,28 @@ cgt_status cgt_step_begin(cgt_tree *t) {
   t->cur = &t->root;
   t->step++;
   node__prune(t);
+  t->path_hash = PATH_HASH_START;
   tree_debug_check(t);
+  return CGT_OK;
+}
+
+/* splitmix64's finalizer: every input bit moves about half the output bits. */
+static uint64_t path_hash_mix(uint64_t h, uint64_t word) {
+  h ^= word + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+  h ^= h >> 30;
+  h *= 0xbf58476d1ce4e5b9ull;
+  h ^= h >> 27;
+  h *= 0x94d049bb133111ebull;
+  h ^= h >> 31;
+  return h;
+}
+
+cgt_status cgt_tree_path_hash(const cgt_tree *t, uint64_t *out) {
+  if (!t)
+    return CGT_ERR_INVALID_ARGUMENT;
+  if (!out)
+    return tree__fail((cgt_tree *)(uintptr_t)t, CGT_ERR_INVALID_ARGUMENT, "cgt_tree_path_hash: out is NULL");
+  *out = t->path_hash;
   return CGT_OK;
 }
 
@@ -528,10 +579,15 @@ cgt_status cgt_run(cgt_tree *t, cgt_segment seg, uint64_t variant, const cgt_arg
   cgt_status st = resolve_args(t, args, n_args);
   if (st == CGT_OK)
     st = value__reserve(t, n_outputs);
-  if (st == CGT_OK)
+  if (st == CGT_OK) {
+    int saved = tree__device_enter(t);
     st = node__run(t, seg, s, variant, outputs);
-  if (st == CGT_OK)
+    tree__device_leave(t, saved);
+  }
+  if (st == CGT_OK) {
     t->stats.runs++;
+    t->path_hash = path_hash_mix(path_hash_mix(t->path_hash, seg), variant);
+  }
   tree_debug_check(t);
   return st;
 }

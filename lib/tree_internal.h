@@ -274,7 +274,11 @@ struct cgt_tree {
   size_t pool_held_bytes;
   /* Test hook shared by the tree and all its pools (tree_hooks.h). */
   pool_fail_hook host_fail;
+  uint64_t path_hash;  /* cgt_tree_path_hash: (segment, variant) of this step's runs */
 };
+
+/* The path hash of a step with no run yet. */
+#define PATH_HASH_START 0x6367747265657061ull
 
 /* tree.c */
 cgt_status tree__fail(cgt_tree *t, cgt_status s, const char *fmt, ...)
@@ -294,6 +298,10 @@ char *tree__strdup(cgt_tree *t, const char *s);
 cgt_status tree__backend_fail(cgt_tree *t, cgt_status s, const char *what);
 cgt_status tree__pool_create(cgt_tree *t, pool **out);
 int tree__overlaps_pools(const cgt_tree *t, const void *p, size_t bytes);
+/* Makes the tree's device current; returns what tree__device_leave puts
+ * back. Every public call that does device work is bracketed by the pair. */
+int tree__device_enter(cgt_tree *t);
+void tree__device_leave(cgt_tree *t, int saved);
 
 /* value.c */
 cgt_status value__resolve(cgt_tree *t, cgt_value v, value_slot **out);

@@ -327,7 +327,9 @@ cgt_status cgt_value_copy_out(cgt_tree *t, cgt_value v, void *dst, size_t bytes)
                       s->bytes);
   if (bytes == 0)
     return CGT_OK;
+  int saved = tree__device_enter(t);
   st = t->dev.ops->copy(&t->dev, dst, s->ptr, bytes);
+  tree__device_leave(t, saved);
   if (st != CGT_OK)
     return tree__backend_fail(t, st, "cgt_value_copy_out");
   return CGT_OK;

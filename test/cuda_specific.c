@@ -1048,6 +1048,35 @@ static void test_thousand_steps_alternating_two_branches_equal_eager(void **stat
   branchy_close(&eager);
 }
 
+/* ------------------------------------------------------------- devices */
+
+/* One GPU is enough to see that creating, using and destroying a tree, and
+ * a create that fails for a missing device, leave the caller's current
+ * device as they found it (test_multigpu checks it across two GPUs). */
+static void test_tree_calls_and_a_failed_create_leave_the_current_device_alone(void **state) {
+  (void)state;
+  cuda_kernels_or_skip();
+  int before = -1, now = -1;
+  assert_int_equal(cudaGetDevice(&before), cudaSuccess);
+  cgt_options o;
+  cgt_options_init(&o);
+  o.backend = CGT_BACKEND_CUDA;
+  o.device = 4096;
+  cgt_tree *t = NULL;
+  assert_int_equal(cgt_tree_create(&o, &t), CGT_ERR_NO_DEVICE);
+  assert_null(t);
+  assert_int_equal(cudaGetDevice(&now), cudaSuccess);
+  assert_int_equal(now, before);
+  assert_no_cuda_error();
+  gpu_tree g;
+  open_tree(&g, CGT_MODE_TREE, 1, 0, 64);
+  assert_int_equal(cudaGetDevice(&now), cudaSuccess);
+  assert_int_equal(now, before);
+  close_tree(&g);
+  assert_int_equal(cudaGetDevice(&now), cudaSuccess);
+  assert_int_equal(now, before);
+}
+
 /* ------------------------------------------------------------- the table */
 
 const struct CMUnitTest cuda_specific_tests[] = {
@@ -1063,6 +1092,7 @@ const struct CMUnitTest cuda_specific_tests[] = {
     cmocka_unit_test(test_pool_limit_bytes_makes_device_oom_a_tested_path_on_cuda),
     cmocka_unit_test(test_tree_on_the_legacy_stream_runs_every_segment_eagerly_with_correct_outputs),
     cmocka_unit_test(test_thousand_steps_alternating_two_branches_equal_eager),
+    cmocka_unit_test(test_tree_calls_and_a_failed_create_leave_the_current_device_alone),
 };
 
 const size_t cuda_specific_test_count = sizeof cuda_specific_tests / sizeof cuda_specific_tests[0];

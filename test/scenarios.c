@@ -1187,6 +1187,100 @@ static void test_a_warmup_child_orphaned_by_its_parent_turning_eager_is_pruned(v
   test_tree_free(t);
 }
 
+/* ------------------------------------------------------------ path hash */
+
+static uint64_t path_hash(cgt_tree *t) {
+  uint64_t h = 0;
+  CHECK_OK(t, cgt_tree_path_hash(t, &h));
+  return h;
+}
+
+/* What data-parallel ranks rely on: trees that took the same path agree,
+ * whatever their mode, and the two branches of branchy disagree. */
+static void test_path_hash_is_equal_on_equal_paths_in_every_mode_and_differs_across_branches(void **state) {
+  (void)state;
+  cgt_tree *trees[3];
+  branchy b[3];
+  for (int m = 0; m < 3; m++) {
+    trees[m] = test_tree_new((cgt_mode)m, NULL);
+    branchy_init(trees[m], &b[m]);
+  }
+  uint64_t empty = path_hash(trees[0]);
+  for (int m = 1; m < 3; m++)
+    assert_true(path_hash(trees[m]) == empty);
+  uint64_t branch_hash[2] = {0, 0};
+  for (int step = 0; step < 6; step++) {
+    uint64_t h[3];
+    for (int m = 0; m < 3; m++) {
+      branchy_step(trees[m], &b[m], step, NULL, NULL);
+      h[m] = path_hash(trees[m]);
+    }
+    assert_true(h[0] == h[1] && h[1] == h[2]);
+    assert_true(h[0] != empty);
+    /* Warmup, recording and replay of one path hash alike. */
+    if (branch_hash[step % 2] == 0)
+      branch_hash[step % 2] = h[0];
+    assert_true(branch_hash[step % 2] == h[0]);
+  }
+  assert_true(branch_hash[0] != branch_hash[1]);
+  for (int m = 0; m < 3; m++) {
+    CHECK_OK(trees[m], cgt_step_begin(trees[m]));
+    assert_true(path_hash(trees[m]) == empty);
+    CHECK_OK(trees[m], cgt_sync(trees[m]));
+    test_dev_free(b[m].x);
+    test_tree_free(trees[m]);
+  }
+}
+
+static void test_path_hash_follows_every_successful_run_of_the_step_and_nothing_else(void **state) {
+  (void)state;
+  cgt_tree *t = test_tree_new(CGT_MODE_TREE, NULL);
+  test_affine ua = {.a = 2, .b = 1, .n = N}, ub = {.a = 3, .b = 0, .n = N};
+  cgt_segment sa = test_register_affine(t, "a", &ua);
+  cgt_segment sb = test_register_affine(t, "b", &ub);
+  float *x = test_dev_floats(NULL, N);
+  cgt_arg ax = cgt_arg_static(x, N * sizeof(float));
+
+  uint64_t empty = path_hash(t);
+  run1(t, sa, 0, ax);
+  uint64_t a = path_hash(t);
+  run1(t, sb, 0, ax);
+  uint64_t ab = path_hash(t);
+  assert_true(a != empty && ab != a && ab != empty);
+
+  CHECK_OK(t, cgt_step_begin(t));
+  assert_true(path_hash(t) == empty);
+  run1(t, sb, 0, ax);
+  uint64_t b = path_hash(t);
+  run1(t, sa, 0, ax);
+  assert_true(b != a);               /* which segment */
+  assert_true(path_hash(t) != ab);   /* the order of the runs */
+
+  CHECK_OK(t, cgt_step_begin(t));
+  run1(t, sa, 7, ax);
+  assert_true(path_hash(t) != a);    /* the variant */
+
+  /* A run that fails changes nothing, the hash included. */
+  CHECK_OK(t, cgt_step_begin(t));
+  run1(t, sa, 0, ax);
+  cgt_value out = {0};
+  CHECK_STATUS(t, CGT_ERR_INVALID_ARGUMENT, cgt_run(t, sb, 0, NULL, 0, &out, 1));
+  assert_true(path_hash(t) == a);
+  run1(t, sb, 0, ax);
+  assert_true(path_hash(t) == ab);   /* recorded now, warmed up then: the same path, the same hash */
+
+  uint64_t h = 42;
+  assert_int_equal(cgt_tree_path_hash(NULL, &h), CGT_ERR_INVALID_ARGUMENT);
+  assert_true(h == 42);
+  CHECK_STATUS(t, CGT_ERR_INVALID_ARGUMENT, cgt_tree_path_hash(t, NULL));
+  assert_non_null(strstr(cgt_tree_last_error(t), "cgt_tree_path_hash"));
+  assert_true(path_hash(t) == ab);
+
+  CHECK_OK(t, cgt_sync(t));
+  test_dev_free(x);
+  test_tree_free(t);
+}
+
 const struct CMUnitTest scenario_tests[] = {
     cmocka_unit_test(test_alternating_branches_record_five_nodes_then_only_replay),
     cmocka_unit_test(test_second_branch_records_after_checkpoint_restore),
@@ -1218,5 +1312,7 @@ const struct CMUnitTest scenario_tests[] = {
     cmocka_unit_test(test_a_value_dead_at_recording_far_back_in_a_long_path_forces_a_rerecord_when_live),
     cmocka_unit_test(test_warmup_nodes_of_layouts_that_never_recur_are_pruned_and_the_rest_keep_their_ids),
     cmocka_unit_test(test_a_warmup_child_orphaned_by_its_parent_turning_eager_is_pruned),
+    cmocka_unit_test(test_path_hash_is_equal_on_equal_paths_in_every_mode_and_differs_across_branches),
+    cmocka_unit_test(test_path_hash_follows_every_successful_run_of_the_step_and_nothing_else),
 };
 const size_t scenario_test_count = sizeof scenario_tests / sizeof scenario_tests[0];
