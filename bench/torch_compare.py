@@ -247,6 +247,22 @@ def bit_equal(torch, a, b):
     return torch.equal(a, b)
 
 
+def compare(torch, d, r):
+    """Outputs against Inductor without CUDA graphs: bit-equal, allclose or DIFFERENT."""
+    ref = os.path.join(d, "%s-inductor.pt" % r["example"])
+    mine = os.path.join(d, "%s-%s.pt" % (r["example"], r["mode"]))
+    if "error" in r or not os.path.exists(ref) or not os.path.exists(mine):
+        return "n/a"
+    A, B = torch.load(ref), torch.load(mine)
+    if len(A) != len(B):
+        return "DIFFERENT (count)"
+    if all(bit_equal(torch, x, y) for x, y in zip(A, B)):
+        return "bit-equal"
+    if all(x.shape == y.shape and torch.allclose(x.float(), y.float(), rtol=1e-4, atol=1e-5) for x, y in zip(A, B)):
+        return "allclose"
+    return "DIFFERENT"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--examples", default="branch,early_exit,gpt2")
@@ -283,22 +299,12 @@ def main():
             else:
                 r = json.loads(line[-1][7:])
             r["process_s"] = time.time() - t0
+            r["equal"] = compare(torch, a.dir, r)
             rows.append(r)
             print(json.dumps(r), flush=True)
             if a.out:
                 with open(a.out, "a") as f:
                     f.write(json.dumps(r) + "\n")
-    # equality against Inductor without CUDA graphs
-    for r in rows:
-        ref = os.path.join(a.dir, "%s-inductor.pt" % r["example"])
-        mine = os.path.join(a.dir, "%s-%s.pt" % (r["example"], r["mode"]))
-        if "error" in r or not os.path.exists(ref) or not os.path.exists(mine):
-            r["equal"] = "n/a"
-            continue
-        A, B = torch.load(ref), torch.load(mine)
-        r["equal"] = "bit-equal" if all(bit_equal(torch, x, y) for x, y in zip(A, B)) else (
-            "allclose" if all(torch.allclose(x.float(), y.float(), rtol=1e-4, atol=1e-5) for x, y in zip(A, B))
-            else "DIFFERENT")
     print()
     print("| example | mode | ms/step | ms/token | backend us/segment (cgt_run incl. launch) | peak MiB | "
           "recordings | compile+record s | outputs vs inductor |")

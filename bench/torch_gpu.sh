@@ -12,6 +12,19 @@ mkdir -p "$OUT"
 what=${1:-tests,bench}
 examples=${2:-branch,early_exit,gpt2}
 . bench/gpu_env.sh
+# gpu_env.sh points pkg-config at a sysroot (/tmp/deps) for the carried
+# packages, so the system's python-3.12.pc names /tmp/deps/usr/include/python3.12:
+# link the real header directories there.
+for d in "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" \
+         /usr/include/python3.12 /usr/include/x86_64-linux-gnu/python3.12; do
+  [ -d "$d" ] || continue
+  case $d in
+    */x86_64-linux-gnu/*) t=/tmp/deps/usr/include/x86_64-linux-gnu/python3.12 ;;
+    *) t=/tmp/deps/usr/include/python3.12 ;;
+  esac
+  [ -e "$t" ] || { mkdir -p "$(dirname "$t")"; ln -s "$d" "$t"; }
+done
+ls /tmp/deps/usr/include/python3.12/Python.h > /dev/null || echo "no Python.h: $(python3 -c 'import sysconfig; print(sysconfig.get_paths())')"
 B=/tmp/build-torch
 if [ ! -f $B/build.ninja ]; then
   meson setup $B -Dcuda=enabled -Dgpu_arch=9.0 -Dpython=enabled -Dtests=false -Dbench=false -Dtools=false \
@@ -23,13 +36,18 @@ rm -rf $P && mkdir -p $P && cp -r python/cgtree $P/ && cp $B/python/*.so $P/cgtr
 export PYTHONPATH=$P${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
 python3 -c 'import torch, cgtree._torch_ext; print("torch", torch.__version__, torch.cuda.get_device_name())' 2>&1 | tail -2
+bench() {
+  python3 bench/torch_compare.py --examples "$1" --out "$OUT/torch_compare.jsonl" ${BENCH_ARGS:-} \
+    >> "$OUT/bench.log" 2>&1
+  echo "bench $1 rc=$?"; sed -n '/^| example/,$p' "$OUT/bench.log" | grep -v "^| example\|^| ---" | grep "^| $1 " || true
+}
+IFS=, read -ra EX <<< "$examples"
+if [[ $what == *bench* ]]; then bench "${EX[0]}"; fi
 if [[ $what == *tests* ]]; then
-  python3 -m pytest -q -x -p no:cacheprovider python/tests/test_torch_backend.py python/tests/test_torch_graphs.py \
-    > "$OUT/pytest.log" 2>&1
-  echo "pytest rc=$?"; grep -E "passed|failed|error" "$OUT/pytest.log" | tail -3
+  timeout 200 python3 -m pytest -q -p no:cacheprovider --timeout 90 python/tests/test_torch_graphs.py \
+    python/tests/test_torch_backend.py > "$OUT/pytest.log" 2>&1
+  echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest.log" | tail -15
 fi
 if [[ $what == *bench* ]]; then
-  python3 bench/torch_compare.py --examples "$examples" --out "$OUT/torch_compare.jsonl" ${BENCH_ARGS:-} \
-    > "$OUT/bench.log" 2>&1
-  echo "bench rc=$?"; sed -n '/^| example/,$p' "$OUT/bench.log"
+  for e in "${EX[@]:1}"; do bench "$e"; done
 fi

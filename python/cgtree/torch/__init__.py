@@ -111,6 +111,25 @@ def reset_peak():
     _torch_ext.reset_peak()
 
 
+def _register_name():
+    """backend="cgtree" works through the torch_dynamo_backends entry point once
+    the package is installed; from a source tree (no entry point) register the
+    name here. Never both: Dynamo refuses a name registered twice."""
+    try:
+        from importlib.metadata import entry_points
+
+        if "cgtree" in entry_points(group="torch_dynamo_backends").names:
+            return
+        from torch._dynamo.backends.registry import _COMPILER_FNS, register_backend
+
+        if "cgtree" not in _COMPILER_FNS:
+            register_backend(compiler_fn=backend, name="cgtree")
+    except Exception:  # noqa: BLE001 - an old torch: backend=cgtree.torch.backend still works
+        pass
+
+
+_register_name()
+
 # `import cgtree.torch` installs the allocator when it can; when it cannot
 # (CUDA already initialised), compiling with backend="cgtree" raises the reason.
 if os.environ.get("CGTREE_TORCH_NO_INSTALL") != "1":

@@ -113,12 +113,19 @@ def backend(gm, example_inputs, **kwargs):
             spans.append(0)
 
     tree, stream = _install.tree_for(device.index)
+    if getattr(compiled, "_boxed_call", False):  # takes one list (AOTAutograd's boxed convention)
+        boxed = compiled
+
+        def plain(*args):
+            return boxed(list(args))
+    else:
+        plain = compiled
 
     def launch(inputs):
         with torch.cuda.stream(stream):
-            return compiled(*inputs)
+            return plain(*inputs)
 
-    seg = _ext.Segment(tree, "graph%d" % next(_counter), compiled, launch, alias, describe, span, bytes(kinds),
+    seg = _ext.Segment(tree, "graph%d" % next(_counter), plain, launch, alias, describe, span, bytes(kinds),
                        tuple(spans), 0, dynamic)
     _segments.append(seg)
     return seg
