@@ -268,6 +268,12 @@ static int tmpl_add(SegmentObject *s, uint64_t variant, PyObject *desc, uint32_t
 
 /* -------------------------------------------------- launch function */
 
+static void clear_exception(SegmentObject *s) {
+  Py_CLEAR(s->exc_type);
+  Py_CLEAR(s->exc_value);
+  Py_CLEAR(s->exc_tb);
+}
+
 static void stash_exception(SegmentObject *s) {
   Py_XDECREF(s->exc_type);
   Py_XDECREF(s->exc_value);
@@ -540,9 +546,6 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
       variant = mix(variant, bits);
     }
   }
-  if (!s->registered)
-    return first_call(s, args, n, variant);
-
   /* The caller's stream: the legacy default stream (0) is ordered with the
    * tree's blocking stream by CUDA itself; any other needs events. */
   PyObject *dev = PyLong_FromLong(T->device);
@@ -552,6 +555,13 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
     return NULL;
   void *caller = PyLong_AsVoidPtr(rs);
   Py_DECREF(rs);
+  if (!s->registered) { /* runs on the caller's stream: wait for the tree's outputs */
+    if (caller && caller != T->stream) {
+      cudaEventRecord((cudaEvent_t)T->ev_out, (cudaStream_t)T->stream);
+      cudaStreamWaitEvent((cudaStream_t)caller, (cudaEvent_t)T->ev_out, 0);
+    }
+    return first_call(s, args, n, variant);
+  }
   if (caller && caller != T->stream) {
     cudaEventRecord((cudaEvent_t)T->ev_in, (cudaStream_t)caller);
     cudaStreamWaitEvent((cudaStream_t)T->stream, (cudaEvent_t)T->ev_in, 0);
@@ -560,6 +570,7 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
   s->cur = args;
   s->cur_variant = variant;
   s->want_bypass = 0;
+  clear_exception(s); /* a capture that failed and then ran eagerly may have left one */
   cgt_stats before;
   cgt_tree_stats(T->tree, &before);
   uint64_t t1 = now_ns();
@@ -585,6 +596,7 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
     }
     return tx_status_error(T, st, "cgt_run");
   }
+  clear_exception(s);
   if (caller && caller != T->stream) {
     cudaEventRecord((cudaEvent_t)T->ev_out, (cudaStream_t)T->stream);
     cudaStreamWaitEvent((cudaStream_t)caller, (cudaEvent_t)T->ev_out, 0);

@@ -14,7 +14,6 @@ tensor, graphs that draw random numbers, inputs on another device or on the CPU,
 that require grad with grad mode on: the forward's saved tensors would live
 in the pool past the launch). Each case is logged once as a warning.
 """
-import copy
 import itertools
 import warnings
 
@@ -23,7 +22,7 @@ import torch
 from .. import _torch_ext as _ext
 from . import _install
 
-from ._graphs import (_DL, ARG_FLOAT, ARG_INT, ARG_OTHER, ARG_TENSOR, ARG_TENSOR_STATIC, describe,
+from ._graphs import (_DL, ARG_FLOAT, ARG_INT, ARG_OTHER, ARG_TENSOR, ARG_TENSOR_STATIC, _aot_mutated, describe,
                       draws_random_numbers, mutated_placeholders, span)
 
 _counter = itertools.count(1)
