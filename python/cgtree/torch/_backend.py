@@ -112,13 +112,9 @@ def backend(gm, example_inputs, **kwargs):
             spans.append(0)
 
     tree, stream = _install.tree_for(device.index)
-    if getattr(compiled, "_boxed_call", False):  # takes one list (AOTAutograd's boxed convention)
-        boxed = compiled
-
-        def plain(*args):
-            return boxed(list(args))
-    else:
-        plain = compiled
+    # compile_fx's callable takes the graph's arguments positionally. (It carries
+    # a _boxed_call attribute copied from the boxed function it wraps: ignore it.)
+    plain = compiled
 
     def launch(inputs):
         with torch.cuda.stream(stream):
