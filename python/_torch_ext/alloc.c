@@ -33,7 +33,6 @@
 #include <pthread.h>
 #include <stdlib.h>
 
-#include <cuda_runtime.h>
 
 typedef struct pool_ptr {
   void *ptr;
@@ -100,7 +99,7 @@ static size_t release_cached_locked(void) {
   bucket *b, *tmp;
   HASH_ITER(hh, buckets, b, tmp) {
     for (size_t i = 0; i < b->n; i++) {
-      cudaFree(b->ptrs[i]);
+      tx_dev_free(b->ptrs[i]);
       given += b->key.bytes;
     }
     b->n = 0;
@@ -127,24 +126,13 @@ static void *eager_alloc(size_t size, int device, void *stream) {
   }
   pthread_mutex_unlock(&alloc_mu);
   if (!p) {
-    int cur = -1;
-    cudaGetDevice(&cur);
-    if (cur != device)
-      cudaSetDevice(device);
-    cudaError_t e = cudaMalloc(&p, bytes);
-    if (e != cudaSuccess) {
-      (void)cudaGetLastError();
+    p = tx_dev_malloc(bytes, device);
+    if (!p) {
       pthread_mutex_lock(&alloc_mu);
       release_cached_locked();
       pthread_mutex_unlock(&alloc_mu);
-      e = cudaMalloc(&p, bytes);
-      if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        p = NULL;
-      }
+      p = tx_dev_malloc(bytes, device);
     }
-    if (cur != device && cur >= 0)
-      cudaSetDevice(cur);
     if (!p)
       return NULL;
     pthread_mutex_lock(&alloc_mu);
@@ -181,7 +169,7 @@ static void eager_free(void *p, size_t size, void *stream) {
     fig.eager_reserved -= bytes;
   pthread_mutex_unlock(&alloc_mu);
   if (p) /* no host memory to remember it: give it back to the driver */
-    cudaFree(p);
+    tx_dev_free(p);
 }
 
 void tx_alloc_figures_get(tx_alloc_figures *out) {

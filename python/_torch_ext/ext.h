@@ -8,6 +8,7 @@
  *   segment.c  the hot path: one compiled graph as a cgtree segment; tensors in,
  *              cgt_run, tensors out (DLPack), all in C.
  *   module.c   the module, the per-device Tree object, stats and helpers.
+ *   dev.c      the few CUDA runtime calls (host memory without CUDA, for tests).
  */
 #ifndef CGT_TORCH_EXT_H
 #define CGT_TORCH_EXT_H
@@ -56,6 +57,14 @@ typedef struct tx_alloc_figures {
 void tx_alloc_figures_get(tx_alloc_figures *out);
 void tx_alloc_reset_peak(void);
 size_t tx_alloc_empty_cache(void); /* cudaFree every cached eager block; returns bytes given back */
+
+/* ------------------------------------------------------------- dev.c */
+
+void tx_dev_use_host(void);                  /* tests: eager memory is host memory (simulator) */
+void *tx_dev_malloc(size_t bytes, int device); /* NULL when out of memory */
+void tx_dev_free(void *p);
+void *tx_event_create(void);                 /* NULL without CUDA */
+void tx_stream_wait(void *waiter, void *signaller, void *event); /* waiter waits for signaller's work so far */
 
 /* --------------------------------------------------------- module.c */
 

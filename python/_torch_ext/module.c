@@ -17,7 +17,7 @@
  */
 #include "ext.h"
 
-#include <cuda_runtime.h>
+#include "cgtree_sim.h"
 
 tx_py TX;
 PyObject *TxError, *TxStaleError;
@@ -61,10 +61,11 @@ void tx_tree_drain(TreeObject *T) {
 /* ------------------------------------------------------------ Tree */
 
 static int tree_init(TreeObject *T, PyObject *a, PyObject *kw) {
-  static char *kwlist[] = {"device", "warmup_runs", "rerecord_limit", NULL};
+  static char *kwlist[] = {"device", "warmup_runs", "rerecord_limit", "backend", NULL};
   int device = 0;
   unsigned int warmup = 1, rerecord = 0;
-  if (!PyArg_ParseTupleAndKeywords(a, kw, "i|II", kwlist, &device, &warmup, &rerecord))
+  const char *backend = "cuda";
+  if (!PyArg_ParseTupleAndKeywords(a, kw, "i|IIs", kwlist, &device, &warmup, &rerecord, &backend))
     return -1;
   if (T->tree) {
     PyErr_SetString(PyExc_RuntimeError, "Tree is already initialised");
@@ -74,30 +75,34 @@ static int tree_init(TreeObject *T, PyObject *a, PyObject *kw) {
     PyErr_SetString(PyExc_RuntimeError, "cgtree._torch_ext.init_hot_path() was not called");
     return -1;
   }
+  int sim = strcmp(backend, "sim") == 0;
+  if (!sim && strcmp(backend, "cuda") != 0) {
+    PyErr_Format(PyExc_ValueError, "backend must be 'cuda' or 'sim' (tests), not '%s'", backend);
+    return -1;
+  }
   cgt_options o;
   cgt_options_init(&o);
-  o.backend = CGT_BACKEND_CUDA;
+  o.backend = sim ? CGT_BACKEND_SIM : CGT_BACKEND_CUDA;
   o.device = device;
   o.warmup_runs = warmup;
   if (rerecord)
     o.rerecord_limit = rerecord;
   cgt_status st = cgt_tree_create(&o, &T->tree);
   if (st != CGT_OK) {
-    PyErr_Format(TxError, "cgtree.torch: cgt_tree_create on CUDA device %d: %s", device, cgt_status_name(st));
+    PyErr_Format(TxError, "cgtree.torch: cgt_tree_create (%s, device %d): %s", backend, device, cgt_status_name(st));
     T->tree = NULL;
     return -1;
   }
   T->device = device;
   T->stream = cgt_tree_stream(T->tree);
-  cudaEvent_t e1 = NULL, e2 = NULL;
-  if (cudaEventCreateWithFlags(&e1, cudaEventDisableTiming) != cudaSuccess ||
-      cudaEventCreateWithFlags(&e2, cudaEventDisableTiming) != cudaSuccess) {
-    (void)cudaGetLastError();
-    PyErr_SetString(TxError, "cgtree.torch: cudaEventCreate failed");
-    return -1;
+  if (!sim) {
+    T->ev_in = tx_event_create();
+    T->ev_out = tx_event_create();
+    if (!T->ev_in || !T->ev_out) {
+      PyErr_SetString(TxError, "cgtree.torch: cudaEventCreate failed");
+      return -1;
+    }
   }
-  T->ev_in = e1;
-  T->ev_out = e2;
   PyObject *g = PyObject_GetAttr(TX.generation_cls, TX.str_generation);
   if (!g)
     return -1;
@@ -377,7 +382,68 @@ static PyObject *m_alias_capsule(PyObject *m, PyObject *args) {
   return cap;
 }
 
+/* ------------------------------------------- simulator (tests only) */
+
+/* Work a test's fake compiled graph enqueues on a simulator stream: a Python
+ * callable and its arguments, kept alive for as long as the module lives,
+ * because a recorded graph replays them. */
+static PyObject *sim_calls;
+
+static void sim_kernel(void *args) {
+  PyObject *call;
+  memcpy(&call, args, sizeof call);
+  PyGILState_STATE g = PyGILState_Ensure();
+  PyObject *r = PyObject_Call(PyTuple_GET_ITEM(call, 0), PyTuple_GET_ITEM(call, 1), NULL);
+  if (!r)
+    PyErr_WriteUnraisable(call);
+  Py_XDECREF(r);
+  PyGILState_Release(g);
+}
+
+static PyObject *m_sim_launch(PyObject *m, PyObject *args) {
+  (void)m;
+  if (PyTuple_GET_SIZE(args) < 2) {
+    PyErr_SetString(PyExc_TypeError, "sim_launch(stream, fn, *args)");
+    return NULL;
+  }
+  void *stream = PyLong_AsVoidPtr(PyTuple_GET_ITEM(args, 0));
+  if (PyErr_Occurred())
+    return NULL;
+  PyObject *rest = PyTuple_GetSlice(args, 2, PyTuple_GET_SIZE(args));
+  PyObject *call = rest ? PyTuple_Pack(2, PyTuple_GET_ITEM(args, 1), rest) : NULL;
+  Py_XDECREF(rest);
+  if (!call)
+    return NULL;
+  if (!sim_calls && !(sim_calls = PyList_New(0))) {
+    Py_DECREF(call);
+    return NULL;
+  }
+  if (PyList_Append(sim_calls, call) < 0) {
+    Py_DECREF(call);
+    return NULL;
+  }
+  Py_DECREF(call); /* the list keeps it */
+  cgt_status st = cgt_sim_launch(stream, sim_kernel, &call, sizeof call);
+  if (PyErr_Occurred())
+    return NULL;
+  if (st != CGT_OK) {
+    PyErr_Format(TxError, "cgt_sim_launch: %s", cgt_status_name(st));
+    return NULL;
+  }
+  Py_RETURN_NONE;
+}
+
+static PyObject *m_use_host_memory(PyObject *m, PyObject *unused) {
+  (void)m;
+  (void)unused;
+  tx_dev_use_host();
+  Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
+    {"sim_launch", m_sim_launch, METH_VARARGS, "tests: enqueue fn(*args) on a simulator stream"},
+    {"use_host_memory", m_use_host_memory, METH_NOARGS,
+     "tests: memory outside the pool is host memory (call before the first allocation)"},
     {"init_hot_path", m_init_hot_path, METH_VARARGS,
      "init_hot_path(torch._C._from_dlpack, torch._C._cuda_getCurrentRawStream, GenerationTracker, torch.Tensor)"},
     {"alloc_figures", m_alloc_figures, METH_NOARGS, "the allocator's own memory figures"},

@@ -41,7 +41,6 @@
 #include <string.h>
 #include <time.h>
 
-#include <cuda_runtime.h>
 
 enum { ARG_TENSOR = 0, ARG_TENSOR_STATIC = 1, ARG_INT = 2, ARG_FLOAT = 3, ARG_OTHER = 4 };
 
@@ -556,16 +555,12 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
   void *caller = PyLong_AsVoidPtr(rs);
   Py_DECREF(rs);
   if (!s->registered) { /* runs on the caller's stream: wait for the tree's outputs */
-    if (caller && caller != T->stream) {
-      cudaEventRecord((cudaEvent_t)T->ev_out, (cudaStream_t)T->stream);
-      cudaStreamWaitEvent((cudaStream_t)caller, (cudaEvent_t)T->ev_out, 0);
-    }
+    if (caller && caller != T->stream)
+      tx_stream_wait(caller, T->stream, T->ev_out);
     return first_call(s, args, n, variant);
   }
-  if (caller && caller != T->stream) {
-    cudaEventRecord((cudaEvent_t)T->ev_in, (cudaStream_t)caller);
-    cudaStreamWaitEvent((cudaStream_t)T->stream, (cudaEvent_t)T->ev_in, 0);
-  }
+  if (caller && caller != T->stream)
+    tx_stream_wait(T->stream, caller, T->ev_in);
 
   s->cur = args;
   s->cur_variant = variant;
@@ -597,10 +592,8 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
     return tx_status_error(T, st, "cgt_run");
   }
   clear_exception(s);
-  if (caller && caller != T->stream) {
-    cudaEventRecord((cudaEvent_t)T->ev_out, (cudaStream_t)T->stream);
-    cudaStreamWaitEvent((cudaStream_t)caller, (cudaEvent_t)T->ev_out, 0);
-  }
+  if (caller && caller != T->stream)
+    tx_stream_wait(caller, T->stream, T->ev_out);
   variant_tmpl *t = tmpl_find(s, variant);
   if (!t) {
     for (uint32_t j = 0; j < s->n_outputs; j++)
