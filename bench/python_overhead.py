@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """python_overhead.py — what a replayed Tree.run costs from Python, beyond the C cgt_run.
 
-For each configuration, one simulator tree runs the same program two ways:
+For each configuration, one tree (the simulator by default; --backend cuda on a
+GPU) runs the same program two ways:
 
   Python:  steps x (t.step_begin(); runs_per_step x t.run(seg, args))
   C:       the same loop inside the extension (Tree._c_run_steps): cgt_step_begin and
@@ -15,7 +16,11 @@ difference per run is the binding: the method call, reading the arguments,
 building the returned tuple of Values and freeing it (the Python loop drops it,
 as a caller that keeps no result does), plus the Python loop's own iteration.
 In the chained configuration the Python side also builds the args tuple (v, s)
-and indexes the result, which any Python caller of a chain does. The figure is
+and indexes the result, which any Python caller of a chain does. Both sides
+time each step and drain the stream between steps, outside the timed part (on
+CUDA this keeps the launch queue from filling; figures are host time). On CUDA
+the segments enqueue no kernel (an output allocation only: the graph launch
+is the replay's device work), and the Python-kernel configuration is skipped. The figure is
 min(Python) - min(C) over `reps` alternating repetitions of ns / run: the minimum
 is the repetition least disturbed by other processes (timeit's rule), which on a
 shared machine matters more than anything measured here; the medians are
@@ -70,24 +75,30 @@ def producer(t):
 
 
 def py_loop(t, seg, args, steps, k):
-    run, step_begin, r = t.run, t.step_begin, range(k)
-    t0 = time.perf_counter_ns()
+    run, step_begin, sync, r, clock = t.run, t.step_begin, t.sync, range(k), time.perf_counter_ns
+    ns = 0
     for _ in range(steps):
+        t0 = clock()
         step_begin()
         for _ in r:
             run(seg, args)
-    return time.perf_counter_ns() - t0
+        ns += clock() - t0
+        sync()
+    return ns
 
 
 def py_chain_loop(t, first, seg, s, steps, k):
-    run, step_begin, r = t.run, t.step_begin, range(k)
-    t0 = time.perf_counter_ns()
+    run, step_begin, sync, r, clock = t.run, t.step_begin, t.sync, range(k), time.perf_counter_ns
+    ns = 0
     for _ in range(steps):
+        t0 = clock()
         step_begin()
         v = run(first, ())[0]
         for _ in r:
             v = run(seg, (v, s))[0]
-    return time.perf_counter_ns() - t0
+        ns += clock() - t0
+        sync()
+    return ns
 
 
 CONFIGS = [
@@ -98,13 +109,26 @@ CONFIGS = [
 ]
 
 
-def measure(config, steps, k, reps):
+def caller_memory(backend):
+    """Two 256-byte caller buffers on the tree's device (numpy on the simulator; torch or cupy on CUDA)."""
+    if backend == "sim":
+        return np.ones(64, np.float32), np.ones(64, np.float32)
+    try:
+        import torch
+        return torch.ones(64, device="cuda"), torch.ones(64, device="cuda")
+    except ImportError:
+        import cupy
+        return cupy.ones(64, cupy.float32), cupy.ones(64, cupy.float32)
+
+
+def measure(config, backend, steps, k, reps):
     name, what, n_inputs, kernel, special = config
-    t = cgtree.Tree(backend="sim")
+    t = cgtree.Tree(backend=backend)
     seg = make_segment(t, n_inputs, kernel)
     first = producer(t)
-    a = cgtree.static(np.ones(64, np.float32))
-    b = cgtree.dynamic(np.ones(64, np.float32)) if special == "dynamic" else cgtree.static(np.ones(64, np.float32))
+    x, y = caller_memory(backend)
+    a = cgtree.static(x)
+    b = cgtree.dynamic(y) if special == "dynamic" else cgtree.static(y)
     if special == "chain":
         def python():
             return py_chain_loop(t, first, seg, a, steps, k)
@@ -136,6 +160,7 @@ def measure(config, steps, k, reps):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--backend", choices=["sim", "cuda"], default="sim")
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--runs-per-step", type=int, default=100)
     ap.add_argument("--reps", type=int, default=25)
@@ -144,14 +169,17 @@ def main():
     a = ap.parse_args()
     if a.quick:
         a.steps, a.reps = 10, 3
-    print(f"cgtree {cgtree.__version__} python_overhead on the simulator; {cpu_name()} ({os.cpu_count()} cores), "
+    where = "the simulator" if a.backend == "sim" else "CUDA (host time)"
+    print(f"cgtree {cgtree.__version__} python_overhead on {where}; {cpu_name()} ({os.cpu_count()} cores), "
           f"Python {platform.python_version()}, numpy {np.__version__}")
     print(f"{a.steps} steps x {a.runs_per_step} replayed runs per repetition, {a.reps} alternating repetitions; "
           f"ns per run")
     print(f"{'config':<11} {'python':>7} {'C':>7} {'overhead':>9}   {'(medians:':>9} {'python':>7} {'C':>7})  what")
     worst = 0.0
     for config in CONFIGS:
-        name, what, py, c, py_med, c_med = measure(config, a.steps, a.runs_per_step, a.reps)
+        if config[3] and a.backend != "sim":
+            continue  # Python kernels exist on the simulator only
+        name, what, py, c, py_med, c_med = measure(config, a.backend, a.steps, a.runs_per_step, a.reps)
         diff = py - c
         worst = max(worst, diff)
         print(f"{name:<11} {py:7.0f} {c:7.0f} {diff:9.0f}   {'':>9} {py_med:7.0f} {c_med:7.0f}   {what}")

@@ -16,16 +16,7 @@
  */
 #include "pycgt.h"
 
-static void store_pending(PyTree *tree) {
-  PyObject *type, *value, *tb;
-  PyErr_Fetch(&type, &value, &tb);
-  PyErr_NormalizeException(&type, &value, &tb);
-  if (tb && value)
-    PyException_SetTraceback(value, tb);
-  Py_XDECREF(type);
-  Py_XDECREF(tb);
-  Py_XSETREF(tree->pending, value);
-}
+static void store_pending(PyTree *tree) { Py_XSETREF(tree->pending, pycgt_take_exception()); }
 
 cgt_status pycgt_launch_trampoline(cgt_launch *l, void *user) {
   py_segment *s = user;

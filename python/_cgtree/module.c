@@ -63,19 +63,40 @@ PyObject *pycgt_raise(cgt_status s, const char *what, const char *detail) {
   return NULL;
 }
 
+PyObject *pycgt_take_exception(void) {
+#if PY_VERSION_HEX >= 0x030C0000
+  return PyErr_GetRaisedException();
+#else
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  PyErr_NormalizeException(&type, &value, &tb);
+  if (tb && value)
+    PyException_SetTraceback(value, tb);
+  Py_XDECREF(type);
+  Py_XDECREF(tb);
+  return value;
+#endif
+}
+
+void pycgt_set_exception(PyObject *exc) {
+  if (!exc)
+    return;
+#if PY_VERSION_HEX >= 0x030C0000
+  PyErr_SetRaisedException(exc);
+#else
+  PyErr_Restore(Py_NewRef((PyObject *)Py_TYPE(exc)), exc, PyException_GetTraceback(exc));
+#endif
+}
+
 PyObject *pycgt_raise_tree(PyTree *tree, cgt_status s, const char *what, PyObject *cause) {
   pycgt_raise(s, what, tree->t ? cgt_tree_last_error(tree->t) : NULL);
   if (cause) {
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-    PyErr_NormalizeException(&type, &value, &tb);
-    if (value) {
-      Py_INCREF(cause);
-      PyException_SetCause(value, cause); /* steals; also sets __suppress_context__ */
-      Py_INCREF(cause);
-      PyException_SetContext(value, cause);
+    PyObject *exc = pycgt_take_exception();
+    if (exc) {
+      PyException_SetCause(exc, Py_NewRef(cause)); /* steals; also sets __suppress_context__ */
+      PyException_SetContext(exc, Py_NewRef(cause)); /* steals */
     }
-    PyErr_Restore(type, value, tb);
+    pycgt_set_exception(exc);
     Py_DECREF(cause);
   }
   return NULL;
@@ -136,14 +157,7 @@ static void sim_kernel_trampoline(void *p) {
   if (r) {
     Py_DECREF(r);
   } else if (!sim_error) {
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-    PyErr_NormalizeException(&type, &value, &tb);
-    if (tb && value)
-      PyException_SetTraceback(value, tb);
-    Py_XDECREF(type);
-    Py_XDECREF(tb);
-    sim_error = value;
+    sim_error = pycgt_take_exception();
   } else {
     PyErr_Clear(); /* the first error of a replay is the one reported */
   }
@@ -206,8 +220,7 @@ static PyObject *sim_launch(PyObject *self, PyObject *const *args, Py_ssize_t na
   Py_DECREF(k.call);
   if (kernel_error) {
     /* The kernel ran now and raised: the launch function sees its exception. */
-    PyErr_SetObject((PyObject *)Py_TYPE(kernel_error), kernel_error);
-    Py_DECREF(kernel_error);
+    pycgt_set_exception(kernel_error);
     return NULL;
   }
   Py_RETURN_NONE;

@@ -89,6 +89,12 @@ PyObject *pycgt_raise(cgt_status s, const char *what, const char *detail);
 /* Raises the class of s with the tree's last error; chains `cause` (stolen, may be NULL). */
 PyObject *pycgt_raise_tree(PyTree *tree, cgt_status s, const char *what, PyObject *cause);
 
+/* module.c: the exception being raised, taken out of the error indicator
+ * (normalized, with its traceback attached), or NULL if none; and the way
+ * back in. PyErr_Fetch is deprecated from 3.12 on; these pick the API. */
+PyObject *pycgt_take_exception(void);
+void pycgt_set_exception(PyObject *exc); /* steals exc */
+
 /* module.c: simulator kernels written in Python. pycgt_current_tree is the
  * tree whose launch function runs now (kernels recorded by it are kept
  * alive by that tree); pycgt_kernel_error takes the exception a Python kernel

@@ -82,3 +82,13 @@ def test_dropping_the_results_of_replays_leaks_nothing():
     finally:
         gc.enable()
     assert abs(after - before) <= 2
+
+
+def test_the_overhead_benchmark_runs_and_checks_that_it_times_replays():
+    import os
+    import subprocess
+
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "python_overhead.py")
+    r = subprocess.run([sys.executable, script, "--quick"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "worst overhead" in r.stdout and "1V+1S" in r.stdout
