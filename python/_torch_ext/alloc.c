@@ -22,6 +22,7 @@
  * hand out plain device memory. cudaFree synchronises the device, so freed
  * blocks are cached by (rounded size, stream) and reused on the same stream
  * only, which is safe without events because work on one stream is ordered.
+ * Device -1 is host memory, for the simulator tests (PyTorch never asks it).
  * A failing cudaMalloc gives the cache back and tries once more. Size 0 is
  * NULL (torch.empty(0) asks thousands of times).
  *
@@ -51,6 +52,9 @@ typedef struct bucket {
   size_t n, cap;
   UT_hash_handle hh;
 } bucket;
+
+/* The cache key of host blocks (device -1): no real stream has this handle. */
+#define HOST_STREAM ((void *)(intptr_t)-1)
 
 static pthread_mutex_t alloc_mu = PTHREAD_MUTEX_INITIALIZER;
 static pool_ptr *pool_ptrs;
@@ -99,7 +103,7 @@ static size_t release_cached_locked(void) {
   bucket *b, *tmp;
   HASH_ITER(hh, buckets, b, tmp) {
     for (size_t i = 0; i < b->n; i++) {
-      tx_dev_free(b->ptrs[i]);
+      tx_dev_free(b->ptrs[i], b->key.stream == HOST_STREAM ? -1 : 0);
       given += b->key.bytes;
     }
     b->n = 0;
@@ -117,6 +121,8 @@ size_t tx_alloc_empty_cache(void) {
 
 static void *eager_alloc(size_t size, int device, void *stream) {
   size_t bytes = round_bytes(size);
+  if (device < 0)
+    stream = HOST_STREAM;
   void *p = NULL;
   pthread_mutex_lock(&alloc_mu);
   bucket *b = bucket_find(bytes, stream, 0);
@@ -148,8 +154,10 @@ static void *eager_alloc(size_t size, int device, void *stream) {
   return p;
 }
 
-static void eager_free(void *p, size_t size, void *stream) {
+static void eager_free(void *p, size_t size, int device, void *stream) {
   size_t bytes = round_bytes(size);
+  if (device < 0)
+    stream = HOST_STREAM;
   pthread_mutex_lock(&alloc_mu);
   fig.eager_in_use -= bytes;
   bucket *b = bucket_find(bytes, stream, 1);
@@ -169,7 +177,7 @@ static void eager_free(void *p, size_t size, void *stream) {
     fig.eager_reserved -= bytes;
   pthread_mutex_unlock(&alloc_mu);
   if (p) /* no host memory to remember it: give it back to the driver */
-    tx_dev_free(p);
+    tx_dev_free(p, device);
 }
 
 void tx_alloc_figures_get(tx_alloc_figures *out) {
@@ -219,7 +227,6 @@ void *cgt_torch_alloc(ssize_t size, int device, void *stream) {
 }
 
 void cgt_torch_free(void *ptr, ssize_t size, int device, void *stream) {
-  (void)device;
   if (!ptr)
     return;
   pthread_mutex_lock(&alloc_mu);
@@ -239,5 +246,5 @@ void cgt_torch_free(void *ptr, ssize_t size, int device, void *stream) {
     return;
   }
   pthread_mutex_unlock(&alloc_mu);
-  eager_free(ptr, size > 0 ? (size_t)size : 1, stream);
+  eager_free(ptr, size > 0 ? (size_t)size : 1, device, stream);
 }

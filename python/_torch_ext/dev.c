@@ -2,9 +2,9 @@
  *
  * With CUDA: cudaMalloc/cudaFree for memory outside the pool, and an event to
  * order a caller's stream after the tree's. Without CUDA (a CPU build), and
- * whenever tests ask for host memory (tx_dev_use_host), memory is malloc'd and
- * there are no events: that is how test_torch_ext_sim.py drives the whole hot
- * path on the simulator backend, where device memory is host memory.
+ * for device -1 (which PyTorch never passes; test_torch_ext_sim.py does, to
+ * drive the hot path on the simulator, whose device memory is host memory),
+ * memory is malloc'd and there are no events.
  */
 #include "ext.h"
 
@@ -14,14 +14,10 @@
 #include <cuda_runtime.h>
 #endif
 
-static int use_host;
-
-void tx_dev_use_host(void) { use_host = 1; }
-
 void *tx_dev_malloc(size_t bytes, int device) {
   void *p = NULL;
 #ifdef CGT_HAVE_CUDA
-  if (!use_host) {
+  if (device >= 0) {
     int cur = -1;
     cudaGetDevice(&cur);
     if (cur != device)
@@ -40,13 +36,14 @@ void *tx_dev_malloc(size_t bytes, int device) {
   return p;
 }
 
-void tx_dev_free(void *p) {
+void tx_dev_free(void *p, int device) {
 #ifdef CGT_HAVE_CUDA
-  if (!use_host) {
+  if (device >= 0) {
     cudaFree(p);
     return;
   }
 #endif
+  (void)device;
   free(p);
 }
 

@@ -60,9 +60,9 @@ size_t tx_alloc_empty_cache(void); /* cudaFree every cached eager block; returns
 
 /* ------------------------------------------------------------- dev.c */
 
-void tx_dev_use_host(void);                  /* tests: eager memory is host memory (simulator) */
+/* device -1 (tests, simulator): host memory */
 void *tx_dev_malloc(size_t bytes, int device); /* NULL when out of memory */
-void tx_dev_free(void *p);
+void tx_dev_free(void *p, int device);
 void *tx_event_create(void);                 /* NULL without CUDA */
 void tx_stream_wait(void *waiter, void *signaller, void *event); /* waiter waits for signaller's work so far */
 

@@ -433,17 +433,8 @@ static PyObject *m_sim_launch(PyObject *m, PyObject *args) {
   Py_RETURN_NONE;
 }
 
-static PyObject *m_use_host_memory(PyObject *m, PyObject *unused) {
-  (void)m;
-  (void)unused;
-  tx_dev_use_host();
-  Py_RETURN_NONE;
-}
-
 static PyMethodDef module_methods[] = {
     {"sim_launch", m_sim_launch, METH_VARARGS, "tests: enqueue fn(*args) on a simulator stream"},
-    {"use_host_memory", m_use_host_memory, METH_NOARGS,
-     "tests: memory outside the pool is host memory (call before the first allocation)"},
     {"init_hot_path", m_init_hot_path, METH_VARARGS,
      "init_hot_path(torch._C._from_dlpack, torch._C._cuda_getCurrentRawStream, GenerationTracker, torch.Tensor)"},
     {"alloc_figures", m_alloc_figures, METH_NOARGS, "the allocator's own memory figures"},

@@ -18,7 +18,6 @@ X = pytest.importorskip("cgtree._torch_ext")
 
 ARG_TENSOR, ARG_TENSOR_STATIC, ARG_INT = 0, 1, 2
 
-X.use_host_memory()  # the simulator's device memory is host memory
 _lib = ctypes.CDLL(X.__file__)  # the same loaded image: shares the allocator's state
 _lib.cgt_torch_alloc.restype = ctypes.c_void_p
 _lib.cgt_torch_alloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
@@ -58,7 +57,9 @@ class FakeTensor:
     def __init__(self, n, ptr=None, managed=None):
         self.n, self.nbytes = n, 4 * n
         self.owned = ptr is None
-        self.ptr = _lib.cgt_torch_alloc(self.nbytes, 0, None) if ptr is None else ptr
+        # Device -1: host memory outside launches (PyTorch never asks for it), so this
+        # module can share a process with cgtree.torch's real allocator.
+        self.ptr = _lib.cgt_torch_alloc(self.nbytes, -1, None) if ptr is None else ptr
         self.managed = managed  # (address of the DLManagedTensor, its deleter)
 
     def data_ptr(self):
@@ -73,7 +74,7 @@ class FakeTensor:
 
     def __del__(self):
         if self.owned:
-            _lib.cgt_torch_free(self.ptr, self.nbytes, 0, None)
+            _lib.cgt_torch_free(self.ptr, self.nbytes, -1, None)
         if self.managed is not None:
             addr, deleter = self.managed
             deleter(addr)
