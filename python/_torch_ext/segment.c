@@ -574,9 +574,19 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
   s->cur = NULL;
   if (st != CGT_OK) {
     if (s->exc_type) {
-      PyErr_Restore(s->exc_type, s->exc_value, s->exc_tb);
-      s->exc_type = s->exc_value = s->exc_tb = NULL;
-      return NULL;
+      /* The graph raised while cgtree warmed it up or recorded it. Whatever
+       * the cause (a call PyTorch refuses under capture, the pool out of
+       * memory, or the graph's own error), the graph runs plainly from now
+       * on; a genuine error then reaches the caller from the plain call. */
+      PyObject *text = s->exc_value ? PyObject_Repr(s->exc_value) : NULL;
+      const char *t = text ? PyUnicode_AsUTF8(text) : NULL;
+      PyErr_Clear();
+      char why[600];
+      snprintf(why, sizeof why, "it raised while cgtree ran it (%s): %s", cgt_status_name(st), t ? t : "?");
+      Py_XDECREF(text);
+      clear_exception(s);
+      go_plain(s, why);
+      return call_plain(s, args, n);
     }
     if (s->want_bypass || st == CGT_ERR_SEGMENT_FAILED) {
       char why[512];

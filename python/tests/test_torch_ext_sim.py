@@ -288,7 +288,7 @@ def test_non_tensor_outputs_come_back_as_recorded(tree):
         assert isinstance(res, tuple) and res[1:] == (7, None) and res[0].values() == [1, 2, 3, 4]
 
 
-def test_an_exception_in_the_compiled_graph_reaches_the_caller(tree):
+def test_a_graph_that_raises_under_cgtree_runs_plainly_and_a_real_error_still_reaches_the_caller(tree):
     class Failing(Graph):
         def __call__(self, x):
             if self.calls >= 1:
@@ -299,8 +299,28 @@ def test_an_exception_in_the_compiled_graph_reaches_the_caller(tree):
     seg = segment(tree, Failing(tree, 1.0, 0.0), spans=(16,))
     x = FakeTensor(4).fill([1, 2, 3, 4])
     call(seg, x)  # the plain first call succeeds
-    with pytest.raises(ValueError, match="graph failed"):
-        call(seg, x)  # the warmup raises
+    with pytest.warns(RuntimeWarning, match="graph failed"), pytest.raises(ValueError, match="graph failed"):
+        call(seg, x)  # the warmup raises; the plain call that follows raises too
+    assert "graph failed" in seg.info["plain_reason"]
+
+
+def test_a_graph_that_raises_only_under_cgtree_keeps_working_plainly(tree):
+    class CaptureShy(Graph):
+        def __call__(self, x):
+            if self.calls == 1:  # the warmup: e.g. a call PyTorch refuses inside cgtree
+                self.calls += 1
+                raise RuntimeError("not under capture")
+            return Graph.__call__(self, x)
+
+    g = CaptureShy(tree, 2.0, 0.0)
+    seg = segment(tree, g, spans=(16,))
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    call(seg, x)
+    with pytest.warns(RuntimeWarning, match="not under capture"):
+        (y,) = call(seg, x)
+    assert y.values() == [2, 4, 6, 8]
+    (y,) = call(seg, x)
+    assert y.values() == [2, 4, 6, 8] and seg.info["plain_calls"] == 3
 
 
 def test_outputs_a_recording_cannot_carry_make_the_segment_plain(tree):
