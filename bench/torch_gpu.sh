@@ -1,0 +1,53 @@
+#!/bin/bash
+# bench/torch_gpu.sh — on the GPU machine: build cgtree with its Python
+# package (CUDA), run the torch backend's pytest cases, then the side-by-side
+# benchmark. Logs and results go to $OUT (default /tmp/out).
+#
+#   bash bench/torch_gpu.sh [tests] [bench] [EXAMPLES]
+# meson-python is not needed: the build tree's extensions are copied beside
+# the package sources into /tmp/cgtree_pkg, which goes on PYTHONPATH.
+set -u
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+what=${1:-tests,bench}
+examples=${2:-branch,early_exit,gpt2}
+. bench/gpu_env.sh
+# gpu_env.sh points pkg-config at a sysroot (/tmp/deps) for the carried
+# packages, so the system's python-3.12.pc names /tmp/deps/usr/include/python3.12:
+# link the real header directories there.
+for d in "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" \
+         /usr/include/python3.12 /usr/include/x86_64-linux-gnu/python3.12; do
+  [ -d "$d" ] || continue
+  case $d in
+    */x86_64-linux-gnu/*) t=/tmp/deps/usr/include/x86_64-linux-gnu/python3.12 ;;
+    *) t=/tmp/deps/usr/include/python3.12 ;;
+  esac
+  [ -e "$t" ] || { mkdir -p "$(dirname "$t")"; ln -s "$d" "$t"; }
+done
+ls /tmp/deps/usr/include/python3.12/Python.h > /dev/null || echo "no Python.h: $(python3 -c 'import sysconfig; print(sysconfig.get_paths())')"
+B=/tmp/build-torch
+if [ ! -f $B/build.ninja ]; then
+  meson setup $B -Dcuda=enabled -Dgpu_arch=9.0 -Dpython=enabled -Dtests=false -Dbench=false -Dtools=false \
+    --werror > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+fi
+ninja -C $B >> "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+P=/tmp/cgtree_pkg
+rm -rf $P && mkdir -p $P && cp -r python/cgtree $P/ && cp $B/python/*.so $P/cgtree/
+export PYTHONPATH=$P${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1
+python3 -c 'import torch, cgtree._torch_ext; print("torch", torch.__version__, torch.cuda.get_device_name())' 2>&1 | tail -2
+bench() {
+  python3 bench/torch_compare.py --examples "$1" --out "$OUT/torch_compare.jsonl" ${BENCH_ARGS:-} \
+    >> "$OUT/bench.log" 2>&1
+  echo "bench $1 rc=$?"; sed -n '/^| example/,$p' "$OUT/bench.log" | grep -v "^| example\|^| ---" | grep "^| $1 " || true
+}
+IFS=, read -ra EX <<< "$examples"
+if [[ $what == *bench* ]]; then bench "${EX[0]}"; fi
+if [[ $what == *tests* ]]; then
+  timeout 200 python3 -m pytest -q -rf --tb=short -p no:cacheprovider --timeout 90 python/tests/test_torch_graphs.py \
+    python/tests/test_torch_ext_sim.py python/tests/test_torch_backend.py > "$OUT/pytest.log" 2>&1
+  echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest.log" | tail -15
+fi
+if [[ $what == *bench* ]]; then
+  for e in "${EX[@]:1}"; do bench "$e"; done
+fi

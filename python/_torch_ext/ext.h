@@ -1,0 +1,127 @@
+/* ext.h — shared declarations of cgtree._torch_ext, the C half of the
+ * torch.compile backend (python/cgtree/torch).
+ *
+ * Three files, one job each:
+ *   alloc.c    the process-wide CUDA allocator PyTorch calls for every byte:
+ *              inside a cgtree launch function it hands out pool memory,
+ *              outside it a small stream-aware cache over cudaMalloc.
+ *   segment.c  the hot path: one compiled graph as a cgtree segment; tensors in,
+ *              cgt_run, tensors out (DLPack), all in C.
+ *   module.c   the module, the per-device Tree object, stats and helpers.
+ *   dev.c      the few CUDA runtime calls (host memory without CUDA, for tests).
+ */
+#ifndef CGT_TORCH_EXT_H
+#define CGT_TORCH_EXT_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "cgtree.h"
+#include <uthash.h>
+
+/* ------------------------------------------------------------- DLPack
+ * The legacy (unversioned) DLPack ABI, which torch.from_dlpack accepts as a
+ * "dltensor" capsule. Written out here: only these structs are needed. */
+typedef struct { int32_t device_type; int32_t device_id; } tx_dl_device;
+typedef struct { uint8_t code; uint8_t bits; uint16_t lanes; } tx_dl_dtype;
+typedef struct {
+  void *data;
+  tx_dl_device device;
+  int32_t ndim;
+  tx_dl_dtype dtype;
+  int64_t *shape;
+  int64_t *strides;
+  uint64_t byte_offset;
+} tx_dl_tensor;
+typedef struct tx_dl_managed {
+  tx_dl_tensor dl_tensor;
+  void *manager_ctx;
+  void (*deleter)(struct tx_dl_managed *self);
+} tx_dl_managed;
+#define TX_DL_CUDA 2
+
+/* ------------------------------------------------------------ alloc.c */
+
+/* While a launch function of ours runs on this thread, every allocation
+ * PyTorch makes goes to the tree's pool through this launch. */
+void tx_alloc_launch_enter(cgt_launch *l);
+void tx_alloc_launch_leave(void);
+
+typedef struct tx_alloc_figures {
+  size_t eager_in_use, eager_peak, eager_reserved; /* outside-the-pool allocator */
+  uint64_t eager_cuda_mallocs, eager_cache_hits;
+  uint64_t pool_allocs, pool_frees_in_launch, pool_frees_ignored, pool_alloc_failures;
+} tx_alloc_figures;
+void tx_alloc_figures_get(tx_alloc_figures *out);
+void tx_alloc_reset_peak(void);
+size_t tx_alloc_empty_cache(void); /* cudaFree every cached eager block; returns bytes given back */
+
+/* ------------------------------------------------------------- dev.c */
+
+/* device -1 (tests, simulator): host memory */
+void *tx_dev_malloc(size_t bytes, int device); /* NULL when out of memory */
+void tx_dev_free(void *p, int device);
+void *tx_event_create(void);                 /* NULL without CUDA */
+void tx_stream_wait(void *waiter, void *signaller, void *event); /* waiter waits for signaller's work so far */
+
+/* --------------------------------------------------------- module.c */
+
+/* One tree per CUDA device, shared by every compiled graph on it. */
+typedef struct tx_out_ref tx_out_ref;
+typedef struct TreeObject {
+  PyObject_HEAD
+  cgt_tree *tree;
+  int device;
+  void *stream;          /* the tree's own (blocking) stream */
+  void *ev_in, *ev_out;  /* cudaEvent_t, for callers on a stream other than the legacy default */
+  uint64_t step;         /* our count of cgt_step_begin calls */
+  long long last_generation;
+  tx_out_ref *registry;  /* output tensors handed out and still alive, keyed by the tensor object */
+  uint64_t outputs_made, stale_refused;
+  uint64_t alive_this_step;    /* outputs of the current step whose tensors live */
+  uint64_t overwritable;       /* summed at each step begin: outputs alive whose memory the new step may reuse */
+} TreeObject;
+
+extern PyTypeObject TreeType;
+extern PyObject *TxError;      /* cgtree.torch.CgtreeError */
+extern PyObject *TxStaleError; /* cgtree.torch.StaleTensorError (subclass) */
+
+/* Cached Python objects of the hot path (set at module init / install). */
+typedef struct tx_py {
+  PyObject *from_dlpack;     /* torch._C._from_dlpack */
+  PyObject *raw_stream;      /* torch._C._cuda_getCurrentRawStream */
+  PyObject *generation_cls;  /* torch._dynamo.mutation_guard.GenerationTracker */
+  PyObject *tensor_type;     /* torch.Tensor */
+  PyObject *str_data_ptr, *str_generation;
+} tx_py;
+extern tx_py TX;
+
+/* Begins a step when Dynamo entered a new compiled call since the last one
+ * (GenerationTracker.generation moved), and hands released outputs back. */
+int tx_tree_sync_step(TreeObject *T);
+int tx_tree_step_begin(TreeObject *T);
+void tx_tree_drain(TreeObject *T);
+PyObject *tx_status_error(TreeObject *T, cgt_status st, const char *what);
+
+/* ------------------------------------------------------- segment.c */
+
+/* An output tensor handed out: the DLPack block torch owns, the value it
+ * releases when the tensor dies, and its registry entry. */
+struct tx_out_ref {
+  tx_dl_managed m;
+  TreeObject *tree;  /* borrowed: trees live as long as the process */
+  cgt_value value;
+  uint64_t step;
+  void *ptr;
+  PyObject *key;     /* the tensor object, never dereferenced: registry key only */
+  int in_registry;
+  tx_out_ref *next_dead;
+  UT_hash_handle hh;
+  int64_t dims[];    /* shape then strides */
+};
+void tx_out_ref_queue_drain(void);
+extern PyTypeObject SegmentType;
+
+#endif

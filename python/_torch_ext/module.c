@@ -1,0 +1,479 @@
+/* module.c — cgtree._torch_ext: the module, the per-device Tree, figures.
+ *
+ * One tree per CUDA device serves every graph compiled for that device, so
+ * all recordings share one pool (python/cgtree/torch keeps the trees; they
+ * live until the process ends, because tensors handed out may die at any
+ * time, even during interpreter shutdown, and their deleters name a tree).
+ *
+ * Steps follow PyTorch's inference heuristic: Dynamo bumps
+ * torch._dynamo.mutation_guard.GenerationTracker.generation each time a
+ * torch.compile'd callable is entered, and the first graph run after it moved
+ * begins a new cgtree step. cgtree.torch.step_begin() begins one explicitly.
+ *
+ * The Python objects the hot path calls (torch._C._from_dlpack, the raw
+ * stream getter, the generation counter) are looked up once, by
+ * cgtree.torch, and handed to init_hot_path(); this module never imports
+ * torch itself, so the allocator can be loaded before torch touches CUDA.
+ */
+#include "ext.h"
+
+#include "cgtree_sim.h"
+
+tx_py TX;
+PyObject *TxError, *TxStaleError;
+
+PyObject *tx_status_error(TreeObject *T, cgt_status st, const char *what) {
+  PyErr_Format(TxError, "cgtree.torch: %s: %s (%s)", what, cgt_status_name(st),
+               T && T->tree ? cgt_tree_last_error(T->tree) : "");
+  return NULL;
+}
+
+int tx_tree_step_begin(TreeObject *T) {
+  tx_out_ref_queue_drain();
+  cgt_status st = cgt_step_begin(T->tree);
+  if (st != CGT_OK) {
+    tx_status_error(T, st, "cgt_step_begin");
+    return -1;
+  }
+  T->step++;
+  T->overwritable += T->alive_this_step;
+  T->alive_this_step = 0;
+  return 0;
+}
+
+int tx_tree_sync_step(TreeObject *T) {
+  PyObject *g = PyObject_GetAttr(TX.generation_cls, TX.str_generation);
+  if (!g)
+    return -1;
+  long long gen = PyLong_AsLongLong(g);
+  Py_DECREF(g);
+  if (gen == T->last_generation)
+    return 0;
+  T->last_generation = gen;
+  return tx_tree_step_begin(T);
+}
+
+void tx_tree_drain(TreeObject *T) {
+  (void)T;
+  tx_out_ref_queue_drain();
+}
+
+/* ------------------------------------------------------------ Tree */
+
+static int tree_init(TreeObject *T, PyObject *a, PyObject *kw) {
+  static char *kwlist[] = {"device", "warmup_runs", "rerecord_limit", "backend", NULL};
+  int device = 0;
+  unsigned int warmup = 1, rerecord = 0;
+  const char *backend = "cuda";
+  if (!PyArg_ParseTupleAndKeywords(a, kw, "i|IIs", kwlist, &device, &warmup, &rerecord, &backend))
+    return -1;
+  if (T->tree) {
+    PyErr_SetString(PyExc_RuntimeError, "Tree is already initialised");
+    return -1;
+  }
+  if (!TX.generation_cls) {
+    PyErr_SetString(PyExc_RuntimeError, "cgtree._torch_ext.init_hot_path() was not called");
+    return -1;
+  }
+  int sim = strcmp(backend, "sim") == 0;
+  if (!sim && strcmp(backend, "cuda") != 0) {
+    PyErr_Format(PyExc_ValueError, "backend must be 'cuda' or 'sim' (tests), not '%s'", backend);
+    return -1;
+  }
+  cgt_options o;
+  cgt_options_init(&o);
+  o.backend = sim ? CGT_BACKEND_SIM : CGT_BACKEND_CUDA;
+  o.device = device;
+  o.warmup_runs = warmup;
+  if (rerecord)
+    o.rerecord_limit = rerecord;
+  cgt_status st = cgt_tree_create(&o, &T->tree);
+  if (st != CGT_OK) {
+    PyErr_Format(TxError, "cgtree.torch: cgt_tree_create (%s, device %d): %s", backend, device, cgt_status_name(st));
+    T->tree = NULL;
+    return -1;
+  }
+  T->device = device;
+  T->stream = cgt_tree_stream(T->tree);
+  if (!sim) {
+    T->ev_in = tx_event_create();
+    T->ev_out = tx_event_create();
+    if (!T->ev_in || !T->ev_out) {
+      PyErr_SetString(TxError, "cgtree.torch: cudaEventCreate failed");
+      return -1;
+    }
+  }
+  PyObject *g = PyObject_GetAttr(TX.generation_cls, TX.str_generation);
+  if (!g)
+    return -1;
+  T->last_generation = PyLong_AsLongLong(g);
+  Py_DECREF(g);
+  return 0;
+}
+
+static void tree_dealloc(TreeObject *T) {
+  /* Only a tree that failed to initialise gets here: cgtree.torch keeps the
+   * others until the process ends (output tensors name them). */
+  if (T->tree && !T->registry && T->outputs_made == 0)
+    cgt_tree_destroy(T->tree);
+  Py_TYPE(T)->tp_free((PyObject *)T);
+}
+
+static int tree_ready(TreeObject *T) {
+  if (!T->tree) {
+    PyErr_SetString(PyExc_RuntimeError, "Tree is not initialised");
+    return 0;
+  }
+  return 1;
+}
+
+static PyObject *tree_step_begin(TreeObject *T, PyObject *unused) {
+  (void)unused;
+  if (!tree_ready(T) || tx_tree_step_begin(T) < 0)
+    return NULL;
+  Py_RETURN_NONE;
+}
+
+static PyObject *tree_sync(TreeObject *T, PyObject *unused) {
+  (void)unused;
+  if (!tree_ready(T))
+    return NULL;
+  cgt_status st = cgt_sync(T->tree);
+  if (st != CGT_OK)
+    return tx_status_error(T, st, "cgt_sync");
+  Py_RETURN_NONE;
+}
+
+static PyObject *tree_stats(TreeObject *T, PyObject *unused) {
+  (void)unused;
+  if (!tree_ready(T))
+    return NULL;
+  tx_out_ref_queue_drain();
+  cgt_stats s;
+  cgt_status st = cgt_tree_stats(T->tree, &s);
+  if (st != CGT_OK)
+    return tx_status_error(T, st, "cgt_tree_stats");
+  PyObject *d = PyDict_New();
+  if (!d)
+    return NULL;
+#define PUT(name, v)                                                                                              \
+  do {                                                                                                            \
+    PyObject *x = PyLong_FromUnsignedLongLong((unsigned long long)(v));                                          \
+    if (!x || PyDict_SetItemString(d, name, x) < 0) {                                                             \
+      Py_XDECREF(x);                                                                                              \
+      Py_DECREF(d);                                                                                               \
+      return NULL;                                                                                                \
+    }                                                                                                             \
+    Py_DECREF(x);                                                                                                 \
+  } while (0);
+#define U64(f) PUT(#f, s.f)
+#define SIZE(f) PUT(#f, s.f)
+  CGT_STATS_FIELDS(U64, SIZE)
+#undef U64
+#undef SIZE
+  PUT("step", T->step)
+  PUT("outputs_made", T->outputs_made)
+  PUT("stale_refused", T->stale_refused)
+  PUT("outputs_overwritable", T->overwritable)
+  PUT("outputs_alive", HASH_COUNT(T->registry))
+#undef PUT
+  return d;
+}
+
+static PyObject *tree_nodes(TreeObject *T, PyObject *unused) {
+  (void)unused;
+  if (!tree_ready(T))
+    return NULL;
+  size_t count = 0;
+  cgt_status st = cgt_tree_nodes(T->tree, NULL, 0, &count);
+  if (st != CGT_OK)
+    return tx_status_error(T, st, "cgt_tree_nodes");
+  cgt_node_info *info = calloc(count ? count : 1, sizeof *info);
+  if (!info)
+    return PyErr_NoMemory();
+  st = cgt_tree_nodes(T->tree, info, count, &count);
+  if (st != CGT_OK) {
+    free(info);
+    return tx_status_error(T, st, "cgt_tree_nodes");
+  }
+  PyObject *list = PyList_New((Py_ssize_t)count);
+  for (size_t i = 0; list && i < count; i++) {
+    cgt_node_info *n = &info[i];
+    PyObject *d = Py_BuildValue("{s:I,s:I,s:I,s:s,s:K,s:s,s:K,s:K,s:n,s:s}", "id", n->id, "parent", n->parent,
+                                "depth", n->depth, "segment", n->segment_name ? n->segment_name : "",
+                                "variant", (unsigned long long)n->variant, "state", cgt_node_state_name(n->state),
+                                "replays", (unsigned long long)n->replays, "eager_runs",
+                                (unsigned long long)n->eager_runs, "pool_bytes_live", (Py_ssize_t)n->pool_bytes_live,
+                                "reason", n->reason ? n->reason : "");
+    if (!d) {
+      Py_CLEAR(list);
+      break;
+    }
+    PyList_SET_ITEM(list, (Py_ssize_t)i, d);
+  }
+  free(info);
+  return list;
+}
+
+static PyObject *tree_dot(TreeObject *T, PyObject *path) {
+  if (!tree_ready(T))
+    return NULL;
+  const char *p = PyUnicode_AsUTF8(path);
+  if (!p)
+    return NULL;
+  FILE *f = fopen(p, "w");
+  if (!f)
+    return PyErr_SetFromErrnoWithFilename(PyExc_OSError, p);
+  cgt_status st = cgt_tree_write_dot(T->tree, f);
+  fclose(f);
+  if (st != CGT_OK)
+    return tx_status_error(T, st, "cgt_tree_write_dot");
+  Py_RETURN_NONE;
+}
+
+static PyObject *tree_check(TreeObject *T, PyObject *unused) {
+  (void)unused;
+  if (!tree_ready(T))
+    return NULL;
+  cgt_status st = cgt_tree_check(T->tree);
+  if (st != CGT_OK)
+    return tx_status_error(T, st, "cgt_tree_check");
+  Py_RETURN_NONE;
+}
+
+static PyObject *tree_get_stream(TreeObject *T, void *c) {
+  (void)c;
+  return PyLong_FromVoidPtr(T->stream);
+}
+static PyObject *tree_get_device(TreeObject *T, void *c) {
+  (void)c;
+  return PyLong_FromLong(T->device);
+}
+static PyObject *tree_get_step(TreeObject *T, void *c) {
+  (void)c;
+  return PyLong_FromUnsignedLongLong(T->step);
+}
+
+static PyMethodDef tree_methods[] = {
+    {"step_begin", (PyCFunction)tree_step_begin, METH_NOARGS, "End the step: outputs still alive become stale."},
+    {"sync", (PyCFunction)tree_sync, METH_NOARGS, "Wait for the tree's stream."},
+    {"stats", (PyCFunction)tree_stats, METH_NOARGS, "cgt_tree_stats as a dict, plus the backend's counters."},
+    {"nodes", (PyCFunction)tree_nodes, METH_NOARGS, "cgt_tree_nodes as a list of dicts."},
+    {"write_dot", (PyCFunction)tree_dot, METH_O, "Write the tree as Graphviz to a path."},
+    {"check", (PyCFunction)tree_check, METH_NOARGS, "cgt_tree_check: raise if an invariant is broken."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef tree_getset[] = {
+    {"stream", (getter)tree_get_stream, NULL, "the tree's cudaStream_t as an int", NULL},
+    {"device", (getter)tree_get_device, NULL, "CUDA device ordinal", NULL},
+    {"step", (getter)tree_get_step, NULL, "steps begun so far", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyTypeObject TreeType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "cgtree._torch_ext.Tree",
+    .tp_basicsize = sizeof(TreeObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The cgtree tree of one CUDA device, shared by every compiled graph on it.",
+    .tp_init = (initproc)tree_init,
+    .tp_new = PyType_GenericNew,
+    .tp_dealloc = (destructor)tree_dealloc,
+    .tp_methods = tree_methods,
+    .tp_getset = tree_getset,
+};
+
+/* ------------------------------------------------------- functions */
+
+static PyObject *m_init_hot_path(PyObject *m, PyObject *args) {
+  (void)m;
+  PyObject *from_dlpack, *raw_stream, *gen_cls, *tensor_type;
+  if (!PyArg_ParseTuple(args, "OOOO", &from_dlpack, &raw_stream, &gen_cls, &tensor_type))
+    return NULL;
+  Py_XSETREF(TX.from_dlpack, Py_NewRef(from_dlpack));
+  Py_XSETREF(TX.raw_stream, Py_NewRef(raw_stream));
+  Py_XSETREF(TX.generation_cls, Py_NewRef(gen_cls));
+  Py_XSETREF(TX.tensor_type, Py_NewRef(tensor_type));
+  Py_RETURN_NONE;
+}
+
+static PyObject *m_alloc_figures(PyObject *m, PyObject *unused) {
+  (void)m;
+  (void)unused;
+  tx_alloc_figures f;
+  tx_alloc_figures_get(&f);
+  return Py_BuildValue("{s:n,s:n,s:n,s:K,s:K,s:K,s:K,s:K,s:K}", "eager_in_use", (Py_ssize_t)f.eager_in_use,
+                       "eager_peak", (Py_ssize_t)f.eager_peak, "eager_reserved", (Py_ssize_t)f.eager_reserved,
+                       "eager_cuda_mallocs", (unsigned long long)f.eager_cuda_mallocs, "eager_cache_hits",
+                       (unsigned long long)f.eager_cache_hits, "pool_allocs", (unsigned long long)f.pool_allocs,
+                       "pool_frees_in_launch", (unsigned long long)f.pool_frees_in_launch, "pool_frees_ignored",
+                       (unsigned long long)f.pool_frees_ignored, "pool_alloc_failures",
+                       (unsigned long long)f.pool_alloc_failures);
+}
+
+static PyObject *m_reset_peak(PyObject *m, PyObject *unused) {
+  (void)m;
+  (void)unused;
+  tx_alloc_reset_peak();
+  Py_RETURN_NONE;
+}
+
+static PyObject *m_empty_cache(PyObject *m, PyObject *unused) {
+  (void)m;
+  (void)unused;
+  return PyLong_FromSize_t(tx_alloc_empty_cache());
+}
+
+static void noop_deleter(tx_dl_managed *m) { free(m); }
+
+static void alias_capsule_destructor(PyObject *cap) {
+  if (PyCapsule_IsValid(cap, "dltensor")) {
+    tx_dl_managed *m = PyCapsule_GetPointer(cap, "dltensor");
+    if (m)
+      m->deleter(m);
+  }
+}
+
+/* alias_capsule(ptr, shape, strides, code, bits, device): a DLPack capsule
+ * over memory the caller owns (a pool placeholder during a launch); the
+ * tensor torch makes from it frees nothing. */
+static PyObject *m_alias_capsule(PyObject *m, PyObject *args) {
+  (void)m;
+  PyObject *pp, *shape, *strides;
+  int code, bits, device;
+  if (!PyArg_ParseTuple(args, "OO!O!iii", &pp, &PyTuple_Type, &shape, &PyTuple_Type, &strides, &code, &bits,
+                        &device))
+    return NULL;
+  Py_ssize_t nd = PyTuple_GET_SIZE(shape);
+  if (PyTuple_GET_SIZE(strides) != nd) {
+    PyErr_SetString(PyExc_ValueError, "shape and strides differ in length");
+    return NULL;
+  }
+  void *ptr = PyLong_AsVoidPtr(pp);
+  if (PyErr_Occurred())
+    return NULL;
+  tx_dl_managed *mt = malloc(sizeof *mt + 2 * (size_t)nd * sizeof(int64_t));
+  if (!mt)
+    return PyErr_NoMemory();
+  int64_t *dims = (int64_t *)(mt + 1);
+  for (Py_ssize_t i = 0; i < nd; i++) {
+    dims[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i));
+    dims[nd + i] = PyLong_AsLongLong(PyTuple_GET_ITEM(strides, i));
+  }
+  if (PyErr_Occurred()) {
+    free(mt);
+    return NULL;
+  }
+  memset(&mt->dl_tensor, 0, sizeof mt->dl_tensor);
+  mt->dl_tensor.data = ptr;
+  mt->dl_tensor.device.device_type = TX_DL_CUDA;
+  mt->dl_tensor.device.device_id = device;
+  mt->dl_tensor.ndim = (int32_t)nd;
+  mt->dl_tensor.dtype.code = (uint8_t)code;
+  mt->dl_tensor.dtype.bits = (uint8_t)bits;
+  mt->dl_tensor.dtype.lanes = 1;
+  mt->dl_tensor.shape = dims;
+  mt->dl_tensor.strides = dims + nd;
+  mt->manager_ctx = NULL;
+  mt->deleter = noop_deleter;
+  PyObject *cap = PyCapsule_New(mt, "dltensor", alias_capsule_destructor);
+  if (!cap)
+    free(mt);
+  return cap;
+}
+
+/* ------------------------------------------- simulator (tests only) */
+
+/* Work a test's fake compiled graph enqueues on a simulator stream: a Python
+ * callable and its arguments, kept alive for as long as the module lives,
+ * because a recorded graph replays them. */
+static PyObject *sim_calls;
+
+static void sim_kernel(void *args) {
+  PyObject *call;
+  memcpy(&call, args, sizeof call);
+  PyGILState_STATE g = PyGILState_Ensure();
+  PyObject *r = PyObject_Call(PyTuple_GET_ITEM(call, 0), PyTuple_GET_ITEM(call, 1), NULL);
+  if (!r)
+    PyErr_WriteUnraisable(call);
+  Py_XDECREF(r);
+  PyGILState_Release(g);
+}
+
+static PyObject *m_sim_launch(PyObject *m, PyObject *args) {
+  (void)m;
+  if (PyTuple_GET_SIZE(args) < 2) {
+    PyErr_SetString(PyExc_TypeError, "sim_launch(stream, fn, *args)");
+    return NULL;
+  }
+  void *stream = PyLong_AsVoidPtr(PyTuple_GET_ITEM(args, 0));
+  if (PyErr_Occurred())
+    return NULL;
+  PyObject *rest = PyTuple_GetSlice(args, 2, PyTuple_GET_SIZE(args));
+  PyObject *call = rest ? PyTuple_Pack(2, PyTuple_GET_ITEM(args, 1), rest) : NULL;
+  Py_XDECREF(rest);
+  if (!call)
+    return NULL;
+  if (!sim_calls && !(sim_calls = PyList_New(0))) {
+    Py_DECREF(call);
+    return NULL;
+  }
+  if (PyList_Append(sim_calls, call) < 0) {
+    Py_DECREF(call);
+    return NULL;
+  }
+  Py_DECREF(call); /* the list keeps it */
+  cgt_status st = cgt_sim_launch(stream, sim_kernel, &call, sizeof call);
+  if (PyErr_Occurred())
+    return NULL;
+  if (st != CGT_OK) {
+    PyErr_Format(TxError, "cgt_sim_launch: %s", cgt_status_name(st));
+    return NULL;
+  }
+  Py_RETURN_NONE;
+}
+
+static PyMethodDef module_methods[] = {
+    {"sim_launch", m_sim_launch, METH_VARARGS, "tests: enqueue fn(*args) on a simulator stream"},
+    {"init_hot_path", m_init_hot_path, METH_VARARGS,
+     "init_hot_path(torch._C._from_dlpack, torch._C._cuda_getCurrentRawStream, GenerationTracker, torch.Tensor)"},
+    {"alloc_figures", m_alloc_figures, METH_NOARGS, "the allocator's own memory figures"},
+    {"reset_peak", m_reset_peak, METH_NOARGS, "eager_peak := eager_in_use"},
+    {"empty_cache", m_empty_cache, METH_NOARGS, "give cached eager blocks back to CUDA; returns bytes"},
+    {"alias_capsule", m_alias_capsule, METH_VARARGS, "a DLPack capsule over caller-owned CUDA memory"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moduledef = {
+    PyModuleDef_HEAD_INIT, "cgtree._torch_ext",
+    "The C half of cgtree's torch.compile backend: the allocator PyTorch calls, and the hot path of every segment.",
+    -1, module_methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__torch_ext(void) {
+  if (PyType_Ready(&TreeType) < 0 || PyType_Ready(&SegmentType) < 0)
+    return NULL;
+  PyObject *m = PyModule_Create(&moduledef);
+  if (!m)
+    return NULL;
+  TX.str_data_ptr = PyUnicode_InternFromString("data_ptr");
+  TX.str_generation = PyUnicode_InternFromString("generation");
+  TxError = PyErr_NewExceptionWithDoc("cgtree._torch_ext.CgtreeError",
+                                      "cgtree's torch.compile backend could not do what was asked.", PyExc_RuntimeError,
+                                      NULL);
+  TxStaleError = PyErr_NewExceptionWithDoc(
+      "cgtree._torch_ext.StaleTensorError",
+      "An output of an earlier step was passed to a compiled graph: its memory may hold newer outputs.", TxError,
+      NULL);
+  if (!TX.str_data_ptr || !TX.str_generation || !TxError || !TxStaleError ||
+      PyModule_AddObjectRef(m, "CgtreeError", TxError) < 0 ||
+      PyModule_AddObjectRef(m, "StaleTensorError", TxStaleError) < 0 ||
+      PyModule_AddObjectRef(m, "Tree", (PyObject *)&TreeType) < 0 ||
+      PyModule_AddObjectRef(m, "Segment", (PyObject *)&SegmentType) < 0 ||
+      PyModule_AddStringConstant(m, "ALLOC_FN", "cgt_torch_alloc") < 0 ||
+      PyModule_AddStringConstant(m, "FREE_FN", "cgt_torch_free") < 0) {
+    Py_DECREF(m);
+    return NULL;
+  }
+  return m;
+}

@@ -1,0 +1,752 @@
+/* segment.c — one graph Dynamo handed over, run as a cgtree segment.
+ *
+ * This is the hot path of the backend, and it is all C: the tensors Dynamo
+ * passes become cgt_args, cgt_run replays (or warms up, or records) the
+ * graph, and the outputs become new tensors around the tree's values. A
+ * replay calls no Python but a tensor's data_ptr() per input, PyTorch's raw
+ * stream getter, and torch._C._from_dlpack per output.
+ *
+ * Inputs. A tensor we handed out earlier in this step (found by object in the
+ * tree's registry, at the same data pointer) is a VALUE; one from an earlier
+ * step raises StaleTensorError, because its memory may already hold another
+ * output. Parameters, buffers and inputs the graph mutates are STATIC (their
+ * address keys the node, the graph reads and writes them in place); every
+ * other tensor is DYNAMIC (copied into a pool placeholder inside the graph).
+ * Ints and floats are hashed into the variant, the caller's key for
+ * everything host-side that changes what the graph enqueues.
+ *
+ * Outputs. Each output is a DLPack capsule whose deleter queues the value
+ * for release; torch.from_dlpack consumes it, so the value's memory goes back
+ * to the tree when the tensor's storage dies (the queue is drained, under
+ * the GIL, at the next run or step), or at the end of the step. Shapes,
+ * strides and dtypes are the same for every run of a (segment, variant), so
+ * they are learnt once, from the first run, and kept as a template.
+ *
+ * The launch function (called by cgtree for warmups and recordings, never
+ * for replays) calls the Inductor-compiled graph on the tree's stream with
+ * alloc.c routing every allocation into this launch, and tells cgtree where
+ * the outputs are. The very first call of a segment is not run through
+ * cgtree at all: it runs the compiled graph plainly, so Triton autotuning and
+ * other lazy initialisation happen outside the pool, and it tells us how many
+ * outputs the graph has, which cgt_segment_register needs.
+ *
+ * Anything a graph does that a recording cannot carry (an output on the CPU,
+ * an output in memory that is neither the pool nor an input) turns the
+ * segment into a plain call of the compiled graph for good, with a warning.
+ */
+#include "ext.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+
+enum { ARG_TENSOR = 0, ARG_TENSOR_STATIC = 1, ARG_INT = 2, ARG_FLOAT = 3, ARG_OTHER = 4 };
+
+typedef struct out_meta {
+  int32_t ndim;
+  tx_dl_dtype dtype;
+  int64_t *dims; /* shape then strides */
+} out_meta;
+
+typedef struct variant_tmpl {
+  uint64_t variant;
+  uint32_t n_res;
+  int as_list;
+  uint8_t *is_tensor;
+  PyObject *consts; /* tuple of n_res; None where a tensor goes */
+  out_meta *outs;
+} variant_tmpl;
+
+typedef struct SegmentObject {
+  PyObject_HEAD
+  vectorcallfunc vectorcall;
+  TreeObject *tree;
+  PyObject *compiled, *launch_py, *alias_py, *describe_py, *span_py;
+  PyObject *bypass_reason; /* str once the segment runs plainly for good, else NULL */
+  char *name;
+  uint32_t flags;
+  uint32_t n_args, n_targs, n_outputs;
+  uint8_t *arg_kind;
+  size_t *arg_span;
+  int dynamic_spans, registered, want_bypass;
+  cgt_segment seg;
+  cgt_arg *args;
+  void **ptrs;
+  PyObject *const *cur;
+  uint64_t cur_variant;
+  cgt_value *outs;
+  variant_tmpl *tmpls;
+  size_t n_tmpls;
+  PyObject *exc_type, *exc_value, *exc_tb;
+  uint64_t calls, plain_calls;
+  uint64_t timed_calls, ns_in_call, ns_in_run; /* replays only: what bench/torch_compare.py reports */
+} SegmentObject;
+
+static inline uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* ------------------------------------------------ released outputs */
+
+static pthread_mutex_t dead_mu = PTHREAD_MUTEX_INITIALIZER;
+static tx_out_ref *dead_head;
+
+/* Called by PyTorch when an output's storage dies, on any thread, with or
+ * without the GIL: only queue it. */
+static void out_deleter(tx_dl_managed *m) {
+  tx_out_ref *r = m->manager_ctx;
+  pthread_mutex_lock(&dead_mu);
+  r->next_dead = dead_head;
+  dead_head = r;
+  pthread_mutex_unlock(&dead_mu);
+}
+
+void tx_out_ref_queue_drain(void) {
+  pthread_mutex_lock(&dead_mu);
+  tx_out_ref *r = dead_head;
+  dead_head = NULL;
+  pthread_mutex_unlock(&dead_mu);
+  while (r) {
+    tx_out_ref *next = r->next_dead;
+    TreeObject *T = r->tree;
+    if (r->in_registry)
+      HASH_DEL(T->registry, r);
+    if (r->step == T->step) { /* values of ended steps are stale already */
+      (void)cgt_value_release(T->tree, r->value);
+      T->alive_this_step--;
+    }
+    free(r);
+    r = next;
+  }
+}
+
+static void capsule_destructor(PyObject *cap) {
+  if (PyCapsule_IsValid(cap, "dltensor")) { /* never consumed */
+    tx_dl_managed *m = PyCapsule_GetPointer(cap, "dltensor");
+    if (m && m->deleter)
+      m->deleter(m);
+  }
+}
+
+/* A tensor over value v, laid out as m says. Steals v: on failure v is
+ * released (through the queue). */
+static PyObject *make_output(TreeObject *T, cgt_value v, const out_meta *m) {
+  void *ptr = NULL;
+  size_t bytes = 0;
+  cgt_status st = cgt_value_ptr(T->tree, v, &ptr, &bytes);
+  if (st != CGT_OK)
+    return tx_status_error(T, st, "cgtree output");
+  int nd = m->ndim;
+  tx_out_ref *r = malloc(sizeof *r + 2 * (size_t)nd * sizeof(int64_t));
+  if (!r) {
+    (void)cgt_value_release(T->tree, v);
+    return PyErr_NoMemory();
+  }
+  memset(r, 0, sizeof *r);
+  if (nd)
+    memcpy(r->dims, m->dims, 2 * (size_t)nd * sizeof(int64_t));
+  r->m.dl_tensor.data = ptr;
+  r->m.dl_tensor.device.device_type = TX_DL_CUDA;
+  r->m.dl_tensor.device.device_id = T->device;
+  r->m.dl_tensor.ndim = nd;
+  r->m.dl_tensor.dtype = m->dtype;
+  r->m.dl_tensor.shape = r->dims;
+  r->m.dl_tensor.strides = r->dims + nd;
+  r->m.dl_tensor.byte_offset = 0;
+  r->m.manager_ctx = r;
+  r->m.deleter = out_deleter;
+  r->tree = T;
+  r->value = v;
+  r->step = T->step;
+  r->ptr = ptr;
+  PyObject *cap = PyCapsule_New(&r->m, "dltensor", capsule_destructor);
+  if (!cap) {
+    (void)cgt_value_release(T->tree, v);
+    free(r);
+    return NULL;
+  }
+  PyObject *t = PyObject_Vectorcall(TX.from_dlpack, &cap, 1, NULL);
+  Py_DECREF(cap); /* unconsumed: the destructor queued r */
+  if (!t)
+    return NULL;
+  tx_out_ref *old = NULL;
+  HASH_FIND_PTR(T->registry, &t, old);
+  if (old) { /* an entry whose tensor object died while a view kept the storage */
+    HASH_DEL(T->registry, old);
+    old->in_registry = 0;
+  }
+  r->key = t;
+  r->in_registry = 1;
+  HASH_ADD_PTR(T->registry, key, r);
+  T->outputs_made++;
+  T->alive_this_step++;
+  return t;
+}
+
+/* ------------------------------------------------------- templates */
+
+static variant_tmpl *tmpl_find(SegmentObject *s, uint64_t variant) {
+  for (size_t i = 0; i < s->n_tmpls; i++)
+    if (s->tmpls[i].variant == variant)
+      return &s->tmpls[i];
+  return NULL;
+}
+
+static void tmpl_clear(variant_tmpl *t) {
+  if (t->outs)
+    for (uint32_t i = 0; t->outs && i < t->n_res; i++)
+      free(t->outs[i].dims);
+  free(t->outs);
+  free(t->is_tensor);
+  Py_XDECREF(t->consts);
+  memset(t, 0, sizeof *t);
+}
+
+/* desc is what python/cgtree/torch/_segment.py's describe() returns:
+ * (as_list, metas, consts), metas[i] = None or (ptr, span, shape, strides, code, bits). */
+static int tmpl_add(SegmentObject *s, uint64_t variant, PyObject *desc, uint32_t *n_tensors) {
+  PyObject *metas = PyTuple_GET_ITEM(desc, 1), *consts = PyTuple_GET_ITEM(desc, 2);
+  uint32_t n_res = (uint32_t)PyTuple_GET_SIZE(metas);
+  variant_tmpl t;
+  memset(&t, 0, sizeof t);
+  t.variant = variant;
+  t.n_res = n_res;
+  t.as_list = PyObject_IsTrue(PyTuple_GET_ITEM(desc, 0));
+  t.is_tensor = calloc(n_res ? n_res : 1, 1);
+  t.outs = calloc(n_res ? n_res : 1, sizeof *t.outs);
+  if (!t.is_tensor || !t.outs) {
+    tmpl_clear(&t);
+    PyErr_NoMemory();
+    return -1;
+  }
+  Py_INCREF(consts);
+  t.consts = consts;
+  uint32_t k = 0;
+  for (uint32_t i = 0; i < n_res; i++) {
+    PyObject *m = PyTuple_GET_ITEM(metas, i);
+    if (m == Py_None)
+      continue;
+    PyObject *shape = PyTuple_GET_ITEM(m, 2), *strides = PyTuple_GET_ITEM(m, 3);
+    out_meta *o = &t.outs[k];
+    o->ndim = (int32_t)PyTuple_GET_SIZE(shape);
+    o->dims = calloc(2 * (size_t)o->ndim + 1, sizeof(int64_t));
+    if (!o->dims) {
+      tmpl_clear(&t);
+      PyErr_NoMemory();
+      return -1;
+    }
+    for (int32_t d = 0; d < o->ndim; d++) {
+      o->dims[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, d));
+      o->dims[o->ndim + d] = PyLong_AsLongLong(PyTuple_GET_ITEM(strides, d));
+    }
+    o->dtype.code = (uint8_t)PyLong_AsLong(PyTuple_GET_ITEM(m, 4));
+    o->dtype.bits = (uint8_t)PyLong_AsLong(PyTuple_GET_ITEM(m, 5));
+    o->dtype.lanes = 1;
+    t.is_tensor[i] = 1;
+    k++;
+  }
+  if (PyErr_Occurred()) {
+    tmpl_clear(&t);
+    return -1;
+  }
+  variant_tmpl *grown = realloc(s->tmpls, (s->n_tmpls + 1) * sizeof *grown);
+  if (!grown) {
+    tmpl_clear(&t);
+    PyErr_NoMemory();
+    return -1;
+  }
+  s->tmpls = grown;
+  s->tmpls[s->n_tmpls++] = t;
+  *n_tensors = k;
+  return 0;
+}
+
+/* -------------------------------------------------- launch function */
+
+static void clear_exception(SegmentObject *s) {
+  Py_CLEAR(s->exc_type);
+  Py_CLEAR(s->exc_value);
+  Py_CLEAR(s->exc_tb);
+}
+
+static void stash_exception(SegmentObject *s) {
+  Py_XDECREF(s->exc_type);
+  Py_XDECREF(s->exc_value);
+  Py_XDECREF(s->exc_tb);
+  PyErr_Fetch(&s->exc_type, &s->exc_value, &s->exc_tb);
+}
+
+static cgt_status set_outputs(SegmentObject *s, cgt_launch *l, PyObject *res) {
+  PyObject *desc = PyObject_CallOneArg(s->describe_py, res);
+  if (!desc) {
+    stash_exception(s);
+    return CGT_ERR_SEGMENT_FAILED;
+  }
+  if (desc == Py_None) { /* describe() found an output a recording cannot carry */
+    Py_DECREF(desc);
+    s->want_bypass = 1;
+    return CGT_ERR_SEGMENT_FAILED;
+  }
+  PyObject *metas = PyTuple_GET_ITEM(desc, 1);
+  variant_tmpl *t = tmpl_find(s, s->cur_variant);
+  if (!t) {
+    uint32_t n = 0;
+    if (tmpl_add(s, s->cur_variant, desc, &n) < 0) {
+      Py_DECREF(desc);
+      stash_exception(s);
+      return CGT_ERR_SEGMENT_FAILED;
+    }
+    if (n != s->n_outputs) {
+      Py_DECREF(desc);
+      s->want_bypass = 1;
+      return CGT_ERR_SEGMENT_FAILED;
+    }
+  }
+  cgt_status st = CGT_OK;
+  uint32_t k = 0;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(metas) && st == CGT_OK; i++) {
+    PyObject *m = PyTuple_GET_ITEM(metas, i);
+    if (m == Py_None)
+      continue;
+    void *ptr = PyLong_AsVoidPtr(PyTuple_GET_ITEM(m, 0));
+    size_t span = PyLong_AsSize_t(PyTuple_GET_ITEM(m, 1));
+    if (span == 0) /* an empty tensor still needs a value: one byte of pool */
+      st = cgt_launch_alloc(l, 1, &ptr), span = 1;
+    if (st == CGT_OK)
+      st = cgt_launch_set_output(l, k, ptr, span);
+    if (st != CGT_OK)
+      s->want_bypass = 1; /* an output outside the pool and the inputs (e.g. a constant) */
+    k++;
+  }
+  Py_DECREF(desc);
+  return st;
+}
+
+static cgt_status seg_launch(cgt_launch *l, void *user) {
+  SegmentObject *s = user;
+  PyObject *inputs = PyTuple_New(s->n_args);
+  if (!inputs) {
+    stash_exception(s);
+    return CGT_ERR_OUT_OF_MEMORY;
+  }
+  uint32_t k = 0;
+  for (uint32_t i = 0; i < s->n_args; i++) {
+    PyObject *o = s->cur[i], *item;
+    if (s->arg_kind[i] <= ARG_TENSOR_STATIC) {
+      void *p = cgt_launch_input(l, k);
+      if (p == s->ptrs[k] || s->ptrs[k] == NULL) {
+        Py_INCREF(o);
+        item = o;
+      } else { /* a DYNAMIC input: the graph must read the pool placeholder */
+        PyObject *pp = PyLong_FromVoidPtr(p);
+        item = pp ? PyObject_CallFunctionObjArgs(s->alias_py, o, pp, NULL) : NULL;
+        Py_XDECREF(pp);
+      }
+      k++;
+    } else {
+      Py_INCREF(o);
+      item = o;
+    }
+    if (!item) {
+      Py_DECREF(inputs);
+      stash_exception(s);
+      return CGT_ERR_SEGMENT_FAILED;
+    }
+    PyTuple_SET_ITEM(inputs, i, item);
+  }
+  tx_alloc_launch_enter(l);
+  PyObject *res = PyObject_CallOneArg(s->launch_py, inputs);
+  cgt_status st;
+  if (res) {
+    st = set_outputs(s, l, res);
+  } else {
+    stash_exception(s);
+    st = CGT_ERR_SEGMENT_FAILED;
+  }
+  /* Dropping the graph's own output tensors frees pool blocks the tree now
+   * owns: outside the launch, alloc.c ignores those frees. */
+  tx_alloc_launch_leave();
+  Py_XDECREF(res);
+  Py_DECREF(inputs);
+  return st;
+}
+
+/* ------------------------------------------------------------ calls */
+
+static PyObject *call_plain(SegmentObject *s, PyObject *const *args, size_t n) {
+  s->plain_calls++;
+  return PyObject_Vectorcall(s->compiled, args, n, NULL);
+}
+
+static void go_plain(SegmentObject *s, const char *why) {
+  if (s->bypass_reason)
+    return;
+  s->bypass_reason = PyUnicode_FromString(why);
+  PyErr_WarnFormat(PyExc_RuntimeWarning, 1, "cgtree.torch: graph '%s' runs without CUDA graphs from now on: %s",
+                   s->name, why);
+  PyErr_Clear(); /* a warning turned error must not break the call */
+}
+
+/* The first call: the compiled graph runs plainly (outside the pool), and
+ * its outputs tell us what to register. */
+static PyObject *first_call(SegmentObject *s, PyObject *const *args, size_t n, uint64_t variant) {
+  PyObject *res = call_plain(s, args, n);
+  if (!res)
+    return NULL;
+  PyObject *desc = PyObject_CallOneArg(s->describe_py, res);
+  if (!desc) {
+    Py_DECREF(res);
+    return NULL;
+  }
+  if (desc == Py_None) {
+    Py_DECREF(desc);
+    go_plain(s, "an output is not a CUDA tensor on the graph's device");
+    return res;
+  }
+  uint32_t n_out = 0;
+  if (tmpl_add(s, variant, desc, &n_out) < 0) {
+    Py_DECREF(desc);
+    Py_DECREF(res);
+    return NULL;
+  }
+  Py_DECREF(desc);
+  cgt_segment_desc d;
+  memset(&d, 0, sizeof d);
+  d.name = s->name;
+  d.launch = seg_launch;
+  d.user = s;
+  d.n_inputs = s->n_targs;
+  d.n_outputs = n_out;
+  d.flags = s->flags;
+  s->outs = calloc(n_out ? n_out : 1, sizeof *s->outs);
+  if (!s->outs) {
+    Py_DECREF(res);
+    return PyErr_NoMemory();
+  }
+  cgt_status st = cgt_segment_register(s->tree->tree, &d, &s->seg);
+  if (st != CGT_OK) {
+    Py_DECREF(res);
+    return tx_status_error(s->tree, st, "cgt_segment_register");
+  }
+  s->n_outputs = n_out;
+  s->registered = 1;
+  Py_INCREF(s); /* the tree calls back into it for as long as it lives */
+  return res;
+}
+
+static inline uint64_t mix(uint64_t h, uint64_t x) {
+  h ^= x + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+  return h;
+}
+
+static PyObject *build_result(SegmentObject *s, variant_tmpl *t) {
+  PyObject *out = t->as_list ? PyList_New(t->n_res) : PyTuple_New(t->n_res);
+  uint32_t k = 0;
+  if (!out)
+    goto fail;
+  for (uint32_t i = 0; i < t->n_res; i++) {
+    PyObject *item;
+    if (t->is_tensor[i]) {
+      item = make_output(s->tree, s->outs[k], &t->outs[k]);
+      k++;
+      if (!item)
+        goto fail;
+    } else {
+      item = PyTuple_GET_ITEM(t->consts, i);
+      Py_INCREF(item);
+    }
+    if (t->as_list)
+      PyList_SET_ITEM(out, i, item);
+    else
+      PyTuple_SET_ITEM(out, i, item);
+  }
+  return out;
+fail:
+  for (; k < s->n_outputs; k++) /* values no tensor took */
+    (void)cgt_value_release(s->tree->tree, s->outs[k]);
+  Py_XDECREF(out);
+  return NULL;
+}
+
+static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+  SegmentObject *s = (SegmentObject *)self;
+  size_t n = PyVectorcall_NARGS(nargsf);
+  uint64_t t0 = now_ns();
+  s->calls++;
+  if (s->bypass_reason)
+    return call_plain(s, args, n);
+  if (kwnames || n != s->n_args) {
+    PyErr_Format(PyExc_TypeError, "cgtree.torch: graph '%s' takes %u positional arguments, got %zd%s", s->name,
+                 s->n_args, n, kwnames ? " and keywords" : "");
+    return NULL;
+  }
+  TreeObject *T = s->tree;
+  if (tx_tree_sync_step(T) < 0)
+    return NULL;
+  tx_out_ref_queue_drain();
+
+  uint64_t variant = 0;
+  uint32_t k = 0;
+  for (size_t i = 0; i < n; i++) {
+    PyObject *o = args[i];
+    uint8_t kind = s->arg_kind[i];
+    if (kind <= ARG_TENSOR_STATIC) {
+      PyObject *p = PyObject_VectorcallMethod(TX.str_data_ptr, &o, 1, NULL);
+      if (!p)
+        return NULL;
+      void *ptr = PyLong_AsVoidPtr(p);
+      Py_DECREF(p);
+      size_t span = s->arg_span[i];
+      if (s->dynamic_spans) {
+        PyObject *sp = PyObject_CallOneArg(s->span_py, o);
+        if (!sp)
+          return NULL;
+        span = PyLong_AsSize_t(sp);
+        Py_DECREF(sp);
+      }
+      s->ptrs[k] = ptr;
+      tx_out_ref *r = NULL;
+      HASH_FIND_PTR(T->registry, &o, r);
+      if (r && r->ptr == ptr) {
+        if (r->step != T->step) {
+          T->stale_refused++;
+          PyErr_Format(TxStaleError,
+                       "cgtree.torch: argument %zu of graph '%s' is an output of an earlier step (step %llu, now "
+                       "%llu); its memory belongs to the current step's outputs. Clone outputs you keep across "
+                       "calls of the compiled model (or call cgtree.torch.step_begin() only where a step really ends).",
+                       i, s->name, (unsigned long long)r->step, (unsigned long long)T->step);
+          return NULL;
+        }
+        s->args[k] = cgt_arg_value(r->value);
+      } else if (ptr == NULL || span == 0) {
+        /* An empty tensor has nothing to read; cgtree needs memory, so it is
+         * keyed on a byte of ours and the launch passes the tensor itself. */
+        s->ptrs[k] = NULL;
+        s->args[k] = cgt_arg_static(s->ptrs, 1);
+      } else {
+        s->args[k] = kind == ARG_TENSOR_STATIC ? cgt_arg_static(ptr, span) : cgt_arg_dynamic(ptr, span);
+      }
+      k++;
+    } else if (kind == ARG_INT) {
+      long long x = PyLong_AsLongLong(o);
+      if (x == -1 && PyErr_Occurred())
+        return NULL;
+      variant = mix(variant, (uint64_t)x);
+    } else if (kind == ARG_FLOAT) {
+      double x = PyFloat_AsDouble(o);
+      if (x == -1.0 && PyErr_Occurred())
+        return NULL;
+      uint64_t bits;
+      memcpy(&bits, &x, sizeof bits);
+      variant = mix(variant, bits);
+    }
+  }
+  /* The caller's stream: the legacy default stream (0) is ordered with the
+   * tree's blocking stream by CUDA itself; any other needs events. */
+  PyObject *dev = PyLong_FromLong(T->device);
+  PyObject *rs = dev ? PyObject_Vectorcall(TX.raw_stream, &dev, 1, NULL) : NULL;
+  Py_XDECREF(dev);
+  if (!rs)
+    return NULL;
+  void *caller = PyLong_AsVoidPtr(rs);
+  Py_DECREF(rs);
+  if (!s->registered) { /* runs on the caller's stream: wait for the tree's outputs */
+    if (caller && caller != T->stream)
+      tx_stream_wait(caller, T->stream, T->ev_out);
+    return first_call(s, args, n, variant);
+  }
+  if (caller && caller != T->stream)
+    tx_stream_wait(T->stream, caller, T->ev_in);
+
+  s->cur = args;
+  s->cur_variant = variant;
+  s->want_bypass = 0;
+  clear_exception(s); /* a capture that failed and then ran eagerly may have left one */
+  cgt_stats before;
+  cgt_tree_stats(T->tree, &before);
+  uint64_t t1 = now_ns();
+  cgt_status st = cgt_run(T->tree, s->seg, variant, s->args, s->n_targs, s->outs, s->n_outputs);
+  uint64_t t2 = now_ns();
+  s->cur = NULL;
+  if (st != CGT_OK) {
+    if (s->exc_type) {
+      /* The graph raised while cgtree warmed it up or recorded it. Whatever
+       * the cause (a call PyTorch refuses under capture, the pool out of
+       * memory, or the graph's own error), the graph runs plainly from now
+       * on; a genuine error then reaches the caller from the plain call. */
+      PyObject *text = s->exc_value ? PyObject_Repr(s->exc_value) : NULL;
+      const char *t = text ? PyUnicode_AsUTF8(text) : NULL;
+      PyErr_Clear();
+      char why[600];
+      snprintf(why, sizeof why, "it raised while cgtree ran it (%s): %s", cgt_status_name(st), t ? t : "?");
+      Py_XDECREF(text);
+      clear_exception(s);
+      go_plain(s, why);
+      return call_plain(s, args, n);
+    }
+    if (s->want_bypass || st == CGT_ERR_SEGMENT_FAILED) {
+      char why[512];
+      snprintf(why, sizeof why, "%s (%s)", cgt_status_name(st), cgt_tree_last_error(T->tree));
+      go_plain(s, why);
+      return call_plain(s, args, n);
+    }
+    if (st == CGT_ERR_STALE_VALUE) {
+      T->stale_refused++;
+      PyErr_Format(TxStaleError, "cgtree.torch: graph '%s': %s", s->name, cgt_tree_last_error(T->tree));
+      return NULL;
+    }
+    return tx_status_error(T, st, "cgt_run");
+  }
+  clear_exception(s);
+  if (caller && caller != T->stream)
+    tx_stream_wait(caller, T->stream, T->ev_out);
+  variant_tmpl *t = tmpl_find(s, variant);
+  if (!t) {
+    for (uint32_t j = 0; j < s->n_outputs; j++)
+      (void)cgt_value_release(T->tree, s->outs[j]);
+    PyErr_Format(TxError, "cgtree.torch: graph '%s' has no output template for variant %llu", s->name,
+                 (unsigned long long)variant);
+    return NULL;
+  }
+  PyObject *result = build_result(s, t);
+  cgt_stats after;
+  cgt_tree_stats(T->tree, &after);
+  if (after.replays > before.replays) {
+    s->timed_calls++;
+    s->ns_in_run += t2 - t1;
+    s->ns_in_call += now_ns() - t0;
+  }
+  return result;
+}
+
+/* ------------------------------------------------------- the type */
+
+static int seg_init(SegmentObject *s, PyObject *a, PyObject *kw) {
+  static char *kwlist[] = {"tree", "name", "compiled", "launch", "alias", "describe", "span",
+                           "kinds", "spans", "flags", "dynamic_spans", NULL};
+  PyObject *tree, *compiled, *launch, *alias, *describe, *span, *spans;
+  const char *name;
+  Py_buffer kinds;
+  unsigned int flags = 0;
+  int dyn = 0;
+  if (!PyArg_ParseTupleAndKeywords(a, kw, "O!sOOOOOy*O!|Ip", kwlist, &TreeType, &tree, &name, &compiled, &launch,
+                                   &alias, &describe, &span, &kinds, &PyTuple_Type, &spans, &flags, &dyn))
+    return -1;
+  if (PyTuple_GET_SIZE(spans) != kinds.len) {
+    PyBuffer_Release(&kinds);
+    PyErr_SetString(PyExc_ValueError, "kinds and spans differ in length");
+    return -1;
+  }
+  s->n_args = (uint32_t)kinds.len;
+  s->arg_kind = malloc(kinds.len + 1);
+  s->arg_span = calloc(kinds.len + 1, sizeof *s->arg_span);
+  s->args = calloc(kinds.len + 1, sizeof *s->args);
+  s->ptrs = calloc(kinds.len + 1, sizeof *s->ptrs);
+  s->name = strdup(name);
+  if (!s->arg_kind || !s->arg_span || !s->args || !s->ptrs || !s->name) {
+    PyBuffer_Release(&kinds);
+    PyErr_NoMemory();
+    return -1;
+  }
+  memcpy(s->arg_kind, kinds.buf, kinds.len);
+  PyBuffer_Release(&kinds);
+  for (uint32_t i = 0; i < s->n_args; i++) {
+    s->arg_span[i] = PyLong_AsSize_t(PyTuple_GET_ITEM(spans, i));
+    if (s->arg_kind[i] <= ARG_TENSOR_STATIC)
+      s->n_targs++;
+  }
+  if (PyErr_Occurred())
+    return -1;
+  s->flags = flags;
+  s->dynamic_spans = dyn;
+  Py_INCREF(tree);
+  s->tree = (TreeObject *)tree;
+#define KEEP(field, obj) (Py_INCREF(obj), s->field = (obj))
+  KEEP(compiled, compiled);
+  KEEP(launch_py, launch);
+  KEEP(alias_py, alias);
+  KEEP(describe_py, describe);
+  KEEP(span_py, span);
+#undef KEEP
+  s->vectorcall = seg_vectorcall;
+  return 0;
+}
+
+static void seg_dealloc(SegmentObject *s) {
+  /* A registered segment is never freed: the tree holds a reference,
+   * because cgtree has no unregister and may call its launch function. */
+  for (size_t i = 0; i < s->n_tmpls; i++)
+    tmpl_clear(&s->tmpls[i]);
+  free(s->tmpls);
+  free(s->arg_kind);
+  free(s->arg_span);
+  free(s->args);
+  free(s->ptrs);
+  free(s->outs);
+  free(s->name);
+  Py_XDECREF(s->tree);
+  Py_XDECREF(s->compiled);
+  Py_XDECREF(s->launch_py);
+  Py_XDECREF(s->alias_py);
+  Py_XDECREF(s->describe_py);
+  Py_XDECREF(s->span_py);
+  Py_XDECREF(s->bypass_reason);
+  Py_XDECREF(s->exc_type);
+  Py_XDECREF(s->exc_value);
+  Py_XDECREF(s->exc_tb);
+  Py_TYPE(s)->tp_free((PyObject *)s);
+}
+
+static PyObject *seg_get_info(SegmentObject *s, void *closure) {
+  (void)closure;
+  return Py_BuildValue("{s:s,s:I,s:O,s:K,s:K,s:I,s:I,s:O}", "name", s->name, "segment", (unsigned)s->seg,
+                       "registered", s->registered ? Py_True : Py_False, "calls", (unsigned long long)s->calls,
+                       "plain_calls", (unsigned long long)s->plain_calls, "inputs", s->n_targs, "outputs",
+                       s->n_outputs, "plain_reason", s->bypass_reason ? s->bypass_reason : Py_None);
+}
+
+static PyObject *seg_timers(SegmentObject *s, PyObject *unused) {
+  (void)unused;
+  return Py_BuildValue("{s:K,s:K,s:K}", "replays", (unsigned long long)s->timed_calls, "ns_in_call",
+                       (unsigned long long)s->ns_in_call, "ns_in_run", (unsigned long long)s->ns_in_run);
+}
+
+static PyObject *seg_reset_timers(SegmentObject *s, PyObject *unused) {
+  (void)unused;
+  s->timed_calls = s->ns_in_call = s->ns_in_run = 0;
+  Py_RETURN_NONE;
+}
+
+static PyMethodDef seg_methods[] = {
+    {"timers", (PyCFunction)seg_timers, METH_NOARGS,
+     "replayed calls timed, ns spent in the whole call (C hot path) and in cgt_run (graph launch included)"},
+    {"reset_timers", (PyCFunction)seg_reset_timers, METH_NOARGS, "zero the timers"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef seg_getset[] = {
+    {"info", (getter)seg_get_info, NULL, "name, segment id, calls, plain calls and why", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyObject *seg_call(PyObject *self, PyObject *args, PyObject *kw) {
+  return PyVectorcall_Call(self, args, kw);
+}
+
+PyTypeObject SegmentType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "cgtree._torch_ext.Segment",
+    .tp_basicsize = sizeof(SegmentObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_vectorcall_offset = offsetof(SegmentObject, vectorcall),
+    .tp_call = seg_call,
+    .tp_doc = "One Dynamo graph as a cgtree segment; call it like the compiled graph.",
+    .tp_init = (initproc)seg_init,
+    .tp_new = PyType_GenericNew,
+    .tp_dealloc = (destructor)seg_dealloc,
+    .tp_getset = seg_getset,
+    .tp_methods = seg_methods,
+};

@@ -1,0 +1,142 @@
+"""cgtree as a torch.compile backend.
+
+    import cgtree.torch                      # first: installs cgtree's CUDA allocator
+    model = torch.compile(model, backend="cgtree")
+
+Every graph Dynamo hands over (the pieces between graph breaks) is compiled
+by Inductor without its own CUDA graphs and becomes a segment of one cgtree
+tree per device: warmed up, recorded, replayed; new branches restore the
+pool's checkpoint; all recordings share one pool, and every byte a segment
+allocates comes from it. Each call of the compiled model begins a step
+(PyTorch's inference heuristic); ``step_begin()`` begins one explicitly.
+Outputs of a step are valid until the next step begins; passing one to a
+compiled call after that raises StaleTensorError. See docs/torch.md.
+"""
+import os
+
+try:
+    from ._install import CgtreeError, StaleTensorError, install, installed
+    from . import _install
+    from ._backend import backend
+except ImportError as _e:  # a build without CUDA has no cgtree._torch_ext
+    _why = str(_e)
+
+    class CgtreeError(RuntimeError):
+        pass
+
+    class StaleTensorError(CgtreeError):
+        pass
+
+    def installed():
+        return False
+
+    def install():
+        raise CgtreeError("cgtree.torch needs cgtree built with CUDA (cgtree._torch_ext is missing: %s)" % _why)
+
+    def backend(gm, example_inputs, **kwargs):
+        install()
+
+    class _NoTrees:
+        @staticmethod
+        def trees():
+            return []
+
+    _install = _NoTrees()
+
+__all__ = ["backend", "install", "installed", "step_begin", "stats", "memory_stats", "nodes", "reset_peak",
+           "CgtreeError", "StaleTensorError"]
+
+
+def step_begin():
+    """End the current step on every device: outputs still alive become stale."""
+    for tree in _install.trees():
+        tree.step_begin()
+
+
+def stats():
+    """cgtree's counters summed over devices (recordings, replays, pool figures...)
+    plus the backend's own (outputs made, stale arguments refused, graphs run plainly)."""
+    from ._backend import _segments
+
+    total = {}
+    for tree in _install.trees():
+        for k, v in tree.stats().items():
+            total[k] = total.get(k, 0) + v
+    total["graphs"] = len(_segments)
+    total["graphs_plain"] = sum(1 for s in _segments if s.info["plain_reason"] is not None)
+    return total
+
+
+def nodes():
+    """Every node of every tree: id, parent, segment, state, replays..."""
+    out = []
+    for tree in _install.trees():
+        for n in tree.nodes():
+            n["device"] = tree.device
+            out.append(n)
+    return out
+
+
+def memory_stats():
+    """Device memory figures. PyTorch's own (torch.cuda.max_memory_allocated and
+    friends) raise under a swapped allocator, so cgtree reports its own:
+    eager_* for memory outside the pool (parameters, inputs, eager ops),
+    pool_* for the tree's pool, and peak_bytes = eager_peak + pool_peak, an upper
+    bound of the bytes in use at any one time."""
+    from .. import _torch_ext
+
+    f = _torch_ext.alloc_figures()
+    pool_peak = pool_reserved = 0
+    for tree in _install.trees():
+        s = tree.stats()
+        pool_peak += s["pool_peak_bytes"] + s["side_pool_peak_bytes"]
+        pool_reserved += s["pool_reserved_bytes"]
+    f["pool_peak"] = pool_peak
+    f["pool_reserved"] = pool_reserved
+    f["peak_bytes"] = f["eager_peak"] + pool_peak
+    return f
+
+
+def _torch_ext_figures():
+    """The allocator's raw counters (tests and benchmarks)."""
+    from .. import _torch_ext
+
+    return _torch_ext.alloc_figures()
+
+
+def reset_peak():
+    """Restart the eager peak (the pool's peak is the tree's and is not reset)."""
+    from .. import _torch_ext
+
+    _torch_ext.reset_peak()
+
+
+def _register_name():
+    """backend="cgtree" works through the torch_dynamo_backends entry point once
+    the package is installed; from a source tree (no entry point) register the
+    name here. Never both: Dynamo refuses a name registered twice."""
+    try:
+        from importlib.metadata import entry_points
+
+        if "cgtree" in entry_points(group="torch_dynamo_backends").names:
+            return
+        from torch._dynamo.backends.registry import _COMPILER_FNS, register_backend
+
+        if "cgtree" not in _COMPILER_FNS:
+            register_backend(compiler_fn=backend, name="cgtree")
+    except Exception:  # noqa: BLE001 - an old torch: backend=cgtree.torch.backend still works
+        pass
+
+
+_register_name()
+
+# `import cgtree.torch` installs the allocator when it can; when it cannot
+# (CUDA already initialised), compiling with backend="cgtree" raises the reason.
+if os.environ.get("CGTREE_TORCH_NO_INSTALL") != "1":
+    try:
+        import torch as _torch
+
+        if _torch.cuda.is_available():
+            install()
+    except CgtreeError:
+        pass

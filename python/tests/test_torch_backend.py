@@ -1,0 +1,255 @@
+"""torch.compile(backend="cgtree"): the backend on a GPU, against plain Inductor.
+
+The allocator must be installed before PyTorch initialises CUDA, so this
+module imports cgtree.torch at collection time; run it in its own pytest
+process if another test module touches CUDA at import:
+    python -m pytest python/tests/test_torch_backend.py
+Every test here needs a GPU and skips without one. Graph-analysis tests
+that need only torch are in test_torch_graphs.py.
+"""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+import cgtree.torch as ct  # noqa: E402  (installs the allocator before CUDA starts)
+
+pytestmark = pytest.mark.skipif(not ct.installed(), reason="unreachable: install() raised at import")
+
+DEV = "cuda"
+
+
+def bits(t):
+    """Bit pattern of a float tensor, so NaNs compare equal to themselves."""
+    return t.detach().contiguous().view(torch.int32 if t.element_size() == 4 else torch.int16).cpu()
+
+
+def assert_bit_equal(a, b):
+    assert a.shape == b.shape and a.dtype == b.dtype
+    assert torch.equal(bits(a), bits(b))
+
+
+def fresh():
+    torch._dynamo.reset()
+
+
+class MLP(torch.nn.Module):
+    def __init__(self, d=256):
+        super().__init__()
+        self.a = torch.nn.Linear(d, d)
+        self.b = torch.nn.Linear(d, d)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+def branchy(x):
+    y = x * x * x
+    if y.sum() > 0:
+        z = y ** 2
+    else:
+        z = y.abs() * 3
+    torch._dynamo.graph_break()
+    return z * 2 + 1
+
+
+def test_compiled_model_replays_bit_equal_to_plain_inductor():
+    fresh()
+    torch.manual_seed(0)
+    m = MLP().to(DEV).eval()
+    ref = torch.compile(m, backend="inductor")
+    cg = torch.compile(m, backend="cgtree")
+    before = ct.stats()
+    with torch.no_grad():
+        for i in range(8):
+            x = torch.randn(16, 256, device=DEV)
+            assert_bit_equal(cg(x), ref(x))
+    s = ct.stats()
+    assert s["recordings"] - before.get("recordings", 0) >= 1
+    assert s["replays"] - before.get("replays", 0) >= 5
+    assert s["graphs_plain"] == 0
+
+
+def test_graph_break_branches_record_both_paths_and_restore_the_checkpoint():
+    fresh()
+    ref = torch.compile(branchy, backend="inductor")
+    cg = torch.compile(branchy, backend="cgtree")
+    before = ct.stats()
+    x = torch.rand(64, 64, device=DEV) + 0.1
+    for i in range(12):
+        xi = x if i % 2 == 0 else -x
+        assert_bit_equal(cg(xi), ref(xi))
+    s = ct.stats()
+    assert s["recordings"] - before.get("recordings", 0) >= 4  # 1, 2, 3 and 4 twice (under 2 and under 3)
+    assert s["checkpoint_restores"] - before.get("checkpoint_restores", 0) >= 1
+    assert s["replays"] - before.get("replays", 0) >= 12
+    for t in ct._install.trees():
+        t.check()
+
+
+def test_steady_state_segments_allocate_nothing_outside_the_pool():
+    fresh()
+    m = MLP().to(DEV).eval()
+    cg = torch.compile(m, backend="cgtree")
+    x = torch.randn(16, 256, device=DEV)
+    with torch.no_grad():
+        for _ in range(5):
+            cg(x)
+        torch.cuda.synchronize()
+        f0 = ct._torch_ext_figures()
+        for _ in range(50):
+            y = cg(x)
+        torch.cuda.synchronize()
+        f1 = ct._torch_ext_figures()
+    assert f1["eager_cuda_mallocs"] == f0["eager_cuda_mallocs"]
+    assert f1["pool_allocs"] == f0["pool_allocs"]  # replays never call the allocator
+    assert y.shape == (16, 256)
+
+
+def test_output_memory_goes_back_to_the_tree_when_the_tensor_dies():
+    fresh()
+
+    def f(x):
+        a = x + 1
+        torch._dynamo.graph_break()
+        return a * 2
+
+    cg = torch.compile(f, backend="cgtree")
+    x = torch.randn(1024, device=DEV)
+    for _ in range(4):
+        y = cg(x)
+    alive = ct.stats()["outputs_alive"]
+    del y
+    assert ct.stats()["outputs_alive"] == alive - 1
+
+
+def test_an_output_of_an_earlier_step_passed_back_raises_stale_tensor_error():
+    fresh()
+
+    def f(x):
+        return x * 2 + 1
+
+    cg = torch.compile(f, backend="cgtree")
+    x = torch.randn(256, device=DEV)
+    for _ in range(3):
+        cg(x)
+    y1 = cg(x)
+    y2 = cg(x)  # a new step: y1's memory now holds y2
+    with pytest.raises(ct.StaleTensorError):
+        cg(y1)
+    assert ct.stats()["stale_refused"] >= 1
+    assert torch.equal(y2, x * 2 + 1)
+
+
+def test_outputs_flow_between_segments_of_one_step_as_values():
+    fresh()
+
+    def f(x):
+        a = torch.sin(x)
+        torch._dynamo.graph_break()
+        return torch.cos(a)
+
+    ref = torch.compile(f, backend="inductor")
+    cg = torch.compile(f, backend="cgtree")
+    x = torch.randn(4096, device=DEV)
+    for _ in range(6):
+        assert_bit_equal(cg(x), ref(x))
+    before = ct.stats()
+    for _ in range(10):
+        cg(x)
+    s = ct.stats()
+    # Only x is copied (DYNAMIC); the first graph's output reaches the second as a VALUE.
+    assert s["input_copies"] - before["input_copies"] <= 10
+
+
+def test_a_mutated_input_and_a_mutated_buffer_keep_working():
+    fresh()
+
+    class Counter(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("n", torch.zeros(4, device=DEV))
+
+        def forward(self, x, acc):
+            self.n.add_(1)
+            acc.add_(x)
+            return x * self.n
+
+    m = Counter()
+    cg = torch.compile(m, backend="cgtree")
+    acc = torch.zeros(4, device=DEV)
+    x = torch.ones(4, device=DEV)
+    with torch.no_grad():
+        for i in range(1, 7):
+            y = cg(x, acc)
+            assert torch.equal(y, torch.full((4,), float(i), device=DEV))
+    assert torch.equal(acc, torch.full((4,), 6.0, device=DEV))
+    assert torch.equal(m.n, torch.full((4,), 6.0, device=DEV))
+
+
+def test_new_input_shapes_keep_matching_plain_inductor():
+    fresh()
+    m = MLP(64).to(DEV).eval()
+    ref = torch.compile(m, backend="inductor")
+    cg = torch.compile(m, backend="cgtree")
+    with torch.no_grad():
+        for i in range(12):
+            x = torch.randn(8 * (1 + i % 3), 64, device=DEV)
+            assert_bit_equal(cg(x), ref(x))
+
+
+def test_a_caller_on_another_stream_is_ordered_with_the_tree():
+    fresh()
+    m = MLP().to(DEV).eval()
+    ref = torch.compile(m, backend="inductor")
+    cg = torch.compile(m, backend="cgtree")
+    s = torch.cuda.Stream()
+    with torch.no_grad(), torch.cuda.stream(s):
+        for _ in range(6):
+            x = torch.randn(32, 256, device=DEV)
+            y = cg(x)
+            r = ref(x)
+            assert_bit_equal(y, r)
+
+
+def test_a_graph_that_draws_random_numbers_is_not_replayed():
+    fresh()
+
+    def f(x):
+        return x + torch.rand_like(x)
+
+    cg = torch.compile(f, backend="cgtree")
+    x = torch.zeros(1024, device=DEV)
+    with pytest.warns(RuntimeWarning, match="random numbers"):
+        outs = [cg(x).clone() for _ in range(4)]
+    assert not torch.equal(outs[2], outs[3])
+
+
+def test_memory_figures_come_from_cgtree_because_pytorchs_raise():
+    with pytest.raises(Exception):
+        torch.cuda.max_memory_allocated()
+    m = ct.memory_stats()
+    assert m["eager_peak"] > 0 and m["pool_peak"] > 0 and m["peak_bytes"] == m["eager_peak"] + m["pool_peak"]
+
+
+def test_install_after_cuda_started_raises_a_clear_error():
+    code = textwrap.dedent("""
+        import os, torch
+        torch.zeros(1, device="cuda")
+        os.environ["CGTREE_TORCH_NO_INSTALL"] = "1"
+        import cgtree.torch as ct
+        try:
+            ct.install()
+        except ct.CgtreeError as e:
+            print("REFUSED:", e)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ))
+    assert "REFUSED:" in out.stdout, out.stderr[-2000:]
+    assert "before PyTorch initialises CUDA" in out.stdout

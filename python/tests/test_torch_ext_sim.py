@@ -1,0 +1,361 @@
+"""The C half of cgtree.torch (cgtree._torch_ext) on the CPU simulator.
+
+No torch and no GPU: a fake tensor type stands in for torch.Tensor (it has
+data_ptr(), and it allocates through the very allocator functions PyTorch
+would call), a fake from_dlpack consumes the backend's output capsules the
+way torch.from_dlpack does, and "compiled graphs" are Python functions that
+allocate fake tensors and enqueue simulator kernels. Everything else is the
+real hot path: arguments, cgt_run, recording and replay, output capsules and
+their deleters, the registry of outputs, steps from the generation counter,
+stale outputs, and the allocator's routing into the pool.
+"""
+import ctypes
+import gc
+
+import pytest
+
+X = pytest.importorskip("cgtree._torch_ext")
+
+ARG_TENSOR, ARG_TENSOR_STATIC, ARG_INT = 0, 1, 2
+
+_lib = ctypes.CDLL(X.__file__)  # the same loaded image: shares the allocator's state
+_lib.cgt_torch_alloc.restype = ctypes.c_void_p
+_lib.cgt_torch_alloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+_lib.cgt_torch_free.restype = None
+_lib.cgt_torch_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+
+_capsule_ptr = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_ptr.restype = ctypes.c_void_p
+_capsule_ptr.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_capsule_rename = ctypes.pythonapi.PyCapsule_SetName
+_capsule_rename.restype = ctypes.c_int
+_capsule_rename.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_USED = b"used_dltensor"  # kept alive: the capsule keeps a pointer to it
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32),
+                ("ndim", ctypes.c_int32), ("code", ctypes.c_uint8), ("bits", ctypes.c_uint8),
+                ("lanes", ctypes.c_uint16), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+_DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+class DLManaged(ctypes.Structure):
+    _fields_ = [("dl", DLTensor), ("ctx", ctypes.c_void_p), ("deleter", _DELETER)]
+
+
+class Generation:
+    generation = 0  # what Dynamo bumps at every call of a compiled model
+
+
+class FakeTensor:
+    """n float32s of simulator memory; allocated through cgt_torch_alloc unless ptr is given."""
+
+    def __init__(self, n, ptr=None, managed=None):
+        self.n, self.nbytes = n, 4 * n
+        self.owned = ptr is None
+        # Device -1: host memory outside launches (PyTorch never asks for it), so this
+        # module can share a process with cgtree.torch's real allocator.
+        self.ptr = _lib.cgt_torch_alloc(self.nbytes, -1, None) if ptr is None else ptr
+        self.managed = managed  # (address of the DLManagedTensor, its deleter)
+
+    def data_ptr(self):
+        return self.ptr
+
+    def values(self):
+        return list((ctypes.c_float * self.n).from_address(self.ptr))
+
+    def fill(self, vals):
+        (ctypes.c_float * self.n).from_address(self.ptr)[:] = vals
+        return self
+
+    def __del__(self):
+        if self.owned:
+            _lib.cgt_torch_free(self.ptr, self.nbytes, -1, None)
+        if self.managed is not None:
+            addr, deleter = self.managed
+            deleter(addr)
+
+
+def fake_from_dlpack(cap):
+    addr = _capsule_ptr(cap, b"dltensor")
+    m = DLManaged.from_address(addr)
+    n = 1
+    for d in range(m.dl.ndim):
+        n *= m.dl.shape[d]
+    t = FakeTensor(n, ptr=m.dl.data, managed=(addr, m.deleter))
+    _capsule_rename(cap, _USED)
+    return t
+
+
+X.init_hot_path(fake_from_dlpack, lambda device: 0, Generation, FakeTensor)
+
+
+def describe(res):
+    metas = tuple((o.ptr, o.nbytes, (o.n,), (1,), 2, 32) if isinstance(o, FakeTensor) else None for o in res)
+    consts = tuple(None if isinstance(o, FakeTensor) else o for o in res)
+    return isinstance(res, list), metas, consts
+
+
+def alias(t, ptr):
+    return FakeTensor(t.n, ptr=ptr)
+
+
+def span(t):
+    return t.nbytes
+
+
+def k_affine(dst, src, n, a, b):
+    d = (ctypes.c_float * n).from_address(dst)
+    s = (ctypes.c_float * n).from_address(src)
+    for i in range(n):
+        d[i] = s[i] * a + b
+
+
+def k_add(dst, x, y, n):
+    d = (ctypes.c_float * n).from_address(dst)
+    a = (ctypes.c_float * n).from_address(x)
+    b = (ctypes.c_float * n).from_address(y)
+    for i in range(n):
+        d[i] = a[i] + b[i]
+
+
+class Graph:
+    """A fake compiled graph: out = x * a + b, through a temporary, counted."""
+
+    def __init__(self, tree, a, b, extra=()):
+        self.tree, self.a, self.b, self.calls, self.extra = tree, a, b, 0, tuple(extra)
+
+    def __call__(self, x, *rest):
+        self.calls += 1
+        tmp = FakeTensor(x.n)  # freed inside the launch: its block is reused at once
+        X.sim_launch(self.tree.stream, k_affine, tmp.ptr, x.ptr, x.n, self.a, 0.0)
+        out = FakeTensor(x.n)
+        X.sim_launch(self.tree.stream, k_affine, out.ptr, tmp.ptr, x.n, 1.0, self.b)
+        del tmp
+        return (out,) + self.extra
+
+
+def segment(tree, graph, kinds=(ARG_TENSOR,), spans=None, name="g"):
+    def launch(inputs):
+        return graph(*inputs)
+
+    spans = spans or tuple(0 for _ in kinds)
+    return X.Segment(tree, name, graph, launch, alias, describe, span, bytes(kinds), tuple(spans), 0, False)
+
+
+@pytest.fixture
+def tree():
+    t = X.Tree(0, backend="sim")
+    yield t
+    t.check()
+
+
+def call(seg, *args):
+    Generation.generation += 1  # a new call of the compiled model
+    return seg(*args)
+
+
+def test_a_segment_is_probed_warmed_recorded_then_replayed(tree):
+    g = Graph(tree, 2.0, 1.0)
+    seg = segment(tree, g, spans=(16,))
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    for i in range(6):
+        x.fill([1, 2, 3, 4])
+        (y,) = call(seg, x)
+        assert y.values() == [3, 5, 7, 9]
+        x.fill([1 + i, 2, 3, 4])
+        (y,) = call(seg, x)
+        assert y.values() == [2 * (1 + i) + 1, 5, 7, 9]
+    assert g.calls == 3  # the plain first call, one warmup, one recording; never for a replay
+    s = tree.stats()
+    assert s["recordings"] == 1 and s["replays"] == 12 - 3
+    assert seg.info["registered"] and seg.info["plain_reason"] is None
+
+
+def test_allocations_in_a_launch_come_from_the_pool_and_replays_allocate_nothing(tree):
+    g = Graph(tree, 1.0, 0.0)
+    seg = segment(tree, g, spans=(64,))
+    x = FakeTensor(16).fill([1.0] * 16)
+    f0 = X.alloc_figures()
+    for _ in range(3):
+        call(seg, x)
+    f1 = X.alloc_figures()
+    assert f1["pool_allocs"] - f0["pool_allocs"] == 4  # tmp and out, in the warmup and the recording
+    assert f1["pool_frees_in_launch"] - f0["pool_frees_in_launch"] == 2  # tmp, inside each launch
+    for _ in range(20):
+        (y,) = call(seg, x)
+    f2 = X.alloc_figures()
+    assert f2["pool_allocs"] == f1["pool_allocs"]
+    assert f2["eager_cuda_mallocs"] == f1["eager_cuda_mallocs"]
+    assert y.values() == [1.0] * 16
+
+
+def test_an_output_passed_to_the_next_segment_of_the_step_is_a_value(tree):
+    g1, g2 = Graph(tree, 2.0, 0.0), Graph(tree, 1.0, 1.0)
+    s1, s2 = segment(tree, g1, spans=(16,), name="one"), segment(tree, g2, spans=(16,), name="two")
+    x = FakeTensor(4).fill([1, 1, 1, 1])
+    for _ in range(4):
+        Generation.generation += 1
+        (a,) = s1(x)
+        (b,) = s2(a)
+        assert b.values() == [3, 3, 3, 3]
+    before = tree.stats()
+    for _ in range(5):
+        Generation.generation += 1
+        (a,) = s1(x)
+        (b,) = s2(a)
+    s = tree.stats()
+    assert s["replays"] - before["replays"] == 10
+    assert s["input_copies"] - before["input_copies"] == 5  # x only: a travels as a VALUE
+
+
+def test_an_output_of_an_earlier_step_is_refused_as_stale(tree):
+    seg = segment(tree, Graph(tree, 1.0, 1.0), spans=(16,))
+    x = FakeTensor(4).fill([0, 0, 0, 0])
+    for _ in range(3):
+        call(seg, x)
+    (y1,) = call(seg, x)
+    (y2,) = call(seg, x)  # a new step: y1's memory is y2's now
+    with pytest.raises(X.StaleTensorError, match="earlier step"):
+        call(seg, y1)
+    assert tree.stats()["stale_refused"] == 1
+    assert y2.values() == [1, 1, 1, 1]
+
+
+def test_an_output_goes_back_to_the_tree_when_its_tensor_dies(tree):
+    seg = segment(tree, Graph(tree, 1.0, 0.0), spans=(16,))
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    for _ in range(3):
+        call(seg, x)
+    (y,) = call(seg, x)
+    alive = tree.stats()["outputs_alive"]
+    del y
+    gc.collect()
+    assert tree.stats()["outputs_alive"] == alive - 1
+
+
+def test_outputs_alive_when_a_step_begins_are_counted_as_overwritable(tree):
+    seg = segment(tree, Graph(tree, 1.0, 0.0), spans=(16,))
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    kept = [call(seg, x)[0] for _ in range(5)]
+    assert tree.stats()["outputs_overwritable"] >= 2
+    del kept
+
+
+def test_branches_record_both_paths_and_restore_the_checkpoint(tree):
+    g1, g2, g3, g4 = (Graph(tree, 1.0, 0.0), Graph(tree, 2.0, 0.0), Graph(tree, -1.0, 0.0),
+                      Graph(tree, 1.0, 10.0))
+    s1, s2, s3, s4 = (segment(tree, g, spans=(16,), name=n) for g, n in
+                      ((g1, "one"), (g2, "two"), (g3, "three"), (g4, "four")))
+    for i in range(10):
+        v = 1.0 if i % 2 == 0 else -1.0
+        x = FakeTensor(4).fill([v] * 4)
+        Generation.generation += 1
+        (y,) = s1(x)
+        (z,) = (s2 if y.values()[0] > 0 else s3)(y)
+        del y
+        (w,) = s4(z)
+        assert w.values() == [12.0] * 4 if v > 0 else [11.0] * 4
+    s = tree.stats()
+    assert s["checkpoint_restores"] >= 1 and s["recordings"] >= 5 and s["replays"] >= 10
+
+
+def test_int_arguments_key_the_variant(tree):
+    class Scaled(Graph):
+        def __call__(self, x, k):
+            self.a = float(k)
+            return Graph.__call__(self, x)
+
+    g = Scaled(tree, 1.0, 0.0)
+    seg = segment(tree, g, kinds=(ARG_TENSOR, ARG_INT), spans=(16, 0))
+    x = FakeTensor(4).fill([1, 1, 1, 1])
+    for i in range(12):
+        k = 2 + i % 2
+        (y,) = call(seg, x, k)
+        assert y.values() == [float(k)] * 4
+    assert tree.stats()["recordings"] == 2
+
+
+def test_non_tensor_outputs_come_back_as_recorded(tree):
+    seg = segment(tree, Graph(tree, 1.0, 0.0, extra=(7, None)), spans=(16,))
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    for _ in range(5):
+        res = call(seg, x)
+        assert isinstance(res, tuple) and res[1:] == (7, None) and res[0].values() == [1, 2, 3, 4]
+
+
+def test_a_graph_that_raises_under_cgtree_runs_plainly_and_a_real_error_still_reaches_the_caller(tree):
+    class Failing(Graph):
+        def __call__(self, x):
+            if self.calls >= 1:
+                self.calls += 1
+                raise ValueError("graph failed")
+            return Graph.__call__(self, x)
+
+    seg = segment(tree, Failing(tree, 1.0, 0.0), spans=(16,))
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    call(seg, x)  # the plain first call succeeds
+    with pytest.warns(RuntimeWarning, match="graph failed"), pytest.raises(ValueError, match="graph failed"):
+        call(seg, x)  # the warmup raises; the plain call that follows raises too
+    assert "graph failed" in seg.info["plain_reason"]
+
+
+def test_a_graph_that_raises_only_under_cgtree_keeps_working_plainly(tree):
+    class CaptureShy(Graph):
+        def __call__(self, x):
+            if self.calls == 1:  # the warmup: e.g. a call PyTorch refuses inside cgtree
+                self.calls += 1
+                raise RuntimeError("not under capture")
+            return Graph.__call__(self, x)
+
+    g = CaptureShy(tree, 2.0, 0.0)
+    seg = segment(tree, g, spans=(16,))
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    call(seg, x)
+    with pytest.warns(RuntimeWarning, match="not under capture"):
+        (y,) = call(seg, x)
+    assert y.values() == [2, 4, 6, 8]
+    (y,) = call(seg, x)
+    assert y.values() == [2, 4, 6, 8] and seg.info["plain_calls"] == 3
+
+
+def test_outputs_a_recording_cannot_carry_make_the_segment_plain(tree):
+    class HostOutput(Graph):
+        def __call__(self, x):
+            self.calls += 1
+            return (FakeTensor(x.n, ptr=x.ptr),)  # an alias the first call describes fine
+
+    g = HostOutput(tree, 1.0, 0.0)
+
+    def describe_none_after_first(res, _n=[0]):
+        _n[0] += 1
+        return describe(res) if _n[0] == 1 else None
+
+    def launch(inputs):
+        return g(*inputs)
+
+    seg = X.Segment(tree, "host", g, launch, alias, describe_none_after_first, span, bytes([ARG_TENSOR]), (16,),
+                    0, False)
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    call(seg, x)
+    with pytest.warns(RuntimeWarning, match="runs without CUDA graphs"):
+        (y,) = call(seg, x)
+    assert y.values() == [1, 2, 3, 4]
+    assert seg.info["plain_reason"] is not None
+    call(seg, x)
+    assert seg.info["plain_calls"] >= 3
+
+
+def test_a_call_with_the_wrong_argument_count_is_a_type_error(tree):
+    seg = segment(tree, Graph(tree, 1.0, 0.0), spans=(16,))
+    with pytest.raises(TypeError, match="positional arguments"):
+        seg()
+
+
+def test_a_tree_needs_a_known_backend():
+    with pytest.raises(ValueError, match="backend"):
+        X.Tree(0, backend="tpu")
