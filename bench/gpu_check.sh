@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# bench/gpu_check.sh — the GPU acceptance pass, sized for one device call
+# (under 10 minutes on an H100): build everything with CUDA and the Python
+# package, run every C suite (the CUDA suite included), the CUDA suite under
+# compute-sanitizer memcheck, the Python GPU tests, the torch.compile
+# backend's tests, and the GPU soak of the differential fuzz with whatever
+# time is left. From the repository root, with .deps carried:
+#
+#   OUT=/some/dir bash bench/gpu_check.sh [SECONDS]     # SECONDS: total budget (default 560)
+#
+# Files under $OUT: machine.txt build.log testlog.txt sanitizer.log
+# pytest.log torch.log soak.log summary.txt (the summary is printed last).
+set -u
+cd "$(dirname "$0")/.." || exit 2
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+budget=${1:-560}
+start=$(date +%s)
+left() { echo $((budget - ($(date +%s) - start))); }
+sum=$OUT/summary.txt
+: > "$sum"
+note() { echo "$*" | tee -a "$sum"; }
+
+. bench/gpu_env.sh
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+{ nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nvcc --version | tail -2
+  python3 -c 'import torch; print("torch", torch.__version__)' 2>&1 | tail -1; date -u; } > "$OUT/machine.txt" 2>&1
+note "machine: $(head -1 "$OUT/machine.txt")"
+
+# gpu_env.sh points pkg-config at a sysroot under /tmp/deps, so the system's
+# python .pc names headers there: link the real header directories in.
+for d in "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"; do
+  v=$(basename "$d")
+  [ -d "$d" ] && [ ! -e /tmp/deps/usr/include/$v ] && { mkdir -p /tmp/deps/usr/include; ln -s "$d" /tmp/deps/usr/include/$v; }
+done
+
+B=build-gpu
+if [ ! -f $B/build.ninja ]; then
+  meson setup $B -Dcuda=enabled -Dgpu_arch=9.0 -Dpython=enabled --buildtype=debugoptimized > "$OUT/build.log" 2>&1 ||
+    { tail -30 "$OUT/build.log"; exit 1; }
+fi
+ninja -C $B >> "$OUT/build.log" 2>&1 || { grep -E "error|FAILED" -A3 "$OUT/build.log" | head -40; exit 1; }
+note "build: ok ($(( $(date +%s) - start )) s); $(grep -E 'NCCL' "$OUT/build.log" | head -1 | tr -s ' ')"
+
+# 1. Every C suite but the install-and-consume one (CPU-only, CI runs it).
+timeout 240 meson test -C $B --print-errorlogs --num-processes 8 --no-suite consumers > /dev/null 2>&1
+note "meson test rc=$?"
+cp $B/meson-logs/testlog.txt "$OUT/testlog.txt"
+grep -E "^ *[0-9]+/[0-9]+ " "$OUT/testlog.txt" | sed 's/^/  /' | tee -a "$sum"
+grep -hE "^\[  (PASSED|FAILED|SKIPPED) *\]" "$OUT/testlog.txt" | sort | uniq -c | sed 's/^/  /' | tee -a "$sum"
+grep -hE "^\[  FAILED  \] [a-z]|^\[  ERROR   \]" "$OUT/testlog.txt" | head -20 | tee -a "$sum"
+
+# 2. The CUDA suite under memcheck (a shorter fuzz).
+CGT_FUZZ_STEPS=300 CGT_LOG=error timeout 170 compute-sanitizer --tool memcheck --leak-check full \
+  --report-api-errors no --error-exitcode 3 $B/test/test_cuda > "$OUT/sanitizer.log" 2>&1
+note "memcheck rc=$? $(grep -E 'ERROR SUMMARY|LEAK SUMMARY' "$OUT/sanitizer.log" | tr '\n' ' ')"
+grep -E "^\[  (PASSED|FAILED) " "$OUT/sanitizer.log" | head -5 | tee -a "$sum"
+
+# 3. Python: the package from the build tree.
+P=/tmp/cgtree_pkg
+rm -rf $P && mkdir -p $P && cp -r python/cgtree $P/ && cp $B/python/*.so $P/cgtree/
+export PYTHONPATH=$P${PYTHONPATH:+:$PYTHONPATH}
+timeout 150 python3 -m pytest -q -rs -p no:cacheprovider python/tests \
+  --ignore=python/tests/test_torch_backend.py --ignore=python/tests/test_torch_graphs.py > "$OUT/pytest.log" 2>&1
+note "pytest (binding) rc=$? $(tail -1 "$OUT/pytest.log")"
+grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -10 | tee -a "$sum"
+
+# 4. The torch.compile backend (its own process: it swaps the allocator).
+t=$(( $(left) - 120 )); [ $t -gt 200 ] && t=200
+if [ $t -gt 30 ]; then
+  timeout $t python3 -m pytest -q -rf --tb=short -p no:cacheprovider python/tests/test_torch_graphs.py \
+    python/tests/test_torch_backend.py > "$OUT/torch.log" 2>&1
+  note "pytest (torch backend) rc=$? $(tail -1 "$OUT/torch.log")"
+  grep -E "^(FAILED|ERROR)" "$OUT/torch.log" | head -10 | tee -a "$sum"
+else
+  note "pytest (torch backend): no time left"
+fi
+
+# 5. The GPU soak with the time that is left.
+t=$(( $(left) - 10 ))
+if [ $t -gt 30 ]; then
+  CGT_FUZZ_STEPS=${SOAK_STEPS:-10000} CGT_LOG=error timeout $t $B/test/test_cuda > "$OUT/soak.log" 2>&1
+  note "soak (${SOAK_STEPS:-10000} fuzz steps on CUDA) rc=$? in $(( $(date +%s) - start )) s total"
+  grep -E "^fuzz |^\[  (PASSED|FAILED) " "$OUT/soak.log" | head -12 | tee -a "$sum"
+fi
+note "gpu_check: done in $(( $(date +%s) - start )) s"
