@@ -6,7 +6,13 @@
 # backend's tests, and the GPU soak of the differential fuzz with whatever
 # time is left. From the repository root, with .deps carried:
 #
-#   OUT=/some/dir bash bench/gpu_check.sh [SECONDS]     # SECONDS: total budget (default 560)
+#   OUT=/some/dir bash bench/gpu_check.sh [SECONDS [STAGES]]
+#
+# SECONDS: total budget (default 560). STAGES: a comma-separated subset of
+# tests,memcheck,python,torch,soak,bench (default all but bench); bench runs
+# bench/run_gpu.sh, bench/python_overhead.py --backend cuda and the
+# torch.compile comparison of the branch example. MEMCHECK_STEPS (default
+# 40) and SOAK_STEPS (default 10000) set the fuzz steps of those stages.
 #
 # Files under $OUT: machine.txt build.log testlog.txt sanitizer.log
 # pytest.log torch.log soak.log summary.txt (the summary is printed last).
@@ -15,6 +21,8 @@ cd "$(dirname "$0")/.." || exit 2
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 budget=${1:-560}
+stages=,${2:-tests,memcheck,python,torch,soak},
+want() { case $stages in *,$1,*) return 0 ;; esac; return 1; }
 start=$(date +%s)
 left() { echo $((budget - ($(date +%s) - start))); }
 sum=$OUT/summary.txt
@@ -35,52 +43,72 @@ for d in "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"]
 done
 
 B=build-gpu
+BLOG=/tmp/gpu_check_build.log
 if [ ! -f $B/build.ninja ]; then
-  meson setup $B -Dcuda=enabled -Dgpu_arch=9.0 -Dpython=enabled --buildtype=debugoptimized > "$OUT/build.log" 2>&1 ||
-    { tail -30 "$OUT/build.log"; exit 1; }
+  meson setup $B -Dcuda=enabled -Dgpu_arch=9.0 -Dpython=enabled --buildtype=debugoptimized > "$BLOG" 2>&1 ||
+    { tail -30 "$BLOG"; exit 1; }
 fi
-ninja -C $B >> "$OUT/build.log" 2>&1 || { grep -E "error|FAILED" -A3 "$OUT/build.log" | head -40; exit 1; }
-note "build: ok ($(( $(date +%s) - start )) s); $(grep -E 'NCCL' "$OUT/build.log" | head -1 | tr -s ' ')"
+ninja -C $B >> "$BLOG" 2>&1 || { grep -E "error|FAILED" -A3 "$BLOG" | head -40; exit 1; }
+note "build: ok ($(( $(date +%s) - start )) s); $(grep -E 'NCCL' "$BLOG" | head -1 | tr -s ' ')"
 
 # 1. Every C suite but the install-and-consume one (CPU-only, CI runs it).
+if want tests; then
 timeout 240 meson test -C $B --print-errorlogs --num-processes 8 --no-suite consumers > /dev/null 2>&1
 note "meson test rc=$?"
 cp $B/meson-logs/testlog.txt "$OUT/testlog.txt"
 grep -E "^ *[0-9]+/[0-9]+ " "$OUT/testlog.txt" | sed 's/^/  /' | tee -a "$sum"
 grep -hE "^\[  (PASSED|FAILED|SKIPPED) *\]" "$OUT/testlog.txt" | sort | uniq -c | sed 's/^/  /' | tee -a "$sum"
 grep -hE "^\[  FAILED  \] [a-z]|^\[  ERROR   \]" "$OUT/testlog.txt" | head -20 | tee -a "$sum"
+fi
 
 # 2. The CUDA suite under memcheck (a shorter fuzz).
-CGT_FUZZ_STEPS=300 CGT_LOG=error timeout 170 compute-sanitizer --tool memcheck --leak-check full \
+if want memcheck; then
+CGT_FUZZ_STEPS=${MEMCHECK_STEPS:-40} CGT_LOG=error timeout 280 compute-sanitizer --tool memcheck --leak-check full \
   --report-api-errors no --error-exitcode 3 $B/test/test_cuda > "$OUT/sanitizer.log" 2>&1
 note "memcheck rc=$? $(grep -E 'ERROR SUMMARY|LEAK SUMMARY' "$OUT/sanitizer.log" | tr '\n' ' ')"
 grep -E "^\[  (PASSED|FAILED) " "$OUT/sanitizer.log" | head -5 | tee -a "$sum"
+fi
 
 # 3. Python: the package from the build tree.
 P=/tmp/cgtree_pkg
 rm -rf $P && mkdir -p $P && cp -r python/cgtree $P/ && cp $B/python/*.so $P/cgtree/
 export PYTHONPATH=$P${PYTHONPATH:+:$PYTHONPATH}
+if want python; then
 timeout 150 python3 -m pytest -q -rs -p no:cacheprovider python/tests \
   --ignore=python/tests/test_torch_backend.py --ignore=python/tests/test_torch_graphs.py > "$OUT/pytest.log" 2>&1
 note "pytest (binding) rc=$? $(tail -1 "$OUT/pytest.log")"
 grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -10 | tee -a "$sum"
+fi
 
 # 4. The torch.compile backend (its own process: it swaps the allocator).
 t=$(( $(left) - 120 )); [ $t -gt 200 ] && t=200
-if [ $t -gt 30 ]; then
+if want torch && [ $t -gt 30 ]; then
   timeout $t python3 -m pytest -q -rf --tb=short -p no:cacheprovider python/tests/test_torch_graphs.py \
     python/tests/test_torch_backend.py > "$OUT/torch.log" 2>&1
   note "pytest (torch backend) rc=$? $(tail -1 "$OUT/torch.log")"
   grep -E "^(FAILED|ERROR)" "$OUT/torch.log" | head -10 | tee -a "$sum"
-else
+elif want torch; then
   note "pytest (torch backend): no time left"
 fi
 
 # 5. The GPU soak with the time that is left.
 t=$(( $(left) - 10 ))
-if [ $t -gt 30 ]; then
+if want soak && [ $t -gt 30 ]; then
   CGT_FUZZ_STEPS=${SOAK_STEPS:-10000} CGT_LOG=error timeout $t $B/test/test_cuda > "$OUT/soak.log" 2>&1
   note "soak (${SOAK_STEPS:-10000} fuzz steps on CUDA) rc=$? in $(( $(date +%s) - start )) s total"
   grep -E "^fuzz |^\[  (PASSED|FAILED) " "$OUT/soak.log" | head -12 | tee -a "$sum"
+fi
+# 6. Benchmarks: the C workloads (fusion included), the Python overhead on
+# CUDA, and the torch.compile comparison of the docs' branch example.
+if want bench; then
+  python3 bench/python_overhead.py --backend cuda > "$OUT/python_overhead.txt" 2>&1
+  note "python_overhead (cuda) rc=$?"; tail -8 "$OUT/python_overhead.txt" | tee -a "$sum"
+  t=$(( $(left) - 100 ))
+  BENCH_BUDGET_S=$t bash bench/run_gpu.sh > /dev/null 2>&1
+  note "run_gpu.sh rc=$?"
+  grep -E "^\| (chain|branchy)|defer|one graph" "$OUT/bench.md" | head -30 | tee -a "$sum"
+  t=$(( $(left) - 5 ))
+  [ $t -gt 30 ] && { timeout $t python3 bench/torch_compare.py --examples branch --modes cgtree,inductor,reduce-overhead \
+    > "$OUT/torch_compare.txt" 2>&1; note "torch_compare rc=$?"; tail -8 "$OUT/torch_compare.txt" | tee -a "$sum"; }
 fi
 note "gpu_check: done in $(( $(date +%s) - start )) s"
