@@ -1310,7 +1310,7 @@ static void test_random_programs_with_injected_failures_give_identical_outputs(v
                      .pool_chunk_bytes = variant ? 4 << 10 : 64 << 10,
                      .big_values = (int)variant,
                      .fault_percent = 5};
-    fz_run_test(&cfg, 7000 + 100 * variant, 6, 4);
+    fz_run_test(&cfg, 7000 + 100 * variant, 5, 4);
   }
 }
 
