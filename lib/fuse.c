@@ -337,7 +337,7 @@ cgt_status fuse__check(cgt_tree *t) {
   CHECK(q->n_held == 0 || fuse__enabled(t), "replays are held back though deferred launch is off");
   CHECK(q->n_held == 0 || q->held[q->n_held - 1] == t->cur, "the last held-back replay is not the path's last node");
   for (uint32_t i = 0; i < q->n_held; i++) {
-    CHECK(q->held[i]->state == CGT_NODE_RECORDED, "held-back node %u is not RECORDED", q->held[i]->id);
+    CHECK(q->held[i]->state == NODE_RECORDED, "held-back node %u is not RECORDED", q->held[i]->id);
     CHECK(i == 0 || q->held[i]->parent == q->held[i - 1], "held-back node %u is not the child of node %u",
           q->held[i]->id, q->held[i - 1]->id);
   }

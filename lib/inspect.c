@@ -50,7 +50,7 @@ static void node_info(const cgt_tree *t, const node *n, cgt_node_info *info) {
   info->depth = n->depth;
   info->segment = n->segment;
   info->variant = n->variant;
-  info->state = n->state;
+  info->state = node__public_state(n);
   info->replays = n->replays;
   info->eager_runs = n->eager_runs;
   info->pool_bytes_live = n->ckpt_bytes;
@@ -86,14 +86,14 @@ cgt_status cgt_tree_write_dot(const cgt_tree *t, FILE *f) {
     fprintf(f, "  n%u [label=\"#%u ", n->id, n->id);
     dot_escaped(f, t->segments[n->segment - 1].name);
     fprintf(f, "\\nvariant %llu\\n%s\\nreplays %llu, eager %llu", (unsigned long long)n->variant,
-            cgt_node_state_name(n->state), (unsigned long long)n->replays, (unsigned long long)n->eager_runs);
+            cgt_node_state_name(node__public_state(n)), (unsigned long long)n->replays, (unsigned long long)n->eager_runs);
     if (n->reason) {
       fprintf(f, "\\n");
       dot_escaped(f, n->reason);
     }
     if (n->fused_runs)
       fprintf(f, "\\nfused runs %llu", (unsigned long long)n->fused_runs);
-    fprintf(f, "\", %s];\n", style[n->state]);
+    fprintf(f, "\", %s];\n", style[node__public_state(n)]);
     if (n->parent && n->parent->id)
       fprintf(f, "  n%u -> n%u;\n", n->parent->id, n->id);
   }
@@ -117,6 +117,13 @@ cgt_status cgt_tree_write_dot(const cgt_tree *t, FILE *f) {
     if (!(cond))                                         \
       return tree__fail(t, CGT_ERR_STATE, __VA_ARGS__); \
   } while (0)
+
+/* The head of n's key group under its parent. */
+static const node *first_of_group(const node *n) {
+  const node *first;
+  HASH_FIND(hh, n->parent->children, n->key, n->key_bytes, first);
+  return first;
+}
 
 static cgt_status check_nodes(cgt_tree *t) {
   CHECK(t->root.id == 0 && !t->root.parent, "the virtual root has an id or a parent");
@@ -142,10 +149,10 @@ static cgt_status check_nodes(cgt_tree *t) {
     CHECK(n->id >= 1 && n->id < t->next_id && (i == 0 || t->nodes[i - 1]->id < n->id),
           "node at index %u has id %u: ids must rise and stay below %u", i, n->id, t->next_id);
     CHECK(!n->pruned, "node %u is marked for pruning outside a prune", n->id);
-    CHECK(n->state != CGT_NODE_WARMUP || !n->next_same_key,
+    CHECK(n->state != NODE_WARMUP || !n->next_same_key,
           "WARMUP node %u is not the last of its key group", n->id);
-    CHECK(t->opt.mode != CGT_MODE_TREE || n->parent == &t->root || n->parent->state != CGT_NODE_WARMUP ||
-              n->state != CGT_NODE_RECORDED,
+    CHECK(t->opt.mode != CGT_MODE_TREE || n->parent == &t->root || n->parent->state != NODE_WARMUP ||
+              n->state != NODE_RECORDED,
           "RECORDED node %u hangs below WARMUP node %u", n->id, n->parent->id);
     CHECK(n->last_step <= t->step, "node %u ran in step %llu, a step not begun yet", n->id,
           (unsigned long long)n->last_step);
@@ -160,20 +167,23 @@ static cgt_status check_nodes(cgt_tree *t) {
               n->key[1] == n->variant,
           "node %u's key does not match its segment and variant", n->id);
     CHECK(!(s->flags & CGT_SEGMENT_NO_CAPTURE) ||
-              (n->state == CGT_NODE_EAGER && n->reason && !strcmp(n->reason, "declared uncapturable")),
-          "node %u of a segment declared uncapturable is not EAGER for that reason", n->id);
+              (n->state == NODE_OVERFLOW && n->reason && !strcmp(n->reason, "declared uncapturable")),
+          "node %u of a segment declared uncapturable is not OVERFLOW for that reason", n->id);
+    CHECK(n->state != NODE_OVERFLOW || (!n->next_same_key && n == first_of_group(n)),
+          "OVERFLOW node %u is not alone in its key group", n->id);
     switch (n->state) {
-    case CGT_NODE_WARMUP:
+    case NODE_WARMUP:
       CHECK(!n->exec && !n->graph && !n->ckpt, "WARMUP node %u holds a recording", n->id);
       break;
-    case CGT_NODE_RECORDED:
+    case NODE_RECORDED:
       CHECK(n->exec && n->graph, "RECORDED node %u has no graph", n->id);
       CHECK(t->opt.mode != CGT_MODE_TREE || n->ckpt, "RECORDED node %u has no checkpoint", n->id);
       CHECK(n->n_outputs == s->n_outputs, "RECORDED node %u has %u outputs, its segment %u", n->id, n->n_outputs,
             s->n_outputs);
       break;
-    case CGT_NODE_EAGER:
-      CHECK(!n->exec && n->reason, "EAGER node %u has a graph or no reason", n->id);
+    case NODE_EAGER:
+    case NODE_OVERFLOW:
+      CHECK(!n->exec && !n->graph && n->reason, "EAGER or OVERFLOW node %u has a graph or no reason", n->id);
       break;
     default:
       CHECK(0, "node %u has state %d", n->id, (int)n->state);
@@ -352,7 +362,7 @@ size_t tree__path_execs(const cgt_tree *t, void **execs, size_t cap) {
   for (const node *n = t->cur; n && n != &t->root; n = n->parent) {
     i--;
     if (i < cap)
-      execs[i] = n->state == CGT_NODE_RECORDED ? n->exec : NULL;
+      execs[i] = n->state == NODE_RECORDED ? n->exec : NULL;
   }
   return depth;
 }

@@ -7,24 +7,46 @@
  * the same key are re-records for other liveness patterns and hang off the
  * first one in creation order.
  *
- * Every node moves WARMUP -> RECORDED (-> EAGER). The shape of the choice:
+ * The state machine. node_decide makes the one decision of a run and
+ * returns the action; node_run carries it out; node_set_state makes every
+ * change of state and asserts that it is legal:
  *
- *   REPLAY  a RECORDED node whose recorded liveness admits the values live
- *           now, and no warmup yet in this step: copy DYNAMIC arguments into
- *           the node's placeholders, launch the graph, hand out the values
- *           the recording fixed. With defer_launch the launch is held back
- *           (fuse.c) and every other kind of run flushes it first.
- *   RECORD  a new or WARMUP node whose (segment, variant) has warmed up:
- *           bring the pool to the parent's layout, capture the launch
- *           function, instantiate and upload, checkpoint the pool, launch.
- *   WARMUP  otherwise: run the launch function eagerly with pool memory;
- *           the rest of the step is warmup too, because those allocations
- *           moved the pool away from every recorded layout.
- *   EAGER   a node whose capture failed, whose parent has too many
- *           recordings of the segment, or whose segment is declared
- *           uncapturable: run eagerly on the side pool, which leaves the
- *           graph pool alone, so its children still record. A node turns
- *           EAGER only as part of a run that succeeds (see run_eager_node).
+ *                   RUN_RECORD, capture succeeds
+ *   new ──> WARMUP ─────────────────────────────> RECORDED   (RUN_REPLAY; RUN_WARMUP
+ *            │  │                                             in a step in warmup)
+ *            │  │ RUN_RECORD, capture fails;
+ *            │  │ RUN_EAGER, parent at rerecord_limit
+ *            │  └──────────────────────────────> EAGER      (RUN_EAGER)
+ *            │ RUN_OVERFLOW: new key past the limit,
+ *            │ or segment declared uncapturable
+ *            └─────────────────────────────────> OVERFLOW   (RUN_OVERFLOW for every
+ *                                                            new key of its (segment,
+ *                                                            variant) under its parent)
+ *
+ * A node leaves WARMUP once and the other three states are final: a
+ * RECORDED node whose liveness no longer fits gets a re-recorded sibling
+ * with the same key, and never turns EAGER. OVERFLOW reports itself as
+ * EAGER (cgt_node_state has three states).
+ *
+ *   REPLAY   a RECORDED node whose recorded liveness admits the values live
+ *            now, and no warmup yet in this step: copy DYNAMIC arguments into
+ *            the node's placeholders, launch the graph, hand out the values
+ *            the recording fixed. With defer_launch the launch is held back
+ *            (fuse.c) and every other action flushes it first.
+ *   RECORD   a new or WARMUP node whose (segment, variant) has warmed up:
+ *            bring the pool to the parent's layout, capture the launch
+ *            function, instantiate and upload, checkpoint the pool, launch.
+ *   WARMUP   a new or WARMUP node whose (segment, variant) has not warmed up,
+ *            or any WARMUP or RECORDED node once the step is in warmup: run
+ *            the launch function eagerly with pool memory; the rest of the
+ *            step is warmup too, because those allocations moved the pool
+ *            away from every recorded layout. A RECORDED node stays RECORDED.
+ *   EAGER    a node whose capture failed or whose parent has too many
+ *            recordings of the segment: run eagerly on the side pool, which
+ *            leaves the graph pool alone, so its children still record.
+ *   OVERFLOW the same on the one OVERFLOW node of (parent, segment, variant).
+ *   A node turns EAGER or OVERFLOW only as part of a run that succeeds (see
+ *   run_eager_node).
  *
  * The pool is "synced" while its layout is exactly the blocks of the path's
  * live values; warmup and recording need that, replay breaks it (the graph
@@ -168,7 +190,7 @@ static node *node_create(cgt_tree *t, node *first, cgt_segment id, uint64_t vari
   n->depth = t->cur == &t->root ? 0 : t->cur->depth + 1;
   n->segment = id;
   n->variant = variant;
-  n->state = CGT_NODE_WARMUP;
+  n->state = NODE_WARMUP; /* the initial state; every later change is node_set_state's */
   if (first) {
     node *last = first;
     while (last->next_same_key)
@@ -210,22 +232,36 @@ static uint32_t count_recordings(const node *parent, cgt_segment id, uint64_t va
   uint32_t count = 0;
   for (const node *first = parent->children; first; first = (const node *)first->hh.next)
     for (const node *c = first; c; c = c->next_same_key)
-      if (c->segment == id && c->variant == variant && c->state == CGT_NODE_RECORDED)
+      if (c->segment == id && c->variant == variant && c->state == NODE_RECORDED)
         count++;
   return count;
 }
 
-/* Turns n EAGER for good; reason (non-NULL) becomes the node's. Cannot
- * fail: the reason was allocated before the run that commits the change. */
-static void node_make_eager(cgt_tree *t, node *n, char *reason) {
-  n->state = CGT_NODE_EAGER;
+/* The state machine's only legal moves: a node is made WARMUP
+ * (node_create), and leaves WARMUP once, for RECORDED, EAGER or OVERFLOW;
+ * those three are final. A RECORDED node whose liveness no longer fits gets
+ * a sibling; it never turns EAGER. */
+static int transition_legal(node_state from, node_state to) { return from == NODE_WARMUP && to != NODE_WARMUP; }
+
+/* Every change of a node's state goes through here. reason: why the node
+ * runs eagerly from now on (EAGER and OVERFLOW; the node takes it over),
+ * NULL for RECORDED. Cannot fail: the reason was allocated before the run
+ * that commits the change. */
+static void node_set_state(cgt_tree *t, node *n, node_state to, char *reason) {
+  cgt_assert(transition_legal(n->state, to));
+  cgt_assert((to == NODE_RECORDED) == (reason == NULL));
+  n->state = to;
+  if (to == NODE_RECORDED)
+    return;
+  cgt_assert(!n->graph && !n->exec); /* a WARMUP node holds no recording */
   free(n->reason);
   n->reason = reason;
-  if (n->graph || n->exec)
-    t->dev.ops->graph_destroy(&t->dev, n->graph, n->exec);
-  n->graph = n->exec = NULL;
-  tree__log(t, CGT_LOG_WARN, "node %u (segment '%s') runs eagerly from now on: %s", n->id,
-            t->segments[n->segment - 1].name, reason);
+  tree__log(t, CGT_LOG_WARN, "node %u (segment '%s') runs eagerly from now on%s: %s", n->id,
+            t->segments[n->segment - 1].name, to == NODE_OVERFLOW ? " for every new key" : "", reason);
+}
+
+cgt_node_state node__public_state(const node *n) {
+  return n->state == NODE_OVERFLOW ? CGT_NODE_EAGER : (cgt_node_state)n->state;
 }
 
 /* ---------------------------------------------------------------- the pool */
@@ -386,9 +422,11 @@ static cgt_status run_eagerly(cgt_tree *t, node *n, cgt_segment id, const segmen
 }
 
 /* Runs node n eagerly on the side pool. With `why` (not NULL) the run also
- * turns n EAGER for that reason, but only if it succeeds: the transition is
- * part of the run's commit, so a failing run leaves the node as it was. */
-static cgt_status run_eager_node(cgt_tree *t, node *n, const segment_rec *seg, const char *why, cgt_value *outputs) {
+ * moves the WARMUP node n to state `to` (EAGER or OVERFLOW) for that reason,
+ * but only if it succeeds: the transition is part of the run's commit, so a
+ * failing run leaves the node as it was. */
+static cgt_status run_eager_node(cgt_tree *t, node *n, const segment_rec *seg, const char *why, node_state to,
+                                 cgt_value *outputs) {
   char *reason = NULL;
   if (why && !(reason = tree__strdup(t, why)))
     return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory to turn node %u eager", n->id);
@@ -398,7 +436,7 @@ static cgt_status run_eager_node(cgt_tree *t, node *n, const segment_rec *seg, c
     return st;
   }
   if (reason)
-    node_make_eager(t, n, reason);
+    node_set_state(t, n, to, reason);
   return CGT_OK;
 }
 
@@ -529,7 +567,7 @@ static int copies_in_graph(const cgt_tree *t) {
 /* The nearest RECORDED proper ancestor of n, or the virtual root. */
 static const node *recorded_ancestor(const cgt_tree *t, const node *n) {
   const node *a = n->parent;
-  while (a != &t->root && a->state != CGT_NODE_RECORDED)
+  while (a != &t->root && a->state != NODE_RECORDED)
     a = a->parent;
   return a;
 }
@@ -674,7 +712,7 @@ static cgt_status run_warmup(cgt_tree *t, node *n, const segment_rec *seg, cgt_v
 static cgt_status fall_back_eagerly(cgt_tree *t, node *n, const segment_rec *seg, const char *why,
                                     cgt_value *outputs) {
   tree__log(t, CGT_LOG_DEBUG, "node %u (segment '%s'): %s; running it eagerly", n->id, seg->name, why);
-  cgt_status st = run_eager_node(t, n, seg, why, outputs);
+  cgt_status st = run_eager_node(t, n, seg, why, NODE_EAGER, outputs);
   if (st != CGT_OK) {
     char eager_error[TREE_ERROR_BYTES];
     memcpy(eager_error, t->error, sizeof eager_error);
@@ -789,7 +827,7 @@ static cgt_status record(cgt_tree *t, node *n, const segment_rec *seg, int is_re
   n->placeholders = r.ph;
   n->n_outputs = seg->n_outputs;
   n->outputs = r.outs;
-  n->state = CGT_NODE_RECORDED;
+  node_set_state(t, n, NODE_RECORDED, NULL);
   n->last_step = t->step;
   recording_count_copies(t, &r);
   w->runs++;
@@ -809,22 +847,46 @@ static cgt_status record(cgt_tree *t, node *n, const segment_rec *seg, int is_re
   return CGT_OK;
 }
 
-/* Warmup or recording for a node that is not recorded yet. */
+/* ------------------------------------------------------------ the decision */
+
 /* The overflow node of (segment, variant) under parent, or NULL. */
 static node *find_overflow(const node *parent, cgt_segment id, uint64_t variant) {
   for (node *first = parent->children; first; first = (node *)first->hh.next)
     for (node *c = first; c; c = c->next_same_key)
-      if (c->overflow && c->segment == id && c->variant == variant)
+      if (c->state == NODE_OVERFLOW && c->segment == id && c->variant == variant)
         return c;
   return NULL;
 }
 
 #define WHY_BYTES 192
 
-/* 1, with the reason in why, if n's parent already holds rerecord_limit
- * recordings of n's (segment, variant), so n may not record. */
-static int over_rerecord_limit(const cgt_tree *t, const node *n, char why[WHY_BYTES]) {
-  uint32_t recordings = count_recordings(n->parent, n->segment, n->variant);
+/* What one run does: the state machine's one decision (node_decide), which
+ * node_run then carries out. */
+typedef enum run_action {
+  RUN_REPLAY,  /* launch the recording of a RECORDED node whose liveness admits the values live now */
+  RUN_WARMUP,  /* run the launch function eagerly in the graph pool (a WARMUP node, or a RECORDED
+                  one in a step already in warmup, which stays RECORDED); the step is in warmup after it */
+  RUN_RECORD,  /* capture a WARMUP node: -> RECORDED, or -> EAGER if the capture fails */
+  RUN_EAGER,   /* run eagerly on the side pool: an EAGER or OVERFLOW node of this key, or, with a
+                  reason, a WARMUP node that may not record (-> EAGER) */
+  RUN_OVERFLOW /* a key its parent may not record: run on the OVERFLOW node of (segment, variant),
+                  or, with a reason, make it (WARMUP -> OVERFLOW) */
+} run_action;
+
+typedef struct run_decision {
+  run_action action;
+  node *node;         /* the node that runs; NULL: a new node, made by node_run under t->cur */
+  int rerecord;       /* RUN_RECORD: every recording of this key had the wrong liveness */
+  char why[WHY_BYTES]; /* the reason the node leaves WARMUP for EAGER or OVERFLOW; "" if it does not */
+} run_decision;
+
+/* 1, with the reason in why, if parent already holds rerecord_limit
+ * recordings of (segment, variant), so a node of it may not record. Checked
+ * when the recording would happen: a sibling may have recorded since a
+ * WARMUP node was made. */
+static int over_rerecord_limit(const cgt_tree *t, const node *parent, cgt_segment id, uint64_t variant,
+                               char why[WHY_BYTES]) {
+  uint32_t recordings = count_recordings(parent, id, variant);
   if (recordings < t->opt.rerecord_limit)
     return 0;
   snprintf(why, WHY_BYTES, "rerecord limit: the parent already has %u recordings of this segment and variant",
@@ -832,19 +894,102 @@ static int over_rerecord_limit(const cgt_tree *t, const node *n, char why[WHY_BY
   return 1;
 }
 
-static cgt_status first_runs(cgt_tree *t, node *n, const segment_rec *seg, int is_rerecord, cgt_value *outputs) {
-  if (n->state == CGT_NODE_EAGER)
-    return run_eager_node(t, n, seg, NULL, outputs);
-  warm_count *w = warm_find(t, n->segment, n->variant);
-  uint32_t runs = w ? w->runs : 0;
-  if (t->step_in_warmup || runs < t->opt.warmup_runs)
-    return run_warmup(t, n, seg, outputs);
-  /* Checked when the recording would happen: a sibling may have recorded
-   * since this node was made. */
-  char why[WHY_BYTES];
-  if (over_rerecord_limit(t, n, why))
-    return run_eager_node(t, n, seg, why, outputs);
-  return record(t, n, seg, is_rerecord, outputs);
+static run_action decided(run_decision *d, run_action action, node *n) {
+  d->action = action;
+  d->node = n;
+  return action;
+}
+
+/* The decision for a run of (id, variant) under t->cur, whose key group
+ * (the children of t->cur with this run's key, see node_lookup) starts at
+ * `first` (NULL: a key not seen here). Changes nothing; node_run carries it
+ * out. In order:
+ *
+ *   REPLAY   a RECORDED node of the group whose liveness admits the values
+ *            live now, unless the step is in warmup;
+ *   WARMUP   in a step in warmup, the group's WARMUP or RECORDED node;
+ *   WARMUP, EAGER (turning), RECORD
+ *            the group's WARMUP node: WARMUP while its (segment, variant) has
+ *            run fewer than warmup_runs times; EAGER if the parent is at
+ *            rerecord_limit; else RECORD;
+ *   EAGER    the group's EAGER or OVERFLOW node;
+ *   OVERFLOW a new key of a segment declared uncapturable, or past the limit,
+ *            where the parent has an OVERFLOW node of (segment, variant);
+ *   and for a new node (every recording of the key had the wrong liveness,
+ *   or a new key): OVERFLOW (made) for a segment declared uncapturable;
+ *   past the limit, OVERFLOW (made) for a new key and EAGER (turning) for
+ *   a re-record; else WARMUP or RECORD as for a WARMUP node. */
+static run_action node_decide(const cgt_tree *t, node *first, cgt_segment id, const segment_rec *seg,
+                              uint64_t variant, run_decision *d) {
+  d->rerecord = 0;
+  d->why[0] = '\0';
+  int in_warmup = t->step_in_warmup;
+  if (first && !in_warmup)
+    for (node *c = first; c; c = c->next_same_key)
+      if (c->state == NODE_RECORDED && node_liveness_ok(t, c))
+        return decided(d, RUN_REPLAY, c);
+
+  if (first) {
+    node *warm = NULL, *recorded = NULL, *eager = NULL;
+    for (node *c = first; c; c = c->next_same_key) {
+      if (c->state == NODE_WARMUP && !warm)
+        warm = c;
+      else if (c->state == NODE_RECORDED && !recorded)
+        recorded = c;
+      else if ((c->state == NODE_EAGER || c->state == NODE_OVERFLOW) && !eager)
+        eager = c;
+    }
+    if (in_warmup && (warm || recorded))
+      return decided(d, RUN_WARMUP, warm ? warm : recorded);
+    if (warm) {
+      const warm_count *w = warm_find((cgt_tree *)t, id, variant);
+      if ((w ? w->runs : 0) < t->opt.warmup_runs)
+        return decided(d, RUN_WARMUP, warm);
+      if (over_rerecord_limit(t, t->cur, id, variant, d->why))
+        return decided(d, RUN_EAGER, warm);
+      return decided(d, RUN_RECORD, warm);
+    }
+    if (eager)
+      return decided(d, RUN_EAGER, eager);
+    d->rerecord = 1; /* every recording of this key has the wrong liveness */
+  }
+
+  /* A new key past the limit (a buffer passed as STATIC that moves every
+   * step, say) runs on the one overflow node of its (segment, variant), so
+   * the tree stops growing. A segment declared uncapturable has nothing but
+   * such nodes: one per (parent, segment, variant), whatever its inputs. */
+  int no_capture = (seg->flags & CGT_SEGMENT_NO_CAPTURE) != 0;
+  node *overflow = first ? NULL : find_overflow(t->cur, id, variant);
+  if (overflow && (no_capture || count_recordings(t->cur, id, variant) >= t->opt.rerecord_limit))
+    return decided(d, RUN_OVERFLOW, overflow);
+
+  /* A new node. */
+  if (no_capture) {
+    snprintf(d->why, WHY_BYTES, "declared uncapturable");
+    return decided(d, RUN_OVERFLOW, NULL);
+  }
+  if (over_rerecord_limit(t, t->cur, id, variant, d->why))
+    return decided(d, first ? RUN_EAGER : RUN_OVERFLOW, NULL);
+  const warm_count *w = warm_find((cgt_tree *)t, id, variant);
+  if (in_warmup || (w ? w->runs : 0) < t->opt.warmup_runs)
+    return decided(d, RUN_WARMUP, NULL);
+  return decided(d, RUN_RECORD, NULL);
+}
+
+/* ------------------------------------------------------------------ a run */
+
+/* The head of the key group of this run under t->cur, or NULL; its key is
+ * left in t->key_buf, its size in *key_bytes. Programs mostly take the same
+ * child as last time: try it before the hash table, whose lookup costs
+ * several dependent cache misses once the tree is larger than the caches. */
+static node *node_lookup(cgt_tree *t, cgt_segment id, const segment_rec *seg, uint64_t variant, size_t *key_bytes) {
+  *key_bytes = key_build(t, id, variant, seg->n_inputs);
+  node *first = t->cur->hot_child;
+  if (!first || first->key_bytes != *key_bytes || memcmp(first->key, t->key_buf, *key_bytes)) {
+    HASH_FIND(hh, t->cur->children, t->key_buf, *key_bytes, first);
+    t->cur->hot_child = first;
+  }
+  return first;
 }
 
 static cgt_status node_run(cgt_tree *t, cgt_segment id, const segment_rec *seg, uint64_t variant, cgt_value *outputs,
@@ -868,79 +1013,53 @@ cgt_status node__run(cgt_tree *t, cgt_segment id, const segment_rec *seg, uint64
   return st;
 }
 
+/* Carries out node_decide's decision. CGT_MODE_EAGER keeps no tree and
+ * decides nothing. */
 static cgt_status node_run(cgt_tree *t, cgt_segment id, const segment_rec *seg, uint64_t variant, cgt_value *outputs,
                            node **created) {
   if (t->opt.mode == CGT_MODE_EAGER)
     return run_eagerly(t, NULL, id, seg, variant, t->pool, outputs);
 
-  /* Programs mostly take the same child as last time: try it before the
-   * hash table, whose lookup costs several dependent cache misses once the
-   * tree is larger than the caches. */
-  size_t key_bytes = key_build(t, id, variant, seg->n_inputs);
-  node *first = t->cur->hot_child;
-  if (!first || first->key_bytes != key_bytes || memcmp(first->key, t->key_buf, key_bytes)) {
-    HASH_FIND(hh, t->cur->children, t->key_buf, key_bytes, first);
-    t->cur->hot_child = first;
-  }
-  int in_warmup = t->step_in_warmup;
-
-  if (first && !in_warmup)
-    for (node *c = first; c; c = c->next_same_key)
-      if (c->state == CGT_NODE_RECORDED && node_liveness_ok(t, c))
-        return replay(t, c, outputs);
+  size_t key_bytes;
+  node *first = node_lookup(t, id, seg, variant, &key_bytes);
+  run_decision d;
+  run_action action = node_decide(t, first, id, seg, variant, &d);
+  if (action == RUN_REPLAY)
+    return replay(t, d.node, outputs);
   /* Anything but a replay launches what was held back first. */
-  cgt_status flushed = fuse__flush(t);
-  if (flushed != CGT_OK)
-    return flushed;
+  cgt_status st = fuse__flush(t);
+  if (st != CGT_OK)
+    return st;
 
-  int is_rerecord = 0;
-  if (first) {
-    node *warm = NULL, *recorded = NULL, *eager = NULL;
-    for (node *c = first; c; c = c->next_same_key) {
-      if (c->state == CGT_NODE_WARMUP && !warm)
-        warm = c;
-      else if (c->state == CGT_NODE_RECORDED && !recorded)
-        recorded = c;
-      else if (c->state == CGT_NODE_EAGER && !eager)
-        eager = c;
-    }
-    if (in_warmup && (warm || recorded))
-      return run_warmup(t, warm ? warm : recorded, seg, outputs);
-    if (warm)
-      return first_runs(t, warm, seg, 0, outputs);
-    if (eager)
-      return run_eager_node(t, eager, seg, NULL, outputs);
-    is_rerecord = 1; /* every recording of this key has the wrong liveness */
+  node *n = d.node;
+  if (!n) {
+    n = node_create(t, first, id, variant, key_bytes);
+    if (!n)
+      return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory for a new node");
+    *created = n;
   }
-
-  /* A new key past the limit (a buffer passed as STATIC that moves every
-   * step, say) runs on the one overflow node of its (segment, variant), so
-   * the tree stops growing. A segment declared uncapturable has nothing but
-   * such nodes: one per (parent, segment, variant), whatever its inputs. */
-  int no_capture = (seg->flags & CGT_SEGMENT_NO_CAPTURE) != 0;
-  node *overflow = first ? NULL : find_overflow(t->cur, id, variant);
-  if (overflow && (no_capture || count_recordings(t->cur, id, variant) >= t->opt.rerecord_limit))
-    return run_eager_node(t, overflow, seg, NULL, outputs);
-  node *n = node_create(t, first, id, variant, key_bytes);
-  if (!n)
-    return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory for a new node");
-  *created = n;
-  if (no_capture) {
-    n->overflow = 1;
-    return run_eager_node(t, n, seg, "declared uncapturable", outputs);
+  const char *why = d.why[0] ? d.why : NULL;
+  switch (action) {
+  case RUN_WARMUP:
+    return run_warmup(t, n, seg, outputs);
+  case RUN_RECORD:
+    return record(t, n, seg, d.rerecord, outputs);
+  case RUN_EAGER:
+    return run_eager_node(t, n, seg, why, NODE_EAGER, outputs);
+  case RUN_OVERFLOW:
+    st = run_eager_node(t, n, seg, why, NODE_OVERFLOW, outputs);
+    if (st == CGT_OK && *created && !(seg->flags & CGT_SEGMENT_NO_CAPTURE))
+      tree__log(t, CGT_LOG_WARN,
+                "segment '%s' (variant %llu) arrived with argument addresses not seen before after its parent node "
+                "reached rerecord_limit (%u recordings): this and later new keys run eagerly on node %u. If a "
+                "STATIC argument moves every step, pass it as DYNAMIC",
+                seg->name, (unsigned long long)variant, t->opt.rerecord_limit, n->id);
+    return st;
+  case RUN_REPLAY:
+    break;
   }
-  char why[WHY_BYTES];
-  if (!over_rerecord_limit(t, n, why))
-    return first_runs(t, n, seg, is_rerecord, outputs);
-  n->overflow = !first;
-  cgt_status st = run_eager_node(t, n, seg, why, outputs);
-  if (st == CGT_OK && !first)
-    tree__log(t, CGT_LOG_WARN,
-              "segment '%s' (variant %llu) arrived with argument addresses not seen before after its parent node "
-              "reached rerecord_limit (%u recordings): this and later new keys run eagerly on node %u. If a "
-              "STATIC argument moves every step, pass it as DYNAMIC",
-              seg->name, (unsigned long long)variant, t->opt.rerecord_limit, n->id);
-  return st;
+  cgt_assert(0); /* node_decide's replay returned above */
+  return tree__fail(t, CGT_ERR_STATE, "node %u: node_decide chose action %d here", n->id, (int)action);
 }
 
 /* ---------------------------------------------------------------- pruning */
@@ -989,7 +1108,7 @@ void node__prune(cgt_tree *t) {
   for (uint32_t i = 0; i < t->n_nodes; i++) {
     node *n = t->nodes[i];
     int parent_goes = n->parent != &t->root && n->parent->pruned;
-    n->pruned = parent_goes || (n->state == CGT_NODE_WARMUP && t->step - n->last_step >= limit);
+    n->pruned = parent_goes || (n->state == NODE_WARMUP && t->step - n->last_step >= limit);
     if (n->pruned && !parent_goes)
       node_unlink(n);
   }

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "backend.h"
+#include "cgt_assert.h"
 #include "cgtree.h"
 #include "fuse.h"
 #include "pool.h"
@@ -35,9 +36,6 @@ void *tree__hash_malloc(struct cgt_tree *t, size_t bytes);
 
 #define TREE_ERROR_BYTES 512
 
-/* Defensive checks that stay in release builds (SQLite's NEVER()): the
- * condition should never hold; if it does, the caller returns an error. */
-#define NEVER(x) (__builtin_expect(!!(x), 0))
 
 typedef struct segment_rec {
   char *name;
@@ -80,6 +78,19 @@ typedef struct node_output {
   pool *pool;  /* the pool of block, or NULL */
 } node_output;
 
+/* A node's state; node.c's essay draws the machine and node_set_state
+ * enforces it. The first three are cgt_node_state's. An OVERFLOW node runs
+ * eagerly like an EAGER one (and reports itself as EAGER), but it also
+ * serves every new key of its (segment, variant) under its parent: new
+ * keys once the parent holds rerecord_limit recordings, and every key of a
+ * segment declared uncapturable. */
+typedef enum node_state {
+  NODE_WARMUP = CGT_NODE_WARMUP,
+  NODE_RECORDED = CGT_NODE_RECORDED,
+  NODE_EAGER = CGT_NODE_EAGER,
+  NODE_OVERFLOW
+} node_state;
+
 typedef struct node node;
 struct node {
   uint32_t id; /* 1-based; 0 is the virtual root above the roots */
@@ -87,13 +98,13 @@ struct node {
   uint32_t depth;
   cgt_segment segment;
   uint64_t variant;
-  cgt_node_state state;
+  node_state state; /* changed by node_set_state only */
   uint64_t replays;
-  uint64_t eager_runs;
-  char *reason;     /* why EAGER */
+  uint64_t eager_runs; /* cgt_node_info.eager_runs: every run of the launch
+                          function outside a capture on this node, warmups
+                          included (cgt_stats counts those apart) */
+  char *reason;     /* why EAGER or OVERFLOW */
   uint8_t pruned;   /* node__prune: on its way out */
-  uint8_t overflow; /* the EAGER node that serves every new key of its
-                       (segment, variant) once the parent is at rerecord_limit */
 
   /* Key under the parent (see node_key_build). Nodes that share a key are
    * re-records for other liveness patterns: the first one is in the hash,
@@ -326,6 +337,8 @@ void node__destroy(cgt_tree *t, node *n);
 /* Enqueues n's own executable, its DYNAMIC copies reading next_src. */
 cgt_status node__launch(cgt_tree *t, node *n);
 void node__prune(cgt_tree *t);
+/* The state cgt_tree_nodes reports: OVERFLOW reads as EAGER. */
+cgt_node_state node__public_state(const node *n);
 
 /* inspect.c */
 cgt_status tree__check(cgt_tree *t);
