@@ -240,16 +240,16 @@ static cgt_status check_values(cgt_tree *t) {
     const value_slot *s = &t->slots[t->path[p]];
     if (!path_bit(t, p))
       continue;
-    if (!s->block) {
+    if (!s->mem.block) {
       if (s->owner != VALUE_NONE)
         st = tree__fail(t, CGT_ERR_STATE, "live value at path position %u lies in no block but has an owner", p);
       continue;
     }
-    if (s->owner >= t->n_slots || t->slots[s->owner].block != s->block || t->slots[s->owner].pool != s->pool)
+    if (s->owner >= t->n_slots || t->slots[s->owner].mem.block != s->mem.block || t->slots[s->owner].mem.pool != s->mem.pool)
       st = tree__fail(t, CGT_ERR_STATE, "live value at path position %u names an owner outside its block", p);
     else
       count[s->owner]++;
-    pairs[n_pairs++] = (block_owner){s->block, s->owner};
+    pairs[n_pairs++] = (block_owner){s->mem.block, s->owner};
   }
   for (uint32_t i = 0; i < t->n_slots && st == CGT_OK; i++)
     if (count[i] != t->slots[i].refs)
@@ -304,12 +304,13 @@ static cgt_status check_pools(cgt_tree *t) {
   for (uint32_t p = 0; p < t->path_len; p++) {
     if (!path_bit(t, p))
       continue;
-    const value_slot *a = &t->slots[t->path[p]];
+    const mem_ref *a = &t->slots[t->path[p]].mem;
+    uint32_t owner = t->slots[t->path[p]].owner;
     if (!a->block)
       continue;
     size_t bytes = pool_block_bytes(a->pool, a->block);
     /* Only the graph pool lets go of the path: replay leaves its layout. */
-    int owned_now = !(a->pool == t->pool && t->opt.mode == CGT_MODE_TREE && !t->pool_synced);
+    int owned_now = node__layout_owner(t, a->pool) != LAYOUT_CHECKPOINT;
     if (owned_now && (bytes == 0 || (uintptr_t)a->ptr < (uintptr_t)a->block ||
                       (uintptr_t)a->ptr - (uintptr_t)a->block + a->bytes > bytes)) {
       free(seen_owner);
@@ -318,13 +319,13 @@ static cgt_status check_pools(cgt_tree *t) {
     }
     /* check_values proved the owners right; count each block once, at the
      * first live value that names its owner. */
-    int first_of_block = !seen_owner[a->owner];
-    seen_owner[a->owner] = 1;
+    int first_of_block = !seen_owner[owner];
+    seen_owner[owner] = 1;
     if (first_of_block && a->pool == t->pool && owned_now)
       distinct_graph_bytes += bytes;
   }
   free(seen_owner);
-  if (t->opt.mode == CGT_MODE_TREE && t->pool_synced) {
+  if (t->opt.mode == CGT_MODE_TREE && node__layout_owner(t, t->pool) == LAYOUT_VALUES) {
     pool_stats ps;
     pool_get_stats(t->pool, &ps);
     CHECK(ps.allocated_bytes == distinct_graph_bytes,

@@ -35,41 +35,16 @@ static launch_alloc *launch_alloc_containing(cgt_launch *l, const void *p, size_
 
 static int launch_input_containing(cgt_launch *l, const void *p, size_t n) {
   for (uint32_t i = 0; i < l->n_inputs; i++)
-    if (range_inside(p, n, l->in_ptr[i], l->in_bytes[i]))
+    if (range_inside(p, n, l->in[i].ptr, l->in[i].bytes))
       return (int)i;
   return -1;
 }
 
 cgt_status launch__prepare(cgt_tree *t, const segment_rec *seg, uint64_t variant, pool *pl) {
   cgt_launch *l = &t->launch;
-  uint32_t need = seg->n_inputs > seg->n_outputs ? seg->n_inputs : seg->n_outputs;
-  if (need > l->io_cap) {
-    /* All arrays share io_cap, so grow each to the same new size. */
-    uint32_t cap = l->io_cap < 4 ? 4 : l->io_cap;
-    while (cap < need)
-      cap *= 2;
-    void **in_ptr = tree__calloc(t, cap, sizeof *in_ptr);
-    size_t *in_bytes = tree__calloc(t, cap, sizeof *in_bytes);
-    void **in_block = tree__calloc(t, cap, sizeof *in_block);
-    pool **in_pool = tree__calloc(t, cap, sizeof *in_pool);
-    void **out_ptr = tree__calloc(t, cap, sizeof *out_ptr);
-    size_t *out_bytes = tree__calloc(t, cap, sizeof *out_bytes);
-    uint8_t *out_set = tree__calloc(t, cap, sizeof *out_set);
-    void **out_block = tree__calloc(t, cap, sizeof *out_block);
-    pool **out_pool = tree__calloc(t, cap, sizeof *out_pool);
-    if (!in_ptr || !in_bytes || !in_block || !in_pool || !out_ptr || !out_bytes || !out_set || !out_block ||
-        !out_pool) {
-      free(in_ptr), free(in_bytes), free(in_block), free(in_pool), free(out_ptr);
-      free(out_bytes), free(out_set), free(out_block), free(out_pool);
-      return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory for the launch context");
-    }
-    free(l->in_ptr), free(l->in_bytes), free(l->in_block), free(l->in_pool), free(l->out_ptr);
-    free(l->out_bytes), free(l->out_set), free(l->out_block), free(l->out_pool);
-    l->in_ptr = in_ptr, l->in_bytes = in_bytes, l->in_block = in_block, l->in_pool = in_pool;
-    l->out_ptr = out_ptr, l->out_bytes = out_bytes, l->out_set = out_set;
-    l->out_block = out_block, l->out_pool = out_pool;
-    l->io_cap = cap;
-  }
+  if (!tree__grow(t, (void **)&l->in, &l->in_cap, seg->n_inputs, sizeof *l->in) ||
+      !tree__grow(t, (void **)&l->out, &l->out_cap, seg->n_outputs, sizeof *l->out))
+    return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory for the launch context");
   l->tree = t;
   l->seg = seg;
   l->variant = variant;
@@ -78,8 +53,26 @@ cgt_status launch__prepare(cgt_tree *t, const segment_rec *seg, uint64_t variant
   l->n_inputs = seg->n_inputs;
   l->n_outputs = seg->n_outputs;
   l->n_allocs = 0;
-  memset(l->out_set, 0, l->n_outputs);
+  memset(l->out, 0, l->n_outputs * sizeof *l->out);
   return CGT_OK;
+}
+
+void launch__set_input(cgt_tree *t, uint32_t i, mem_ref in) {
+  cgt_assert(i < t->launch.n_inputs);
+  t->launch.in[i] = in;
+}
+
+const mem_ref *launch__output(const cgt_tree *t, uint32_t o) {
+  cgt_assert(o < t->launch.n_outputs);
+  return &t->launch.out[o].mem;
+}
+
+void launch__disown_allocations(cgt_tree *t) { t->launch.n_allocs = 0; }
+
+void launch__destroy(cgt_tree *t) {
+  cgt_launch *l = &t->launch;
+  free(l->in), free(l->out), free(l->allocs);
+  l->in = NULL, l->out = NULL, l->allocs = NULL;
 }
 
 cgt_status launch__call(cgt_tree *t) {
@@ -98,7 +91,7 @@ cgt_status launch__call(cgt_tree *t) {
                       cgt_status_name(st));
   }
   for (uint32_t i = 0; i < l->n_outputs; i++)
-    if (!l->out_set[i])
+    if (!l->out[i].set)
       return tree__fail(t, CGT_ERR_SEGMENT_FAILED, "segment '%s': output %u was not set", l->seg->name, i);
   return CGT_OK;
 }
@@ -110,19 +103,20 @@ cgt_status launch__finish(cgt_tree *t) {
   for (size_t i = 0; i < l->n_allocs; i++)
     l->allocs[i].kept = 0;
   for (uint32_t o = 0; o < l->n_outputs; o++) {
-    launch_alloc *a = launch_alloc_containing(l, l->out_ptr[o], l->out_bytes[o]);
+    mem_ref *out = &l->out[o].mem;
+    launch_alloc *a = launch_alloc_containing(l, out->ptr, out->bytes);
     if (a) {
       a->kept = 1;
-      l->out_block[o] = a->ptr;
-      l->out_pool[o] = l->pool;
+      out->block = a->ptr;
+      out->pool = l->pool;
       continue;
     }
-    int in = launch_input_containing(l, l->out_ptr[o], l->out_bytes[o]);
+    int in = launch_input_containing(l, out->ptr, out->bytes);
     if (in < 0)
       return tree__fail(t, CGT_ERR_SEGMENT_FAILED, "segment '%s': output %u points into memory freed in the launch",
                         l->seg->name, o);
-    l->out_block[o] = l->in_block[in];
-    l->out_pool[o] = l->in_pool[in];
+    out->block = l->in[in].block;
+    out->pool = l->in[in].pool;
   }
   for (size_t i = 0; i < l->n_allocs; i++)
     if (!l->allocs[i].freed && !l->allocs[i].kept) {
@@ -132,7 +126,6 @@ cgt_status launch__finish(cgt_tree *t) {
   return CGT_OK;
 }
 
-/* Gives back every allocation the launch still holds (a failed run). */
 void launch__rollback(cgt_tree *t) {
   cgt_launch *l = &t->launch;
   for (size_t i = 0; i < l->n_allocs; i++)
@@ -148,11 +141,11 @@ void launch__rollback(cgt_tree *t) {
 void *cgt_launch_stream(cgt_launch *l) { return launch_usable(l) ? l->tree->dev.stream : NULL; }
 
 void *cgt_launch_input(cgt_launch *l, uint32_t i) {
-  return launch_usable(l) && i < l->n_inputs ? l->in_ptr[i] : NULL;
+  return launch_usable(l) && i < l->n_inputs ? l->in[i].ptr : NULL;
 }
 
 size_t cgt_launch_input_bytes(cgt_launch *l, uint32_t i) {
-  return launch_usable(l) && i < l->n_inputs ? l->in_bytes[i] : 0;
+  return launch_usable(l) && i < l->n_inputs ? l->in[i].bytes : 0;
 }
 
 uint64_t cgt_launch_variant(cgt_launch *l) { return launch_usable(l) ? l->variant : 0; }
@@ -163,17 +156,8 @@ cgt_status cgt_launch_alloc(cgt_launch *l, size_t bytes, void **ptr) {
   if (!l->active)
     return tree__fail(l->tree, CGT_ERR_STATE, "cgt_launch_alloc: called outside a launch function");
   cgt_tree *t = l->tree;
-  if (l->n_allocs == l->allocs_cap) {
-    size_t cap = l->allocs_cap ? l->allocs_cap * 2 : 16;
-    launch_alloc *a = tree__malloc(t, cap * sizeof *a);
-    if (!a)
-      return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory to track launch allocations");
-    if (l->allocs)
-      memcpy(a, l->allocs, l->n_allocs * sizeof *a);
-    free(l->allocs);
-    l->allocs = a;
-    l->allocs_cap = cap;
-  }
+  if (!tree__grow(t, (void **)&l->allocs, &l->allocs_cap, l->n_allocs + 1, sizeof *l->allocs))
+    return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory to track launch allocations");
   void *p;
   t->dev.error[0] = '\0'; /* a refused chunk leaves its reason here */
   cgt_status st = pool_alloc(l->pool, bytes, &p);
@@ -228,8 +212,7 @@ cgt_status cgt_launch_set_output(cgt_launch *l, uint32_t i, void *ptr, size_t by
                       "cgt_launch_set_output: output %u (%p, %zu bytes) lies neither in an allocation of this launch "
                       "nor inside an input",
                       i, ptr, bytes);
-  l->out_ptr[i] = ptr;
-  l->out_bytes[i] = bytes;
-  l->out_set[i] = 1;
+  l->out[i].mem = (mem_ref){ptr, bytes, NULL, NULL};
+  l->out[i].set = 1;
   return CGT_OK;
 }

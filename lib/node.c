@@ -82,8 +82,8 @@ static size_t key_build(cgt_tree *t, cgt_segment id, uint64_t variant, uint32_t 
     const run_arg *a = &t->args[i];
     uint64_t *w = &k[2 + 3 * (size_t)i];
     w[0] = !a->keyed ? KEY_DYNAMIC : a->kind == CGT_ARG_STATIC ? KEY_STATIC : KEY_VALUE;
-    w[1] = a->keyed ? (uint64_t)(uintptr_t)a->ptr : 0;
-    w[2] = a->bytes;
+    w[1] = a->keyed ? (uint64_t)(uintptr_t)a->mem.ptr : 0;
+    w[2] = a->mem.bytes;
   }
   return (2 + 3 * (size_t)n_args) * sizeof *k;
 }
@@ -267,6 +267,14 @@ cgt_node_state node__public_state(const node *n) {
 /* ---------------------------------------------------------------- the pool */
 
 
+layout_owner node__layout_owner(const cgt_tree *t, const pool *pl) {
+  if (pl == t->side_pool || t->opt.mode == CGT_MODE_EAGER)
+    return LAYOUT_VALUES;
+  if (pl == t->pool && t->opt.mode == CGT_MODE_TREE)
+    return t->pool_synced ? LAYOUT_VALUES : LAYOUT_CHECKPOINT;
+  return LAYOUT_NODE;
+}
+
 /* Brings the graph pool to the layout of the path's live values. The layout
  * it replaces is kept until the run is over (pool_sync_end), so that a run
  * that fails afterwards can put the pool back: a failing cgt_run changes
@@ -345,13 +353,8 @@ static cgt_status node_pool(cgt_tree *t, node *n, pool **out) {
 /* ---------------------------------------------------------------- the runs */
 
 static void set_inputs_direct(cgt_tree *t) {
-  cgt_launch *l = &t->launch;
-  for (uint32_t i = 0; i < l->n_inputs; i++) {
-    l->in_ptr[i] = t->args[i].ptr;
-    l->in_bytes[i] = t->args[i].bytes;
-    l->in_block[i] = t->args[i].block;
-    l->in_pool[i] = t->args[i].pool;
-  }
+  for (uint32_t i = 0; i < t->n_run_args; i++)
+    launch__set_input(t, i, t->args[i].mem);
 }
 
 /* A live value in `block` that this run knows of: an earlier output of the
@@ -363,20 +366,20 @@ static uint32_t block_sharer(const cgt_tree *t, const void *block, const cgt_val
   if (!block)
     return VALUE_NONE;
   for (uint32_t o = 0; o < n_made; o++)
-    if (t->slots[value__slot_of(made[o])].block == block)
+    if (t->slots[value__slot_of(made[o])].mem.block == block)
       return value__slot_of(made[o]);
   for (uint32_t i = 0; i < t->n_run_args; i++)
-    if (t->args[i].slot != VALUE_NONE && t->args[i].block == block)
+    if (t->args[i].slot != VALUE_NONE && t->args[i].mem.block == block)
       return t->args[i].slot;
   return VALUE_NONE;
 }
 
-static void hand_out_launch_outputs(cgt_tree *t, cgt_value *outputs) {
-  cgt_launch *l = &t->launch;
-  for (uint32_t o = 0; o < l->n_outputs; o++)
-    outputs[o] = value__make(t, l->out_ptr[o], l->out_bytes[o], l->out_block[o], l->out_pool[o],
-                             block_sharer(t, l->out_block[o], outputs, o));
-  l->n_allocs = 0; /* the allocations now belong to values */
+static void hand_out_launch_outputs(cgt_tree *t, const segment_rec *seg, cgt_value *outputs) {
+  for (uint32_t o = 0; o < seg->n_outputs; o++) {
+    const mem_ref *out = launch__output(t, o);
+    outputs[o] = value__make(t, *out, block_sharer(t, out->block, outputs, o));
+  }
+  launch__disown_allocations(t); /* they belong to values now */
 }
 
 /* Calls the prepared launch function eagerly inside a profiler range named
@@ -410,7 +413,7 @@ static cgt_status run_eagerly(cgt_tree *t, node *n, cgt_segment id, const segmen
     launch__rollback(t);
     return st;
   }
-  hand_out_launch_outputs(t, outputs);
+  hand_out_launch_outputs(t, seg, outputs);
   w->runs++;
   t->stats.eager_runs++;
   if (n) {
@@ -479,7 +482,7 @@ cgt_status node__launch(cgt_tree *t, node *n) {
  * flush, and the values its recording fixed, handed out at once. */
 static cgt_status replay(cgt_tree *t, node *n, cgt_value *outputs) {
   for (uint32_t i = 0; i < n->n_placeholders; i++)
-    n->placeholders[i].next_src = t->args[n->placeholders[i].arg].ptr;
+    n->placeholders[i].next_src = t->args[n->placeholders[i].arg].mem.ptr;
   int held = fuse__enabled(t) && fuse__hold(t, n) == CGT_OK;
   if (!held) {
     cgt_status st = fuse__flush(t); /* what was held back goes first */
@@ -489,8 +492,8 @@ static cgt_status replay(cgt_tree *t, node *n, cgt_value *outputs) {
       return st;
   }
   for (uint32_t o = 0; o < n->n_outputs; o++) {
-    const node_output *out = &n->outputs[o];
-    outputs[o] = value__make(t, out->ptr, out->bytes, out->block, out->pool, block_sharer(t, out->block, outputs, o));
+    const mem_ref *out = &n->outputs[o];
+    outputs[o] = value__make(t, *out, block_sharer(t, out->block, outputs, o));
   }
   for (uint32_t i = 0; i < n->n_placeholders; i++) {
     t->stats.input_copies++;
@@ -511,7 +514,7 @@ typedef struct recording {
   pool *pl;
   node_placeholder *ph;
   uint32_t n_ph; /* placeholders allocated so far */
-  node_output *outs;
+  mem_ref *outs;
   uint32_t n_dead;
   uint32_t *dead; /* see node.dead */
   void *graph;
@@ -537,23 +540,21 @@ static void recording_undo(cgt_tree *t, recording *r) {
 /* Allocates the placeholders of DYNAMIC arguments and copies the caller's
  * data in; the graph reads them there, and each replay refills them first. */
 static cgt_status recording_placeholders(cgt_tree *t, recording *r, const segment_rec *seg) {
-  cgt_launch *l = &t->launch;
   for (uint32_t i = 0; i < seg->n_inputs; i++) {
+    const mem_ref *arg = &t->args[i].mem;
     if (t->args[i].keyed)
       continue;
     void *p;
     t->dev.error[0] = '\0'; /* a refused chunk leaves its reason here */
-    cgt_status st = pool_alloc(r->pl, t->args[i].bytes, &p);
+    cgt_status st = pool_alloc(r->pl, arg->bytes, &p);
     if (st != CGT_OK)
-      return tree__fail(t, st, "placeholder of %zu bytes for input %u: %s", t->args[i].bytes, i,
+      return tree__fail(t, st, "placeholder of %zu bytes for input %u: %s", arg->bytes, i,
                         t->dev.error[0] ? t->dev.error : cgt_status_string(st));
-    r->ph[r->n_ph++] = (node_placeholder){i, p, t->args[i].bytes, NULL, t->args[i].ptr, t->args[i].ptr};
-    st = r->copies_in_graph ? CGT_OK : t->dev.ops->copy(&t->dev, p, t->args[i].ptr, t->args[i].bytes);
+    r->ph[r->n_ph++] = (node_placeholder){i, p, arg->bytes, NULL, arg->ptr, arg->ptr};
+    st = r->copies_in_graph ? CGT_OK : t->dev.ops->copy(&t->dev, p, arg->ptr, arg->bytes);
     if (st != CGT_OK)
       return tree__backend_fail(t, st, "copy into a placeholder");
-    l->in_ptr[i] = p;
-    l->in_block[i] = p;
-    l->in_pool[i] = r->pl;
+    launch__set_input(t, i, (mem_ref){p, arg->bytes, p, r->pl});
   }
   return CGT_OK;
 }
@@ -616,7 +617,7 @@ static cgt_status recording_dead_list(cgt_tree *t, const node *n, recording *r) 
  * output list and liveness list too), prepares the launch context, and makes
  * the placeholders. On failure everything is given back. */
 static cgt_status recording_prepare(cgt_tree *t, recording *r, const node *n, const segment_rec *seg, int keep) {
-  t->launch.n_allocs = 0; /* nothing of an earlier launch may be rolled back */
+  launch__disown_allocations(t); /* nothing of an earlier launch may be rolled back */
   uint32_t n_dyn = 0;
   uint32_t n_outs = keep ? seg->n_outputs : 0;
   for (uint32_t i = 0; i < seg->n_inputs; i++)
@@ -667,11 +668,10 @@ static void recording_count_copies(cgt_tree *t, const recording *r) {
 
 /* Placeholders that no output aliases are free again once captured. */
 static void recording_release_placeholders(cgt_tree *t, recording *r) {
-  cgt_launch *l = &t->launch;
   for (uint32_t i = 0; i < r->n_ph; i++) {
     int held = 0;
-    for (uint32_t o = 0; o < l->n_outputs; o++)
-      held |= l->out_block[o] == r->ph[i].ptr;
+    for (uint32_t o = 0; o < t->launch.n_outputs; o++)
+      held |= launch__output(t, o)->block == r->ph[i].ptr;
     if (!held)
       pool_free(r->pl, r->ph[i].ptr);
   }
@@ -695,7 +695,7 @@ static cgt_status run_warmup(cgt_tree *t, node *n, const segment_rec *seg, cgt_v
   recording_release_placeholders(t, &r);
   recording_count_copies(t, &r);
   free(r.ph);
-  hand_out_launch_outputs(t, outputs);
+  hand_out_launch_outputs(t, seg, outputs);
   w->runs++;
   n->eager_runs++;
   n->last_step = t->step;
@@ -813,9 +813,8 @@ static cgt_status record(cgt_tree *t, node *n, const segment_rec *seg, int is_re
   }
 
   /* The recording is good: keep what replay needs. */
-  cgt_launch *l = &t->launch;
   for (uint32_t o = 0; o < seg->n_outputs; o++)
-    r.outs[o] = (node_output){l->out_ptr[o], l->out_bytes[o], l->out_block[o], l->out_pool[o]};
+    r.outs[o] = *launch__output(t, o);
   n->graph = r.graph;
   n->exec = r.exec;
   n->ckpt = r.ckpt;
@@ -834,7 +833,7 @@ static cgt_status record(cgt_tree *t, node *n, const segment_rec *seg, int is_re
   t->stats.recordings++;
   if (is_rerecord)
     t->stats.rerecords++;
-  hand_out_launch_outputs(t, outputs);
+  hand_out_launch_outputs(t, seg, outputs);
   t->cur = n;
   tree__log(t, CGT_LOG_INFO, "recorded node %u (segment '%s', depth %u)%s", n->id, seg->name, n->depth,
             is_rerecord ? " as a re-record" : "");

@@ -376,9 +376,7 @@ void cgt_tree_destroy(cgt_tree *t) {
     t->dev.ops->close(&t->dev);
     tree__device_leave(t, saved);
   }
-  cgt_launch *l = &t->launch;
-  free(l->in_ptr), free(l->in_bytes), free(l->in_block), free(l->in_pool), free(l->out_ptr);
-  free(l->out_bytes), free(l->out_set), free(l->out_block), free(l->out_pool), free(l->allocs);
+  launch__destroy(t);
   free(t->segments);
   free(t->nodes);
   free(t->slots);
@@ -523,10 +521,7 @@ static cgt_status resolve_args(cgt_tree *t, const cgt_arg *args, uint32_t n_args
         memcpy(why, t->error, sizeof why);
         return tree__fail(t, st, "cgt_run argument %u: %s", i, why);
       }
-      r->ptr = s->ptr;
-      r->bytes = s->bytes;
-      r->block = s->block;
-      r->pool = s->pool;
+      r->mem = s->mem;
       r->keyed = value__in_graph_pool(t, s);
       r->slot = value__slot_of(a->value);
       break;
@@ -542,11 +537,11 @@ static cgt_status resolve_args(cgt_tree *t, const cgt_arg *args, uint32_t n_args
                           "memory, say); only caller-owned memory may be passed so: pass the value itself "
                           "(cgt_arg_value) instead",
                           i, a->kind == CGT_ARG_STATIC ? "STATIC" : "DYNAMIC", a->ptr, a->bytes);
-      r->ptr = (void *)(uintptr_t)a->ptr;
-      r->bytes = a->bytes;
+      r->mem.ptr = (void *)(uintptr_t)a->ptr;
+      r->mem.bytes = a->bytes;
       r->slot = VALUE_NONE;
-      r->block = NULL;
-      r->pool = NULL;
+      r->mem.block = NULL;
+      r->mem.pool = NULL;
       r->keyed = a->kind == CGT_ARG_STATIC;
       break;
     default:

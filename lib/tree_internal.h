@@ -16,6 +16,7 @@
 #include "cgt_assert.h"
 #include "cgtree.h"
 #include "fuse.h"
+#include "mem_ref.h"
 #include "pool.h"
 
 /* uthash hashes node keys with our word hash (keys are whole 64-bit words). */
@@ -36,6 +37,9 @@ void *tree__hash_malloc(struct cgt_tree *t, size_t bytes);
 
 #define TREE_ERROR_BYTES 512
 
+#include "launch.h"
+#include "node.h"
+#include "value.h"
 
 typedef struct segment_rec {
   char *name;
@@ -56,111 +60,10 @@ typedef struct warm_count {
   UT_hash_handle hh;
 } warm_count;
 
-/* A recorded node reads a DYNAMIC argument (or a VALUE outside the graph
- * pool) from a placeholder in the pool that is refilled before each replay. */
-typedef struct node_placeholder {
-  uint32_t arg;
-  void *ptr;
-  size_t bytes;
-  /* Where the backend supports it, the copy is a node of the graph itself
-   * and replay only repoints it when the argument moved; NULL: copied by a
-   * separate copy before each launch. */
-  void *copy_node;
-  const void *src; /* the source copy_node reads now */
-  const void *next_src; /* the source of the replay at hand (held back: until its flush) */
-} node_placeholder;
 
-/* Where a recorded node's output lives; the same at every replay. */
-typedef struct node_output {
-  void *ptr;
-  size_t bytes;
-  void *block; /* base of the pool block that holds it; NULL outside any pool */
-  pool *pool;  /* the pool of block, or NULL */
-} node_output;
 
-/* A node's state; node.c's essay draws the machine and node_set_state
- * enforces it. The first three are cgt_node_state's. An OVERFLOW node runs
- * eagerly like an EAGER one (and reports itself as EAGER), but it also
- * serves every new key of its (segment, variant) under its parent: new
- * keys once the parent holds rerecord_limit recordings, and every key of a
- * segment declared uncapturable. */
-typedef enum node_state {
-  NODE_WARMUP = CGT_NODE_WARMUP,
-  NODE_RECORDED = CGT_NODE_RECORDED,
-  NODE_EAGER = CGT_NODE_EAGER,
-  NODE_OVERFLOW
-} node_state;
 
-typedef struct node node;
-struct node {
-  uint32_t id; /* 1-based; 0 is the virtual root above the roots */
-  node *parent;
-  uint32_t depth;
-  cgt_segment segment;
-  uint64_t variant;
-  node_state state; /* changed by node_set_state only */
-  uint64_t replays;
-  uint64_t eager_runs; /* cgt_node_info.eager_runs: every run of the launch
-                          function outside a capture on this node, warmups
-                          included (cgt_stats counts those apart) */
-  char *reason;     /* why EAGER or OVERFLOW */
-  uint8_t pruned;   /* node__prune: on its way out */
 
-  /* Key under the parent (see node_key_build). Nodes that share a key are
-   * re-records for other liveness patterns: the first one is in the hash,
-   * the others hang off it through next_same_key, in creation order. */
-  uint64_t *key; /* stored right behind the node */
-  size_t key_bytes;
-  UT_hash_handle hh;
-  node *next_same_key;
-  node *children; /* uthash head */
-  node *hot_child; /* the key-group head last looked up under this node, or NULL */
-  void *next_exec;  /* the executable last replayed right after this node: prefetched, never used */
-
-  /* A recording. */
-  void *graph;
-  void *exec;
-  pool *own_pool;        /* CGT_MODE_SEPARATE: the node's private pool */
-  pool_checkpoint *ckpt; /* CGT_MODE_TREE: the layout right after recording */
-  size_t ckpt_bytes;
-  uint32_t path_len; /* number of path values before this node's outputs */
-  /* The liveness a recording needs, stored as the difference to its nearest
-   * RECORDED ancestor A: the path positions of graph-pool values that were
-   * dead when this node was recorded and are not in A's set (A's own
-   * positions, A's ancestor's, and so on). Replaying A this step already
-   * proved A's positions dead, and dead values stay dead, so a replay checks
-   * only these: none in the common case. Along a chain the lists are
-   * disjoint, so their memory is linear in the path. */
-  uint32_t n_dead;
-  uint32_t *dead;
-  uint64_t last_step; /* the step this node last ran in (pruning of WARMUP nodes) */
-  uint32_t n_placeholders;
-  node_placeholder *placeholders;
-  uint32_t n_outputs;
-  node_output *outputs;
-
-  /* Deferred launch (fuse.c). */
-  uint64_t fused_runs; /* replays of this node launched inside fused launches */
-  fuse_span *spans;    /* the spans that end at this node, each keyed by its first node */
-};
-
-/* A value slot. A slot is live from the run that made it until it is
- * released or the step ends; then its generation moves on and old handles go
- * stale. The handle layout is in value.c. */
-typedef struct value_slot {
-  uint32_t gen;
-  uint32_t path_pos; /* index in t->path while live */
-  uint32_t next_free;
-  uint8_t live;
-  void *ptr;
-  size_t bytes;
-  void *block; /* pool block holding the value, NULL if none */
-  pool *pool;  /* pool of block, NULL if none */
-  uint32_t owner; /* the slot counting block's live values (maybe this one); VALUE_NONE without a block */
-  uint32_t refs;  /* as an owner: live values in its block; the slot is not reused before this is 0 */
-} value_slot;
-
-#define VALUE_NONE UINT32_MAX
 
 /* A chunk of device memory some pool of the tree holds: [base, end). */
 typedef struct chunk_range {
@@ -171,49 +74,13 @@ typedef struct chunk_range {
  * is part of the node key (a STATIC, or a VALUE whose address a recording
  * fixes); otherwise it is copied into a placeholder when recorded. */
 typedef struct run_arg {
-  void *ptr;
-  size_t bytes;
-  void *block; /* pool block of a VALUE, else NULL */
-  pool *pool;
+  mem_ref mem; /* block and pool: a VALUE's, else NULL */
   cgt_arg_kind kind;
   int keyed;
   uint32_t slot; /* the VALUE's slot, else VALUE_NONE */
 } run_arg;
 
-/* One allocation made through cgt_launch_alloc. */
-typedef struct launch_alloc {
-  void *ptr;
-  size_t bytes;
-  uint8_t freed;
-  uint8_t kept; /* holds an output */
-} launch_alloc;
 
-/* The context of the launch function being called. Its arrays belong to the
- * tree and grow as needed, so calling a launch function allocates nothing
- * once they are large enough. */
-struct cgt_launch {
-  cgt_tree *tree;
-  int active;
-  const segment_rec *seg;
-  uint64_t variant;
-  pool *pool; /* where cgt_launch_alloc takes memory */
-  int oom;    /* an allocation failed for lack of memory */
-  uint32_t n_inputs;
-  void **in_ptr;
-  size_t *in_bytes;
-  void **in_block;
-  pool **in_pool;
-  uint32_t n_outputs;
-  void **out_ptr;
-  size_t *out_bytes;
-  uint8_t *out_set;
-  void **out_block; /* after launch__finish: the block holding output i, or NULL */
-  pool **out_pool;
-  uint32_t io_cap;
-  launch_alloc *allocs;
-  size_t n_allocs;
-  size_t allocs_cap;
-};
 
 struct cgt_tree {
   cgt_options opt;
@@ -314,31 +181,8 @@ int tree__overlaps_pools(const cgt_tree *t, const void *p, size_t bytes);
 int tree__device_enter(cgt_tree *t);
 void tree__device_leave(cgt_tree *t, int saved);
 
-/* value.c */
-cgt_status value__resolve(cgt_tree *t, cgt_value v, value_slot **out);
-cgt_status value__reserve(cgt_tree *t, uint32_t n);
-cgt_value value__make(cgt_tree *t, void *ptr, size_t bytes, void *block, pool *pl, uint32_t shares);
-uint32_t value__slot_of(cgt_value v);
-cgt_status value__collect_live_blocks(cgt_tree *t, const pool *pl);
-int value__keep_live_block(void *user, void *base);
-void value__end_step(cgt_tree *t);
-int value__in_graph_pool(const cgt_tree *t, const value_slot *s);
-uint32_t value__new_tag(void);
 
-/* launch.c */
-cgt_status launch__prepare(cgt_tree *t, const segment_rec *seg, uint64_t variant, pool *pl);
-cgt_status launch__call(cgt_tree *t);
-cgt_status launch__finish(cgt_tree *t);
-void launch__rollback(cgt_tree *t);
 
-/* node.c */
-cgt_status node__run(cgt_tree *t, cgt_segment id, const segment_rec *seg, uint64_t variant, cgt_value *outputs);
-void node__destroy(cgt_tree *t, node *n);
-/* Enqueues n's own executable, its DYNAMIC copies reading next_src. */
-cgt_status node__launch(cgt_tree *t, node *n);
-void node__prune(cgt_tree *t);
-/* The state cgt_tree_nodes reports: OVERFLOW reads as EAGER. */
-cgt_node_state node__public_state(const node *n);
 
 /* inspect.c */
 cgt_status tree__check(cgt_tree *t);

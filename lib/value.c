@@ -158,21 +158,19 @@ cgt_status value__reserve(cgt_tree *t, uint32_t n) {
  * earlier output of the same run in the same allocation), or VALUE_NONE for
  * a block no live value holds: the new value then counts the block's
  * values itself. */
-cgt_value value__make(cgt_tree *t, void *ptr, size_t bytes, void *block, pool *pl, uint32_t shares) {
+cgt_value value__make(cgt_tree *t, mem_ref mem, uint32_t shares) {
   uint32_t i = t->free_slot;
   value_slot *s = &t->slots[i];
   t->free_slot = s->next_free;
   s->next_free = VALUE_NONE;
   s->live = 1;
-  s->ptr = ptr;
-  s->bytes = bytes;
-  s->block = block;
-  s->pool = pl;
+  s->mem = mem;
+  void *block = mem.block;
   s->path_pos = t->path_len;
   t->n_live++;
   if (!block)
     s->owner = VALUE_NONE;
-  else if (shares != VALUE_NONE && !NEVER(t->slots[shares].block != block))
+  else if (shares != VALUE_NONE && !NEVER(t->slots[shares].mem.block != block))
     s->owner = t->slots[shares].owner;
   else
     s->owner = i;
@@ -212,11 +210,11 @@ static value_slot *value_kill(cgt_tree *t, uint32_t i) {
 
 /* Values whose address is fixed by a recording and part of a node key. */
 int value__in_graph_pool(const cgt_tree *t, const value_slot *s) {
-  if (!s->pool)
+  if (!s->mem.pool)
     return 0;
   if (t->opt.mode == CGT_MODE_SEPARATE)
-    return s->pool != t->side_pool;
-  return s->pool == t->pool;
+    return s->mem.pool != t->side_pool;
+  return s->mem.pool == t->pool;
 }
 
 /* Ends the step for every value: all become stale. The caller resets the
@@ -242,8 +240,8 @@ cgt_status value__collect_live_blocks(cgt_tree *t, const pool *pl) {
   uint32_t n = 0;
   for (uint32_t p = 0; p < t->path_len; p++) {
     const value_slot *s = &t->slots[t->path[p]];
-    if ((t->path_live[p / 64] >> (p % 64) & 1) && s->block && s->pool == pl)
-      t->live_blocks[n++] = s->block;
+    if ((t->path_live[p / 64] >> (p % 64) & 1) && s->mem.block && s->mem.pool == pl)
+      t->live_blocks[n++] = s->mem.block;
   }
   qsort(t->live_blocks, n, sizeof *t->live_blocks, compare_ptr);
   uint32_t d = 0;
@@ -277,9 +275,9 @@ cgt_status cgt_value_ptr(cgt_tree *t, cgt_value v, void **ptr, size_t *bytes) {
   if (st != CGT_OK)
     return st;
   if (ptr)
-    *ptr = s->ptr;
+    *ptr = s->mem.ptr;
   if (bytes)
-    *bytes = s->bytes;
+    *bytes = s->mem.bytes;
   return CGT_OK;
 }
 
@@ -294,15 +292,13 @@ cgt_status cgt_value_release(cgt_tree *t, cgt_value v) {
     return st;
   uint32_t i = value_index(v);
   /* Free the block when this was its last value and the pool's layout is
-   * ours to change: always for the eager allocators, and for the graph pool
-   * only while it mirrors the path (otherwise a later restore frees it). */
-  int owns_layout = s->pool == t->side_pool || t->opt.mode == CGT_MODE_EAGER ||
-                    (s->pool == t->pool && t->opt.mode == CGT_MODE_TREE && t->pool_synced);
+   * the live values' to change (node__layout_owner says whose it is). */
+  int owns_layout = node__layout_owner(t, s->mem.pool) == LAYOUT_VALUES;
   value_slot *o = owner_of(t, s);
-  if (o && o->refs == 1 && owns_layout && NEVER(!pool_block_bytes(s->pool, s->block)))
-    return tree__fail(t, CGT_ERR_STATE, "cgt_value_release: block %p of the value is not allocated", s->block);
-  void *block = s->block;
-  pool *pl = s->pool;
+  if (o && o->refs == 1 && owns_layout && NEVER(!pool_block_bytes(s->mem.pool, s->mem.block)))
+    return tree__fail(t, CGT_ERR_STATE, "cgt_value_release: block %p of the value is not allocated", s->mem.block);
+  void *block = s->mem.block;
+  pool *pl = s->mem.pool;
   if (value_kill(t, i) && owns_layout)
     pool_free(pl, block);
   return CGT_OK;
@@ -322,13 +318,13 @@ cgt_status cgt_value_copy_out(cgt_tree *t, cgt_value v, void *dst, size_t bytes)
     return st;
   if (!dst)
     return tree__fail(t, CGT_ERR_INVALID_ARGUMENT, "cgt_value_copy_out: dst is NULL");
-  if (bytes > s->bytes)
+  if (bytes > s->mem.bytes)
     return tree__fail(t, CGT_ERR_INVALID_ARGUMENT, "cgt_value_copy_out: %zu bytes asked, the value has %zu", bytes,
-                      s->bytes);
+                      s->mem.bytes);
   if (bytes == 0)
     return CGT_OK;
   int saved = tree__device_enter(t);
-  st = t->dev.ops->copy(&t->dev, dst, s->ptr, bytes);
+  st = t->dev.ops->copy(&t->dev, dst, s->mem.ptr, bytes);
   tree__device_leave(t, saved);
   if (st != CGT_OK)
     return tree__backend_fail(t, st, "cgt_value_copy_out");

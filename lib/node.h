@@ -1,0 +1,119 @@
+/* node.h — the nodes of the tree and one run through them (node.c).
+ *
+ * Included by tree_internal.h after its uthash set-up (a node is in its
+ * parent's hash table); node.c's essay draws the state machine.
+ */
+#ifndef CGT_NODE_H
+#define CGT_NODE_H
+
+#include <stdint.h>
+
+#include "cgtree.h"
+#include "fuse.h"
+#include "mem_ref.h"
+#include "pool.h"
+
+typedef struct segment_rec segment_rec;
+
+/* A node's state; node.c's essay draws the machine and node_set_state
+ * enforces it. The first three are cgt_node_state's. An OVERFLOW node runs
+ * eagerly like an EAGER one (and reports itself as EAGER), but it also
+ * serves every new key of its (segment, variant) under its parent: new
+ * keys once the parent holds rerecord_limit recordings, and every key of a
+ * segment declared uncapturable. */
+typedef enum node_state {
+  NODE_WARMUP = CGT_NODE_WARMUP,
+  NODE_RECORDED = CGT_NODE_RECORDED,
+  NODE_EAGER = CGT_NODE_EAGER,
+  NODE_OVERFLOW
+} node_state;
+
+/* A recorded node reads a DYNAMIC argument (or a VALUE outside the graph
+ * pool) from a placeholder in the pool that is refilled before each replay. */
+typedef struct node_placeholder {
+  uint32_t arg;
+  void *ptr;
+  size_t bytes;
+  /* Where the backend supports it, the copy is a node of the graph itself
+   * and replay only repoints it when the argument moved; NULL: copied by a
+   * separate copy before each launch. */
+  void *copy_node;
+  const void *src; /* the source copy_node reads now */
+  const void *next_src; /* the source of the replay at hand (held back: until its flush) */
+} node_placeholder;
+
+typedef struct node node;
+struct node {
+  uint32_t id; /* 1-based; 0 is the virtual root above the roots */
+  node *parent;
+  uint32_t depth;
+  cgt_segment segment;
+  uint64_t variant;
+  node_state state; /* changed by node_set_state only */
+  uint64_t replays;
+  uint64_t eager_runs; /* cgt_node_info.eager_runs: every run of the launch
+                          function outside a capture on this node, warmups
+                          included (cgt_stats counts those apart) */
+  char *reason;     /* why EAGER or OVERFLOW */
+  uint8_t pruned;   /* node__prune: on its way out */
+
+  /* Key under the parent (see node_key_build). Nodes that share a key are
+   * re-records for other liveness patterns: the first one is in the hash,
+   * the others hang off it through next_same_key, in creation order. */
+  uint64_t *key; /* stored right behind the node */
+  size_t key_bytes;
+  UT_hash_handle hh;
+  node *next_same_key;
+  node *children; /* uthash head */
+  node *hot_child; /* the key-group head last looked up under this node, or NULL */
+  void *next_exec;  /* the executable last replayed right after this node: prefetched, never used */
+
+  /* A recording. */
+  void *graph;
+  void *exec;
+  pool *own_pool;        /* CGT_MODE_SEPARATE: the node's private pool */
+  pool_checkpoint *ckpt; /* CGT_MODE_TREE: the layout right after recording */
+  size_t ckpt_bytes;
+  uint32_t path_len; /* number of path values before this node's outputs */
+  /* The liveness a recording needs, stored as the difference to its nearest
+   * RECORDED ancestor A: the path positions of graph-pool values that were
+   * dead when this node was recorded and are not in A's set (A's own
+   * positions, A's ancestor's, and so on). Replaying A this step already
+   * proved A's positions dead, and dead values stay dead, so a replay checks
+   * only these: none in the common case. Along a chain the lists are
+   * disjoint, so their memory is linear in the path. */
+  uint32_t n_dead;
+  uint32_t *dead;
+  uint64_t last_step; /* the step this node last ran in (pruning of WARMUP nodes) */
+  uint32_t n_placeholders;
+  node_placeholder *placeholders;
+  uint32_t n_outputs;
+  mem_ref *outputs; /* where the recording put its outputs; the same at every replay */
+
+  /* Deferred launch (fuse.c). */
+  uint64_t fused_runs; /* replays of this node launched inside fused launches */
+  fuse_span *spans;    /* the spans that end at this node, each keyed by its first node */
+};
+
+cgt_status node__run(cgt_tree *t, cgt_segment id, const segment_rec *seg, uint64_t variant, cgt_value *outputs);
+void node__destroy(cgt_tree *t, node *n);
+/* Enqueues n's own executable, its DYNAMIC copies reading next_src. */
+cgt_status node__launch(cgt_tree *t, node *n);
+void node__prune(cgt_tree *t);
+/* Who owns the block layout of one of the tree's pools now, the one answer
+ * to "may this block be freed, and must it be allocated": */
+typedef enum layout_owner {
+  LAYOUT_VALUES,     /* the live values: the pool holds exactly their blocks, and
+                        the last value of a block frees it (side pool, CGT_MODE_EAGER's
+                        pool, the graph pool while synced) */
+  LAYOUT_CHECKPOINT, /* the checkpoints: a replay used the graph pool behind the
+                        allocator's back; the next warmup or recording restores a
+                        checkpoint, which frees the dead values' blocks */
+  LAYOUT_NODE        /* the node of a private pool (CGT_MODE_SEPARATE): its blocks stay
+                        until the node's next run clears the pool */
+} layout_owner;
+layout_owner node__layout_owner(const cgt_tree *t, const pool *pl);
+/* The state cgt_tree_nodes reports: OVERFLOW reads as EAGER. */
+cgt_node_state node__public_state(const node *n);
+
+#endif /* CGT_NODE_H */
