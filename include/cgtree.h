@@ -350,7 +350,9 @@ typedef struct cgt_node_info {
   uint64_t variant;
   cgt_node_state state;
   uint64_t replays;
-  uint64_t eager_runs;    /* warmup and eager runs of this node */
+  uint64_t eager_runs;    /* calls of its launch function outside a capture: its warmups and its
+                             eager runs together (cgt_stats counts them apart, as warmups and
+                             eager_runs) */
   size_t pool_bytes_live; /* pool bytes allocated at this node's checkpoint */
   const char *reason;     /* why the node is EAGER, else NULL; owned by the tree */
   const char *segment_name; /* extension: the segment's registered name; owned by the tree */
@@ -371,6 +373,9 @@ typedef struct cgt_node_info {
  * mark of allocated bytes, failed runs' allocations included. In
  * CGT_MODE_SEPARATE they are summed over the nodes' private pools. */
 typedef struct cgt_stats {
+  /* Every cgt_run that succeeds counts in exactly one of replays, recordings, warmups or
+   * eager_runs (runs of EAGER nodes and of CGT_MODE_EAGER, not warmups;
+   * a capture failure's eager run counts here too). */
   uint64_t runs, replays, recordings, warmups, eager_runs;
   uint64_t checkpoint_restores, rerecords, capture_failures, stale_uses;
   uint64_t nodes, input_copies, input_copy_bytes;

@@ -63,28 +63,30 @@ struct backend_ops {
   /* Writes graph as Graphviz to path (optional: NULL if unsupported). */
   cgt_status (*graph_dot)(backend *b, void *graph, const char *path);
   /* In-graph input copies (optional: all three NULL if unsupported). A
-   * copy() made while capturing becomes a node of the graph; find_copy
-   * returns the first copy node of graph that writes dst (a handle valid for
-   * every exec instantiated from graph while graph lives). set_copy_src
-   * points that node of exec at another source of the same size, without
-   * re-instantiating; it fails, changing nothing, where the device cannot
-   * (another kind of memory). copy_enable turns the node off or on in exec. */
-  cgt_status (*graph_find_copy)(backend *b, void *graph, const void *dst, void **node);
-  cgt_status (*exec_set_copy_src)(backend *b, void *exec, void *node, void *dst, const void *src, size_t bytes);
-  cgt_status (*exec_copy_enable)(backend *b, void *exec, void *node, int enabled);
+   * copy() made while capturing becomes an operation of the graph (a node of
+   * the device's graph, never one of our tree: we call it a *copy op*);
+   * find_copy returns the first copy op of graph that writes dst (a handle
+   * valid for every exec instantiated from graph while graph lives).
+   * set_copy_src points that copy op of exec at another source of the same
+   * size, without re-instantiating; it fails, changing nothing, where the
+   * device cannot (another kind of memory). copy_enable turns the copy op off
+   * or on in exec. */
+  cgt_status (*graph_find_copy)(backend *b, void *graph, const void *dst, void **copy_op);
+  cgt_status (*exec_set_copy_src)(backend *b, void *exec, void *copy_op, void *dst, const void *src, size_t bytes);
+  cgt_status (*exec_copy_enable)(backend *b, void *exec, void *copy_op, int enabled);
 
   /* Fused executables, for deferred launch (optional: all five NULL, and
    * the tree then launches every replay at once). fuse builds ONE
    * executable that runs graphs parts[0..n) in order, each part after all of
    * the previous one's work, as a single launch; the parts stay the
    * caller's. fused_find_copy returns the handle, inside the fused
-   * executable, of part `part`'s first copy node into dst (a copy() captured
+   * executable, of part `part`'s first copy op into dst (a copy() captured
    * into that part's graph); fused_set_copy_src repoints it at another
    * source of the same size, like exec_set_copy_src, and fails, changing
    * nothing, where the device cannot. */
   cgt_status (*fuse)(backend *b, void *const *parts, uint32_t n, void **fused);
-  cgt_status (*fused_find_copy)(backend *b, void *fused, uint32_t part, const void *dst, void **node);
-  cgt_status (*fused_set_copy_src)(backend *b, void *fused, uint32_t part, void *node, void *dst, const void *src,
+  cgt_status (*fused_find_copy)(backend *b, void *fused, uint32_t part, const void *dst, void **copy_op);
+  cgt_status (*fused_set_copy_src)(backend *b, void *fused, uint32_t part, void *copy_op, void *dst, const void *src,
                                    size_t bytes);
   cgt_status (*fused_launch)(backend *b, void *fused);
   void (*fused_destroy)(backend *b, void *fused);

@@ -44,7 +44,7 @@
  *
  * A fused executable (deferred launch) is the same thing built from several
  * graphs: their programs one after another, so one launch replays them in
- * order, with each part's copy nodes repointable on their own, which is what
+ * order, with each part's copy ops repointable on their own, which is what
  * CUDA's graph of child-graph nodes gives.
  *
  * open() refuses a caller-supplied stream: the simulator always makes its own,
@@ -596,7 +596,7 @@ static cgt_status sim_exec_copy_enable(backend *b, void *exec, void *node, int e
 /* ------------------------------------------------- fused executables */
 
 /* A fused executable is the concatenation of its parts' recorded work, so
- * one launch replays them in order; each part keeps its copy nodes, which
+ * one launch replays them in order; each part keeps its copy ops, which
  * are repointed one by one. */
 static sim_exec *fused_of(sim_device *dev, void *fused) {
   sim_exec *e = fused;
@@ -664,7 +664,7 @@ static cgt_status sim_fuse(backend *b, void *const *parts, uint32_t n, void **fu
   return CGT_OK;
 }
 
-/* A copy node of a fused executable: its index + 1, like in an executable. */
+/* A copy op of a fused executable: its index + 1, like in an executable. */
 static cgt_status sim_fused_find_copy(backend *b, void *fused, uint32_t part, const void *dst, void **node) {
   sim_device *dev = device_of(b);
   if (dev == NULL) return CGT_ERR_STATE;

@@ -38,7 +38,7 @@
 #include "tree_internal.h"
 
 typedef struct fuse_copy {
-  void *handle;    /* the copy node inside the fused executable */
+  void *handle;    /* the copy op inside the fused executable */
   const void *src; /* where it reads now; NULL: not known yet */
 } fuse_copy;
 
@@ -175,7 +175,7 @@ static void span_build(cgt_tree *t, fuse_span *s, node *const *held, uint32_t n)
     if (!held[i]->graph)
       why = "a node has no graph";
     for (uint32_t j = 0; j < held[i]->n_placeholders && !why; j++)
-      if (!held[i]->placeholders[j].copy_node)
+      if (!held[i]->placeholders[j].copy_op)
         why = "a DYNAMIC argument is copied outside its graph";
     n_copies += held[i]->n_placeholders;
   }

@@ -3,8 +3,8 @@
  *
  * tree__check() walks every structure and checks what the rest of the code
  * relies on: the links between nodes and their parents' hash tables, the
- * keys, the node states, the value slots and the path, every pool, and —
- * while the graph pool mirrors the path — that the pool's allocated blocks
+ * keys, the node states, the value slots and the step values, every pool,
+ * and — while the graph pool mirrors the live values — that the pool's allocated blocks
  * are exactly the blocks of the live values, none overlapping another. Tests
  * call it after every operation; debug builds call it at every state change.
  */
@@ -157,8 +157,8 @@ static cgt_status check_nodes(cgt_tree *t) {
     CHECK(n->last_step <= t->step, "node %u ran in step %llu, a step not begun yet", n->id,
           (unsigned long long)n->last_step);
     for (uint32_t d = 0; d < n->n_dead; d++)
-      CHECK(n->dead[d] < n->path_len && (d == 0 || n->dead[d - 1] < n->dead[d]),
-            "node %u's liveness list is out of order or past its path", n->id);
+      CHECK(n->dead[d] < n->values_before && (d == 0 || n->dead[d - 1] < n->dead[d]),
+            "node %u's liveness list is out of order or past its step values", n->id);
     CHECK(n->parent == &t->root || (n->parent && n->parent->id < n->id), "node %u is older than its parent", n->id);
     CHECK(n->depth == (n->parent == &t->root ? 0 : n->parent->depth + 1), "node %u has depth %u", n->id, n->depth);
     CHECK(n->segment >= 1 && n->segment <= t->n_segments, "node %u has unknown segment %u", n->id, n->segment);
@@ -192,7 +192,7 @@ static cgt_status check_nodes(cgt_tree *t) {
   return CGT_OK;
 }
 
-static int path_bit(const cgt_tree *t, uint32_t p) { return (int)(t->path_live[p / 64] >> (p % 64) & 1); }
+static int path_bit(const cgt_tree *t, uint32_t p) { return (int)(t->values_live[p / 64] >> (p % 64) & 1); }
 
 typedef struct block_owner {
   const void *block;
@@ -206,12 +206,12 @@ static int compare_block_owner(const void *a, const void *b) {
 
 static cgt_status check_values(cgt_tree *t) {
   uint32_t live = 0, free_count = 0;
-  for (uint32_t p = 0; p < t->path_len; p++) {
+  for (uint32_t p = 0; p < t->n_step_values; p++) {
     if (!path_bit(t, p))
       continue;
-    CHECK(t->path[p] < t->n_slots, "path position %u names slot %u of %u", p, t->path[p], t->n_slots);
-    const value_slot *s = &t->slots[t->path[p]];
-    CHECK(s->live && s->path_pos == p, "path position %u is live but its slot is not (or points elsewhere)", p);
+    CHECK(t->step_values[p] < t->n_slots, "position %u names slot %u of %u", p, t->step_values[p], t->n_slots);
+    const value_slot *s = &t->slots[t->step_values[p]];
+    CHECK(s->live && s->value_pos == p, "position %u is live but its slot is not (or points elsewhere)", p);
     live++;
   }
   for (uint32_t i = t->free_slot; i != VALUE_NONE; i = t->slots[i].next_free) {
@@ -225,7 +225,7 @@ static cgt_status check_values(cgt_tree *t) {
     retired += !s->live && s->gen == 0;
     held += !s->live && s->gen != 0 && s->refs > 0;
   }
-  CHECK(live_slots == live && live == t->n_live, "%u live slots, %u live path positions, n_live %u", live_slots, live,
+  CHECK(live_slots == live && live == t->n_live, "%u live slots, %u live positions, n_live %u", live_slots, live,
         t->n_live);
   CHECK(live + free_count + retired + held == t->n_slots, "%u live + %u free + %u retired + %u held slots != %u",
         live, free_count, retired, held, t->n_slots);
@@ -233,20 +233,20 @@ static cgt_status check_values(cgt_tree *t) {
    * block, the owner counts exactly those values, and one block has one
    * owner. */
   uint32_t *count = calloc(t->n_slots ? t->n_slots : 1, sizeof *count);
-  block_owner *pairs = calloc(t->path_len ? t->path_len : 1, sizeof *pairs);
+  block_owner *pairs = calloc(t->n_step_values ? t->n_step_values : 1, sizeof *pairs);
   uint32_t n_pairs = 0;
   cgt_status st = count && pairs ? CGT_OK : tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory to check the tree");
-  for (uint32_t p = 0; p < t->path_len && st == CGT_OK; p++) {
-    const value_slot *s = &t->slots[t->path[p]];
+  for (uint32_t p = 0; p < t->n_step_values && st == CGT_OK; p++) {
+    const value_slot *s = &t->slots[t->step_values[p]];
     if (!path_bit(t, p))
       continue;
     if (!s->mem.block) {
       if (s->owner != VALUE_NONE)
-        st = tree__fail(t, CGT_ERR_STATE, "live value at path position %u lies in no block but has an owner", p);
+        st = tree__fail(t, CGT_ERR_STATE, "live value at position %u lies in no block but has an owner", p);
       continue;
     }
     if (s->owner >= t->n_slots || t->slots[s->owner].mem.block != s->mem.block || t->slots[s->owner].mem.pool != s->mem.pool)
-      st = tree__fail(t, CGT_ERR_STATE, "live value at path position %u names an owner outside its block", p);
+      st = tree__fail(t, CGT_ERR_STATE, "live value at position %u names an owner outside its block", p);
     else
       count[s->owner]++;
     pairs[n_pairs++] = (block_owner){s->mem.block, s->owner};
@@ -301,20 +301,20 @@ static cgt_status check_pools(cgt_tree *t) {
   size_t distinct_graph_bytes = 0;
   uint8_t *seen_owner = calloc(t->n_slots ? t->n_slots : 1, 1);
   CHECK(seen_owner, "no host memory to check the pools");
-  for (uint32_t p = 0; p < t->path_len; p++) {
+  for (uint32_t p = 0; p < t->n_step_values; p++) {
     if (!path_bit(t, p))
       continue;
-    const mem_ref *a = &t->slots[t->path[p]].mem;
-    uint32_t owner = t->slots[t->path[p]].owner;
+    const mem_ref *a = &t->slots[t->step_values[p]].mem;
+    uint32_t owner = t->slots[t->step_values[p]].owner;
     if (!a->block)
       continue;
     size_t bytes = pool_block_bytes(a->pool, a->block);
-    /* Only the graph pool lets go of the path: replay leaves its layout. */
+    /* Only the graph pool lets go of the live values: replay leaves its layout. */
     int owned_now = node__layout_owner(t, a->pool) != LAYOUT_CHECKPOINT;
     if (owned_now && (bytes == 0 || (uintptr_t)a->ptr < (uintptr_t)a->block ||
                       (uintptr_t)a->ptr - (uintptr_t)a->block + a->bytes > bytes)) {
       free(seen_owner);
-      return tree__fail(t, CGT_ERR_STATE, "live value at path position %u is not inside its allocated block %p", p,
+      return tree__fail(t, CGT_ERR_STATE, "live value at position %u is not inside its allocated block %p", p,
                         a->block);
     }
     /* check_values proved the owners right; count each block once, at the
@@ -329,7 +329,7 @@ static cgt_status check_pools(cgt_tree *t) {
     pool_stats ps;
     pool_get_stats(t->pool, &ps);
     CHECK(ps.allocated_bytes == distinct_graph_bytes,
-          "the graph pool mirrors the path, but holds %zu bytes while the live values hold %zu", ps.allocated_bytes,
+          "the graph pool mirrors the live values, but holds %zu bytes while the live values hold %zu", ps.allocated_bytes,
           distinct_graph_bytes);
   }
   return CGT_OK;

@@ -136,10 +136,10 @@ static warm_count *warm_get(cgt_tree *t, cgt_segment id, uint64_t variant) {
 static int node_liveness_ok(const cgt_tree *t, const node *n) {
   if (t->opt.mode != CGT_MODE_TREE)
     return 1;
-  if (NEVER(n->path_len != t->path_len))
+  if (NEVER(n->values_before != t->n_step_values))
     return 0;
   for (uint32_t i = 0; i < n->n_dead; i++)
-    if (t->path_live[n->dead[i] / 64] >> (n->dead[i] % 64) & 1)
+    if (t->values_live[n->dead[i] / 64] >> (n->dead[i] % 64) & 1)
       return 0;
   return 1;
 }
@@ -253,7 +253,7 @@ static void node_set_state(cgt_tree *t, node *n, node_state to, char *reason) {
   n->state = to;
   if (to == NODE_RECORDED)
     return;
-  cgt_assert(!n->graph && !n->exec); /* a WARMUP node holds no recording */
+  cgt_assert(!n->graph && !n->exec); /* a WARMUP node holds no run_prep */
   free(n->reason);
   n->reason = reason;
   tree__log(t, CGT_LOG_WARN, "node %u (segment '%s') runs eagerly from now on%s: %s", n->id,
@@ -444,7 +444,7 @@ static cgt_status run_eager_node(cgt_tree *t, node *n, const segment_rec *seg, c
 }
 
 /* Enqueues n's own executable. DYNAMIC arguments reach their placeholders
- * through the copy nodes of the graph, repointed when the source moved, or
+ * through the copy ops of the graph, repointed when the source moved, or
  * by a copy before the launch where the device cannot repoint them. */
 cgt_status node__launch(cgt_tree *t, node *n) {
   const backend_ops *ops = t->dev.ops;
@@ -454,21 +454,21 @@ cgt_status node__launch(cgt_tree *t, node *n) {
   for (uint32_t i = 0; i < n->n_placeholders && st == CGT_OK; i++) {
     node_placeholder *ph = &n->placeholders[i];
     const void *src = ph->next_src;
-    if (ph->copy_node && src != ph->src) {
-      if (ops->exec_set_copy_src(&t->dev, n->exec, ph->copy_node, ph->ptr, src, ph->bytes) == CGT_OK) {
+    if (ph->copy_op && src != ph->src) {
+      if (ops->exec_set_copy_src(&t->dev, n->exec, ph->copy_op, ph->ptr, src, ph->bytes) == CGT_OK) {
         ph->src = src;
-      } else if (ops->exec_copy_enable(&t->dev, n->exec, ph->copy_node, 0) == CGT_OK) {
+      } else if (ops->exec_copy_enable(&t->dev, n->exec, ph->copy_op, 0) == CGT_OK) {
         /* The device cannot repoint this copy (another kind of memory):
-         * turn the node off and copy before each launch from now on. */
+         * turn the copy op off and copy before each launch from now on. */
         tree__log(t, CGT_LOG_INFO, "node %u: input %u is copied outside the graph from now on: %s", n->id, ph->arg,
                   t->dev.error);
-        ph->copy_node = NULL;
+        ph->copy_op = NULL;
       } else {
         st = CGT_ERR_BACKEND;
         break;
       }
     }
-    if (!ph->copy_node)
+    if (!ph->copy_op)
       st = ops->copy(&t->dev, ph->ptr, src, ph->bytes);
   }
   if (st == CGT_OK)
@@ -509,8 +509,10 @@ static cgt_status replay(cgt_tree *t, node *n, cgt_value *outputs) {
   return CGT_OK;
 }
 
-/* What a recording holds while it is being made; undone as one piece. */
-typedef struct recording {
+/* What a warmup or a recording holds while it is being made (its pool,
+ * placeholders; for a recording also its outputs, liveness list, graph and
+ * checkpoint); undone as one piece. */
+typedef struct run_prep {
   pool *pl;
   node_placeholder *ph;
   uint32_t n_ph; /* placeholders allocated so far */
@@ -521,11 +523,11 @@ typedef struct recording {
   void *exec;
   pool_checkpoint *ckpt;
   int copies_in_graph; /* DYNAMIC copies are captured into the graph */
-} recording;
+} run_prep;
 
 /* Gives back everything a failed recording took: the pool ends as it was
  * before the recording began. */
-static void recording_undo(cgt_tree *t, recording *r) {
+static void prep_undo(cgt_tree *t, run_prep *r) {
   if (r->graph || r->exec)
     t->dev.ops->graph_destroy(&t->dev, r->graph, r->exec);
   if (r->ckpt)
@@ -539,7 +541,7 @@ static void recording_undo(cgt_tree *t, recording *r) {
 
 /* Allocates the placeholders of DYNAMIC arguments and copies the caller's
  * data in; the graph reads them there, and each replay refills them first. */
-static cgt_status recording_placeholders(cgt_tree *t, recording *r, const segment_rec *seg) {
+static cgt_status prep_placeholders(cgt_tree *t, run_prep *r, const segment_rec *seg) {
   for (uint32_t i = 0; i < seg->n_inputs; i++) {
     const mem_ref *arg = &t->args[i].mem;
     if (t->args[i].keyed)
@@ -578,8 +580,8 @@ static const node *recorded_ancestor(const cgt_tree *t, const node *n) {
  * recording may reuse their memory) that the ancestors' lists do not name.
  * Values elsewhere (eager nodes' side pool, views of caller memory) may be
  * live or dead when it replays. */
-static cgt_status recording_dead_list(cgt_tree *t, const node *n, recording *r) {
-  uint32_t words = (t->path_len + 63) / 64;
+static cgt_status prep_dead_list(cgt_tree *t, const node *n, run_prep *r) {
+  uint32_t words = (t->n_step_values + 63) / 64;
   if (t->opt.mode != CGT_MODE_TREE || words == 0)
     return CGT_OK;
   if (words > t->dead_scratch_words) {
@@ -597,9 +599,9 @@ static cgt_status recording_dead_list(cgt_tree *t, const node *n, recording *r) 
       known[a->dead[i] / 64] |= (uint64_t)1 << (a->dead[i] % 64);
   uint32_t count = 0;
   for (uint32_t w = 0; w < words; w++) {
-    known[w] = ~t->path_live[w] & t->path_pooled[w] & ~known[w]; /* now: the new positions */
-    if (w == words - 1 && t->path_len % 64)
-      known[w] &= ((uint64_t)1 << (t->path_len % 64)) - 1;
+    known[w] = ~t->values_live[w] & t->values_pooled[w] & ~known[w]; /* now: the new positions */
+    if (w == words - 1 && t->n_step_values % 64)
+      known[w] &= ((uint64_t)1 << (t->n_step_values % 64)) - 1;
     count += (uint32_t)__builtin_popcountll(known[w]);
   }
   if (!count)
@@ -616,7 +618,7 @@ static cgt_status recording_dead_list(cgt_tree *t, const node *n, recording *r) 
 /* Takes the host memory a recording keeps (placeholders; with keep, the
  * output list and liveness list too), prepares the launch context, and makes
  * the placeholders. On failure everything is given back. */
-static cgt_status recording_prepare(cgt_tree *t, recording *r, const node *n, const segment_rec *seg, int keep) {
+static cgt_status prep_prepare(cgt_tree *t, run_prep *r, const node *n, const segment_rec *seg, int keep) {
   launch__disown_allocations(t); /* nothing of an earlier launch may be rolled back */
   uint32_t n_dyn = 0;
   uint32_t n_outs = keep ? seg->n_outputs : 0;
@@ -628,25 +630,25 @@ static cgt_status recording_prepare(cgt_tree *t, recording *r, const node *n, co
   if ((n_dyn && !r->ph) || (n_outs && !r->outs))
     st = tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory to run segment '%s'", seg->name);
   if (st == CGT_OK && keep)
-    st = recording_dead_list(t, n, r);
+    st = prep_dead_list(t, n, r);
   if (st != CGT_OK) {
-    recording_undo(t, r);
+    prep_undo(t, r);
     return st;
   }
   st = launch__prepare(t, seg, n->variant, r->pl);
   if (st == CGT_OK) {
     set_inputs_direct(t);
     r->copies_in_graph = keep && copies_in_graph(t);
-    st = recording_placeholders(t, r, seg);
+    st = prep_placeholders(t, r, seg);
   }
   if (st != CGT_OK)
-    recording_undo(t, r);
+    prep_undo(t, r);
   return st;
 }
 
 /* The opening of warmup and recording: the node's pool brought to the path's
- * layout, its warmup counter, and recording_prepare. */
-static cgt_status recording_begin(cgt_tree *t, node *n, const segment_rec *seg, int keep, recording *r,
+ * layout, its warmup counter, and prep_prepare. */
+static cgt_status prep_begin(cgt_tree *t, node *n, const segment_rec *seg, int keep, run_prep *r,
                                   warm_count **w) {
   memset(r, 0, sizeof *r);
   cgt_status st = node_pool(t, n, &r->pl);
@@ -655,11 +657,11 @@ static cgt_status recording_begin(cgt_tree *t, node *n, const segment_rec *seg, 
   *w = warm_get(t, n->segment, n->variant);
   if (!*w)
     return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory for warmup counters");
-  return recording_prepare(t, r, n, seg, keep);
+  return prep_prepare(t, r, n, seg, keep);
 }
 
 /* A run that used placeholders succeeded: count its copies. */
-static void recording_count_copies(cgt_tree *t, const recording *r) {
+static void prep_count_copies(cgt_tree *t, const run_prep *r) {
   for (uint32_t i = 0; i < r->n_ph; i++) {
     t->stats.input_copies++;
     t->stats.input_copy_bytes += r->ph[i].bytes;
@@ -667,7 +669,7 @@ static void recording_count_copies(cgt_tree *t, const recording *r) {
 }
 
 /* Placeholders that no output aliases are free again once captured. */
-static void recording_release_placeholders(cgt_tree *t, recording *r) {
+static void prep_release_placeholders(cgt_tree *t, run_prep *r) {
   for (uint32_t i = 0; i < r->n_ph; i++) {
     int held = 0;
     for (uint32_t o = 0; o < t->launch.n_outputs; o++)
@@ -682,18 +684,18 @@ static void recording_release_placeholders(cgt_tree *t, recording *r) {
  * hands out, and with them the keys of the nodes below, are the ones a
  * recording from the same layout will produce. */
 static cgt_status run_warmup(cgt_tree *t, node *n, const segment_rec *seg, cgt_value *outputs) {
-  recording r;
+  run_prep r;
   warm_count *w;
-  cgt_status st = recording_begin(t, n, seg, 0, &r, &w);
+  cgt_status st = prep_begin(t, n, seg, 0, &r, &w);
   if (st != CGT_OK)
     return st;
   st = call_eagerly(t, seg);
   if (st != CGT_OK) {
-    recording_undo(t, &r);
+    prep_undo(t, &r);
     return st;
   }
-  recording_release_placeholders(t, &r);
-  recording_count_copies(t, &r);
+  prep_release_placeholders(t, &r);
+  prep_count_copies(t, &r);
   free(r.ph);
   hand_out_launch_outputs(t, seg, outputs);
   w->runs++;
@@ -730,9 +732,9 @@ static cgt_status fall_back_eagerly(cgt_tree *t, node *n, const segment_rec *seg
  * eager run that fails too, changes nothing. */
 static cgt_status record(cgt_tree *t, node *n, const segment_rec *seg, int is_rerecord, cgt_value *outputs) {
   const backend_ops *ops = t->dev.ops;
-  recording r;
+  run_prep r;
   warm_count *w;
-  cgt_status st = recording_begin(t, n, seg, 1, &r, &w);
+  cgt_status st = prep_begin(t, n, seg, 1, &r, &w);
   if (st != CGT_OK)
     return st;
 
@@ -746,7 +748,7 @@ static cgt_status record(cgt_tree *t, node *n, const segment_rec *seg, int is_re
   if (st != CGT_OK) {
     if (ops->range_pop)
       ops->range_pop(&t->dev);
-    recording_undo(t, &r);
+    prep_undo(t, &r);
     if (st != CGT_ERR_CAPTURE_FAILED)
       return tree__backend_fail(t, st, "capture_begin");
     /* The device would not capture this stream at all: the remedy is the
@@ -766,7 +768,7 @@ static cgt_status record(cgt_tree *t, node *n, const segment_rec *seg, int is_re
     call_st = launch__call(t);
   cgt_status cap_st = ops->capture_end(&t->dev, &r.graph);
   for (uint32_t i = 0; i < r.n_ph && cap_st == CGT_OK && r.copies_in_graph; i++)
-    if (ops->graph_find_copy(&t->dev, r.graph, r.ph[i].ptr, &r.ph[i].copy_node) != CGT_OK)
+    if (ops->graph_find_copy(&t->dev, r.graph, r.ph[i].ptr, &r.ph[i].copy_op) != CGT_OK)
       cap_st = CGT_ERR_CAPTURE_FAILED; /* the reason is in t->dev.error */
   if (ops->range_pop)
     ops->range_pop(&t->dev);
@@ -774,18 +776,18 @@ static cgt_status record(cgt_tree *t, node *n, const segment_rec *seg, int is_re
   if (cap_st != CGT_OK)
     snprintf(why, sizeof why, "capture failed: %s", t->dev.error);
   if (call_st != CGT_OK && cap_st == CGT_OK) {
-    recording_undo(t, &r);
+    prep_undo(t, &r);
     return call_st;
   }
   if (cap_st == CGT_OK) {
     st = launch__finish(t);
     if (st != CGT_OK) {
-      recording_undo(t, &r);
+      prep_undo(t, &r);
       return st;
     }
     st = ops->instantiate(&t->dev, r.graph, &r.exec);
     if (st == CGT_ERR_OUT_OF_MEMORY) {
-      recording_undo(t, &r);
+      prep_undo(t, &r);
       return tree__backend_fail(t, st, "instantiate");
     }
     if (st != CGT_OK) {
@@ -794,21 +796,21 @@ static cgt_status record(cgt_tree *t, node *n, const segment_rec *seg, int is_re
     }
   }
   if (cap_st != CGT_OK) {
-    recording_undo(t, &r);
+    prep_undo(t, &r);
     return fall_back_eagerly(t, n, seg, why, outputs);
   }
 
-  recording_release_placeholders(t, &r);
+  prep_release_placeholders(t, &r);
   if (t->opt.mode == CGT_MODE_TREE) {
     st = pool_checkpoint_take(r.pl, &r.ckpt);
     if (st != CGT_OK) {
-      recording_undo(t, &r);
+      prep_undo(t, &r);
       return tree__fail(t, st, "checkpoint after recording node %u", n->id);
     }
   }
   st = ops->launch(&t->dev, r.exec);
   if (st != CGT_OK) {
-    recording_undo(t, &r);
+    prep_undo(t, &r);
     return tree__backend_fail(t, st, "first launch of a recording");
   }
 
@@ -819,7 +821,7 @@ static cgt_status record(cgt_tree *t, node *n, const segment_rec *seg, int is_re
   n->exec = r.exec;
   n->ckpt = r.ckpt;
   n->ckpt_bytes = r.ckpt ? pool_checkpoint_allocated_bytes(r.ckpt) : 0;
-  n->path_len = t->path_len;
+  n->values_before = t->n_step_values;
   n->n_dead = r.n_dead;
   n->dead = r.dead;
   n->n_placeholders = r.n_ph;
@@ -828,7 +830,7 @@ static cgt_status record(cgt_tree *t, node *n, const segment_rec *seg, int is_re
   n->outputs = r.outs;
   node_set_state(t, n, NODE_RECORDED, NULL);
   n->last_step = t->step;
-  recording_count_copies(t, &r);
+  prep_count_copies(t, &r);
   w->runs++;
   t->stats.recordings++;
   if (is_rerecord)

@@ -34,11 +34,11 @@ typedef struct node_placeholder {
   uint32_t arg;
   void *ptr;
   size_t bytes;
-  /* Where the backend supports it, the copy is a node of the graph itself
+  /* Where the backend supports it, the copy is an operation of the graph itself (a copy op)
    * and replay only repoints it when the argument moved; NULL: copied by a
    * separate copy before each launch. */
-  void *copy_node;
-  const void *src; /* the source copy_node reads now */
+  void *copy_op;
+  const void *src; /* the source copy_op reads now */
   const void *next_src; /* the source of the replay at hand (held back: until its flush) */
 } node_placeholder;
 
@@ -74,7 +74,7 @@ struct node {
   pool *own_pool;        /* CGT_MODE_SEPARATE: the node's private pool */
   pool_checkpoint *ckpt; /* CGT_MODE_TREE: the layout right after recording */
   size_t ckpt_bytes;
-  uint32_t path_len; /* number of path values before this node's outputs */
+  uint32_t values_before; /* step values before this node's outputs */
   /* The liveness a recording needs, stored as the difference to its nearest
    * RECORDED ancestor A: the path positions of graph-pool values that were
    * dead when this node was recorded and are not in A's set (A's own

@@ -380,9 +380,9 @@ void cgt_tree_destroy(cgt_tree *t) {
   free(t->segments);
   free(t->nodes);
   free(t->slots);
-  free(t->path);
-  free(t->path_live);
-  free(t->path_pooled);
+  free(t->step_values);
+  free(t->values_live);
+  free(t->values_pooled);
   free(t->live_blocks);
   free(t->dead_scratch);
   free(t->chunks);

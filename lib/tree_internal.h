@@ -4,7 +4,9 @@
  * Words, as in ARCHITECTURE.md: a *segment* is registered code; a *node* is
  * one recording site (a segment reached along one path); a *step* is one
  * pass from the roots; a *value* is a handle to an output; the *path* is the
- * list of values produced so far in this step, in order.
+ * chain of nodes this step has run so far (t->cur and its ancestors); the
+ * *step values* are the values produced so far in this step, in order; a
+ * value's *position* is its index among them.
  */
 #ifndef CGT_TREE_INTERNAL_H
 #define CGT_TREE_INTERNAL_H
@@ -123,12 +125,13 @@ struct cgt_tree {
   value_slot *slots;
   uint32_t n_slots;
   uint32_t free_slot; /* head of the free list, VALUE_NONE if empty */
-  uint32_t *path;     /* slot indexes of this step's values, in order */
-  uint64_t *path_live;   /* bit i: path[i] is live */
-  uint64_t *path_pooled; /* bit i: path[i] lives in the graph pool, so a
+  uint32_t *step_values; /* slot indexes of this step's values, in order (not the
+                            path of nodes, which is t->cur and its ancestors) */
+  uint64_t *values_live;   /* bit i: path[i] is live */
+  uint64_t *values_pooled; /* bit i: path[i] lives in the graph pool, so a
                             recording made after it died may reuse its memory */
-  uint32_t path_len;
-  uint32_t path_cap;
+  uint32_t n_step_values;
+  uint32_t step_values_cap;
   uint32_t n_live;        /* live values */
   void **live_blocks;     /* restore: the graph-pool blocks live values hold, sorted */
   uint32_t n_live_blocks, live_blocks_cap, live_blocks_next;

@@ -1,4 +1,4 @@
-/* value.c — value slots: generations, liveness, and the step's path.
+/* value.c — value slots: generations, liveness, and the step's values.
  *
  * A value is what a segment output becomes: a handle the caller passes to
  * later runs, reads with cgt_value_ptr, copies out, and releases. A slot's
@@ -23,8 +23,9 @@
  * become valid again: wraparound cannot happen, at the price of one slot per
  * 2^32 deaths of a slot.
  *
- * The values of one step also form the *path*: an array in creation order
- * with one liveness bit each. A recorded node lists the positions whose
+ * The values of one step also form the *step values* (t->step_values; not
+ * the path of nodes): an array in creation order with one liveness bit
+ * each; a value's *position* is its index there. A recorded node lists the positions whose
  * death it relies on (node.c), so a replay tests a few bits.
  *
  * Aliases and views share their input's pool block. The first value made in
@@ -127,28 +128,28 @@ cgt_status value__reserve(cgt_tree *t, uint32_t n) {
     }
     t->n_slots = cap;
   }
-  uint32_t need = t->path_len + n;
-  if (need > t->path_cap) {
-    uint32_t cap = t->path_cap, bits_cap = t->path_cap;
-    if (!tree__grow(t, (void **)&t->path, &cap, need, sizeof *t->path))
-      return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory for the path");
+  uint32_t need = t->n_step_values + n;
+  if (need > t->step_values_cap) {
+    uint32_t cap = t->step_values_cap, bits_cap = t->step_values_cap;
+    if (!tree__grow(t, (void **)&t->step_values, &cap, need, sizeof *t->step_values))
+      return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory for the step's values");
     uint32_t words_old = (bits_cap + 63) / 64, words = (cap + 63) / 64;
     uint64_t *live = tree__calloc(t, words, sizeof *live);
     uint64_t *pooled = tree__calloc(t, words, sizeof *pooled);
     if (!live || !pooled) {
       free(live);
       free(pooled);
-      return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory for the path");
+      return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory for the step's values");
     }
-    if (t->path_live) {
-      memcpy(live, t->path_live, words_old * sizeof *live);
-      memcpy(pooled, t->path_pooled, words_old * sizeof *pooled);
+    if (t->values_live) {
+      memcpy(live, t->values_live, words_old * sizeof *live);
+      memcpy(pooled, t->values_pooled, words_old * sizeof *pooled);
     }
-    free(t->path_live);
-    free(t->path_pooled);
-    t->path_live = live;
-    t->path_pooled = pooled;
-    t->path_cap = cap;
+    free(t->values_live);
+    free(t->values_pooled);
+    t->values_live = live;
+    t->values_pooled = pooled;
+    t->step_values_cap = cap;
   }
   return CGT_OK;
 }
@@ -166,7 +167,7 @@ cgt_value value__make(cgt_tree *t, mem_ref mem, uint32_t shares) {
   s->live = 1;
   s->mem = mem;
   void *block = mem.block;
-  s->path_pos = t->path_len;
+  s->value_pos = t->n_step_values;
   t->n_live++;
   if (!block)
     s->owner = VALUE_NONE;
@@ -176,14 +177,14 @@ cgt_value value__make(cgt_tree *t, mem_ref mem, uint32_t shares) {
     s->owner = i;
   if (s->owner != VALUE_NONE)
     t->slots[s->owner].refs++;
-  t->path[t->path_len] = i;
-  uint64_t bit = (uint64_t)1 << (t->path_len % 64);
-  t->path_live[t->path_len / 64] |= bit;
+  t->step_values[t->n_step_values] = i;
+  uint64_t bit = (uint64_t)1 << (t->n_step_values % 64);
+  t->values_live[t->n_step_values / 64] |= bit;
   if (value__in_graph_pool(t, s))
-    t->path_pooled[t->path_len / 64] |= bit;
+    t->values_pooled[t->n_step_values / 64] |= bit;
   else
-    t->path_pooled[t->path_len / 64] &= ~bit;
-  t->path_len++;
+    t->values_pooled[t->n_step_values / 64] &= ~bit;
+  t->n_step_values++;
   cgt_value v = {(uint64_t)t->tag << (HANDLE_INDEX_BITS + HANDLE_GEN_BITS) | (uint64_t)s->gen << HANDLE_INDEX_BITS |
                  (uint64_t)(i + 1)};
   return v;
@@ -195,7 +196,7 @@ cgt_value value__make(cgt_tree *t, mem_ref mem, uint32_t shares) {
  * dies before its aliases keeps counting them. */
 static value_slot *value_kill(cgt_tree *t, uint32_t i) {
   value_slot *s = &t->slots[i];
-  t->path_live[s->path_pos / 64] &= ~((uint64_t)1 << (s->path_pos % 64));
+  t->values_live[s->value_pos / 64] &= ~((uint64_t)1 << (s->value_pos % 64));
   s->live = 0;
   t->n_live--;
   s->gen++; /* 0 after a wrap: retired, never handed out again */
@@ -220,10 +221,10 @@ int value__in_graph_pool(const cgt_tree *t, const value_slot *s) {
 /* Ends the step for every value: all become stale. The caller resets the
  * pools, so no block is freed here one by one. */
 void value__end_step(cgt_tree *t) {
-  for (uint32_t p = 0; p < t->path_len; p++)
-    if (t->path_live[p / 64] >> (p % 64) & 1)
-      (void)value_kill(t, t->path[p]);
-  t->path_len = 0;
+  for (uint32_t p = 0; p < t->n_step_values; p++)
+    if (t->values_live[p / 64] >> (p % 64) & 1)
+      (void)value_kill(t, t->step_values[p]);
+  t->n_step_values = 0;
 }
 
 static int compare_ptr(const void *a, const void *b) {
@@ -231,16 +232,16 @@ static int compare_ptr(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-/* Sorts the distinct blocks of pl that live values of the path hold into
+/* Sorts the distinct blocks of pl that live step values hold into
  * t->live_blocks, for a restore to keep (value__keep_live_block). */
 cgt_status value__collect_live_blocks(cgt_tree *t, const pool *pl) {
   if (!tree__grow(t, (void **)&t->live_blocks, &t->live_blocks_cap, t->n_live ? t->n_live : 1,
                   sizeof *t->live_blocks))
     return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory to list the live blocks");
   uint32_t n = 0;
-  for (uint32_t p = 0; p < t->path_len; p++) {
-    const value_slot *s = &t->slots[t->path[p]];
-    if ((t->path_live[p / 64] >> (p % 64) & 1) && s->mem.block && s->mem.pool == pl)
+  for (uint32_t p = 0; p < t->n_step_values; p++) {
+    const value_slot *s = &t->slots[t->step_values[p]];
+    if ((t->values_live[p / 64] >> (p % 64) & 1) && s->mem.block && s->mem.pool == pl)
       t->live_blocks[n++] = s->mem.block;
   }
   qsort(t->live_blocks, n, sizeof *t->live_blocks, compare_ptr);

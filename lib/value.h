@@ -13,7 +13,7 @@
  * stale. The handle layout is in value.c. */
 typedef struct value_slot {
   uint32_t gen;
-  uint32_t path_pos; /* index in t->path while live */
+  uint32_t value_pos; /* index in t->step_values while live */
   uint32_t next_free;
   uint8_t live;
   mem_ref mem; /* the value's memory and the block that holds it */
