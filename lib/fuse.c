@@ -326,9 +326,9 @@ void fuse__destroy(cgt_tree *t) {
 
 /* ------------------------------------------------------------ inspection */
 
-#define CHECK(cond, ...)                                 \
-  do {                                                   \
-    if (!(cond))                                         \
+#define CHECK(cond, ...)                                \
+  do {                                                  \
+    if (!(cond))                                        \
       return tree__fail(t, CGT_ERR_STATE, __VA_ARGS__); \
   } while (0)
 
@@ -353,8 +353,8 @@ cgt_status fuse__check(cgt_tree *t) {
       a = a->parent;
       length++;
     }
-    CHECK(a == s->first && length == s->length, "span %u..%u is not a stretch of %u nodes", s->first->id,
-          s->last->id, s->length);
+    CHECK(a == s->first && length == s->length, "span %u..%u is not a stretch of %u nodes", s->first->id, s->last->id,
+          s->length);
     const fuse_span *o = s->last->spans;
     while (o && o != s)
       o = o->next_on_node;

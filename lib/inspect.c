@@ -86,7 +86,8 @@ cgt_status cgt_tree_write_dot(const cgt_tree *t, FILE *f) {
     fprintf(f, "  n%u [label=\"#%u ", n->id, n->id);
     dot_escaped(f, t->segments[n->segment - 1].name);
     fprintf(f, "\\nvariant %llu\\n%s\\nreplays %llu, eager %llu", (unsigned long long)n->variant,
-            cgt_node_state_name(node__public_state(n)), (unsigned long long)n->replays, (unsigned long long)n->eager_runs);
+            cgt_node_state_name(node__public_state(n)), (unsigned long long)n->replays,
+            (unsigned long long)n->eager_runs);
     if (n->reason) {
       fprintf(f, "\\n");
       dot_escaped(f, n->reason);
@@ -103,8 +104,10 @@ cgt_status cgt_tree_write_dot(const cgt_tree *t, FILE *f) {
     uint32_t first, length;
     uint64_t launches;
     for (uint32_t k = 0; fuse__span_at(t->nodes[i], k, &first, &length, &launches); k++)
-      fprintf(f, "  n%u -> n%u [style=dashed, color=blue, constraint=false, label=\"fused span: %u nodes, %llu launches\"];\n",
-              first, t->nodes[i]->id, length, (unsigned long long)launches);
+      fprintf(
+          f,
+          "  n%u -> n%u [style=dashed, color=blue, constraint=false, label=\"fused span: %u nodes, %llu launches\"];\n",
+          first, t->nodes[i]->id, length, (unsigned long long)launches);
   }
   fprintf(f, "}\n");
   return ferror(f) ? CGT_ERR_BACKEND : CGT_OK;
@@ -112,9 +115,9 @@ cgt_status cgt_tree_write_dot(const cgt_tree *t, FILE *f) {
 
 /* ---------------------------------------------------------------- checks */
 
-#define CHECK(cond, ...)                                 \
-  do {                                                   \
-    if (!(cond))                                         \
+#define CHECK(cond, ...)                                \
+  do {                                                  \
+    if (!(cond))                                        \
       return tree__fail(t, CGT_ERR_STATE, __VA_ARGS__); \
   } while (0)
 
@@ -132,8 +135,8 @@ static cgt_status check_nodes(cgt_tree *t) {
   uint32_t reachable = 0;
   for (uint32_t i = 0; i <= t->n_nodes; i++) {
     const node *p = i ? t->nodes[i - 1] : &t->root;
-    CHECK(!i || p->parent == &t->root || (p->parent->id && p->parent->id < p->id),
-          "node %u's parent does not exist", p->id);
+    CHECK(!i || p->parent == &t->root || (p->parent->id && p->parent->id < p->id), "node %u's parent does not exist",
+          p->id);
     for (const node *first = p->children; first; first = (const node *)first->hh.next)
       for (const node *c = first; c; c = c->next_same_key) {
         reachable++;
@@ -149,8 +152,7 @@ static cgt_status check_nodes(cgt_tree *t) {
     CHECK(n->id >= 1 && n->id < t->next_id && (i == 0 || t->nodes[i - 1]->id < n->id),
           "node at index %u has id %u: ids must rise and stay below %u", i, n->id, t->next_id);
     CHECK(!n->pruned, "node %u is marked for pruning outside a prune", n->id);
-    CHECK(n->state != NODE_WARMUP || !n->next_same_key,
-          "WARMUP node %u is not the last of its key group", n->id);
+    CHECK(n->state != NODE_WARMUP || !n->next_same_key, "WARMUP node %u is not the last of its key group", n->id);
     CHECK(t->opt.mode != CGT_MODE_TREE || n->parent == &t->root || n->parent->state != NODE_WARMUP ||
               n->state != NODE_RECORDED,
           "RECORDED node %u hangs below WARMUP node %u", n->id, n->parent->id);
@@ -163,8 +165,8 @@ static cgt_status check_nodes(cgt_tree *t) {
     CHECK(n->depth == (n->parent == &t->root ? 0 : n->parent->depth + 1), "node %u has depth %u", n->id, n->depth);
     CHECK(n->segment >= 1 && n->segment <= t->n_segments, "node %u has unknown segment %u", n->id, n->segment);
     const segment_rec *s = &t->segments[n->segment - 1];
-    CHECK(n->key_bytes == (2 + 3 * (size_t)s->n_inputs) * 8 && n->key[0] == ((uint64_t)n->segment | (uint64_t)s->n_inputs << 32) &&
-              n->key[1] == n->variant,
+    CHECK(n->key_bytes == (2 + 3 * (size_t)s->n_inputs) * 8 &&
+              n->key[0] == ((uint64_t)n->segment | (uint64_t)s->n_inputs << 32) && n->key[1] == n->variant,
           "node %u's key does not match its segment and variant", n->id);
     CHECK(!(s->flags & CGT_SEGMENT_NO_CAPTURE) ||
               (n->state == NODE_OVERFLOW && n->reason && !strcmp(n->reason, "declared uncapturable")),
@@ -227,8 +229,8 @@ static cgt_status check_values(cgt_tree *t) {
   }
   CHECK(live_slots == live && live == t->n_live, "%u live slots, %u live positions, n_live %u", live_slots, live,
         t->n_live);
-  CHECK(live + free_count + retired + held == t->n_slots, "%u live + %u free + %u retired + %u held slots != %u",
-        live, free_count, retired, held, t->n_slots);
+  CHECK(live + free_count + retired + held == t->n_slots, "%u live + %u free + %u retired + %u held slots != %u", live,
+        free_count, retired, held, t->n_slots);
   /* Block counts: every live value in a block names an owner in the same
    * block, the owner counts exactly those values, and one block has one
    * owner. */
@@ -245,7 +247,8 @@ static cgt_status check_values(cgt_tree *t) {
         st = tree__fail(t, CGT_ERR_STATE, "live value at position %u lies in no block but has an owner", p);
       continue;
     }
-    if (s->owner >= t->n_slots || t->slots[s->owner].mem.block != s->mem.block || t->slots[s->owner].mem.pool != s->mem.pool)
+    if (s->owner >= t->n_slots || t->slots[s->owner].mem.block != s->mem.block ||
+        t->slots[s->owner].mem.pool != s->mem.pool)
       st = tree__fail(t, CGT_ERR_STATE, "live value at position %u names an owner outside its block", p);
     else
       count[s->owner]++;
@@ -329,8 +332,8 @@ static cgt_status check_pools(cgt_tree *t) {
     pool_stats ps;
     pool_get_stats(t->pool, &ps);
     CHECK(ps.allocated_bytes == distinct_graph_bytes,
-          "the graph pool mirrors the live values, but holds %zu bytes while the live values hold %zu", ps.allocated_bytes,
-          distinct_graph_bytes);
+          "the graph pool mirrors the live values, but holds %zu bytes while the live values hold %zu",
+          ps.allocated_bytes, distinct_graph_bytes);
   }
   return CGT_OK;
 }

@@ -140,9 +140,7 @@ void launch__rollback(cgt_tree *t) {
 
 void *cgt_launch_stream(cgt_launch *l) { return launch_usable(l) ? l->tree->dev.stream : NULL; }
 
-void *cgt_launch_input(cgt_launch *l, uint32_t i) {
-  return launch_usable(l) && i < l->n_inputs ? l->in[i].ptr : NULL;
-}
+void *cgt_launch_input(cgt_launch *l, uint32_t i) { return launch_usable(l) && i < l->n_inputs ? l->in[i].ptr : NULL; }
 
 size_t cgt_launch_input_bytes(cgt_launch *l, uint32_t i) {
   return launch_usable(l) && i < l->n_inputs ? l->in[i].bytes : 0;
@@ -203,8 +201,7 @@ cgt_status cgt_launch_set_output(cgt_launch *l, uint32_t i, void *ptr, size_t by
     return tree__fail(t, CGT_ERR_INVALID_ARGUMENT, "cgt_launch_set_output: segment '%s' has %u outputs, not %u",
                       l->seg->name, l->n_outputs, i + 1);
   if (!ptr || bytes == 0)
-    return tree__fail(t, CGT_ERR_INVALID_ARGUMENT, "cgt_launch_set_output: output %u needs a pointer and bytes > 0",
-                      i);
+    return tree__fail(t, CGT_ERR_INVALID_ARGUMENT, "cgt_launch_set_output: output %u needs a pointer and bytes > 0", i);
   if ((uintptr_t)ptr > UINTPTR_MAX - bytes)
     return tree__fail(t, CGT_ERR_INVALID_ARGUMENT, "cgt_launch_set_output: output %u overflows the address space", i);
   if (!launch_alloc_containing(l, ptr, bytes) && launch_input_containing(l, ptr, bytes) < 0)

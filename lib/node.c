@@ -241,7 +241,7 @@ static uint32_t count_recordings(const node *parent, cgt_segment id, uint64_t va
  * (node_create), and leaves WARMUP once, for RECORDED, EAGER or OVERFLOW;
  * those three are final. A RECORDED node whose liveness no longer fits gets
  * a sibling; it never turns EAGER. */
-static int transition_legal(node_state from, node_state to) { return from == NODE_WARMUP && to != NODE_WARMUP; }
+static inline int transition_legal(node_state from, node_state to) { return from == NODE_WARMUP && to != NODE_WARMUP; }
 
 /* Every change of a node's state goes through here. reason: why the node
  * runs eagerly from now on (EAGER and OVERFLOW; the node takes it over),
@@ -265,7 +265,6 @@ cgt_node_state node__public_state(const node *n) {
 }
 
 /* ---------------------------------------------------------------- the pool */
-
 
 layout_owner node__layout_owner(const cgt_tree *t, const pool *pl) {
   if (pl == t->side_pool || t->opt.mode == CGT_MODE_EAGER)
@@ -648,8 +647,7 @@ static cgt_status prep_prepare(cgt_tree *t, run_prep *r, const node *n, const se
 
 /* The opening of warmup and recording: the node's pool brought to the path's
  * layout, its warmup counter, and prep_prepare. */
-static cgt_status prep_begin(cgt_tree *t, node *n, const segment_rec *seg, int keep, run_prep *r,
-                                  warm_count **w) {
+static cgt_status prep_begin(cgt_tree *t, node *n, const segment_rec *seg, int keep, run_prep *r, warm_count **w) {
   memset(r, 0, sizeof *r);
   cgt_status st = node_pool(t, n, &r->pl);
   if (st != CGT_OK)
@@ -711,15 +709,14 @@ static cgt_status run_warmup(cgt_tree *t, node *n, const segment_rec *seg, cgt_v
 /* The capture of n failed (why says how): run n eagerly once more, and if
  * that succeeds, n is EAGER for good and the failure is counted. If the
  * eager run fails too, the run fails and nothing changes. */
-static cgt_status fall_back_eagerly(cgt_tree *t, node *n, const segment_rec *seg, const char *why,
-                                    cgt_value *outputs) {
+static cgt_status fall_back_eagerly(cgt_tree *t, node *n, const segment_rec *seg, const char *why, cgt_value *outputs) {
   tree__log(t, CGT_LOG_DEBUG, "node %u (segment '%s'): %s; running it eagerly", n->id, seg->name, why);
   cgt_status st = run_eager_node(t, n, seg, why, NODE_EAGER, outputs);
   if (st != CGT_OK) {
     char eager_error[TREE_ERROR_BYTES];
     memcpy(eager_error, t->error, sizeof eager_error);
-    return tree__fail(t, st, "node %u (segment '%s'): %s; the eager run after it failed too: %s", n->id, seg->name,
-                      why, eager_error);
+    return tree__fail(t, st, "node %u (segment '%s'): %s; the eager run after it failed too: %s", n->id, seg->name, why,
+                      eager_error);
   }
   t->stats.capture_failures++;
   tree__fail(t, CGT_ERR_CAPTURE_FAILED, "node %u (segment '%s'): %s", n->id, seg->name, why);
@@ -876,8 +873,8 @@ typedef enum run_action {
 
 typedef struct run_decision {
   run_action action;
-  node *node;         /* the node that runs; NULL: a new node, made by node_run under t->cur */
-  int rerecord;       /* RUN_RECORD: every recording of this key had the wrong liveness */
+  node *node;          /* the node that runs; NULL: a new node, made by node_run under t->cur */
+  int rerecord;        /* RUN_RECORD: every recording of this key had the wrong liveness */
   char why[WHY_BYTES]; /* the reason the node leaves WARMUP for EAGER or OVERFLOW; "" if it does not */
 } run_decision;
 
@@ -920,8 +917,8 @@ static run_action decided(run_decision *d, run_action action, node *n) {
  *   or a new key): OVERFLOW (made) for a segment declared uncapturable;
  *   past the limit, OVERFLOW (made) for a new key and EAGER (turning) for
  *   a re-record; else WARMUP or RECORD as for a WARMUP node. */
-static run_action node_decide(const cgt_tree *t, node *first, cgt_segment id, const segment_rec *seg,
-                              uint64_t variant, run_decision *d) {
+static run_action node_decide(const cgt_tree *t, node *first, cgt_segment id, const segment_rec *seg, uint64_t variant,
+                              run_decision *d) {
   d->rerecord = 0;
   d->why[0] = '\0';
   int in_warmup = t->step_in_warmup;

@@ -38,7 +38,7 @@ typedef struct node_placeholder {
    * and replay only repoints it when the argument moved; NULL: copied by a
    * separate copy before each launch. */
   void *copy_op;
-  const void *src; /* the source copy_op reads now */
+  const void *src;      /* the source copy_op reads now */
   const void *next_src; /* the source of the replay at hand (held back: until its flush) */
 } node_placeholder;
 
@@ -54,8 +54,8 @@ struct node {
   uint64_t eager_runs; /* cgt_node_info.eager_runs: every run of the launch
                           function outside a capture on this node, warmups
                           included (cgt_stats counts those apart) */
-  char *reason;     /* why EAGER or OVERFLOW */
-  uint8_t pruned;   /* node__prune: on its way out */
+  char *reason;        /* why EAGER or OVERFLOW */
+  uint8_t pruned;      /* node__prune: on its way out */
 
   /* Key under the parent (see node_key_build). Nodes that share a key are
    * re-records for other liveness patterns: the first one is in the hash,
@@ -64,9 +64,9 @@ struct node {
   size_t key_bytes;
   UT_hash_handle hh;
   node *next_same_key;
-  node *children; /* uthash head */
+  node *children;  /* uthash head */
   node *hot_child; /* the key-group head last looked up under this node, or NULL */
-  void *next_exec;  /* the executable last replayed right after this node: prefetched, never used */
+  void *next_exec; /* the executable last replayed right after this node: prefetched, never used */
 
   /* A recording. */
   void *graph;

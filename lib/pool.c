@@ -39,6 +39,9 @@
  */
 #include "pool.h"
 
+#include "cgt_assert.h"
+#include "grow.h"
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,45 +61,9 @@
 
 /* ------------------------------------------------------------- asserts */
 
-/* Three tiers, as in mimalloc. CGT_DEBUG 1 (the default unless NDEBUG) checks
- * cheap preconditions; 2 adds checks inside the algorithms; 3 runs pool_check
- * after every change of state, which makes every operation O(blocks). */
-#ifndef CGT_DEBUG
-#ifdef NDEBUG
-#define CGT_DEBUG 0
-#else
-#define CGT_DEBUG 1
-#endif
-#endif
-
-#if CGT_DEBUG >= 1
-static void pool_assert_fail(const char *what, const char *file, int line) {
-  fprintf(stderr, "cgtree: pool assertion failed: %s (%s:%d)\n", what, file, line);
-  abort();
-}
-#define pool_assert(x) ((x) ? (void)0 : pool_assert_fail(#x, __FILE__, __LINE__))
-#else
-#define pool_assert(x) ((void)0)
-#endif
-#if CGT_DEBUG >= 2
-#define pool_assert_internal(x) pool_assert(x)
-#else
-#define pool_assert_internal(x) ((void)0)
-#endif
-#if CGT_DEBUG >= 3
-#define pool_assert_expensive(p) pool_assert_valid(p, __FILE__, __LINE__)
-#else
-#define pool_assert_expensive(p) ((void)0)
-#endif
-
-/* pool_never(x) is for conditions that cannot happen unless a caller breaks
- * a contract: debug builds stop at once, release builds evaluate to x so the
- * caller can refuse the operation instead of corrupting the pool. */
-#if CGT_DEBUG >= 1
-#define pool_never(x) ((x) ? (pool_assert_fail("!(" #x ")", __FILE__, __LINE__), 1) : 0)
-#else
-#define pool_never(x) (x)
-#endif
+/* The tiers of cgt_assert.h; the expensive one runs pool_check after every
+ * change of state, which makes every operation O(blocks). */
+#define pool_assert_expensive(p) cgt_assert_expensive(pool_valid(p, __FILE__, __LINE__))
 
 /* ----------------------------------------------------------- structures */
 
@@ -159,9 +126,12 @@ struct pool_checkpoint {
 static int pool_check_impl(const pool *p, char *why, size_t why_bytes);
 
 #if CGT_DEBUG >= 3
-static void pool_assert_valid(const pool *p, const char *file, int line) {
+/* 1 if p is valid; else says why on stderr and returns 0. */
+static int pool_valid(const pool *p, const char *file, int line) {
   char why[256];
-  if (!pool_check_impl(p, why, sizeof why)) pool_assert_fail(why, file, line);
+  if (pool_check_impl(p, why, sizeof why)) return 1;
+  fprintf(stderr, "cgtree: pool invalid: %s (%s:%d)\n", why, file, line);
+  return 0;
 }
 #endif
 
@@ -184,6 +154,8 @@ static void *pool_host_realloc(pool *p, void *ptr, size_t bytes) {
   if (pool_host_should_fail(p)) return NULL;
   return realloc(ptr, bytes);
 }
+
+static void *pool_grow_realloc(void *owner, void *ptr, size_t bytes) { return pool_host_realloc(owner, ptr, bytes); }
 
 void pool__fail_host_alloc_after(pool *p, long long n) {
   if (!p) return;
@@ -301,7 +273,7 @@ static pool_block *pool_tree_insert(pool_block *n, pool_block *x) {
     x->height = 1;
     return x;
   }
-  pool_assert_internal(pool_tree_cmp(x, n) != 0);
+  cgt_assert_internal(pool_tree_cmp(x, n) != 0);
   if (pool_tree_cmp(x, n) < 0)
     n->left = pool_tree_insert(n->left, x);
   else
@@ -321,7 +293,7 @@ static pool_block *pool_tree_remove_min(pool_block *n, pool_block **min) {
 /* x must be in the tree: its key is unique because addresses are. */
 static pool_block *pool_tree_remove(pool_block *n, pool_block *x) {
   int c;
-  pool_assert(n != NULL);
+  cgt_assert(n != NULL);
   c = pool_tree_cmp(x, n);
   if (c < 0) {
     n->left = pool_tree_remove(n->left, x);
@@ -387,20 +359,16 @@ static cgt_status pool_chunk_create(pool *p, size_t size, pool_chunk **out) {
   pool_block *b;
   cgt_status st = p->src.alloc(p->src.ctx, size, &mem);
   if (st != CGT_OK) return st;
-  if (pool_never(mem == NULL)) return CGT_ERR_BACKEND;
-  if (pool_never((uintptr_t)mem % POOL_ALIGN != 0)) {
+  if (NEVER(mem == NULL)) return CGT_ERR_BACKEND;
+  if (NEVER((uintptr_t)mem % POOL_ALIGN != 0)) {
     p->src.free(p->src.ctx, mem, size);
     return CGT_ERR_BACKEND;
   }
-  if (p->n_chunks == p->cap_chunks) {
-    size_t cap = p->cap_chunks ? 2 * p->cap_chunks : 8;
-    pool_chunk **grown = pool_host_realloc(p, p->chunks, cap * sizeof *grown);
-    if (!grown) goto oom;
-    /* A larger array is invisible to the caller, so it stays even if a
-     * later step fails. */
-    p->chunks = grown;
-    p->cap_chunks = cap;
-  }
+  /* A larger array is invisible to the caller, so it stays even if a later
+   * step fails. */
+  if (!cgt_grow((void **)&p->chunks, &p->cap_chunks, p->n_chunks + 1, SIZE_MAX, sizeof *p->chunks, 0,
+                pool_grow_realloc, p))
+    goto oom;
   c = pool_host_malloc(p, sizeof *c);
   if (!c) goto oom;
   b = pool_block_take(p);
@@ -433,7 +401,7 @@ static void pool_chunk_discard(pool *p, pool_chunk *c) {
  * tree for the caller to place. */
 static void pool_chunk_link(pool *p, pool_chunk *c) {
   size_t i = pool_chunk_upper(p, c->base);
-  pool_assert(p->n_chunks < p->cap_chunks);
+  cgt_assert(p->n_chunks < p->cap_chunks);
   memmove(&p->chunks[i + 1], &p->chunks[i], (p->n_chunks - i) * sizeof *p->chunks);
   p->chunks[i] = c;
   p->n_chunks++;
@@ -567,7 +535,7 @@ oom:
 /* Takes b out of its chunk's list. b always has a predecessor here, because
  * a merge folds a block into the one before it. */
 static void pool_block_unlink(pool_block *b) {
-  pool_assert_internal(b->prev != NULL);
+  cgt_assert_internal(b->prev != NULL);
   b->prev->next = b->next;
   if (b->next) b->next->prev = b->prev;
 }
@@ -577,7 +545,7 @@ cgt_status pool_free(pool *p, void *ptr) {
   if (!p || !ptr) return CGT_ERR_INVALID_ARGUMENT;
   b = pool_hash_find(p, ptr);
   if (!b) return CGT_ERR_INVALID_ARGUMENT;
-  pool_assert_internal(b->allocated);
+  cgt_assert_internal(b->allocated);
 
   HASH_DEL(p->table, b);
   b->allocated = 0;
@@ -672,7 +640,7 @@ cgt_status pool_checkpoint_take(pool *p, pool_checkpoint **out) {
     c->chunks[i].size = ch->size;
     c->chunks[i].first = e;
     for (b = ch->first; b; b = b->next) {
-      pool_assert(e < c->n_entries);
+      cgt_assert(e < c->n_entries);
       c->entries[e].offset = (size_t)(b->base - ch->base);
       c->entries[e].size = b->size;
       c->entries[e].allocated = b->allocated;
@@ -680,7 +648,7 @@ cgt_status pool_checkpoint_take(pool *p, pool_checkpoint **out) {
     }
     c->chunks[i].count = e - c->chunks[i].first;
   }
-  pool_assert(e == c->n_entries);
+  cgt_assert(e == c->n_entries);
   *out = c;
   return CGT_OK;
 }
@@ -740,7 +708,7 @@ cgt_status pool_restore(pool *p, const pool_checkpoint *c, int (*keep)(void *use
   for (i = 0; i < p->n_chunks; i++) {
     pool_chunk *ch = p->chunks[i];
     pool_block *last = NULL;
-    pool_assert_internal(ch->staged == NULL);
+    cgt_assert_internal(ch->staged == NULL);
     if (j < c->n_chunks && c->chunks[j].base == ch->base) {
       const pool_checkpoint_chunk *cc = &c->chunks[j++];
       for (k = cc->first; k < cc->first + cc->count; k++) {

@@ -34,8 +34,8 @@ typedef struct pool_stats {
   size_t allocated_bytes; /* sum of allocated block sizes (rounded to POOL_ALIGN) */
   size_t peak_bytes;      /* highest allocated_bytes seen */
   size_t chunks;
-  size_t blocks;          /* allocated and free blocks */
-  uint64_t host_allocs;   /* host allocations the pool made for itself */
+  size_t blocks;        /* allocated and free blocks */
+  uint64_t host_allocs; /* host allocations the pool made for itself */
 } pool_stats;
 
 /* chunk_bytes: the least size of a chunk (rounded up to POOL_ALIGN; 0 is

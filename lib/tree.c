@@ -107,23 +107,24 @@ char *tree__strdup(cgt_tree *t, const char *s) {
   return d;
 }
 
-/* Grows *array to hold at least `need` elements (doubling); 0 on failure,
- * with the array unchanged. */
+static void *tree_realloc(void *owner, void *ptr, size_t bytes) {
+  return host_alloc_fails(owner) ? NULL : realloc(ptr, bytes);
+}
+
+/* The tree's arrays (grow.h); capacities are 32-bit. */
 int tree__grow(cgt_tree *t, void **array, uint32_t *cap, uint32_t need, size_t elem_bytes) {
-  if (need <= *cap)
-    return 1;
-  uint64_t n = *cap ? *cap : 8;
-  while (n < need)
-    n *= 2;
-  if (n > UINT32_MAX || n > SIZE_MAX / elem_bytes)
+  size_t c = *cap;
+  if (!cgt_grow(array, &c, need, UINT32_MAX, elem_bytes, 0, tree_realloc, t))
     return 0;
-  if (host_alloc_fails(t))
+  *cap = (uint32_t)c;
+  return 1;
+}
+
+int tree__grow_zeroed(cgt_tree *t, void **array, uint32_t *cap, uint32_t need, size_t elem_bytes) {
+  size_t c = *cap;
+  if (!cgt_grow(array, &c, need, UINT32_MAX, elem_bytes, 1, tree_realloc, t))
     return 0;
-  void *p = realloc(*array, (size_t)n * elem_bytes);
-  if (!p)
-    return 0;
-  *array = p;
-  *cap = (uint32_t)n;
+  *cap = (uint32_t)c;
   return 1;
 }
 
@@ -344,7 +345,9 @@ cgt_status cgt_tree_create(const cgt_options *o, cgt_tree **out) {
     return st;
   }
   tree__log(t, CGT_LOG_INFO, "tree created: backend %s, mode %s", ops->name,
-            t->opt.mode == CGT_MODE_TREE ? "tree" : t->opt.mode == CGT_MODE_EAGER ? "eager" : "separate");
+            t->opt.mode == CGT_MODE_TREE    ? "tree"
+            : t->opt.mode == CGT_MODE_EAGER ? "eager"
+                                            : "separate");
   *out = t;
   return CGT_OK;
 }
@@ -433,7 +436,8 @@ cgt_status cgt_segment_register(cgt_tree *t, const cgt_segment_desc *d, cgt_segm
   if (!t)
     return CGT_ERR_INVALID_ARGUMENT;
   if (!d || !out || !d->launch)
-    return tree__fail(t, CGT_ERR_INVALID_ARGUMENT, "cgt_segment_register: descriptor, launch function and out are required");
+    return tree__fail(t, CGT_ERR_INVALID_ARGUMENT,
+                      "cgt_segment_register: descriptor, launch function and out are required");
   if (t->launch.active)
     return tree__fail(t, CGT_ERR_STATE, "cgt_segment_register: not allowed inside a launch function");
   if (d->n_inputs > (1u << 20) || d->n_outputs > (1u << 20))

@@ -18,6 +18,7 @@
 #include "cgt_assert.h"
 #include "cgtree.h"
 #include "fuse.h"
+#include "grow.h"
 #include "mem_ref.h"
 #include "pool.h"
 
@@ -62,11 +63,6 @@ typedef struct warm_count {
   UT_hash_handle hh;
 } warm_count;
 
-
-
-
-
-
 /* A chunk of device memory some pool of the tree holds: [base, end). */
 typedef struct chunk_range {
   uintptr_t base, end;
@@ -82,8 +78,6 @@ typedef struct run_arg {
   uint32_t slot; /* the VALUE's slot, else VALUE_NONE */
 } run_arg;
 
-
-
 struct cgt_tree {
   cgt_options opt;
   int log_level;
@@ -95,14 +89,14 @@ struct cgt_tree {
   uint32_t segments_cap;
   warm_count *warm;
 
-  node root;     /* virtual: its children are the roots */
-  node **nodes;  /* the nodes that exist, in id order (pruned ids leave no hole) */
+  node root;    /* virtual: its children are the roots */
+  node **nodes; /* the nodes that exist, in id order (pruned ids leave no hole) */
   uint32_t n_nodes;
   uint32_t nodes_cap;
-  uint32_t next_id;   /* the id the next node gets; ids are never reused */
-  uint64_t step;      /* steps begun so far (cgt_step_begin) */
+  uint32_t next_id;         /* the id the next node gets; ids are never reused */
+  uint64_t step;            /* steps begun so far (cgt_step_begin) */
   uint64_t next_prune_step; /* the step at which WARMUP nodes are next looked at */
-  uint32_t tag;       /* this tree's tag in value handles (value.c) */
+  uint32_t tag;             /* this tree's tag in value handles (value.c) */
 
   /* Every chunk of device memory the tree's pools hold, sorted by address:
    * STATIC and DYNAMIC arguments must not overlap them. */
@@ -119,21 +113,22 @@ struct cgt_tree {
   int step_in_warmup;
   pool_checkpoint *sync_undo; /* the layout the current run's pool_sync replaced */
   pool *sync_undo_pool;
-  int sync_undo_restored;     /* that sync counted a checkpoint restore */
+  int sync_undo_restored; /* that sync counted a checkpoint restore */
 
-  node *cur;       /* the path's last node; &root at the start of a step */
+  node *cur; /* the path's last node; &root at the start of a step */
   value_slot *slots;
   uint32_t n_slots;
-  uint32_t free_slot; /* head of the free list, VALUE_NONE if empty */
-  uint32_t *step_values; /* slot indexes of this step's values, in order (not the
+  uint32_t free_slot;      /* head of the free list, VALUE_NONE if empty */
+  uint32_t *step_values;   /* slot indexes of this step's values, in order (not the
                             path of nodes, which is t->cur and its ancestors) */
   uint64_t *values_live;   /* bit i: path[i] is live */
   uint64_t *values_pooled; /* bit i: path[i] lives in the graph pool, so a
                             recording made after it died may reuse its memory */
   uint32_t n_step_values;
+  uint32_t values_words; /* words of values_live and of values_pooled */
   uint32_t step_values_cap;
-  uint32_t n_live;        /* live values */
-  void **live_blocks;     /* restore: the graph-pool blocks live values hold, sorted */
+  uint32_t n_live;    /* live values */
+  void **live_blocks; /* restore: the graph-pool blocks live values hold, sorted */
   uint32_t n_live_blocks, live_blocks_cap, live_blocks_next;
   uint64_t *dead_scratch; /* recording: the dead set of the nearest recorded ancestor */
   uint32_t dead_scratch_words;
@@ -155,7 +150,7 @@ struct cgt_tree {
   size_t pool_held_bytes;
   /* Test hook shared by the tree and all its pools (tree_hooks.h). */
   pool_fail_hook host_fail;
-  uint64_t path_hash;  /* cgt_tree_path_hash: (segment, variant) of this step's runs */
+  uint64_t path_hash; /* cgt_tree_path_hash: (segment, variant) of this step's runs */
 };
 
 /* The path hash of a step with no run yet. */
@@ -174,7 +169,10 @@ void tree__log(cgt_tree *t, int level, const char *fmt, ...)
     ;
 void *tree__malloc(cgt_tree *t, size_t bytes);
 void *tree__calloc(cgt_tree *t, size_t n, size_t bytes);
+/* Growable arrays (grow.h): 1, or 0 with the array unchanged; _zeroed
+ * zeroes the new elements. */
 int tree__grow(cgt_tree *t, void **array, uint32_t *cap, uint32_t need, size_t elem_bytes);
+int tree__grow_zeroed(cgt_tree *t, void **array, uint32_t *cap, uint32_t need, size_t elem_bytes);
 char *tree__strdup(cgt_tree *t, const char *s);
 cgt_status tree__backend_fail(cgt_tree *t, cgt_status s, const char *what);
 cgt_status tree__pool_create(cgt_tree *t, pool **out);
@@ -183,9 +181,6 @@ int tree__overlaps_pools(const cgt_tree *t, const void *p, size_t bytes);
  * back. Every public call that does device work is bracketed by the pair. */
 int tree__device_enter(cgt_tree *t);
 void tree__device_leave(cgt_tree *t, int saved);
-
-
-
 
 /* inspect.c */
 cgt_status tree__check(cgt_tree *t);

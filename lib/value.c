@@ -130,25 +130,14 @@ cgt_status value__reserve(cgt_tree *t, uint32_t n) {
   }
   uint32_t need = t->n_step_values + n;
   if (need > t->step_values_cap) {
-    uint32_t cap = t->step_values_cap, bits_cap = t->step_values_cap;
+    uint32_t cap = t->step_values_cap;
     if (!tree__grow(t, (void **)&t->step_values, &cap, need, sizeof *t->step_values))
       return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory for the step's values");
-    uint32_t words_old = (bits_cap + 63) / 64, words = (cap + 63) / 64;
-    uint64_t *live = tree__calloc(t, words, sizeof *live);
-    uint64_t *pooled = tree__calloc(t, words, sizeof *pooled);
-    if (!live || !pooled) {
-      free(live);
-      free(pooled);
+    uint32_t words = (cap + 63) / 64, live_words = t->values_words, pooled_words = t->values_words;
+    if (!tree__grow_zeroed(t, (void **)&t->values_live, &live_words, words, sizeof *t->values_live) ||
+        !tree__grow_zeroed(t, (void **)&t->values_pooled, &pooled_words, words, sizeof *t->values_pooled))
       return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory for the step's values");
-    }
-    if (t->values_live) {
-      memcpy(live, t->values_live, words_old * sizeof *live);
-      memcpy(pooled, t->values_pooled, words_old * sizeof *pooled);
-    }
-    free(t->values_live);
-    free(t->values_pooled);
-    t->values_live = live;
-    t->values_pooled = pooled;
+    t->values_words = live_words < pooled_words ? live_words : pooled_words;
     t->step_values_cap = cap;
   }
   return CGT_OK;
@@ -228,15 +217,14 @@ void value__end_step(cgt_tree *t) {
 }
 
 static int compare_ptr(const void *a, const void *b) {
-  uintptr_t x = (uintptr_t)*(void *const *)a, y = (uintptr_t)*(void *const *)b;
+  uintptr_t x = (uintptr_t) * (void *const *)a, y = (uintptr_t) * (void *const *)b;
   return (x > y) - (x < y);
 }
 
 /* Sorts the distinct blocks of pl that live step values hold into
  * t->live_blocks, for a restore to keep (value__keep_live_block). */
 cgt_status value__collect_live_blocks(cgt_tree *t, const pool *pl) {
-  if (!tree__grow(t, (void **)&t->live_blocks, &t->live_blocks_cap, t->n_live ? t->n_live : 1,
-                  sizeof *t->live_blocks))
+  if (!tree__grow(t, (void **)&t->live_blocks, &t->live_blocks_cap, t->n_live ? t->n_live : 1, sizeof *t->live_blocks))
     return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory to list the live blocks");
   uint32_t n = 0;
   for (uint32_t p = 0; p < t->n_step_values; p++) {

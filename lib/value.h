@@ -16,7 +16,7 @@ typedef struct value_slot {
   uint32_t value_pos; /* index in t->step_values while live */
   uint32_t next_free;
   uint8_t live;
-  mem_ref mem; /* the value's memory and the block that holds it */
+  mem_ref mem;    /* the value's memory and the block that holds it */
   uint32_t owner; /* the slot counting block's live values (maybe this one); VALUE_NONE without a block */
   uint32_t refs;  /* as an owner: live values in its block; the slot is not reused before this is 0 */
 } value_slot;

@@ -11,6 +11,4 @@
 #error "CGT_PROJECT_VERSION must be defined by the build (lib/meson.build)"
 #endif
 
-const char *cgt_version(void) {
-  return CGT_PROJECT_VERSION;
-}
+const char *cgt_version(void) { return CGT_PROJECT_VERSION; }
