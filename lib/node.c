@@ -274,6 +274,18 @@ layout_owner node__layout_owner(const cgt_tree *t, const pool *pl) {
   return LAYOUT_NODE;
 }
 
+void node__begin_step(cgt_tree *t) {
+  /* The root's checkpoint is the empty pool, and every value is dead. A
+   * private pool (SEPARATE) is emptied when its node next runs. */
+  if (t->side_pool)
+    pool_clear(t->side_pool);
+  if (t->pool && t->opt.mode != CGT_MODE_SEPARATE)
+    pool_clear(t->pool);
+  t->pool_synced = 1;
+  t->step_in_warmup = 0;
+  t->cur = &t->root;
+}
+
 /* Brings the graph pool to the layout of the path's live values. The layout
  * it replaces is kept until the run is over (pool_sync_end), so that a run
  * that fails afterwards can put the pool back: a failing cgt_run changes

@@ -113,6 +113,11 @@ typedef enum layout_owner {
                         until the node's next run clears the pool */
 } layout_owner;
 layout_owner node__layout_owner(const cgt_tree *t, const pool *pl);
+/* Starts the path at the root again (a new step, or a new tree): every value
+ * is dead, so the graph pool and the side pool are emptied and synced. The
+ * pool-sync fields of the tree (pool_synced, step_in_warmup, sync_undo*)
+ * and t->cur are node.c's to write. */
+void node__begin_step(cgt_tree *t);
 /* The state cgt_tree_nodes reports: OVERFLOW reads as EAGER. */
 cgt_node_state node__public_state(const node *n);
 

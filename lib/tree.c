@@ -307,9 +307,8 @@ cgt_status cgt_tree_create(const cgt_options *o, cgt_tree **out) {
   t->log_level = env_log_level(t, o->log_fn ? CGT_LOG_INFO : CGT_LOG_WARN);
   t->opt.mode = env_mode(t, o->mode);
   t->root.id = 0;
-  t->cur = &t->root;
   t->free_slot = VALUE_NONE;
-  t->pool_synced = 1;
+  node__begin_step(t); /* the pools do not exist yet: nothing to clear */
   t->path_hash = PATH_HASH_START;
   const char *dot_dir = getenv("CGT_GRAPH_DOT_DIR");
   if (dot_dir && *dot_dir)
@@ -473,14 +472,7 @@ cgt_status cgt_step_begin(cgt_tree *t) {
   if (st != CGT_OK)
     return st;
   value__end_step(t);
-  pool_clear(t->side_pool);
-  /* The root's checkpoint is the empty pool, and every value is dead. A
-   * private pool (SEPARATE) is emptied when its node next runs. */
-  if (t->opt.mode != CGT_MODE_SEPARATE)
-    pool_clear(t->pool);
-  t->pool_synced = 1;
-  t->step_in_warmup = 0;
-  t->cur = &t->root;
+  node__begin_step(t);
   t->step++;
   node__prune(t);
   t->path_hash = PATH_HASH_START;

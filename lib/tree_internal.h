@@ -106,11 +106,12 @@ struct cgt_tree {
 
   pool *pool;      /* the graph pool (TREE), or the eager allocator (EAGER) */
   pool *side_pool; /* outputs of EAGER nodes */
-  /* The pool's layout is exactly the blocks of the current path's live
-   * values, so warmup and recording may allocate from it as it stands. Replay
-   * clears it (the graph used memory the allocator did not see move). */
+  /* Node.c's, written there only (others ask node__layout_owner). */
+  /* The pool's layout is exactly the blocks of the live step values, so
+   * warmup and recording may allocate from it as it stands. Replay clears
+   * it (the graph used memory the allocator did not see move). */
   int pool_synced;
-  int step_in_warmup;
+  int step_in_warmup;         /* a warmup ran in this step: the rest of it warms up */
   pool_checkpoint *sync_undo; /* the layout the current run's pool_sync replaced */
   pool *sync_undo_pool;
   int sync_undo_restored; /* that sync counted a checkpoint restore */
