@@ -90,7 +90,7 @@ static size_t key_build(cgt_tree *t, cgt_segment id, uint64_t variant, uint32_t 
 
 /* ------------------------------------------------------------- warm counts */
 
-static warm_count *warm_find(cgt_tree *t, cgt_segment id, uint64_t variant) {
+static warm_count *warm_find(const cgt_tree *t, cgt_segment id, uint64_t variant) {
   warm_count probe, *w;
   memset(&probe.key, 0, sizeof probe.key);
   probe.key.segment = id;
@@ -885,7 +885,7 @@ typedef enum run_action {
 
 typedef struct run_decision {
   run_action action;
-  node *node;          /* the node that runs; NULL: a new node, made by node_run under t->cur */
+  node *target;        /* the node that runs; NULL: a new node, made by node_run under t->cur */
   int rerecord;        /* RUN_RECORD: every recording of this key had the wrong liveness */
   char why[WHY_BYTES]; /* the reason the node leaves WARMUP for EAGER or OVERFLOW; "" if it does not */
 } run_decision;
@@ -906,7 +906,7 @@ static int over_rerecord_limit(const cgt_tree *t, const node *parent, cgt_segmen
 
 static run_action decided(run_decision *d, run_action action, node *n) {
   d->action = action;
-  d->node = n;
+  d->target = n;
   return action;
 }
 
@@ -952,7 +952,7 @@ static run_action node_decide(const cgt_tree *t, node *first, cgt_segment id, co
     if (in_warmup && (warm || recorded))
       return decided(d, RUN_WARMUP, warm ? warm : recorded);
     if (warm) {
-      const warm_count *w = warm_find((cgt_tree *)t, id, variant);
+      const warm_count *w = warm_find(t, id, variant);
       if ((w ? w->runs : 0) < t->opt.warmup_runs)
         return decided(d, RUN_WARMUP, warm);
       if (over_rerecord_limit(t, t->cur, id, variant, d->why))
@@ -980,7 +980,7 @@ static run_action node_decide(const cgt_tree *t, node *first, cgt_segment id, co
   }
   if (over_rerecord_limit(t, t->cur, id, variant, d->why))
     return decided(d, first ? RUN_EAGER : RUN_OVERFLOW, NULL);
-  const warm_count *w = warm_find((cgt_tree *)t, id, variant);
+  const warm_count *w = warm_find(t, id, variant);
   if (in_warmup || (w ? w->runs : 0) < t->opt.warmup_runs)
     return decided(d, RUN_WARMUP, NULL);
   return decided(d, RUN_RECORD, NULL);
@@ -1035,13 +1035,13 @@ static cgt_status node_run(cgt_tree *t, cgt_segment id, const segment_rec *seg, 
   run_decision d;
   run_action action = node_decide(t, first, id, seg, variant, &d);
   if (action == RUN_REPLAY)
-    return replay(t, d.node, outputs);
+    return replay(t, d.target, outputs);
   /* Anything but a replay launches what was held back first. */
   cgt_status st = fuse__flush(t);
   if (st != CGT_OK)
     return st;
 
-  node *n = d.node;
+  node *n = d.target;
   if (!n) {
     n = node_create(t, first, id, variant, key_bytes);
     if (!n)
