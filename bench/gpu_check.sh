@@ -9,7 +9,8 @@
 #   OUT=/some/dir bash bench/gpu_check.sh [SECONDS [STAGES]]
 #
 # SECONDS: total budget (default 560). STAGES: a comma-separated subset of
-# tests,memcheck,python,torch,soak,bench (default all but bench); bench runs
+# tests,memcheck,python,torch,soak,demo,bench (default all but demo and
+# bench); demo runs `cgtree demo --defer` on the GPU; bench runs
 # bench/run_gpu.sh, bench/python_overhead.py --backend cuda and the
 # torch.compile comparison of the branch example. MEMCHECK_STEPS (default
 # 40) and SOAK_STEPS (default 10000) set the fuzz steps of those stages.
@@ -98,7 +99,13 @@ if want soak && [ $t -gt 30 ]; then
   note "soak (${SOAK_STEPS:-10000} fuzz steps on CUDA) rc=$? in $(( $(date +%s) - start )) s total"
   grep -E "^fuzz |^\[  (PASSED|FAILED) " "$OUT/soak.log" | head -12 | tee -a "$sum"
 fi
-# 6. Benchmarks: the C workloads (fusion included), the Python overhead on
+# 6. The demo on the GPU, with the deferred-launch mode.
+if want demo; then
+  { $B/tools/cgtree info; $B/tools/cgtree demo --backend cuda --defer; } > "$OUT/demo.txt" 2>&1
+  note "demo rc=$?"
+fi
+
+# 7. Benchmarks: the C workloads (fusion included), the Python overhead on
 # CUDA, and the torch.compile comparison of the docs' branch example.
 if want bench; then
   python3 bench/python_overhead.py --backend cuda > "$OUT/python_overhead.txt" 2>&1
