@@ -9,8 +9,10 @@
 #   OUT=/some/dir bash bench/gpu_check.sh [SECONDS [STAGES]]
 #
 # SECONDS: total budget (default 560). STAGES: a comma-separated subset of
-# tests,memcheck,python,torch,soak,demo,bench (default all but demo and
-# bench); demo runs `cgtree demo --defer` on the GPU; bench runs
+# tests,memcheck,python,torch,soak,demo,pip,bench (default all but demo, pip
+# and bench); demo runs `cgtree demo --defer` on the GPU; pip runs `pip install
+# --no-build-isolation .` (meson-python carried as wheels in .whl) and the
+# Python demo from the installed package; bench runs
 # bench/run_gpu.sh, bench/python_overhead.py --backend cuda and the
 # torch.compile comparison of the branch example. MEMCHECK_STEPS (default
 # 40) and SOAK_STEPS (default 10000) set the fuzz steps of those stages.
@@ -105,7 +107,17 @@ if want demo; then
   note "demo rc=$?"
 fi
 
-# 7. Benchmarks: the C workloads (fusion included), the Python overhead on
+# 7. `pip install .` on the GPU machine (no network: meson-python from .whl).
+if want pip; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/pipbuild .whl/*.whl &&
+    PYTHONPATH=/tmp/pipbuild:$PYTHONPATH python3 -m pip install -q --no-build-isolation --no-deps \
+      --target /tmp/pipinst . > "$OUT/pip.txt" 2>&1
+  note "pip install . rc=$?"
+  (cd /tmp && PYTHONPATH=/tmp/pipinst python3 -m cgtree demo) >> "$OUT/pip.txt" 2>&1
+  note "python -m cgtree demo (pip-installed) rc=$?"; tail -4 "$OUT/pip.txt" | tee -a "$sum"
+fi
+
+# 8. Benchmarks: the C workloads (fusion included), the Python overhead on
 # CUDA, and the torch.compile comparison of the docs' branch example.
 if want bench; then
   python3 bench/python_overhead.py --backend cuda > "$OUT/python_overhead.txt" 2>&1
