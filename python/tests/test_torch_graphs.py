@@ -74,3 +74,27 @@ def test_describe_refuses_cpu_outputs_and_keeps_constants():
     assert B.describe([torch.zeros(2)]) is None
     assert B.describe(torch.zeros(2)) is None
     assert B.describe((3, None)) == (False, (None, None), (3, None))
+
+
+def test_matmul_family_ops_are_found_as_cublas_users_and_pointwise_ops_are_not():
+    lin = torch.nn.Linear(4, 4)
+
+    def matmul(a, b):
+        return torch.relu(a @ b)
+
+    def linear(a):
+        return torch.nn.functional.linear(a, lin.weight, lin.bias)
+
+    def bmm(a):
+        return torch.bmm(a, a).sum()
+
+    def einsum(a, b):
+        return torch.einsum("ij,jk->ik", a, b)
+
+    def pointwise(x):
+        y = x * x * x
+        return (y.abs() ** y.abs()).sum()
+
+    for f in (matmul, linear, bmm, einsum):
+        assert B.uses_cublas(trace(f)), f.__name__
+    assert not B.uses_cublas(trace(pointwise))
