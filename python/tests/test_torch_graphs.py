@@ -89,10 +89,16 @@ def test_matmul_family_ops_are_found_as_cublas_users_and_pointwise_ops_are_not()
     def einsum(a, b):
         return torch.einsum("ij,jk->ik", a, b)
 
+    def solve(a, b):
+        return torch.linalg.solve(a, b)
+
+    def qr(a):
+        return torch.linalg.qr(a)[0] + torch.det(a)
+
     def pointwise(x):
         y = x * x * x
-        return (y.abs() ** y.abs()).sum()
+        return (torch.relu(y).abs() ** y.abs()).sqrt().sum()
 
-    for f in (matmul, linear, bmm, einsum):
+    for f in (matmul, linear, bmm, einsum, solve, qr):
         assert B.uses_cublas(trace(f)), f.__name__
     assert not B.uses_cublas(trace(pointwise))

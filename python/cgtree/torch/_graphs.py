@@ -115,7 +115,11 @@ def _aot_mutated(n_inputs):
 # _install.prewarm_blas), so the list is wide.
 _BLAS = ("mm", "matmul", "linear", "bmm", "mv", "dot", "einsum", "tensordot", "attention", "linalg", "gemm",
          "bilinear", "conv", "lstm", "gru", "rnn", "cdist", "baddbmm", "addr", "outer", "ger", "inner", "kron",
-         "chain_matmul")
+         "chain_matmul", "matrix", "cholesky", "inverse", "solve", "lstsq", "householder", "geqrf", "orgqr",
+         "ormqr", "slogdet", "logdet")
+# Short names that would match too much as substrings ("lu" is in "relu"):
+# matched as whole words of the op name split at "_" and ".".
+_BLAS_WORDS = {"qr", "svd", "lu", "det", "eig", "eigh", "eigvals", "pinv", "trsm", "ger"}
 
 
 def uses_cublas(gm):
@@ -128,6 +132,8 @@ def uses_cublas(gm):
             continue
         name = _name(n).lower()
         if n.target is operator.matmul or n.target is operator.imatmul or any(k in name for k in _BLAS):
+            return True
+        if _BLAS_WORDS.intersection(name.replace(".", "_").split("_")):
             return True
     return False
 
