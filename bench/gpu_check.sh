@@ -127,7 +127,7 @@ if want bench; then
   note "run_gpu.sh rc=$?"
   grep -E "^\| (chain|branchy)|defer|one graph" "$OUT/bench.md" | head -30 | tee -a "$sum"
   t=$(( $(left) - 5 ))
-  [ $t -gt 30 ] && { timeout $t python3 bench/torch_compare.py --examples branch --modes cgtree,inductor,reduce-overhead \
+  [ $t -gt 30 ] && { timeout $t python3 bench/torch_compare.py --examples branch --modes inductor,cgtree,reduce-overhead \
     > "$OUT/torch_compare.txt" 2>&1; note "torch_compare rc=$?"; tail -8 "$OUT/torch_compare.txt" | tee -a "$sum"; }
 fi
 note "gpu_check: done in $(( $(date +%s) - start )) s"
