@@ -1117,6 +1117,8 @@ void pool_clear(pool *p) {
     first->next = NULL;
     first->size = ch->size;
     first->allocated = 0;
+    ch->dirty_lo = 0;
+    ch->dirty_hi = ch->size;
     p->free_root = pool_tree_insert(p->free_root, first);
   }
   p->stats.allocated_bytes = 0;
@@ -1173,6 +1175,7 @@ static int pool_check_impl(const pool *p, char *why, size_t why_bytes) {
     const pool_chunk *ch = p->chunks[i];
     const pool_block *b, *prev = NULL;
     char *end;
+    int dirty_ends;
     if (!ch) return pool_fail(why, why_bytes, "chunk %zu is NULL", i);
     if ((uintptr_t)ch->base % POOL_ALIGN || ch->size == 0 || ch->size % POOL_ALIGN)
       return pool_fail(why, why_bytes, "chunk %zu (%p) misaligned or empty", i, (void *)ch->base);
@@ -1186,7 +1189,13 @@ static int pool_check_impl(const pool *p, char *why, size_t why_bytes) {
       return pool_fail(why, why_bytes, "chunk %zu has a bad dirty range", i);
     reserved += ch->size;
     end = ch->base;
+    dirty_ends = ch->dirty_lo == ch->dirty_hi ? 2 : 0;
     for (b = ch->first; b; prev = b, b = b->next) {
+      /* A delta replaces whole blocks: the dirty range ends on boundaries. */
+      if (ch->dirty_lo != ch->dirty_hi) {
+        dirty_ends += (size_t)(b->base - ch->base) == ch->dirty_lo;
+        dirty_ends += (size_t)(b->base - ch->base) + b->size == ch->dirty_hi;
+      }
       if (b->chunk != ch) return pool_fail(why, why_bytes, "block %p names the wrong chunk", (void *)b->base);
       if (b->prev != prev) return pool_fail(why, why_bytes, "block %p has a bad prev link", (void *)b->base);
       if (b->base != end)
@@ -1210,6 +1219,7 @@ static int pool_check_impl(const pool *p, char *why, size_t why_bytes) {
       }
     }
     if (end != ch->base + ch->size) return pool_fail(why, why_bytes, "chunk %zu not tiled to its end", i);
+    if (dirty_ends != 2) return pool_fail(why, why_bytes, "chunk %zu: dirty range not on block boundaries", i);
   }
   if (HASH_COUNT(p->table) != n_alloc)
     return pool_fail(why, why_bytes, "table holds %u blocks, layout has %zu allocated", HASH_COUNT(p->table),
