@@ -9,7 +9,10 @@
 #   OUT=/some/dir bash bench/gpu_check.sh [SECONDS [STAGES]]
 #
 # SECONDS: total budget (default 560). STAGES: a comma-separated subset of
-# tests,memcheck,python,torch,soak,bench (default all but bench); bench runs
+# tests,memcheck,python,torch,soak,demo,pip,bench (default all but demo, pip
+# and bench); demo runs `cgtree demo --defer` on the GPU; pip runs `pip install
+# --no-build-isolation .` (meson-python carried as wheels in .whl) and the
+# Python demo from the installed package; bench runs
 # bench/run_gpu.sh, bench/python_overhead.py --backend cuda and the
 # torch.compile comparison of the branch example. MEMCHECK_STEPS (default
 # 40) and SOAK_STEPS (default 10000) set the fuzz steps of those stages.
@@ -98,7 +101,23 @@ if want soak && [ $t -gt 30 ]; then
   note "soak (${SOAK_STEPS:-10000} fuzz steps on CUDA) rc=$? in $(( $(date +%s) - start )) s total"
   grep -E "^fuzz |^\[  (PASSED|FAILED) " "$OUT/soak.log" | head -12 | tee -a "$sum"
 fi
-# 6. Benchmarks: the C workloads (fusion included), the Python overhead on
+# 6. The demo on the GPU, with the deferred-launch mode.
+if want demo; then
+  { $B/tools/cgtree info; $B/tools/cgtree demo --backend cuda --defer; } > "$OUT/demo.txt" 2>&1
+  note "demo rc=$?"
+fi
+
+# 7. `pip install .` on the GPU machine (no network: meson-python from .whl).
+if want pip; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/pipbuild .whl/*.whl &&
+    PYTHONPATH=/tmp/pipbuild:$PYTHONPATH python3 -m pip install -q --no-build-isolation --no-deps \
+      --target /tmp/pipinst . > "$OUT/pip.txt" 2>&1
+  note "pip install . rc=$?"
+  (cd /tmp && PYTHONPATH=/tmp/pipinst python3 -m cgtree demo) >> "$OUT/pip.txt" 2>&1
+  note "python -m cgtree demo (pip-installed) rc=$?"; tail -4 "$OUT/pip.txt" | tee -a "$sum"
+fi
+
+# 8. Benchmarks: the C workloads (fusion included), the Python overhead on
 # CUDA, and the torch.compile comparison of the docs' branch example.
 if want bench; then
   python3 bench/python_overhead.py --backend cuda > "$OUT/python_overhead.txt" 2>&1
@@ -108,7 +127,7 @@ if want bench; then
   note "run_gpu.sh rc=$?"
   grep -E "^\| (chain|branchy)|defer|one graph" "$OUT/bench.md" | head -30 | tee -a "$sum"
   t=$(( $(left) - 5 ))
-  [ $t -gt 30 ] && { timeout $t python3 bench/torch_compare.py --examples branch --modes cgtree,inductor,reduce-overhead \
+  [ $t -gt 30 ] && { timeout $t python3 bench/torch_compare.py --examples branch --modes inductor,cgtree,reduce-overhead \
     > "$OUT/torch_compare.txt" 2>&1; note "torch_compare rc=$?"; tail -8 "$OUT/torch_compare.txt" | tee -a "$sum"; }
 fi
 note "gpu_check: done in $(( $(date +%s) - start )) s"

@@ -23,6 +23,14 @@
  * Every timed TREE run must be a replay, and the tree must make no host
  * allocation while it replays; otherwise the program fails.
  *
+ * A second table gives the host memory a TREE-mode tree holds once it has
+ * recorded, per node: glibc's count of bytes in use (mallinfo2: uordblks +
+ * hblkhd) after the recording step minus before cgt_tree_create, less the
+ * pool's reserved bytes (the simulator's "device" memory is host memory),
+ * over P. Node memory is linear when it does not grow with P (issue 9;
+ * before delta checkpoints each node held a copy of the whole pool layout,
+ * O(P) bytes). Other C libraries print "n/a".
+ *
  *   build/bench/path_length [--backend sim] [--quick] [--reps N] [--runs N]
  *
  * --row R and --p P measure one row and one length only (for profiling);
@@ -35,6 +43,18 @@
 
 #include "bench_util.h"
 #include "cgtree_sim.h"
+
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 33)
+#include <malloc.h>
+#define HAVE_HEAP_BYTES 1
+static double heap_bytes(void) {
+  struct mallinfo2 m = mallinfo2();
+  return (double)m.uordblks + (double)m.hblkhd;
+}
+#else
+#define HAVE_HEAP_BYTES 0
+static double heap_bytes(void) { return 0; }
+#endif
 
 enum { VALUE_BYTES = 256, N_LENGTHS = 4, N_ROWS = 3 };
 static const uint32_t lengths[N_LENGTHS] = {4, 64, 512, 4096};
@@ -96,8 +116,9 @@ static cgt_status one_step(chain *c) {
   return st;
 }
 
-/* ns per run for one row and length; -1 on failure. */
-static double measure(const row *r, uint32_t p, int reps, long runs, uint64_t *allocs_delta) {
+/* ns per run for one row and length; -1 on failure. *heap_per_node: host
+ * heap bytes the recorded tree holds, per node. */
+static double measure(const row *r, uint32_t p, int reps, long runs, uint64_t *allocs_delta, double *heap_per_node) {
   chain c = {NULL, 0, r, p, NULL};
   double result = -1, *v = calloc((size_t)reps, sizeof *v);
   static char input[VALUE_BYTES]; /* the simulator's device memory is host memory */
@@ -106,6 +127,7 @@ static double measure(const row *r, uint32_t p, int reps, long runs, uint64_t *a
   cgt_options_init(&o);
   o.backend = CGT_BACKEND_SIM;
   o.mode = r->mode;
+  double heap0 = heap_bytes();
   if (!v || !check(cgt_tree_create(&o, &c.t), "cgt_tree_create", NULL))
     goto done;
   cgt_segment_desc d = {"link", link_launch, NULL, 1, 1, 0};
@@ -115,6 +137,9 @@ static double measure(const row *r, uint32_t p, int reps, long runs, uint64_t *a
   for (int i = 0; i < 3; i++)
     if (!check(one_step(&c), "warm-up step", c.t))
       goto done;
+  cgt_stats recorded;
+  cgt_tree_stats(c.t, &recorded);
+  *heap_per_node = (heap_bytes() - heap0 - (double)recorded.pool_reserved_bytes) / p;
   long steps = runs / p;
   if (steps < 2)
     steps = 2;
@@ -178,6 +203,7 @@ int main(int argc, char **argv) {
   printf("| mode | P = 4 | P = 64 | P = 512 | P = 4096 | P=4096 / P=4 | target |\n");
   printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
   int failed = 0;
+  double heap[N_ROWS][N_LENGTHS] = {{0}};
   for (int r = 0; r < N_ROWS; r++) {
     double ns[N_LENGTHS];
     if (only_row >= 0 && r != only_row)
@@ -185,7 +211,7 @@ int main(int argc, char **argv) {
     printf("| %s |", rows[r].name);
     for (int l = 0; l < N_LENGTHS; l++) {
       uint64_t allocs = 0;
-      ns[l] = only_p && only_p != lengths[l] ? 0 : measure(&rows[r], lengths[l], reps, runs, &allocs);
+      ns[l] = only_p && only_p != lengths[l] ? 0 : measure(&rows[r], lengths[l], reps, runs, &allocs, &heap[r][l]);
       failed |= ns[l] < 0;
       printf(" %.1f |", ns[l]);
       fflush(stdout);
@@ -194,5 +220,19 @@ int main(int argc, char **argv) {
   }
   printf("\nPer run includes its share of cgt_step_begin and the releases. Every timed TREE run was a replay, with\n"
          "no host allocation.\n");
+  printf("\nHost memory held by the recorded tree, bytes per node (glibc mallinfo2, pool chunks excluded)\n\n");
+  printf("| mode | P = 4 | P = 64 | P = 512 | P = 4096 |\n");
+  printf("| --- | ---: | ---: | ---: | ---: |\n");
+  for (int r = 0; r < N_ROWS; r++) {
+    if ((only_row >= 0 && r != only_row) || rows[r].mode != CGT_MODE_TREE)
+      continue;
+    printf("| %s |", rows[r].name);
+    for (int l = 0; l < N_LENGTHS; l++)
+      if (HAVE_HEAP_BYTES)
+        printf(" %.0f |", heap[r][l]);
+      else
+        printf(" n/a |");
+    printf("\n");
+  }
   return failed ? 1 : 0;
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """cgtree as a torch.compile backend, side by side with PyTorch on real programs.
 
-    python3 bench/torch_compare.py [--examples branch,early_exit,gpt2] [--out results.jsonl]
+    python3 bench/torch_compare.py [--examples branch,early_exit,gpt2] [--modes ...]
+                                   [--out results.jsonl] [--budget SECONDS]
 
 For each example and each mode, a fresh Python process (PyTorch's CUDAGraph
 Trees refuse a swapped allocator, and cgtree must install its allocator before
@@ -10,6 +11,37 @@ token), peak device memory, recordings, compile + record time (wall time of
 the warm-up calls), and, for cgtree, the backend's own time per replayed
 segment. The parent then compares every mode's outputs with Inductor without
 CUDA graphs (bit for bit) and prints one table.
+
+Identical inputs and weights in every process: each example builds its
+weights and inputs on the CPU from a seeded torch.Generator (or under
+torch.manual_seed(0)) and only then copies them to the GPU, and every child
+reports a checksum of them ("inputs" in the JSON: the bits of every input
+and parameter), which the parent checks against Inductor's before it
+compares outputs. So "DIFFERENT" means the computation differs, never the
+data.
+
+Peak memory, measured the same way in every mode, in two windows:
+  warm-up  from just before the first compiled call to the end of the warm-up
+           calls: compilation (Triton autotuning and its 50 MiB L2-flush
+           buffer on an H100, when the autotune cache is cold), recording,
+           the first replays.
+  steady   the timed calls (peaks reset after the warm-up).
+PyTorch modes: torch.cuda.max_memory_allocated (reset with
+reset_peak_memory_stats at the start of each window). cgtree: its own
+figures (PyTorch's raise under a swapped allocator): the peak of the bytes
+PyTorch holds outside the pool, counted as PyTorch counts allocated bytes
+(the request rounded up to 512 bytes; reset at the start of each window),
+plus the tree's pool peak, which is a lifetime figure and is not reset (an
+upper bound: it may overstate cgtree's steady window, never understate it).
+Both include cuBLAS's workspaces (PyTorch 2.11 allocates them through the
+current allocator: 32 MiB per (handle, stream) on sm90 plus 1 MiB for
+cuBLASLt), and both exclude what an allocator caches. "reserved" is
+torch.cuda.max_memory_reserved against cgtree's cudaMalloc'd bytes
+outside the pool plus the pool's reserved bytes, at the end.
+Modes of one example share Inductor's on-disk caches, so the first compiled
+mode (inductor, by default order) compiles and autotunes cold and the
+others find the cache warm: compare compile times and warm-up peaks of
+reduce-overhead and cgtree with each other, not with the first mode.
 
 Modes: eager; inductor (torch.compile, no CUDA graphs); reduce-overhead
 (torch.compile mode="reduce-overhead": PyTorch's CUDAGraph Trees); cgtree
@@ -50,13 +82,14 @@ def make_branch(torch, dev):
         torch._dynamo.graph_break()
         return z * 2
 
-    x = torch.rand(256, 256, device=dev) * 0.5 + 0.25
+    g = torch.Generator().manual_seed(0)
+    x = (torch.rand(256, 256, generator=g) * 0.5 + 0.25).to(dev)
     inputs = [x, -x]
 
     def step(fn, i):
         return fn(inputs[i % 2])
 
-    return foo, step, {"unit": "step", "segments_per_step": 3}
+    return foo, step, {"unit": "step", "segments_per_step": 3, "data": inputs}
 
 
 def make_early_exit(torch, dev):
@@ -94,14 +127,15 @@ def make_early_exit(torch, dev):
             h = self.layer(5, h)
             return self.head(h) + 5
 
-    m = EarlyExit().to(dev).eval()
-    base = torch.randn(32, D, device=dev)
-    inputs = [base + s for s in (0.05, 0.3, 0.7, 2.0)]
+    m = EarlyExit().eval()  # built on the CPU from the seeded CPU generator, then copied
+    base = torch.randn(32, D, generator=torch.Generator().manual_seed(1))
+    m = m.to(dev)
+    inputs = [(base + s).to(dev) for s in (0.05, 0.3, 0.7, 2.0)]
 
     def step(fn, i):
         return fn(inputs[i % len(inputs)])
 
-    return m, step, {"unit": "step", "segments_per_step": None}
+    return m, step, {"unit": "step", "segments_per_step": None, "data": inputs + list(m.state_dict().values())}
 
 
 def make_gpt2(torch, dev):
@@ -111,8 +145,8 @@ def make_gpt2(torch, dev):
     torch.manual_seed(0)
     cfg = GPT2Config(vocab_size=4096, n_positions=256, n_embd=256, n_layer=4, n_head=4,
                      bos_token_id=0, eos_token_id=4095)
-    model = GPT2LMHeadModel(cfg).to(dev).eval()
-    prompt = torch.randint(0, 4000, (1, 8), device=dev)
+    model = GPT2LMHeadModel(cfg).eval().to(dev)  # initialised on the CPU under the seed, then copied
+    prompt = torch.randint(0, 4000, (1, 8), generator=torch.Generator().manual_seed(1)).to(dev)
     new_tokens = 64
     max_len = 8 + new_tokens
     StaticCache = transformers.StaticCache
@@ -153,7 +187,8 @@ def make_gpt2(torch, dev):
             return torch.cat(tokens + [logits[:, -1].argmax(-1, keepdim=True)], 1)
 
     generate.tokens = new_tokens
-    return forward, generate, {"unit": "token", "tokens_per_step": new_tokens, "segments_per_step": None}
+    return forward, generate, {"unit": "token", "tokens_per_step": new_tokens, "segments_per_step": None,
+                               "data": [prompt] + list(model.state_dict().values())}
 
 
 EXAMPLES = {"branch": make_branch, "early_exit": make_early_exit, "gpt2": make_gpt2}
@@ -161,13 +196,45 @@ EXAMPLES = {"branch": make_branch, "early_exit": make_early_exit, "gpt2": make_g
 
 # -------------------------------------------------------------------- child
 
+def checksum(torch, tensors):
+    """A checksum of the bits of every tensor (on the CPU): equal inputs and
+    weights in every process, or the output comparison means nothing."""
+    total = 0
+    for t in tensors:
+        t = t.detach().cpu().contiguous().view(-1)
+        if t.is_floating_point():
+            t = t.view({8: torch.int64, 4: torch.int32, 2: torch.int16}[t.element_size()])
+        t = t.to(torch.int64)
+        w = torch.arange(t.numel(), dtype=torch.int64) % 65521 + 1
+        total = (total * 1000003 + int((t * w).sum()) + t.numel()) % (1 << 61)
+    return "%016x" % total
+
+
+def peaks(torch, mode, ct):
+    """(peak bytes in this window, reserved bytes) the same way for every mode (see the docstring)."""
+    if mode == "cgtree":
+        m = ct.memory_stats()
+        return m["eager_peak"] + m["pool_peak"], m["eager_reserved"] + m["pool_reserved"]
+    return torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
+
+
+def reset_peaks(torch, mode, ct):
+    if mode == "cgtree":
+        ct.reset_peak()
+    else:
+        torch.cuda.reset_peak_memory_stats()
+
+
 def child(example, mode, out_dir, warm, timed):
+    ct = None
     if mode == "cgtree":
         import cgtree.torch as ct  # before CUDA starts: installs the allocator
     import torch
 
     dev = torch.device("cuda")
+    torch.manual_seed(0)
     fn, step, meta = EXAMPLES[example](torch, dev)
+    inputs_sum = checksum(torch, meta.pop("data"))
     if mode == "eager":
         cfn = fn
     elif mode == "inductor":
@@ -177,9 +244,8 @@ def child(example, mode, out_dir, warm, timed):
     else:
         cfn = torch.compile(fn, backend="cgtree")
 
-    peak = None
-    if mode != "cgtree":
-        torch.cuda.reset_peak_memory_stats()
+    torch.cuda.synchronize()
+    reset_peaks(torch, mode, ct)
     ctx = torch.no_grad()
     outs = []
     with ctx:
@@ -191,6 +257,8 @@ def child(example, mode, out_dir, warm, timed):
                 outs.append(o.detach().clone())
         torch.cuda.synchronize()
         warm_s = time.perf_counter() - t0
+        peak_warm, _ = peaks(torch, mode, ct)
+        reset_peaks(torch, mode, ct)
         if mode == "cgtree":
             from cgtree.torch._backend import _segments
             for s in _segments:
@@ -201,19 +269,19 @@ def child(example, mode, out_dir, warm, timed):
             o = step(cfn, i)
         torch.cuda.synchronize()
         steady_s = time.perf_counter() - t0
+        peak_steady, _ = peaks(torch, mode, ct)
         # the same inputs again, checked: outputs of the last 4 timed-phase calls
         for i in range(warm + timed, warm + timed + 4):
             outs.append(step(cfn, i).detach().clone())
     torch.cuda.synchronize()
     res = {"example": example, "mode": mode, "warm_calls": warm, "timed_calls": timed,
            "warm_s": warm_s, "ms_per_step": steady_s * 1e3 / timed, "device": torch.cuda.get_device_name(),
-           "torch": torch.__version__}
+           "torch": torch.__version__, "inputs": inputs_sum}
     if meta.get("unit") == "token":
         res["ms_per_token"] = res["ms_per_step"] / meta["tokens_per_step"]
     if mode == "cgtree":
         s = ct.stats()
         m = ct.memory_stats()
-        peak = m["peak_bytes"]
         res.update(recordings=s.get("recordings", 0), replays=s.get("replays", 0) - before.get("replays", 0),
                    nodes=s.get("nodes", 0), checkpoint_restores=s.get("checkpoint_restores", 0),
                    pool_peak=m["pool_peak"], eager_peak=m["eager_peak"], graphs=s["graphs"],
@@ -237,8 +305,6 @@ def child(example, mode, out_dir, warm, timed):
             res["us_per_segment_backend"] = (ns_call - ns_run) / calls / 1e3
             res["segment_replays_timed"] = calls
             res["plain_reasons"] = [sg.info["plain_reason"] for sg in _segments if sg.info["plain_reason"]]
-    else:
-        peak = torch.cuda.max_memory_allocated()
     if mode == "reduce-overhead":
         try:
             from torch._inductor import cudagraph_trees as cgt_mod
@@ -253,7 +319,11 @@ def child(example, mode, out_dir, warm, timed):
             res["recordings"] = n
         except Exception as e:  # noqa: BLE001
             res["recordings"] = "n/a (%s)" % type(e).__name__
-    res["peak_mib"] = peak / 2**20
+    _, reserved = peaks(torch, mode, ct)
+    res["peak_warm_mib"] = peak_warm / 2**20
+    res["peak_steady_mib"] = peak_steady / 2**20
+    res["peak_mib"] = max(peak_warm, peak_steady) / 2**20
+    res["reserved_mib"] = reserved / 2**20
     torch.save([o.cpu() for o in outs], os.path.join(out_dir, "%s-%s.pt" % (example, mode)))
     print("RESULT " + json.dumps(res), flush=True)
 
@@ -269,22 +339,27 @@ def bit_equal(torch, a, b):
     return torch.equal(a, b)
 
 
-def compare(torch, d, r):
-    """Outputs against Inductor without CUDA graphs: bit-equal, allclose or DIFFERENT."""
+def compare(torch, d, r, ref_row):
+    """Outputs against Inductor without CUDA graphs: bit-equal, allclose or
+    DIFFERENT (with the indices of the outputs that differ), after checking
+    that both processes had the same inputs and weights."""
     ref = os.path.join(d, "%s-inductor.pt" % r["example"])
     mine = os.path.join(d, "%s-%s.pt" % (r["example"], r["mode"]))
-    if "error" in r or not os.path.exists(ref) or not os.path.exists(mine):
+    if "error" in r or ref_row is None or "error" in ref_row or not os.path.exists(ref) or not os.path.exists(mine):
         return "n/a"
+    if r.get("inputs") != ref_row.get("inputs"):
+        return "n/a: inputs differ from inductor's (%s vs %s)" % (r.get("inputs"), ref_row.get("inputs"))
     A, B = torch.load(ref), torch.load(mine)
     if len(A) != len(B):
         return "DIFFERENT (count)"
     if all(bit_equal(torch, x, y) for x, y in zip(A, B)):
         return "bit-equal"
     if all(x.shape == y.shape and torch.allclose(x.float(), y.float(), rtol=1e-4, atol=1e-5) for x, y in zip(A, B)):
-        return "allclose"
+        return "allclose (rtol 1e-4, atol 1e-5)"
     worst = max(float((x.double() - y.double()).abs().max()) if x.shape == y.shape else float("inf")
                 for x, y in zip(A, B))
-    return "DIFFERENT (max abs diff %.3g)" % worst
+    bad = [i for i, (x, y) in enumerate(zip(A, B)) if not bit_equal(torch, x, y)]
+    return "DIFFERENT (max abs diff %.3g; outputs %s of %d differ)" % (worst, ",".join(map(str, bad)), len(A))
 
 
 def main():
@@ -296,7 +371,10 @@ def main():
     ap.add_argument("--child", nargs=2, metavar=("EXAMPLE", "MODE"))
     ap.add_argument("--warm", type=int, default=0)
     ap.add_argument("--timed", type=int, default=0)
-    ap.add_argument("--timeout", type=int, default=300)
+    ap.add_argument("--timeout", type=int, default=300, help="seconds per child process at most")
+    ap.add_argument("--budget", type=int, default=0,
+                    help="seconds for the whole run: a child starts only while at least 60 s are left, "
+                         "and never runs past the budget (0: no budget)")
     a = ap.parse_args()
     os.makedirs(a.dir, exist_ok=True)
     defaults = {"branch": (20, 400), "early_exit": (24, 400), "gpt2": (3, 5)}
@@ -308,12 +386,26 @@ def main():
     import torch
 
     rows = []
+    start = time.time()
     for ex in a.examples.split(","):
         for mode in a.modes.split(","):
             cmd = [sys.executable, os.path.abspath(__file__), "--child", ex, mode, "--dir", a.dir]
+            if a.warm:
+                cmd += ["--warm", str(a.warm)]
+            if a.timed:
+                cmd += ["--timed", str(a.timed)]
+            timeout = a.timeout
+            if a.budget:
+                left = a.budget - (time.time() - start)
+                if left < 60:
+                    r = {"example": ex, "mode": mode, "error": "not run: the --budget of %d s was spent" % a.budget}
+                    rows.append(r)
+                    print(json.dumps(r), flush=True)
+                    continue
+                timeout = int(min(timeout, left - 5))
             t0 = time.time()
             try:
-                p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
+                p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
                 out, err = p.stdout, p.stderr
             except subprocess.TimeoutExpired as e:
                 out, err = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or ""), "timeout"
@@ -323,7 +415,10 @@ def main():
             else:
                 r = json.loads(line[-1][7:])
             r["process_s"] = time.time() - t0
-            r["equal"] = compare(torch, a.dir, r)
+            ref_row = next((x for x in rows if x["example"] == ex and x["mode"] == "inductor"), None)
+            if mode == "inductor":
+                ref_row = r
+            r["equal"] = compare(torch, a.dir, r, ref_row)
             rows.append(r)
             print(json.dumps(r), flush=True)
             if a.out:
@@ -331,11 +426,12 @@ def main():
                     f.write(json.dumps(r) + "\n")
     for r in rows:  # eager ran before Inductor's outputs existed
         if r.get("equal") == "n/a" and "error" not in r:
-            r["equal"] = compare(torch, a.dir, r)
+            ref_row = next((x for x in rows if x["example"] == r["example"] and x["mode"] == "inductor"), None)
+            r["equal"] = compare(torch, a.dir, r, ref_row)
     print()
-    print("| example | mode | ms/step | ms/token | backend us/segment (cgt_run incl. launch) | peak MiB | "
-          "recordings | compile+record s | outputs vs inductor |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    print("| example | mode | ms/step | ms/token | backend us/segment (cgt_run incl. launch) | "
+          "peak MiB warm-up | peak MiB steady | reserved MiB | recordings | compile+record s | outputs vs inductor |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     for r in rows:
         if "error" in r:
             print("| %s | %s | error: %s |" % (r["example"], r["mode"],
@@ -344,10 +440,10 @@ def main():
         seg = ""
         if "us_per_segment_call" in r:
             seg = "%.1f (%.1f)" % (r["us_per_segment_call"], r["us_per_segment_in_cgt_run"])
-        print("| %s | %s | %.3f | %s | %s | %.1f | %s | %.1f | %s |" % (
+        print("| %s | %s | %.3f | %s | %s | %.1f | %.1f | %.1f | %s | %.1f | %s |" % (
             r["example"], r["mode"], r["ms_per_step"],
-            "%.3f" % r["ms_per_token"] if "ms_per_token" in r else "", seg, r["peak_mib"],
-            r.get("recordings", ""), r["warm_s"], r["equal"]))
+            "%.3f" % r["ms_per_token"] if "ms_per_token" in r else "", seg, r["peak_warm_mib"],
+            r["peak_steady_mib"], r["reserved_mib"], r.get("recordings", ""), r["warm_s"], r["equal"]))
     if a.out:
         with open(a.out, "a") as f:
             f.write(json.dumps({"summary": [{k: r.get(k) for k in ("example", "mode", "equal")} for r in rows]}) + "\n")

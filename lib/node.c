@@ -811,7 +811,12 @@ static cgt_status record(cgt_tree *t, node *n, const segment_rec *seg, int is_re
 
   prep_release_placeholders(t, &r);
   if (t->opt.mode == CGT_MODE_TREE) {
-    st = pool_checkpoint_take(r.pl, &r.ckpt);
+    /* Stored as the difference from the nearest recorded ancestor's, which
+     * is the layout the pool was synced to: linear memory along a path. */
+    node *a = n->parent;
+    while (a != &t->root && !a->ckpt)
+      a = a->parent;
+    st = pool_checkpoint_take_delta(r.pl, a->ckpt, &r.ckpt);
     if (st != CGT_OK) {
       prep_undo(t, &r);
       return tree__fail(t, st, "checkpoint after recording node %u", n->id);

@@ -32,6 +32,25 @@
  * leaves the pool exactly as it was. Every other operation follows the same
  * rule: whatever can fail is done first, and the layout is touched last.
  *
+ * A tree records one checkpoint per node, and along a path each one is the
+ * layout of the one before plus a block or two; stored whole, a path of P
+ * recordings with its values live would hold P checkpoints of up to P
+ * blocks each. So a checkpoint can be a delta: for each chunk that changed,
+ * one range of offsets and the blocks that now tile it, plus a counted
+ * reference to the base it changes (a base lives while any delta on it
+ * does, whatever order their holders free them in). To know what changed
+ * without comparing against the base, the pool keeps a mark, the id of the
+ * checkpoint it last took or restored, and per chunk a dirty range: the hull
+ * of every extent an alloc or free has rewritten since. Each such extent
+ * (the blocks split or merged, which cover the same bytes before and after)
+ * ends on block boundaries that no later operation can move without
+ * widening the hull, so the hull's ends are boundaries both in the mark's
+ * layout and in the current one, and outside it nothing changed. A delta
+ * needs its base to be the mark; on any other base it is quietly full. A
+ * restore expands a delta first, applying the chain from its full root in
+ * one temporary allocation (restores are rare; replays never restore), and
+ * marks the pool with it, the dirty ranges covering the blocks it dropped.
+ *
  * Block descriptors are recycled through a spare list instead of being handed
  * back to malloc, because allocation, free and restore all shuffle them and
  * the tree reports how many host allocations the pool made (host_allocs): in
@@ -86,6 +105,10 @@ struct pool_chunk {
   size_t size;
   pool_block *first;  /* the layout: blocks in address order */
   pool_block *staged; /* the layout a restore is building; NULL outside pool_restore */
+  /* The offsets whose layout may differ from the mark's (see pool.mark):
+   * [dirty_lo, dirty_hi), empty when equal. */
+  size_t dirty_lo, dirty_hi;
+  size_t staged_lo, staged_hi; /* what a restore will make them */
 };
 
 struct pool {
@@ -99,12 +122,15 @@ struct pool {
   pool_stats stats;
   pool_fail_hook own_fail_hook; /* test hook: see pool__fail_host_alloc_after */
   pool_fail_hook *fail_hook;    /* &own_fail_hook, or a hook shared with a tree */
+  uint64_t mark;                /* id of the checkpoint the dirty ranges are relative to; 0: none */
+  uint64_t last_id;             /* ids of checkpoints taken from this pool: 1, 2, ... */
 };
 
 typedef struct pool_checkpoint_chunk {
   char *base;
   size_t size;
-  size_t first; /* index of its first entry */
+  size_t lo, hi; /* the offsets its entries tile: [0, size) unless in a delta */
+  size_t first;  /* index of its first entry */
   size_t count;
 } pool_checkpoint_chunk;
 
@@ -116,6 +142,10 @@ typedef struct pool_checkpoint_entry {
 
 struct pool_checkpoint {
   const pool *owner;
+  uint64_t id;           /* unique in its pool, larger than its base's */
+  size_t refs;           /* the holder, and every delta based on it */
+  pool_checkpoint *base; /* NULL in a full checkpoint */
+  size_t depth;          /* deltas between it and its full root */
   size_t allocated_bytes;
   size_t n_chunks;
   size_t n_entries;
@@ -198,6 +228,25 @@ static pool_block *pool_block_take(pool *p) {
 static void pool_block_give(pool *p, pool_block *b) {
   b->next = p->spares;
   p->spares = b;
+}
+
+/* Widens a dirty range [*lo, *hi) to cover `bytes` at offset `from`. */
+static void pool_range_widen(size_t *lo, size_t *hi, size_t from, size_t bytes) {
+  if (*lo == *hi) {
+    *lo = from;
+    *hi = from + bytes;
+    return;
+  }
+  if (from < *lo) *lo = from;
+  if (from + bytes > *hi) *hi = from + bytes;
+}
+
+/* Notes that the layout of ch between base and base + bytes changed. The
+ * range must be the whole extent an operation rewrote (the blocks it split
+ * or merged, before and after), so that both its ends are block boundaries
+ * before the change and after it. */
+static void pool_dirty(pool_chunk *ch, const char *base, size_t bytes) {
+  pool_range_widen(&ch->dirty_lo, &ch->dirty_hi, (size_t)(base - ch->base), bytes);
 }
 
 /* -------------------------------------------------------- lookup table */
@@ -380,6 +429,9 @@ static cgt_status pool_chunk_create(pool *p, size_t size, pool_chunk **out) {
   c->size = size;
   c->first = b;
   c->staged = NULL;
+  c->dirty_lo = 0; /* new since any checkpoint: all of it differs */
+  c->dirty_hi = size;
+  c->staged_lo = c->staged_hi = 0;
   b->base = mem;
   b->size = size;
   b->chunk = c;
@@ -503,6 +555,7 @@ cgt_status pool_alloc(pool *p, size_t bytes, void **ptr) {
   }
 
   /* Nothing can fail from here on. */
+  pool_dirty(f->chunk, f->base, f->size);
   if (grown)
     pool_chunk_link(p, grown);
   else
@@ -568,6 +621,7 @@ cgt_status pool_free(pool *p, void *ptr) {
     p->stats.blocks--;
     b = l;
   }
+  pool_dirty(b->chunk, b->base, b->size); /* the merged block covers all that changed */
   p->free_root = pool_tree_insert(p->free_root, b);
   pool_assert_expensive(p);
   return CGT_OK;
@@ -614,53 +668,216 @@ void pool_reset_peak(pool *p) {
 
 /* ---------------------------------------------------------- checkpoints */
 
-cgt_status pool_checkpoint_take(pool *p, pool_checkpoint **out) {
+/* The block of ch that starts at `offset`; it must exist. */
+static const pool_block *pool_block_at(const pool_chunk *ch, size_t offset) {
+  const pool_block *b = ch->first;
+  while (b && (size_t)(b->base - ch->base) < offset) b = b->next;
+  cgt_assert(b && (size_t)(b->base - ch->base) == offset);
+  return b;
+}
+
+/* Blocks of ch in [lo, hi); both are block boundaries. */
+static size_t pool_blocks_between(const pool_chunk *ch, size_t lo, size_t hi) {
+  const pool_block *b;
+  size_t n = 0;
+  for (b = pool_block_at(ch, lo); b && (size_t)(b->base - ch->base) < hi; b = b->next) n++;
+  return n;
+}
+
+static size_t pool_checkpoint_bytes(size_t n_chunks, size_t n_entries) {
+  return sizeof(pool_checkpoint) + n_chunks * sizeof(pool_checkpoint_chunk) +
+         n_entries * sizeof(pool_checkpoint_entry);
+}
+
+/* Takes a checkpoint of p: a delta on base when base is not NULL (the caller
+ * made sure p->mark is base's id), else a full one. Either way p is marked
+ * with it afterwards, its dirty ranges empty. */
+static cgt_status pool_checkpoint_make(pool *p, pool_checkpoint *base, pool_checkpoint **out) {
   pool_checkpoint *c;
-  size_t i, e = 0, head, bytes;
-  if (!out) return CGT_ERR_INVALID_ARGUMENT;
-  *out = NULL;
-  if (!p) return CGT_ERR_INVALID_ARGUMENT;
+  size_t i, n_chunks = 0, n_entries = 0, e = 0, k = 0, head;
+  for (i = 0; i < p->n_chunks; i++) {
+    const pool_chunk *ch = p->chunks[i];
+    if (!base) {
+      n_chunks++;
+    } else if (ch->dirty_lo != ch->dirty_hi) {
+      n_chunks++;
+      n_entries += pool_blocks_between(ch, ch->dirty_lo, ch->dirty_hi);
+    }
+  }
+  if (!base) n_entries = p->stats.blocks;
   /* One allocation holds the header, the chunk table and the entries. Every
    * part has the alignment of size_t, and the sizes are multiples of it. */
-  head = sizeof *c + p->n_chunks * sizeof(pool_checkpoint_chunk);
-  if (p->stats.blocks > (SIZE_MAX - head) / sizeof(pool_checkpoint_entry)) return CGT_ERR_OUT_OF_MEMORY;
-  bytes = head + p->stats.blocks * sizeof(pool_checkpoint_entry);
-  c = pool_host_malloc(p, bytes);
+  head = pool_checkpoint_bytes(n_chunks, 0);
+  if (n_entries > (SIZE_MAX - head) / sizeof(pool_checkpoint_entry)) return CGT_ERR_OUT_OF_MEMORY;
+  c = pool_host_malloc(p, pool_checkpoint_bytes(n_chunks, n_entries));
   if (!c) return CGT_ERR_OUT_OF_MEMORY;
   c->owner = p;
+  c->id = ++p->last_id;
+  c->refs = 1;
+  c->base = base;
+  c->depth = base ? base->depth + 1 : 0;
   c->allocated_bytes = p->stats.allocated_bytes;
-  c->n_chunks = p->n_chunks;
-  c->n_entries = p->stats.blocks;
+  c->n_chunks = n_chunks;
+  c->n_entries = n_entries;
   c->chunks = (pool_checkpoint_chunk *)(void *)(c + 1);
   c->entries = (pool_checkpoint_entry *)(void *)((char *)c + head);
   for (i = 0; i < p->n_chunks; i++) {
-    const pool_chunk *ch = p->chunks[i];
+    pool_chunk *ch = p->chunks[i];
+    pool_checkpoint_chunk *cc;
     const pool_block *b;
-    c->chunks[i].base = ch->base;
-    c->chunks[i].size = ch->size;
-    c->chunks[i].first = e;
-    for (b = ch->first; b; b = b->next) {
+    size_t lo = base ? ch->dirty_lo : 0, hi = base ? ch->dirty_hi : ch->size;
+    ch->dirty_lo = ch->dirty_hi = 0;
+    if (lo == hi) continue;
+    cc = &c->chunks[k++];
+    cc->base = ch->base;
+    cc->size = ch->size;
+    cc->lo = lo;
+    cc->hi = hi;
+    cc->first = e;
+    for (b = pool_block_at(ch, lo); b && (size_t)(b->base - ch->base) < hi; b = b->next) {
       cgt_assert(e < c->n_entries);
       c->entries[e].offset = (size_t)(b->base - ch->base);
       c->entries[e].size = b->size;
       c->entries[e].allocated = b->allocated;
       e++;
     }
-    c->chunks[i].count = e - c->chunks[i].first;
+    cc->count = e - cc->first;
   }
-  cgt_assert(e == c->n_entries);
+  cgt_assert(k == c->n_chunks && e == c->n_entries);
+  if (base) base->refs++;
+  p->mark = c->id;
   *out = c;
   return CGT_OK;
 }
 
-void pool_checkpoint_free(pool_checkpoint *c) { free(c); }
+cgt_status pool_checkpoint_take(pool *p, pool_checkpoint **out) { return pool_checkpoint_take_delta(p, NULL, out); }
+
+cgt_status pool_checkpoint_take_delta(pool *p, pool_checkpoint *base, pool_checkpoint **out) {
+  if (!out) return CGT_ERR_INVALID_ARGUMENT;
+  *out = NULL;
+  if (!p || (base && base->owner != p)) return CGT_ERR_INVALID_ARGUMENT;
+  /* The dirty ranges say what changed since the mark, so only a delta on
+   * the mark can be taken; on any other base the checkpoint is full. */
+  if (base && base->id != p->mark) base = NULL;
+  return pool_checkpoint_make(p, base, out);
+}
+
+void pool_checkpoint_free(pool_checkpoint *c) {
+  /* A loop, not recursion: chains can be long. */
+  while (c && --c->refs == 0) {
+    pool_checkpoint *base = c->base;
+    free(c);
+    c = base;
+  }
+}
 
 size_t pool_checkpoint_allocated_bytes(const pool_checkpoint *c) { return c ? c->allocated_bytes : 0; }
+
+size_t pool_checkpoint_host_bytes(const pool_checkpoint *c) {
+  return c ? pool_checkpoint_bytes(c->n_chunks, c->n_entries) : 0;
+}
+
+/* Index of the first of n entries (sorted by offset) at or above offset. */
+static size_t pool_entries_lower(const pool_checkpoint_entry *en, size_t n, size_t offset) {
+  size_t lo = 0, hi = n;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (en[mid].offset < offset)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+/* Index of the chunk at base among n sorted ones, or where it would go. */
+static size_t pool_checkpoint_chunk_lower(const pool_checkpoint_chunk *cc, size_t n, const char *base) {
+  size_t lo = 0, hi = n;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (pool_ptr_less(cc[mid].base, base))
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+/* The full checkpoint that c stands for, in one host allocation the caller
+ * frees with free(): the root's layout with every delta of the chain applied
+ * in order, each replacing the entries of its ranges. p, if not NULL, is
+ * charged for the allocation (and may fail it); NULL when out of memory.
+ * Every chunk gets room for all the entries the chain ever gives it, so the
+ * splices never move another chunk's entries. */
+static pool_checkpoint *pool_checkpoint_flatten(pool *p, const pool_checkpoint *c) {
+  const pool_checkpoint *l, **chain;
+  pool_checkpoint *f;
+  size_t n_links = c->depth + 1, cap_chunks = 0, cap_entries = 0, m = 0, i, j, k, e, bytes;
+  for (l = c; l; l = l->base) {
+    cap_chunks += l->n_chunks;
+    cap_entries += l->n_entries;
+  }
+  bytes = pool_checkpoint_bytes(cap_chunks, cap_entries) + n_links * sizeof *chain;
+  f = p ? pool_host_malloc(p, bytes) : malloc(bytes);
+  if (!f) return NULL;
+  f->chunks = (pool_checkpoint_chunk *)(void *)(f + 1);
+  f->entries = (pool_checkpoint_entry *)(void *)(f->chunks + cap_chunks);
+  chain = (const pool_checkpoint **)(void *)(f->entries + cap_entries);
+  i = n_links;
+  for (l = c; l; l = l->base) chain[--i] = l;
+
+  /* The chunks of every link, each counting its room in `count` for now. */
+  for (i = 0; i < n_links; i++) {
+    for (k = 0; k < chain[i]->n_chunks; k++) {
+      const pool_checkpoint_chunk *r = &chain[i]->chunks[k];
+      j = pool_checkpoint_chunk_lower(f->chunks, m, r->base);
+      if (j == m || f->chunks[j].base != r->base) {
+        memmove(&f->chunks[j + 1], &f->chunks[j], (m - j) * sizeof *f->chunks);
+        f->chunks[j] = (pool_checkpoint_chunk){r->base, r->size, 0, r->size, 0, 0};
+        m++;
+      }
+      f->chunks[j].count += r->count;
+    }
+  }
+  for (j = 0, e = 0; j < m; j++) {
+    f->chunks[j].first = e;
+    e += f->chunks[j].count;
+    f->chunks[j].count = 0;
+  }
+
+  /* Apply the links from the root on. */
+  for (i = 0; i < n_links; i++) {
+    for (k = 0; k < chain[i]->n_chunks; k++) {
+      const pool_checkpoint_chunk *r = &chain[i]->chunks[k];
+      pool_checkpoint_chunk *fc = &f->chunks[pool_checkpoint_chunk_lower(f->chunks, m, r->base)];
+      pool_checkpoint_entry *en = f->entries + fc->first;
+      size_t a = pool_entries_lower(en, fc->count, r->lo), b = pool_entries_lower(en, fc->count, r->hi);
+      memmove(en + a + r->count, en + b, (fc->count - b) * sizeof *en);
+      memcpy(en + a, chain[i]->entries + r->first, r->count * sizeof *en);
+      fc->count = fc->count - (b - a) + r->count;
+    }
+  }
+  f->owner = c->owner;
+  f->id = c->id;
+  f->refs = 1;
+  f->base = NULL;
+  f->depth = 0;
+  f->allocated_bytes = c->allocated_bytes;
+  f->n_chunks = m;
+  f->n_entries = cap_entries;
+  return f;
+}
 
 void pool_checkpoint_foreach_allocated(const pool_checkpoint *c, void (*fn)(void *user, void *base, size_t bytes),
                                        void *user) {
   size_t i, k;
+  pool_checkpoint *flat = NULL;
   if (!c || !fn) return;
+  if (c->base) {
+    flat = pool_checkpoint_flatten(NULL, c);
+    if (!flat) return;
+    c = flat;
+  }
   for (i = 0; i < c->n_chunks; i++) {
     const pool_checkpoint_chunk *cc = &c->chunks[i];
     for (k = cc->first; k < cc->first + cc->count; k++) {
@@ -668,6 +885,7 @@ void pool_checkpoint_foreach_allocated(const pool_checkpoint *c, void (*fn)(void
       if (en->allocated) fn(user, cc->base + en->offset, en->size);
     }
   }
+  free(flat);
 }
 
 /* 1 if c was taken from p: every chunk of c is still one of p's, at the same
@@ -697,10 +915,26 @@ static void pool_restore_unstage(pool *p) {
   }
 }
 
-cgt_status pool_restore(pool *p, const pool_checkpoint *c, int (*keep)(void *user, void *base), void *user) {
+/* Widens [*lo, *hi) to the ends of the blocks of the list at first (in a
+ * chunk based at base) that hold its ends. */
+static void pool_range_snap(const pool_block *first, const char *base, size_t *lo, size_t *hi) {
+  const pool_block *b;
+  size_t new_lo = *lo, new_hi = *hi;
+  if (*lo == *hi) return;
+  for (b = first; b; b = b->next) {
+    size_t off = (size_t)(b->base - base), end = off + b->size;
+    if (off <= *lo && *lo < end) new_lo = off;
+    if (off < *hi && *hi <= end) new_hi = end;
+  }
+  *lo = new_lo;
+  *hi = new_hi;
+}
+
+/* pool_restore for a full checkpoint. */
+static cgt_status pool_restore_full(pool *p, const pool_checkpoint *c, int (*keep)(void *user, void *base),
+                                    void *user) {
   pool_block *table = NULL, *root = NULL, *b;
   size_t allocated = 0, blocks = 0, i, j = 0, k;
-  if (!p || !c) return CGT_ERR_INVALID_ARGUMENT;
   if (!pool_checkpoint_fits(p, c)) return CGT_ERR_INVALID_ARGUMENT;
 
   /* Stage the new layout on chunk->staged, with its own table and free tree,
@@ -709,11 +943,13 @@ cgt_status pool_restore(pool *p, const pool_checkpoint *c, int (*keep)(void *use
     pool_chunk *ch = p->chunks[i];
     pool_block *last = NULL;
     cgt_assert_internal(ch->staged == NULL);
+    ch->staged_lo = ch->staged_hi = 0;
     if (j < c->n_chunks && c->chunks[j].base == ch->base) {
       const pool_checkpoint_chunk *cc = &c->chunks[j++];
       for (k = cc->first; k < cc->first + cc->count; k++) {
         const pool_checkpoint_entry *en = &c->entries[k];
         int alloc = en->allocated && (!keep || keep(user, ch->base + en->offset));
+        if (en->allocated && !alloc) pool_range_widen(&ch->staged_lo, &ch->staged_hi, en->offset, en->size);
         if (!alloc && last && !last->allocated) {
           /* A dropped block next to a free one: they merge, as pool_free would. */
           last->size += en->size;
@@ -737,14 +973,17 @@ cgt_status pool_restore(pool *p, const pool_checkpoint *c, int (*keep)(void *use
           allocated += b->size;
         }
       }
+      /* What differs from c: the free blocks the dropped ones became. */
+      pool_range_snap(ch->staged, ch->base, &ch->staged_lo, &ch->staged_hi);
     } else {
-      /* Made after the checkpoint: wholly free. */
+      /* Made after the checkpoint: wholly free, and wholly new to c. */
       b = pool_block_take(p);
       if (!b) goto oom;
       b->base = ch->base;
       b->size = ch->size;
       b->chunk = ch;
       ch->staged = b;
+      ch->staged_hi = ch->size;
       blocks++;
     }
     /* Sizes are final only once the chunk is done, so the free tree is
@@ -764,6 +1003,8 @@ cgt_status pool_restore(pool *p, const pool_checkpoint *c, int (*keep)(void *use
     }
     ch->first = ch->staged;
     ch->staged = NULL;
+    ch->dirty_lo = ch->staged_lo;
+    ch->dirty_hi = ch->staged_hi;
   }
   HASH_CLEAR(hh, p->table);
   p->table = table;
@@ -771,6 +1012,7 @@ cgt_status pool_restore(pool *p, const pool_checkpoint *c, int (*keep)(void *use
   p->stats.allocated_bytes = allocated;
   p->stats.blocks = blocks;
   if (allocated > p->stats.peak_bytes) p->stats.peak_bytes = allocated;
+  p->mark = c->id;
   pool_assert_expensive(p);
   return CGT_OK;
 
@@ -781,9 +1023,23 @@ oom:
   return CGT_ERR_OUT_OF_MEMORY;
 }
 
-int pool_matches(const pool *p, const pool_checkpoint *c) {
+cgt_status pool_restore(pool *p, const pool_checkpoint *c, int (*keep)(void *user, void *base), void *user) {
+  pool_checkpoint *flat = NULL;
+  cgt_status st;
+  if (!p || !c || c->owner != p) return CGT_ERR_INVALID_ARGUMENT;
+  if (c->base) {
+    flat = pool_checkpoint_flatten(p, c);
+    if (!flat) return CGT_ERR_OUT_OF_MEMORY;
+  }
+  st = pool_restore_full(p, flat ? flat : c, keep, user);
+  free(flat);
+  return st;
+}
+
+/* pool_matches for a full checkpoint. */
+static int pool_matches_full(const pool *p, const pool_checkpoint *c) {
   size_t i, j = 0, k;
-  if (!p || !c || !pool_checkpoint_fits(p, c)) return 0;
+  if (!pool_checkpoint_fits(p, c)) return 0;
   for (i = 0; i < p->n_chunks; i++) {
     const pool_chunk *ch = p->chunks[i];
     const pool_block *b = ch->first;
@@ -802,6 +1058,17 @@ int pool_matches(const pool *p, const pool_checkpoint *c) {
   return 1;
 }
 
+int pool_matches(const pool *p, const pool_checkpoint *c) {
+  pool_checkpoint *flat;
+  int match;
+  if (!p || !c || c->owner != p) return 0;
+  if (!c->base) return pool_matches_full(p, c);
+  flat = pool_checkpoint_flatten(NULL, c);
+  match = flat && pool_matches_full(p, flat);
+  free(flat);
+  return match;
+}
+
 void pool_clear(pool *p) {
   size_t i;
   if (!p) return;
@@ -818,10 +1085,13 @@ void pool_clear(pool *p) {
     first->next = NULL;
     first->size = ch->size;
     first->allocated = 0;
+    ch->dirty_lo = 0;
+    ch->dirty_hi = ch->size;
     p->free_root = pool_tree_insert(p->free_root, first);
   }
   p->stats.allocated_bytes = 0;
   p->stats.blocks = p->n_chunks;
+  p->mark = 0; /* no checkpoint has this layout */
   pool_assert_expensive(p);
 }
 
@@ -873,6 +1143,7 @@ static int pool_check_impl(const pool *p, char *why, size_t why_bytes) {
     const pool_chunk *ch = p->chunks[i];
     const pool_block *b, *prev = NULL;
     char *end;
+    int dirty_ends;
     if (!ch) return pool_fail(why, why_bytes, "chunk %zu is NULL", i);
     if ((uintptr_t)ch->base % POOL_ALIGN || ch->size == 0 || ch->size % POOL_ALIGN)
       return pool_fail(why, why_bytes, "chunk %zu (%p) misaligned or empty", i, (void *)ch->base);
@@ -882,9 +1153,17 @@ static int pool_check_impl(const pool *p, char *why, size_t why_bytes) {
       return pool_fail(why, why_bytes, "chunks %zu and %zu overlap", i - 1, i);
     if (ch->staged) return pool_fail(why, why_bytes, "chunk %zu has a staged layout outside a restore", i);
     if (!ch->first) return pool_fail(why, why_bytes, "chunk %zu has no blocks", i);
+    if (ch->dirty_lo > ch->dirty_hi || ch->dirty_hi > ch->size || ch->dirty_lo % POOL_ALIGN || ch->dirty_hi % POOL_ALIGN)
+      return pool_fail(why, why_bytes, "chunk %zu has a bad dirty range", i);
     reserved += ch->size;
     end = ch->base;
+    dirty_ends = ch->dirty_lo == ch->dirty_hi ? 2 : 0;
     for (b = ch->first; b; prev = b, b = b->next) {
+      /* A delta replaces whole blocks: the dirty range ends on boundaries. */
+      if (ch->dirty_lo != ch->dirty_hi) {
+        dirty_ends += (size_t)(b->base - ch->base) == ch->dirty_lo;
+        dirty_ends += (size_t)(b->base - ch->base) + b->size == ch->dirty_hi;
+      }
       if (b->chunk != ch) return pool_fail(why, why_bytes, "block %p names the wrong chunk", (void *)b->base);
       if (b->prev != prev) return pool_fail(why, why_bytes, "block %p has a bad prev link", (void *)b->base);
       if (b->base != end)
@@ -908,6 +1187,7 @@ static int pool_check_impl(const pool *p, char *why, size_t why_bytes) {
       }
     }
     if (end != ch->base + ch->size) return pool_fail(why, why_bytes, "chunk %zu not tiled to its end", i);
+    if (dirty_ends != 2) return pool_fail(why, why_bytes, "chunk %zu: dirty range not on block boundaries", i);
   }
   if (HASH_COUNT(p->table) != n_alloc)
     return pool_fail(why, why_bytes, "table holds %u blocks, layout has %zu allocated", HASH_COUNT(p->table),
@@ -929,3 +1209,63 @@ static int pool_check_impl(const pool *p, char *why, size_t why_bytes) {
 }
 
 int pool_check(const pool *p, char *why, size_t why_bytes) { return pool_check_impl(p, why, why_bytes); }
+
+/* Checks that entries [first, first + count) of c tile [lo, hi) with no two
+ * free ones touching; adds their allocated bytes to *allocated. */
+static int pool_check_run(const pool_checkpoint *c, const pool_checkpoint_chunk *cc, size_t *allocated, char *why,
+                          size_t why_bytes) {
+  size_t k, end = cc->lo;
+  if (cc->first > c->n_entries || cc->count > c->n_entries - cc->first)
+    return pool_fail(why, why_bytes, "checkpoint %llu: chunk %p entries out of bounds", (unsigned long long)c->id,
+                     (void *)cc->base);
+  for (k = cc->first; k < cc->first + cc->count; k++) {
+    const pool_checkpoint_entry *en = &c->entries[k];
+    if (en->offset != end || en->size == 0 || en->size % POOL_ALIGN || en->size > cc->hi - end)
+      return pool_fail(why, why_bytes, "checkpoint %llu: chunk %p not tiled at offset %zu",
+                       (unsigned long long)c->id, (void *)cc->base, end);
+    if (k > cc->first && !en->allocated && !c->entries[k - 1].allocated)
+      return pool_fail(why, why_bytes, "checkpoint %llu: adjacent free entries at offset %zu",
+                       (unsigned long long)c->id, en->offset);
+    if (en->allocated) *allocated += en->size;
+    end += en->size;
+  }
+  if (end != cc->hi)
+    return pool_fail(why, why_bytes, "checkpoint %llu: chunk %p tiled to %zu, not %zu", (unsigned long long)c->id,
+                     (void *)cc->base, end, cc->hi);
+  return 1;
+}
+
+int pool_checkpoint_check(const pool_checkpoint *c, char *why, size_t why_bytes) {
+  const pool_checkpoint *l;
+  pool_checkpoint *flat;
+  size_t j, allocated = 0;
+  int ok = 1;
+  if (why && why_bytes) why[0] = '\0';
+  if (!c) return pool_fail(why, why_bytes, "checkpoint is NULL");
+  for (l = c; l; l = l->base) {
+    if (l->owner != c->owner) return pool_fail(why, why_bytes, "chain mixes pools");
+    if (l->refs == 0) return pool_fail(why, why_bytes, "checkpoint %llu has no reference", (unsigned long long)l->id);
+    if (l->base ? (l->depth != l->base->depth + 1 || l->id <= l->base->id) : l->depth != 0)
+      return pool_fail(why, why_bytes, "checkpoint %llu: bad depth or id against its base", (unsigned long long)l->id);
+    for (j = 0; j < l->n_chunks; j++) {
+      const pool_checkpoint_chunk *cc = &l->chunks[j];
+      size_t ignored = 0;
+      if (j > 0 && !pool_ptr_less(l->chunks[j - 1].base, cc->base))
+        return pool_fail(why, why_bytes, "checkpoint %llu: chunks out of order", (unsigned long long)l->id);
+      if (cc->size == 0 || cc->size % POOL_ALIGN || cc->lo % POOL_ALIGN || cc->hi % POOL_ALIGN || cc->lo >= cc->hi ||
+          cc->hi > cc->size || (!l->base && (cc->lo != 0 || cc->hi != cc->size)))
+        return pool_fail(why, why_bytes, "checkpoint %llu: chunk %p has a bad range", (unsigned long long)l->id,
+                         (void *)cc->base);
+      if (!pool_check_run(l, cc, &ignored, why, why_bytes)) return 0;
+    }
+  }
+  /* The layout the chain stands for. */
+  flat = pool_checkpoint_flatten(NULL, c);
+  if (!flat) return pool_fail(why, why_bytes, "no host memory to expand checkpoint %llu", (unsigned long long)c->id);
+  for (j = 0; ok && j < flat->n_chunks; j++) ok = pool_check_run(flat, &flat->chunks[j], &allocated, why, why_bytes);
+  if (ok && allocated != c->allocated_bytes)
+    ok = pool_fail(why, why_bytes, "checkpoint %llu: allocated_bytes %zu, blocks sum to %zu",
+                   (unsigned long long)c->id, c->allocated_bytes, allocated);
+  free(flat);
+  return ok;
+}

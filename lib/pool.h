@@ -67,21 +67,41 @@ void pool_reset_peak(pool *p); /* peak := allocated */
 /* Snapshot of the layout: for every chunk, its ordered blocks (offset, size,
  * allocated). No device memory is copied. */
 cgt_status pool_checkpoint_take(pool *p, pool_checkpoint **out);
+/* The same snapshot, stored as the difference from base (a checkpoint of p,
+ * or NULL): only the block runs that changed since base, with a reference
+ * that keeps base alive. That needs p to have base's layout plus the allocs
+ * and frees made since: base must be the checkpoint p last took or restored
+ * (no pool_clear since); otherwise the checkpoint is full, which is always
+ * correct. A base of another pool is CGT_ERR_INVALID_ARGUMENT. */
+cgt_status pool_checkpoint_take_delta(pool *p, pool_checkpoint *base, pool_checkpoint **out);
+/* Drops the holder's reference; memory goes once no delta is based on c
+ * either. Any order of frees is fine. NULL is a no-op. */
 void pool_checkpoint_free(pool_checkpoint *c);
 size_t pool_checkpoint_allocated_bytes(const pool_checkpoint *c);
-/* Calls fn for the base and size of every allocated block of c, in address order. */
+/* Host bytes c holds itself (not counting its base): the memory cost of c. */
+size_t pool_checkpoint_host_bytes(const pool_checkpoint *c);
+/* Calls fn for the base and size of every allocated block of c, in address
+ * order. A delta is expanded first in a temporary host allocation; if that
+ * fails, fn is not called. */
 void pool_checkpoint_foreach_allocated(const pool_checkpoint *c, void (*fn)(void *user, void *base, size_t bytes),
                                        void *user);
+/* Checks a checkpoint and its chain of bases: ownership, ids, depths and
+ * references along the chain, every run of entries tiling its range, and
+ * the expanded layout tiling every chunk with the recorded allocated bytes.
+ * 1 if all hold, else 0 with a description in why. */
+int pool_checkpoint_check(const pool_checkpoint *c, char *why, size_t why_bytes);
 
 /* Rebuilds the layout of c; chunks made after c are wholly free. Then frees
  * every block of c for which keep(user, base) returns 0 (keep NULL: keep all).
- * CGT_ERR_OUT_OF_MEMORY (host) leaves the pool unchanged. c must come from p. */
+ * CGT_ERR_OUT_OF_MEMORY (host) leaves the pool unchanged. c must come from p.
+ * A delta is expanded first: O(its chain's entries). */
 /* (Implementation note: keep is called once per allocated block of c, in
  * address order, before the pool changes, and also when the restore then
  * fails; it must not call into p. A c not taken from p is
  * CGT_ERR_INVALID_ARGUMENT.) */
 cgt_status pool_restore(pool *p, const pool_checkpoint *c, int (*keep)(void *user, void *base), void *user);
-/* 1 if the current layout is exactly c's (chunks made after c wholly free). */
+/* 1 if the current layout is exactly c's (chunks made after c wholly free).
+ * 0 also when expanding a delta c found no host memory. */
 int pool_matches(const pool *p, const pool_checkpoint *c);
 
 /* Frees every block (the layout of an empty pool; chunks stay). */

@@ -915,6 +915,157 @@ static void test_host_allocation_failure_leaves_the_pool_unchanged(void **state)
   pool_checkpoint_free(cp);
 }
 
+/* ------------------------------------------------ delta checkpoints */
+
+#define CHECK_CKPT(c)                                                     \
+  do {                                                                    \
+    char check_why_[256];                                                 \
+    if (!pool_checkpoint_check((c), check_why_, sizeof check_why_))       \
+      fail_msg("pool_checkpoint_check: %s", check_why_);                  \
+  } while (0)
+
+enum { CHAIN = 1000 };
+
+/* The shape of a recorded path with every value live: one more block per
+ * checkpoint, each checkpoint a delta on the one before. */
+static void test_a_chain_of_deltas_holds_memory_linear_in_its_length(void **state) {
+  fixture *f = *state;
+  pool *p = make_pool(f, (size_t)1 << 20);
+  static pool_checkpoint *chain[CHAIN];
+  pool_checkpoint *full = NULL;
+  void *blocks[CHAIN];
+  size_t i, delta_bytes = 0;
+  for (i = 0; i < CHAIN; i++) {
+    blocks[i] = alloc_ok(p, 256);
+    assert_int_equal(pool_checkpoint_take_delta(p, i ? chain[i - 1] : NULL, &chain[i]), CGT_OK);
+    assert_int_equal(pool_checkpoint_allocated_bytes(chain[i]), (i + 1) * 256);
+    if (i == 1) delta_bytes = pool_checkpoint_host_bytes(chain[i]);
+    /* Every delta is as small as the first: one block and the free rest. */
+    if (i >= 1) assert_int_equal(pool_checkpoint_host_bytes(chain[i]), delta_bytes);
+  }
+  assert_int_equal(pool_checkpoint_take(p, &full), CGT_OK);
+  assert_true(pool_checkpoint_host_bytes(full) > 100 * delta_bytes);
+  CHECK_CKPT(chain[CHAIN - 1]);
+  assert_true(pool_matches(p, chain[CHAIN - 1]));
+  /* Back to the middle of the chain: the second half is free again. */
+  assert_int_equal(pool_restore(p, chain[CHAIN / 2 - 1], NULL, NULL), CGT_OK);
+  assert_int_equal(stats_of(p).allocated_bytes, CHAIN / 2 * 256);
+  assert_int_equal(pool_block_bytes(p, blocks[CHAIN / 2 - 1]), 256);
+  assert_int_equal(pool_block_bytes(p, blocks[CHAIN / 2]), 0);
+  assert_false(pool_matches(p, chain[CHAIN - 1]));
+  CHECK(p);
+  /* And to the end again, which a full checkpoint of the same layout agrees with. */
+  assert_int_equal(pool_restore(p, chain[CHAIN - 1], NULL, NULL), CGT_OK);
+  assert_true(pool_matches(p, full));
+  CHECK(p);
+  for (i = 0; i < CHAIN; i++) pool_checkpoint_free(chain[i]);
+  pool_checkpoint_free(full);
+}
+
+static void test_a_delta_keeps_its_freed_base_alive(void **state) {
+  fixture *f = *state;
+  pool *p = make_pool(f, 4096);
+  pool_checkpoint *a = NULL, *b = NULL, *c = NULL;
+  void *x = alloc_ok(p, 100), *y;
+  assert_int_equal(pool_checkpoint_take(p, &a), CGT_OK);
+  y = alloc_ok(p, 300);
+  assert_int_equal(pool_checkpoint_take_delta(p, a, &b), CGT_OK);
+  assert_int_equal(pool_free(p, x), CGT_OK);
+  assert_int_equal(pool_checkpoint_take_delta(p, b, &c), CGT_OK);
+  /* Freed before the deltas that are based on them (ASan would see a use
+   * after free below if the memory went with the holder's reference). */
+  pool_checkpoint_free(a);
+  pool_checkpoint_free(b);
+  CHECK_CKPT(c);
+  pool_clear(p);
+  assert_int_equal(pool_restore(p, c, NULL, NULL), CGT_OK);
+  assert_int_equal(pool_block_bytes(p, x), 0);
+  assert_int_equal(pool_block_bytes(p, y), 512);
+  assert_int_equal(stats_of(p).allocated_bytes, 512);
+  CHECK(p);
+  pool_checkpoint_free(c);
+}
+
+/* The pool knows what changed only since the checkpoint it last took or
+ * restored, so a delta on any other base is stored whole. */
+static void test_a_delta_on_a_base_other_than_the_last_checkpoint_is_full(void **state) {
+  fixture *f = *state;
+  pool *p = make_pool(f, (size_t)1 << 20);
+  pool_checkpoint *a = NULL, *b = NULL, *full = NULL, *c = NULL, *d = NULL;
+  size_t i;
+  for (i = 0; i < 50; i++) alloc_ok(p, 256);
+  assert_int_equal(pool_checkpoint_take(p, &a), CGT_OK);
+  alloc_ok(p, 256);
+  assert_int_equal(pool_checkpoint_take(p, &b), CGT_OK);
+  alloc_ok(p, 256);
+  assert_int_equal(pool_checkpoint_take(p, &full), CGT_OK);
+  assert_int_equal(pool_checkpoint_take_delta(p, a, &c), CGT_OK); /* a is not the last */
+  assert_int_equal(pool_checkpoint_host_bytes(c), pool_checkpoint_host_bytes(full));
+  assert_int_equal(pool_checkpoint_take_delta(p, c, &d), CGT_OK); /* c is */
+  assert_true(pool_checkpoint_host_bytes(d) < pool_checkpoint_host_bytes(full) / 10);
+  /* After pool_clear no checkpoint has the layout: full again. */
+  pool_checkpoint_free(d);
+  pool_clear(p);
+  assert_int_equal(pool_checkpoint_take_delta(p, c, &d), CGT_OK);
+  pool_checkpoint_free(full);
+  assert_int_equal(pool_checkpoint_take(p, &full), CGT_OK); /* the same layout, whole */
+  assert_int_equal(pool_checkpoint_host_bytes(d), pool_checkpoint_host_bytes(full));
+  CHECK_CKPT(c);
+  CHECK_CKPT(d);
+  pool_checkpoint_free(a);
+  pool_checkpoint_free(b);
+  pool_checkpoint_free(c);
+  pool_checkpoint_free(d);
+  pool_checkpoint_free(full);
+}
+
+static void test_a_delta_on_a_checkpoint_of_another_pool_is_refused(void **state) {
+  fixture *f = *state;
+  pool *p = make_pool(f, 4096), *q = NULL;
+  pool_source ps;
+  pool_checkpoint *cq = NULL, *out = (pool_checkpoint *)&ps;
+  ps.alloc = source_alloc;
+  ps.free = source_free;
+  ps.ctx = &f->src;
+  assert_int_equal(pool_create(&ps, 4096, &q), CGT_OK);
+  alloc_ok(q, 100);
+  assert_int_equal(pool_checkpoint_take(q, &cq), CGT_OK);
+  assert_int_equal(pool_checkpoint_take_delta(p, cq, &out), CGT_ERR_INVALID_ARGUMENT);
+  assert_null(out);
+  assert_int_equal(pool_checkpoint_take_delta(NULL, NULL, &out), CGT_ERR_INVALID_ARGUMENT);
+  assert_int_equal(pool_checkpoint_take_delta(p, NULL, NULL), CGT_ERR_INVALID_ARGUMENT);
+  pool_checkpoint_free(cq);
+  pool_destroy(q);
+}
+
+/* A restore to a delta expands it first: that host allocation may fail too,
+ * and then nothing changes. */
+static void test_host_allocation_failure_restoring_a_delta_leaves_the_pool_unchanged(void **state) {
+  fixture *f = *state;
+  pool *p = make_pool(f, 4096);
+  pool_checkpoint *a = NULL, *b = NULL, *now = NULL;
+  pool_stats before;
+  alloc_ok(p, 100);
+  assert_int_equal(pool_checkpoint_take(p, &a), CGT_OK);
+  alloc_ok(p, 100);
+  assert_int_equal(pool_checkpoint_take_delta(p, a, &b), CGT_OK);
+  pool_clear(p);
+  alloc_ok(p, 1000);
+  assert_int_equal(pool_checkpoint_take(p, &now), CGT_OK);
+  before = stats_of(p);
+  pool__fail_host_alloc_after(p, 0);
+  assert_int_equal(pool_restore(p, b, NULL, NULL), CGT_ERR_OUT_OF_MEMORY);
+  pool__fail_host_alloc_after(p, -1);
+  ASSERT_SAME_LAYOUT_STATS(before, stats_of(p));
+  assert_true(pool_matches(p, now));
+  CHECK(p);
+  assert_int_equal(pool_restore(p, b, NULL, NULL), CGT_OK);
+  assert_int_equal(stats_of(p).allocated_bytes, 512);
+  pool_checkpoint_free(a);
+  pool_checkpoint_free(b);
+  pool_checkpoint_free(now);
+}
+
 /* ----------------------------------------------------- property test */
 
 typedef struct model_block {
@@ -945,7 +1096,8 @@ typedef struct prop {
   uint64_t keep_salt;
   unsigned keep_percent;
   size_t peak; /* the model's highest allocated bytes since the last reset */
-  long restores, injected_failures, grown, max_blocks;
+  int last;    /* the slot whose checkpoint the pool last took or restored; -1: none */
+  long restores, injected_failures, grown, max_blocks, deltas;
 } prop;
 
 #define PROP_ASSERT(pr, cond)                                                                      \
@@ -1016,21 +1168,31 @@ static int prop_keep(void *user, void *base) { return prop_keeps(user, base); }
 
 static void model_collect(void *user, void *base, size_t bytes) { model_push(user, base, bytes); }
 
-/* The pool's allocated blocks are exactly the model's. */
+/* The pool's allocated blocks are exactly the model's: each model block is
+ * one, and they add up to all the pool has. (No checkpoint is taken here:
+ * that would move the pool's mark, which delta checkpoints depend on.) */
 static void prop_assert_same_blocks(prop *pr) {
-  pool_checkpoint *c = NULL;
-  model got = {0}, want = {0};
   size_t i;
-  assert_int_equal(pool_checkpoint_take(pr->p, &c), CGT_OK);
+  for (i = 0; i < pr->live.n; i++) PROP_ASSERT(pr, pool_block_bytes(pr->p, pr->live.b[i].base) == pr->live.b[i].bytes);
+  PROP_ASSERT(pr, stats_of(pr->p).allocated_bytes == model_bytes(&pr->live));
+}
+
+/* c lists exactly the blocks of m, and its chain passes pool_checkpoint_check. */
+static void prop_assert_checkpoint_is(prop *pr, const pool_checkpoint *c, const model *m) {
+  model got = {0}, want = {0};
+  char why[256];
+  size_t i;
+  if (!pool_checkpoint_check(c, why, sizeof why))
+    fail_msg("seed %llu op %ld: pool_checkpoint_check: %s", (unsigned long long)pr->seed, pr->op, why);
   pool_checkpoint_foreach_allocated(c, model_collect, &got);
-  pool_checkpoint_free(c);
-  model_copy(&want, &pr->live);
+  model_copy(&want, m);
   model_sort(&want);
   PROP_ASSERT(pr, got.n == want.n);
   for (i = 0; i < got.n; i++) {
     PROP_ASSERT(pr, got.b[i].base == want.b[i].base);
     PROP_ASSERT(pr, got.b[i].bytes == want.b[i].bytes);
   }
+  PROP_ASSERT(pr, pool_checkpoint_allocated_bytes(c) == model_bytes(m));
   free(got.b);
   free(want.b);
 }
@@ -1185,15 +1347,35 @@ static void prop_reserve(prop *pr) {
   model_push(&pr->live, ptr, (bytes + 255) / 256 * 256);
 }
 
+/* A full checkpoint, or a delta on the last one (the one case where a delta
+ * is stored as one), or a delta on any saved one (which must quietly be
+ * full). The slot's old checkpoint is freed first, though deltas may still
+ * be based on it. */
 static void prop_checkpoint(prop *pr) {
-  size_t slot = prop_below(pr, PROP_SAVED);
+  size_t slot = prop_below(pr, PROP_SAVED), kind = prop_below(pr, 4);
   saved_checkpoint *s = &pr->saved[slot];
+  pool_checkpoint *base = NULL, *cp = NULL;
+  pool_stats before = stats_of(pr->p);
+  cgt_status st;
+  if (kind >= 1 && pr->last >= 0) base = pr->saved[pr->last].cp;
+  if (kind == 3) base = pr->saved[prop_below(pr, PROP_SAVED)].cp;
+  if (prop_below(pr, 10) == 0) {
+    /* Out of host memory: nothing changes, the mark included. */
+    pool__fail_host_alloc_after(pr->p, 0);
+    st = pool_checkpoint_take_delta(pr->p, base, &cp);
+    pool__fail_host_alloc_after(pr->p, -1);
+    PROP_ASSERT(pr, st == CGT_ERR_OUT_OF_MEMORY && cp == NULL);
+    PROP_ASSERT(pr, stats_of(pr->p).blocks == before.blocks);
+    pr->injected_failures++;
+  }
+  if (base && base == (pr->last >= 0 ? pr->saved[pr->last].cp : NULL)) pr->deltas++;
+  PROP_ASSERT(pr, pool_checkpoint_take_delta(pr->p, base, &cp) == CGT_OK);
   pool_checkpoint_free(s->cp);
-  s->cp = NULL;
-  PROP_ASSERT(pr, pool_checkpoint_take(pr->p, &s->cp) == CGT_OK);
-  PROP_ASSERT(pr, pool_checkpoint_allocated_bytes(s->cp) == model_bytes(&pr->live));
-  PROP_ASSERT(pr, pool_matches(pr->p, s->cp));
+  s->cp = cp;
   model_copy(&s->m, &pr->live);
+  pr->last = (int)slot;
+  PROP_ASSERT(pr, pool_matches(pr->p, s->cp));
+  prop_assert_checkpoint_is(pr, s->cp, &s->m);
 }
 
 static void prop_restore(prop *pr) {
@@ -1204,7 +1386,11 @@ static void prop_restore(prop *pr) {
   cgt_status st;
   size_t i;
   if (!s->cp) return;
-  if (inject) PROP_ASSERT(pr, pool_checkpoint_take(pr->p, &before) == CGT_OK);
+  prop_assert_checkpoint_is(pr, s->cp, &s->m);
+  if (inject) {
+    PROP_ASSERT(pr, pool_checkpoint_take(pr->p, &before) == CGT_OK);
+    pr->last = -1; /* the pool is marked with `before` now */
+  }
   pr->keep_salt = prop_next(pr);
   pr->keep_percent = percents[prop_below(pr, 5)];
   if (inject) pool__fail_host_alloc_after(pr->p, (long long)prop_below(pr, 8));
@@ -1220,6 +1406,7 @@ static void prop_restore(prop *pr) {
   pool_checkpoint_free(before);
   PROP_ASSERT(pr, st == CGT_OK);
   pr->restores++;
+  pr->last = (int)(s - pr->saved);
   pr->live.n = 0;
   for (i = 0; i < s->m.n; i++)
     if (prop_keeps(pr, s->m.b[i].base)) model_push(&pr->live, s->m.b[i].base, s->m.b[i].bytes);
@@ -1236,6 +1423,7 @@ static void run_property(fixture *f, uint64_t seed, long ops) {
   pr.seed = pr.rng = seed;
   pr.f = f;
   pr.p = make_pool(f, PROP_CHUNK);
+  pr.last = -1;
   for (pr.op = 0; pr.op < ops; pr.op++) {
     size_t r = prop_below(&pr, 1000);
     size_t alloc_permille = pr.live.n < 16 ? 650 : pr.live.n > 48 ? 350 : 480;
@@ -1246,6 +1434,7 @@ static void run_property(fixture *f, uint64_t seed, long ops) {
     } else if (r < 33) {
       pool_clear(pr.p);
       pr.live.n = 0;
+      pr.last = -1;
       if (prop_below(&pr, 2)) {
         pool_reset_peak(pr.p);
         pr.peak = 0;
@@ -1259,10 +1448,11 @@ static void run_property(fixture *f, uint64_t seed, long ops) {
     }
     prop_after_op(&pr);
   }
-  print_message("seed %llu: %ld ops, %ld restores, %ld grew the pool, %ld injected failures, %zu chunks, "
-                "at most %ld blocks\n",
-                (unsigned long long)seed, ops, pr.restores, pr.grown, pr.injected_failures, stats_of(pr.p).chunks,
-                pr.max_blocks);
+  print_message("seed %llu: %ld ops, %ld restores, %ld deltas, %ld grew the pool, %ld injected failures, "
+                "%zu chunks, at most %ld blocks\n",
+                (unsigned long long)seed, ops, pr.restores, pr.deltas, pr.grown, pr.injected_failures,
+                stats_of(pr.p).chunks, pr.max_blocks);
+  PROP_ASSERT(&pr, pr.deltas > 0);
   for (i = 0; i < PROP_SAVED; i++) {
     pool_checkpoint_free(pr.saved[i].cp);
     free(pr.saved[i].m.b);
@@ -1318,6 +1508,12 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_source_failing_on_the_nth_call_leaves_the_pool_unchanged, setup, teardown),
       cmocka_unit_test_setup_teardown(test_invalid_arguments_change_nothing, setup, teardown),
       cmocka_unit_test_setup_teardown(test_host_allocation_failure_leaves_the_pool_unchanged, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_a_chain_of_deltas_holds_memory_linear_in_its_length, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_a_delta_keeps_its_freed_base_alive, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_a_delta_on_a_base_other_than_the_last_checkpoint_is_full, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_a_delta_on_a_checkpoint_of_another_pool_is_refused, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_host_allocation_failure_restoring_a_delta_leaves_the_pool_unchanged, setup,
+                                      teardown),
       cmocka_unit_test_setup_teardown(test_random_operations_agree_with_a_model_of_owned_bytes, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -28,6 +28,12 @@
  *
  * PyTorch's own memory statistics raise under a swapped allocator, so this
  * file keeps its own: bytes in use, peak and reserved outside the pool.
+ * "In use" counts what PyTorch asked for, rounded up to 512 bytes, which is
+ * how PyTorch's caching allocator counts torch.cuda.memory_allocated (a
+ * block's size is the request rounded to 512 bytes), so the figures compare
+ * with torch.cuda.max_memory_allocated of a process without cgtree.
+ * "Reserved" counts what cudaMalloc handed out (the cache's rounded sizes),
+ * like torch.cuda.memory_reserved.
  */
 #include "ext.h"
 
@@ -80,6 +86,9 @@ static size_t round_bytes(size_t n) {
   size_t q = n <= (1u << 20) ? 512 : (128u << 10);
   return (n + q - 1) / q * q;
 }
+
+/* A request as PyTorch's allocator counts it in memory_allocated. */
+static size_t in_use_bytes(size_t n) { return (n + 511) / 512 * 512; }
 
 static bucket *bucket_find(size_t bytes, void *stream, int create) {
   bucket_key k;
@@ -147,7 +156,7 @@ static void *eager_alloc(size_t size, int device, void *stream) {
     pthread_mutex_unlock(&alloc_mu);
   }
   pthread_mutex_lock(&alloc_mu);
-  fig.eager_in_use += bytes;
+  fig.eager_in_use += in_use_bytes(size);
   if (fig.eager_in_use > fig.eager_peak)
     fig.eager_peak = fig.eager_in_use;
   pthread_mutex_unlock(&alloc_mu);
@@ -159,7 +168,7 @@ static void eager_free(void *p, size_t size, int device, void *stream) {
   if (device < 0)
     stream = HOST_STREAM;
   pthread_mutex_lock(&alloc_mu);
-  fig.eager_in_use -= bytes;
+  fig.eager_in_use -= in_use_bytes(size);
   bucket *b = bucket_find(bytes, stream, 1);
   if (b && b->n == b->cap) {
     size_t cap = b->cap ? b->cap * 2 : 8;

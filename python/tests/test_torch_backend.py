@@ -238,6 +238,42 @@ def test_memory_figures_come_from_cgtree_because_pytorchs_raise():
     assert m["eager_peak"] > 0 and m["pool_peak"] > 0 and m["peak_bytes"] == m["eager_peak"] + m["pool_peak"]
 
 
+def test_the_cublas_workspace_is_allocated_only_once_a_graph_uses_matmuls():
+    # A fresh process: this module's other tests have compiled matmuls already.
+    code = textwrap.dedent("""
+        import cgtree.torch as ct
+        import torch
+        def pointwise(x):
+            y = x * x * x
+            if y.sum() > 0:
+                return y * 2
+            return y * 3
+        x = torch.rand(64, 64, device="cuda")
+        f = torch.compile(pointwise, backend="cgtree")
+        with torch.no_grad():
+            for _ in range(4):
+                f(x), f(-x)
+        torch.cuda.synchronize()
+        print("POINTWISE", ct._install.blas_ready(0), ct.memory_stats()["eager_in_use"])
+        m = torch.nn.Linear(64, 64).cuda().eval()
+        g = torch.compile(m, backend="cgtree")
+        with torch.no_grad():
+            for _ in range(4):
+                y = g(x)
+            ref = torch.nn.functional.linear(x, m.weight, m.bias)
+        torch.cuda.synchronize()
+        print("MATMUL", ct._install.blas_ready(0), float((y - ref).abs().max()))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=150,
+                         env=dict(os.environ))
+    lines = dict(l.split(" ", 1) for l in out.stdout.splitlines() if l.startswith(("POINTWISE", "MATMUL")))
+    assert "POINTWISE" in lines and "MATMUL" in lines, out.stderr[-2000:]
+    ready, in_use = lines["POINTWISE"].split()
+    assert ready == "False" and int(in_use) < 4 << 20  # no 32 MiB workspace held without matmuls
+    ready, diff = lines["MATMUL"].split()
+    assert ready == "True" and float(diff) < 1e-3
+
+
 def test_install_after_cuda_started_raises_a_clear_error():
     code = textwrap.dedent("""
         import os, torch

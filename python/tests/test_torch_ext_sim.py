@@ -194,6 +194,23 @@ def test_allocations_in_a_launch_come_from_the_pool_and_replays_allocate_nothing
     assert y.values() == [1.0] * 16
 
 
+def test_memory_outside_the_pool_is_counted_in_use_as_pytorch_counts_it_and_reserved_as_cached():
+    f0 = X.alloc_figures()
+    big = 3 * (1 << 20) + 100  # large: the cache rounds it to 128 KiB, "in use" to 512 bytes
+    p = _lib.cgt_torch_alloc(big, -1, None)
+    q = _lib.cgt_torch_alloc(100, -1, None)
+    f1 = X.alloc_figures()
+    assert f1["eager_in_use"] - f0["eager_in_use"] == (big + 511) // 512 * 512 + 512
+    assert f1["eager_peak"] >= f1["eager_in_use"]
+    _lib.cgt_torch_free(p, big, -1, None)
+    _lib.cgt_torch_free(q, 100, -1, None)
+    f2 = X.alloc_figures()
+    assert f2["eager_in_use"] == f0["eager_in_use"]
+    assert f2["eager_reserved"] >= f0["eager_reserved"]  # cached, not given back: reserved
+    X.reset_peak()
+    assert X.alloc_figures()["eager_peak"] == f2["eager_in_use"]
+
+
 def test_an_output_passed_to_the_next_segment_of_the_step_is_a_value(tree):
     g1, g2 = Graph(tree, 2.0, 0.0), Graph(tree, 1.0, 1.0)
     s1, s2 = segment(tree, g1, spans=(16,), name="one"), segment(tree, g2, spans=(16,), name="two")

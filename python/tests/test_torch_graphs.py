@@ -74,3 +74,31 @@ def test_describe_refuses_cpu_outputs_and_keeps_constants():
     assert B.describe([torch.zeros(2)]) is None
     assert B.describe(torch.zeros(2)) is None
     assert B.describe((3, None)) == (False, (None, None), (3, None))
+
+
+def test_matmul_family_ops_are_found_as_cublas_users_and_pointwise_ops_are_not():
+    def matmul(a, b):
+        return torch.relu(a @ b)
+
+    def linear(a, w, b):  # weights as placeholders: symbolic_trace refuses a foreign module's parameters
+        return torch.nn.functional.linear(a, w, b)
+
+    def bmm(a):
+        return torch.bmm(a, a).sum()
+
+    def einsum(a, b):
+        return torch.einsum("ij,jk->ik", a, b)
+
+    def solve(a, b):
+        return torch.linalg.solve(a, b)
+
+    def qr(a):
+        return torch.linalg.qr(a)[0] + torch.det(a)
+
+    def pointwise(x):
+        y = x * x * x
+        return (torch.relu(y).abs() ** y.abs()).sqrt().sum()
+
+    for f in (matmul, linear, bmm, einsum, solve, qr):
+        assert B.uses_cublas(trace(f)), f.__name__
+    assert not B.uses_cublas(trace(pointwise))

@@ -23,7 +23,7 @@ from .. import _torch_ext as _ext
 from . import _install
 
 from ._graphs import (_DL, ARG_FLOAT, ARG_INT, ARG_OTHER, ARG_TENSOR, ARG_TENSOR_STATIC, _aot_mutated, describe,
-                      draws_random_numbers, mutated_placeholders, span)
+                      draws_random_numbers, mutated_placeholders, span, uses_cublas)
 
 _counter = itertools.count(1)
 _segments = []  # every Segment made, for stats()
@@ -112,6 +112,8 @@ def backend(gm, example_inputs, **kwargs):
             spans.append(0)
 
     tree, stream = _install.tree_for(device.index)
+    if uses_cublas(gm):
+        _install.prewarm_blas(device.index)
     # compile_fx's callable takes the graph's arguments positionally. (It carries
     # a _boxed_call attribute copied from the boxed function it wraps: ignore it.)
     plain = compiled

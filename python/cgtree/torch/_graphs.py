@@ -107,6 +107,37 @@ def _aot_mutated(n_inputs):
         return set()
 
 
+# Names of ops that may call cuBLAS (matmul family, attention's math path,
+# einsum, linalg). Matched as substrings of the op name, so "addmm",
+# "baddbmm", "_scaled_dot_product_attention_math" and the like are caught.
+# Over-matching costs one cuBLAS workspace (33 MiB on an H100); missing
+# one would let cuBLAS allocate its workspace inside a launch (see
+# _install.prewarm_blas), so the list is wide.
+_BLAS = ("mm", "matmul", "linear", "bmm", "mv", "dot", "einsum", "tensordot", "attention", "linalg", "gemm",
+         "bilinear", "conv", "lstm", "gru", "rnn", "cdist", "baddbmm", "addr", "outer", "ger", "inner", "kron",
+         "chain_matmul", "matrix", "cholesky", "inverse", "solve", "lstsq", "householder", "geqrf", "orgqr",
+         "ormqr", "slogdet", "logdet")
+# Short names that would match too much as substrings ("lu" is in "relu"):
+# matched as whole words of the op name split at "_" and ".".
+_BLAS_WORDS = {"qr", "svd", "lu", "det", "eig", "eigh", "eigvals", "pinv", "trsm", "ger"}
+
+
+def uses_cublas(gm):
+    """True if the graph may call cuBLAS, so the tree's stream needs its
+    cuBLAS workspace before the graph is warmed up or recorded."""
+    for n in gm.graph.nodes:
+        if n.op == "call_module":
+            return True  # not inlined by Dynamo: cannot tell, assume it may
+        if n.op not in ("call_function", "call_method"):
+            continue
+        name = _name(n).lower()
+        if n.target is operator.matmul or n.target is operator.imatmul or any(k in name for k in _BLAS):
+            return True
+        if _BLAS_WORDS.intersection(name.replace(".", "_").split("_")):
+            return True
+    return False
+
+
 def draws_random_numbers(gm):
     for n in gm.graph.nodes:
         if n.op not in ("call_function", "call_method"):

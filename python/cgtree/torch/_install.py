@@ -19,6 +19,7 @@ StaleTensorError = _ext.StaleTensorError
 _lock = threading.Lock()
 _state = {"installed": False, "allocator": None, "error": None}
 _trees = {}  # device index -> (Tree, torch stream over the tree's stream)
+_blas_ready = set()  # devices whose tree stream has its cuBLAS workspace (prewarm_blas)
 
 
 def installed():
@@ -66,22 +67,34 @@ def require_installed():
             raise CgtreeError("cgtree.torch could not install its allocator: %s" % e) from e
 
 
-def _prewarm(stream, device):
-    """cuBLAS keeps a workspace per (handle, stream), allocated at the first
-    matmul on a stream. Were that first matmul inside a launch, the workspace
-    would come from the pool and be freed under cuBLAS's feet when the launch
-    returned. So the tree's stream does its first matmuls here, outside."""
-    dev = torch.device("cuda", device)
-    with torch.cuda.device(dev), torch.cuda.stream(stream):
-        for dt in (torch.float32, torch.float16, torch.bfloat16):
-            a = torch.ones(32, 32, device=dev, dtype=dt)
-            b = a @ a
-            b = torch.addmm(a[0], a, a)
-            b = torch.nn.functional.linear(a, a, a[0])
-            b = torch.bmm(a[None], a[None])
-            b = torch.baddbmm(a[None], a[None], a[None])
-            del b
-    stream.synchronize()
+def prewarm_blas(device):
+    """cuBLAS keeps a workspace per (handle, stream), allocated through the
+    allocator at the first matmul on a stream and held until the process
+    ends (PyTorch 2.11: 32 MiB on sm90, `CUBLAS_WORKSPACE_CONFIG`, plus a
+    1 MiB cuBLASLt workspace). Were that first matmul inside a launch, the
+    workspace would come from the pool and be reused under cuBLAS's feet once
+    the launch returned. So the tree's stream does its first matmuls here,
+    outside any launch, once per device, and only when a graph that may call
+    cuBLAS becomes a segment (_graphs.uses_cublas): a program without matmuls
+    never pays for the workspace."""
+    tree, stream = tree_for(device)
+    if device in _blas_ready:
+        return
+    with _lock:
+        if device in _blas_ready:
+            return
+        dev = torch.device("cuda", device)
+        with torch.cuda.device(dev), torch.cuda.stream(stream):
+            for dt in (torch.float32, torch.float16, torch.bfloat16):
+                a = torch.ones(32, 32, device=dev, dtype=dt)
+                b = a @ a
+                b = torch.addmm(a[0], a, a)
+                b = torch.nn.functional.linear(a, a, a[0])
+                b = torch.bmm(a[None], a[None])
+                b = torch.baddbmm(a[None], a[None], a[None])
+                del b
+        stream.synchronize()
+        _blas_ready.add(device)
 
 
 def tree_for(device):
@@ -94,10 +107,14 @@ def tree_for(device):
                 warmup = int(os.environ.get("CGTREE_TORCH_WARMUP_RUNS", "1"))
                 tree = _ext.Tree(device, warmup_runs=warmup)
                 stream = torch.cuda.ExternalStream(tree.stream, device=torch.device("cuda", device))
-                _prewarm(stream, device)
                 entry = (tree, stream)
                 _trees[device] = entry
     return entry
+
+
+def blas_ready(device):
+    """True once the tree's stream on this device has its cuBLAS workspace."""
+    return device in _blas_ready
 
 
 def trees():
