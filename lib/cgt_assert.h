@@ -10,9 +10,11 @@
  *
  * and, as in SQLite, defensive conditions for what cannot happen unless a
  * contract is broken: `if (NEVER(x)) return error;` and
- * `if (ALWAYS(x)) ...`. With CGT_DEBUG >= 1 a broken one stops the program
- * on the spot; with CGT_DEBUG 0 they are the plain condition, so a release
- * build refuses the operation instead of corrupting the tree.
+ * `if (ALWAYS(x)) ...`. In debug builds (buildtype=debug, CGT_DEBUG_CHECKS)
+ * a broken one stops the program on the spot; in every other build
+ * (debugoptimized, the default, and release) they are the plain condition, so
+ * the library refuses the operation with an error instead of corrupting the
+ * tree or aborting the host program.
  *
  * The invariant checkers (tree__check, pool_check) are separate: tests call
  * them, and buildtype=debug (CGT_DEBUG_CHECKS) calls them after every state
@@ -43,10 +45,13 @@ cgt_assert_fail(const char *what, const char *file, int line) {
 
 #if CGT_DEBUG >= 1
 #define cgt_assert(x) ((x) ? (void)0 : cgt_assert_fail(#x, __FILE__, __LINE__))
+#else
+#define cgt_assert(x) ((void)sizeof(!(x))) /* compiled, never run: what it names stays used */
+#endif
+#ifdef CGT_DEBUG_CHECKS
 #define NEVER(x) ((x) ? (cgt_assert_fail("NEVER(" #x ")", __FILE__, __LINE__), 1) : 0)
 #define ALWAYS(x) ((x) ? 1 : (cgt_assert_fail("ALWAYS(" #x ")", __FILE__, __LINE__), 0))
 #else
-#define cgt_assert(x) ((void)sizeof(!(x))) /* compiled, never run: what it names stays used */
 #define NEVER(x) (__builtin_expect(!!(x), 0))
 #define ALWAYS(x) (__builtin_expect(!!(x), 1))
 #endif
