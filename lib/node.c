@@ -205,21 +205,30 @@ static node *node_create(cgt_tree *t, node *first, cgt_segment id, uint64_t vari
   return n;
 }
 
-/* Undoes node_create for a node whose first run failed: no half-made nodes. */
-static void node_unlink_newest(cgt_tree *t, node *n) {
+/* Takes n out of its parent's key group. A WARMUP node is always the last
+ * of its group (a group grows only when it has no WARMUP node, and a node
+ * never goes back to WARMUP), so this never re-inserts into a hash table and
+ * cannot fail. */
+static void node_unlink(node *n) {
   node *first;
   HASH_FIND(hh, n->parent->children, n->key, n->key_bytes, first);
   if (first == n) {
     HASH_DELETE(hh, n->parent->children, n);
     if (n->parent->hot_child == n)
       n->parent->hot_child = NULL;
-  } else {
-    node *prev = first;
-    while (prev && prev->next_same_key != n)
-      prev = prev->next_same_key;
-    if (prev)
-      prev->next_same_key = NULL;
+    return;
   }
+  for (node *c = first; c; c = c->next_same_key)
+    if (c->next_same_key == n) {
+      c->next_same_key = n->next_same_key;
+      return;
+    }
+}
+
+/* Undoes node_create for a node whose first run failed: no half-made nodes.
+ * The newest node is the last of its key group, so node_unlink applies. */
+static void node_unlink_newest(cgt_tree *t, node *n) {
+  node_unlink(n);
   t->n_nodes--;
   t->next_id--; /* the node never existed for the caller: its id is free again */
   t->stats.nodes--;
@@ -1078,26 +1087,6 @@ static cgt_status node_run(cgt_tree *t, cgt_segment id, const segment_rec *seg, 
 }
 
 /* ---------------------------------------------------------------- pruning */
-
-/* Takes n out of its parent's key group. A WARMUP node is always the last
- * of its group (a group grows only when it has no WARMUP node, and a node
- * never goes back to WARMUP), so this never re-inserts into a hash table and
- * cannot fail. */
-static void node_unlink(node *n) {
-  node *first;
-  HASH_FIND(hh, n->parent->children, n->key, n->key_bytes, first);
-  if (first == n) {
-    HASH_DELETE(hh, n->parent->children, n);
-    if (n->parent->hot_child == n)
-      n->parent->hot_child = NULL;
-    return;
-  }
-  for (node *c = first; c; c = c->next_same_key)
-    if (c->next_same_key == n) {
-      c->next_same_key = n->next_same_key;
-      return;
-    }
-}
 
 /* Removes every WARMUP node that no step has reached for prune_after_steps
  * steps, with its subtree. Such a node warmed up under a pool layout that
