@@ -40,10 +40,10 @@ note "machine: $(head -1 "$OUT/machine.txt")"
 
 # gpu_env.sh points pkg-config at a sysroot under /tmp/deps, so the system's
 # python .pc names headers there: link the real header directories in.
-for d in "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"; do
-  v=$(basename "$d")
-  [ -d "$d" ] && [ ! -e /tmp/deps/usr/include/$v ] && { mkdir -p /tmp/deps/usr/include; ln -s "$d" /tmp/deps/usr/include/$v; }
-done
+pyinc=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
+if [ -d "$pyinc" ] && [ ! -e "/tmp/deps/usr/include/$(basename "$pyinc")" ]; then
+  mkdir -p /tmp/deps/usr/include && ln -s "$pyinc" "/tmp/deps/usr/include/$(basename "$pyinc")"
+fi
 
 B=build-gpu
 BLOG=/tmp/gpu_check_build.log
