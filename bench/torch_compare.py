@@ -28,14 +28,17 @@ Peak memory, measured the same way in every mode, in two windows:
   steady   the timed calls (peaks reset after the warm-up).
 PyTorch modes: torch.cuda.max_memory_allocated (reset with
 reset_peak_memory_stats at the start of each window). cgtree: its own
-figures (PyTorch's raise under a swapped allocator): the peak of the bytes
-PyTorch holds outside the pool, counted as PyTorch counts allocated bytes
-(the request rounded up to 512 bytes; reset at the start of each window),
-plus the tree's pool peak, which is a lifetime figure and is not reset (an
-upper bound: it may overstate cgtree's steady window, never understate it).
+figures (PyTorch's raise under a swapped allocator): the most bytes in use
+at one moment, outside the pool and in it together (cgtree.torch.memory_stats'
+peak_bytes; outside the pool counted as PyTorch counts allocated bytes, the
+request rounded up to 512 bytes; pool bytes in use as the tree's allocator
+holds them; reset at the start of each window). The JSON also has
+peak_bound_mib, eager peak + lifetime pool peak, an upper bound.
 Both include cuBLAS's workspaces (PyTorch 2.11 allocates them through the
 current allocator: 32 MiB per (handle, stream) on sm90 plus 1 MiB for
-cuBLASLt), and both exclude what an allocator caches. "reserved" is
+cuBLASLt; cgtree, like reduce-overhead, drops them around every recording,
+so the one a graph uses is a pool temporary), and both exclude what an
+allocator caches. "reserved" is
 torch.cuda.max_memory_reserved against cgtree's cudaMalloc'd bytes
 outside the pool plus the pool's reserved bytes, at the end.
 Modes of one example share Inductor's on-disk caches, so the first compiled
@@ -214,7 +217,7 @@ def peaks(torch, mode, ct):
     """(peak bytes in this window, reserved bytes) the same way for every mode (see the docstring)."""
     if mode == "cgtree":
         m = ct.memory_stats()
-        return m["eager_peak"] + m["pool_peak"], m["eager_reserved"] + m["pool_reserved"]
+        return m["peak_bytes"], m["eager_reserved"] + m["pool_reserved"]
     return torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
 
 
@@ -293,17 +296,23 @@ def child(example, mode, out_dir, warm, timed):
             states[nd["state"]] = states.get(nd["state"], 0) + 1
         res["node_states"] = states
         from cgtree.torch._backend import _segments
+        res["peak_bound_mib"] = (m["eager_peak"] + m["pool_peak"]) / 2**20
         calls = ns_call = ns_run = 0
+        parts = {"ns_args": 0, "ns_streams": 0, "ns_outputs": 0}
         for sg in _segments:
             t = sg.timers()
             calls += t["replays"]
             ns_call += t["ns_in_call"]
+            for k in parts:
+                parts[k] += t.get(k, 0)
             ns_run += t["ns_in_run"]
         if calls:
             res["us_per_segment_call"] = ns_call / calls / 1e3
             res["us_per_segment_in_cgt_run"] = ns_run / calls / 1e3
             res["us_per_segment_backend"] = (ns_call - ns_run) / calls / 1e3
             res["segment_replays_timed"] = calls
+            for k, v in parts.items():  # the backend's time, part by part (see segment.c's timers)
+                res["us_per_segment_" + k[3:]] = v / calls / 1e3
             res["plain_reasons"] = [sg.info["plain_reason"] for sg in _segments if sg.info["plain_reason"]]
     if mode == "reduce-overhead":
         try:

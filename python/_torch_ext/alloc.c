@@ -34,6 +34,14 @@
  * with torch.cuda.max_memory_allocated of a process without cgtree.
  * "Reserved" counts what cudaMalloc handed out (the cache's rounded sizes),
  * like torch.cuda.memory_reserved.
+ *
+ * The peak that compares with torch.cuda.max_memory_allocated is the
+ * combined one: the most bytes in use at one moment, outside the pool and in
+ * it together. Pool bytes in use are what the trees' allocators hold
+ * (cgt_tree_stats' pool_allocated_bytes): segment.c reports that figure after
+ * every cgt_run (tx_alloc_note_pool_in_use), and allocations inside a launch
+ * add to it until then. The combined peak is checked at every allocation of
+ * either kind, which is when it can grow.
  */
 #include "ext.h"
 
@@ -128,6 +136,30 @@ size_t tx_alloc_empty_cache(void) {
   return n;
 }
 
+/* Called with alloc_mu held, after anything that may raise the peak. */
+static void combined_peak_check_locked(void) {
+  size_t now = fig.eager_in_use + fig.pool_in_use;
+  if (now > fig.combined_peak)
+    fig.combined_peak = now;
+}
+
+/* Each device's tree reports its own figure; fig.pool_in_use is their sum. */
+enum { MAX_DEVICES = 64 };
+static size_t pool_in_use_by_device[MAX_DEVICES];
+
+void tx_alloc_note_pool_in_use(int device, size_t bytes) {
+  if (device < 0 || device >= MAX_DEVICES)
+    device = 0; /* the simulator's tests: one tree */
+  pthread_mutex_lock(&alloc_mu);
+  size_t sum = 0;
+  pool_in_use_by_device[device] = bytes;
+  for (int d = 0; d < MAX_DEVICES; d++)
+    sum += pool_in_use_by_device[d];
+  fig.pool_in_use = sum;
+  combined_peak_check_locked();
+  pthread_mutex_unlock(&alloc_mu);
+}
+
 static void *eager_alloc(size_t size, int device, void *stream) {
   size_t bytes = round_bytes(size);
   if (device < 0)
@@ -159,6 +191,7 @@ static void *eager_alloc(size_t size, int device, void *stream) {
   fig.eager_in_use += in_use_bytes(size);
   if (fig.eager_in_use > fig.eager_peak)
     fig.eager_peak = fig.eager_in_use;
+  combined_peak_check_locked();
   pthread_mutex_unlock(&alloc_mu);
   return p;
 }
@@ -198,6 +231,7 @@ void tx_alloc_figures_get(tx_alloc_figures *out) {
 void tx_alloc_reset_peak(void) {
   pthread_mutex_lock(&alloc_mu);
   fig.eager_peak = fig.eager_in_use;
+  fig.combined_peak = fig.eager_in_use + fig.pool_in_use;
   pthread_mutex_unlock(&alloc_mu);
 }
 
@@ -231,6 +265,8 @@ void *cgt_torch_alloc(ssize_t size, int device, void *stream) {
   e->serial = tls_serial;
   HASH_ADD_PTR(pool_ptrs, ptr, e);
   fig.pool_allocs++;
+  fig.pool_in_use += (size_t)size; /* until segment.c reports the pool's own figure */
+  combined_peak_check_locked();
   pthread_mutex_unlock(&alloc_mu);
   return p;
 }
@@ -245,10 +281,12 @@ void cgt_torch_free(void *ptr, ssize_t size, int device, void *stream) {
     int same_launch = tls_launch && e->serial == tls_serial;
     HASH_DEL(pool_ptrs, e);
     free(e);
-    if (same_launch)
+    if (same_launch) {
       fig.pool_frees_in_launch++;
-    else
+      fig.pool_in_use -= (size_t)size < fig.pool_in_use ? (size_t)size : fig.pool_in_use;
+    } else {
       fig.pool_frees_ignored++;
+    }
     pthread_mutex_unlock(&alloc_mu);
     if (same_launch)
       (void)cgt_launch_free(tls_launch, ptr);

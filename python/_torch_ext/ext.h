@@ -53,9 +53,12 @@ typedef struct tx_alloc_figures {
   size_t eager_in_use, eager_peak, eager_reserved; /* outside-the-pool allocator */
   uint64_t eager_cuda_mallocs, eager_cache_hits;
   uint64_t pool_allocs, pool_frees_in_launch, pool_frees_ignored, pool_alloc_failures;
+  size_t pool_in_use;   /* the trees' pool bytes in use, as last reported (tx_alloc_note_pool_in_use) */
+  size_t combined_peak; /* the most of eager_in_use + pool_in_use at one moment */
 } tx_alloc_figures;
 void tx_alloc_figures_get(tx_alloc_figures *out);
-void tx_alloc_reset_peak(void);
+void tx_alloc_reset_peak(void);                /* eager_peak and combined_peak restart from now */
+void tx_alloc_note_pool_in_use(int device, size_t bytes); /* a device's tree: its pool bytes in use now */
 size_t tx_alloc_empty_cache(void); /* cudaFree every cached eager block; returns bytes given back */
 
 /* ------------------------------------------------------------- dev.c */
@@ -75,6 +78,7 @@ typedef struct TreeObject {
   cgt_tree *tree;
   int device;
   void *stream;          /* the tree's own (blocking) stream */
+  PyObject *device_obj;  /* device as a Python int, for the raw stream getter */
   void *ev_in, *ev_out;  /* cudaEvent_t, for callers on a stream other than the legacy default */
   uint64_t step;         /* our count of cgt_step_begin calls */
   long long last_generation;
@@ -94,6 +98,9 @@ typedef struct tx_py {
   PyObject *raw_stream;      /* torch._C._cuda_getCurrentRawStream */
   PyObject *generation_cls;  /* torch._dynamo.mutation_guard.GenerationTracker */
   PyObject *tensor_type;     /* torch.Tensor */
+  PyObject *data_ptr;        /* torch.Tensor.data_ptr, called unbound: no method lookup per input */
+  PyObject *blas_clear;      /* torch._C._cuda_clearCublasWorkspaces, or NULL (see segment.c) */
+  PyObject *ptrs_equal;      /* torch._C._tensors_data_ptrs_at_indices_equal, or NULL (see segment.c) */
   PyObject *str_data_ptr, *str_generation;
 } tx_py;
 extern tx_py TX;
@@ -104,6 +111,7 @@ int tx_tree_sync_step(TreeObject *T);
 int tx_tree_step_begin(TreeObject *T);
 void tx_tree_drain(TreeObject *T);
 PyObject *tx_status_error(TreeObject *T, cgt_status st, const char *what);
+int tx_blas_clear(void); /* drop cuBLAS's workspaces (segment.c); -1 with an exception set */
 
 /* ------------------------------------------------------- segment.c */
 

@@ -94,6 +94,9 @@ static int tree_init(TreeObject *T, PyObject *a, PyObject *kw) {
     return -1;
   }
   T->device = device;
+  T->device_obj = PyLong_FromLong(device);
+  if (!T->device_obj)
+    return -1;
   T->stream = cgt_tree_stream(T->tree);
   if (!sim) {
     T->ev_in = tx_event_create();
@@ -116,6 +119,7 @@ static void tree_dealloc(TreeObject *T) {
    * others until the process ends (output tensors name them). */
   if (T->tree && !T->registry && T->outputs_made == 0)
     cgt_tree_destroy(T->tree);
+  Py_XDECREF(T->device_obj);
   Py_TYPE(T)->tp_free((PyObject *)T);
 }
 
@@ -287,9 +291,20 @@ PyTypeObject TreeType = {
 
 static PyObject *m_init_hot_path(PyObject *m, PyObject *args) {
   (void)m;
-  PyObject *from_dlpack, *raw_stream, *gen_cls, *tensor_type;
-  if (!PyArg_ParseTuple(args, "OOOO", &from_dlpack, &raw_stream, &gen_cls, &tensor_type))
+  PyObject *from_dlpack, *raw_stream, *gen_cls, *tensor_type, *data_ptr = Py_None, *blas_clear = Py_None,
+           *ptrs_equal = Py_None;
+  if (!PyArg_ParseTuple(args, "OOOO|OOO", &from_dlpack, &raw_stream, &gen_cls, &tensor_type, &data_ptr, &blas_clear,
+                        &ptrs_equal))
     return NULL;
+  Py_CLEAR(TX.data_ptr);
+  Py_CLEAR(TX.blas_clear);
+  Py_CLEAR(TX.ptrs_equal);
+  if (ptrs_equal != Py_None)
+    TX.ptrs_equal = Py_NewRef(ptrs_equal);
+  if (data_ptr != Py_None)
+    TX.data_ptr = Py_NewRef(data_ptr);
+  if (blas_clear != Py_None)
+    TX.blas_clear = Py_NewRef(blas_clear);
   Py_XSETREF(TX.from_dlpack, Py_NewRef(from_dlpack));
   Py_XSETREF(TX.raw_stream, Py_NewRef(raw_stream));
   Py_XSETREF(TX.generation_cls, Py_NewRef(gen_cls));
@@ -302,7 +317,8 @@ static PyObject *m_alloc_figures(PyObject *m, PyObject *unused) {
   (void)unused;
   tx_alloc_figures f;
   tx_alloc_figures_get(&f);
-  return Py_BuildValue("{s:n,s:n,s:n,s:K,s:K,s:K,s:K,s:K,s:K}", "eager_in_use", (Py_ssize_t)f.eager_in_use,
+  return Py_BuildValue("{s:n,s:n,s:n,s:n,s:n,s:K,s:K,s:K,s:K,s:K,s:K}", "pool_in_use", (Py_ssize_t)f.pool_in_use,
+                       "combined_peak", (Py_ssize_t)f.combined_peak, "eager_in_use", (Py_ssize_t)f.eager_in_use,
                        "eager_peak", (Py_ssize_t)f.eager_peak, "eager_reserved", (Py_ssize_t)f.eager_reserved,
                        "eager_cuda_mallocs", (unsigned long long)f.eager_cuda_mallocs, "eager_cache_hits",
                        (unsigned long long)f.eager_cache_hits, "pool_allocs", (unsigned long long)f.pool_allocs,
@@ -436,9 +452,10 @@ static PyObject *m_sim_launch(PyObject *m, PyObject *args) {
 static PyMethodDef module_methods[] = {
     {"sim_launch", m_sim_launch, METH_VARARGS, "tests: enqueue fn(*args) on a simulator stream"},
     {"init_hot_path", m_init_hot_path, METH_VARARGS,
-     "init_hot_path(torch._C._from_dlpack, torch._C._cuda_getCurrentRawStream, GenerationTracker, torch.Tensor)"},
+     "init_hot_path(torch._C._from_dlpack, torch._C._cuda_getCurrentRawStream, GenerationTracker, torch.Tensor"
+     "[, torch.Tensor.data_ptr, torch._C._cuda_clearCublasWorkspaces, torch._C._tensors_data_ptrs_at_indices_equal])"},
     {"alloc_figures", m_alloc_figures, METH_NOARGS, "the allocator's own memory figures"},
-    {"reset_peak", m_reset_peak, METH_NOARGS, "eager_peak := eager_in_use"},
+    {"reset_peak", m_reset_peak, METH_NOARGS, "eager_peak := eager_in_use; combined_peak := eager_in_use + pool_in_use"},
     {"empty_cache", m_empty_cache, METH_NOARGS, "give cached eager blocks back to CUDA; returns bytes"},
     {"alias_capsule", m_alias_capsule, METH_VARARGS, "a DLPack capsule over caller-owned CUDA memory"},
     {NULL, NULL, 0, NULL},

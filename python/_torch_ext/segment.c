@@ -15,6 +15,15 @@
  * Ints and floats are hashed into the variant, the caller's key for
  * everything host-side that changes what the graph enqueues.
  *
+ * A data pointer costs a call of tensor.data_ptr() (about 0.2 us), and a
+ * model passes every weight as a STATIC input: 60 and more per graph. Their
+ * addresses key the node, so they must be checked on every call, but they
+ * almost never move. So the pointers of the STATIC inputs of the last call
+ * are kept, and one call of PyTorch's own check (the C++ loop
+ * torch._C._tensors_data_ptrs_at_indices_equal, which CUDAGraph Trees use
+ * for the same purpose) confirms all of them at once; only if one moved are
+ * they read one by one again. DYNAMIC inputs are read every call.
+ *
  * Outputs. Each output is a DLPack capsule whose deleter queues the value
  * for release; torch.from_dlpack consumes it, so the value's memory goes back
  * to the tree when the tensor's storage dies (the queue is drained, under
@@ -33,6 +42,21 @@
  * Anything a graph does that a recording cannot carry (an output on the CPU,
  * an output in memory that is neither the pool nor an input) turns the
  * segment into a plain call of the compiled graph for good, with a warning.
+ *
+ * cuBLAS's workspace. PyTorch gives cuBLAS a workspace per (handle, stream),
+ * allocated through the current allocator at the first matmul on a stream
+ * and kept until torch._C._cuda_clearCublasWorkspaces() drops them all (32
+ * MiB on sm90, plus 1 MiB for cuBLASLt). One kept across a launch would be
+ * pool memory the tree reuses while cuBLAS still writes to it. So, as
+ * PyTorch's own CUDAGraph Trees do, every launch function drops the
+ * workspaces before it runs the graph and again before it returns: the
+ * workspace the graph's matmuls take is then an ordinary temporary of the
+ * launch, freed inside it, and its pool memory is reused by later segments
+ * exactly like any other temporary (stream order keeps that safe: a replay
+ * uses it only while its own kernels run). The first plain call of a graph
+ * drops them too, so its workspace on the caller's stream does not outlive
+ * it. The result is one workspace's worth of memory, in the pool, where a
+ * workspace kept per stream would cost 33 MiB for each stream.
  */
 #include "ext.h"
 
@@ -70,6 +94,13 @@ typedef struct SegmentObject {
   uint32_t n_args, n_targs, n_outputs;
   uint8_t *arg_kind;
   size_t *arg_span;
+  /* The STATIC inputs' data pointers of the last call: in C by position
+   * (static_ptr), and as PyTorch's check wants them, a list of n_args ints
+   * (static_ptrs) and the list of STATIC positions (static_idx, NULL when
+   * there are none); static_known once a call has read them all. */
+  void **static_ptr;
+  PyObject *static_ptrs, *static_idx;
+  int static_known;
   int dynamic_spans, registered, want_bypass;
   cgt_segment seg;
   cgt_arg *args;
@@ -81,7 +112,12 @@ typedef struct SegmentObject {
   size_t n_tmpls;
   PyObject *exc_type, *exc_value, *exc_tb;
   uint64_t calls, plain_calls;
-  uint64_t timed_calls, ns_in_call, ns_in_run; /* replays only: what bench/torch_compare.py reports */
+  /* Replays only, what bench/torch_compare.py reports: the whole call, and its
+   * parts: arguments (data pointers, registry, variant), streams (the raw
+   * stream getter and events), cgt_run (the graph launch included), and the
+   * output tensors. */
+  uint64_t timed_calls, ns_in_call, ns_args, ns_streams, ns_in_run, ns_outputs;
+  uint64_t static_checks, static_hits; /* calls of PyTorch's pointer check, and those that found nothing moved */
 } SegmentObject;
 
 static inline uint64_t now_ns(void) {
@@ -358,6 +394,11 @@ static cgt_status seg_launch(cgt_launch *l, void *user) {
     }
     PyTuple_SET_ITEM(inputs, i, item);
   }
+  if (tx_blas_clear() < 0) { /* no workspace from before may serve the launch */
+    Py_DECREF(inputs);
+    stash_exception(s);
+    return CGT_ERR_SEGMENT_FAILED;
+  }
   tx_alloc_launch_enter(l);
   PyObject *res = PyObject_CallOneArg(s->launch_py, inputs);
   cgt_status st;
@@ -367,12 +408,72 @@ static cgt_status seg_launch(cgt_launch *l, void *user) {
     stash_exception(s);
     st = CGT_ERR_SEGMENT_FAILED;
   }
+  /* The workspace the graph's matmuls took is a temporary of this launch. */
+  if (tx_blas_clear() < 0) {
+    stash_exception(s);
+    st = CGT_ERR_SEGMENT_FAILED;
+  }
   /* Dropping the graph's own output tensors frees pool blocks the tree now
    * owns: outside the launch, alloc.c ignores those frees. */
   tx_alloc_launch_leave();
   Py_XDECREF(res);
   Py_DECREF(inputs);
   return st;
+}
+
+/* --------------------------------------------------------- cuBLAS */
+
+int tx_blas_clear(void) {
+  if (!TX.blas_clear)
+    return 0;
+  PyObject *r = PyObject_CallNoArgs(TX.blas_clear);
+  if (!r)
+    return -1;
+  Py_DECREF(r);
+  return 0;
+}
+
+/* ------------------------------------------------- STATIC pointers */
+
+/* 1 if every STATIC tensor input is where it was at the last call, by one
+ * call of PyTorch's check for all of them; 0 if one moved, or if that
+ * cannot be told cheaply (then they are read one by one). */
+static int static_ptrs_unchanged(SegmentObject *s, PyObject *const *args, size_t n) {
+  if (!TX.ptrs_equal || !s->static_idx || !s->static_known)
+    return 0;
+  s->static_checks++;
+  PyObject *list = PyList_New((Py_ssize_t)n);
+  if (!list) {
+    PyErr_Clear();
+    return 0;
+  }
+  for (size_t i = 0; i < n; i++)
+    PyList_SET_ITEM(list, (Py_ssize_t)i, Py_NewRef(args[i]));
+  PyObject *call[3] = {list, s->static_ptrs, s->static_idx};
+  PyObject *r = PyObject_Vectorcall(TX.ptrs_equal, call, 3, NULL);
+  Py_DECREF(list);
+  if (!r) {
+    PyErr_Clear(); /* read them one by one: that path reports a real error */
+    return 0;
+  }
+  int same = r == Py_True;
+  Py_DECREF(r);
+  s->static_hits += (uint64_t)same;
+  return same;
+}
+
+/* Remembers STATIC input i's pointer; 0 if there was no memory to. */
+static int static_ptr_note(SegmentObject *s, size_t i, void *ptr) {
+  if (s->static_ptr[i] == ptr && s->static_known)
+    return 1;
+  PyObject *v = PyLong_FromVoidPtr(ptr);
+  if (!v) {
+    PyErr_Clear();
+    return 0;
+  }
+  s->static_ptr[i] = ptr;
+  PyList_SetItem(s->static_ptrs, (Py_ssize_t)i, v); /* steals v */
+  return 1;
 }
 
 /* ------------------------------------------------------------ calls */
@@ -397,6 +498,10 @@ static PyObject *first_call(SegmentObject *s, PyObject *const *args, size_t n, u
   PyObject *res = call_plain(s, args, n);
   if (!res)
     return NULL;
+  if (tx_blas_clear() < 0) { /* the caller's stream keeps no workspace of ours */
+    Py_DECREF(res);
+    return NULL;
+  }
   PyObject *desc = PyObject_CallOneArg(s->describe_py, res);
   if (!desc) {
     Py_DECREF(res);
@@ -491,15 +596,24 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
 
   uint64_t variant = 0;
   uint32_t k = 0;
+  int statics_same = static_ptrs_unchanged(s, args, n), statics_noted = 1;
   for (size_t i = 0; i < n; i++) {
     PyObject *o = args[i];
     uint8_t kind = s->arg_kind[i];
     if (kind <= ARG_TENSOR_STATIC) {
-      PyObject *p = PyObject_VectorcallMethod(TX.str_data_ptr, &o, 1, NULL);
-      if (!p)
-        return NULL;
-      void *ptr = PyLong_AsVoidPtr(p);
-      Py_DECREF(p);
+      void *ptr;
+      if (kind == ARG_TENSOR_STATIC && statics_same) {
+        ptr = s->static_ptr[i];
+      } else {
+        PyObject *p = TX.data_ptr ? PyObject_Vectorcall(TX.data_ptr, &o, 1, NULL)
+                                  : PyObject_VectorcallMethod(TX.str_data_ptr, &o, 1, NULL);
+        if (!p)
+          return NULL;
+        ptr = PyLong_AsVoidPtr(p);
+        Py_DECREF(p);
+        if (kind == ARG_TENSOR_STATIC && s->static_idx)
+          statics_noted &= static_ptr_note(s, i, ptr);
+      }
       size_t span = s->arg_span[i];
       if (s->dynamic_spans) {
         PyObject *sp = PyObject_CallOneArg(s->span_py, o);
@@ -510,7 +624,8 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
       }
       s->ptrs[k] = ptr;
       tx_out_ref *r = NULL;
-      HASH_FIND_PTR(T->registry, &o, r);
+      if (Py_TYPE(o) == (PyTypeObject *)TX.tensor_type) /* outputs are plain tensors; a Parameter never is one */
+        HASH_FIND_PTR(T->registry, &o, r);
       if (r && r->ptr == ptr) {
         if (r->step != T->step) {
           T->stale_refused++;
@@ -547,9 +662,10 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
   }
   /* The caller's stream: the legacy default stream (0) is ordered with the
    * tree's blocking stream by CUDA itself; any other needs events. */
-  PyObject *dev = PyLong_FromLong(T->device);
-  PyObject *rs = dev ? PyObject_Vectorcall(TX.raw_stream, &dev, 1, NULL) : NULL;
-  Py_XDECREF(dev);
+  if (!statics_same && s->static_idx)
+    s->static_known = statics_noted; /* every STATIC pointer was read, and noted, just now */
+  uint64_t t_args = now_ns();
+  PyObject *rs = PyObject_Vectorcall(TX.raw_stream, &T->device_obj, 1, NULL);
   if (!rs)
     return NULL;
   void *caller = PyLong_AsVoidPtr(rs);
@@ -572,6 +688,9 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
   cgt_status st = cgt_run(T->tree, s->seg, variant, s->args, s->n_targs, s->outs, s->n_outputs);
   uint64_t t2 = now_ns();
   s->cur = NULL;
+  cgt_stats after;
+  cgt_tree_stats(T->tree, &after);
+  tx_alloc_note_pool_in_use(T->device, after.pool_allocated_bytes);
   if (st != CGT_OK) {
     if (s->exc_type) {
       /* The graph raised while cgtree warmed it up or recorded it. Whatever
@@ -612,13 +731,16 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
                  (unsigned long long)variant);
     return NULL;
   }
+  uint64_t t3 = now_ns();
   PyObject *result = build_result(s, t);
-  cgt_stats after;
-  cgt_tree_stats(T->tree, &after);
   if (after.replays > before.replays) {
+    uint64_t t4 = now_ns();
     s->timed_calls++;
+    s->ns_args += t_args - t0;
+    s->ns_streams += (t1 - t_args) + (t3 - t2);
     s->ns_in_run += t2 - t1;
-    s->ns_in_call += now_ns() - t0;
+    s->ns_outputs += t4 - t3;
+    s->ns_in_call += t4 - t0;
   }
   return result;
 }
@@ -661,6 +783,35 @@ static int seg_init(SegmentObject *s, PyObject *a, PyObject *kw) {
   }
   if (PyErr_Occurred())
     return -1;
+  s->static_ptr = calloc(s->n_args + 1, sizeof *s->static_ptr);
+  s->static_ptrs = PyList_New(s->n_args);
+  if (!s->static_ptr || !s->static_ptrs) {
+    PyErr_NoMemory();
+    return -1;
+  }
+  PyObject *idx = PyList_New(0);
+  if (!idx)
+    return -1;
+  for (uint32_t i = 0; i < s->n_args; i++) {
+    PyList_SET_ITEM(s->static_ptrs, i, PyLong_FromLong(0));
+    if (!PyList_GET_ITEM(s->static_ptrs, i)) {
+      Py_DECREF(idx);
+      return -1;
+    }
+    if (s->arg_kind[i] == ARG_TENSOR_STATIC) {
+      PyObject *v = PyLong_FromUnsignedLong(i);
+      if (!v || PyList_Append(idx, v) < 0) {
+        Py_XDECREF(v);
+        Py_DECREF(idx);
+        return -1;
+      }
+      Py_DECREF(v);
+    }
+  }
+  if (PyList_GET_SIZE(idx) > 0)
+    s->static_idx = idx;
+  else
+    Py_DECREF(idx);
   s->flags = flags;
   s->dynamic_spans = dyn;
   Py_INCREF(tree);
@@ -684,6 +835,9 @@ static void seg_dealloc(SegmentObject *s) {
   free(s->tmpls);
   free(s->arg_kind);
   free(s->arg_span);
+  free(s->static_ptr);
+  Py_XDECREF(s->static_ptrs);
+  Py_XDECREF(s->static_idx);
   free(s->args);
   free(s->ptrs);
   free(s->outs);
@@ -711,19 +865,24 @@ static PyObject *seg_get_info(SegmentObject *s, void *closure) {
 
 static PyObject *seg_timers(SegmentObject *s, PyObject *unused) {
   (void)unused;
-  return Py_BuildValue("{s:K,s:K,s:K}", "replays", (unsigned long long)s->timed_calls, "ns_in_call",
-                       (unsigned long long)s->ns_in_call, "ns_in_run", (unsigned long long)s->ns_in_run);
+  return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "static_checks", (unsigned long long)s->static_checks,
+                       "static_hits", (unsigned long long)s->static_hits, "replays", (unsigned long long)s->timed_calls,
+                       "ns_in_call",
+                       (unsigned long long)s->ns_in_call, "ns_args", (unsigned long long)s->ns_args, "ns_streams",
+                       (unsigned long long)s->ns_streams, "ns_in_run", (unsigned long long)s->ns_in_run,
+                       "ns_outputs", (unsigned long long)s->ns_outputs);
 }
 
 static PyObject *seg_reset_timers(SegmentObject *s, PyObject *unused) {
   (void)unused;
-  s->timed_calls = s->ns_in_call = s->ns_in_run = 0;
+  s->timed_calls = s->ns_in_call = s->ns_args = s->ns_streams = s->ns_in_run = s->ns_outputs = 0;
   Py_RETURN_NONE;
 }
 
 static PyMethodDef seg_methods[] = {
     {"timers", (PyCFunction)seg_timers, METH_NOARGS,
-     "replayed calls timed, ns spent in the whole call (C hot path) and in cgt_run (graph launch included)"},
+     "replayed calls timed; ns spent in the whole call (C hot path) and in its parts: arguments, streams, cgt_run "
+     "(graph launch included), output tensors"},
     {"reset_timers", (PyCFunction)seg_reset_timers, METH_NOARGS, "zero the timers"},
     {NULL, NULL, 0, NULL},
 };

@@ -211,6 +211,72 @@ def test_memory_outside_the_pool_is_counted_in_use_as_pytorch_counts_it_and_rese
     assert X.alloc_figures()["eager_peak"] == f2["eager_in_use"]
 
 
+def test_the_combined_peak_counts_pool_and_eager_bytes_in_use_at_one_moment(tree):
+    seg = segment(tree, Graph(tree, 2.0, 1.0), spans=(16,))
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    X.reset_peak()
+    f0 = X.alloc_figures()
+    assert f0["combined_peak"] == f0["eager_in_use"] + f0["pool_in_use"]
+    for _ in range(4):  # probe, warm-up, recording, replay: the launches take pool memory
+        (y,) = call(seg, x)
+    f1 = X.alloc_figures()
+    assert f1["pool_in_use"] == tree.stats()["pool_allocated_bytes"]  # reported after every run
+    # the launch's temporary and its output were in the pool at once, beside x outside it
+    assert f1["combined_peak"] >= f0["eager_in_use"] + 2 * 16
+    assert f1["combined_peak"] <= f1["eager_peak"] + tree.stats()["pool_peak_bytes"]
+    big = _lib.cgt_torch_alloc(1 << 20, -1, None)  # outside the pool, on top of what the pool holds
+    f2 = X.alloc_figures()
+    assert f2["combined_peak"] >= f2["eager_in_use"] + f2["pool_in_use"]
+    _lib.cgt_torch_free(big, 1 << 20, -1, None)
+    X.reset_peak()
+    f3 = X.alloc_figures()
+    assert f3["combined_peak"] == f3["eager_in_use"] + f3["pool_in_use"] < f2["combined_peak"]
+
+
+class CountedTensor(FakeTensor):
+    reads = 0
+
+    def data_ptr(self):
+        CountedTensor.reads += 1
+        return self.ptr
+
+
+def test_static_pointers_are_confirmed_in_one_check_and_a_moved_one_is_seen(tree):
+    checks = []
+
+    def ptrs_equal(tensors, ptrs, idx):  # torch._C._tensors_data_ptrs_at_indices_equal's contract
+        checks.append(list(idx))
+        return all(tensors[i].ptr == ptrs[i] for i in idx)
+
+    class AddW:
+        def __call__(self, x, w):
+            out = FakeTensor(x.n)
+            X.sim_launch(tree.stream, k_add, out.ptr, x.ptr, w.ptr, x.n)
+            return [out]
+
+    X.init_hot_path(fake_from_dlpack, lambda device: 0, Generation, FakeTensor, None, None, ptrs_equal)
+    try:
+        seg = segment(tree, AddW(), kinds=(ARG_TENSOR, ARG_TENSOR_STATIC), spans=(16, 16))
+        x = FakeTensor(4).fill([1, 2, 3, 4])
+        w = CountedTensor(4).fill([10, 10, 10, 10])
+        for _ in range(3):
+            (y,) = call(seg, x, w)
+        CountedTensor.reads = 0
+        n_checks = len(checks)
+        for _ in range(5):
+            (y,) = call(seg, x, w)
+            assert y.values() == [11, 12, 13, 14]
+        assert CountedTensor.reads == 0  # the weight's pointer came from the one check
+        assert checks[n_checks:] == [[1]] * 5
+        w2 = CountedTensor(4).fill([20, 20, 20, 20])
+        w.ptr, w.owned, w2.owned = w2.ptr, True, False  # the weight moved (param.data = ...)
+        (y,) = call(seg, x, w)
+        assert y.values() == [21, 22, 23, 24]  # a new node for the new address, not a stale replay
+        assert CountedTensor.reads == 1
+    finally:
+        X.init_hot_path(fake_from_dlpack, lambda device: 0, Generation, FakeTensor)
+
+
 def test_an_output_passed_to_the_next_segment_of_the_step_is_a_value(tree):
     g1, g2 = Graph(tree, 2.0, 0.0), Graph(tree, 1.0, 1.0)
     s1, s2 = segment(tree, g1, spans=(16,), name="one"), segment(tree, g2, spans=(16,), name="two")

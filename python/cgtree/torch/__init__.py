@@ -81,8 +81,11 @@ def memory_stats():
     """Device memory figures. PyTorch's own (torch.cuda.max_memory_allocated and
     friends) raise under a swapped allocator, so cgtree reports its own:
     eager_* for memory outside the pool (parameters, inputs, eager ops),
-    pool_* for the tree's pool, and peak_bytes = eager_peak + pool_peak, an upper
-    bound of the bytes in use at any one time."""
+    pool_* for the tree's pool, and peak_bytes, the most bytes in use at one
+    moment outside the pool and in it together (what compares with
+    torch.cuda.max_memory_allocated). peak_bytes_bound = eager_peak +
+    pool_peak adds two peaks that may come at different moments: an upper
+    bound."""
     from .. import _torch_ext
 
     f = _torch_ext.alloc_figures()
@@ -93,7 +96,8 @@ def memory_stats():
         pool_reserved += s["pool_reserved_bytes"]
     f["pool_peak"] = pool_peak
     f["pool_reserved"] = pool_reserved
-    f["peak_bytes"] = f["eager_peak"] + pool_peak
+    f["peak_bytes"] = f["combined_peak"]
+    f["peak_bytes_bound"] = f["eager_peak"] + pool_peak
     return f
 
 
@@ -105,7 +109,8 @@ def _torch_ext_figures():
 
 
 def reset_peak():
-    """Restart the eager peak (the pool's peak is the tree's and is not reset)."""
+    """Restart eager_peak and peak_bytes from what is in use now (the pool's
+    own peak, pool_peak, is the tree's lifetime figure and is not reset)."""
     from .. import _torch_ext
 
     _torch_ext.reset_peak()

@@ -112,8 +112,8 @@ def backend(gm, example_inputs, **kwargs):
             spans.append(0)
 
     tree, stream = _install.tree_for(device.index)
-    if uses_cublas(gm):
-        _install.prewarm_blas(device.index)
+    if uses_cublas(gm) and _install.blas_clear() is None:
+        _install.prewarm_blas(device.index)  # an old PyTorch: the workspace outside the pool
     # compile_fx's callable takes the graph's arguments positionally. (It carries
     # a _boxed_call attribute copied from the boxed function it wraps: ignore it.)
     plain = compiled

@@ -51,7 +51,9 @@ def install():
         from torch._dynamo.mutation_guard import GenerationTracker
 
         from_dlpack = getattr(torch._C, "_from_dlpack", None) or torch.utils.dlpack.from_dlpack
-        _ext.init_hot_path(from_dlpack, torch._C._cuda_getCurrentRawStream, GenerationTracker, torch.Tensor)
+        _ext.init_hot_path(from_dlpack, torch._C._cuda_getCurrentRawStream, GenerationTracker, torch.Tensor,
+                           torch.Tensor.data_ptr, blas_clear(),
+                           getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None))
         _state["allocator"] = alloc  # PyTorch holds it too; keep ours for clarity
         _state["installed"] = True
         _state["error"] = None
@@ -67,16 +69,28 @@ def require_installed():
             raise CgtreeError("cgtree.torch could not install its allocator: %s" % e) from e
 
 
+def blas_clear():
+    """torch._C._cuda_clearCublasWorkspaces, which drops every cuBLAS and
+    cuBLASLt workspace PyTorch keeps (one per (handle, stream)), or None on a
+    PyTorch without it. With it, each launch function drops the workspaces
+    before and after it runs its graph, so the workspace its matmuls take is
+    a temporary of the launch in the pool (python/_torch_ext/segment.c says
+    why); without it, prewarm_blas gives the tree's stream its workspace
+    outside the pool instead."""
+    return getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+
+
 def prewarm_blas(device):
-    """cuBLAS keeps a workspace per (handle, stream), allocated through the
-    allocator at the first matmul on a stream and held until the process
-    ends (PyTorch 2.11: 32 MiB on sm90, `CUBLAS_WORKSPACE_CONFIG`, plus a
-    1 MiB cuBLASLt workspace). Were that first matmul inside a launch, the
-    workspace would come from the pool and be reused under cuBLAS's feet once
-    the launch returned. So the tree's stream does its first matmuls here,
-    outside any launch, once per device, and only when a graph that may call
-    cuBLAS becomes a segment (_graphs.uses_cublas): a program without matmuls
-    never pays for the workspace."""
+    """The fallback for a PyTorch without blas_clear(). cuBLAS keeps a
+    workspace per (handle, stream), allocated through the allocator at the
+    first matmul on a stream and held until the process ends (PyTorch 2.11:
+    32 MiB on sm90, `CUBLAS_WORKSPACE_CONFIG`, plus a 1 MiB cuBLASLt
+    workspace). Were that first matmul inside a launch, the workspace would
+    come from the pool and be reused under cuBLAS's feet once the launch
+    returned. So the tree's stream does its first matmuls here, outside any
+    launch, once per device, and only when a graph that may call cuBLAS
+    becomes a segment (_graphs.uses_cublas): a program without matmuls never
+    pays for the workspace."""
     tree, stream = tree_for(device)
     if device in _blas_ready:
         return
