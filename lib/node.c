@@ -498,19 +498,9 @@ cgt_status node__launch(cgt_tree *t, node *n) {
   return st == CGT_OK ? CGT_OK : tree__backend_fail(t, st, "replay");
 }
 
-/* A replay: n's launch, now or (defer_launch) held back until the next
- * flush, and the values its recording fixed, handed out at once. */
-static cgt_status replay(cgt_tree *t, node *n, cgt_value *outputs) {
-  for (uint32_t i = 0; i < n->n_placeholders; i++)
-    n->placeholders[i].next_src = t->args[n->placeholders[i].arg].mem.ptr;
-  int held = fuse__enabled(t) && fuse__hold(t, n) == CGT_OK;
-  if (!held) {
-    cgt_status st = fuse__flush(t); /* what was held back goes first */
-    if (st == CGT_OK)
-      st = node__launch(t, n);
-    if (st != CGT_OK)
-      return st;
-  }
+/* The bookkeeping of a replay of n, launched or held back: the values its
+ * recording fixed, handed out at once, and n as the path's last node. */
+static void replay_commit(cgt_tree *t, node *n, cgt_value *outputs) {
   for (uint32_t o = 0; o < n->n_outputs; o++) {
     const mem_ref *out = &n->outputs[o];
     outputs[o] = value__make(t, *out, block_sharer(t, out->block, outputs, o));
@@ -526,6 +516,37 @@ static cgt_status replay(cgt_tree *t, node *n, cgt_value *outputs) {
   if (t->opt.mode == CGT_MODE_TREE)
     t->pool_synced = 0;
   t->cur = n;
+}
+
+/* Points n's placeholders at the DYNAMIC arguments of the run at hand. */
+static void replay_sources(cgt_tree *t, node *n) {
+  for (uint32_t i = 0; i < n->n_placeholders; i++)
+    n->placeholders[i].next_src = t->args[n->placeholders[i].arg].mem.ptr;
+}
+
+/* A replay held back (defer_launch) until the next flush: 1 if n was held
+ * and the replay is done, 0 if it must launch now (deferral is off, or no
+ * host memory to hold it). It touches no backend, so it runs without the
+ * tree's device (see node__run). */
+static int replay_held(cgt_tree *t, node *n, cgt_value *outputs) {
+  if (!fuse__enabled(t))
+    return 0;
+  replay_sources(t, n);
+  if (fuse__hold(t, n) != CGT_OK)
+    return 0;
+  replay_commit(t, n, outputs);
+  return 1;
+}
+
+/* A replay launched now, after what was held back. */
+static cgt_status replay(cgt_tree *t, node *n, cgt_value *outputs) {
+  replay_sources(t, n);
+  cgt_status st = fuse__flush(t); /* what was held back goes first */
+  if (st == CGT_OK)
+    st = node__launch(t, n);
+  if (st != CGT_OK)
+    return st;
+  replay_commit(t, n, outputs);
   return CGT_OK;
 }
 
@@ -1016,15 +1037,35 @@ static node *node_lookup(cgt_tree *t, cgt_segment id, const segment_rec *seg, ui
   return first;
 }
 
-static cgt_status node_run(cgt_tree *t, cgt_segment id, const segment_rec *seg, uint64_t variant, cgt_value *outputs,
-                           node **created);
+static cgt_status node_run(cgt_tree *t, const run_decision *d, node *first, cgt_segment id, const segment_rec *seg,
+                           uint64_t variant, size_t key_bytes, cgt_value *outputs, node **created);
 
+/* One run: the decision, then what it says, with the tree's device current
+ * for everything that may reach the backend. A replay held back touches no
+ * backend, so it alone runs without entering the device: on CUDA that
+ * saves a cudaGetDevice per run, a good part of a held-back replay's cost.
+ * CGT_MODE_EAGER keeps no tree and decides nothing. */
 cgt_status node__run(cgt_tree *t, cgt_segment id, const segment_rec *seg, uint64_t variant, cgt_value *outputs) {
-  node *created = NULL;
-  cgt_status st = node_run(t, id, seg, variant, outputs, &created);
-  pool_sync_end(t, st);
-  if (st != CGT_OK && created)
-    node_unlink_newest(t, created); /* no half-made nodes; after pool_sync_end, which may use its pool */
+  int eager_mode = t->opt.mode == CGT_MODE_EAGER;
+  run_decision d;
+  size_t key_bytes = 0;
+  node *first = NULL;
+  cgt_status st = CGT_OK;
+  int done = 0;
+  if (!eager_mode) {
+    first = node_lookup(t, id, seg, variant, &key_bytes);
+    done = node_decide(t, first, id, seg, variant, &d) == RUN_REPLAY && replay_held(t, d.target, outputs);
+  }
+  if (!done) {
+    int saved = tree__device_enter(t);
+    node *created = NULL;
+    st = eager_mode ? run_eagerly(t, NULL, id, seg, variant, t->pool, outputs)
+                    : node_run(t, &d, first, id, seg, variant, key_bytes, outputs, &created);
+    pool_sync_end(t, st);
+    if (st != CGT_OK && created)
+      node_unlink_newest(t, created); /* no half-made nodes; after pool_sync_end, which may use its pool */
+    tree__device_leave(t, saved);
+  }
   /* Ask for the likely next node and its key now, while the caller works. */
   node *cur = t->cur;
   const node *next = cur->hot_child;
@@ -1037,37 +1078,31 @@ cgt_status node__run(cgt_tree *t, cgt_segment id, const segment_rec *seg, uint64
   return st;
 }
 
-/* Carries out node_decide's decision. CGT_MODE_EAGER keeps no tree and
- * decides nothing. */
-static cgt_status node_run(cgt_tree *t, cgt_segment id, const segment_rec *seg, uint64_t variant, cgt_value *outputs,
-                           node **created) {
-  if (t->opt.mode == CGT_MODE_EAGER)
-    return run_eagerly(t, NULL, id, seg, variant, t->pool, outputs);
-
-  size_t key_bytes;
-  node *first = node_lookup(t, id, seg, variant, &key_bytes);
-  run_decision d;
-  run_action action = node_decide(t, first, id, seg, variant, &d);
+/* Carries out node_decide's decision d for a run whose key group starts at
+ * `first` (its key in t->key_buf, key_bytes long). */
+static cgt_status node_run(cgt_tree *t, const run_decision *d, node *first, cgt_segment id, const segment_rec *seg,
+                           uint64_t variant, size_t key_bytes, cgt_value *outputs, node **created) {
+  run_action action = d->action;
   if (action == RUN_REPLAY)
-    return replay(t, d.target, outputs);
+    return replay(t, d->target, outputs);
   /* Anything but a replay launches what was held back first. */
   cgt_status st = fuse__flush(t);
   if (st != CGT_OK)
     return st;
 
-  node *n = d.target;
+  node *n = d->target;
   if (!n) {
     n = node_create(t, first, id, variant, key_bytes);
     if (!n)
       return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory for a new node");
     *created = n;
   }
-  const char *why = d.why[0] ? d.why : NULL;
+  const char *why = d->why[0] ? d->why : NULL;
   switch (action) {
   case RUN_WARMUP:
     return run_warmup(t, n, seg, outputs);
   case RUN_RECORD:
-    return record(t, n, seg, d.rerecord, outputs);
+    return record(t, n, seg, d->rerecord, outputs);
   case RUN_EAGER:
     return run_eager_node(t, n, seg, why, NODE_EAGER, outputs);
   case RUN_OVERFLOW:

@@ -15,6 +15,10 @@
  * Devices: every call that does device work runs with the tree's device
  * current and gives the calling thread its own device back afterwards
  * (tree__device_enter/leave), so one thread may drive trees on several GPUs.
+ * cgt_run leaves it to node__run, which enters the device only after
+ * deciding, and not at all for a replay held back by defer_launch: such a
+ * run calls no backend, and the bracket (a cudaGetDevice) would be a good
+ * part of its cost.
  *
  * The path hash fingerprints the step so far: a running hash of (segment,
  * variant) over every successful cgt_run since the step began. Ranks of a
@@ -570,11 +574,8 @@ cgt_status cgt_run(cgt_tree *t, cgt_segment seg, uint64_t variant, const cgt_arg
   cgt_status st = resolve_args(t, args, n_args);
   if (st == CGT_OK)
     st = value__reserve(t, n_outputs);
-  if (st == CGT_OK) {
-    int saved = tree__device_enter(t);
-    st = node__run(t, seg, s, variant, outputs);
-    tree__device_leave(t, saved);
-  }
+  if (st == CGT_OK)
+    st = node__run(t, seg, s, variant, outputs); /* it enters the device itself, when it needs it */
   if (st == CGT_OK) {
     t->stats.runs++;
     t->path_hash = path_hash_mix(path_hash_mix(t->path_hash, seg), variant);
