@@ -1030,7 +1030,7 @@ static run_action node_decide(const cgt_tree *t, node *first, cgt_segment id, co
 static node *node_lookup(cgt_tree *t, cgt_segment id, const segment_rec *seg, uint64_t variant, size_t *key_bytes) {
   *key_bytes = key_build(t, id, variant, seg->n_inputs);
   node *first = t->cur->hot_child;
-  if (!first || first->key_bytes != *key_bytes || memcmp(first->key, t->key_buf, *key_bytes)) {
+  if (!first || first->key_bytes != *key_bytes || tree__key_differs(first->key, t->key_buf, *key_bytes)) {
     HASH_FIND(hh, t->cur->children, t->key_buf, *key_bytes, first);
     t->cur->hot_child = first;
   }

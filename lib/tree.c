@@ -116,7 +116,7 @@ static void *tree_realloc(void *owner, void *ptr, size_t bytes) {
 }
 
 /* The tree's arrays (grow.h); capacities are 32-bit. */
-int tree__grow(cgt_tree *t, void **array, uint32_t *cap, uint32_t need, size_t elem_bytes) {
+int tree__grow_slow(cgt_tree *t, void **array, uint32_t *cap, uint32_t need, size_t elem_bytes) {
   size_t c = *cap;
   if (!cgt_grow(array, &c, need, UINT32_MAX, elem_bytes, 0, tree_realloc, t))
     return 0;

@@ -25,6 +25,18 @@
 /* uthash hashes node keys with our word hash (keys are whole 64-bit words). */
 uint32_t tree__key_hash(const void *key, size_t len);
 #define HASH_FUNCTION(keyptr, keylen, hashv) ((hashv) = tree__key_hash((keyptr), (keylen)))
+/* Keys (node keys, warm counters) are a few whole, aligned words: comparing
+ * them word by word inline costs less than memcmp's call through the PLT,
+ * and a run compares one on every lookup (node.c: node_lookup). Nonzero if
+ * they differ, as memcmp. */
+static inline int tree__key_differs(const void *a, const void *b, size_t bytes) {
+  const uint64_t *x = a, *y = b;
+  for (size_t i = 0; i < bytes / sizeof *x; i++)
+    if (x[i] != y[i])
+      return 1;
+  return 0;
+}
+#define HASH_KEYCMP(a, b, n) tree__key_differs((a), (b), (n))
 /* uthash must never exit(): a failed insertion reports itself and leaves the
  * table as it was. Its allocations are the tree's own (counted in
  * host_allocs, and failed by the test hook). The macros name two locals,
@@ -171,8 +183,13 @@ void tree__log(cgt_tree *t, int level, const char *fmt, ...)
 void *tree__malloc(cgt_tree *t, size_t bytes);
 void *tree__calloc(cgt_tree *t, size_t n, size_t bytes);
 /* Growable arrays (grow.h): 1, or 0 with the array unchanged; _zeroed
- * zeroes the new elements. */
-int tree__grow(cgt_tree *t, void **array, uint32_t *cap, uint32_t need, size_t elem_bytes);
+ * zeroes the new elements. tree__grow is inline because cgt_run calls it
+ * for its scratch arrays on every run, where the capacity is nearly always
+ * enough already: that case costs a compare, not a call. */
+int tree__grow_slow(cgt_tree *t, void **array, uint32_t *cap, uint32_t need, size_t elem_bytes);
+static inline int tree__grow(cgt_tree *t, void **array, uint32_t *cap, uint32_t need, size_t elem_bytes) {
+  return need <= *cap || tree__grow_slow(t, array, cap, need, elem_bytes);
+}
 int tree__grow_zeroed(cgt_tree *t, void **array, uint32_t *cap, uint32_t need, size_t elem_bytes);
 char *tree__strdup(cgt_tree *t, const char *s);
 cgt_status tree__backend_fail(cgt_tree *t, cgt_status s, const char *what);
