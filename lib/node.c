@@ -188,6 +188,7 @@ static node *node_create(cgt_tree *t, node *first, cgt_segment id, uint64_t vari
   n->last_step = t->step;
   n->parent = t->cur;
   n->depth = t->cur == &t->root ? 0 : t->cur->depth + 1;
+  n->path_hash = tree__path_hash_next(t->cur->path_hash, id, variant);
   n->segment = id;
   n->variant = variant;
   n->state = NODE_WARMUP; /* the initial state; every later change is node_set_state's */

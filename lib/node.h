@@ -85,6 +85,10 @@ struct node {
   uint32_t n_dead;
   uint32_t *dead;
   uint64_t last_step; /* the step this node last ran in (pruning of WARMUP nodes) */
+  /* cgt_tree_path_hash after a run of this node: the parent's, with this
+   * node's (segment, variant) mixed in. Every successful run moves the path
+   * to its node, so the path hash is the current node's, computed once. */
+  uint64_t path_hash;
   uint32_t n_placeholders;
   node_placeholder *placeholders;
   uint32_t n_outputs;

@@ -311,6 +311,7 @@ cgt_status cgt_tree_create(const cgt_options *o, cgt_tree **out) {
   t->log_level = env_log_level(t, o->log_fn ? CGT_LOG_INFO : CGT_LOG_WARN);
   t->opt.mode = env_mode(t, o->mode);
   t->root.id = 0;
+  t->root.path_hash = PATH_HASH_START;
   t->free_slot = VALUE_NONE;
   node__begin_step(t); /* the pools do not exist yet: nothing to clear */
   t->path_hash = PATH_HASH_START;
@@ -484,17 +485,6 @@ cgt_status cgt_step_begin(cgt_tree *t) {
   return CGT_OK;
 }
 
-/* splitmix64's finalizer: every input bit moves about half the output bits. */
-static uint64_t path_hash_mix(uint64_t h, uint64_t word) {
-  h ^= word + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-  h ^= h >> 30;
-  h *= 0xbf58476d1ce4e5b9ull;
-  h ^= h >> 27;
-  h *= 0x94d049bb133111ebull;
-  h ^= h >> 31;
-  return h;
-}
-
 cgt_status cgt_tree_path_hash(const cgt_tree *t, uint64_t *out) {
   if (!t)
     return CGT_ERR_INVALID_ARGUMENT;
@@ -578,7 +568,10 @@ cgt_status cgt_run(cgt_tree *t, cgt_segment seg, uint64_t variant, const cgt_arg
     st = node__run(t, seg, s, variant, outputs); /* it enters the device itself, when it needs it */
   if (st == CGT_OK) {
     t->stats.runs++;
-    t->path_hash = path_hash_mix(path_hash_mix(t->path_hash, seg), variant);
+    /* A node's path hash was computed when it was made, so a run through
+     * the tree (TREE, SEPARATE) only reads it; CGT_MODE_EAGER has no nodes
+     * and mixes the run in. */
+    t->path_hash = t->opt.mode == CGT_MODE_EAGER ? tree__path_hash_next(t->path_hash, seg, variant) : t->cur->path_hash;
   }
   tree_debug_check(t);
   return st;

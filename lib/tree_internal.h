@@ -169,6 +169,22 @@ struct cgt_tree {
 /* The path hash of a step with no run yet. */
 #define PATH_HASH_START 0x6367747265657061ull
 
+/* splitmix64's finalizer: every input bit moves about half the output bits. */
+static inline uint64_t tree__path_hash_mix(uint64_t h, uint64_t word) {
+  h ^= word + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+  h ^= h >> 30;
+  h *= 0xbf58476d1ce4e5b9ull;
+  h ^= h >> 27;
+  h *= 0x94d049bb133111ebull;
+  h ^= h >> 31;
+  return h;
+}
+
+/* The path hash h after one more run of (segment, variant). */
+static inline uint64_t tree__path_hash_next(uint64_t h, cgt_segment seg, uint64_t variant) {
+  return tree__path_hash_mix(tree__path_hash_mix(h, seg), variant);
+}
+
 /* tree.c */
 cgt_status tree__fail(cgt_tree *t, cgt_status s, const char *fmt, ...)
 #if defined(__GNUC__)
