@@ -219,12 +219,17 @@ static cgt_status check_values(cgt_tree *t) {
     CHECK(t->step_values[p] < t->n_slots, "position %u names slot %u of %u", p, t->step_values[p], t->n_slots);
     const value_slot *s = &t->slots[t->step_values[p]];
     CHECK(s->live && s->value_pos == p, "position %u is live but its slot is not (or points elsewhere)", p);
+    CHECK(s->in_graph_pool == value__mem_in_graph_pool(t, &s->mem),
+          "the value at position %u says it is%s in the graph pool, but it is%s", p, s->in_graph_pool ? "" : " not",
+          s->in_graph_pool ? " not" : "");
     live++;
   }
   for (uint32_t i = t->free_slot; i != VALUE_NONE; i = t->slots[i].next_free) {
     CHECK(i < t->n_slots && !t->slots[i].live, "free list holds slot %u, which is live or out of range", i);
     CHECK(++free_count <= t->n_slots, "the free list of value slots loops");
   }
+  CHECK(free_count == t->n_free_slots, "the free list holds %u slots, the tree counts %u", free_count,
+        t->n_free_slots);
   uint32_t live_slots = 0, retired = 0, held = 0;
   for (uint32_t i = 0; i < t->n_slots; i++) {
     const value_slot *s = &t->slots[i];

@@ -512,7 +512,7 @@ static cgt_status resolve_args(cgt_tree *t, const cgt_arg *args, uint32_t n_args
         return tree__fail(t, st, "cgt_run argument %u: %s", i, why);
       }
       r->mem = s->mem;
-      r->keyed = value__in_graph_pool(t, s);
+      r->keyed = s->in_graph_pool;
       r->slot = value__slot_of(a->value);
       break;
     }

@@ -132,6 +132,7 @@ struct cgt_tree {
   value_slot *slots;
   uint32_t n_slots;
   uint32_t free_slot;      /* head of the free list, VALUE_NONE if empty */
+  uint32_t n_free_slots;   /* slots on the free list: value__reserve's room, without a walk */
   uint32_t *step_values;   /* slot indexes of this step's values, in order (not the
                             path of nodes, which is t->cur and its ancestors) */
   uint64_t *values_live;   /* bit i: path[i] is live */
