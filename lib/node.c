@@ -74,18 +74,39 @@ uint32_t tree__key_hash(const void *key, size_t len) {
 
 enum { KEY_STATIC = 1, KEY_VALUE = 2, KEY_DYNAMIC = 3 };
 
-static size_t key_build(cgt_tree *t, cgt_segment id, uint64_t variant, uint32_t n_args) {
-  uint64_t *k = t->key_buf;
+/* A key: two words for (segment, argument count) and variant, then three
+ * for each argument. */
+static size_t key_size(uint32_t n_args) { return (2 + 3 * (size_t)n_args) * sizeof(uint64_t); }
+
+/* The three key words of one argument of the run at hand. */
+static inline void key_arg_words(const run_arg *a, uint64_t w[3]) {
+  w[0] = !a->keyed ? KEY_DYNAMIC : a->kind == CGT_ARG_STATIC ? KEY_STATIC : KEY_VALUE;
+  w[1] = a->keyed ? (uint64_t)(uintptr_t)a->mem.ptr : 0;
+  w[2] = a->mem.bytes;
+}
+
+/* Writes the key of the run at hand (t->args) into k, key_size(n_args) bytes. */
+static void key_build(const cgt_tree *t, cgt_segment id, uint64_t variant, uint32_t n_args, uint64_t *k) {
   k[0] = (uint64_t)id | (uint64_t)n_args << 32;
   k[1] = variant;
+  for (uint32_t i = 0; i < n_args; i++)
+    key_arg_words(&t->args[i], &k[2 + 3 * (size_t)i]);
+}
+
+/* 1 if n's key is the key of the run at hand: key_build's words, compared
+ * as they are made rather than written out first. */
+static int key_matches(const cgt_tree *t, const node *n, cgt_segment id, uint64_t variant, uint32_t n_args) {
+  const uint64_t *k = n->key;
+  if (n->key_bytes != key_size(n_args) || k[0] != ((uint64_t)id | (uint64_t)n_args << 32) || k[1] != variant)
+    return 0;
   for (uint32_t i = 0; i < n_args; i++) {
-    const run_arg *a = &t->args[i];
-    uint64_t *w = &k[2 + 3 * (size_t)i];
-    w[0] = !a->keyed ? KEY_DYNAMIC : a->kind == CGT_ARG_STATIC ? KEY_STATIC : KEY_VALUE;
-    w[1] = a->keyed ? (uint64_t)(uintptr_t)a->mem.ptr : 0;
-    w[2] = a->mem.bytes;
+    uint64_t w[3];
+    key_arg_words(&t->args[i], w);
+    const uint64_t *kw = &k[2 + 3 * (size_t)i];
+    if ((w[0] ^ kw[0]) | (w[1] ^ kw[1]) | (w[2] ^ kw[2]))
+      return 0;
   }
-  return (2 + 3 * (size_t)n_args) * sizeof *k;
+  return 1;
 }
 
 /* ------------------------------------------------------------- warm counts */
@@ -169,9 +190,10 @@ static int children_add(cgt_tree *t, node *parent, node *n) {
   return !hash_oomed;
 }
 
-/* Makes a child of t->cur under the key in t->key_buf; `first` is the head
- * of its key group (NULL for a new key). */
-static node *node_create(cgt_tree *t, node *first, cgt_segment id, uint64_t variant, size_t key_bytes) {
+/* Makes a child of t->cur under the key of the run at hand; `first` is the
+ * head of its key group (NULL for a new key). */
+static node *node_create(cgt_tree *t, node *first, cgt_segment id, uint64_t variant, uint32_t n_args) {
+  size_t key_bytes = key_size(n_args);
   if (t->next_id == UINT32_MAX)
     return NULL;
   if (!tree__grow(t, (void **)&t->nodes, &t->nodes_cap, t->n_nodes + 1, sizeof *t->nodes))
@@ -182,7 +204,7 @@ static node *node_create(cgt_tree *t, node *first, cgt_segment id, uint64_t vari
   if (!n)
     return NULL;
   n->key = (uint64_t *)(n + 1);
-  memcpy(n->key, t->key_buf, key_bytes);
+  key_build(t, id, variant, n_args, n->key);
   n->key_bytes = key_bytes;
   n->id = t->next_id++;
   n->last_step = t->step;
@@ -275,14 +297,6 @@ cgt_node_state node__public_state(const node *n) {
 }
 
 /* ---------------------------------------------------------------- the pool */
-
-layout_owner node__layout_owner(const cgt_tree *t, const pool *pl) {
-  if (pl == t->side_pool || t->opt.mode == CGT_MODE_EAGER)
-    return LAYOUT_VALUES;
-  if (pl == t->pool && t->opt.mode == CGT_MODE_TREE)
-    return t->pool_synced ? LAYOUT_VALUES : LAYOUT_CHECKPOINT;
-  return LAYOUT_NODE;
-}
 
 void node__begin_step(cgt_tree *t) {
   /* The root's checkpoint is the empty pool, and every value is dead. A
@@ -1024,22 +1038,23 @@ static run_action node_decide(const cgt_tree *t, node *first, cgt_segment id, co
 
 /* ------------------------------------------------------------------ a run */
 
-/* The head of the key group of this run under t->cur, or NULL; its key is
- * left in t->key_buf, its size in *key_bytes. Programs mostly take the same
- * child as last time: try it before the hash table, whose lookup costs
- * several dependent cache misses once the tree is larger than the caches. */
-static node *node_lookup(cgt_tree *t, cgt_segment id, const segment_rec *seg, uint64_t variant, size_t *key_bytes) {
-  *key_bytes = key_build(t, id, variant, seg->n_inputs);
+/* The head of the key group of this run under t->cur, or NULL. Programs
+ * mostly take the same child as last time: try it first, against the run's
+ * arguments, before building the key for the hash table, whose lookup
+ * costs several dependent cache misses once the tree is larger than the
+ * caches. */
+static node *node_lookup(cgt_tree *t, cgt_segment id, const segment_rec *seg, uint64_t variant) {
   node *first = t->cur->hot_child;
-  if (!first || first->key_bytes != *key_bytes || tree__key_differs(first->key, t->key_buf, *key_bytes)) {
-    HASH_FIND(hh, t->cur->children, t->key_buf, *key_bytes, first);
-    t->cur->hot_child = first;
-  }
+  if (first && key_matches(t, first, id, variant, seg->n_inputs))
+    return first;
+  key_build(t, id, variant, seg->n_inputs, t->key_buf);
+  HASH_FIND(hh, t->cur->children, t->key_buf, key_size(seg->n_inputs), first);
+  t->cur->hot_child = first;
   return first;
 }
 
 static cgt_status node_run(cgt_tree *t, const run_decision *d, node *first, cgt_segment id, const segment_rec *seg,
-                           uint64_t variant, size_t key_bytes, cgt_value *outputs, node **created);
+                           uint64_t variant, cgt_value *outputs, node **created);
 
 /* One run: the decision, then what it says, with the tree's device current
  * for everything that may reach the backend. A replay held back touches no
@@ -1049,19 +1064,18 @@ static cgt_status node_run(cgt_tree *t, const run_decision *d, node *first, cgt_
 cgt_status node__run(cgt_tree *t, cgt_segment id, const segment_rec *seg, uint64_t variant, cgt_value *outputs) {
   int eager_mode = t->opt.mode == CGT_MODE_EAGER;
   run_decision d;
-  size_t key_bytes = 0;
   node *first = NULL;
   cgt_status st = CGT_OK;
   int done = 0;
   if (!eager_mode) {
-    first = node_lookup(t, id, seg, variant, &key_bytes);
+    first = node_lookup(t, id, seg, variant);
     done = node_decide(t, first, id, seg, variant, &d) == RUN_REPLAY && replay_held(t, d.target, outputs);
   }
   if (!done) {
     int saved = tree__device_enter(t);
     node *created = NULL;
     st = eager_mode ? run_eagerly(t, NULL, id, seg, variant, t->pool, outputs)
-                    : node_run(t, &d, first, id, seg, variant, key_bytes, outputs, &created);
+                    : node_run(t, &d, first, id, seg, variant, outputs, &created);
     pool_sync_end(t, st);
     if (st != CGT_OK && created)
       node_unlink_newest(t, created); /* no half-made nodes; after pool_sync_end, which may use its pool */
@@ -1080,9 +1094,9 @@ cgt_status node__run(cgt_tree *t, cgt_segment id, const segment_rec *seg, uint64
 }
 
 /* Carries out node_decide's decision d for a run whose key group starts at
- * `first` (its key in t->key_buf, key_bytes long). */
+ * `first`. */
 static cgt_status node_run(cgt_tree *t, const run_decision *d, node *first, cgt_segment id, const segment_rec *seg,
-                           uint64_t variant, size_t key_bytes, cgt_value *outputs, node **created) {
+                           uint64_t variant, cgt_value *outputs, node **created) {
   run_action action = d->action;
   if (action == RUN_REPLAY)
     return replay(t, d->target, outputs);
@@ -1093,7 +1107,7 @@ static cgt_status node_run(cgt_tree *t, const run_decision *d, node *first, cgt_
 
   node *n = d->target;
   if (!n) {
-    n = node_create(t, first, id, variant, key_bytes);
+    n = node_create(t, first, id, variant, seg->n_inputs);
     if (!n)
       return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory for a new node");
     *created = n;

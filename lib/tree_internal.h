@@ -217,6 +217,16 @@ int tree__overlaps_pools(const cgt_tree *t, const void *p, size_t bytes);
 int tree__device_enter(cgt_tree *t);
 void tree__device_leave(cgt_tree *t, int saved);
 
+/* node.h's layout_owner of pool pl now. The fields it reads (pool_synced)
+ * are node.c's to write. */
+static inline layout_owner node__layout_owner(const cgt_tree *t, const pool *pl) {
+  if (pl == t->side_pool || t->opt.mode == CGT_MODE_EAGER)
+    return LAYOUT_VALUES;
+  if (pl == t->pool && t->opt.mode == CGT_MODE_TREE)
+    return t->pool_synced ? LAYOUT_VALUES : LAYOUT_CHECKPOINT;
+  return LAYOUT_NODE;
+}
+
 /* inspect.c */
 cgt_status tree__check(cgt_tree *t);
 /* For benchmarks that launch the tree's own graphs with no runtime around
