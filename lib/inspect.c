@@ -130,6 +130,9 @@ static const node *first_of_group(const node *n) {
 
 static cgt_status check_nodes(cgt_tree *t) {
   CHECK(t->root.id == 0 && !t->root.parent, "the virtual root has an id or a parent");
+  CHECK(t->root.path_hash == PATH_HASH_START, "the virtual root's path hash is not the one of an empty step");
+  CHECK(t->opt.mode == CGT_MODE_EAGER || t->path_hash == t->cur->path_hash,
+        "the path hash is not the one of the path's last node");
   CHECK(t->n_nodes == t->stats.nodes, "%u nodes but stats.nodes = %llu", t->n_nodes,
         (unsigned long long)t->stats.nodes);
   uint32_t reachable = 0;
@@ -163,6 +166,8 @@ static cgt_status check_nodes(cgt_tree *t) {
             "node %u's liveness list is out of order or past its step values", n->id);
     CHECK(n->parent == &t->root || (n->parent && n->parent->id < n->id), "node %u is older than its parent", n->id);
     CHECK(n->depth == (n->parent == &t->root ? 0 : n->parent->depth + 1), "node %u has depth %u", n->id, n->depth);
+    CHECK(n->path_hash == tree__path_hash_next(n->parent->path_hash, n->segment, n->variant),
+          "node %u's path hash is not its parent's with its segment and variant", n->id);
     CHECK(n->segment >= 1 && n->segment <= t->n_segments, "node %u has unknown segment %u", n->id, n->segment);
     const segment_rec *s = &t->segments[n->segment - 1];
     CHECK(n->key_bytes == (2 + 3 * (size_t)s->n_inputs) * 8 &&
@@ -214,12 +219,17 @@ static cgt_status check_values(cgt_tree *t) {
     CHECK(t->step_values[p] < t->n_slots, "position %u names slot %u of %u", p, t->step_values[p], t->n_slots);
     const value_slot *s = &t->slots[t->step_values[p]];
     CHECK(s->live && s->value_pos == p, "position %u is live but its slot is not (or points elsewhere)", p);
+    CHECK(s->in_graph_pool == value__mem_in_graph_pool(t, &s->mem),
+          "the value at position %u says it is%s in the graph pool, but it is%s", p, s->in_graph_pool ? "" : " not",
+          s->in_graph_pool ? " not" : "");
     live++;
   }
   for (uint32_t i = t->free_slot; i != VALUE_NONE; i = t->slots[i].next_free) {
     CHECK(i < t->n_slots && !t->slots[i].live, "free list holds slot %u, which is live or out of range", i);
     CHECK(++free_count <= t->n_slots, "the free list of value slots loops");
   }
+  CHECK(free_count == t->n_free_slots, "the free list holds %u slots, the tree counts %u", free_count,
+        t->n_free_slots);
   uint32_t live_slots = 0, retired = 0, held = 0;
   for (uint32_t i = 0; i < t->n_slots; i++) {
     const value_slot *s = &t->slots[i];

@@ -74,18 +74,39 @@ uint32_t tree__key_hash(const void *key, size_t len) {
 
 enum { KEY_STATIC = 1, KEY_VALUE = 2, KEY_DYNAMIC = 3 };
 
-static size_t key_build(cgt_tree *t, cgt_segment id, uint64_t variant, uint32_t n_args) {
-  uint64_t *k = t->key_buf;
+/* A key: two words for (segment, argument count) and variant, then three
+ * for each argument. */
+static size_t key_size(uint32_t n_args) { return (2 + 3 * (size_t)n_args) * sizeof(uint64_t); }
+
+/* The three key words of one argument of the run at hand. */
+static inline void key_arg_words(const run_arg *a, uint64_t w[3]) {
+  w[0] = !a->keyed ? KEY_DYNAMIC : a->kind == CGT_ARG_STATIC ? KEY_STATIC : KEY_VALUE;
+  w[1] = a->keyed ? (uint64_t)(uintptr_t)a->mem.ptr : 0;
+  w[2] = a->mem.bytes;
+}
+
+/* Writes the key of the run at hand (t->args) into k, key_size(n_args) bytes. */
+static void key_build(const cgt_tree *t, cgt_segment id, uint64_t variant, uint32_t n_args, uint64_t *k) {
   k[0] = (uint64_t)id | (uint64_t)n_args << 32;
   k[1] = variant;
+  for (uint32_t i = 0; i < n_args; i++)
+    key_arg_words(&t->args[i], &k[2 + 3 * (size_t)i]);
+}
+
+/* 1 if n's key is the key of the run at hand: key_build's words, compared
+ * as they are made rather than written out first. */
+static int key_matches(const cgt_tree *t, const node *n, cgt_segment id, uint64_t variant, uint32_t n_args) {
+  const uint64_t *k = n->key;
+  if (n->key_bytes != key_size(n_args) || k[0] != ((uint64_t)id | (uint64_t)n_args << 32) || k[1] != variant)
+    return 0;
   for (uint32_t i = 0; i < n_args; i++) {
-    const run_arg *a = &t->args[i];
-    uint64_t *w = &k[2 + 3 * (size_t)i];
-    w[0] = !a->keyed ? KEY_DYNAMIC : a->kind == CGT_ARG_STATIC ? KEY_STATIC : KEY_VALUE;
-    w[1] = a->keyed ? (uint64_t)(uintptr_t)a->mem.ptr : 0;
-    w[2] = a->mem.bytes;
+    uint64_t w[3];
+    key_arg_words(&t->args[i], w);
+    const uint64_t *kw = &k[2 + 3 * (size_t)i];
+    if ((w[0] ^ kw[0]) | (w[1] ^ kw[1]) | (w[2] ^ kw[2]))
+      return 0;
   }
-  return (2 + 3 * (size_t)n_args) * sizeof *k;
+  return 1;
 }
 
 /* ------------------------------------------------------------- warm counts */
@@ -169,9 +190,10 @@ static int children_add(cgt_tree *t, node *parent, node *n) {
   return !hash_oomed;
 }
 
-/* Makes a child of t->cur under the key in t->key_buf; `first` is the head
- * of its key group (NULL for a new key). */
-static node *node_create(cgt_tree *t, node *first, cgt_segment id, uint64_t variant, size_t key_bytes) {
+/* Makes a child of t->cur under the key of the run at hand; `first` is the
+ * head of its key group (NULL for a new key). */
+static node *node_create(cgt_tree *t, node *first, cgt_segment id, uint64_t variant, uint32_t n_args) {
+  size_t key_bytes = key_size(n_args);
   if (t->next_id == UINT32_MAX)
     return NULL;
   if (!tree__grow(t, (void **)&t->nodes, &t->nodes_cap, t->n_nodes + 1, sizeof *t->nodes))
@@ -182,12 +204,13 @@ static node *node_create(cgt_tree *t, node *first, cgt_segment id, uint64_t vari
   if (!n)
     return NULL;
   n->key = (uint64_t *)(n + 1);
-  memcpy(n->key, t->key_buf, key_bytes);
+  key_build(t, id, variant, n_args, n->key);
   n->key_bytes = key_bytes;
   n->id = t->next_id++;
   n->last_step = t->step;
   n->parent = t->cur;
   n->depth = t->cur == &t->root ? 0 : t->cur->depth + 1;
+  n->path_hash = tree__path_hash_next(t->cur->path_hash, id, variant);
   n->segment = id;
   n->variant = variant;
   n->state = NODE_WARMUP; /* the initial state; every later change is node_set_state's */
@@ -274,14 +297,6 @@ cgt_node_state node__public_state(const node *n) {
 }
 
 /* ---------------------------------------------------------------- the pool */
-
-layout_owner node__layout_owner(const cgt_tree *t, const pool *pl) {
-  if (pl == t->side_pool || t->opt.mode == CGT_MODE_EAGER)
-    return LAYOUT_VALUES;
-  if (pl == t->pool && t->opt.mode == CGT_MODE_TREE)
-    return t->pool_synced ? LAYOUT_VALUES : LAYOUT_CHECKPOINT;
-  return LAYOUT_NODE;
-}
 
 void node__begin_step(cgt_tree *t) {
   /* The root's checkpoint is the empty pool, and every value is dead. A
@@ -498,19 +513,9 @@ cgt_status node__launch(cgt_tree *t, node *n) {
   return st == CGT_OK ? CGT_OK : tree__backend_fail(t, st, "replay");
 }
 
-/* A replay: n's launch, now or (defer_launch) held back until the next
- * flush, and the values its recording fixed, handed out at once. */
-static cgt_status replay(cgt_tree *t, node *n, cgt_value *outputs) {
-  for (uint32_t i = 0; i < n->n_placeholders; i++)
-    n->placeholders[i].next_src = t->args[n->placeholders[i].arg].mem.ptr;
-  int held = fuse__enabled(t) && fuse__hold(t, n) == CGT_OK;
-  if (!held) {
-    cgt_status st = fuse__flush(t); /* what was held back goes first */
-    if (st == CGT_OK)
-      st = node__launch(t, n);
-    if (st != CGT_OK)
-      return st;
-  }
+/* The bookkeeping of a replay of n, launched or held back: the values its
+ * recording fixed, handed out at once, and n as the path's last node. */
+static void replay_commit(cgt_tree *t, node *n, cgt_value *outputs) {
   for (uint32_t o = 0; o < n->n_outputs; o++) {
     const mem_ref *out = &n->outputs[o];
     outputs[o] = value__make(t, *out, block_sharer(t, out->block, outputs, o));
@@ -526,6 +531,37 @@ static cgt_status replay(cgt_tree *t, node *n, cgt_value *outputs) {
   if (t->opt.mode == CGT_MODE_TREE)
     t->pool_synced = 0;
   t->cur = n;
+}
+
+/* Points n's placeholders at the DYNAMIC arguments of the run at hand. */
+static void replay_sources(cgt_tree *t, node *n) {
+  for (uint32_t i = 0; i < n->n_placeholders; i++)
+    n->placeholders[i].next_src = t->args[n->placeholders[i].arg].mem.ptr;
+}
+
+/* A replay held back (defer_launch) until the next flush: 1 if n was held
+ * and the replay is done, 0 if it must launch now (deferral is off, or no
+ * host memory to hold it). It touches no backend, so it runs without the
+ * tree's device (see node__run). */
+static int replay_held(cgt_tree *t, node *n, cgt_value *outputs) {
+  if (!fuse__enabled(t))
+    return 0;
+  replay_sources(t, n);
+  if (fuse__hold(t, n) != CGT_OK)
+    return 0;
+  replay_commit(t, n, outputs);
+  return 1;
+}
+
+/* A replay launched now, after what was held back. */
+static cgt_status replay(cgt_tree *t, node *n, cgt_value *outputs) {
+  replay_sources(t, n);
+  cgt_status st = fuse__flush(t); /* what was held back goes first */
+  if (st == CGT_OK)
+    st = node__launch(t, n);
+  if (st != CGT_OK)
+    return st;
+  replay_commit(t, n, outputs);
   return CGT_OK;
 }
 
@@ -1002,29 +1038,49 @@ static run_action node_decide(const cgt_tree *t, node *first, cgt_segment id, co
 
 /* ------------------------------------------------------------------ a run */
 
-/* The head of the key group of this run under t->cur, or NULL; its key is
- * left in t->key_buf, its size in *key_bytes. Programs mostly take the same
- * child as last time: try it before the hash table, whose lookup costs
- * several dependent cache misses once the tree is larger than the caches. */
-static node *node_lookup(cgt_tree *t, cgt_segment id, const segment_rec *seg, uint64_t variant, size_t *key_bytes) {
-  *key_bytes = key_build(t, id, variant, seg->n_inputs);
+/* The head of the key group of this run under t->cur, or NULL. Programs
+ * mostly take the same child as last time: try it first, against the run's
+ * arguments, before building the key for the hash table, whose lookup
+ * costs several dependent cache misses once the tree is larger than the
+ * caches. */
+static node *node_lookup(cgt_tree *t, cgt_segment id, const segment_rec *seg, uint64_t variant) {
   node *first = t->cur->hot_child;
-  if (!first || first->key_bytes != *key_bytes || memcmp(first->key, t->key_buf, *key_bytes)) {
-    HASH_FIND(hh, t->cur->children, t->key_buf, *key_bytes, first);
-    t->cur->hot_child = first;
-  }
+  if (first && key_matches(t, first, id, variant, seg->n_inputs))
+    return first;
+  key_build(t, id, variant, seg->n_inputs, t->key_buf);
+  HASH_FIND(hh, t->cur->children, t->key_buf, key_size(seg->n_inputs), first);
+  t->cur->hot_child = first;
   return first;
 }
 
-static cgt_status node_run(cgt_tree *t, cgt_segment id, const segment_rec *seg, uint64_t variant, cgt_value *outputs,
-                           node **created);
+static cgt_status node_run(cgt_tree *t, const run_decision *d, node *first, cgt_segment id, const segment_rec *seg,
+                           uint64_t variant, cgt_value *outputs, node **created);
 
+/* One run: the decision, then what it says, with the tree's device current
+ * for everything that may reach the backend. A replay held back touches no
+ * backend, so it alone runs without entering the device: on CUDA that
+ * saves a cudaGetDevice per run, a good part of a held-back replay's cost.
+ * CGT_MODE_EAGER keeps no tree and decides nothing. */
 cgt_status node__run(cgt_tree *t, cgt_segment id, const segment_rec *seg, uint64_t variant, cgt_value *outputs) {
-  node *created = NULL;
-  cgt_status st = node_run(t, id, seg, variant, outputs, &created);
-  pool_sync_end(t, st);
-  if (st != CGT_OK && created)
-    node_unlink_newest(t, created); /* no half-made nodes; after pool_sync_end, which may use its pool */
+  int eager_mode = t->opt.mode == CGT_MODE_EAGER;
+  run_decision d;
+  node *first = NULL;
+  cgt_status st = CGT_OK;
+  int done = 0;
+  if (!eager_mode) {
+    first = node_lookup(t, id, seg, variant);
+    done = node_decide(t, first, id, seg, variant, &d) == RUN_REPLAY && replay_held(t, d.target, outputs);
+  }
+  if (!done) {
+    int saved = tree__device_enter(t);
+    node *created = NULL;
+    st = eager_mode ? run_eagerly(t, NULL, id, seg, variant, t->pool, outputs)
+                    : node_run(t, &d, first, id, seg, variant, outputs, &created);
+    pool_sync_end(t, st);
+    if (st != CGT_OK && created)
+      node_unlink_newest(t, created); /* no half-made nodes; after pool_sync_end, which may use its pool */
+    tree__device_leave(t, saved);
+  }
   /* Ask for the likely next node and its key now, while the caller works. */
   node *cur = t->cur;
   const node *next = cur->hot_child;
@@ -1037,37 +1093,31 @@ cgt_status node__run(cgt_tree *t, cgt_segment id, const segment_rec *seg, uint64
   return st;
 }
 
-/* Carries out node_decide's decision. CGT_MODE_EAGER keeps no tree and
- * decides nothing. */
-static cgt_status node_run(cgt_tree *t, cgt_segment id, const segment_rec *seg, uint64_t variant, cgt_value *outputs,
-                           node **created) {
-  if (t->opt.mode == CGT_MODE_EAGER)
-    return run_eagerly(t, NULL, id, seg, variant, t->pool, outputs);
-
-  size_t key_bytes;
-  node *first = node_lookup(t, id, seg, variant, &key_bytes);
-  run_decision d;
-  run_action action = node_decide(t, first, id, seg, variant, &d);
+/* Carries out node_decide's decision d for a run whose key group starts at
+ * `first`. */
+static cgt_status node_run(cgt_tree *t, const run_decision *d, node *first, cgt_segment id, const segment_rec *seg,
+                           uint64_t variant, cgt_value *outputs, node **created) {
+  run_action action = d->action;
   if (action == RUN_REPLAY)
-    return replay(t, d.target, outputs);
+    return replay(t, d->target, outputs);
   /* Anything but a replay launches what was held back first. */
   cgt_status st = fuse__flush(t);
   if (st != CGT_OK)
     return st;
 
-  node *n = d.target;
+  node *n = d->target;
   if (!n) {
-    n = node_create(t, first, id, variant, key_bytes);
+    n = node_create(t, first, id, variant, seg->n_inputs);
     if (!n)
       return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory for a new node");
     *created = n;
   }
-  const char *why = d.why[0] ? d.why : NULL;
+  const char *why = d->why[0] ? d->why : NULL;
   switch (action) {
   case RUN_WARMUP:
     return run_warmup(t, n, seg, outputs);
   case RUN_RECORD:
-    return record(t, n, seg, d.rerecord, outputs);
+    return record(t, n, seg, d->rerecord, outputs);
   case RUN_EAGER:
     return run_eager_node(t, n, seg, why, NODE_EAGER, outputs);
   case RUN_OVERFLOW:

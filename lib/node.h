@@ -57,7 +57,7 @@ struct node {
   char *reason;        /* why EAGER or OVERFLOW */
   uint8_t pruned;      /* node__prune: on its way out */
 
-  /* Key under the parent (see node_key_build). Nodes that share a key are
+  /* Key under the parent (node.c: key_build). Nodes that share a key are
    * re-records for other liveness patterns: the first one is in the hash,
    * the others hang off it through next_same_key, in creation order. */
   uint64_t *key; /* stored right behind the node */
@@ -85,6 +85,10 @@ struct node {
   uint32_t n_dead;
   uint32_t *dead;
   uint64_t last_step; /* the step this node last ran in (pruning of WARMUP nodes) */
+  /* cgt_tree_path_hash after a run of this node: the parent's, with this
+   * node's (segment, variant) mixed in. Every successful run moves the path
+   * to its node, so the path hash is the current node's, computed once. */
+  uint64_t path_hash;
   uint32_t n_placeholders;
   node_placeholder *placeholders;
   uint32_t n_outputs;
@@ -112,7 +116,8 @@ typedef enum layout_owner {
   LAYOUT_NODE        /* the node of a private pool (CGT_MODE_SEPARATE): its blocks stay
                         until the node's next run clears the pool */
 } layout_owner;
-layout_owner node__layout_owner(const cgt_tree *t, const pool *pl);
+/* node__layout_owner(t, pl) gives it; it is inline in tree_internal.h,
+ * which knows the tree, because every cgt_value_release asks. */
 /* Starts the path at the root again (a new step, or a new tree): every value
  * is dead, so the graph pool and the side pool are emptied and synced. The
  * pool-sync fields of the tree (pool_synced, step_in_warmup, sync_undo*)

@@ -15,6 +15,10 @@
  * Devices: every call that does device work runs with the tree's device
  * current and gives the calling thread its own device back afterwards
  * (tree__device_enter/leave), so one thread may drive trees on several GPUs.
+ * cgt_run leaves it to node__run, which enters the device only after
+ * deciding, and not at all for a replay held back by defer_launch: such a
+ * run calls no backend, and the bracket (a cudaGetDevice) would be a good
+ * part of its cost.
  *
  * The path hash fingerprints the step so far: a running hash of (segment,
  * variant) over every successful cgt_run since the step began. Ranks of a
@@ -112,7 +116,7 @@ static void *tree_realloc(void *owner, void *ptr, size_t bytes) {
 }
 
 /* The tree's arrays (grow.h); capacities are 32-bit. */
-int tree__grow(cgt_tree *t, void **array, uint32_t *cap, uint32_t need, size_t elem_bytes) {
+int tree__grow_slow(cgt_tree *t, void **array, uint32_t *cap, uint32_t need, size_t elem_bytes) {
   size_t c = *cap;
   if (!cgt_grow(array, &c, need, UINT32_MAX, elem_bytes, 0, tree_realloc, t))
     return 0;
@@ -307,6 +311,7 @@ cgt_status cgt_tree_create(const cgt_options *o, cgt_tree **out) {
   t->log_level = env_log_level(t, o->log_fn ? CGT_LOG_INFO : CGT_LOG_WARN);
   t->opt.mode = env_mode(t, o->mode);
   t->root.id = 0;
+  t->root.path_hash = PATH_HASH_START;
   t->free_slot = VALUE_NONE;
   node__begin_step(t); /* the pools do not exist yet: nothing to clear */
   t->path_hash = PATH_HASH_START;
@@ -480,17 +485,6 @@ cgt_status cgt_step_begin(cgt_tree *t) {
   return CGT_OK;
 }
 
-/* splitmix64's finalizer: every input bit moves about half the output bits. */
-static uint64_t path_hash_mix(uint64_t h, uint64_t word) {
-  h ^= word + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-  h ^= h >> 30;
-  h *= 0xbf58476d1ce4e5b9ull;
-  h ^= h >> 27;
-  h *= 0x94d049bb133111ebull;
-  h ^= h >> 31;
-  return h;
-}
-
 cgt_status cgt_tree_path_hash(const cgt_tree *t, uint64_t *out) {
   if (!t)
     return CGT_ERR_INVALID_ARGUMENT;
@@ -518,7 +512,7 @@ static cgt_status resolve_args(cgt_tree *t, const cgt_arg *args, uint32_t n_args
         return tree__fail(t, st, "cgt_run argument %u: %s", i, why);
       }
       r->mem = s->mem;
-      r->keyed = value__in_graph_pool(t, s);
+      r->keyed = s->in_graph_pool;
       r->slot = value__slot_of(a->value);
       break;
     }
@@ -570,14 +564,14 @@ cgt_status cgt_run(cgt_tree *t, cgt_segment seg, uint64_t variant, const cgt_arg
   cgt_status st = resolve_args(t, args, n_args);
   if (st == CGT_OK)
     st = value__reserve(t, n_outputs);
-  if (st == CGT_OK) {
-    int saved = tree__device_enter(t);
-    st = node__run(t, seg, s, variant, outputs);
-    tree__device_leave(t, saved);
-  }
+  if (st == CGT_OK)
+    st = node__run(t, seg, s, variant, outputs); /* it enters the device itself, when it needs it */
   if (st == CGT_OK) {
     t->stats.runs++;
-    t->path_hash = path_hash_mix(path_hash_mix(t->path_hash, seg), variant);
+    /* A node's path hash was computed when it was made, so a run through
+     * the tree (TREE, SEPARATE) only reads it; CGT_MODE_EAGER has no nodes
+     * and mixes the run in. */
+    t->path_hash = t->opt.mode == CGT_MODE_EAGER ? tree__path_hash_next(t->path_hash, seg, variant) : t->cur->path_hash;
   }
   tree_debug_check(t);
   return st;

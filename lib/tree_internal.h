@@ -25,6 +25,18 @@
 /* uthash hashes node keys with our word hash (keys are whole 64-bit words). */
 uint32_t tree__key_hash(const void *key, size_t len);
 #define HASH_FUNCTION(keyptr, keylen, hashv) ((hashv) = tree__key_hash((keyptr), (keylen)))
+/* Keys (node keys, warm counters) are a few whole, aligned words: comparing
+ * them word by word inline costs less than memcmp's call through the PLT,
+ * and a run compares one on every lookup (node.c: node_lookup). Nonzero if
+ * they differ, as memcmp. */
+static inline int tree__key_differs(const void *a, const void *b, size_t bytes) {
+  const uint64_t *x = a, *y = b;
+  for (size_t i = 0; i < bytes / sizeof *x; i++)
+    if (x[i] != y[i])
+      return 1;
+  return 0;
+}
+#define HASH_KEYCMP(a, b, n) tree__key_differs((a), (b), (n))
 /* uthash must never exit(): a failed insertion reports itself and leaves the
  * table as it was. Its allocations are the tree's own (counted in
  * host_allocs, and failed by the test hook). The macros name two locals,
@@ -120,6 +132,7 @@ struct cgt_tree {
   value_slot *slots;
   uint32_t n_slots;
   uint32_t free_slot;      /* head of the free list, VALUE_NONE if empty */
+  uint32_t n_free_slots;   /* slots on the free list: value__reserve's room, without a walk */
   uint32_t *step_values;   /* slot indexes of this step's values, in order (not the
                             path of nodes, which is t->cur and its ancestors) */
   uint64_t *values_live;   /* bit i: path[i] is live */
@@ -157,6 +170,22 @@ struct cgt_tree {
 /* The path hash of a step with no run yet. */
 #define PATH_HASH_START 0x6367747265657061ull
 
+/* splitmix64's finalizer: every input bit moves about half the output bits. */
+static inline uint64_t tree__path_hash_mix(uint64_t h, uint64_t word) {
+  h ^= word + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+  h ^= h >> 30;
+  h *= 0xbf58476d1ce4e5b9ull;
+  h ^= h >> 27;
+  h *= 0x94d049bb133111ebull;
+  h ^= h >> 31;
+  return h;
+}
+
+/* The path hash h after one more run of (segment, variant). */
+static inline uint64_t tree__path_hash_next(uint64_t h, cgt_segment seg, uint64_t variant) {
+  return tree__path_hash_mix(tree__path_hash_mix(h, seg), variant);
+}
+
 /* tree.c */
 cgt_status tree__fail(cgt_tree *t, cgt_status s, const char *fmt, ...)
 #if defined(__GNUC__)
@@ -171,8 +200,13 @@ void tree__log(cgt_tree *t, int level, const char *fmt, ...)
 void *tree__malloc(cgt_tree *t, size_t bytes);
 void *tree__calloc(cgt_tree *t, size_t n, size_t bytes);
 /* Growable arrays (grow.h): 1, or 0 with the array unchanged; _zeroed
- * zeroes the new elements. */
-int tree__grow(cgt_tree *t, void **array, uint32_t *cap, uint32_t need, size_t elem_bytes);
+ * zeroes the new elements. tree__grow is inline because cgt_run calls it
+ * for its scratch arrays on every run, where the capacity is nearly always
+ * enough already: that case costs a compare, not a call. */
+int tree__grow_slow(cgt_tree *t, void **array, uint32_t *cap, uint32_t need, size_t elem_bytes);
+static inline int tree__grow(cgt_tree *t, void **array, uint32_t *cap, uint32_t need, size_t elem_bytes) {
+  return need <= *cap || tree__grow_slow(t, array, cap, need, elem_bytes);
+}
 int tree__grow_zeroed(cgt_tree *t, void **array, uint32_t *cap, uint32_t need, size_t elem_bytes);
 char *tree__strdup(cgt_tree *t, const char *s);
 cgt_status tree__backend_fail(cgt_tree *t, cgt_status s, const char *what);
@@ -182,6 +216,16 @@ int tree__overlaps_pools(const cgt_tree *t, const void *p, size_t bytes);
  * back. Every public call that does device work is bracketed by the pair. */
 int tree__device_enter(cgt_tree *t);
 void tree__device_leave(cgt_tree *t, int saved);
+
+/* node.h's layout_owner of pool pl now. The fields it reads (pool_synced)
+ * are node.c's to write. */
+static inline layout_owner node__layout_owner(const cgt_tree *t, const pool *pl) {
+  if (pl == t->side_pool || t->opt.mode == CGT_MODE_EAGER)
+    return LAYOUT_VALUES;
+  if (pl == t->pool && t->opt.mode == CGT_MODE_TREE)
+    return t->pool_synced ? LAYOUT_VALUES : LAYOUT_CHECKPOINT;
+  return LAYOUT_NODE;
+}
 
 /* inspect.c */
 cgt_status tree__check(cgt_tree *t);

@@ -45,12 +45,7 @@
 
 #include "tree_internal.h"
 
-#define HANDLE_INDEX_BITS 20
-#define HANDLE_GEN_BITS 32
-#define HANDLE_TAG_BITS 12
-#define HANDLE_MAX_SLOTS ((1u << HANDLE_INDEX_BITS) - 1u)
-
-static uint32_t value_index(cgt_value v) { return (uint32_t)(v.bits & HANDLE_MAX_SLOTS) - 1u; }
+static uint32_t value_index(cgt_value v) { return value__slot_of(v); }
 static uint32_t value_gen(cgt_value v) { return (uint32_t)(v.bits >> HANDLE_INDEX_BITS); }
 static uint32_t value_tag(cgt_value v) { return (uint32_t)(v.bits >> (HANDLE_INDEX_BITS + HANDLE_GEN_BITS)); }
 
@@ -76,40 +71,40 @@ static void slot_maybe_free(cgt_tree *t, uint32_t i) {
   s->owner = VALUE_NONE;
   s->next_free = t->free_slot;
   t->free_slot = i;
+  t->n_free_slots++;
 }
-
-uint32_t value__slot_of(cgt_value v) { return value_index(v); }
 
 /* ------------------------------------------------------------------ slots */
 
 cgt_status value__resolve(cgt_tree *t, cgt_value v, value_slot **out) {
-  if (v.bits == 0 || (v.bits & HANDLE_MAX_SLOTS) == 0)
+  /* The common case first, in one test: a live value of this tree. An
+   * index field of 0 wraps around to an index past every slot. */
+  uint32_t i = value_index(v);
+  value_slot *s = i < t->n_slots ? &t->slots[i] : NULL;
+  if (s && value_tag(v) == t->tag && s->live && s->gen == value_gen(v)) {
+    *out = s;
+    return CGT_OK;
+  }
+  /* Then what is wrong with it, in the order of the handle's fields. */
+  if ((v.bits & HANDLE_MAX_SLOTS) == 0)
     return tree__fail(t, CGT_ERR_INVALID_ARGUMENT, "value %#llx is not a value handle (0 is never a valid value)",
                       (unsigned long long)v.bits);
   if (value_tag(v) != t->tag)
     return tree__fail(t, CGT_ERR_INVALID_ARGUMENT,
                       "value %#llx belongs to another tree (its tag is %u, this tree's is %u)",
                       (unsigned long long)v.bits, value_tag(v), t->tag);
-  uint32_t i = value_index(v);
-  if (i >= t->n_slots)
+  if (!s)
     return tree__fail(t, CGT_ERR_INVALID_ARGUMENT, "value %#llx was never made by this tree",
                       (unsigned long long)v.bits);
-  value_slot *s = &t->slots[i];
-  if (!s->live || s->gen != value_gen(v)) {
-    t->stats.stale_uses++;
-    return tree__fail(t, CGT_ERR_STALE_VALUE, "value %#llx is stale: it was released or its step has ended",
-                      (unsigned long long)v.bits);
-  }
-  *out = s;
-  return CGT_OK;
+  t->stats.stale_uses++;
+  return tree__fail(t, CGT_ERR_STALE_VALUE, "value %#llx is stale: it was released or its step has ended",
+                    (unsigned long long)v.bits);
 }
 
 /* Makes room for n more values, so that a run can hand out all its outputs
  * or fail before changing anything. */
 cgt_status value__reserve(cgt_tree *t, uint32_t n) {
-  uint32_t free_count = 0;
-  for (uint32_t i = t->free_slot; i != VALUE_NONE && free_count < n; i = t->slots[i].next_free)
-    free_count++;
+  uint32_t free_count = t->n_free_slots;
   if (free_count < n) {
     uint32_t old = t->n_slots, cap = t->n_slots, need = t->n_slots + (n - free_count);
     if (need > HANDLE_MAX_SLOTS)
@@ -125,6 +120,7 @@ cgt_status value__reserve(cgt_tree *t, uint32_t n) {
       t->slots[i].owner = VALUE_NONE;
       t->slots[i].next_free = t->free_slot;
       t->free_slot = i;
+      t->n_free_slots++;
     }
     t->n_slots = cap;
   }
@@ -143,6 +139,17 @@ cgt_status value__reserve(cgt_tree *t, uint32_t n) {
   return CGT_OK;
 }
 
+/* Memory whose address is fixed by a recording and part of a node key: a
+ * value made there keeps this answer for life (slot.in_graph_pool), since
+ * neither its pool nor the tree's pools change while it lives. */
+int value__mem_in_graph_pool(const cgt_tree *t, const mem_ref *mem) {
+  if (!mem->pool)
+    return 0;
+  if (t->opt.mode == CGT_MODE_SEPARATE)
+    return mem->pool != t->side_pool;
+  return mem->pool == t->pool;
+}
+
 /* Hands out a value; value__reserve must have made room. `shares` is a live
  * value known to lie in the same block (an input the output aliases, or an
  * earlier output of the same run in the same allocation), or VALUE_NONE for
@@ -152,8 +159,10 @@ cgt_value value__make(cgt_tree *t, mem_ref mem, uint32_t shares) {
   uint32_t i = t->free_slot;
   value_slot *s = &t->slots[i];
   t->free_slot = s->next_free;
+  t->n_free_slots--;
   s->next_free = VALUE_NONE;
   s->live = 1;
+  s->in_graph_pool = (uint8_t)value__mem_in_graph_pool(t, &mem);
   s->mem = mem;
   void *block = mem.block;
   s->value_pos = t->n_step_values;
@@ -169,7 +178,7 @@ cgt_value value__make(cgt_tree *t, mem_ref mem, uint32_t shares) {
   t->step_values[t->n_step_values] = i;
   uint64_t bit = (uint64_t)1 << (t->n_step_values % 64);
   t->values_live[t->n_step_values / 64] |= bit;
-  if (value__in_graph_pool(t, s))
+  if (s->in_graph_pool)
     t->values_pooled[t->n_step_values / 64] |= bit;
   else
     t->values_pooled[t->n_step_values / 64] &= ~bit;
@@ -196,15 +205,6 @@ static value_slot *value_kill(cgt_tree *t, uint32_t i) {
   if (owner != VALUE_NONE && owner != i)
     slot_maybe_free(t, owner);
   return last ? o : NULL;
-}
-
-/* Values whose address is fixed by a recording and part of a node key. */
-int value__in_graph_pool(const cgt_tree *t, const value_slot *s) {
-  if (!s->mem.pool)
-    return 0;
-  if (t->opt.mode == CGT_MODE_SEPARATE)
-    return s->mem.pool != t->side_pool;
-  return s->mem.pool == t->pool;
 }
 
 /* Ends the step for every value: all become stale. The caller resets the
@@ -275,20 +275,20 @@ cgt_status cgt_value_release(cgt_tree *t, cgt_value v) {
     return CGT_ERR_INVALID_ARGUMENT;
   if (t->launch.active)
     return tree__fail(t, CGT_ERR_STATE, "cgt_value_release: not allowed inside a launch function");
-  value_slot *s;
+  value_slot *s = NULL;
   cgt_status st = value__resolve(t, v, &s);
   if (st != CGT_OK)
     return st;
-  uint32_t i = value_index(v);
   /* Free the block when this was its last value and the pool's layout is
    * the live values' to change (node__layout_owner says whose it is). */
-  int owns_layout = node__layout_owner(t, s->mem.pool) == LAYOUT_VALUES;
-  value_slot *o = owner_of(t, s);
-  if (o && o->refs == 1 && owns_layout && NEVER(!pool_block_bytes(s->mem.pool, s->mem.block)))
+  const value_slot *o = owner_of(t, s);
+  int frees_block = o && o->refs == 1 && node__layout_owner(t, s->mem.pool) == LAYOUT_VALUES;
+  if (frees_block && NEVER(!pool_block_bytes(s->mem.pool, s->mem.block)))
     return tree__fail(t, CGT_ERR_STATE, "cgt_value_release: block %p of the value is not allocated", s->mem.block);
   void *block = s->mem.block;
   pool *pl = s->mem.pool;
-  if (value_kill(t, i) && owns_layout)
+  (void)value_kill(t, value_index(v)); /* the block's last value exactly when o->refs was 1 */
+  if (frees_block)
     pool_free(pl, block);
   return CGT_OK;
 }
