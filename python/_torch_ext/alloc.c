@@ -160,6 +160,80 @@ void tx_alloc_note_pool_in_use(int device, size_t bytes) {
   pthread_mutex_unlock(&alloc_mu);
 }
 
+/* ------------------------------------------- who holds eager memory
+ * A debugging aid, off unless track_eager(True) was called: every eager
+ * block in use, with its size and the serial of its allocation, so that a
+ * benchmark can list what was allocated since a moment and is still held
+ * (tx_alloc_eager_held; bench/torch_eager_residue.py). */
+typedef struct eager_rec {
+  void *ptr;
+  size_t size;
+  uint64_t serial;
+  UT_hash_handle hh;
+} eager_rec;
+static int track_eager;
+static eager_rec *eager_recs;
+static uint64_t eager_serial;
+
+void tx_alloc_track_eager(int on) {
+  pthread_mutex_lock(&alloc_mu);
+  track_eager = on;
+  if (!on) {
+    eager_rec *r, *tmp;
+    HASH_ITER(hh, eager_recs, r, tmp) {
+      HASH_DEL(eager_recs, r);
+      free(r);
+    }
+  }
+  pthread_mutex_unlock(&alloc_mu);
+}
+
+uint64_t tx_alloc_eager_serial(void) {
+  pthread_mutex_lock(&alloc_mu);
+  uint64_t s = eager_serial;
+  pthread_mutex_unlock(&alloc_mu);
+  return s;
+}
+
+size_t tx_alloc_eager_held(uint64_t since, size_t *sizes, uint64_t *serials, size_t cap) {
+  size_t n = 0;
+  pthread_mutex_lock(&alloc_mu);
+  eager_rec *r, *tmp;
+  HASH_ITER(hh, eager_recs, r, tmp) {
+    if (r->serial < since)
+      continue;
+    if (n < cap) {
+      sizes[n] = r->size;
+      serials[n] = r->serial;
+    }
+    n++;
+  }
+  pthread_mutex_unlock(&alloc_mu);
+  return n;
+}
+
+/* Called with alloc_mu held, at every eager allocation (add) and free. */
+static void eager_track_locked(void *p, size_t size, int add) {
+  eager_serial++;
+  if (!track_eager)
+    return;
+  eager_rec *r = NULL;
+  HASH_FIND_PTR(eager_recs, &p, r);
+  if (r) {
+    HASH_DEL(eager_recs, r);
+    free(r);
+  }
+  if (!add)
+    return;
+  r = malloc(sizeof *r);
+  if (!r)
+    return; /* a debugging aid: it may miss a block, never fail the allocation */
+  r->ptr = p;
+  r->size = size;
+  r->serial = eager_serial;
+  HASH_ADD_PTR(eager_recs, ptr, r);
+}
+
 static void *eager_alloc(size_t size, int device, void *stream) {
   size_t bytes = round_bytes(size);
   if (device < 0)
@@ -192,6 +266,7 @@ static void *eager_alloc(size_t size, int device, void *stream) {
   if (fig.eager_in_use > fig.eager_peak)
     fig.eager_peak = fig.eager_in_use;
   combined_peak_check_locked();
+  eager_track_locked(p, size, 1);
   pthread_mutex_unlock(&alloc_mu);
   return p;
 }
@@ -202,6 +277,7 @@ static void eager_free(void *p, size_t size, int device, void *stream) {
     stream = HOST_STREAM;
   pthread_mutex_lock(&alloc_mu);
   fig.eager_in_use -= in_use_bytes(size);
+  eager_track_locked(p, size, 0);
   bucket *b = bucket_find(bytes, stream, 1);
   if (b && b->n == b->cap) {
     size_t cap = b->cap ? b->cap * 2 : 8;

@@ -59,6 +59,11 @@ typedef struct tx_alloc_figures {
 void tx_alloc_figures_get(tx_alloc_figures *out);
 void tx_alloc_reset_peak(void);                /* eager_peak and combined_peak restart from now */
 void tx_alloc_note_pool_in_use(int device, size_t bytes); /* a device's tree: its pool bytes in use now */
+/* A debugging aid (module.c's track_eager / eager_held): eager blocks in
+ * use, with the serial of their allocation. */
+void tx_alloc_track_eager(int on);
+uint64_t tx_alloc_eager_serial(void);
+size_t tx_alloc_eager_held(uint64_t since, size_t *sizes, uint64_t *serials, size_t cap);
 size_t tx_alloc_empty_cache(void); /* cudaFree every cached eager block; returns bytes given back */
 
 /* ------------------------------------------------------------- dev.c */

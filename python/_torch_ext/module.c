@@ -334,6 +334,39 @@ static PyObject *m_reset_peak(PyObject *m, PyObject *unused) {
   Py_RETURN_NONE;
 }
 
+static PyObject *m_track_eager(PyObject *m, PyObject *arg) {
+  (void)m;
+  int on = PyObject_IsTrue(arg);
+  if (on < 0)
+    return NULL;
+  tx_alloc_track_eager(on);
+  return PyLong_FromUnsignedLongLong(tx_alloc_eager_serial());
+}
+
+static PyObject *m_eager_held(PyObject *m, PyObject *arg) {
+  (void)m;
+  unsigned long long since = PyLong_AsUnsignedLongLong(arg);
+  if (since == (unsigned long long)-1 && PyErr_Occurred())
+    return NULL;
+  size_t n = tx_alloc_eager_held(since, NULL, NULL, 0);
+  size_t *sizes = malloc((n + 1) * sizeof *sizes);
+  uint64_t *serials = malloc((n + 1) * sizeof *serials);
+  if (!sizes || !serials) {
+    free(sizes), free(serials);
+    return PyErr_NoMemory();
+  }
+  n = tx_alloc_eager_held(since, sizes, serials, n);
+  PyObject *out = PyList_New(0);
+  for (size_t i = 0; out && i < n; i++) {
+    PyObject *t = Py_BuildValue("(nK)", (Py_ssize_t)sizes[i], (unsigned long long)serials[i]);
+    if (!t || PyList_Append(out, t) < 0)
+      Py_CLEAR(out);
+    Py_XDECREF(t);
+  }
+  free(sizes), free(serials);
+  return out;
+}
+
 static PyObject *m_empty_cache(PyObject *m, PyObject *unused) {
   (void)m;
   (void)unused;
@@ -455,6 +488,12 @@ static PyMethodDef module_methods[] = {
      "init_hot_path(torch._C._from_dlpack, torch._C._cuda_getCurrentRawStream, GenerationTracker, torch.Tensor"
      "[, torch.Tensor.data_ptr, torch._C._cuda_clearCublasWorkspaces, torch._C._tensors_data_ptrs_at_indices_equal])"},
     {"alloc_figures", m_alloc_figures, METH_NOARGS, "the allocator's own memory figures"},
+    {"track_eager", m_track_eager, METH_O,
+     "track_eager(on): remember every eager block in use with the serial of its allocation (a debugging aid); "
+     "returns the serial now"},
+    {"eager_held", m_eager_held, METH_O,
+     "eager_held(since): [(bytes, serial)] of the tracked eager blocks allocated at or after serial `since` and "
+     "still in use"},
     {"reset_peak", m_reset_peak, METH_NOARGS, "eager_peak := eager_in_use; combined_peak := eager_in_use + pool_in_use"},
     {"empty_cache", m_empty_cache, METH_NOARGS, "give cached eager blocks back to CUDA; returns bytes"},
     {"alias_capsule", m_alias_capsule, METH_VARARGS, "a DLPack capsule over caller-owned CUDA memory"},

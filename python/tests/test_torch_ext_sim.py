@@ -277,6 +277,23 @@ def test_static_pointers_are_confirmed_in_one_check_and_a_moved_one_is_seen(tree
         X.init_hot_path(fake_from_dlpack, lambda device: 0, Generation, FakeTensor)
 
 
+def test_tracked_eager_blocks_are_listed_until_freed():
+    since = X.track_eager(True)
+    try:
+        p = _lib.cgt_torch_alloc(3000, -1, None)
+        q = _lib.cgt_torch_alloc(700, -1, None)
+        held = X.eager_held(since)
+        assert sorted(b for b, _ in held) == [700, 3000] and all(s > since for _, s in held)
+        _lib.cgt_torch_free(p, 3000, -1, None)
+        assert [b for b, _ in X.eager_held(since)] == [700]
+        later = X.track_eager(True)
+        assert X.eager_held(later + 1) == []  # nothing allocated since
+        _lib.cgt_torch_free(q, 700, -1, None)
+        assert X.eager_held(since) == []
+    finally:
+        X.track_eager(False)
+
+
 def test_an_output_passed_to_the_next_segment_of_the_step_is_a_value(tree):
     g1, g2 = Graph(tree, 2.0, 0.0), Graph(tree, 1.0, 1.0)
     s1, s2 = segment(tree, g1, spans=(16,), name="one"), segment(tree, g2, spans=(16,), name="two")
