@@ -102,6 +102,10 @@ typedef struct case_result {
   int have_fuse;
   double first_fused_us, fused_flush_us;
   double fused_launches_per_step; /* timed repetitions */
+  /* host time per step, one-graph and tree_defer steps alternating (see
+   * measure_paired_host); medians */
+  int have_paired;
+  double paired_one_host_us, paired_defer_host_us;
 } case_result;
 
 static int fail_msg(const char *what, cgt_status st, cgt_tree *t) {
@@ -630,6 +634,61 @@ done:
   return ok;
 }
 
+/* Host time of one-graph and tree_defer steps taken alternately, on one
+ * tree of each, medians. The host columns of the mode table time each mode
+ * in its own stretch of the run, and on a shared machine the CPU's clock and
+ * its other tenants drift between stretches by more than the difference
+ * measured here (three runs of one machine gave 0.026 to 1.8 µs per segment
+ * for it). Alternating step by step puts both under the same conditions, so
+ * their difference per segment is the deferred tree's own host cost over
+ * one graph launch (issue 13's host target). Chains only (branchy has no
+ * one-graph form). */
+static int measure_paired_host(const options *o, case_result *c) {
+  wl_params one = c->p, fused = c->p;
+  one.fused = 1;
+  cgt_tree *ta = NULL, *tb = NULL;
+  workload *wa = NULL, *wb = NULL;
+  int n = o->steps * o->reps, ok = 0, sa = 0, sb = 0;
+  double *ha = calloc((size_t)n, sizeof *ha), *hb = calloc((size_t)n, sizeof *hb);
+  if (!ha || !hb || !open_tree(o, CGT_MODE_TREE, 0, &one, &ta, &wa) || !open_tree(o, CGT_MODE_TREE, 1, &fused, &tb, &wb))
+    goto done;
+  for (int i = 0; i < o->warm + 8; i++) /* recordings, then the span's first flushes */
+    if (!step_sync(wa, sa++) || timed_step(wb, sb++, 1) != CGT_OK || cgt_sync(tb) != CGT_OK)
+      goto done;
+  for (int i = 0; i < n; i++) {
+    cgt_status st = cgt_sync(ta);
+    double t0 = bench_now_ns();
+    if (st == CGT_OK)
+      st = timed_step(wa, sa++, 0);
+    ha[i] = (bench_now_ns() - t0) / 1e3;
+    if (st == CGT_OK)
+      st = cgt_sync(ta);
+    if (st == CGT_OK)
+      st = cgt_sync(tb);
+    t0 = bench_now_ns();
+    if (st == CGT_OK)
+      st = timed_step(wb, sb++, 1);
+    hb[i] = (bench_now_ns() - t0) / 1e3;
+    if (st == CGT_OK)
+      st = cgt_sync(tb);
+    if (st != CGT_OK) {
+      fail_msg("paired host step", st, NULL);
+      goto done;
+    }
+  }
+  c->paired_one_host_us = bench_median(ha, (size_t)n);
+  c->paired_defer_host_us = bench_median(hb, (size_t)n);
+  c->have_paired = 1;
+  ok = 1;
+done:
+  if (tb)
+    close_tree(tb, wb);
+  if (ta)
+    close_tree(ta, wa);
+  free(ha), free(hb);
+  return ok;
+}
+
 /* ---------------------------------------------------------------- cases */
 
 static int run_case(const options *o, case_result *c) {
@@ -656,6 +715,10 @@ static int run_case(const options *o, case_result *c) {
   if (ok && c->ok) {
     fprintf(stderr, "  %s: first fused launch ...\n", c->name);
     ok = measure_first_fused(o, c);
+  }
+  if (ok && c->ok && c->m[M_DEFER].ran && c->m[M_ONE_GRAPH].ran) {
+    fprintf(stderr, "  %s: host time, one-graph and tree_defer alternating ...\n", c->name);
+    ok = measure_paired_host(o, c);
   }
   if (c->m[M_DEFER].ran)
     c->fused_launches_per_step = (double)c->m[M_DEFER].fused_launches / ((double)o->reps * o->steps);
@@ -774,6 +837,12 @@ static void json_case(FILE *f, const options *o, const case_result *c, const cha
     fprintf(f, ",\"tree_defer_fused_launches_per_step\":%.3f", c->fused_launches_per_step);
   if (c->have_fuse)
     fprintf(f, ",\"first_fused_flush_us\":%.1f,\"fused_flush_us\":%.2f", c->first_fused_us, c->fused_flush_us);
+  if (c->have_paired)
+    fprintf(f,
+            ",\"paired_host_one_graph_us\":%.2f,\"paired_host_tree_defer_us\":%.2f,"
+            "\"paired_host_defer_minus_one_graph_per_segment_us\":%.3f",
+            c->paired_one_host_us, c->paired_defer_host_us,
+            (c->paired_defer_host_us - c->paired_one_host_us) / c->segments_per_step);
   fprintf(f, ",\"bare_does_input_copy\":false");
   if (c->have_record) {
     fprintf(f, ",\"record_us\":%.1f,\"record_replay_synced_us\":%.1f,\"record_what\":\"%s\"", c->record_us,
@@ -907,6 +976,18 @@ static void print_tables(const options *o, case_result *cs, int n, const char *d
     }
     printf("| %s | %s | %s | %s | %s | %s | %s | %s | %.2f | %.2f | %s | %s | %s | %s |\n", c->name, t, d, g, b, r1,
            r2, r3, c->fused_launches_per_step, m[M_DEFER].host_us, hg, hov, ff, fl);
+  }
+
+  printf("\nHost time per step with one-graph and tree_defer steps alternating (each step's calls, the flush\n"
+         "included, the stream drained before and the wait after not counted; medians of %d steps each): the\n"
+         "issue 13 host target compares these, as both meet the same clock and load.\n\n",
+         o->steps * o->reps);
+  printf("| case | host one-graph | host tree_defer | (defer-one)/S |\n| --- | ---: | ---: | ---: |\n");
+  for (int i = 0; i < n; i++) {
+    case_result *c = &cs[i];
+    if (c->have_paired)
+      printf("| %s | %.2f | %.2f | %.3f |\n", c->name, c->paired_one_host_us, c->paired_defer_host_us,
+             (c->paired_defer_host_us - c->paired_one_host_us) / c->segments_per_step);
   }
 
   printf("\nRecording latency (µs; cgt_sync before and after the run, so each figure includes the first launch):\n\n");
