@@ -195,7 +195,7 @@ uint64_t tx_alloc_eager_serial(void) {
   return s;
 }
 
-size_t tx_alloc_eager_held(uint64_t since, size_t *sizes, uint64_t *serials, size_t cap) {
+size_t tx_alloc_eager_held(uint64_t since, size_t *sizes, uint64_t *serials, void **ptrs, size_t cap) {
   size_t n = 0;
   pthread_mutex_lock(&alloc_mu);
   eager_rec *r, *tmp;
@@ -205,6 +205,7 @@ size_t tx_alloc_eager_held(uint64_t since, size_t *sizes, uint64_t *serials, siz
     if (n < cap) {
       sizes[n] = r->size;
       serials[n] = r->serial;
+      ptrs[n] = r->ptr;
     }
     n++;
   }

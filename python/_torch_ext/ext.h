@@ -63,7 +63,7 @@ void tx_alloc_note_pool_in_use(int device, size_t bytes); /* a device's tree: it
  * use, with the serial of their allocation. */
 void tx_alloc_track_eager(int on);
 uint64_t tx_alloc_eager_serial(void);
-size_t tx_alloc_eager_held(uint64_t since, size_t *sizes, uint64_t *serials, size_t cap);
+size_t tx_alloc_eager_held(uint64_t since, size_t *sizes, uint64_t *serials, void **ptrs, size_t cap);
 size_t tx_alloc_empty_cache(void); /* cudaFree every cached eager block; returns bytes given back */
 
 /* ------------------------------------------------------------- dev.c */

@@ -348,22 +348,24 @@ static PyObject *m_eager_held(PyObject *m, PyObject *arg) {
   unsigned long long since = PyLong_AsUnsignedLongLong(arg);
   if (since == (unsigned long long)-1 && PyErr_Occurred())
     return NULL;
-  size_t n = tx_alloc_eager_held(since, NULL, NULL, 0);
+  size_t n = tx_alloc_eager_held(since, NULL, NULL, NULL, 0);
   size_t *sizes = malloc((n + 1) * sizeof *sizes);
   uint64_t *serials = malloc((n + 1) * sizeof *serials);
-  if (!sizes || !serials) {
-    free(sizes), free(serials);
+  void **ptrs = malloc((n + 1) * sizeof *ptrs);
+  if (!sizes || !serials || !ptrs) {
+    free(sizes), free(serials), free(ptrs);
     return PyErr_NoMemory();
   }
-  n = tx_alloc_eager_held(since, sizes, serials, n);
+  n = tx_alloc_eager_held(since, sizes, serials, ptrs, n);
   PyObject *out = PyList_New(0);
   for (size_t i = 0; out && i < n; i++) {
-    PyObject *t = Py_BuildValue("(nK)", (Py_ssize_t)sizes[i], (unsigned long long)serials[i]);
+    PyObject *t = Py_BuildValue("(nKN)", (Py_ssize_t)sizes[i], (unsigned long long)serials[i],
+                                PyLong_FromVoidPtr(ptrs[i]));
     if (!t || PyList_Append(out, t) < 0)
       Py_CLEAR(out);
     Py_XDECREF(t);
   }
-  free(sizes), free(serials);
+  free(sizes), free(serials), free(ptrs);
   return out;
 }
 
@@ -492,8 +494,8 @@ static PyMethodDef module_methods[] = {
      "track_eager(on): remember every eager block in use with the serial of its allocation (a debugging aid); "
      "returns the serial now"},
     {"eager_held", m_eager_held, METH_O,
-     "eager_held(since): [(bytes, serial)] of the tracked eager blocks allocated at or after serial `since` and "
-     "still in use"},
+     "eager_held(since): [(bytes, serial, address)] of the tracked eager blocks allocated at or after serial "
+     "`since` and still in use"},
     {"reset_peak", m_reset_peak, METH_NOARGS, "eager_peak := eager_in_use; combined_peak := eager_in_use + pool_in_use"},
     {"empty_cache", m_empty_cache, METH_NOARGS, "give cached eager blocks back to CUDA; returns bytes"},
     {"alias_capsule", m_alias_capsule, METH_VARARGS, "a DLPack capsule over caller-owned CUDA memory"},

@@ -102,6 +102,7 @@ typedef struct SegmentObject {
   PyObject *static_ptrs, *static_idx;
   int static_known;
   int dynamic_spans, registered, want_bypass;
+  int rerun_first; /* the graph mutates no input: its first call may run again, in the pool (first_call) */
   cgt_segment seg;
   cgt_arg *args;
   void **ptrs;
@@ -493,7 +494,19 @@ static void go_plain(SegmentObject *s, const char *why) {
 }
 
 /* The first call: the compiled graph runs plainly (outside the pool), and
- * its outputs tell us what to register. */
+ * its outputs tell us what to register.
+ *
+ * Those outputs are plain device memory, and PyTorch may keep them: Dynamo
+ * holds the frame locals of the code it compiles after a graph break, which
+ * are what this call returns (bench/torch_eager_residue.py finds them there,
+ * held for the life of the process). So a graph that mutates none of its
+ * inputs (rerun_first; a pure function of them, since graphs that draw
+ * random numbers are never segments) is run once more at once, through
+ * cgt_run, and the plain outputs are dropped: the caller gets the pool's,
+ * whose memory goes back to the tree at the end of the step whoever keeps
+ * the tensors, as CUDAGraph Trees do with theirs. That run is the graph's
+ * first warmup. A graph that mutates an input cannot run twice: it keeps its
+ * plain outputs. */
 static PyObject *first_call(SegmentObject *s, PyObject *const *args, size_t n, uint64_t variant) {
   PyObject *res = call_plain(s, args, n);
   if (!res)
@@ -673,7 +686,11 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
   if (!s->registered) { /* runs on the caller's stream: wait for the tree's outputs */
     if (caller && caller != T->stream)
       tx_stream_wait(caller, T->stream, T->ev_out);
-    return first_call(s, args, n, variant);
+    PyObject *plain = first_call(s, args, n, variant);
+    if (!plain || !s->registered || !s->rerun_first || s->bypass_reason)
+      return plain;
+    Py_DECREF(plain); /* its outputs die now: the run below makes them again, in the pool */
+    tx_out_ref_queue_drain();
   }
   if (caller && caller != T->stream)
     tx_stream_wait(T->stream, caller, T->ev_in);
@@ -749,14 +766,14 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
 
 static int seg_init(SegmentObject *s, PyObject *a, PyObject *kw) {
   static char *kwlist[] = {"tree", "name", "compiled", "launch", "alias", "describe", "span",
-                           "kinds", "spans", "flags", "dynamic_spans", NULL};
+                           "kinds", "spans", "flags", "dynamic_spans", "rerun_first", NULL};
   PyObject *tree, *compiled, *launch, *alias, *describe, *span, *spans;
   const char *name;
   Py_buffer kinds;
   unsigned int flags = 0;
-  int dyn = 0;
-  if (!PyArg_ParseTupleAndKeywords(a, kw, "O!sOOOOOy*O!|Ip", kwlist, &TreeType, &tree, &name, &compiled, &launch,
-                                   &alias, &describe, &span, &kinds, &PyTuple_Type, &spans, &flags, &dyn))
+  int dyn = 0, rerun = 0;
+  if (!PyArg_ParseTupleAndKeywords(a, kw, "O!sOOOOOy*O!|Ipp", kwlist, &TreeType, &tree, &name, &compiled, &launch,
+                                   &alias, &describe, &span, &kinds, &PyTuple_Type, &spans, &flags, &dyn, &rerun))
     return -1;
   if (PyTuple_GET_SIZE(spans) != kinds.len) {
     PyBuffer_Release(&kinds);
@@ -814,6 +831,7 @@ static int seg_init(SegmentObject *s, PyObject *a, PyObject *kw) {
     Py_DECREF(idx);
   s->flags = flags;
   s->dynamic_spans = dyn;
+  s->rerun_first = rerun;
   Py_INCREF(tree);
   s->tree = (TreeObject *)tree;
 #define KEEP(field, obj) (Py_INCREF(obj), s->field = (obj))

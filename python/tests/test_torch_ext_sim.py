@@ -176,6 +176,30 @@ def test_a_segment_is_probed_warmed_recorded_then_replayed(tree):
     assert seg.info["registered"] and seg.info["plain_reason"] is None
 
 
+def test_a_graph_that_mutates_no_input_runs_again_at_its_first_call_so_its_outputs_lie_in_the_pool(tree):
+    for rerun in (False, True):
+        g = Graph(tree, 2.0, 1.0)
+        seg = X.Segment(tree, "rerun%d" % rerun, g, lambda inputs, g=g: g(*inputs), alias, describe, span,
+                        bytes((ARG_TENSOR,)), (16,), 0, False, rerun)
+        x = FakeTensor(4).fill([1, 2, 3, 4])
+        before = X.alloc_figures()["eager_in_use"]
+        (y,) = call(seg, x)
+        assert y.values() == [3, 5, 7, 9]
+        grew = X.alloc_figures()["eager_in_use"] - before  # y is alive here
+        if rerun:
+            assert g.calls == 2  # the plain call, then the first warmup through cgt_run
+            assert grew == 0  # the plain output died; y is the pool's
+            assert tree.stats()["warmups"] >= 1
+        else:
+            assert g.calls == 1
+            assert grew == 512  # y is the plain call's own output, outside the pool
+        del y
+        for _ in range(4):
+            (y,) = call(seg, x)
+            assert y.values() == [3, 5, 7, 9]
+        assert g.calls == 3  # with or without the rerun: plain call, one warmup, one recording
+
+
 def test_allocations_in_a_launch_come_from_the_pool_and_replays_allocate_nothing(tree):
     g = Graph(tree, 1.0, 0.0)
     seg = segment(tree, g, spans=(64,))
@@ -283,9 +307,10 @@ def test_tracked_eager_blocks_are_listed_until_freed():
         p = _lib.cgt_torch_alloc(3000, -1, None)
         q = _lib.cgt_torch_alloc(700, -1, None)
         held = X.eager_held(since)
-        assert sorted(b for b, _ in held) == [700, 3000] and all(s > since for _, s in held)
+        assert sorted((b, a) for b, _, a in held) == sorted([(700, q), (3000, p)])
+        assert all(s > since for _, s, _ in held)
         _lib.cgt_torch_free(p, 3000, -1, None)
-        assert [b for b, _ in X.eager_held(since)] == [700]
+        assert [b for b, _, _ in X.eager_held(since)] == [700]
         later = X.track_eager(True)
         assert X.eager_held(later + 1) == []  # nothing allocated since
         _lib.cgt_torch_free(q, 700, -1, None)

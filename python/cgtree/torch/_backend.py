@@ -122,7 +122,9 @@ def backend(gm, example_inputs, **kwargs):
         with torch.cuda.stream(stream):
             return plain(*inputs)
 
+    # A graph that mutates no input may run a second time at its first call,
+    # so that what it returns lies in the pool (segment.c, first_call).
     seg = _ext.Segment(tree, "graph%d" % next(_counter), plain, launch, alias, describe, span, bytes(kinds),
-                       tuple(spans), 0, dynamic)
+                       tuple(spans), 0, dynamic, not mutated)
     _segments.append(seg)
     return seg
