@@ -89,6 +89,7 @@ typedef struct TreeObject {
   long long last_generation;
   tx_out_ref *registry;  /* output tensors handed out and still alive, keyed by the tensor object */
   uint64_t outputs_made, stale_refused;
+  uint64_t replays_seen; /* the tree's replay count after the last cgt_run of segment.c (its timers) */
   uint64_t alive_this_step;    /* outputs of the current step whose tensors live */
   uint64_t overwritable;       /* summed at each step begin: outputs alive whose memory the new step may reuse */
 } TreeObject;

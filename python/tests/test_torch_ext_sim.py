@@ -272,31 +272,37 @@ def test_static_pointers_are_confirmed_in_one_check_and_a_moved_one_is_seen(tree
         checks.append(list(idx))
         return all(tensors[i].ptr == ptrs[i] for i in idx)
 
-    class AddW:
-        def __call__(self, x, w):
+    class AddW:  # x + the first weight; the other weights are read by nothing, as unused parameters
+        def __call__(self, x, *ws):
             out = FakeTensor(x.n)
-            X.sim_launch(tree.stream, k_add, out.ptr, x.ptr, w.ptr, x.n)
+            X.sim_launch(tree.stream, k_add, out.ptr, x.ptr, ws[0].ptr, x.n)
             return [out]
 
     X.init_hot_path(fake_from_dlpack, lambda device: 0, Generation, FakeTensor, None, None, ptrs_equal)
     try:
-        seg = segment(tree, AddW(), kinds=(ARG_TENSOR, ARG_TENSOR_STATIC), spans=(16, 16))
-        x = FakeTensor(4).fill([1, 2, 3, 4])
-        w = CountedTensor(4).fill([10, 10, 10, 10])
-        for _ in range(3):
-            (y,) = call(seg, x, w)
-        CountedTensor.reads = 0
-        n_checks = len(checks)
-        for _ in range(5):
-            (y,) = call(seg, x, w)
-            assert y.values() == [11, 12, 13, 14]
-        assert CountedTensor.reads == 0  # the weight's pointer came from the one check
-        assert checks[n_checks:] == [[1]] * 5
-        w2 = CountedTensor(4).fill([20, 20, 20, 20])
-        w.ptr, w.owned, w2.owned = w2.ptr, True, False  # the weight moved (param.data = ...)
-        (y,) = call(seg, x, w)
-        assert y.values() == [21, 22, 23, 24]  # a new node for the new address, not a stale replay
-        assert CountedTensor.reads == 1
+        for n_static in (8, 7):  # the check pays from 8 STATIC inputs on; below, they are read one by one
+            checks.clear()
+            kinds = (ARG_TENSOR,) + (ARG_TENSOR_STATIC,) * n_static
+            seg = segment(tree, AddW(), kinds=kinds, spans=(16,) * (1 + n_static), name="w%d" % n_static)
+            x = FakeTensor(4).fill([1, 2, 3, 4])
+            ws = [CountedTensor(4).fill([10, 10, 10, 10]) for _ in range(n_static)]
+            for _ in range(3):
+                (y,) = call(seg, x, *ws)
+            CountedTensor.reads = 0
+            for _ in range(5):
+                (y,) = call(seg, x, *ws)
+                assert y.values() == [11, 12, 13, 14]
+            if n_static == 7:
+                assert checks == [] and CountedTensor.reads == 5 * 7
+                continue
+            assert CountedTensor.reads == 0  # the weights' pointers came from the one check
+            assert checks[-5:] == [list(range(1, 9))] * 5
+            w = ws[0]
+            w2 = CountedTensor(4).fill([20, 20, 20, 20])
+            w.ptr, w.owned, w2.owned = w2.ptr, True, False  # the weight moved (param.data = ...)
+            (y,) = call(seg, x, *ws)
+            assert y.values() == [21, 22, 23, 24]  # a new node for the new address, not a stale replay
+            assert CountedTensor.reads == 8  # the check failed: all read one by one
     finally:
         X.init_hot_path(fake_from_dlpack, lambda device: 0, Generation, FakeTensor)
 
