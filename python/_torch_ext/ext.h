@@ -21,26 +21,9 @@
 #include "cgtree.h"
 #include <uthash.h>
 
-/* ------------------------------------------------------------- DLPack
- * The legacy (unversioned) DLPack ABI, which torch.from_dlpack accepts as a
- * "dltensor" capsule. Written out here: only these structs are needed. */
-typedef struct { int32_t device_type; int32_t device_id; } tx_dl_device;
-typedef struct { uint8_t code; uint8_t bits; uint16_t lanes; } tx_dl_dtype;
-typedef struct {
-  void *data;
-  tx_dl_device device;
-  int32_t ndim;
-  tx_dl_dtype dtype;
-  int64_t *shape;
-  int64_t *strides;
-  uint64_t byte_offset;
-} tx_dl_tensor;
-typedef struct tx_dl_managed {
-  tx_dl_tensor dl_tensor;
-  void *manager_ctx;
-  void (*deleter)(struct tx_dl_managed *self);
-} tx_dl_managed;
-#define TX_DL_CUDA 2
+/* DLPack: the structs of python/dlpack.h, which the cgtree binding uses too
+ * (output tensors are "dltensor" capsules over DLManagedTensor). */
+#include "dlpack.h"
 
 /* ------------------------------------------------------------ alloc.c */
 
@@ -124,7 +107,7 @@ int tx_blas_clear(void); /* drop cuBLAS's workspaces (segment.c); -1 with an exc
 /* An output tensor handed out: the DLPack block torch owns, the value it
  * releases when the tensor dies, and its registry entry. */
 struct tx_out_ref {
-  tx_dl_managed m;
+  DLManagedTensor m;
   TreeObject *tree;  /* borrowed: trees live as long as the process */
   cgt_value value;
   uint64_t step;

@@ -375,11 +375,11 @@ static PyObject *m_empty_cache(PyObject *m, PyObject *unused) {
   return PyLong_FromSize_t(tx_alloc_empty_cache());
 }
 
-static void noop_deleter(tx_dl_managed *m) { free(m); }
+static void noop_deleter(DLManagedTensor *m) { free(m); }
 
 static void alias_capsule_destructor(PyObject *cap) {
   if (PyCapsule_IsValid(cap, "dltensor")) {
-    tx_dl_managed *m = PyCapsule_GetPointer(cap, "dltensor");
+    DLManagedTensor *m = PyCapsule_GetPointer(cap, "dltensor");
     if (m)
       m->deleter(m);
   }
@@ -403,7 +403,7 @@ static PyObject *m_alias_capsule(PyObject *m, PyObject *args) {
   void *ptr = PyLong_AsVoidPtr(pp);
   if (PyErr_Occurred())
     return NULL;
-  tx_dl_managed *mt = malloc(sizeof *mt + 2 * (size_t)nd * sizeof(int64_t));
+  DLManagedTensor *mt = malloc(sizeof *mt + 2 * (size_t)nd * sizeof(int64_t));
   if (!mt)
     return PyErr_NoMemory();
   int64_t *dims = (int64_t *)(mt + 1);
@@ -417,7 +417,7 @@ static PyObject *m_alias_capsule(PyObject *m, PyObject *args) {
   }
   memset(&mt->dl_tensor, 0, sizeof mt->dl_tensor);
   mt->dl_tensor.data = ptr;
-  mt->dl_tensor.device.device_type = TX_DL_CUDA;
+  mt->dl_tensor.device.device_type = kDLCUDA;
   mt->dl_tensor.device.device_id = device;
   mt->dl_tensor.ndim = (int32_t)nd;
   mt->dl_tensor.dtype.code = (uint8_t)code;

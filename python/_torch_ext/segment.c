@@ -70,7 +70,7 @@ enum { ARG_TENSOR = 0, ARG_TENSOR_STATIC = 1, ARG_INT = 2, ARG_FLOAT = 3, ARG_OT
 
 typedef struct out_meta {
   int32_t ndim;
-  tx_dl_dtype dtype;
+  DLDataType dtype;
   int64_t *dims; /* shape then strides */
 } out_meta;
 
@@ -134,7 +134,7 @@ static tx_out_ref *dead_head;
 
 /* Called by PyTorch when an output's storage dies, on any thread, with or
  * without the GIL: only queue it. */
-static void out_deleter(tx_dl_managed *m) {
+static void out_deleter(DLManagedTensor *m) {
   tx_out_ref *r = m->manager_ctx;
   pthread_mutex_lock(&dead_mu);
   r->next_dead = dead_head;
@@ -163,7 +163,7 @@ void tx_out_ref_queue_drain(void) {
 
 static void capsule_destructor(PyObject *cap) {
   if (PyCapsule_IsValid(cap, "dltensor")) { /* never consumed */
-    tx_dl_managed *m = PyCapsule_GetPointer(cap, "dltensor");
+    DLManagedTensor *m = PyCapsule_GetPointer(cap, "dltensor");
     if (m && m->deleter)
       m->deleter(m);
   }
@@ -187,7 +187,7 @@ static PyObject *make_output(TreeObject *T, cgt_value v, const out_meta *m) {
   if (nd)
     memcpy(r->dims, m->dims, 2 * (size_t)nd * sizeof(int64_t));
   r->m.dl_tensor.data = ptr;
-  r->m.dl_tensor.device.device_type = TX_DL_CUDA;
+  r->m.dl_tensor.device.device_type = kDLCUDA;
   r->m.dl_tensor.device.device_id = T->device;
   r->m.dl_tensor.ndim = nd;
   r->m.dl_tensor.dtype = m->dtype;
