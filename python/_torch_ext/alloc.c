@@ -143,19 +143,18 @@ static void combined_peak_check_locked(void) {
     fig.combined_peak = now;
 }
 
-/* Each device's tree reports its own figure; fig.pool_in_use is their sum. */
+/* Each device's tree reports its own figure; fig.pool_in_use becomes their
+ * sum (what launches added since is in the new report). */
 enum { MAX_DEVICES = 64 };
-static size_t pool_in_use_by_device[MAX_DEVICES];
+static size_t pool_in_use_by_device[MAX_DEVICES], pool_in_use_reported;
 
 void tx_alloc_note_pool_in_use(int device, size_t bytes) {
   if (device < 0 || device >= MAX_DEVICES)
     device = 0; /* the simulator's tests: one tree */
   pthread_mutex_lock(&alloc_mu);
-  size_t sum = 0;
+  pool_in_use_reported += bytes - pool_in_use_by_device[device]; /* modulo 2^n: exact */
   pool_in_use_by_device[device] = bytes;
-  for (int d = 0; d < MAX_DEVICES; d++)
-    sum += pool_in_use_by_device[d];
-  fig.pool_in_use = sum;
+  fig.pool_in_use = pool_in_use_reported;
   combined_peak_check_locked();
   pthread_mutex_unlock(&alloc_mu);
 }

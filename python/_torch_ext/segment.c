@@ -18,8 +18,8 @@
  * A data pointer costs a call of tensor.data_ptr() (about 0.2 us), and a
  * model passes every weight as a STATIC input: 60 and more per graph. Their
  * addresses key the node, so they must be checked on every call, but they
- * almost never move. So the pointers of the STATIC inputs of the last call
- * are kept, and one call of PyTorch's own check (the C++ loop
+ * almost never move. So, in a graph with STATIC_CHECK_MIN of them or more,
+ * the pointers of the last call are kept, and one call of PyTorch's own check (the C++ loop
  * torch._C._tensors_data_ptrs_at_indices_equal, which CUDAGraph Trees use
  * for the same purpose) confirms all of them at once; only if one moved are
  * they read one by one again. DYNAMIC inputs are read every call.
@@ -68,6 +68,11 @@
 
 enum { ARG_TENSOR = 0, ARG_TENSOR_STATIC = 1, ARG_INT = 2, ARG_FLOAT = 3, ARG_OTHER = 4 };
 
+/* PyTorch's pointer check costs about a microsecond whatever it checks
+ * (pybind11's argument handling), a data_ptr() call about 0.15 us: a graph
+ * with fewer STATIC inputs than this reads them one by one every call. */
+enum { STATIC_CHECK_MIN = 8 };
+
 typedef struct out_meta {
   int32_t ndim;
   DLDataType dtype;
@@ -97,7 +102,8 @@ typedef struct SegmentObject {
   /* The STATIC inputs' data pointers of the last call: in C by position
    * (static_ptr), and as PyTorch's check wants them, a list of n_args ints
    * (static_ptrs) and the list of STATIC positions (static_idx, NULL when
-   * there are none); static_known once a call has read them all. */
+   * there are fewer than STATIC_CHECK_MIN: then they are read every call);
+   * static_known once a call has read them all. */
   void **static_ptr;
   PyObject *static_ptrs, *static_idx;
   int static_known;
@@ -436,16 +442,11 @@ int tx_blas_clear(void) {
 
 /* ------------------------------------------------- STATIC pointers */
 
-/* The check costs about a microsecond whatever it checks (pybind11's
- * argument handling), a data_ptr() call about 0.15 us: below this many
- * STATIC inputs, reading them one by one is cheaper. */
-enum { STATIC_CHECK_MIN = 8 };
-
 /* 1 if every STATIC tensor input is where it was at the last call, by one
  * call of PyTorch's check for all of them; 0 if one moved, or if that
  * cannot be told cheaply (then they are read one by one). */
 static int static_ptrs_unchanged(SegmentObject *s, PyObject *const *args, size_t n) {
-  if (!TX.ptrs_equal || !s->static_idx || !s->static_known || PyList_GET_SIZE(s->static_idx) < STATIC_CHECK_MIN)
+  if (!TX.ptrs_equal || !s->static_idx || !s->static_known)
     return 0;
   s->static_checks++;
   PyObject *list = PyList_New((Py_ssize_t)n);
@@ -830,7 +831,7 @@ static int seg_init(SegmentObject *s, PyObject *a, PyObject *kw) {
       Py_DECREF(v);
     }
   }
-  if (PyList_GET_SIZE(idx) > 0)
+  if (PyList_GET_SIZE(idx) >= STATIC_CHECK_MIN)
     s->static_idx = idx;
   else
     Py_DECREF(idx);
