@@ -1,5 +1,5 @@
 /* bench_util.h — what the benchmarks share: a monotonic clock, medians, the
- * CPU's name, and the few device calls that have no place in the library's
+ * CPU's name, the chain link of the simulator benchmarks, and the few device calls that have no place in the library's
  * API (the device's name, a bare capture of a workload segment). Those live
  * in bench_cuda.c when CUDA is built and in bench_cuda_none.c otherwise.
  */
@@ -11,6 +11,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cgtree_sim.h"
 #include "workloads.h"
 
 static inline double bench_now_ns(void) {
@@ -90,5 +91,33 @@ void bench_device_name(cgt_backend backend, char *buf, size_t n);
  * calls), 1 on success, -1 on failure. */
 int bench_raw_record(workload *w, int segment_index, int reps, double *capture_us, double *instantiate_us,
                      double *total_us);
+
+/* The link of the simulator chains (path_length, held_replay): a segment of
+ * one input that allocates BENCH_LINK_BYTES of pool memory, enqueues one
+ * empty simulator kernel and names the allocation as its output, so that
+ * what a benchmark times is the runtime's own work. */
+enum { BENCH_LINK_BYTES = 256 };
+
+static inline void bench_empty_kernel(void *args) { (void)args; }
+
+static inline cgt_status bench_link_launch(cgt_launch *l, void *user) {
+  (void)user;
+  void *out;
+  cgt_status st = cgt_launch_alloc(l, BENCH_LINK_BYTES, &out);
+  if (st == CGT_OK)
+    st = cgt_sim_launch(cgt_launch_stream(l), bench_empty_kernel, NULL, 0);
+  if (st == CGT_OK)
+    st = cgt_launch_set_output(l, 0, out, BENCH_LINK_BYTES);
+  return st;
+}
+
+/* 1 if st is CGT_OK; else prints "prog: what: STATUS: the tree's last error"
+ * (without the last part when t is NULL) and returns 0. */
+static inline int bench_check(const char *prog, cgt_status st, const char *what, cgt_tree *t) {
+  if (st == CGT_OK)
+    return 1;
+  fprintf(stderr, "%s: %s: %s%s%s\n", prog, what, cgt_status_name(st), t ? ": " : "", t ? cgt_tree_last_error(t) : "");
+  return 0;
+}
 
 #endif /* CGT_BENCH_UTIL_H */

@@ -27,29 +27,10 @@
 #include <string.h>
 
 #include "bench_util.h"
-#include "cgtree_sim.h"
 
-enum { VALUE_BYTES = 256 };
+enum { VALUE_BYTES = BENCH_LINK_BYTES };
 
-static void empty_kernel(void *args) { (void)args; }
-
-static cgt_status link_launch(cgt_launch *l, void *user) {
-  (void)user;
-  void *out;
-  cgt_status st = cgt_launch_alloc(l, VALUE_BYTES, &out);
-  if (st == CGT_OK)
-    st = cgt_sim_launch(cgt_launch_stream(l), empty_kernel, NULL, 0);
-  if (st == CGT_OK)
-    st = cgt_launch_set_output(l, 0, out, VALUE_BYTES);
-  return st;
-}
-
-static int check(cgt_status st, const char *what, cgt_tree *t) {
-  if (st == CGT_OK)
-    return 1;
-  fprintf(stderr, "held_replay: %s: %s: %s\n", what, cgt_status_name(st), t ? cgt_tree_last_error(t) : "");
-  return 0;
-}
+static int check(cgt_status st, const char *what, cgt_tree *t) { return bench_check("held_replay", st, what, t); }
 
 /* One step's runs and releases; *ns gets the time they took. */
 static int one_step(cgt_tree *t, cgt_segment seg, int s_len, const void *input, double *ns) {
@@ -82,7 +63,7 @@ static int measure(int defer, int s_len, long steps, int reps, double *min_ns, d
   double *v = calloc((size_t)reps, sizeof *v);
   int ok = v && check(cgt_tree_create(&o, &t), "cgt_tree_create", NULL);
   cgt_segment seg = 0;
-  cgt_segment_desc d = {"link", link_launch, NULL, 1, 1, 0};
+  cgt_segment_desc d = {"link", bench_link_launch, NULL, 1, 1, 0};
   ok = ok && check(cgt_segment_register(t, &d, &seg), "cgt_segment_register", t);
   double ns = 0;
   for (long i = 0; ok && i < 8; i++) /* warmup, recording, the span's first flushes */

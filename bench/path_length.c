@@ -42,7 +42,6 @@
 #include <string.h>
 
 #include "bench_util.h"
-#include "cgtree_sim.h"
 
 #if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 33)
 #include <malloc.h>
@@ -56,7 +55,7 @@ static double heap_bytes(void) {
 static double heap_bytes(void) { return 0; }
 #endif
 
-enum { VALUE_BYTES = 256, N_LENGTHS = 4, N_ROWS = 3 };
+enum { VALUE_BYTES = BENCH_LINK_BYTES, N_LENGTHS = 4, N_ROWS = 3 };
 static const uint32_t lengths[N_LENGTHS] = {4, 64, 512, 4096};
 
 typedef struct row {
@@ -71,26 +70,7 @@ static const row rows[N_ROWS] = {
     {"EAGER, values released", CGT_MODE_EAGER, 1},
 };
 
-static void empty_kernel(void *args) { (void)args; }
-
-static cgt_status link_launch(cgt_launch *l, void *user) {
-  (void)user;
-  void *out;
-  cgt_status st = cgt_launch_alloc(l, VALUE_BYTES, &out);
-  if (st == CGT_OK)
-    st = cgt_sim_launch(cgt_launch_stream(l), empty_kernel, NULL, 0);
-  if (st == CGT_OK)
-    st = cgt_launch_set_output(l, 0, out, VALUE_BYTES);
-  return st;
-}
-
-static int check(cgt_status st, const char *what, cgt_tree *t) {
-  if (st == CGT_OK)
-    return 1;
-  fprintf(stderr, "path_length: %s: %s%s%s\n", what, cgt_status_name(st), t ? ": " : "",
-          t ? cgt_tree_last_error(t) : "");
-  return 0;
-}
+static int check(cgt_status st, const char *what, cgt_tree *t) { return bench_check("path_length", st, what, t); }
 
 typedef struct chain {
   cgt_tree *t;
@@ -130,7 +110,7 @@ static double measure(const row *r, uint32_t p, int reps, long runs, uint64_t *a
   double heap0 = heap_bytes();
   if (!v || !check(cgt_tree_create(&o, &c.t), "cgt_tree_create", NULL))
     goto done;
-  cgt_segment_desc d = {"link", link_launch, NULL, 1, 1, 0};
+  cgt_segment_desc d = {"link", bench_link_launch, NULL, 1, 1, 0};
   if (!check(cgt_segment_register(c.t, &d, &c.seg), "register", c.t))
     goto done;
   /* Step 0 warms up, step 1 records, the rest replay. */
