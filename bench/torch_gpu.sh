@@ -3,7 +3,8 @@
 # package (CUDA), run the torch backend's pytest cases, then the side-by-side
 # benchmark. Logs and results go to $OUT (default /tmp/out).
 #
-#   bash bench/torch_gpu.sh [tests] [bench] [EXAMPLES]
+#   bash bench/torch_gpu.sh [tests,parts,bench] [EXAMPLES]
+# parts: bench/torch_segment_parts.py, the GPT-2 segment's time part by part.
 # meson-python is not needed: the build tree's extensions are copied beside
 # the package sources into /tmp/cgtree_pkg, which goes on PYTHONPATH.
 set -u
@@ -48,6 +49,10 @@ if [[ $what == *tests* ]]; then
   timeout 200 python3 -m pytest -q -rf --tb=short -p no:cacheprovider --timeout 90 python/tests/test_torch_graphs.py \
     python/tests/test_torch_backend.py > "$OUT/pytest.log" 2>&1
   echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest.log" | tail -15
+fi
+if [[ $what == *parts* ]]; then
+  timeout 240 python3 bench/torch_segment_parts.py > "$OUT/parts.log" 2>&1
+  echo "parts rc=$?"; grep -v "^RESULT" "$OUT/parts.log" | tail -8
 fi
 if [[ $what == *bench* ]]; then
   for e in "${EX[@]:1}"; do bench "$e"; done

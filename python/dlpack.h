@@ -90,6 +90,36 @@ typedef struct DLManagedTensorVersioned {
   DLTensor dl_tensor;
 } DLManagedTensorVersioned;
 
+/* DLPack 1.3's C exchange API: a framework sets on its tensor type an
+ * attribute __dlpack_c_exchange_api__, a PyCapsule named
+ * "dlpack_exchange_api" over a table of C functions that live as long as the
+ * process. It lets a consumer read a tensor, make one and ask for the current
+ * stream without a Python call (PyTorch has it from 2.11). Each function
+ * returns 0 on success, or -1 with a Python exception set. Only the table's
+ * layout is used here; the header's version says which layout it is. */
+#define DLPACK_EXCHANGE_API_CAPSULE_NAME "dlpack_exchange_api"
+
+typedef struct DLPackExchangeAPIHeader {
+  DLPackVersion version;
+  struct DLPackExchangeAPIHeader *prev_api; /* an older table, or NULL */
+} DLPackExchangeAPIHeader;
+
+typedef struct DLPackExchangeAPI {
+  DLPackExchangeAPIHeader header;
+  /* A new tensor of the framework's own (not used here). */
+  int (*managed_tensor_allocator)(DLTensor *prototype, DLManagedTensorVersioned **out, void *error_ctx,
+                                  void (*set_error)(void *error_ctx, const char *kind, const char *message));
+  /* An owning DLPack view of a Python tensor. */
+  int (*managed_tensor_from_py_object_no_sync)(void *py_object, DLManagedTensorVersioned **out);
+  /* A Python tensor over a DLPack tensor; takes ownership of it. */
+  int (*managed_tensor_to_py_object_no_sync)(DLManagedTensorVersioned *tensor, void **out_py_object);
+  /* Fills *out for a Python tensor, valid until control returns to Python;
+   * may be NULL. */
+  int (*dltensor_from_py_object_no_sync)(void *py_object, DLTensor *out);
+  /* The framework's current stream of a device. */
+  int (*current_work_stream)(int32_t device_type, int32_t device_id, void **out_current_stream);
+} DLPackExchangeAPI;
+
 #define DLPACK_CAPSULE_NAME "dltensor"
 #define DLPACK_USED_CAPSULE_NAME "used_dltensor"
 #define DLPACK_VERSIONED_CAPSULE_NAME "dltensor_versioned"

@@ -8,6 +8,10 @@
  *   segment.c  the hot path: one compiled graph as a cgtree segment; tensors in,
  *              cgt_run, tensors out (DLPack), all in C.
  *   module.c   the module, the per-device Tree object, stats and helpers.
+ *   shim.c     data pointers through PyTorch's C shim (AOTInductor's C ABI),
+ *              proven against data_ptr() first.
+ *   exchange.c the current stream and output tensors (and data pointers where
+ *              the shim is off) through DLPack's C exchange API, proven first.
  *   dev.c      the few CUDA runtime calls (host memory without CUDA, for tests).
  */
 #ifndef CGT_TORCH_EXT_H
@@ -102,12 +106,83 @@ void tx_tree_drain(TreeObject *T);
 PyObject *tx_status_error(TreeObject *T, cgt_status st, const char *what);
 int tx_blas_clear(void); /* drop cuBLAS's workspaces (segment.c); -1 with an exception set */
 
+/* ------------------------------------------------------------ shim.c */
+
+#define CGT_TORCH_TEST_API __attribute__((visibility("default")))
+
+/* aoti_torch_get_data_ptr: 0 and *out on success. */
+typedef int32_t (*tx_shim_data_ptr_fn)(void *aten_tensor_handle, void **out);
+typedef struct tx_shim {
+  Py_ssize_t offset;      /* of the at::Tensor in a tensor object; 0 while the fast path is off */
+  tx_shim_data_ptr_fn get;
+  PyTypeObject *types[2]; /* the exact types it serves (torch.Tensor, torch.nn.Parameter) */
+  uint64_t disagreements; /* cross-checks that found the shim wrong (it is then off); last field */
+} tx_shim;
+extern tx_shim TXS;
+extern PyMethodDef tx_shim_methods[];
+
+/* 1 and *out: o's data pointer, read through the shim; 0: read it another
+ * way (the fast path is off, or o is not of a type it serves). */
+static inline int tx_shim_data_ptr(PyObject *o, void **out) {
+  PyTypeObject *tp = Py_TYPE(o);
+  if (!TXS.offset || (tp != TXS.types[0] && tp != TXS.types[1]))
+    return 0;
+  return TXS.get((char *)o + TXS.offset, out) == 0;
+}
+/* Compares the shim's pointer for o with ptr, read through data_ptr(): a
+ * difference turns the fast path off (1, with a warning; -1 if the warning
+ * became an exception); 0 if they agree or the shim does not serve o. */
+int tx_shim_cross_check(PyObject *o, void *ptr);
+
+/* -------------------------------------------------------- exchange.c */
+
+/* DLPack's C exchange API (python/dlpack.h), where it proved right. */
+typedef struct tx_exchange {
+  const DLPackExchangeAPI *api; /* the table, or NULL */
+  PyObject *capsule;            /* its capsule, kept */
+  PyTypeObject *types[2];       /* the exact types it serves (torch.Tensor, torch.nn.Parameter) */
+  int ptrs, stream, outputs;    /* which uses passed their proofs */
+  uint64_t disagreements;       /* cross-checks that found a pointer wrong (pointers are then off) */
+} tx_exchange;
+extern tx_exchange TXE;
+extern PyMethodDef tx_exchange_methods[];
+
+/* 1 and *out: o's data pointer, read through the table; 0: read it through
+ * data_ptr() (off, or o is not of a type it serves, or the table refused). */
+static inline int tx_exchange_data_ptr(PyObject *o, void **out) {
+  PyTypeObject *tp = Py_TYPE(o);
+  if (!TXE.ptrs || (tp != TXE.types[0] && tp != TXE.types[1]))
+    return 0;
+  DLTensor dl;
+  if (TXE.api->dltensor_from_py_object_no_sync(o, &dl) != 0) {
+    PyErr_Clear();
+    return 0;
+  }
+  *out = (char *)dl.data + dl.byte_offset;
+  return 1;
+}
+/* 1 and *out: the current stream of a CUDA device, through the table. */
+int tx_exchange_stream(int device, void **out);
+/* Compares the table's pointer for o with ptr, read through data_ptr(): a
+ * difference turns the table's pointers off (1, with a warning; -1 if the
+ * warning became an exception); 0 if they agree or the table does not
+ * serve o. */
+int tx_exchange_cross_check(PyObject *o, void *ptr);
+/* A new tensor over m, which it takes (TXE.outputs must be on); NULL with
+ * an exception set, and then m's deleter may or may not have run. */
+PyObject *tx_exchange_make_tensor(DLManagedTensorVersioned *m);
+
 /* ------------------------------------------------------- segment.c */
 
 /* An output tensor handed out: the DLPack block torch owns, the value it
  * releases when the tensor dies, and its registry entry. */
 struct tx_out_ref {
-  DLManagedTensor m;
+  union { /* the DLPack block torch owns: legacy through from_dlpack, versioned through the exchange API */
+    DLManagedTensor m;
+    DLManagedTensorVersioned mv;
+  };
+  int queued;        /* its deleter ran (under the queue's lock) */
+  int released;      /* the value went back already (an exchange call that failed) */
   TreeObject *tree;  /* borrowed: trees live as long as the process */
   cgt_value value;
   uint64_t step;

@@ -529,7 +529,9 @@ PyMODINIT_FUNC PyInit__torch_ext(void) {
       PyModule_AddObjectRef(m, "Tree", (PyObject *)&TreeType) < 0 ||
       PyModule_AddObjectRef(m, "Segment", (PyObject *)&SegmentType) < 0 ||
       PyModule_AddStringConstant(m, "ALLOC_FN", "cgt_torch_alloc") < 0 ||
-      PyModule_AddStringConstant(m, "FREE_FN", "cgt_torch_free") < 0) {
+      PyModule_AddStringConstant(m, "FREE_FN", "cgt_torch_free") < 0 ||
+      PyModule_AddFunctions(m, tx_exchange_methods) < 0 ||
+      PyModule_AddFunctions(m, tx_shim_methods) < 0) {
     Py_DECREF(m);
     return NULL;
   }

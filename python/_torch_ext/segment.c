@@ -15,17 +15,22 @@
  * Ints and floats are hashed into the variant, the caller's key for
  * everything host-side that changes what the graph enqueues.
  *
- * A data pointer costs a call of tensor.data_ptr() (about 0.2 us), and a
- * model passes every weight as a STATIC input: 60 and more per graph. Their
- * addresses key the node, so they must be checked on every call, but they
- * almost never move. So, in a graph with STATIC_CHECK_MIN of them or more,
- * the pointers of the last call are kept, and one call of PyTorch's own check (the C++ loop
+ * A model passes every weight as a STATIC input: 60 and more per graph.
+ * Their addresses key the node, so every pointer is read on every call.
+ * shim.c reads one in about 20 ns through PyTorch's C shim, once it has
+ * proven that path against data_ptr(); where it could not, exchange.c reads
+ * it through DLPack's exchange API (about 0.1 us); a segment's first call
+ * checks both again on each of its inputs. Without either a pointer costs a
+ * call of tensor.data_ptr() (about 0.15 us); then, in a graph with
+ * STATIC_CHECK_MIN STATIC inputs or more, the pointers of the last call are
+ * kept, and one call of PyTorch's own check (the C++ loop
  * torch._C._tensors_data_ptrs_at_indices_equal, which CUDAGraph Trees use
  * for the same purpose) confirms all of them at once; only if one moved are
  * they read one by one again. DYNAMIC inputs are read every call.
  *
- * Outputs. Each output is a DLPack capsule whose deleter queues the value
- * for release; torch.from_dlpack consumes it, so the value's memory goes back
+ * Outputs. Each output is a DLPack tensor whose deleter queues the value
+ * for release, made a torch tensor by the exchange API (or, without it, as a
+ * capsule torch.from_dlpack consumes), so the value's memory goes back
  * to the tree when the tensor's storage dies (the queue is drained, under
  * the GIL, at the next run or step), or at the end of the step. Shapes,
  * strides and dtypes are the same for every run of a (segment, variant), so
@@ -139,13 +144,23 @@ static pthread_mutex_t dead_mu = PTHREAD_MUTEX_INITIALIZER;
 static tx_out_ref *dead_head;
 
 /* Called by PyTorch when an output's storage dies, on any thread, with or
- * without the GIL: only queue it. */
-static void out_deleter(DLManagedTensor *m) {
-  tx_out_ref *r = m->manager_ctx;
+ * without the GIL: only queue it (once). */
+static void out_queue(tx_out_ref *r) {
   pthread_mutex_lock(&dead_mu);
-  r->next_dead = dead_head;
-  dead_head = r;
+  if (!r->queued) {
+    r->queued = 1;
+    r->next_dead = dead_head;
+    dead_head = r;
+  }
   pthread_mutex_unlock(&dead_mu);
+}
+
+static void out_deleter(DLManagedTensor *m) {
+  out_queue(m->manager_ctx);
+}
+
+static void out_deleter_versioned(DLManagedTensorVersioned *m) {
+  out_queue(m->manager_ctx);
 }
 
 void tx_out_ref_queue_drain(void) {
@@ -158,7 +173,7 @@ void tx_out_ref_queue_drain(void) {
     TreeObject *T = r->tree;
     if (r->in_registry)
       HASH_DEL(T->registry, r);
-    if (r->step == T->step) { /* values of ended steps are stale already */
+    if (r->step == T->step && !r->released) { /* values of ended steps are stale already */
       (void)cgt_value_release(T->tree, r->value);
       T->alive_this_step--;
     }
@@ -192,30 +207,46 @@ static PyObject *make_output(TreeObject *T, cgt_value v, const out_meta *m) {
   memset(r, 0, sizeof *r);
   if (nd)
     memcpy(r->dims, m->dims, 2 * (size_t)nd * sizeof(int64_t));
-  r->m.dl_tensor.data = ptr;
-  r->m.dl_tensor.device.device_type = kDLCUDA;
-  r->m.dl_tensor.device.device_id = T->device;
-  r->m.dl_tensor.ndim = nd;
-  r->m.dl_tensor.dtype = m->dtype;
-  r->m.dl_tensor.shape = r->dims;
-  r->m.dl_tensor.strides = r->dims + nd;
-  r->m.dl_tensor.byte_offset = 0;
-  r->m.manager_ctx = r;
-  r->m.deleter = out_deleter;
   r->tree = T;
   r->value = v;
   r->step = T->step;
   r->ptr = ptr;
-  PyObject *cap = PyCapsule_New(&r->m, "dltensor", capsule_destructor);
-  if (!cap) {
-    (void)cgt_value_release(T->tree, v);
-    free(r);
-    return NULL;
+  DLTensor *dl = TXE.outputs ? &r->mv.dl_tensor : &r->m.dl_tensor;
+  dl->data = ptr;
+  dl->device.device_type = kDLCUDA;
+  dl->device.device_id = T->device;
+  dl->ndim = nd;
+  dl->dtype = m->dtype;
+  dl->shape = r->dims;
+  dl->strides = r->dims + nd;
+  dl->byte_offset = 0;
+  PyObject *t;
+  if (TXE.outputs) { /* no Python call (exchange.c) */
+    r->mv.version.major = 1;
+    r->mv.manager_ctx = r;
+    r->mv.deleter = out_deleter_versioned;
+    t = tx_exchange_make_tensor(&r->mv);
+    if (!t) {
+      /* Whether PyTorch ran the deleter or not, the value goes back now,
+       * once; r itself is left to the deleter should it still run. */
+      (void)cgt_value_release(T->tree, v);
+      r->released = 1;
+      return NULL;
+    }
+  } else {
+    r->m.manager_ctx = r;
+    r->m.deleter = out_deleter;
+    PyObject *cap = PyCapsule_New(&r->m, "dltensor", capsule_destructor);
+    if (!cap) {
+      (void)cgt_value_release(T->tree, v);
+      free(r);
+      return NULL;
+    }
+    t = PyObject_Vectorcall(TX.from_dlpack, &cap, 1, NULL);
+    Py_DECREF(cap); /* unconsumed: the destructor queued r */
+    if (!t)
+      return NULL;
   }
-  PyObject *t = PyObject_Vectorcall(TX.from_dlpack, &cap, 1, NULL);
-  Py_DECREF(cap); /* unconsumed: the destructor queued r */
-  if (!t)
-    return NULL;
   tx_out_ref *old = NULL;
   HASH_FIND_PTR(T->registry, &t, old);
   if (old) { /* an entry whose tensor object died while a view kept the storage */
@@ -485,6 +516,29 @@ static int static_ptr_note(SegmentObject *s, size_t i, void *ptr) {
 
 /* ------------------------------------------------------------ calls */
 
+/* o's data pointer through tensor.data_ptr(). */
+static int data_ptr_slow(PyObject *o, void **out) {
+  PyObject *p = TX.data_ptr ? PyObject_Vectorcall(TX.data_ptr, &o, 1, NULL)
+                            : PyObject_VectorcallMethod(TX.str_data_ptr, &o, 1, NULL);
+  if (!p)
+    return -1;
+  *out = PyLong_AsVoidPtr(p);
+  Py_DECREF(p);
+  return *out == NULL && PyErr_Occurred() ? -1 : 0;
+}
+
+/* The current stream of the tree's device, where the caller enqueues. */
+static int caller_stream(TreeObject *T, void **out) {
+  if (tx_exchange_stream(T->device, out))
+    return 0;
+  PyObject *rs = PyObject_Vectorcall(TX.raw_stream, &T->device_obj, 1, NULL);
+  if (!rs)
+    return -1;
+  *out = PyLong_AsVoidPtr(rs);
+  Py_DECREF(rs);
+  return *out == NULL && PyErr_Occurred() ? -1 : 0;
+}
+
 static PyObject *call_plain(SegmentObject *s, PyObject *const *args, size_t n) {
   s->plain_calls++;
   return PyObject_Vectorcall(s->compiled, args, n, NULL);
@@ -615,7 +669,11 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
 
   uint64_t variant = 0;
   uint32_t k = 0;
-  int statics_same = static_ptrs_unchanged(s, args, n), statics_noted = 1;
+  /* With the shim or the exchange API every pointer is read, cheaply;
+   * without them, one check of PyTorch's may vouch for the STATIC ones
+   * (static_ptrs_unchanged). */
+  int fast = TXS.offset || TXE.ptrs;
+  int statics_same = !fast && static_ptrs_unchanged(s, args, n), statics_noted = 1;
   for (size_t i = 0; i < n; i++) {
     PyObject *o = args[i];
     uint8_t kind = s->arg_kind[i];
@@ -623,14 +681,15 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
       void *ptr;
       if (kind == ARG_TENSOR_STATIC && statics_same) {
         ptr = s->static_ptr[i];
-      } else {
-        PyObject *p = TX.data_ptr ? PyObject_Vectorcall(TX.data_ptr, &o, 1, NULL)
-                                  : PyObject_VectorcallMethod(TX.str_data_ptr, &o, 1, NULL);
-        if (!p)
+      } else if (!(fast && s->registered && (tx_shim_data_ptr(o, &ptr) || tx_exchange_data_ptr(o, &ptr)))) {
+        if (data_ptr_slow(o, &ptr) < 0)
           return NULL;
-        ptr = PyLong_AsVoidPtr(p);
-        Py_DECREF(p);
-        if (kind == ARG_TENSOR_STATIC && s->static_idx)
+        /* A segment's first call reads each input every way: the shim and
+         * the exchange API are trusted only where they agreed with
+         * data_ptr() (shim.c, exchange.c). */
+        if (fast && !s->registered && (tx_shim_cross_check(o, ptr) < 0 || tx_exchange_cross_check(o, ptr) < 0))
+          return NULL;
+        if (kind == ARG_TENSOR_STATIC && s->static_idx && !fast)
           statics_noted &= static_ptr_note(s, i, ptr);
       }
       size_t span = s->arg_span[i];
@@ -682,13 +741,11 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
   /* The caller's stream: the legacy default stream (0) is ordered with the
    * tree's blocking stream by CUDA itself; any other needs events. */
   if (!statics_same && s->static_idx)
-    s->static_known = statics_noted; /* every STATIC pointer was read, and noted, just now */
+    s->static_known = statics_noted && !fast; /* every STATIC pointer was read, and noted, just now */
   uint64_t t_args = now_ns();
-  PyObject *rs = PyObject_Vectorcall(TX.raw_stream, &T->device_obj, 1, NULL);
-  if (!rs)
+  void *caller;
+  if (caller_stream(T, &caller) < 0)
     return NULL;
-  void *caller = PyLong_AsVoidPtr(rs);
-  Py_DECREF(rs);
   if (!s->registered) { /* runs on the caller's stream: wait for the tree's outputs */
     if (caller && caller != T->stream)
       tx_stream_wait(caller, T->stream, T->ev_out);

@@ -7,6 +7,7 @@ process if another test module touches CUDA at import:
 Every test here needs a GPU and skips without one. Graph-analysis tests
 that need only torch are in test_torch_graphs.py.
 """
+import ctypes
 import os
 import subprocess
 import sys
@@ -74,6 +75,62 @@ def test_compiled_model_replays_bit_equal_to_plain_inductor():
     assert s["recordings"] - before.get("recordings", 0) >= 1
     assert s["replays"] - before.get("replays", 0) >= 5
     assert s["graphs_plain"] == 0
+
+
+def test_the_hot_path_uses_dlpacks_exchange_api_and_a_weight_moved_under_it_is_seen():
+    """python/_torch_ext/shim.c and exchange.c: with this PyTorch, pointers
+    go through PyTorch's C shim, the stream and output tensors through DLPack's
+    C exchange API (each proven at install), and a weight whose storage is swapped (param.data = ...) is
+    still found at its new address: a new recording, the new weight's result."""
+    fresh()
+    from cgtree import _torch_ext
+
+    assert hasattr(torch.Tensor, "__dlpack_c_exchange_api__")
+    info = _torch_ext.exchange_info()
+    assert info["pointers"] and info["outputs"], ct._install._state["exchange"]
+    assert _torch_ext.shim_info()["offset"] > 0, ct._install._state["shim"]  # pointers: the shim first
+    torch.manual_seed(0)
+    m = MLP(64).to(DEV).eval()
+    cg = torch.compile(m, backend="cgtree")
+    x = torch.randn(8, 64, device=DEV)
+    with torch.no_grad():
+        for _ in range(4):
+            y = cg(x)
+        assert _torch_ext.exchange_info()["stream"]
+        assert type(y) is torch.Tensor and y.device == x.device
+        assert_bit_equal(y, m(x))
+        before = ct.stats()["recordings"]
+        m.b.weight.data = torch.randn(64, 64, device=DEV)  # same shape, new storage
+        for _ in range(3):
+            y = cg(x)
+            assert_bit_equal(y, m(x))
+        assert ct.stats()["recordings"] > before
+    read = _exchange_reader()
+    for t in (x, x[2:], x.t(), x[1:, 3:], m.a.weight, m.a.bias[1:], y):  # CUDA tensors agree too
+        assert read(t) == t.data_ptr()
+    assert _torch_ext.exchange_info()["disagreements"] == 0 and _torch_ext.shim_info()["disagreements"] == 0
+
+
+def _exchange_reader():
+    """dltensor_from_py_object_no_sync of PyTorch's table, through ctypes."""
+    class DLTensor(ctypes.Structure):
+        _fields_ = [("data", ctypes.c_void_p), ("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32),
+                    ("ndim", ctypes.c_int32), ("code", ctypes.c_uint8), ("bits", ctypes.c_uint8),
+                    ("lanes", ctypes.c_uint16), ("shape", ctypes.c_void_p), ("strides", ctypes.c_void_p),
+                    ("byte_offset", ctypes.c_uint64)]
+
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    table = get(torch.Tensor.__dlpack_c_exchange_api__, b"dlpack_exchange_api")
+    fn_addr = ctypes.c_void_p.from_address(table + 16 + 3 * 8).value  # header, then the 4th function
+    fn = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.POINTER(DLTensor))(fn_addr)
+
+    def read(t):
+        dl = DLTensor()
+        assert fn(t, ctypes.byref(dl)) == 0
+        return (dl.data or 0) + dl.byte_offset
+
+    return read
 
 
 def test_graph_break_branches_record_both_paths_and_restore_the_checkpoint():

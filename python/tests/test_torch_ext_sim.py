@@ -490,3 +490,257 @@ def test_a_call_with_the_wrong_argument_count_is_a_type_error(tree):
 def test_a_tree_needs_a_known_backend():
     with pytest.raises(ValueError, match="backend"):
         X.Tree(0, backend="tpu")
+
+
+# ---- DLPack's C exchange API (python/_torch_ext/exchange.c), with a stand-in
+#
+# No PyTorch here: the extension's stand-in exchange table reads a fake
+# tensor's `ptr` attribute for its data pointer, makes output tensors by
+# calling make() below, and says the current stream of device d is d * 4096.
+
+
+class DLManagedVersioned(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32), ("ctx", ctypes.c_void_p),
+                ("deleter", ctypes.CFUNCTYPE(None, ctypes.c_void_p)), ("flags", ctypes.c_uint64), ("dl", DLTensor)]
+
+
+made = []  # tensors the stand-in table made
+
+
+def make_from_versioned(addr):
+    m = DLManagedVersioned.from_address(addr)
+    n = 1
+    for d in range(m.dl.ndim):
+        n *= m.dl.shape[d]
+    t = FakeTensor(n, ptr=m.dl.data, managed=(addr, m.deleter))
+    made.append(n)
+    return t
+
+
+class XTensor(FakeTensor):
+    """A FakeTensor the stand-in table serves (it serves exact types only)."""
+    reads = 0  # calls of data_ptr(), the slow path
+
+    def data_ptr(self):
+        XTensor.reads += 1
+        return self.ptr
+
+
+def probes(n=3):
+    ts = [XTensor(4) for _ in range(n)]
+    return ts, [(t, t.ptr) for t in ts]
+
+
+@pytest.fixture
+def exchange():
+    def setup(probe_list, which="v1", types=(XTensor,)):
+        return X.setup_exchange(X.test_exchange_api(make_from_versioned, which), types, probe_list)
+
+    yield setup
+    X.setup_exchange(None, (), [])
+    X.setup_shim(None, "", (), [])
+
+
+def test_the_exchange_api_is_used_only_where_it_proves_right(exchange):
+    keep, good = probes()
+    r = exchange(good)
+    assert r["pointers"] and r["outputs"], r["why"]
+    assert X.exchange_info()["pointers"] and X.exchange_info()["outputs"]
+    assert exchange(good, "v2")["pointers"]  # a 2.0 table chained to a 1.3 one: the 1.3 one is used
+    refusals = {
+        "probe 1": exchange([good[0], (good[1][0], good[1][1] + 4)] + good[2:]),  # data_ptr() says otherwise
+        "no probe": exchange([]),
+        "no DLPack version 1.2": exchange(good, "old"),
+    }
+    for why, r in refusals.items():
+        assert not r["pointers"] and why in r["why"], r
+        assert not X.exchange_info()["pointers"]
+    assert exchange(good)["pointers"]
+    for bad in (([(1,)],), ([(good[0][0], "x")],), ("probes",)):  # malformed: refused, and nothing changes
+        with pytest.raises(TypeError):
+            exchange(*bad)
+        assert X.exchange_info()["pointers"]
+    with pytest.raises(TypeError):
+        X.setup_exchange(object(), (XTensor,), good)  # not the table's capsule
+    assert X.exchange_info()["pointers"]
+
+
+def test_replays_read_pointers_and_make_outputs_through_the_exchange_api(tree, exchange):
+    _, good = probes()
+    assert exchange(good)["pointers"]
+
+    class AddW:
+        def __call__(self, x, *ws):
+            out = FakeTensor(x.n)
+            X.sim_launch(tree.stream, k_add, out.ptr, x.ptr, ws[0].ptr, x.n)
+            return [out]
+
+    kinds = (ARG_TENSOR,) + (ARG_TENSOR_STATIC,) * 8
+    seg = segment(tree, AddW(), kinds=kinds, spans=(16,) * 9, name="xchg")
+    x = XTensor(4).fill([1, 2, 3, 4])
+    ws = [XTensor(4).fill([10, 10, 10, 10]) for _ in range(8)]
+    XTensor.reads = 0
+    made.clear()
+    for i in range(6):
+        x.fill([1 + i, 2, 3, 4])
+        (y,) = call(seg, x, *ws)
+        assert y.values() == [11 + i, 12, 13, 14]
+    assert XTensor.reads == 9  # the first call only: each input read both ways, and they agreed
+    assert len(made) >= 4  # the replays' outputs came from the table, not from from_dlpack
+    moved = XTensor(4).fill([20, 20, 20, 20])
+    ws[0] = moved  # the weight moved (param.data = ...)
+    (y,) = call(seg, x, *ws)
+    assert y.values() == [26, 22, 23, 24]  # a new node for the new address, not a stale replay
+    assert XTensor.reads == 9
+    before = tree.stats()["pool_allocated_bytes"]
+    del y  # its deleter hands the value back
+    call(seg, x, *ws)
+    assert tree.stats()["recordings"] == 2
+    assert tree.stats()["pool_allocated_bytes"] <= before
+
+
+def test_a_pointer_that_differs_from_data_ptr_turns_the_exchange_pointers_off_for_good(tree, exchange):
+    _, good = probes()
+    assert exchange(good)["pointers"]
+
+    class Liar(XTensor):  # served: the table reads .ptr, data_ptr() says the truth
+        def data_ptr(self):
+            XTensor.reads += 1
+            return self.real
+
+    seg = segment(tree, Graph(tree, 2.0, 1.0), spans=(16,), name="liar")
+    x = Liar(4).fill([1, 2, 3, 4])
+    elsewhere = FakeTensor(4).fill([9, 9, 9, 9])
+    x.real, x.ptr = x.ptr, elsewhere.ptr  # the table would read other memory
+    assert exchange(good, types=(Liar,))["pointers"]
+    with pytest.warns(RuntimeWarning, match="read through data_ptr"):
+        (y,) = call(seg, x)
+    x.ptr = x.real  # Graph reads .ptr: let it compute on the truth from here
+    f = X.exchange_info()
+    assert not f["pointers"] and f["disagreements"] >= 1
+    XTensor.reads = 0
+    for _ in range(3):
+        (y,) = call(seg, x)
+        assert y.values() == [3, 5, 7, 9]
+    assert XTensor.reads == 3  # every call reads through data_ptr() now
+
+
+def test_the_exchange_stream_is_used_only_where_it_agrees_with_pytorch(exchange):
+    _, good = probes()
+    exchange(good)
+    assert X.check_exchange_stream(2, lambda d: d * 4096)  # the stand-in's answer
+    assert X.exchange_info()["stream"]
+    assert not X.check_exchange_stream(2, lambda d: d * 4096 + 1)
+    assert not X.exchange_info()["stream"]
+    assert X.check_exchange_stream(2, lambda d: d * 4096)
+    for bad in ((2, "not callable"), ("2", lambda d: 0)):
+        with pytest.raises(TypeError):
+            X.check_exchange_stream(*bad)
+        assert X.exchange_info()["stream"]  # refused, and nothing changed
+    with pytest.raises(ZeroDivisionError):
+        X.check_exchange_stream(2, lambda d: 1 / 0)
+    assert X.exchange_info()["stream"]
+    X.setup_exchange(None, (), [])
+    assert not X.exchange_info()["stream"]
+
+
+# ---- PyTorch's C shim (python/_torch_ext/shim.c), with stand-ins ----------
+#
+# A ShimTensor's ctypes value word plays the TensorImpl address a torch
+# tensor object holds, and the extension's stand-in shim function says the
+# data pointer of such an object is that value + 16.
+
+
+class ShimTensor(ctypes.c_void_p):
+    reads = 0  # calls of data_ptr(), the slow path
+
+    def __init__(self, inner, impl=None):
+        super().__init__(inner.ptr - 16 if impl is None else impl)
+        self.inner, self.n, self.nbytes, self.ptr = inner, inner.n, inner.nbytes, inner.ptr
+
+    def data_ptr(self):
+        ShimTensor.reads += 1
+        return self.ptr
+
+    def values(self):
+        return self.inner.values()
+
+
+def shim_probes(n=3):
+    inners = [FakeTensor(4) for _ in range(n)]
+    return inners, [(ShimTensor(t), t.ptr - 16, t.ptr) for t in inners]
+
+
+@pytest.fixture
+def shim():
+    yield lambda probes: X.setup_shim(X.__file__, "cgt_torch_test_data_ptr", (ShimTensor,), probes)
+    X.setup_shim(None, "", (), [])
+    X.setup_exchange(None, (), [])
+
+
+def test_the_shim_is_used_only_after_the_offset_is_found_and_every_probe_agrees(shim):
+    inners, probes = shim_probes()
+    on, offset = shim(probes)
+    assert on and offset >= 16 and offset % 8 == 0
+    assert X.shim_info()["offset"] == offset
+    refusals = {
+        "cannot open": X.setup_shim("/nonexistent/libtorch_cpu.so", "aoti_torch_get_data_ptr", (ShimTensor,), probes),
+        "has no": X.setup_shim(X.__file__, "no_such_function", (ShimTensor,), probes),
+        "no word": shim([(p[0], p[1] + 8, p[2]) for p in probes]),  # PyTorch names another TensorImpl
+        "probe 1": shim([probes[0], (probes[1][0], probes[1][1], probes[1][2] + 4)] + probes[2:]),
+        "no probe": shim([]),
+    }
+    for why, (on, said) in refusals.items():
+        assert not on and why in said
+        assert X.shim_info()["offset"] == 0
+    on, _ = shim(probes)
+    assert on
+    for bad in ([(1, 2)], [(probes[0][0], "x", 3)], "probes"):  # malformed: refused, and nothing changes
+        with pytest.raises(TypeError):
+            shim(bad)
+        assert X.shim_info()["offset"] == offset
+
+
+def test_replays_read_pointers_through_the_shim_first(tree, shim):
+    _, probes = shim_probes()
+    assert shim(probes)[0]
+    ShimTensor.reads = 0
+
+    class AddW:
+        def __call__(self, x, *ws):
+            out = FakeTensor(x.n)
+            X.sim_launch(tree.stream, k_add, out.ptr, x.ptr, ws[0].ptr, x.n)
+            return [out]
+
+    kinds = (ARG_TENSOR,) + (ARG_TENSOR_STATIC,) * 8
+    seg = segment(tree, AddW(), kinds=kinds, spans=(16,) * 9, name="shim")
+    x = ShimTensor(FakeTensor(4).fill([1, 2, 3, 4]))
+    ws = [ShimTensor(FakeTensor(4).fill([10, 10, 10, 10])) for _ in range(8)]
+    for i in range(6):
+        x.inner.fill([1 + i, 2, 3, 4])
+        (y,) = call(seg, x, *ws)
+        assert y.values() == [11 + i, 12, 13, 14]
+    assert ShimTensor.reads == 9  # the first call only: each input read both ways, and they agreed
+    ws[0] = ShimTensor(FakeTensor(4).fill([20, 20, 20, 20]))  # the weight moved (param.data = ...)
+    (y,) = call(seg, x, *ws)
+    assert y.values() == [26, 22, 23, 24]  # a new node for the new address, not a stale replay
+    assert ShimTensor.reads == 9
+    assert tree.stats()["recordings"] == 2
+
+
+def test_a_shim_pointer_that_differs_from_data_ptr_turns_the_shim_off_for_good(tree, shim):
+    _, probes = shim_probes()
+    assert shim(probes)[0]
+    seg = segment(tree, Graph(tree, 2.0, 1.0), spans=(16,), name="shim-liar")
+    inner = FakeTensor(4).fill([1, 2, 3, 4])
+    x = ShimTensor(inner, impl=inner.ptr + 64)  # the shim would say ptr + 80
+    with pytest.warns(RuntimeWarning, match="read through data_ptr"):
+        (y,) = call(seg, x)
+    assert y.values() == [3, 5, 7, 9]  # computed on data_ptr()'s memory
+    f = X.shim_info()
+    assert f["offset"] == 0 and f["disagreements"] >= 1
+    ShimTensor.reads = 0
+    for _ in range(3):
+        (y,) = call(seg, x)
+        assert y.values() == [3, 5, 7, 9]
+    assert ShimTensor.reads == 3  # every call reads through data_ptr() now

@@ -62,6 +62,12 @@ def stats():
     for tree in _install.trees():
         for k, v in tree.stats().items():
             total[k] = total.get(k, 0) + v
+    if installed():  # which uses of DLPack's C exchange API are on (python/_torch_ext/exchange.c)
+        from .. import _torch_ext
+
+        for k, v in _torch_ext.exchange_info().items():
+            total["exchange_" + k] = v
+        total["shim_pointers"] = _torch_ext.shim_info()["offset"] > 0  # python/_torch_ext/shim.c
     total["graphs"] = len(_segments)
     total["graphs_plain"] = sum(1 for s in _segments if s.info["plain_reason"] is not None)
     return total

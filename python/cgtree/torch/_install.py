@@ -17,7 +17,8 @@ CgtreeError = _ext.CgtreeError
 StaleTensorError = _ext.StaleTensorError
 
 _lock = threading.Lock()
-_state = {"installed": False, "allocator": None, "error": None}
+_state = {"installed": False, "allocator": None, "error": None, "exchange": None, "exchange_stream": None,
+          "shim": None}
 _trees = {}  # device index -> (Tree, torch stream over the tree's stream)
 _blas_ready = set()  # devices whose tree stream has its cuBLAS workspace (prewarm_blas)
 
@@ -57,6 +58,54 @@ def install():
         _state["allocator"] = alloc  # PyTorch holds it too; keep ours for clarity
         _state["installed"] = True
         _state["error"] = None
+        _state["exchange"] = setup_exchange()
+        _state["shim"] = setup_shim()
+
+
+def setup_exchange():
+    """DLPack's C exchange API (torch.Tensor.__dlpack_c_exchange_api__, PyTorch
+    2.11 and later) for the hot path's pointers and output tensors
+    (python/_torch_ext/exchange.c): each use is on once it proves right on
+    these probes, CPU tensors of every kind the hot path meets. Returns
+    {"pointers", "outputs", "why"}. CGTREE_TORCH_EXCHANGE=0 keeps it off."""
+    api = getattr(torch.Tensor, "__dlpack_c_exchange_api__", None)
+    if os.environ.get("CGTREE_TORCH_EXCHANGE", "1") == "0" or api is None:
+        _ext.setup_exchange(None, (), [])
+        return {"pointers": False, "outputs": False,
+                "why": "turned off" if api is not None else "this PyTorch has no __dlpack_c_exchange_api__"}
+    base = torch.arange(16, dtype=torch.float32)
+    tensors = [base, base[3:], base.view(4, 4).t(), base.view(4, 4)[1:, 2:],
+               torch.zeros(2, dtype=torch.int64), torch.nn.Parameter(torch.ones(3)),
+               torch.nn.Parameter(base[5:], requires_grad=False)]
+    return _ext.setup_exchange(api, (torch.Tensor, torch.nn.Parameter), [(t, t.data_ptr()) for t in tensors])
+
+
+def setup_shim():
+    """Data pointers through PyTorch's C shim (aoti_torch_get_data_ptr;
+    python/_torch_ext/shim.c): on once the tensor object's field is found and
+    every probe, CPU tensors of every kind the hot path meets, reads back its
+    data_ptr(). Returns (on, offset or why). CGTREE_TORCH_SHIM=0 keeps it off."""
+    lib = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")
+    if os.environ.get("CGTREE_TORCH_SHIM", "1") == "0" or not hasattr(torch.Tensor, "_cdata"):
+        return _ext.setup_shim(None, "", (), [])
+    base = torch.arange(16, dtype=torch.float32)
+    tensors = [base, base[3:], base.view(4, 4).t(), base.view(4, 4)[1:, 2:], torch.zeros(2, dtype=torch.int64),
+               torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(base[5:], requires_grad=False)]
+    return _ext.setup_shim(lib, "aoti_torch_get_data_ptr", (torch.Tensor, torch.nn.Parameter),
+                           [(t, t._cdata, t.data_ptr()) for t in tensors])
+
+
+def check_exchange_stream(device, stream):
+    """The current stream through the exchange API: on when it agrees with
+    the raw stream getter, asked at the same moment, on the default stream
+    and on the tree's."""
+    raw = torch._C._cuda_getCurrentRawStream
+    with torch.cuda.stream(torch.cuda.default_stream(device)):
+        on = _ext.check_exchange_stream(device, raw)
+    if on:
+        with torch.cuda.stream(stream):
+            on = _ext.check_exchange_stream(device, raw)
+    return on
 
 
 def require_installed():
@@ -121,6 +170,8 @@ def tree_for(device):
                 warmup = int(os.environ.get("CGTREE_TORCH_WARMUP_RUNS", "1"))
                 tree = _ext.Tree(device, warmup_runs=warmup)
                 stream = torch.cuda.ExternalStream(tree.stream, device=torch.device("cuda", device))
+                if not _ext.exchange_info()["stream"]:
+                    _state["exchange_stream"] = check_exchange_stream(device, stream)
                 entry = (tree, stream)
                 _trees[device] = entry
     return entry
