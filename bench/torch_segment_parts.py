@@ -1,9 +1,9 @@
 """Where the backend's time per replayed segment goes, on the GPT-2 decoder.
 
-    python3 bench/torch_segment_parts.py [--calls N]
+    python3 bench/torch_segment_parts.py [--calls N] [--rounds R]
 
 Builds bench/torch_compare.py's gpt2 example under backend="cgtree", warms it
-up with whole generations, then times single decoder calls three ways, with
+up with whole generations, then times single decoder calls four ways, alternating in rounds, with
 the per-part timers of python/_torch_ext/segment.c (arguments, streams,
 cgt_run, outputs; replays only):
 
@@ -21,7 +21,10 @@ cgt_run, outputs; replays only):
 The calls run in generations of 60 tokens from a reset cache, each followed
 by a sync; "wall" is the call plus that sync.
 
-Prints one table and one JSON line (RESULT ...). GPU only.
+Then, apart from the tree: what one data pointer read costs each way, over
+the model's weights, and what PyTorch takes to make one output tensor each
+way (python/_torch_ext/shim.c, exchange.c). Prints a table, those two lines
+and one JSON line (RESULT ...). GPU only.
 """
 import argparse
 import json
@@ -34,7 +37,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--calls", type=int, default=1200)
+    ap.add_argument("--calls", type=int, default=240, help="calls per way per round")
+    ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args()
     import cgtree.torch  # noqa: F401  (before CUDA starts: installs the allocator)
     import torch
@@ -54,11 +58,27 @@ def main():
     prompt = torch.randint(0, 4000, (1, 8), device=dev)
     tok, pos = torch.tensor([[7]], device=dev), torch.tensor([8], device=dev)  # kept for "same"
 
+    tree_stream = _install.tree_for(0)[1]
+
+    def configure(way):
+        """The hot path's ways of reading pointers, the stream and outputs."""
+        _install.setup_exchange()
+        _install.check_exchange_stream(0, tree_stream)
+        _install.setup_shim()
+        if way in ("exchange", "python"):
+            _torch_ext.setup_shim(None, "", (), [])
+        if way == "python":
+            _torch_ext.setup_exchange(None, (), [])
+
+    totals = {w: {"replays": 0, "ns_in_call": 0, "ns_args": 0, "ns_streams": 0, "ns_in_run": 0, "ns_outputs": 0,
+                  "wall": 0.0} for w in WAYS}
+
     def run(way, n):
         """n decoder calls in generations of 60 tokens: the static KV cache
         holds 72 positions, so each generation starts from reset() and an
         eager prefill, as generate() does. A sync after each call stands in
         for generation's host-side sampling."""
+        configure(way)
         for s in _segments:
             s.reset_timers()
         done, wall = 0, 0.0
@@ -75,21 +95,29 @@ def main():
                 torch.cuda.synchronize()
                 wall += time.perf_counter() - t0
             done += 60
-        tot = {"replays": 0, "ns_in_call": 0, "ns_args": 0, "ns_streams": 0, "ns_in_run": 0, "ns_outputs": 0}
+        tot = totals[way]
         for s in _segments:
             t = s.timers()
             for k in tot:
-                tot[k] += t[k]
-        r = max(tot["replays"], 1)
-        return {"way": way, "replays": tot["replays"], "us_wall_per_call": wall / n * 1e6,
-                **{"us_" + k[3:]: tot[k] / r / 1e3 for k in tot if k != "replays"}}
+                if k != "wall":
+                    tot[k] += t[k]
+        tot["wall"] += wall
 
     with torch.no_grad():
-        rows = [run("fresh", a.calls), run("same", a.calls)]
-        _torch_ext.setup_shim(None, "", (), [])
-        rows.append(run("exchange", a.calls))
-        _torch_ext.setup_exchange(None, (), [])
-        rows.append(run("python", a.calls))
+        for _ in range(a.rounds):  # the ways alternate, so drift in the machine's state hits each alike
+            for way in WAYS:
+                run(way, a.calls)
+        configure("fresh")
+        weights = _params_of(fn)
+        reads = _torch_ext.time_pointer_reads(weights, 2000)
+        buf = torch.empty(4096, device=dev)
+        making = _torch_ext.time_tensor_making(buf.data_ptr(), (1, 1, 4096), 0, 20000)
+    rows = []
+    for way in WAYS:
+        tot = totals[way]
+        r = max(tot["replays"], 1)
+        rows.append({"way": way, "replays": tot["replays"], "us_wall_per_call": tot["wall"] / r * 1e6,
+                     **{"us_" + k[3:]: tot[k] / r / 1e3 for k in tot if k not in ("replays", "wall")}})
     print("device: %s, torch %s, at install: shim %s, exchange API %s, stream %s" % (
         torch.cuda.get_device_name(), torch.__version__, _install._state["shim"], _install._state["exchange"],
         _install._state["exchange_stream"]))
@@ -101,7 +129,24 @@ def main():
                                                              r["us_in_run"], r["us_outputs"]))
     print("(us per replayed segment; 'call' is the whole C hot path; repointing the two DYNAMIC copies costs "
           "cgt_run(fresh) - cgt_run(same) = %.2f us)" % (rows[0]["us_in_run"] - rows[1]["us_in_run"]))
-    print("RESULT " + json.dumps({"example": "gpt2", "device": torch.cuda.get_device_name(), "rows": rows}))
+    fmt = lambda v: "off" if v is None else "%.1f ns" % v  # noqa: E731
+    print("one data pointer, over the model's %d weights: shim %s, exchange API %s, data_ptr() %s" % (
+        len(weights), fmt(reads["shim_ns"]), fmt(reads["exchange_ns"]), fmt(reads["data_ptr_ns"])))
+    print("one output tensor (1, 1, 4096), made and dropped, PyTorch's part alone: exchange API %s, "
+          "capsule + torch._C._from_dlpack %s" % (fmt(making["exchange_ns"]), fmt(making["from_dlpack_ns"])))
+    print("RESULT " + json.dumps({"example": "gpt2", "device": torch.cuda.get_device_name(), "rows": rows,
+                                  "pointer_read_ns": reads, "tensor_making_ns": making}))
+
+
+WAYS = ("fresh", "same", "exchange", "python")
+
+
+def _params_of(forward):
+    """The model's weights, from the closure of make_gpt2's forward."""
+    for cell in forward.__closure__ or ():
+        if hasattr(cell.cell_contents, "parameters"):
+            return list(cell.cell_contents.parameters())
+    raise RuntimeError("no model in forward()'s closure")
 
 
 def _cache_of(generate):

@@ -42,7 +42,9 @@
  */
 #include "ext.h"
 
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 tx_exchange TXE;
 
@@ -249,6 +251,116 @@ static PyObject *exchange_info(PyObject *m, PyObject *unused) {
                        (unsigned long long)TXE.disagreements);
 }
 
+/* --------------------------------------------------- a measurement */
+
+/* time_tensor_making(ptr, shape, device, reps): what making one output
+ * tensor costs PyTorch, apart from the tree: reps float32 tensors of that
+ * shape over caller memory at ptr, each made and dropped at once, through
+ * the exchange API and through a capsule and torch._C._from_dlpack.
+ * Returns {"exchange_ns": per tensor or None, "from_dlpack_ns": per tensor}
+ * (bench/torch_segment_parts.py prints them). */
+typedef struct timed_block {
+  union {
+    DLManagedTensor m;
+    DLManagedTensorVersioned mv;
+  };
+  int64_t dims[16];
+} timed_block;
+
+static void timed_free(DLManagedTensor *m) {
+  free(m->manager_ctx);
+}
+static void timed_free_versioned(DLManagedTensorVersioned *m) {
+  free(m->manager_ctx);
+}
+static void timed_capsule_destructor(PyObject *cap) {
+  if (PyCapsule_IsValid(cap, "dltensor")) {
+    DLManagedTensor *m = PyCapsule_GetPointer(cap, "dltensor");
+    m->deleter(m);
+  }
+}
+
+static timed_block *timed_make(void *ptr, PyObject *shape, int device, int versioned) {
+  Py_ssize_t nd = PyTuple_GET_SIZE(shape);
+  timed_block *b = calloc(1, sizeof *b);
+  if (!b)
+    return NULL;
+  int64_t stride = 1;
+  for (Py_ssize_t d = nd - 1; d >= 0; d--) {
+    b->dims[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, d));
+    b->dims[nd + d] = stride;
+    stride *= b->dims[d];
+  }
+  DLTensor *dl = versioned ? &b->mv.dl_tensor : &b->m.dl_tensor;
+  dl->data = ptr;
+  dl->device.device_type = kDLCUDA;
+  dl->device.device_id = device;
+  dl->ndim = (int32_t)nd;
+  dl->dtype.code = kDLFloat;
+  dl->dtype.bits = 32;
+  dl->dtype.lanes = 1;
+  dl->shape = b->dims;
+  dl->strides = b->dims + nd;
+  if (versioned) {
+    b->mv.version.major = 1;
+    b->mv.manager_ctx = b;
+    b->mv.deleter = timed_free_versioned;
+  } else {
+    b->m.manager_ctx = b;
+    b->m.deleter = timed_free;
+  }
+  return b;
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static PyObject *time_tensor_making(PyObject *m, PyObject *args) {
+  (void)m;
+  PyObject *pp, *shape;
+  int device, reps;
+  if (!PyArg_ParseTuple(args, "OO!ii", &pp, &PyTuple_Type, &shape, &device, &reps))
+    return NULL;
+  void *ptr = PyLong_AsVoidPtr(pp);
+  if (PyErr_Occurred())
+    return NULL;
+  if (PyTuple_GET_SIZE(shape) > 8 || reps < 1 || !TX.from_dlpack) {
+    PyErr_SetString(PyExc_ValueError, "time_tensor_making: at most 8 dimensions, reps >= 1, after init_hot_path");
+    return NULL;
+  }
+  PyObject *ex = Py_None;
+  if (TXE.outputs) {
+    double t0 = now_s();
+    for (int i = 0; i < reps; i++) {
+      timed_block *b = timed_make(ptr, shape, device, 1);
+      PyObject *t = b ? tx_exchange_make_tensor(&b->mv) : NULL;
+      if (!t)
+        return b ? NULL : PyErr_NoMemory();
+      Py_DECREF(t);
+    }
+    ex = PyFloat_FromDouble((now_s() - t0) / reps * 1e9);
+  }
+  double t0 = now_s();
+  for (int i = 0; i < reps; i++) {
+    timed_block *b = timed_make(ptr, shape, device, 0);
+    PyObject *cap = b ? PyCapsule_New(&b->m, "dltensor", timed_capsule_destructor) : NULL;
+    if (!cap) {
+      free(b);
+      return b ? NULL : PyErr_NoMemory();
+    }
+    PyObject *t = PyObject_Vectorcall(TX.from_dlpack, &cap, 1, NULL);
+    Py_DECREF(cap);
+    if (!t)
+      return NULL;
+    Py_DECREF(t);
+  }
+  double dl = (now_s() - t0) / reps * 1e9;
+  return Py_BuildValue("{s:N,s:d}", "exchange_ns", ex == Py_None ? Py_NewRef(Py_None) : ex, "from_dlpack_ns", dl);
+}
+
 /* ---------------------------------------------- a stand-in for tests */
 
 /* test_torch_ext_sim.py has no PyTorch. Its stand-in table reads the data
@@ -311,6 +423,9 @@ PyMethodDef tx_exchange_methods[] = {
      "check_exchange_stream(device, getter) -> bool: read the current stream through the exchange API from now on "
      "if it agrees with getter(device) now"},
     {"exchange_info", exchange_info, METH_NOARGS, "which uses of the exchange API are on, and how often one disagreed"},
+    {"time_tensor_making", time_tensor_making, METH_VARARGS,
+     "time_tensor_making(ptr, shape, device, reps) -> {exchange_ns, from_dlpack_ns}: what making one tensor over "
+     "caller memory costs PyTorch, each way"},
     {"test_exchange_api", test_exchange_api, METH_VARARGS, "tests: a capsule over a stand-in exchange table"},
     {NULL, NULL, 0, NULL},
 };

@@ -42,6 +42,7 @@
 
 #include <dlfcn.h>
 #include <string.h>
+#include <time.h>
 
 tx_shim TXS;
 
@@ -160,10 +161,64 @@ static PyObject *shim_info(PyObject *m, PyObject *unused) {
   return Py_BuildValue("{s:n,s:K}", "offset", TXS.offset, "disagreements", (unsigned long long)TXS.disagreements);
 }
 
+/* time_pointer_reads(tensors, reps): ns per data pointer read, each way
+ * that is on: {"shim_ns", "exchange_ns", "data_ptr_ns"} (None where off;
+ * bench/torch_segment_parts.py prints them). */
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static PyObject *time_pointer_reads(PyObject *m, PyObject *args) {
+  (void)m;
+  PyObject *list;
+  int reps;
+  if (!PyArg_ParseTuple(args, "O!i", &PyList_Type, &list, &reps))
+    return NULL;
+  Py_ssize_t n = PyList_GET_SIZE(list);
+  if (n < 1 || reps < 1) {
+    PyErr_SetString(PyExc_ValueError, "time_pointer_reads: one tensor or more, reps >= 1");
+    return NULL;
+  }
+  double ns[3] = {-1, -1, -1};
+  uintptr_t sink = 0;
+  for (int way = 0; way < 3; way++) {
+    double t0 = now_s();
+    for (int r = 0; r < reps; r++)
+      for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *o = PyList_GET_ITEM(list, i);
+        void *p = NULL;
+        if (way == 0 && !tx_shim_data_ptr(o, &p))
+          goto next;
+        if (way == 1 && !tx_exchange_data_ptr(o, &p))
+          goto next;
+        if (way == 2) {
+          PyObject *v = TX.data_ptr ? PyObject_Vectorcall(TX.data_ptr, &o, 1, NULL)
+                                    : PyObject_VectorcallMethod(TX.str_data_ptr, &o, 1, NULL);
+          if (!v)
+            return NULL;
+          p = PyLong_AsVoidPtr(v);
+          Py_DECREF(v);
+        }
+        sink += (uintptr_t)p;
+      }
+    ns[way] = (now_s() - t0) / ((double)reps * (double)n) * 1e9;
+  next:;
+  }
+  (void)sink;
+#define NS(x) ((x) < 0 ? Py_NewRef(Py_None) : PyFloat_FromDouble(x))
+  return Py_BuildValue("{s:N,s:N,s:N}", "shim_ns", NS(ns[0]), "exchange_ns", NS(ns[1]), "data_ptr_ns", NS(ns[2]));
+#undef NS
+}
+
 PyMethodDef tx_shim_methods[] = {
     {"setup_shim", setup_shim, METH_VARARGS,
      "setup_shim(lib_path, symbol, types, probes) -> (on, offset or why): read data pointers through PyTorch's C "
      "shim (python/_torch_ext/shim.c); lib_path None turns it off"},
+    {"time_pointer_reads", time_pointer_reads, METH_VARARGS,
+     "time_pointer_reads(tensors, reps) -> {shim_ns, exchange_ns, data_ptr_ns}: ns per data pointer read, each way "
+     "that is on"},
     {"shim_info", shim_info, METH_NOARGS, "the proven offset (0: off), and how often a cross-check disagreed"},
     {NULL, NULL, 0, NULL},
 };

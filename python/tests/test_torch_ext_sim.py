@@ -744,3 +744,22 @@ def test_a_shim_pointer_that_differs_from_data_ptr_turns_the_shim_off_for_good(t
         (y,) = call(seg, x)
         assert y.values() == [3, 5, 7, 9]
     assert ShimTensor.reads == 3  # every call reads through data_ptr() now
+
+
+def test_the_measurements_of_pointer_reads_and_tensor_making_run_each_way_that_is_on(exchange):
+    ts, good = probes()
+    r = X.time_pointer_reads(ts, 10)
+    assert r["shim_ns"] is None and r["exchange_ns"] is None and r["data_ptr_ns"] > 0  # both off
+    assert exchange(good)["pointers"]
+    r = X.time_pointer_reads(ts, 10)
+    assert r["exchange_ns"] > 0 and r["shim_ns"] is None
+    buf = FakeTensor(8)
+    made.clear()
+    m = X.time_tensor_making(buf.ptr, (2, 4), 0, 5)
+    assert m["exchange_ns"] > 0 and m["from_dlpack_ns"] > 0
+    assert made == [8] * 5  # the stand-in table made each, and each was dropped (the deleters freed them)
+    for bad in (([], 10), (ts, 0)):
+        with pytest.raises(ValueError):
+            X.time_pointer_reads(*bad)
+    with pytest.raises(ValueError):
+        X.time_tensor_making(buf.ptr, (1,) * 9, 0, 5)
