@@ -2,9 +2,12 @@
  *
  * This is the hot path of the backend, and it is all C: the tensors Dynamo
  * passes become cgt_args, cgt_run replays (or warms up, or records) the
- * graph, and the outputs become new tensors around the tree's values. A
- * replay calls no Python but a tensor's data_ptr() per input, PyTorch's raw
- * stream getter, and torch._C._from_dlpack per output.
+ * graph, and the outputs become new tensors around the tree's values. With
+ * PyTorch 2.11 a replay calls no Python function: pointers come through
+ * PyTorch's C shim (shim.c), the stream and output tensors through DLPack's
+ * C exchange API (exchange.c); it reads one class attribute (Dynamo's
+ * generation counter, for steps). Without them it calls data_ptr() per
+ * input, PyTorch's raw stream getter, and torch._C._from_dlpack per output.
  *
  * Inputs. A tensor we handed out earlier in this step (found by object in the
  * tree's registry, at the same data pointer) is a VALUE; one from an earlier
