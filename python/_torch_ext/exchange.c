@@ -81,9 +81,11 @@ static void probe_deleter(DLManagedTensorVersioned *m) {
 /* 1 if the table makes a tensor over memory of ours that reads back at that
  * address, and calls our deleter when it dies. */
 static int outputs_work(const DLPackExchangeAPI *api, PyObject *data_ptr_name, char *why, size_t cap) {
+  /* Static, not on the stack: PyTorch keeps a pointer to m until it calls
+   * the deleter, which a misbehaving table might do later. */
   static float buffer[4];
   static int64_t shape[1] = {4}, strides[1] = {1};
-  DLManagedTensorVersioned m;
+  static DLManagedTensorVersioned m;
   memset(&m, 0, sizeof m);
   m.version.major = 1;
   m.deleter = probe_deleter;
@@ -143,6 +145,9 @@ static PyObject *setup_exchange(PyObject *m, PyObject *args) {
       PyErr_SetString(PyExc_TypeError, "setup_exchange: each probe is (tensor, data_ptr)");
       return NULL;
     }
+    (void)PyLong_AsVoidPtr(PyTuple_GET_ITEM(p, 1));
+    if (PyErr_Occurred()) /* an address that does not fit a pointer */
+      return NULL;
   }
   const DLPackExchangeAPI *api = table_for_v1(PyCapsule_GetPointer(cap, DLPACK_EXCHANGE_API_CAPSULE_NAME));
   char why[512] = "";
@@ -331,17 +336,21 @@ static PyObject *time_tensor_making(PyObject *m, PyObject *args) {
     PyErr_SetString(PyExc_ValueError, "time_tensor_making: at most 8 dimensions, reps >= 1, after init_hot_path");
     return NULL;
   }
-  PyObject *ex = Py_None;
+  PyObject *ex = Py_NewRef(Py_None);
   if (TXE.outputs) {
     double t0 = now_s();
     for (int i = 0; i < reps; i++) {
       timed_block *b = timed_make(ptr, shape, device, 1);
       PyObject *t = b ? tx_exchange_make_tensor(&b->mv) : NULL;
-      if (!t)
+      if (!t) {
+        Py_DECREF(ex);
         return b ? NULL : PyErr_NoMemory();
+      }
       Py_DECREF(t);
     }
-    ex = PyFloat_FromDouble((now_s() - t0) / reps * 1e9);
+    Py_SETREF(ex, PyFloat_FromDouble((now_s() - t0) / reps * 1e9));
+    if (!ex)
+      return NULL;
   }
   double t0 = now_s();
   for (int i = 0; i < reps; i++) {
@@ -349,16 +358,19 @@ static PyObject *time_tensor_making(PyObject *m, PyObject *args) {
     PyObject *cap = b ? PyCapsule_New(&b->m, "dltensor", timed_capsule_destructor) : NULL;
     if (!cap) {
       free(b);
+      Py_DECREF(ex);
       return b ? NULL : PyErr_NoMemory();
     }
     PyObject *t = PyObject_Vectorcall(TX.from_dlpack, &cap, 1, NULL);
     Py_DECREF(cap);
-    if (!t)
+    if (!t) {
+      Py_DECREF(ex);
       return NULL;
+    }
     Py_DECREF(t);
   }
   double dl = (now_s() - t0) / reps * 1e9;
-  return Py_BuildValue("{s:N,s:d}", "exchange_ns", ex == Py_None ? Py_NewRef(Py_None) : ex, "from_dlpack_ns", dl);
+  return Py_BuildValue("{s:N,s:d}", "exchange_ns", ex, "from_dlpack_ns", dl);
 }
 
 /* ---------------------------------------------- a stand-in for tests */

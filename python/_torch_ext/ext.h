@@ -183,6 +183,7 @@ struct tx_out_ref {
   };
   int queued;        /* its deleter ran (under the queue's lock) */
   int released;      /* the value went back already (an exchange call that failed) */
+  int counted;       /* counted in the tree's alive_this_step (a tensor was made) */
   TreeObject *tree;  /* borrowed: trees live as long as the process */
   cgt_value value;
   uint64_t step;

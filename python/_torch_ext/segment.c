@@ -178,7 +178,7 @@ void tx_out_ref_queue_drain(void) {
       HASH_DEL(T->registry, r);
     if (r->step == T->step && !r->released) { /* values of ended steps are stale already */
       (void)cgt_value_release(T->tree, r->value);
-      T->alive_this_step--;
+      T->alive_this_step -= (uint64_t)r->counted;
     }
     free(r);
     r = next;
@@ -261,6 +261,7 @@ static PyObject *make_output(TreeObject *T, cgt_value v, const out_meta *m) {
   HASH_ADD_PTR(T->registry, key, r);
   T->outputs_made++;
   T->alive_this_step++;
+  r->counted = 1;
   return t;
 }
 

@@ -91,6 +91,8 @@ static PyObject *setup_shim(PyObject *m, PyObject *args) {
   if (!PyArg_ParseTuple(args, "OsO!O!", &lib, &symbol, &PyTuple_Type, &types, &PyList_Type, &probes))
     return NULL;
   if (lib == Py_None) {
+    Py_XDECREF((PyObject *)TXS.types[0]);
+    Py_XDECREF((PyObject *)TXS.types[1]);
     memset(&TXS, 0, sizeof TXS - sizeof TXS.disagreements);
     return Py_BuildValue("(Os)", Py_False, "turned off");
   }
@@ -100,6 +102,7 @@ static PyObject *setup_shim(PyObject *m, PyObject *args) {
     PyErr_SetString(PyExc_TypeError, "setup_shim(lib_path: str, symbol: str, (type[, type]), probes)");
     return NULL;
   }
+  PyTypeObject *t0 = (PyTypeObject *)PyTuple_GET_ITEM(types, 0), *t1 = (PyTypeObject *)PyTuple_GET_ITEM(types, nt - 1);
   for (Py_ssize_t i = 0; i < PyList_GET_SIZE(probes); i++) {
     PyObject *p = PyList_GET_ITEM(probes, i);
     if (!PyTuple_Check(p) || PyTuple_GET_SIZE(p) != 3 || !PyLong_Check(PyTuple_GET_ITEM(p, 1)) ||
@@ -107,21 +110,37 @@ static PyObject *setup_shim(PyObject *m, PyObject *args) {
       PyErr_SetString(PyExc_TypeError, "setup_shim: each probe is (tensor, impl address, data pointer)");
       return NULL;
     }
+    PyTypeObject *tp = Py_TYPE(PyTuple_GET_ITEM(p, 0));
+    if (tp != t0 && tp != t1) { /* the proof must be on the very types the reads will serve */
+      PyErr_SetString(PyExc_TypeError, "setup_shim: each probe tensor is of one of the types");
+      return NULL;
+    }
+    (void)PyLong_AsVoidPtr(PyTuple_GET_ITEM(p, 1));
+    (void)PyLong_AsVoidPtr(PyTuple_GET_ITEM(p, 2));
+    if (PyErr_Occurred()) /* an address that does not fit a pointer */
+      return NULL;
   }
   /* The arguments are sound: from here the outcome is on or off. */
+  Py_XDECREF((PyObject *)TXS.types[0]);
+  Py_XDECREF((PyObject *)TXS.types[1]);
   memset(&TXS, 0, sizeof TXS - sizeof TXS.disagreements);
   char why[512] = "";
   tx_shim_data_ptr_fn fn = NULL;
-  void *h = dlopen(PyUnicode_AsUTF8(lib), RTLD_NOW | RTLD_LOCAL); /* loaded already: one more reference, kept */
+  /* Only the copy PyTorch has loaded: never map a second libtorch. One more
+   * reference to it, kept for the life of the process. */
+  void *h = dlopen(PyUnicode_AsUTF8(lib), RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
   void *sym = h ? dlsym(h, symbol) : NULL;
   memcpy(&fn, &sym, sizeof fn); /* POSIX: dlsym's object pointer is the function's address */
   if (!h)
-    snprintf(why, sizeof why, "cannot open %s: %s", PyUnicode_AsUTF8(lib), dlerror());
+    snprintf(why, sizeof why, "%s is not loaded in this process (%s)", PyUnicode_AsUTF8(lib), dlerror());
   else if (!fn)
     snprintf(why, sizeof why, "%s has no %s", PyUnicode_AsUTF8(lib), symbol);
   Py_ssize_t off = fn ? find_offset(probes, why, sizeof why) : 0;
-  if (PyErr_Occurred())
-    return NULL;
+  if (off && (off + (Py_ssize_t)sizeof(void *) > t0->tp_basicsize ||
+              off + (Py_ssize_t)sizeof(void *) > t1->tp_basicsize)) {
+    snprintf(why, sizeof why, "offset %zd lies outside an object of a served type", off);
+    off = 0;
+  }
   for (Py_ssize_t i = 0; off && i < PyList_GET_SIZE(probes); i++) {
     PyObject *p = PyList_GET_ITEM(probes, i);
     void *want = PyLong_AsVoidPtr(PyTuple_GET_ITEM(p, 2)), *got = NULL;
@@ -134,8 +153,8 @@ static PyObject *setup_shim(PyObject *m, PyObject *args) {
   if (!off)
     return Py_BuildValue("(Os)", Py_False, why);
   TXS.get = fn;
-  TXS.types[0] = (PyTypeObject *)Py_NewRef(PyTuple_GET_ITEM(types, 0)); /* kept for the life of the process */
-  TXS.types[1] = (PyTypeObject *)Py_NewRef(PyTuple_GET_ITEM(types, nt - 1));
+  TXS.types[0] = (PyTypeObject *)Py_NewRef((PyObject *)t0);
+  TXS.types[1] = (PyTypeObject *)Py_NewRef((PyObject *)t1);
   TXS.offset = off;
   return Py_BuildValue("(On)", Py_True, off);
 }

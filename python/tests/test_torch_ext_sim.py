@@ -684,7 +684,8 @@ def test_the_shim_is_used_only_after_the_offset_is_found_and_every_probe_agrees(
     assert on and offset >= 16 and offset % 8 == 0
     assert X.shim_info()["offset"] == offset
     refusals = {
-        "cannot open": X.setup_shim("/nonexistent/libtorch_cpu.so", "aoti_torch_get_data_ptr", (ShimTensor,), probes),
+        "is not loaded": X.setup_shim("/nonexistent/libtorch_cpu.so", "aoti_torch_get_data_ptr", (ShimTensor,),
+                                      probes),
         "has no": X.setup_shim(X.__file__, "no_such_function", (ShimTensor,), probes),
         "no word": shim([(p[0], p[1] + 8, p[2]) for p in probes]),  # PyTorch names another TensorImpl
         "probe 1": shim([probes[0], (probes[1][0], probes[1][1], probes[1][2] + 4)] + probes[2:]),
@@ -695,10 +696,27 @@ def test_the_shim_is_used_only_after_the_offset_is_found_and_every_probe_agrees(
         assert X.shim_info()["offset"] == 0
     on, _ = shim(probes)
     assert on
-    for bad in ([(1, 2)], [(probes[0][0], "x", 3)], "probes"):  # malformed: refused, and nothing changes
+    for bad in ([(1, 2)], [(probes[0][0], "x", 3)], "probes",
+                [(FakeTensor(4), 1, 2)]):  # malformed, or a probe of a type it would not serve
         with pytest.raises(TypeError):
             shim(bad)
+        assert X.shim_info()["offset"] == offset  # refused, and nothing changed
+    for bad in ([(probes[0][0], 2**64, probes[0][2])], [(probes[0][0], probes[0][1], 2**64)]):
+        with pytest.raises(OverflowError):  # an address no pointer holds
+            shim(bad)
         assert X.shim_info()["offset"] == offset
+
+
+class TwoWords(ctypes.Structure):
+    _fields_ = [("a", ctypes.c_void_p), ("b", ctypes.c_void_p)]
+
+
+def test_the_shim_refuses_an_object_with_two_words_that_could_be_its_tensor():
+    impl = FakeTensor(4)
+    probe = TwoWords(impl.ptr - 16, impl.ptr - 16)  # both words hold the "TensorImpl" address
+    on, why = X.setup_shim(X.__file__, "cgt_torch_test_data_ptr", (TwoWords,), [(probe, impl.ptr - 16, impl.ptr)])
+    assert not on and "two words" in why
+    assert X.shim_info()["offset"] == 0
 
 
 def test_replays_read_pointers_through_the_shim_first(tree, shim):
@@ -763,3 +781,81 @@ def test_the_measurements_of_pointer_reads_and_tensor_making_run_each_way_that_i
             X.time_pointer_reads(*bad)
     with pytest.raises(ValueError):
         X.time_tensor_making(buf.ptr, (1,) * 9, 0, 5)
+
+
+def test_the_exchange_outputs_are_refused_where_a_made_tensor_misbehaves(exchange):
+    _, good = probes()
+
+    def wrong_place(addr):  # a tensor somewhere else than asked
+        t = make_from_versioned(addr)
+        t.ptr += 4
+        return t
+
+    def no_deleter(addr):  # a tensor that never gives the memory back
+        m = DLManagedVersioned.from_address(addr)
+        return FakeTensor(4, ptr=m.dl.data)
+
+    for make in (wrong_place, no_deleter):
+        r = X.setup_exchange(X.test_exchange_api(make), (XTensor,), good)
+        assert r["pointers"] and not r["outputs"] and "tensor the table made" in r["why"], r
+        assert not X.exchange_info()["outputs"]
+
+
+def test_an_output_the_exchange_api_fails_to_make_raises_and_loses_nothing(tree, exchange):
+    _, good = probes()
+    state = {"fail": False, "delete_first": False}
+
+    def flaky(addr):
+        if not state["fail"]:
+            return make_from_versioned(addr)
+        if state["delete_first"]:  # the table ran the deleter before failing
+            m = DLManagedVersioned.from_address(addr)
+            m.deleter(addr)
+        raise MemoryError("the table could not make the tensor")
+
+    assert X.setup_exchange(X.test_exchange_api(flaky), (XTensor,), good)["outputs"]
+    seg = segment(tree, Graph(tree, 2.0, 1.0), spans=(16,), name="flaky")
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    for _ in range(4):
+        (y,) = call(seg, x)
+    del y
+    base = tree.stats()["pool_allocated_bytes"]
+    for delete_first in (False, True):
+        state.update(fail=True, delete_first=delete_first)
+        with pytest.raises(MemoryError):
+            call(seg, x)
+        tree.check()
+        assert tree.stats()["pool_allocated_bytes"] <= base  # the value went back, once
+        state["fail"] = False
+        (y,) = call(seg, x)
+        assert y.values() == [3, 5, 7, 9]
+        del y
+
+
+def test_an_exchange_output_gives_its_value_back_when_the_tensor_dies(tree, exchange):
+    _, good = probes()
+    assert exchange(good)["outputs"]
+    seg = segment(tree, Graph(tree, 2.0, 1.0), spans=(16,), name="dies")
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    for _ in range(4):
+        (y,) = call(seg, x)
+    assert tree.stats()["outputs_alive"] == 1
+    del y  # the versioned deleter queues it; stats() drains the queue
+    assert tree.stats()["outputs_alive"] == 0
+
+
+def test_a_subclass_of_a_served_type_is_read_through_data_ptr(tree, exchange):
+    _, good = probes()
+    assert exchange(good)["pointers"]
+
+    class Sub(XTensor):
+        pass
+
+    seg = segment(tree, Graph(tree, 2.0, 1.0), spans=(16,), name="sub")
+    x = Sub(4).fill([1, 2, 3, 4])
+    for _ in range(3):
+        call(seg, x)
+    XTensor.reads = 0
+    (y,) = call(seg, x)
+    assert y.values() == [3, 5, 7, 9]
+    assert XTensor.reads == 1  # a replay, and still data_ptr(): only exact types are served

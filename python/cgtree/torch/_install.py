@@ -58,8 +58,18 @@ def install():
         _state["allocator"] = alloc  # PyTorch holds it too; keep ours for clarity
         _state["installed"] = True
         _state["error"] = None
-        _state["exchange"] = setup_exchange()
-        _state["shim"] = setup_shim()
+        _state["exchange"] = _setup_or_off(setup_exchange, lambda: _ext.setup_exchange(None, (), []))
+        _state["shim"] = _setup_or_off(setup_shim, lambda: _ext.setup_shim(None, "", (), []))
+
+
+def _setup_or_off(setup, off):
+    """A fast path's setup, or, if it raised (a PyTorch this code has not
+    seen), that path off with the reason: the Python API serves instead."""
+    try:
+        return setup()
+    except Exception as e:  # noqa: BLE001
+        off()
+        return (False, "setup raised %s: %s" % (type(e).__name__, e))
 
 
 def setup_exchange():
@@ -69,10 +79,11 @@ def setup_exchange():
     these probes, CPU tensors of every kind the hot path meets. Returns
     {"pointers", "outputs", "why"}. CGTREE_TORCH_EXCHANGE=0 keeps it off."""
     api = getattr(torch.Tensor, "__dlpack_c_exchange_api__", None)
-    if os.environ.get("CGTREE_TORCH_EXCHANGE", "1") == "0" or api is None:
+    if os.environ.get("CGTREE_TORCH_EXCHANGE", "1") == "0" or type(api).__name__ != "PyCapsule":
         _ext.setup_exchange(None, (), [])
-        return {"pointers": False, "outputs": False,
-                "why": "turned off" if api is not None else "this PyTorch has no __dlpack_c_exchange_api__"}
+        why = ("turned off" if api is not None and type(api).__name__ == "PyCapsule" else
+               "torch.Tensor.__dlpack_c_exchange_api__ is %s, not a capsule" % type(api).__name__)
+        return {"pointers": False, "outputs": False, "why": why}
     base = torch.arange(16, dtype=torch.float32)
     tensors = [base, base[3:], base.view(4, 4).t(), base.view(4, 4)[1:, 2:],
                torch.zeros(2, dtype=torch.int64), torch.nn.Parameter(torch.ones(3)),
@@ -171,7 +182,8 @@ def tree_for(device):
                 tree = _ext.Tree(device, warmup_runs=warmup)
                 stream = torch.cuda.ExternalStream(tree.stream, device=torch.device("cuda", device))
                 if not _ext.exchange_info()["stream"]:
-                    _state["exchange_stream"] = check_exchange_stream(device, stream)
+                    _state["exchange_stream"] = _setup_or_off(lambda: check_exchange_stream(device, stream),
+                                                              lambda: None)
                 entry = (tree, stream)
                 _trees[device] = entry
     return entry
