@@ -376,7 +376,8 @@ static PyObject *time_tensor_making(PyObject *m, PyObject *args) {
 /* ---------------------------------------------- a stand-in for tests */
 
 /* test_torch_ext_sim.py has no PyTorch. Its stand-in table reads the data
- * pointer from a fake tensor's `ptr` attribute, makes output tensors by
+ * pointer from a fake tensor's `ptr` attribute (as base + byte offset where
+ * the object has a `split` attribute), makes output tensors by
  * calling the test's make(address of the DLManagedTensorVersioned), and says
  * the current stream of device d is d * 4096. */
 static PyObject *stand_in_make;
@@ -388,7 +389,15 @@ static int stand_in_read(void *py_object, DLTensor *out) {
   out->data = PyLong_AsVoidPtr(p);
   out->byte_offset = 0;
   Py_DECREF(p);
-  return PyErr_Occurred() ? -1 : 0;
+  if (PyErr_Occurred())
+    return -1;
+  /* An object with `split` set is described as PyTorch may describe a view:
+   * a base address and a byte offset from it. */
+  if (PyObject_HasAttrString((PyObject *)py_object, "split")) {
+    out->data = (char *)out->data - 64;
+    out->byte_offset = 64;
+  }
+  return 0;
 }
 
 static int stand_in_to_py(DLManagedTensorVersioned *m, void **out) {

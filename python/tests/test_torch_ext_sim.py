@@ -859,3 +859,19 @@ def test_a_subclass_of_a_served_type_is_read_through_data_ptr(tree, exchange):
     (y,) = call(seg, x)
     assert y.values() == [3, 5, 7, 9]
     assert XTensor.reads == 1  # a replay, and still data_ptr(): only exact types are served
+
+
+def test_a_tensor_described_as_base_and_byte_offset_reads_at_its_data(tree, exchange):
+    """DLPack may describe a tensor as a base address plus byte_offset (the
+    stand-in does for objects with `split`): the pointer is their sum."""
+    _, good = probes()
+    assert exchange(good)["pointers"]
+    seg = segment(tree, Graph(tree, 2.0, 1.0), spans=(16,), name="split")
+    x = XTensor(4).fill([1, 2, 3, 4])
+    x.split = True
+    XTensor.reads = 0
+    for _ in range(5):
+        (y,) = call(seg, x)
+        assert y.values() == [3, 5, 7, 9]
+    assert XTensor.reads == 1  # the first call's cross-check agreed: data + byte_offset
+    assert X.exchange_info()["pointers"] and X.exchange_info()["disagreements"] == 0
