@@ -613,16 +613,31 @@ def test_a_pointer_that_differs_from_data_ptr_turns_the_exchange_pointers_off_fo
     elsewhere = FakeTensor(4).fill([9, 9, 9, 9])
     x.real, x.ptr = x.ptr, elsewhere.ptr  # the table would read other memory
     assert exchange(good, types=(Liar,))["pointers"]
+
+    def tell_graph_the_truth():  # Graph reads .ptr: let it compute on the truth from here
+        x.ptr = x.real
+
+    a_disagreement_turns_the_way_off(seg, x, X.exchange_info, "pointers", XTensor, tell_graph_the_truth)
+
+
+def a_disagreement_turns_the_way_off(seg, x, info, on_key, counted, after_first=None):
+    """x's first call finds the fast way disagreeing with data_ptr(): a
+    warning, the way off for good, and every later call reads data_ptr().
+    Without after_first, the first call too must compute on data_ptr()'s
+    memory."""
     with pytest.warns(RuntimeWarning, match="read through data_ptr"):
         (y,) = call(seg, x)
-    x.ptr = x.real  # Graph reads .ptr: let it compute on the truth from here
-    f = X.exchange_info()
-    assert not f["pointers"] and f["disagreements"] >= 1
-    XTensor.reads = 0
+    if after_first:
+        after_first()
+    else:
+        assert y.values() == [3, 5, 7, 9]
+    f = info()
+    assert not f[on_key] and f["disagreements"] >= 1
+    counted.reads = 0
     for _ in range(3):
         (y,) = call(seg, x)
         assert y.values() == [3, 5, 7, 9]
-    assert XTensor.reads == 3  # every call reads through data_ptr() now
+    assert counted.reads == 3  # every call reads through data_ptr() now
 
 
 def test_the_exchange_stream_is_used_only_where_it_agrees_with_pytorch(exchange):
@@ -752,16 +767,7 @@ def test_a_shim_pointer_that_differs_from_data_ptr_turns_the_shim_off_for_good(t
     seg = segment(tree, Graph(tree, 2.0, 1.0), spans=(16,), name="shim-liar")
     inner = FakeTensor(4).fill([1, 2, 3, 4])
     x = ShimTensor(inner, impl=inner.ptr + 64)  # the shim would say ptr + 80
-    with pytest.warns(RuntimeWarning, match="read through data_ptr"):
-        (y,) = call(seg, x)
-    assert y.values() == [3, 5, 7, 9]  # computed on data_ptr()'s memory
-    f = X.shim_info()
-    assert f["offset"] == 0 and f["disagreements"] >= 1
-    ShimTensor.reads = 0
-    for _ in range(3):
-        (y,) = call(seg, x)
-        assert y.values() == [3, 5, 7, 9]
-    assert ShimTensor.reads == 3  # every call reads through data_ptr() now
+    a_disagreement_turns_the_way_off(seg, x, X.shim_info, "offset", ShimTensor)
 
 
 def test_the_measurements_of_pointer_reads_and_tensor_making_run_each_way_that_is_on(exchange):
