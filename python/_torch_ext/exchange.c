@@ -4,9 +4,9 @@
  * Every call of a segment asks for the caller's current stream and wraps
  * each output in a new tensor, and reads the data pointer of each tensor
  * input. Through PyTorch's Python API the stream costs a call of the raw
- * stream getter, an output a call of torch._C._from_dlpack (which also
- * imports torch.cuda and calls its init() every time), and a pointer a call
- * of tensor.data_ptr().
+ * stream getter, an output a capsule and a call of torch._C._from_dlpack
+ * (which renames the capsule and checks CUDA's lazy initialisation), and a
+ * pointer a call of tensor.data_ptr().
  *
  * DLPack 1.2 added a C-level exchange protocol for exactly this: a framework
  * puts on its tensor type an attribute __dlpack_c_exchange_api__, a capsule
