@@ -44,7 +44,6 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 tx_exchange TXE;
 
@@ -59,15 +58,15 @@ static const DLPackExchangeAPI *table_for_v1(const DLPackExchangeAPI *api) {
   return (const DLPackExchangeAPI *)h;
 }
 
-static int read_ptr(const DLPackExchangeAPI *api, PyObject *o, void **out) {
-  DLTensor dl;
-  memset(&dl, 0, sizeof dl);
-  if (api->dltensor_from_py_object_no_sync(o, &dl) != 0) {
-    PyErr_Clear();
-    return 0;
-  }
-  *out = (char *)dl.data + dl.byte_offset;
-  return 1;
+/* Off: the Python API serves the stream, the outputs and the pointers. */
+static void exchange_off(void) {
+  Py_CLEAR(TXE.capsule);
+  Py_XDECREF((PyObject *)TXE.types[0]);
+  Py_XDECREF((PyObject *)TXE.types[1]);
+  TXE.types[0] = TXE.types[1] = NULL;
+  TXE.api = NULL;
+  TXE.ptrs = TXE.stream = TXE.outputs = 0;
+  TXE.disagreements = 0; /* counted per setup */
 }
 
 /* ---------------------------------------------------- output probe */
@@ -128,8 +127,7 @@ static PyObject *setup_exchange(PyObject *m, PyObject *args) {
   if (!PyArg_ParseTuple(args, "OO!O!", &cap, &PyTuple_Type, &types, &PyList_Type, &probes))
     return NULL;
   if (cap == Py_None) {
-    memset(&TXE.ptrs, 0, sizeof TXE - offsetof(tx_exchange, ptrs));
-    TXE.api = NULL;
+    exchange_off();
     return Py_BuildValue("{s:O,s:O,s:s}", "pointers", Py_False, "outputs", Py_False, "why", "turned off");
   }
   Py_ssize_t nt = PyTuple_GET_SIZE(types);
@@ -139,16 +137,8 @@ static PyObject *setup_exchange(PyObject *m, PyObject *args) {
                                      "[(tensor, data_ptr), ...])");
     return NULL;
   }
-  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(probes); i++) {
-    PyObject *p = PyList_GET_ITEM(probes, i);
-    if (!PyTuple_Check(p) || PyTuple_GET_SIZE(p) != 2 || !PyLong_Check(PyTuple_GET_ITEM(p, 1))) {
-      PyErr_SetString(PyExc_TypeError, "setup_exchange: each probe is (tensor, data_ptr)");
-      return NULL;
-    }
-    (void)PyLong_AsVoidPtr(PyTuple_GET_ITEM(p, 1));
-    if (PyErr_Occurred()) /* an address that does not fit a pointer */
-      return NULL;
-  }
+  if (tx_check_probes(probes, 2, NULL, NULL, "setup_exchange: each probe is (tensor, data_ptr)") < 0)
+    return NULL;
   const DLPackExchangeAPI *api = table_for_v1(PyCapsule_GetPointer(cap, DLPACK_EXCHANGE_API_CAPSULE_NAME));
   char why[512] = "";
   int ptrs = 0, outs = 0;
@@ -162,10 +152,8 @@ static PyObject *setup_exchange(PyObject *m, PyObject *args) {
     ptrs = 1;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(probes) && ptrs; i++) {
       PyObject *p = PyList_GET_ITEM(probes, i);
-      void *want = PyLong_AsVoidPtr(PyTuple_GET_ITEM(p, 1)), *got = NULL;
-      if (PyErr_Occurred())
-        return NULL;
-      if (!read_ptr(api, PyTuple_GET_ITEM(p, 0), &got) || got != want) {
+      void *want = PyLong_AsVoidPtr(PyTuple_GET_ITEM(p, 1)), *got = NULL; /* fits: tx_check_probes */
+      if (!tx_exchange_read(api, PyTuple_GET_ITEM(p, 0), &got) || got != want) {
         snprintf(why, sizeof why, "probe %zd: the table says %p, data_ptr() says %p", i, got, want);
         ptrs = 0;
       }
@@ -173,10 +161,7 @@ static PyObject *setup_exchange(PyObject *m, PyObject *args) {
   }
   if (api)
     outs = outputs_work(api, TX.str_data_ptr, why + strlen(why), sizeof why - strlen(why));
-  Py_XDECREF(TXE.capsule);
-  Py_XDECREF((PyObject *)TXE.types[0]);
-  Py_XDECREF((PyObject *)TXE.types[1]);
-  memset(&TXE.ptrs, 0, sizeof TXE - offsetof(tx_exchange, ptrs));
+  exchange_off();
   TXE.api = api;
   TXE.capsule = Py_NewRef(cap); /* the table lives as long as its capsule's owner; keep both */
   TXE.types[0] = (PyTypeObject *)Py_NewRef(PyTuple_GET_ITEM(types, 0));
@@ -230,12 +215,7 @@ int tx_exchange_cross_check(PyObject *o, void *ptr) {
     return 0;
   TXE.ptrs = 0;
   TXE.disagreements++;
-  if (PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
-                       "cgtree.torch: DLPack's exchange API gave data pointer %p where data_ptr() gives %p; "
-                       "tensor pointers are read through data_ptr() from now on",
-                       fast, ptr) < 0)
-    return -1;
-  return 1;
+  return tx_warn_pointer_disagreement("DLPack's exchange API", fast, ptr);
 }
 
 PyObject *tx_exchange_make_tensor(DLManagedTensorVersioned *m) {
@@ -317,12 +297,6 @@ static timed_block *timed_make(void *ptr, PyObject *shape, int device, int versi
   return b;
 }
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static PyObject *time_tensor_making(PyObject *m, PyObject *args) {
   (void)m;
   PyObject *pp, *shape;
@@ -338,7 +312,7 @@ static PyObject *time_tensor_making(PyObject *m, PyObject *args) {
   }
   PyObject *ex = Py_NewRef(Py_None);
   if (TXE.outputs) {
-    double t0 = now_s();
+    uint64_t t0 = tx_now_ns();
     for (int i = 0; i < reps; i++) {
       timed_block *b = timed_make(ptr, shape, device, 1);
       PyObject *t = b ? tx_exchange_make_tensor(&b->mv) : NULL;
@@ -348,11 +322,11 @@ static PyObject *time_tensor_making(PyObject *m, PyObject *args) {
       }
       Py_DECREF(t);
     }
-    Py_SETREF(ex, PyFloat_FromDouble((now_s() - t0) / reps * 1e9));
+    Py_SETREF(ex, PyFloat_FromDouble((double)(tx_now_ns() - t0) / reps));
     if (!ex)
       return NULL;
   }
-  double t0 = now_s();
+  uint64_t t0 = tx_now_ns();
   for (int i = 0; i < reps; i++) {
     timed_block *b = timed_make(ptr, shape, device, 0);
     PyObject *cap = b ? PyCapsule_New(&b->m, "dltensor", timed_capsule_destructor) : NULL;
@@ -369,7 +343,7 @@ static PyObject *time_tensor_making(PyObject *m, PyObject *args) {
     }
     Py_DECREF(t);
   }
-  double dl = (now_s() - t0) / reps * 1e9;
+  double dl = (double)(tx_now_ns() - t0) / reps;
   return Py_BuildValue("{s:N,s:d}", "exchange_ns", ex, "from_dlpack_ns", dl);
 }
 

@@ -20,7 +20,9 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <string.h>
 #include <sys/types.h>
+#include <time.h>
 
 #include "cgtree.h"
 #include <uthash.h>
@@ -106,6 +108,25 @@ void tx_tree_drain(TreeObject *T);
 PyObject *tx_status_error(TreeObject *T, cgt_status st, const char *what);
 int tx_blas_clear(void); /* drop cuBLAS's workspaces (segment.c); -1 with an exception set */
 
+static inline uint64_t tx_now_ns(void) { /* the hot path's timers and the benchmarks' */
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* The ways a tensor's data pointer is read fast (shim.c, exchange.c) share
+ * these. */
+/* o's data pointer through tensor.data_ptr(), the Python API (segment.c);
+ * -1 with an exception set. */
+int tx_data_ptr_slow(PyObject *o, void **out);
+/* A fast way's pointer for o disagreed with data_ptr()'s: warns that `way`
+ * is off from now on; -1 if the warning became an exception, else 1. */
+int tx_warn_pointer_disagreement(const char *way, void *fast, void *ptr);
+/* Probes for a fast way's proof: a list of tuples of `width` items, the
+ * object then addresses that fit a pointer, the object of type t0 or t1
+ * where t0 is not NULL. 0, or -1 with TypeError or OverflowError set. */
+int tx_check_probes(PyObject *probes, Py_ssize_t width, PyTypeObject *t0, PyTypeObject *t1, const char *usage);
+
 /* ------------------------------------------------------------ shim.c */
 
 #define CGT_TORCH_TEST_API __attribute__((visibility("default")))
@@ -142,24 +163,29 @@ typedef struct tx_exchange {
   PyObject *capsule;            /* its capsule, kept */
   PyTypeObject *types[2];       /* the exact types it serves (torch.Tensor, torch.nn.Parameter) */
   int ptrs, stream, outputs;    /* which uses passed their proofs */
-  uint64_t disagreements;       /* cross-checks that found a pointer wrong (pointers are then off) */
+  uint64_t disagreements;       /* cross-checks since the last setup that found a pointer wrong (pointers are then off) */
 } tx_exchange;
 extern tx_exchange TXE;
 extern PyMethodDef tx_exchange_methods[];
 
+/* 1 and *out: o's data pointer, read through api; 0 if the table refused. */
+static inline int tx_exchange_read(const DLPackExchangeAPI *api, PyObject *o, void **out) {
+  DLTensor dl;
+  memset(&dl, 0, sizeof dl);
+  if (api->dltensor_from_py_object_no_sync(o, &dl) != 0) {
+    PyErr_Clear();
+    return 0;
+  }
+  *out = (char *)dl.data + dl.byte_offset;
+  return 1;
+}
 /* 1 and *out: o's data pointer, read through the table; 0: read it through
  * data_ptr() (off, or o is not of a type it serves, or the table refused). */
 static inline int tx_exchange_data_ptr(PyObject *o, void **out) {
   PyTypeObject *tp = Py_TYPE(o);
   if (!TXE.ptrs || (tp != TXE.types[0] && tp != TXE.types[1]))
     return 0;
-  DLTensor dl;
-  if (TXE.api->dltensor_from_py_object_no_sync(o, &dl) != 0) {
-    PyErr_Clear();
-    return 0;
-  }
-  *out = (char *)dl.data + dl.byte_offset;
-  return 1;
+  return tx_exchange_read(TXE.api, o, out);
 }
 /* 1 and *out: the current stream of a CUDA device, through the table. */
 int tx_exchange_stream(int device, void **out);

@@ -28,6 +28,40 @@ PyObject *tx_status_error(TreeObject *T, cgt_status st, const char *what) {
   return NULL;
 }
 
+int tx_warn_pointer_disagreement(const char *way, void *fast, void *ptr) {
+  if (PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
+                       "cgtree.torch: %s gave data pointer %p where data_ptr() gives %p; "
+                       "tensor pointers are read through data_ptr() from now on",
+                       way, fast, ptr) < 0)
+    return -1;
+  return 1;
+}
+
+int tx_check_probes(PyObject *probes, Py_ssize_t width, PyTypeObject *t0, PyTypeObject *t1, const char *usage) {
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(probes); i++) {
+    PyObject *p = PyList_GET_ITEM(probes, i);
+    if (!PyTuple_Check(p) || PyTuple_GET_SIZE(p) != width) {
+      PyErr_SetString(PyExc_TypeError, usage);
+      return -1;
+    }
+    for (Py_ssize_t j = 1; j < width; j++) {
+      if (!PyLong_Check(PyTuple_GET_ITEM(p, j))) {
+        PyErr_SetString(PyExc_TypeError, usage);
+        return -1;
+      }
+      (void)PyLong_AsVoidPtr(PyTuple_GET_ITEM(p, j));
+      if (PyErr_Occurred()) /* an address that does not fit a pointer */
+        return -1;
+    }
+    PyTypeObject *tp = Py_TYPE(PyTuple_GET_ITEM(p, 0));
+    if (t0 && tp != t0 && tp != t1) { /* the proof must be on the very types the reads will serve */
+      PyErr_Format(PyExc_TypeError, "%s: each probe tensor is of one of the types", usage);
+      return -1;
+    }
+  }
+  return 0;
+}
+
 int tx_tree_step_begin(TreeObject *T) {
   tx_out_ref_queue_drain();
   cgt_status st = cgt_step_begin(T->tree);

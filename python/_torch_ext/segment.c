@@ -135,12 +135,6 @@ typedef struct SegmentObject {
   uint64_t static_checks, static_hits; /* calls of PyTorch's pointer check, and those that found nothing moved */
 } SegmentObject;
 
-static inline uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 /* ------------------------------------------------ released outputs */
 
 static pthread_mutex_t dead_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -520,8 +514,7 @@ static int static_ptr_note(SegmentObject *s, size_t i, void *ptr) {
 
 /* ------------------------------------------------------------ calls */
 
-/* o's data pointer through tensor.data_ptr(). */
-static int data_ptr_slow(PyObject *o, void **out) {
+int tx_data_ptr_slow(PyObject *o, void **out) {
   PyObject *p = TX.data_ptr ? PyObject_Vectorcall(TX.data_ptr, &o, 1, NULL)
                             : PyObject_VectorcallMethod(TX.str_data_ptr, &o, 1, NULL);
   if (!p)
@@ -657,7 +650,7 @@ fail:
 static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
   SegmentObject *s = (SegmentObject *)self;
   size_t n = PyVectorcall_NARGS(nargsf);
-  uint64_t t0 = now_ns();
+  uint64_t t0 = tx_now_ns();
   s->calls++;
   if (s->bypass_reason)
     return call_plain(s, args, n);
@@ -686,7 +679,7 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
       if (kind == ARG_TENSOR_STATIC && statics_same) {
         ptr = s->static_ptr[i];
       } else if (!(fast && s->registered && (tx_shim_data_ptr(o, &ptr) || tx_exchange_data_ptr(o, &ptr)))) {
-        if (data_ptr_slow(o, &ptr) < 0)
+        if (tx_data_ptr_slow(o, &ptr) < 0)
           return NULL;
         /* A segment's first call reads each input every way: the shim and
          * the exchange API are trusted only where they agreed with
@@ -746,7 +739,7 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
    * tree's blocking stream by CUDA itself; any other needs events. */
   if (!statics_same && s->static_idx)
     s->static_known = statics_noted && !fast; /* every STATIC pointer was read, and noted, just now */
-  uint64_t t_args = now_ns();
+  uint64_t t_args = tx_now_ns();
   void *caller;
   if (caller_stream(T, &caller) < 0)
     return NULL;
@@ -766,9 +759,9 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
   s->cur_variant = variant;
   s->want_bypass = 0;
   clear_exception(s); /* a capture that failed and then ran eagerly may have left one */
-  uint64_t t1 = now_ns();
+  uint64_t t1 = tx_now_ns();
   cgt_status st = cgt_run(T->tree, s->seg, variant, s->args, s->n_targs, s->outs, s->n_outputs);
-  uint64_t t2 = now_ns();
+  uint64_t t2 = tx_now_ns();
   s->cur = NULL;
   cgt_stats after;
   cgt_tree_stats(T->tree, &after);
@@ -815,10 +808,10 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
                  (unsigned long long)variant);
     return NULL;
   }
-  uint64_t t3 = now_ns();
+  uint64_t t3 = tx_now_ns();
   PyObject *result = build_result(s, t);
   if (replayed) {
-    uint64_t t4 = now_ns();
+    uint64_t t4 = tx_now_ns();
     s->timed_calls++;
     s->ns_args += t_args - t0;
     s->ns_streams += (t1 - t_args) + (t3 - t2);

@@ -42,9 +42,15 @@
 
 #include <dlfcn.h>
 #include <string.h>
-#include <time.h>
 
 tx_shim TXS;
+
+/* Off: the Python API (or the exchange API) reads pointers. */
+static void shim_off(void) {
+  Py_XDECREF((PyObject *)TXS.types[0]);
+  Py_XDECREF((PyObject *)TXS.types[1]);
+  memset(&TXS, 0, sizeof TXS - sizeof TXS.disagreements);
+}
 
 /* Returns the offset, or 0 with why filled. */
 static Py_ssize_t find_offset(PyObject *probes, char *why, size_t cap) {
@@ -91,9 +97,7 @@ static PyObject *setup_shim(PyObject *m, PyObject *args) {
   if (!PyArg_ParseTuple(args, "OsO!O!", &lib, &symbol, &PyTuple_Type, &types, &PyList_Type, &probes))
     return NULL;
   if (lib == Py_None) {
-    Py_XDECREF((PyObject *)TXS.types[0]);
-    Py_XDECREF((PyObject *)TXS.types[1]);
-    memset(&TXS, 0, sizeof TXS - sizeof TXS.disagreements);
+    shim_off();
     return Py_BuildValue("(Os)", Py_False, "turned off");
   }
   Py_ssize_t nt = PyTuple_GET_SIZE(types);
@@ -103,27 +107,10 @@ static PyObject *setup_shim(PyObject *m, PyObject *args) {
     return NULL;
   }
   PyTypeObject *t0 = (PyTypeObject *)PyTuple_GET_ITEM(types, 0), *t1 = (PyTypeObject *)PyTuple_GET_ITEM(types, nt - 1);
-  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(probes); i++) {
-    PyObject *p = PyList_GET_ITEM(probes, i);
-    if (!PyTuple_Check(p) || PyTuple_GET_SIZE(p) != 3 || !PyLong_Check(PyTuple_GET_ITEM(p, 1)) ||
-        !PyLong_Check(PyTuple_GET_ITEM(p, 2))) {
-      PyErr_SetString(PyExc_TypeError, "setup_shim: each probe is (tensor, impl address, data pointer)");
-      return NULL;
-    }
-    PyTypeObject *tp = Py_TYPE(PyTuple_GET_ITEM(p, 0));
-    if (tp != t0 && tp != t1) { /* the proof must be on the very types the reads will serve */
-      PyErr_SetString(PyExc_TypeError, "setup_shim: each probe tensor is of one of the types");
-      return NULL;
-    }
-    (void)PyLong_AsVoidPtr(PyTuple_GET_ITEM(p, 1));
-    (void)PyLong_AsVoidPtr(PyTuple_GET_ITEM(p, 2));
-    if (PyErr_Occurred()) /* an address that does not fit a pointer */
-      return NULL;
-  }
+  if (tx_check_probes(probes, 3, t0, t1, "setup_shim: each probe is (tensor, impl address, data pointer)") < 0)
+    return NULL;
   /* The arguments are sound: from here the outcome is on or off. */
-  Py_XDECREF((PyObject *)TXS.types[0]);
-  Py_XDECREF((PyObject *)TXS.types[1]);
-  memset(&TXS, 0, sizeof TXS - sizeof TXS.disagreements);
+  shim_off();
   char why[512] = "";
   tx_shim_data_ptr_fn fn = NULL;
   /* Only the copy PyTorch has loaded: never map a second libtorch. One more
@@ -166,12 +153,7 @@ int tx_shim_cross_check(PyObject *o, void *ptr) {
     return 0;
   TXS.offset = 0;
   TXS.disagreements++;
-  if (PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
-                       "cgtree.torch: PyTorch's C shim gave data pointer %p where data_ptr() gives %p; "
-                       "tensor pointers are read through data_ptr() from now on",
-                       fast, ptr) < 0)
-    return -1;
-  return 1;
+  return tx_warn_pointer_disagreement("PyTorch's C shim", fast, ptr);
 }
 
 static PyObject *shim_info(PyObject *m, PyObject *unused) {
@@ -183,12 +165,6 @@ static PyObject *shim_info(PyObject *m, PyObject *unused) {
 /* time_pointer_reads(tensors, reps): ns per data pointer read, each way
  * that is on: {"shim_ns", "exchange_ns", "data_ptr_ns"} (None where off;
  * bench/torch_segment_parts.py prints them). */
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static PyObject *time_pointer_reads(PyObject *m, PyObject *args) {
   (void)m;
   PyObject *list;
@@ -203,7 +179,7 @@ static PyObject *time_pointer_reads(PyObject *m, PyObject *args) {
   double ns[3] = {-1, -1, -1};
   uintptr_t sink = 0;
   for (int way = 0; way < 3; way++) {
-    double t0 = now_s();
+    uint64_t t0 = tx_now_ns();
     for (int r = 0; r < reps; r++)
       for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *o = PyList_GET_ITEM(list, i);
@@ -212,17 +188,11 @@ static PyObject *time_pointer_reads(PyObject *m, PyObject *args) {
           goto next;
         if (way == 1 && !tx_exchange_data_ptr(o, &p))
           goto next;
-        if (way == 2) {
-          PyObject *v = TX.data_ptr ? PyObject_Vectorcall(TX.data_ptr, &o, 1, NULL)
-                                    : PyObject_VectorcallMethod(TX.str_data_ptr, &o, 1, NULL);
-          if (!v)
-            return NULL;
-          p = PyLong_AsVoidPtr(v);
-          Py_DECREF(v);
-        }
+        if (way == 2 && tx_data_ptr_slow(o, &p) < 0)
+          return NULL;
         sink += (uintptr_t)p;
       }
-    ns[way] = (now_s() - t0) / ((double)reps * (double)n) * 1e9;
+    ns[way] = (double)(tx_now_ns() - t0) / ((double)reps * (double)n);
   next:;
   }
   (void)sink;
