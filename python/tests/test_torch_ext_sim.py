@@ -147,6 +147,19 @@ def segment(tree, graph, kinds=(ARG_TENSOR,), spans=None, name="g"):
     return X.Segment(tree, name, graph, launch, alias, describe, span, bytes(kinds), tuple(spans), 0, False)
 
 
+def weighted_segment(tree, n_static, name):
+    """A graph of x and n_static weights (STATIC inputs) computing x + the
+    first weight; the other weights are read by nothing, as unused
+    parameters."""
+    def add_first_weight(x, *ws):
+        out = FakeTensor(x.n)
+        X.sim_launch(tree.stream, k_add, out.ptr, x.ptr, ws[0].ptr, x.n)
+        return [out]
+
+    kinds = (ARG_TENSOR,) + (ARG_TENSOR_STATIC,) * n_static
+    return segment(tree, add_first_weight, kinds=kinds, spans=(16,) * (1 + n_static), name=name)
+
+
 @pytest.fixture
 def tree():
     t = X.Tree(0, backend="sim")
@@ -272,18 +285,11 @@ def test_static_pointers_are_confirmed_in_one_check_and_a_moved_one_is_seen(tree
         checks.append(list(idx))
         return all(tensors[i].ptr == ptrs[i] for i in idx)
 
-    class AddW:  # x + the first weight; the other weights are read by nothing, as unused parameters
-        def __call__(self, x, *ws):
-            out = FakeTensor(x.n)
-            X.sim_launch(tree.stream, k_add, out.ptr, x.ptr, ws[0].ptr, x.n)
-            return [out]
-
     X.init_hot_path(fake_from_dlpack, lambda device: 0, Generation, FakeTensor, None, None, ptrs_equal)
     try:
         for n_static in (8, 7):  # the check pays from 8 STATIC inputs on; below, they are read one by one
             checks.clear()
-            kinds = (ARG_TENSOR,) + (ARG_TENSOR_STATIC,) * n_static
-            seg = segment(tree, AddW(), kinds=kinds, spans=(16,) * (1 + n_static), name="w%d" % n_static)
+            seg = weighted_segment(tree, n_static, "w%d" % n_static)
             x = FakeTensor(4).fill([1, 2, 3, 4])
             ws = [CountedTensor(4).fill([10, 10, 10, 10]) for _ in range(n_static)]
             for _ in range(3):
@@ -569,14 +575,7 @@ def test_replays_read_pointers_and_make_outputs_through_the_exchange_api(tree, e
     _, good = probes()
     assert exchange(good)["pointers"]
 
-    class AddW:
-        def __call__(self, x, *ws):
-            out = FakeTensor(x.n)
-            X.sim_launch(tree.stream, k_add, out.ptr, x.ptr, ws[0].ptr, x.n)
-            return [out]
-
-    kinds = (ARG_TENSOR,) + (ARG_TENSOR_STATIC,) * 8
-    seg = segment(tree, AddW(), kinds=kinds, spans=(16,) * 9, name="xchg")
+    seg = weighted_segment(tree, 8, "xchg")
     x = XTensor(4).fill([1, 2, 3, 4])
     ws = [XTensor(4).fill([10, 10, 10, 10]) for _ in range(8)]
     XTensor.reads = 0
@@ -739,14 +738,7 @@ def test_replays_read_pointers_through_the_shim_first(tree, shim):
     assert shim(probes)[0]
     ShimTensor.reads = 0
 
-    class AddW:
-        def __call__(self, x, *ws):
-            out = FakeTensor(x.n)
-            X.sim_launch(tree.stream, k_add, out.ptr, x.ptr, ws[0].ptr, x.n)
-            return [out]
-
-    kinds = (ARG_TENSOR,) + (ARG_TENSOR_STATIC,) * 8
-    seg = segment(tree, AddW(), kinds=kinds, spans=(16,) * 9, name="shim")
+    seg = weighted_segment(tree, 8, "shim")
     x = ShimTensor(FakeTensor(4).fill([1, 2, 3, 4]))
     ws = [ShimTensor(FakeTensor(4).fill([10, 10, 10, 10])) for _ in range(8)]
     for i in range(6):

@@ -72,6 +72,19 @@ def _setup_or_off(setup, off):
         return (False, "setup raised %s: %s" % (type(e).__name__, e))
 
 
+# The exact types whose pointers the fast ways read (a subclass may answer
+# data_ptr() differently), and the probes that prove them: CPU tensors of
+# every kind the hot path meets (views with storage offsets, transposed,
+# integer, Parameters with and without grad).
+_SERVED = (torch.Tensor, torch.nn.Parameter)
+
+
+def _probe_tensors():
+    base = torch.arange(16, dtype=torch.float32)
+    return [base, base[3:], base.view(4, 4).t(), base.view(4, 4)[1:, 2:], torch.zeros(2, dtype=torch.int64),
+            torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(base[5:], requires_grad=False)]
+
+
 def setup_exchange():
     """DLPack's C exchange API (torch.Tensor.__dlpack_c_exchange_api__, PyTorch
     2.11 and later) for the hot path's pointers and output tensors
@@ -79,16 +92,15 @@ def setup_exchange():
     these probes, CPU tensors of every kind the hot path meets. Returns
     {"pointers", "outputs", "why"}. CGTREE_TORCH_EXCHANGE=0 keeps it off."""
     api = getattr(torch.Tensor, "__dlpack_c_exchange_api__", None)
-    if os.environ.get("CGTREE_TORCH_EXCHANGE", "1") == "0" or type(api).__name__ != "PyCapsule":
+    why = None
+    if type(api).__name__ != "PyCapsule":
+        why = "torch.Tensor.__dlpack_c_exchange_api__ is %s, not a capsule" % type(api).__name__
+    elif os.environ.get("CGTREE_TORCH_EXCHANGE", "1") == "0":
+        why = "turned off"
+    if why:
         _ext.setup_exchange(None, (), [])
-        why = ("turned off" if api is not None and type(api).__name__ == "PyCapsule" else
-               "torch.Tensor.__dlpack_c_exchange_api__ is %s, not a capsule" % type(api).__name__)
         return {"pointers": False, "outputs": False, "why": why}
-    base = torch.arange(16, dtype=torch.float32)
-    tensors = [base, base[3:], base.view(4, 4).t(), base.view(4, 4)[1:, 2:],
-               torch.zeros(2, dtype=torch.int64), torch.nn.Parameter(torch.ones(3)),
-               torch.nn.Parameter(base[5:], requires_grad=False)]
-    return _ext.setup_exchange(api, (torch.Tensor, torch.nn.Parameter), [(t, t.data_ptr()) for t in tensors])
+    return _ext.setup_exchange(api, _SERVED, [(t, t.data_ptr()) for t in _probe_tensors()])
 
 
 def setup_shim():
@@ -99,11 +111,8 @@ def setup_shim():
     lib = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")
     if os.environ.get("CGTREE_TORCH_SHIM", "1") == "0" or not hasattr(torch.Tensor, "_cdata"):
         return _ext.setup_shim(None, "", (), [])
-    base = torch.arange(16, dtype=torch.float32)
-    tensors = [base, base[3:], base.view(4, 4).t(), base.view(4, 4)[1:, 2:], torch.zeros(2, dtype=torch.int64),
-               torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(base[5:], requires_grad=False)]
-    return _ext.setup_shim(lib, "aoti_torch_get_data_ptr", (torch.Tensor, torch.nn.Parameter),
-                           [(t, t._cdata, t.data_ptr()) for t in tensors])
+    return _ext.setup_shim(lib, "aoti_torch_get_data_ptr", _SERVED,
+                           [(t, t._cdata, t.data_ptr()) for t in _probe_tensors()])
 
 
 def check_exchange_stream(device, stream):
