@@ -13,7 +13,7 @@
  * over a table of C functions (python/dlpack.h, DLPackExchangeAPI). PyTorch
  * has it from 2.11. Three of them serve the hot path:
  *   dltensor_from_py_object_no_sync   a tensor's DLTensor (so its data pointer;
- *                                     about 0.1 us, so shim.c's 20 ns read comes
+ *                                     about 0.1 us, so shim.c's 10 ns read comes
  *                                     first where it is proven),
  *   current_work_stream               the current stream of a device,
  *   managed_tensor_to_py_object_no_sync

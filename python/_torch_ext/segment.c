@@ -20,11 +20,11 @@
  *
  * A model passes every weight as a STATIC input: 60 and more per graph.
  * Their addresses key the node, so every pointer is read on every call.
- * shim.c reads one in about 20 ns through PyTorch's C shim, once it has
+ * shim.c reads one in about 10 ns through PyTorch's C shim, once it has
  * proven that path against data_ptr(); where it could not, exchange.c reads
  * it through DLPack's exchange API (about 0.1 us); a segment's first call
  * checks both again on each of its inputs. Without either a pointer costs a
- * call of tensor.data_ptr() (about 0.15 us); then, in a graph with
+ * call of tensor.data_ptr() (about 0.1 us); then, in a graph with
  * STATIC_CHECK_MIN STATIC inputs or more, the pointers of the last call are
  * kept, and one call of PyTorch's own check (the C++ loop
  * torch._C._tensors_data_ptrs_at_indices_equal, which CUDAGraph Trees use
