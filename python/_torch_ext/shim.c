@@ -5,7 +5,7 @@
  * Through PyTorch's Python API a pointer costs a call of tensor.data_ptr(),
  * 64-111 ns on the H100 hosts; through DLPack's exchange API (exchange.c),
  * which fills a whole DLTensor, 54-103 ns; through the shim below, 6-13 ns
- * (bench/torch_segment_parts.py, five runs). Inside PyTorch the answer is
+ * (bench/torch_segment_parts.py, four runs). Inside PyTorch the answer is
  * two loads. This file reaches it without
  * linking libtorch and without a line of C++.
  *
