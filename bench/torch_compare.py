@@ -298,7 +298,7 @@ def child(example, mode, out_dir, warm, timed):
         from cgtree.torch._backend import _segments
         res["peak_bound_mib"] = (m["eager_peak"] + m["pool_peak"]) / 2**20
         calls = ns_call = ns_run = 0
-        parts = {"ns_args": 0, "ns_streams": 0, "ns_outputs": 0}
+        parts = {"ns_args": 0, "ns_streams": 0, "ns_outputs": 0, "ns_step": 0, "ns_make": 0, "ns_launch": 0}
         for sg in _segments:
             t = sg.timers()
             calls += t["replays"]
@@ -311,6 +311,8 @@ def child(example, mode, out_dir, warm, timed):
             res["us_per_segment_in_cgt_run"] = ns_run / calls / 1e3
             res["us_per_segment_backend"] = (ns_call - ns_run) / calls / 1e3
             res["segment_replays_timed"] = calls
+            if parts["ns_launch"]:  # CGTREE_TORCH_TIME_LAUNCHES=1: the graph launch call, timed apart
+                res["us_per_segment_without_launch"] = (ns_call - parts["ns_launch"]) / calls / 1e3
             for k, v in parts.items():  # the backend's time, part by part (see segment.c's timers)
                 res["us_per_segment_" + k[3:]] = v / calls / 1e3
             res["plain_reasons"] = [sg.info["plain_reason"] for sg in _segments if sg.info["plain_reason"]]
@@ -438,7 +440,7 @@ def main():
             ref_row = next((x for x in rows if x["example"] == r["example"] and x["mode"] == "inductor"), None)
             r["equal"] = compare(torch, a.dir, r, ref_row)
     print()
-    print("| example | mode | ms/step | ms/token | backend us/segment (cgt_run incl. launch) | "
+    print("| example | mode | ms/step | ms/token | backend us/segment (in cgt_run; of it the launch call) | "
           "peak MiB warm-up | peak MiB steady | reserved MiB | recordings | compile+record s | outputs vs inductor |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     for r in rows:
@@ -448,7 +450,8 @@ def main():
             continue
         seg = ""
         if "us_per_segment_call" in r:
-            seg = "%.1f (%.1f)" % (r["us_per_segment_call"], r["us_per_segment_in_cgt_run"])
+            seg = "%.1f (%.1f" % (r["us_per_segment_call"], r["us_per_segment_in_cgt_run"])
+            seg += "; %.1f)" % r["us_per_segment_launch"] if r.get("us_per_segment_launch") else ")"
         print("| %s | %s | %.3f | %s | %s | %.1f | %.1f | %.1f | %s | %.1f | %s |" % (
             r["example"], r["mode"], r["ms_per_step"],
             "%.3f" % r["ms_per_token"] if "ms_per_token" in r else "", seg, r["peak_warm_mib"],

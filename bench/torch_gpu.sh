@@ -38,21 +38,22 @@ export PYTHONPATH=$P${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
 python3 -c 'import torch, cgtree._torch_ext; print("torch", torch.__version__, torch.cuda.get_device_name())' 2>&1 | tail -2
 bench() {
-  python3 bench/torch_compare.py --examples "$1" --out "$OUT/torch_compare.jsonl" ${BENCH_ARGS:-} \
+  # CGTREE_TORCH_TIME_LAUNCHES=1: the tree times its graph launch calls apart (two clock reads per launch)
+  CGTREE_TORCH_TIME_LAUNCHES=1 python3 bench/torch_compare.py --examples "$1" --out "$OUT/torch_compare.jsonl" ${BENCH_ARGS:-} \
     >> "$OUT/bench.log" 2>&1
   echo "bench $1 rc=$?"; sed -n '/^| example/,$p' "$OUT/bench.log" | grep -v "^| example\|^| ---" | grep "^| $1 " || true
 }
 IFS=, read -ra EX <<< "$examples"
 if [[ $what == *bench* ]]; then bench "${EX[0]}"; fi
 if [[ $what == *tests* ]]; then
-  timeout 60 python3 -m pytest -q -p no:cacheprovider python/tests/test_torch_ext_sim.py > "$OUT/pytest-sim.log" 2>&1; echo "pytest (sim, own process: it swaps the hot path for fakes) rc=$?"
+  timeout 60 python3 -m pytest -q -p no:cacheprovider python/tests/test_torch_ext_sim.py python/tests/test_torch_ext_reuse_sim.py > "$OUT/pytest-sim.log" 2>&1; echo "pytest (sim, own process: it swaps the hot path for fakes) rc=$?"
   timeout 200 python3 -m pytest -q -rf --tb=short -p no:cacheprovider --timeout 90 python/tests/test_torch_graphs.py \
     python/tests/test_torch_backend.py > "$OUT/pytest.log" 2>&1
   echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest.log" | tail -15
 fi
 if [[ $what == *parts* ]]; then
   timeout 240 python3 bench/torch_segment_parts.py > "$OUT/parts.log" 2>&1
-  echo "parts rc=$?"; grep -v "^RESULT" "$OUT/parts.log" | tail -8
+  echo "parts rc=$?"; grep -v "^RESULT" "$OUT/parts.log" | tail -16
 fi
 if [[ $what == *bench* ]]; then
   for e in "${EX[@]:1}"; do bench "$e"; done

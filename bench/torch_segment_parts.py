@@ -10,6 +10,8 @@ cgt_run, outputs; replays only):
   fresh      a new token tensor and a new cache_position tensor each call,
              as generation does: cgt_run repoints the graph's two DYNAMIC
              copies every call;
+  noreuse    as fresh, with a new output tensor made every call
+             (python/_torch_ext/reuse.c off);
   same       the same two tensors every call: nothing to repoint, so cgt_run
              is the graph launch plus the tree's own bookkeeping;
   exchange   as fresh, with the C shim off (python/_torch_ext/shim.c):
@@ -23,7 +25,10 @@ by a sync; "wall" is the call plus that sync.
 
 Then, apart from the tree: what one data pointer read costs each way, over
 the model's weights, and what PyTorch takes to make one output tensor each
-way (python/_torch_ext/shim.c, exchange.c). Prints a table, those two lines
+way (python/_torch_ext/shim.c, exchange.c), each twice: in a tight loop (hot
+caches) and with the host's caches evicted before each pass (cold, as in the
+hot path, where nothing has touched a weight's StorageImpl since the last
+call). Prints a table, those two lines
 and one JSON line (RESULT ...). GPU only.
 """
 import argparse
@@ -40,6 +45,7 @@ def main():
     ap.add_argument("--calls", type=int, default=240, help="calls per way per round")
     ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args()
+    os.environ["CGTREE_TORCH_TIME_LAUNCHES"] = "1"  # the tree times its graph launch calls apart
     import cgtree.torch  # noqa: F401  (before CUDA starts: installs the allocator)
     import torch
     from cgtree import _torch_ext
@@ -65,13 +71,14 @@ def main():
         _install.setup_exchange()
         _install.check_exchange_stream(0, tree_stream)
         _install.setup_shim()
+        _install.setup_reuse(way != "noreuse")
         if way in ("exchange", "python"):
             _torch_ext.setup_shim(None, "", (), [])
         if way == "python":
             _torch_ext.setup_exchange(None, (), [])
 
-    totals = {w: {"replays": 0, "ns_in_call": 0, "ns_args": 0, "ns_streams": 0, "ns_in_run": 0, "ns_outputs": 0,
-                  "wall": 0.0} for w in WAYS}
+    totals = {w: {"replays": 0, "ns_in_call": 0, "ns_args": 0, "ns_step": 0, "ns_streams": 0, "ns_in_run": 0,
+                  "ns_launch": 0, "ns_outputs": 0, "ns_make": 0, "wall": 0.0} for w in WAYS}
 
     def run(way, n):
         """n decoder calls in generations of 60 tokens: the static KV cache
@@ -110,8 +117,11 @@ def main():
         configure("fresh")
         weights = _params_of(fn)
         reads = _torch_ext.time_pointer_reads(weights, 2000)
+        cold_reads = _torch_ext.time_pointer_reads(weights, 200, EVICT)
         buf = torch.empty(4096, device=dev)
         making = _torch_ext.time_tensor_making(buf.data_ptr(), (1, 1, 4096), 0, 20000)
+        cold_making = _torch_ext.time_tensor_making(buf.data_ptr(), (1, 1, 4096), 0, 200, EVICT)
+        reuse = dict(_torch_ext.reuse_info(), why=_install._state["reuse"])
     rows = []
     for way in WAYS:
         tot = totals[way]
@@ -121,24 +131,36 @@ def main():
     print("device: %s, torch %s, at install: shim %s, exchange API %s, stream %s" % (
         torch.cuda.get_device_name(), torch.__version__, _install._state["shim"], _install._state["exchange"],
         _install._state["exchange_stream"]))
-    print("%-8s %8s %9s %8s %8s %8s %8s %8s" % ("way", "replays", "wall/call", "call", "args", "streams", "cgt_run",
-                                              "outputs"))
+    print("output reuse at install: %s" % (reuse["why"],))
+    print("%-10s %8s %9s %8s %8s %8s %8s %8s %8s %8s %8s %8s" % (
+        "way", "replays", "wall/call", "call", "args", "(step)", "streams", "cgt_run", "(launch)", "outputs", "(make)",
+        "call-launch"))
     for r in rows:
-        print("%-8s %8d %9.2f %8.2f %8.2f %8.2f %8.2f %8.2f" % (r["way"], r["replays"], r["us_wall_per_call"],
-                                                             r["us_in_call"], r["us_args"], r["us_streams"],
-                                                             r["us_in_run"], r["us_outputs"]))
+        r["us_without_launch"] = r["us_in_call"] - r["us_launch"]
+        print("%-10s %8d %9.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f" % (
+            r["way"], r["replays"], r["us_wall_per_call"], r["us_in_call"], r["us_args"], r["us_step"],
+            r["us_streams"], r["us_in_run"], r["us_launch"], r["us_outputs"], r["us_make"], r["us_without_launch"]))
+    print("(step: of args, the step's start and handing back dead outputs; launch: of cgt_run, the graph launch "
+          "call alone; make: of outputs, PyTorch making the tensor; call-launch: the backend's own time)")
     print("(us per replayed segment; 'call' is the whole C hot path; repointing the two DYNAMIC copies costs "
-          "cgt_run(fresh) - cgt_run(same) = %.2f us)" % (rows[0]["us_in_run"] - rows[1]["us_in_run"]))
+          "cgt_run(fresh) - cgt_run(same) = %.2f us)" % (rows[0]["us_in_run"] - rows[2]["us_in_run"]))
     fmt = lambda v: "off" if v is None else "%.1f ns" % v  # noqa: E731
     print("one data pointer, over the model's %d weights: shim %s, exchange API %s, data_ptr() %s" % (
         len(weights), fmt(reads["shim_ns"]), fmt(reads["exchange_ns"]), fmt(reads["data_ptr_ns"])))
+    print("  cold caches: shim %s, exchange API %s, data_ptr() %s" % (
+        fmt(cold_reads["shim_ns"]), fmt(cold_reads["exchange_ns"]), fmt(cold_reads["data_ptr_ns"])))
     print("one output tensor (1, 1, 4096), made and dropped, PyTorch's part alone: exchange API %s, "
           "capsule + torch._C._from_dlpack %s" % (fmt(making["exchange_ns"]), fmt(making["from_dlpack_ns"])))
+    print("  cold caches: exchange API %s, capsule + torch._C._from_dlpack %s" % (
+        fmt(cold_making["exchange_ns"]), fmt(cold_making["from_dlpack_ns"])))
     print("RESULT " + json.dumps({"example": "gpt2", "device": torch.cuda.get_device_name(), "rows": rows,
-                                  "pointer_read_ns": reads, "tensor_making_ns": making}))
+                                  "pointer_read_ns": reads, "pointer_read_cold_ns": cold_reads,
+                                  "tensor_making_ns": making, "tensor_making_cold_ns": cold_making,
+                                  "reuse": reuse}))
 
 
-WAYS = ("fresh", "same", "exchange", "python")
+WAYS = ("fresh", "noreuse", "same", "exchange", "python")
+EVICT = 64 << 20  # bytes written to evict the host's caches before a cold pass
 
 
 def _params_of(forward):

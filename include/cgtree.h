@@ -129,6 +129,9 @@ typedef struct cgt_options {
   uint32_t prune_after_steps; /* extension: a WARMUP node that no step has reached for this many steps is
                                  removed, with its subtree (in TREE mode only WARMUP and EAGER nodes), so
                                  warmups under layouts that never recur do not pile up; 0 = default 256 */
+  uint32_t time_launches;     /* extension: 1 = time each replay's graph launch call on the host (two clock
+                                 reads per launch) into cgt_stats.launch_host_ns, so a caller can tell the
+                                 launch of the kernels from the rest of its time; 0 (default) = don't */
 } cgt_options;
 
 /* Log levels handed to log_fn (extension: the numbers behind CGT_LOG). */
@@ -364,7 +367,8 @@ typedef struct cgt_node_info {
   U64(runs) U64(replays) U64(recordings) U64(warmups) U64(eager_runs) U64(checkpoint_restores)  \
   U64(rerecords) U64(capture_failures) U64(stale_uses) U64(nodes) U64(input_copies)             \
   U64(input_copy_bytes) SIZE(pool_reserved_bytes) SIZE(pool_allocated_bytes) SIZE(pool_peak_bytes) \
-  SIZE(side_pool_peak_bytes) U64(host_allocs) U64(fused_launches) U64(fused_runs) U64(nodes_pruned)
+  SIZE(side_pool_peak_bytes) U64(host_allocs) U64(fused_launches) U64(fused_runs) U64(nodes_pruned)      \
+  U64(launch_host_ns)
 
 /* Pool figures: pool_allocated_bytes is what the allocator holds now. Replays
  * use the memory their recording reserved without telling the allocator, so
@@ -385,6 +389,8 @@ typedef struct cgt_stats {
   uint64_t fused_launches;     /* graph launches that replayed more than one node (defer_launch) */
   uint64_t fused_runs;         /* runs replayed inside those launches */
   uint64_t nodes_pruned;       /* extension: nodes removed by prune_after_steps (nodes counts those that exist) */
+  uint64_t launch_host_ns;     /* extension: with options.time_launches, host nanoseconds spent inside the
+                                  backend's graph launch calls of replays (plain and fused); else 0 */
 } cgt_stats;
 
 CGT_API cgt_status cgt_tree_stats(const cgt_tree *t, cgt_stats *out);

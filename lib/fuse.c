@@ -293,7 +293,10 @@ static cgt_status flush_held(cgt_tree *t, node *const *held, uint32_t n) {
   const backend_ops *ops = t->dev.ops;
   if (ops->range_push)
     ops->range_push(&t->dev, "cgtree fused span");
+  uint64_t t0 = t->opt.time_launches ? tree__now_ns() : 0;
   cgt_status st = ops->fused_launch(&t->dev, s->fused);
+  if (t->opt.time_launches)
+    t->stats.launch_host_ns += tree__now_ns() - t0;
   if (ops->range_pop)
     ops->range_pop(&t->dev);
   if (st != CGT_OK)

@@ -506,8 +506,12 @@ cgt_status node__launch(cgt_tree *t, node *n) {
     if (!ph->copy_op)
       st = ops->copy(&t->dev, ph->ptr, src, ph->bytes);
   }
-  if (st == CGT_OK)
+  if (st == CGT_OK) {
+    uint64_t t0 = t->opt.time_launches ? tree__now_ns() : 0;
     st = ops->launch(&t->dev, n->exec);
+    if (t->opt.time_launches)
+      t->stats.launch_host_ns += tree__now_ns() - t0;
+  }
   if (ops->range_pop)
     ops->range_pop(&t->dev);
   return st == CGT_OK ? CGT_OK : tree__backend_fail(t, st, "replay");

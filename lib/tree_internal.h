@@ -13,6 +13,7 @@
 
 #include <stdarg.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "backend.h"
 #include "cgt_assert.h"
@@ -210,6 +211,12 @@ static inline int tree__grow(cgt_tree *t, void **array, uint32_t *cap, uint32_t 
 int tree__grow_zeroed(cgt_tree *t, void **array, uint32_t *cap, uint32_t need, size_t elem_bytes);
 char *tree__strdup(cgt_tree *t, const char *s);
 cgt_status tree__backend_fail(cgt_tree *t, cgt_status s, const char *what);
+/* CLOCK_MONOTONIC in nanoseconds: options.time_launches's clock. */
+static inline uint64_t tree__now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
 cgt_status tree__pool_create(cgt_tree *t, pool **out);
 int tree__overlaps_pools(const cgt_tree *t, const void *p, size_t bytes);
 /* Makes the tree's device current; returns what tree__device_leave puts

@@ -148,6 +148,38 @@ static void chain_mode_fuses_after_the_second_flush(cgt_mode mode) {
   test_tree_free(r);
 }
 
+/* options.time_launches: replays' graph launch calls, plain and fused, are
+ * timed into stats.launch_host_ns; warmups and recordings are not, and a
+ * tree that did not ask counts nothing. */
+static void test_time_launches_counts_the_host_time_of_replay_launches_only(void **state) {
+  (void)state;
+  cgt_tree *trees[3];
+  chain c[3];
+  for (int k = 0; k < 3; k++) {
+    cgt_options o;
+    cgt_options_init(&o);
+    o.defer_launch = k == 1;  /* plain, fused, plain and untimed */
+    o.time_launches = k != 2;
+    trees[k] = test_tree_new(CGT_MODE_TREE, &o);
+    chain_init(trees[k], &c[k]);
+  }
+  for (int step = 0; step < 6; step++)
+    for (int k = 0; k < 3; k++) {
+      chain_step(trees[k], &c[k], step);
+      cgt_stats s = test_stats(trees[k]);
+      if (k == 2 || step < 2) /* untimed, or only warmups and recordings so far */
+        assert_int_equal(s.launch_host_ns, 0);
+      else
+        assert_true(s.launch_host_ns > 0);
+      if (k == 1 && step >= 3)
+        assert_true(s.fused_launches > 0);
+    }
+  for (int k = 0; k < 3; k++) {
+    chain_free(&c[k]);
+    cgt_tree_destroy(trees[k]);
+  }
+}
+
 static void test_a_recurring_span_is_fused_into_one_launch_from_its_second_flush(void **state) {
   (void)state;
   chain_mode_fuses_after_the_second_flush(CGT_MODE_TREE);
@@ -524,6 +556,7 @@ const struct CMUnitTest fusion_tests[] = {
     cmocka_unit_test(test_cgt_tree_destroy_launches_held_back_replays),
     cmocka_unit_test(test_fused_steps_make_no_host_allocations),
     cmocka_unit_test(test_a_recurring_span_is_fused_into_one_launch_from_its_second_flush),
+    cmocka_unit_test(test_time_launches_counts_the_host_time_of_replay_launches_only),
     cmocka_unit_test(test_separate_mode_fuses_recurring_spans_too),
     cmocka_unit_test(test_every_host_visible_call_and_every_other_run_flushes_first),
     cmocka_unit_test(test_cgt_flush_refuses_a_null_tree_and_a_launch_function),

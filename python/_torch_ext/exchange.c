@@ -238,10 +238,12 @@ static PyObject *exchange_info(PyObject *m, PyObject *unused) {
 
 /* --------------------------------------------------- a measurement */
 
-/* time_tensor_making(ptr, shape, device, reps): what making one output
- * tensor costs PyTorch, apart from the tree: reps float32 tensors of that
- * shape over caller memory at ptr, each made and dropped at once, through
- * the exchange API and through a capsule and torch._C._from_dlpack.
+/* time_tensor_making(ptr, shape, device, reps[, evict_bytes]): what making
+ * one output tensor costs PyTorch, apart from the tree: reps float32 tensors
+ * of that shape over caller memory at ptr, each made and dropped at once,
+ * through the exchange API and through a capsule and
+ * torch._C._from_dlpack; with evict_bytes, each from cold caches
+ * (tx_cache_evict, not timed).
  * Returns {"exchange_ns": per tensor or None, "from_dlpack_ns": per tensor}
  * (bench/torch_segment_parts.py prints them). */
 typedef struct timed_block {
@@ -301,19 +303,26 @@ static PyObject *time_tensor_making(PyObject *m, PyObject *args) {
   (void)m;
   PyObject *pp, *shape;
   int device, reps;
-  if (!PyArg_ParseTuple(args, "OO!ii", &pp, &PyTuple_Type, &shape, &device, &reps))
+  Py_ssize_t evict = 0;
+  if (!PyArg_ParseTuple(args, "OO!ii|n", &pp, &PyTuple_Type, &shape, &device, &reps, &evict))
     return NULL;
   void *ptr = PyLong_AsVoidPtr(pp);
   if (PyErr_Occurred())
     return NULL;
-  if (PyTuple_GET_SIZE(shape) > 8 || reps < 1 || !TX.from_dlpack) {
-    PyErr_SetString(PyExc_ValueError, "time_tensor_making: at most 8 dimensions, reps >= 1, after init_hot_path");
+  if (PyTuple_GET_SIZE(shape) > 8 || reps < 1 || evict < 0 || !TX.from_dlpack) {
+    PyErr_SetString(PyExc_ValueError,
+                    "time_tensor_making: at most 8 dimensions, reps >= 1, evict_bytes >= 0, after init_hot_path");
     return NULL;
   }
   PyObject *ex = Py_NewRef(Py_None);
   if (TXE.outputs) {
-    uint64_t t0 = tx_now_ns();
+    uint64_t spent = 0;
     for (int i = 0; i < reps; i++) {
+      if (evict && tx_cache_evict((size_t)evict) < 0) {
+        Py_DECREF(ex);
+        return NULL;
+      }
+      uint64_t t0 = tx_now_ns();
       timed_block *b = timed_make(ptr, shape, device, 1);
       PyObject *t = b ? tx_exchange_make_tensor(&b->mv) : NULL;
       if (!t) {
@@ -321,13 +330,19 @@ static PyObject *time_tensor_making(PyObject *m, PyObject *args) {
         return b ? NULL : PyErr_NoMemory();
       }
       Py_DECREF(t);
+      spent += tx_now_ns() - t0;
     }
-    Py_SETREF(ex, PyFloat_FromDouble((double)(tx_now_ns() - t0) / reps));
+    Py_SETREF(ex, PyFloat_FromDouble((double)spent / reps));
     if (!ex)
       return NULL;
   }
-  uint64_t t0 = tx_now_ns();
+  uint64_t spent = 0;
   for (int i = 0; i < reps; i++) {
+    if (evict && tx_cache_evict((size_t)evict) < 0) {
+      Py_DECREF(ex);
+      return NULL;
+    }
+    uint64_t t0 = tx_now_ns();
     timed_block *b = timed_make(ptr, shape, device, 0);
     PyObject *cap = b ? PyCapsule_New(&b->m, "dltensor", timed_capsule_destructor) : NULL;
     if (!cap) {
@@ -342,9 +357,9 @@ static PyObject *time_tensor_making(PyObject *m, PyObject *args) {
       return NULL;
     }
     Py_DECREF(t);
+    spent += tx_now_ns() - t0;
   }
-  double dl = (double)(tx_now_ns() - t0) / reps;
-  return Py_BuildValue("{s:N,s:d}", "exchange_ns", ex, "from_dlpack_ns", dl);
+  return Py_BuildValue("{s:N,s:d}", "exchange_ns", ex, "from_dlpack_ns", (double)spent / reps);
 }
 
 /* ---------------------------------------------- a stand-in for tests */
@@ -419,8 +434,8 @@ PyMethodDef tx_exchange_methods[] = {
      "if it agrees with getter(device) now"},
     {"exchange_info", exchange_info, METH_NOARGS, "which uses of the exchange API are on, and how often one disagreed"},
     {"time_tensor_making", time_tensor_making, METH_VARARGS,
-     "time_tensor_making(ptr, shape, device, reps) -> {exchange_ns, from_dlpack_ns}: what making one tensor over "
-     "caller memory costs PyTorch, each way"},
+     "time_tensor_making(ptr, shape, device, reps[, evict_bytes]) -> {exchange_ns, from_dlpack_ns}: what making one "
+     "tensor over caller memory costs PyTorch, each way; with evict_bytes, from cold caches"},
     {"test_exchange_api", test_exchange_api, METH_VARARGS, "tests: a capsule over a stand-in exchange table"},
     {NULL, NULL, 0, NULL},
 };

@@ -67,6 +67,7 @@ void tx_stream_wait(void *waiter, void *signaller, void *event); /* waiter waits
 
 /* One tree per CUDA device, shared by every compiled graph on it. */
 typedef struct tx_out_ref tx_out_ref;
+typedef struct tx_kept tx_kept;
 typedef struct TreeObject {
   PyObject_HEAD
   cgt_tree *tree;
@@ -79,8 +80,14 @@ typedef struct TreeObject {
   tx_out_ref *registry;  /* output tensors handed out and still alive, keyed by the tensor object */
   uint64_t outputs_made, stale_refused;
   uint64_t replays_seen; /* the tree's replay count after the last cgt_run of segment.c (its timers) */
+  uint64_t launch_ns_seen; /* and its launch_host_ns (with time_launches) */
   uint64_t alive_this_step;    /* outputs of the current step whose tensors live */
   uint64_t overwritable;       /* summed at each step begin: outputs alive whose memory the new step may reuse */
+  /* reuse.c: kept tensor objects whose values live in the current step */
+  tx_kept **live_kept;
+  size_t n_live_kept, cap_live_kept;
+  uint64_t kept_clock;
+  uint64_t outputs_reused, outputs_not_reused, outputs_released_kept;
 } TreeObject;
 
 extern PyTypeObject TreeType;
@@ -113,6 +120,11 @@ static inline uint64_t tx_now_ns(void) { /* the hot path's timers and the benchm
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
+
+/* Benchmarks only: evicts the host's caches by writing `bytes` of memory
+ * (kept for the process), so a timed loop can start cold as the hot path
+ * does. 0 on success, -1 with MemoryError. */
+int tx_cache_evict(size_t bytes);
 
 /* The ways a tensor's data pointer is read fast (shim.c, exchange.c) share
  * these. */
@@ -216,11 +228,47 @@ struct tx_out_ref {
   void *ptr;
   PyObject *key;     /* the tensor object, never dereferenced: registry key only */
   int in_registry;
+  tx_kept *kept_by;  /* reuse.c's entry that keeps its tensor object (and a reference), or NULL */
   tx_out_ref *next_dead;
   UT_hash_handle hh;
   int64_t dims[];    /* shape then strides */
 };
 void tx_out_ref_queue_drain(void);
 extern PyTypeObject SegmentType;
+
+/* ------------------------------------------------------------ reuse.c */
+
+/* Bytes of a TensorImpl (from its reference count on) and of a tensor
+ * object (after its header) kept to see whether anything changed. */
+enum { TX_IMPL_SNAP = 184, TX_OBJ_SNAP = 48, TX_KEEP_WAYS = 4 };
+typedef struct tx_reuse {
+  int on;                /* setup_reuse proved the layout it reads */
+  Py_ssize_t storage_at; /* of the StorageImpl address in a TensorImpl */
+} tx_reuse;
+extern tx_reuse TXR;
+extern PyMethodDef tx_reuse_methods[];
+
+/* One tensor object kept for an output slot (a template's output k). */
+struct tx_kept {
+  PyObject *t;          /* the object, one reference ours; NULL: empty */
+  tx_out_ref *r;        /* its DLPack context: the value it carries now */
+  void *ptr;            /* the value's address */
+  void *shim_ptr;       /* its data pointer through the shim, when made */
+  char *impl_addr, *storage_addr;
+  uint64_t storage_word, stamp;
+  int live;             /* on the tree's live_kept list: its value is this step's */
+  unsigned char impl_snap[TX_IMPL_SNAP], obj_snap[TX_OBJ_SNAP];
+};
+/* A new reference to a kept object for value v at ptr, rebound to v, or
+ * NULL (no exception): make a new tensor. */
+PyObject *tx_reuse_take(TreeObject *T, tx_kept *ways, void *ptr, cgt_value v);
+/* Keeps t, just made for r at ptr, in ways. */
+void tx_reuse_keep(TreeObject *T, tx_kept *ways, PyObject *t, tx_out_ref *r, void *ptr);
+/* Gives back the values of this step's kept tensors that nobody holds. */
+void tx_reuse_scan(TreeObject *T);
+/* Nobody but reuse.c holds e's tensor object or shares its memory. */
+int tx_reuse_unheld(const tx_kept *e);
+void tx_reuse_step_begins(TreeObject *T); /* this step's values die: forget which were live */
+void tx_reuse_clear(TreeObject *T, tx_kept *ways); /* lets go of every kept object */
 
 #endif

@@ -37,6 +37,23 @@ int tx_warn_pointer_disagreement(const char *way, void *fast, void *ptr) {
   return 1;
 }
 
+int tx_cache_evict(size_t bytes) {
+  static unsigned char *buf;
+  static size_t have;
+  if (bytes > have) {
+    unsigned char *b = realloc(buf, bytes);
+    if (!b) {
+      PyErr_NoMemory();
+      return -1;
+    }
+    buf = b;
+    have = bytes;
+  }
+  for (size_t i = 0; i < bytes; i += 64)
+    buf[i]++;
+  return 0;
+}
+
 int tx_check_probes(PyObject *probes, Py_ssize_t width, PyTypeObject *t0, PyTypeObject *t1, const char *usage) {
   for (Py_ssize_t i = 0; i < PyList_GET_SIZE(probes); i++) {
     PyObject *p = PyList_GET_ITEM(probes, i);
@@ -64,12 +81,14 @@ int tx_check_probes(PyObject *probes, Py_ssize_t width, PyTypeObject *t0, PyType
 
 int tx_tree_step_begin(TreeObject *T) {
   tx_out_ref_queue_drain();
+  tx_reuse_scan(T);
   cgt_status st = cgt_step_begin(T->tree);
   if (st != CGT_OK) {
     tx_status_error(T, st, "cgt_step_begin");
     return -1;
   }
   T->step++;
+  tx_reuse_step_begins(T);
   T->overwritable += T->alive_this_step;
   T->alive_this_step = 0;
   return 0;
@@ -95,11 +114,11 @@ void tx_tree_drain(TreeObject *T) {
 /* ------------------------------------------------------------ Tree */
 
 static int tree_init(TreeObject *T, PyObject *a, PyObject *kw) {
-  static char *kwlist[] = {"device", "warmup_runs", "rerecord_limit", "backend", NULL};
-  int device = 0;
+  static char *kwlist[] = {"device", "warmup_runs", "rerecord_limit", "backend", "time_launches", NULL};
+  int device = 0, time_launches = 0;
   unsigned int warmup = 1, rerecord = 0;
   const char *backend = "cuda";
-  if (!PyArg_ParseTupleAndKeywords(a, kw, "i|IIs", kwlist, &device, &warmup, &rerecord, &backend))
+  if (!PyArg_ParseTupleAndKeywords(a, kw, "i|IIsp", kwlist, &device, &warmup, &rerecord, &backend, &time_launches))
     return -1;
   if (T->tree) {
     PyErr_SetString(PyExc_RuntimeError, "Tree is already initialised");
@@ -119,6 +138,7 @@ static int tree_init(TreeObject *T, PyObject *a, PyObject *kw) {
   o.backend = sim ? CGT_BACKEND_SIM : CGT_BACKEND_CUDA;
   o.device = device;
   o.warmup_runs = warmup;
+  o.time_launches = (uint32_t)time_launches;
   if (rerecord)
     o.rerecord_limit = rerecord;
   cgt_status st = cgt_tree_create(&o, &T->tree);
@@ -187,6 +207,12 @@ static PyObject *tree_stats(TreeObject *T, PyObject *unused) {
   if (!tree_ready(T))
     return NULL;
   tx_out_ref_queue_drain();
+  tx_reuse_scan(T);
+  /* Alive: held by the program. A tensor object reuse.c keeps that nobody
+   * else holds is not. */
+  uint64_t alive = 0;
+  for (tx_out_ref *r = T->registry; r; r = r->hh.next)
+    alive += !(r->kept_by && tx_reuse_unheld(r->kept_by));
   cgt_stats s;
   cgt_status st = cgt_tree_stats(T->tree, &s);
   if (st != CGT_OK)
@@ -213,7 +239,10 @@ static PyObject *tree_stats(TreeObject *T, PyObject *unused) {
   PUT("outputs_made", T->outputs_made)
   PUT("stale_refused", T->stale_refused)
   PUT("outputs_overwritable", T->overwritable)
-  PUT("outputs_alive", HASH_COUNT(T->registry))
+  PUT("outputs_alive", alive)
+  PUT("outputs_reused", T->outputs_reused)
+  PUT("outputs_not_reused", T->outputs_not_reused)
+  PUT("outputs_released_kept", T->outputs_released_kept)
 #undef PUT
   return d;
 }
@@ -565,7 +594,7 @@ PyMODINIT_FUNC PyInit__torch_ext(void) {
       PyModule_AddStringConstant(m, "ALLOC_FN", "cgt_torch_alloc") < 0 ||
       PyModule_AddStringConstant(m, "FREE_FN", "cgt_torch_free") < 0 ||
       PyModule_AddFunctions(m, tx_exchange_methods) < 0 ||
-      PyModule_AddFunctions(m, tx_shim_methods) < 0) {
+      PyModule_AddFunctions(m, tx_shim_methods) < 0 || PyModule_AddFunctions(m, tx_reuse_methods) < 0) {
     Py_DECREF(m);
     return NULL;
   }

@@ -84,7 +84,8 @@ enum { STATIC_CHECK_MIN = 8 };
 typedef struct out_meta {
   int32_t ndim;
   DLDataType dtype;
-  int64_t *dims; /* shape then strides */
+  int64_t *dims;  /* shape then strides */
+  tx_kept *kept;  /* TX_KEEP_WAYS tensor objects made for this output (reuse.c) */
 } out_meta;
 
 typedef struct variant_tmpl {
@@ -132,6 +133,10 @@ typedef struct SegmentObject {
    * stream getter and events), cgt_run (the graph launch included), and the
    * output tensors. */
   uint64_t timed_calls, ns_in_call, ns_args, ns_streams, ns_in_run, ns_outputs;
+  uint64_t ns_step;  /* of ns_args: the step's start and handing back dead outputs */
+  uint64_t ns_launch; /* of ns_in_run: inside the graph launch call (trees made with time_launches) */
+  uint64_t ns_make;  /* of ns_outputs: PyTorch making the tensors */
+  uint64_t ns_made;  /* this call's share of ns_make, so far */
   uint64_t static_checks, static_hits; /* calls of PyTorch's pointer check, and those that found nothing moved */
 } SegmentObject;
 
@@ -189,12 +194,17 @@ static void capsule_destructor(PyObject *cap) {
 
 /* A tensor over value v, laid out as m says. Steals v: on failure v is
  * released (through the queue). */
-static PyObject *make_output(TreeObject *T, cgt_value v, const out_meta *m) {
+static PyObject *make_output(TreeObject *T, cgt_value v, const out_meta *m, uint64_t *ns_make) {
   void *ptr = NULL;
   size_t bytes = 0;
   cgt_status st = cgt_value_ptr(T->tree, v, &ptr, &bytes);
   if (st != CGT_OK)
     return tx_status_error(T, st, "cgtree output");
+  if (TXR.on && TXS.offset && m->kept) { /* the object made for this address last time, if nobody holds it */
+    PyObject *again = tx_reuse_take(T, m->kept, ptr, v);
+    if (again)
+      return again;
+  }
   int nd = m->ndim;
   tx_out_ref *r = malloc(sizeof *r + 2 * (size_t)nd * sizeof(int64_t));
   if (!r) {
@@ -222,7 +232,9 @@ static PyObject *make_output(TreeObject *T, cgt_value v, const out_meta *m) {
     r->mv.version.major = 1;
     r->mv.manager_ctx = r;
     r->mv.deleter = out_deleter_versioned;
+    uint64_t t0 = tx_now_ns();
     t = tx_exchange_make_tensor(&r->mv);
+    *ns_make += tx_now_ns() - t0;
     if (!t) {
       /* Whether PyTorch ran the deleter or not, the value goes back now,
        * once; r itself is left to the deleter should it still run. */
@@ -239,7 +251,9 @@ static PyObject *make_output(TreeObject *T, cgt_value v, const out_meta *m) {
       free(r);
       return NULL;
     }
+    uint64_t t0 = tx_now_ns();
     t = PyObject_Vectorcall(TX.from_dlpack, &cap, 1, NULL);
+    *ns_make += tx_now_ns() - t0;
     Py_DECREF(cap); /* unconsumed: the destructor queued r */
     if (!t)
       return NULL;
@@ -256,6 +270,8 @@ static PyObject *make_output(TreeObject *T, cgt_value v, const out_meta *m) {
   T->outputs_made++;
   T->alive_this_step++;
   r->counted = 1;
+  if (TXR.on && TXS.offset && m->kept && Py_TYPE(t) == (PyTypeObject *)TX.tensor_type)
+    tx_reuse_keep(T, m->kept, t, r, ptr);
   return t;
 }
 
@@ -268,10 +284,14 @@ static variant_tmpl *tmpl_find(SegmentObject *s, uint64_t variant) {
   return NULL;
 }
 
-static void tmpl_clear(variant_tmpl *t) {
+static void tmpl_clear(TreeObject *T, variant_tmpl *t) {
   if (t->outs)
-    for (uint32_t i = 0; t->outs && i < t->n_res; i++)
+    for (uint32_t i = 0; t->outs && i < t->n_res; i++) {
+      if (t->outs[i].kept)
+        tx_reuse_clear(T, t->outs[i].kept);
+      free(t->outs[i].kept);
       free(t->outs[i].dims);
+    }
   free(t->outs);
   free(t->is_tensor);
   Py_XDECREF(t->consts);
@@ -291,7 +311,7 @@ static int tmpl_add(SegmentObject *s, uint64_t variant, PyObject *desc, uint32_t
   t.is_tensor = calloc(n_res ? n_res : 1, 1);
   t.outs = calloc(n_res ? n_res : 1, sizeof *t.outs);
   if (!t.is_tensor || !t.outs) {
-    tmpl_clear(&t);
+    tmpl_clear(s->tree, &t);
     PyErr_NoMemory();
     return -1;
   }
@@ -306,8 +326,9 @@ static int tmpl_add(SegmentObject *s, uint64_t variant, PyObject *desc, uint32_t
     out_meta *o = &t.outs[k];
     o->ndim = (int32_t)PyTuple_GET_SIZE(shape);
     o->dims = calloc(2 * (size_t)o->ndim + 1, sizeof(int64_t));
-    if (!o->dims) {
-      tmpl_clear(&t);
+    o->kept = calloc(TX_KEEP_WAYS, sizeof *o->kept);
+    if (!o->dims || !o->kept) {
+      tmpl_clear(s->tree, &t);
       PyErr_NoMemory();
       return -1;
     }
@@ -322,12 +343,12 @@ static int tmpl_add(SegmentObject *s, uint64_t variant, PyObject *desc, uint32_t
     k++;
   }
   if (PyErr_Occurred()) {
-    tmpl_clear(&t);
+    tmpl_clear(s->tree, &t);
     return -1;
   }
   variant_tmpl *grown = realloc(s->tmpls, (s->n_tmpls + 1) * sizeof *grown);
   if (!grown) {
-    tmpl_clear(&t);
+    tmpl_clear(s->tree, &t);
     PyErr_NoMemory();
     return -1;
   }
@@ -626,7 +647,7 @@ static PyObject *build_result(SegmentObject *s, variant_tmpl *t) {
   for (uint32_t i = 0; i < t->n_res; i++) {
     PyObject *item;
     if (t->is_tensor[i]) {
-      item = make_output(s->tree, s->outs[k], &t->outs[k]);
+      item = make_output(s->tree, s->outs[k], &t->outs[k], &s->ns_made);
       k++;
       if (!item)
         goto fail;
@@ -663,6 +684,9 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
   if (tx_tree_sync_step(T) < 0)
     return NULL;
   tx_out_ref_queue_drain();
+  if (T->n_live_kept) /* outputs the program dropped, kept by reuse.c: their values go back now */
+    tx_reuse_scan(T);
+  uint64_t t_step = tx_now_ns();
 
   uint64_t variant = 0;
   uint32_t k = 0;
@@ -768,6 +792,8 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
   tx_alloc_note_pool_in_use(T->device, after.pool_allocated_bytes);
   int replayed = after.replays > T->replays_seen; /* only segment.c runs this tree */
   T->replays_seen = after.replays;
+  uint64_t launch_ns = after.launch_host_ns - T->launch_ns_seen;
+  T->launch_ns_seen = after.launch_host_ns;
   if (st != CGT_OK) {
     if (s->exc_type) {
       /* The graph raised while cgtree warmed it up or recorded it. Whatever
@@ -809,11 +835,15 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
     return NULL;
   }
   uint64_t t3 = tx_now_ns();
+  s->ns_made = 0;
   PyObject *result = build_result(s, t);
   if (replayed) {
     uint64_t t4 = tx_now_ns();
     s->timed_calls++;
     s->ns_args += t_args - t0;
+    s->ns_step += t_step - t0;
+    s->ns_launch += launch_ns;
+    s->ns_make += s->ns_made;
     s->ns_streams += (t1 - t_args) + (t3 - t2);
     s->ns_in_run += t2 - t1;
     s->ns_outputs += t4 - t3;
@@ -909,7 +939,7 @@ static void seg_dealloc(SegmentObject *s) {
   /* A registered segment is never freed: the tree holds a reference,
    * because cgtree has no unregister and may call its launch function. */
   for (size_t i = 0; i < s->n_tmpls; i++)
-    tmpl_clear(&s->tmpls[i]);
+    tmpl_clear(s->tree, &s->tmpls[i]);
   free(s->tmpls);
   free(s->arg_kind);
   free(s->arg_span);
@@ -943,24 +973,28 @@ static PyObject *seg_get_info(SegmentObject *s, void *closure) {
 
 static PyObject *seg_timers(SegmentObject *s, PyObject *unused) {
   (void)unused;
-  return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "static_checks", (unsigned long long)s->static_checks,
+  return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "static_checks",
+                       (unsigned long long)s->static_checks,
                        "static_hits", (unsigned long long)s->static_hits, "replays", (unsigned long long)s->timed_calls,
                        "ns_in_call",
                        (unsigned long long)s->ns_in_call, "ns_args", (unsigned long long)s->ns_args, "ns_streams",
                        (unsigned long long)s->ns_streams, "ns_in_run", (unsigned long long)s->ns_in_run,
-                       "ns_outputs", (unsigned long long)s->ns_outputs);
+                       "ns_outputs", (unsigned long long)s->ns_outputs, "ns_step", (unsigned long long)s->ns_step,
+                       "ns_make", (unsigned long long)s->ns_make, "ns_launch", (unsigned long long)s->ns_launch);
 }
 
 static PyObject *seg_reset_timers(SegmentObject *s, PyObject *unused) {
   (void)unused;
   s->timed_calls = s->ns_in_call = s->ns_args = s->ns_streams = s->ns_in_run = s->ns_outputs = 0;
+  s->ns_step = s->ns_make = s->ns_launch = 0;
   Py_RETURN_NONE;
 }
 
 static PyMethodDef seg_methods[] = {
     {"timers", (PyCFunction)seg_timers, METH_NOARGS,
-     "replayed calls timed; ns spent in the whole call (C hot path) and in its parts: arguments, streams, cgt_run "
-     "(graph launch included), output tensors"},
+     "replayed calls timed; ns spent in the whole call (C hot path) and in its parts: arguments (of them: the "
+     "step's start), streams, cgt_run (of it: the graph launch call, with time_launches), output tensors (of them: "
+     "PyTorch making them)"},
     {"reset_timers", (PyCFunction)seg_reset_timers, METH_NOARGS, "zero the timers"},
     {NULL, NULL, 0, NULL},
 };

@@ -46,8 +46,10 @@
 
 tx_shim TXS;
 
-/* Off: the Python API (or the exchange API) reads pointers. */
+/* Off: the Python API (or the exchange API) reads pointers, and reuse.c,
+ * which reads through the shim, is off too. */
 static void shim_off(void) {
+  TXR.on = 0;
   Py_XDECREF((PyObject *)TXS.types[0]);
   Py_XDECREF((PyObject *)TXS.types[1]);
   memset(&TXS, 0, sizeof TXS - sizeof TXS.disagreements);
@@ -163,25 +165,32 @@ static PyObject *shim_info(PyObject *m, PyObject *unused) {
   return Py_BuildValue("{s:n,s:K}", "offset", TXS.offset, "disagreements", (unsigned long long)TXS.disagreements);
 }
 
-/* time_pointer_reads(tensors, reps): ns per data pointer read, each way
- * that is on: {"shim_ns", "exchange_ns", "data_ptr_ns"} (None where off;
- * bench/torch_segment_parts.py prints them). */
+/* time_pointer_reads(tensors, reps[, evict_bytes]): ns per data pointer
+ * read, each way that is on: {"shim_ns", "exchange_ns", "data_ptr_ns"}
+ * (None where off; bench/torch_segment_parts.py prints them). With
+ * evict_bytes, the host's caches are evicted (tx_cache_evict, not timed)
+ * before each pass over the tensors: what a read costs when, as in the hot
+ * path, nothing since the last call has touched the tensor. */
 static PyObject *time_pointer_reads(PyObject *m, PyObject *args) {
   (void)m;
   PyObject *list;
   int reps;
-  if (!PyArg_ParseTuple(args, "O!i", &PyList_Type, &list, &reps))
+  Py_ssize_t evict = 0;
+  if (!PyArg_ParseTuple(args, "O!i|n", &PyList_Type, &list, &reps, &evict))
     return NULL;
   Py_ssize_t n = PyList_GET_SIZE(list);
-  if (n < 1 || reps < 1) {
-    PyErr_SetString(PyExc_ValueError, "time_pointer_reads: one tensor or more, reps >= 1");
+  if (n < 1 || reps < 1 || evict < 0) {
+    PyErr_SetString(PyExc_ValueError, "time_pointer_reads: one tensor or more, reps >= 1, evict_bytes >= 0");
     return NULL;
   }
   double ns[3] = {-1, -1, -1};
   uintptr_t sink = 0;
   for (int way = 0; way < 3; way++) {
-    uint64_t t0 = tx_now_ns();
-    for (int r = 0; r < reps; r++)
+    uint64_t spent = 0;
+    for (int r = 0; r < reps; r++) {
+      if (evict && tx_cache_evict((size_t)evict) < 0)
+        return NULL;
+      uint64_t t0 = tx_now_ns();
       for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *o = PyList_GET_ITEM(list, i);
         void *p = NULL;
@@ -193,7 +202,9 @@ static PyObject *time_pointer_reads(PyObject *m, PyObject *args) {
           return NULL;
         sink += (uintptr_t)p;
       }
-    ns[way] = (double)(tx_now_ns() - t0) / ((double)reps * (double)n);
+      spent += tx_now_ns() - t0;
+    }
+    ns[way] = (double)spent / ((double)reps * (double)n);
   next:;
   }
   (void)sink;
@@ -207,8 +218,8 @@ PyMethodDef tx_shim_methods[] = {
      "setup_shim(lib_path, symbol, types, probes) -> (on, offset or why): read data pointers through PyTorch's C "
      "shim (python/_torch_ext/shim.c); lib_path None turns it off"},
     {"time_pointer_reads", time_pointer_reads, METH_VARARGS,
-     "time_pointer_reads(tensors, reps) -> {shim_ns, exchange_ns, data_ptr_ns}: ns per data pointer read, each way "
-     "that is on"},
+     "time_pointer_reads(tensors, reps[, evict_bytes]) -> {shim_ns, exchange_ns, data_ptr_ns}: ns per data pointer "
+     "read, each way that is on; with evict_bytes, from cold caches"},
     {"shim_info", shim_info, METH_NOARGS, "the proven offset (0: off), and how often a cross-check disagreed"},
     {NULL, NULL, 0, NULL},
 };
@@ -223,5 +234,16 @@ CGT_TORCH_TEST_API int32_t cgt_torch_test_data_ptr(void *handle, void **out) {
   if (!impl)
     return 1;
   *out = (char *)impl + 16;
+  return 0;
+}
+
+/* test_torch_ext_reuse_sim.py's stand-in: its fake TensorImpl keeps the data
+ * pointer in the word at offset 32 (reuse.c reads the words before it). */
+CGT_TORCH_TEST_API int32_t cgt_torch_test_data_ptr_word(void *handle, void **out) {
+  char *impl;
+  memcpy(&impl, handle, sizeof impl);
+  if (!impl)
+    return 1;
+  memcpy(out, impl + 32, sizeof *out);
   return 0;
 }

@@ -349,3 +349,90 @@ def test_install_after_cuda_started_raises_a_clear_error():
                          env=dict(os.environ))
     assert "REFUSED:" in out.stdout, out.stderr[-2000:]
     assert "before PyTorch initialises CUDA" in out.stdout
+
+
+def test_an_output_nobody_holds_is_handed_back_again_and_changes_to_it_are_seen():
+    """python/_torch_ext/reuse.c: on this PyTorch its layout proofs pass at
+    install; a replay hands back the tensor object of the last replay when
+    the program dropped it, and makes a new one where the program still
+    holds it or changed it before dropping it."""
+    fresh()
+    assert ct.stats()["reuse_outputs"], ct._install._state["reuse"]
+
+    def f(x):
+        return torch.sin(x) * 2
+
+    cg = torch.compile(f, backend="cgtree")
+    x = torch.randn(64, device=DEV)
+    for _ in range(4):
+        y = cg(x)
+    want = f(x)
+    before = ct.stats()
+    for _ in range(5):
+        del y
+        y = cg(x)
+        assert_bit_equal(y, want)
+    after = ct.stats()
+    assert after["outputs_reused"] >= before["outputs_reused"] + 5
+    held = cg(x)  # y is still held: a new object
+    assert held is not y and not held.requires_grad
+    assert_bit_equal(held, want)
+    with pytest.raises(ct.StaleTensorError):
+        cg(y)
+    del y, held
+    changes = {
+        "unsqueeze_": lambda t: t.unsqueeze_(0),
+        "requires_grad_": lambda t: t.requires_grad_(),
+        "attribute": lambda t: setattr(t, "tag", 1),
+        "view kept": lambda t: keep.append(t[1:]),
+    }
+    for name, change in changes.items():
+        keep = []
+        y = cg(x)
+        change(y)
+        del y
+        y = cg(x)
+        assert y.shape == want.shape and not y.requires_grad and not hasattr(y, "tag"), name
+        assert_bit_equal(y, want)
+        del y
+    y = cg(x)
+    base = ct.stats()["outputs_not_reused"]
+    y.unsqueeze_(0)
+    del y
+    cg(x)
+    assert ct.stats()["outputs_not_reused"] == base + 1
+
+
+def test_a_dropped_output_gives_its_memory_back_before_the_next_segment_of_the_step():
+    """reuse.c keeps dropped output objects, so it gives their memory back
+    itself, before the next segment runs: the program below drops segment
+    1's output inside the step, and its steady state replays the very
+    recordings made when that memory was free again (no new recording, no
+    eager run), handing objects back and giving values back as it goes."""
+    fresh()
+
+    def f(x):
+        a = torch.relu(x) + 1
+        torch._dynamo.graph_break()
+        b = a * 3
+        del a  # dead before segment 3 runs
+        torch._dynamo.graph_break()
+        return (b * 2).sum(0)
+
+    cg = torch.compile(f, backend="cgtree")
+    x = torch.randn(256, 1024, device=DEV)
+    want = f(x)
+    for _ in range(6):
+        out = cg(x)
+    del out
+    before = ct.stats()
+    for _ in range(6):
+        out = cg(x)
+        torch.testing.assert_close(out, want)
+        del out
+    after = ct.stats()
+    for k in ("recordings", "warmups", "eager_runs", "rerecords"):
+        assert after[k] == before[k], k
+    assert after["replays"] >= before["replays"] + 12
+    assert after["outputs_reused"] > before["outputs_reused"]
+    assert after["outputs_released_kept"] > before["outputs_released_kept"]

@@ -873,3 +873,18 @@ def test_a_tensor_described_as_base_and_byte_offset_reads_at_its_data(tree, exch
         assert y.values() == [3, 5, 7, 9]
     assert XTensor.reads == 1  # the first call's cross-check agreed: data + byte_offset
     assert X.exchange_info()["pointers"] and X.exchange_info()["disagreements"] == 0
+
+
+def test_a_tree_made_with_time_launches_splits_the_graph_launch_out_of_cgt_run():
+    for timed in (False, True):
+        t = X.Tree(0, backend="sim", time_launches=timed)
+        seg = segment(t, Graph(t, 2.0, 1.0), spans=(16,), name="timed")
+        x = FakeTensor(4).fill([1, 2, 3, 4])
+        for _ in range(5):
+            (y,) = call(seg, x)
+        timers = seg.timers()
+        assert timers["replays"] >= 2
+        assert (timers["ns_launch"] > 0) == timed and timers["ns_launch"] <= timers["ns_in_run"]
+        assert (t.stats()["launch_host_ns"] > 0) == timed
+        del y
+        t.check()
