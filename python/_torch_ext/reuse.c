@@ -40,9 +40,12 @@
  * given back is what the next replay of its node may take.
  *
  * Each tensor output of a (segment, variant) keeps up to TX_KEEP_WAYS
- * objects, one per address its nodes wrote it to (a segment under two
- * branches has two nodes); a new tensor for an address replaces the entry of
- * that address, else the oldest.
+ * objects: one per address its nodes write it to (a segment under two
+ * branches has two nodes), and more than one per address, because the usual
+ * loop `y = f(x)` still holds the last y while f runs: that call makes a new
+ * object, keeps it beside the held one, and the next call takes the one the
+ * program has dropped meanwhile. A new object goes to an empty way, else to
+ * the least recently used one; one found changed is dropped for good.
  */
 #include "ext.h"
 
@@ -93,10 +96,8 @@ static int idle(const tx_kept *e) {
   return sto == e->storage_addr && u64_at(sto, 8) == e->storage_word;
 }
 
-/* idle, and as we made it: it may be handed out again. */
-static int reusable(const tx_kept *e) {
-  if (!idle(e) || has_weakrefs_or_attrs(e->t))
-    return 0;
+/* As we made it: no metadata changed. Only asked of an unheld object. */
+static int unchanged(const tx_kept *e) {
   if (memcmp(e->impl_addr + 8, e->impl_snap, TX_IMPL_SNAP) != 0)
     return 0;
   Py_ssize_t n = obj_snap_bytes(e->t);
@@ -146,15 +147,20 @@ static void drop(TreeObject *T, tx_kept *e) {
 }
 
 PyObject *tx_reuse_take(TreeObject *T, tx_kept *ways, void *ptr, cgt_value v) {
+  int seen = 0;
   for (int i = 0; i < TX_KEEP_WAYS; i++) {
     tx_kept *e = &ways[i];
     if (!e->t || e->ptr != ptr)
       continue;
+    seen = 1;
     tx_out_ref *r = e->r;
-    if ((r->step == T->step && !r->released) || r->queued || !reusable(e)) {
-      T->outputs_not_reused++;
+    /* Held (the program may still drop it: `y = f(x)` holds the last y
+     * during the call), or its value is this step's: perhaps later. */
+    if ((r->step == T->step && !r->released) || r->queued || !tx_reuse_unheld(e))
+      continue;
+    if (!unchanged(e)) { /* never again */
       drop(T, e);
-      return NULL;
+      continue;
     }
     r->value = v;
     r->step = T->step;
@@ -166,17 +172,18 @@ PyObject *tx_reuse_take(TreeObject *T, tx_kept *ways, void *ptr, cgt_value v) {
     live_add(T, e);
     return Py_NewRef(e->t);
   }
+  T->outputs_not_reused += (uint64_t)seen;
   return NULL;
 }
 
+/* A new object for ptr goes to an empty way, else to the least recently
+ * used one: an object the program holds during a call (the last `y` of
+ * `y = f(x)`) stays kept beside it, to be taken once dropped. */
 void tx_reuse_keep(TreeObject *T, tx_kept *ways, PyObject *t, tx_out_ref *r, void *ptr) {
   void *shim_ptr = NULL;
   if (!tx_shim_data_ptr(t, &shim_ptr))
     return;
   tx_kept *e = NULL;
-  for (int i = 0; i < TX_KEEP_WAYS && !e; i++)
-    if (ways[i].t && ways[i].ptr == ptr)
-      e = &ways[i];
   for (int i = 0; i < TX_KEEP_WAYS && !e; i++)
     if (!ways[i].t)
       e = &ways[i];
