@@ -37,7 +37,11 @@
  * to the tree when the tensor's storage dies (the queue is drained, under
  * the GIL, at the next run or step), or at the end of the step. Shapes,
  * strides and dtypes are the same for every run of a (segment, variant), so
- * they are learnt once, from the first run, and kept as a template.
+ * they are learnt once, from the first run, and kept as a template. Where a
+ * replay's output lands at the address of a tensor object made earlier that
+ * nobody else can reach any more, reuse.c hands that object back instead
+ * of making one; it then gives the values of dropped outputs back itself
+ * (tx_reuse_scan, at every call and step).
  *
  * The launch function (called by cgtree for warmups and recordings, never
  * for replays) calls the Inductor-compiled graph on the tree's stream with
