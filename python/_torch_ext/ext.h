@@ -270,5 +270,8 @@ void tx_reuse_scan(TreeObject *T);
 int tx_reuse_unheld(const tx_kept *e);
 void tx_reuse_step_begins(TreeObject *T); /* this step's values die: forget which were live */
 void tx_reuse_clear(TreeObject *T, tx_kept *ways); /* lets go of every kept object */
+/* e's DLPack context is being freed (its storage died while the object
+ * lived): lets go of the object, which may die now. */
+void tx_reuse_orphan(TreeObject *T, tx_kept *e);
 
 #endif

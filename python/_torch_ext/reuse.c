@@ -150,7 +150,7 @@ PyObject *tx_reuse_take(TreeObject *T, tx_kept *ways, void *ptr, cgt_value v) {
   int seen = 0;
   for (int i = 0; i < TX_KEEP_WAYS; i++) {
     tx_kept *e = &ways[i];
-    if (!e->t || e->ptr != ptr)
+    if (!e->t || !e->r || e->ptr != ptr)
       continue;
     seen = 1;
     tx_out_ref *r = e->r;
@@ -218,7 +218,7 @@ void tx_reuse_scan(TreeObject *T) {
   for (size_t i = T->n_live_kept; i-- > 0;) {
     tx_kept *e = T->live_kept[i];
     tx_out_ref *r = e->r;
-    if (!e->t || r->step != T->step || r->released) {
+    if (!e->t || !r || r->step != T->step || r->released) {
       live_remove(T, e);
       continue;
     }
@@ -236,6 +236,11 @@ void tx_reuse_scan(TreeObject *T) {
 void tx_reuse_step_begins(TreeObject *T) {
   while (T->n_live_kept)
     live_remove(T, T->live_kept[T->n_live_kept - 1]);
+}
+
+void tx_reuse_orphan(TreeObject *T, tx_kept *e) {
+  e->r = NULL; /* being freed: drop() must not touch it */
+  drop(T, e);
 }
 
 void tx_reuse_clear(TreeObject *T, tx_kept *ways) {

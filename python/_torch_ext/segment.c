@@ -183,6 +183,8 @@ void tx_out_ref_queue_drain(void) {
       (void)cgt_value_release(T->tree, r->value);
       T->alive_this_step -= (uint64_t)r->counted;
     }
+    if (r->kept_by) /* the storage died under a kept object (y.set_(...), y.data = ...): forget the object */
+      tx_reuse_orphan(T, r->kept_by);
     free(r);
     r = next;
   }

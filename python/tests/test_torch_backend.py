@@ -389,6 +389,8 @@ def test_an_output_nobody_holds_is_handed_back_again_and_changes_to_it_are_seen(
         "requires_grad_": lambda t: t.requires_grad_(),
         "attribute": lambda t: setattr(t, "tag", 1),
         "view kept": lambda t: keep.append(t[1:]),
+        "set_ (our storage dies under the object)": lambda t: t.set_(torch.zeros_like(t)),
+        ".data =": lambda t: setattr(t, "data", torch.zeros_like(t)),
     }
     for name, change in changes.items():
         keep = []

@@ -250,3 +250,23 @@ def test_a_dropped_output_gives_its_memory_back_within_the_step(tree, reuse, vie
             assert (z.ptr == y_ptr) != view, (i, z.ptr, y_ptr)
         del z
         word(storage, 8).value = 1
+
+
+def test_a_kept_object_whose_storage_died_under_it_is_let_go(tree, reuse):
+    """`y.set_(other)` or `y.data = other` on an output frees our storage
+    while the object lives: its DLPack context is freed, and the object must
+    not be kept (nor handed back) any more."""
+    seg, x = replayed(tree, reuse)
+    (y,) = call(seg, x)
+    gone = weakref.ref(y)
+    addr, deleter = y.managed
+    y.managed = None
+    deleter(addr)  # the storage dies, the object stays
+    word(y.impl, 16).value = ctypes.addressof(y.storage) + 8  # it now points at another storage
+    del y
+    made = tree.stats()["outputs_made"]  # stats() drains the queue: the context goes, and the object with it
+    gc.collect()
+    assert gone() is None
+    (y2,) = call(seg, x)
+    assert y2.values() == [3, 5, 7, 9]
+    assert tree.stats()["outputs_made"] + tree.stats()["outputs_reused"] >= made + 1
