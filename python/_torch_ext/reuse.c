@@ -89,7 +89,7 @@ static int has_weakrefs_or_attrs(PyObject *t) {
 static int idle(const tx_kept *e) {
   if (Py_REFCNT(e->t) != 1)
     return 0;
-  char *impl = word_at(e->t, TXS.offset);
+  char *impl = word_at(e->t, e->at); /* an object keeps its TensorImpl for life: compared, then read */
   if (impl != e->impl_addr || u64_at(impl, 8) != u64_at(e->impl_snap, 0))
     return 0;
   char *sto = word_at(impl, TXR.storage_at);
@@ -196,6 +196,7 @@ void tx_reuse_keep(TreeObject *T, tx_kept *ways, PyObject *t, tx_out_ref *r, voi
   if (e->t)
     drop(T, e);
   char *impl = word_at(t, TXS.offset);
+  e->at = TXS.offset;
   e->impl_addr = impl;
   memcpy(e->impl_snap, impl + 8, TX_IMPL_SNAP);
   e->storage_addr = word_at(impl, TXR.storage_at);
