@@ -256,6 +256,7 @@ struct tx_kept {
   void *shim_ptr;       /* its data pointer through the shim, when made */
   char *impl_addr, *storage_addr;
   Py_ssize_t at;        /* where the object holds its TensorImpl (the shim's offset when kept) */
+  Py_ssize_t storage_at; /* where its TensorImpl holds the StorageImpl (setup_reuse's, when kept) */
   uint64_t storage_word, stamp;
   int live;             /* on the tree's live_kept list: its value is this step's */
   unsigned char impl_snap[TX_IMPL_SNAP], obj_snap[TX_OBJ_SNAP];

@@ -92,7 +92,7 @@ static int idle(const tx_kept *e) {
   char *impl = word_at(e->t, e->at); /* an object keeps its TensorImpl for life: compared, then read */
   if (impl != e->impl_addr || u64_at(impl, 8) != u64_at(e->impl_snap, 0))
     return 0;
-  char *sto = word_at(impl, TXR.storage_at);
+  char *sto = word_at(impl, e->storage_at);
   return sto == e->storage_addr && u64_at(sto, 8) == e->storage_word;
 }
 
@@ -196,7 +196,8 @@ void tx_reuse_keep(TreeObject *T, tx_kept *ways, PyObject *t, tx_out_ref *r, voi
   if (e->t)
     drop(T, e);
   char *impl = word_at(t, TXS.offset);
-  e->at = TXS.offset;
+  e->at = TXS.offset; /* both kept: the scan must work after the shim or reuse is turned off */
+  e->storage_at = TXR.storage_at;
   e->impl_addr = impl;
   memcpy(e->impl_snap, impl + 8, TX_IMPL_SNAP);
   e->storage_addr = word_at(impl, TXR.storage_at);

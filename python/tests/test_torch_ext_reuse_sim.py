@@ -272,9 +272,11 @@ def test_a_kept_object_whose_storage_died_under_it_is_let_go(tree, reuse):
     assert tree.stats()["outputs_made"] + tree.stats()["outputs_reused"] >= made + 1
 
 
-def test_a_dropped_output_still_gives_its_memory_back_after_the_shim_is_turned_off(tree, reuse):
-    """The shim may go off mid-step (a cross-check disagreed): outputs kept
-    until then still give their values back once dropped."""
+@pytest.mark.parametrize("off", ["shim", "reuse"])
+def test_a_dropped_output_still_gives_its_memory_back_after_the_shim_is_turned_off(tree, reuse, off):
+    """The shim may go off mid-step (a cross-check disagreed), or reuse (its
+    setup run again and failing): outputs kept until then still give their
+    values back once dropped."""
     seg_a = segment(tree, Direct(tree, 2.0, 1.0), spans=(16,), name="a")
     seg_b = segment(tree, Direct(tree, 3.0, 0.0), spans=(16,), name="b")
     x = FakeTensor(4).fill([1, 2, 3, 4])
@@ -287,7 +289,10 @@ def test_a_dropped_output_still_gives_its_memory_back_after_the_shim_is_turned_o
     Generation.generation += 1
     (y,) = seg_a(x)
     y_ptr = y.ptr
-    X.setup_shim(None, "", (), [])  # off from here, reuse with it
+    if off == "shim":
+        X.setup_shim(None, "", (), [])  # off from here, reuse with it
+    else:
+        assert not X.setup_reuse([], True)[0] and X.reuse_info() == {"on": False, "storage_at": 0}
     del y
     (z,) = seg_b(x)
     assert z.values() == [3, 6, 9, 12]
