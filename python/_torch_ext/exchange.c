@@ -299,6 +299,41 @@ static timed_block *timed_make(void *ptr, PyObject *shape, int device, int versi
   return b;
 }
 
+/* One tensor over ptr, made through the exchange API or through a capsule
+ * and torch._C._from_dlpack; NULL with an exception set. */
+static PyObject *timed_tensor(void *ptr, PyObject *shape, int device, int exchange) {
+  timed_block *b = timed_make(ptr, shape, device, exchange);
+  if (!b)
+    return PyErr_NoMemory();
+  if (exchange)
+    return tx_exchange_make_tensor(&b->mv);
+  PyObject *cap = PyCapsule_New(&b->m, "dltensor", timed_capsule_destructor);
+  if (!cap) {
+    free(b);
+    return NULL;
+  }
+  PyObject *t = PyObject_Vectorcall(TX.from_dlpack, &cap, 1, NULL);
+  Py_DECREF(cap);
+  return t;
+}
+
+/* ns per tensor made and dropped that way, each from evicted caches if
+ * evict; -1 with an exception set. */
+static double time_one_way(void *ptr, PyObject *shape, int device, int exchange, int reps, size_t evict) {
+  uint64_t spent = 0;
+  for (int i = 0; i < reps; i++) {
+    if (evict && tx_cache_evict(evict) < 0)
+      return -1;
+    uint64_t t0 = tx_now_ns();
+    PyObject *t = timed_tensor(ptr, shape, device, exchange);
+    if (!t)
+      return -1;
+    Py_DECREF(t);
+    spent += tx_now_ns() - t0;
+  }
+  return (double)spent / reps;
+}
+
 static PyObject *time_tensor_making(PyObject *m, PyObject *args) {
   (void)m;
   PyObject *pp, *shape;
@@ -314,52 +349,14 @@ static PyObject *time_tensor_making(PyObject *m, PyObject *args) {
                     "time_tensor_making: at most 8 dimensions, reps >= 1, evict_bytes >= 0, after init_hot_path");
     return NULL;
   }
-  PyObject *ex = Py_NewRef(Py_None);
-  if (TXE.outputs) {
-    uint64_t spent = 0;
-    for (int i = 0; i < reps; i++) {
-      if (evict && tx_cache_evict((size_t)evict) < 0) {
-        Py_DECREF(ex);
-        return NULL;
-      }
-      uint64_t t0 = tx_now_ns();
-      timed_block *b = timed_make(ptr, shape, device, 1);
-      PyObject *t = b ? tx_exchange_make_tensor(&b->mv) : NULL;
-      if (!t) {
-        Py_DECREF(ex);
-        return b ? NULL : PyErr_NoMemory();
-      }
-      Py_DECREF(t);
-      spent += tx_now_ns() - t0;
-    }
-    Py_SETREF(ex, PyFloat_FromDouble((double)spent / reps));
-    if (!ex)
-      return NULL;
-  }
-  uint64_t spent = 0;
-  for (int i = 0; i < reps; i++) {
-    if (evict && tx_cache_evict((size_t)evict) < 0) {
-      Py_DECREF(ex);
-      return NULL;
-    }
-    uint64_t t0 = tx_now_ns();
-    timed_block *b = timed_make(ptr, shape, device, 0);
-    PyObject *cap = b ? PyCapsule_New(&b->m, "dltensor", timed_capsule_destructor) : NULL;
-    if (!cap) {
-      free(b);
-      Py_DECREF(ex);
-      return b ? NULL : PyErr_NoMemory();
-    }
-    PyObject *t = PyObject_Vectorcall(TX.from_dlpack, &cap, 1, NULL);
-    Py_DECREF(cap);
-    if (!t) {
-      Py_DECREF(ex);
-      return NULL;
-    }
-    Py_DECREF(t);
-    spent += tx_now_ns() - t0;
-  }
-  return Py_BuildValue("{s:N,s:d}", "exchange_ns", ex, "from_dlpack_ns", (double)spent / reps);
+  double ex = TXE.outputs ? time_one_way(ptr, shape, device, 1, reps, (size_t)evict) : 0;
+  if (ex < 0)
+    return NULL;
+  double dl = time_one_way(ptr, shape, device, 0, reps, (size_t)evict);
+  if (dl < 0)
+    return NULL;
+  PyObject *ex_obj = TXE.outputs ? PyFloat_FromDouble(ex) : Py_NewRef(Py_None);
+  return ex_obj ? Py_BuildValue("{s:N,s:d}", "exchange_ns", ex_obj, "from_dlpack_ns", dl) : NULL;
 }
 
 /* ---------------------------------------------- a stand-in for tests */
