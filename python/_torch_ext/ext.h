@@ -1,17 +1,15 @@
 /* ext.h — shared declarations of cgtree._torch_ext, the C half of the
  * torch.compile backend (python/cgtree/torch).
  *
- * Three files, one job each:
+ * Five files, one job each:
  *   alloc.c    the process-wide CUDA allocator PyTorch calls for every byte:
  *              inside a cgtree launch function it hands out pool memory,
  *              outside it a small stream-aware cache over cudaMalloc.
  *   segment.c  the hot path: one compiled graph as a cgtree segment; tensors in,
  *              cgt_run, tensors out (DLPack), all in C.
  *   module.c   the module, the per-device Tree object, stats and helpers.
- *   shim.c     data pointers through PyTorch's C shim (AOTInductor's C ABI),
- *              proven against data_ptr() first.
- *   exchange.c the current stream and output tensors (and data pointers where
- *              the shim is off) through DLPack's C exchange API, proven first.
+ *   exchange.c data pointers, the current stream and output tensors through
+ *              DLPack's C exchange API, each use proven first.
  *   dev.c      the few CUDA runtime calls (host memory without CUDA, for tests).
  */
 #ifndef CGT_TORCH_EXT_H
@@ -67,7 +65,6 @@ void tx_stream_wait(void *waiter, void *signaller, void *event); /* waiter waits
 
 /* One tree per CUDA device, shared by every compiled graph on it. */
 typedef struct tx_out_ref tx_out_ref;
-typedef struct tx_kept tx_kept;
 typedef struct TreeObject {
   PyObject_HEAD
   cgt_tree *tree;
@@ -83,11 +80,6 @@ typedef struct TreeObject {
   uint64_t launch_ns_seen; /* and its launch_host_ns (with time_launches) */
   uint64_t alive_this_step;    /* outputs of the current step whose tensors live */
   uint64_t overwritable;       /* summed at each step begin: outputs alive whose memory the new step may reuse */
-  /* reuse.c: kept tensor objects whose values live in the current step */
-  tx_kept **live_kept;
-  size_t n_live_kept, cap_live_kept;
-  uint64_t kept_clock;
-  uint64_t outputs_reused, outputs_not_reused, outputs_released_kept;
 } TreeObject;
 
 extern PyTypeObject TreeType;
@@ -126,7 +118,7 @@ static inline uint64_t tx_now_ns(void) { /* the hot path's timers and the benchm
  * does. 0 on success, -1 with MemoryError. */
 int tx_cache_evict(size_t bytes);
 
-/* The ways a tensor's data pointer is read fast (shim.c, exchange.c) share
+/* The fast way to read a tensor's data pointer (exchange.c) shares
  * these. */
 /* o's data pointer through tensor.data_ptr(), the Python API (segment.c);
  * -1 with an exception set. */
@@ -138,34 +130,6 @@ int tx_warn_pointer_disagreement(const char *way, void *fast, void *ptr);
  * object then addresses that fit a pointer, the object of type t0 or t1
  * where t0 is not NULL. 0, or -1 with TypeError or OverflowError set. */
 int tx_check_probes(PyObject *probes, Py_ssize_t width, PyTypeObject *t0, PyTypeObject *t1, const char *usage);
-
-/* ------------------------------------------------------------ shim.c */
-
-#define CGT_TORCH_TEST_API __attribute__((visibility("default")))
-
-/* aoti_torch_get_data_ptr: 0 and *out on success. */
-typedef int32_t (*tx_shim_data_ptr_fn)(void *aten_tensor_handle, void **out);
-typedef struct tx_shim {
-  Py_ssize_t offset;      /* of the at::Tensor in a tensor object; 0 while the fast path is off */
-  tx_shim_data_ptr_fn get;
-  PyTypeObject *types[2]; /* the exact types it serves (torch.Tensor, torch.nn.Parameter) */
-  uint64_t disagreements; /* cross-checks that found the shim wrong (it is then off); last field */
-} tx_shim;
-extern tx_shim TXS;
-extern PyMethodDef tx_shim_methods[];
-
-/* 1 and *out: o's data pointer, read through the shim; 0: read it another
- * way (the fast path is off, or o is not of a type it serves). */
-static inline int tx_shim_data_ptr(PyObject *o, void **out) {
-  PyTypeObject *tp = Py_TYPE(o);
-  if (!TXS.offset || (tp != TXS.types[0] && tp != TXS.types[1]))
-    return 0;
-  return TXS.get((char *)o + TXS.offset, out) == 0;
-}
-/* Compares the shim's pointer for o with ptr, read through data_ptr(): a
- * difference turns the fast path off (1, with a warning; -1 if the warning
- * became an exception); 0 if they agree or the shim does not serve o. */
-int tx_shim_cross_check(PyObject *o, void *ptr);
 
 /* -------------------------------------------------------- exchange.c */
 
@@ -228,52 +192,11 @@ struct tx_out_ref {
   void *ptr;
   PyObject *key;     /* the tensor object, never dereferenced: registry key only */
   int in_registry;
-  tx_kept *kept_by;  /* reuse.c's entry that keeps its tensor object (and a reference), or NULL */
   tx_out_ref *next_dead;
   UT_hash_handle hh;
   int64_t dims[];    /* shape then strides */
 };
 void tx_out_ref_queue_drain(void);
 extern PyTypeObject SegmentType;
-
-/* ------------------------------------------------------------ reuse.c */
-
-/* Bytes of a TensorImpl (from its reference count on) and of a tensor
- * object (after its header) kept to see whether anything changed. */
-enum { TX_IMPL_SNAP = 184, TX_OBJ_SNAP = 48, TX_KEEP_WAYS = 4 };
-typedef struct tx_reuse {
-  int on;                /* setup_reuse proved the layout it reads */
-  Py_ssize_t storage_at; /* of the StorageImpl address in a TensorImpl */
-} tx_reuse;
-extern tx_reuse TXR;
-extern PyMethodDef tx_reuse_methods[];
-
-/* One tensor object kept for an output slot (a template's output k). */
-struct tx_kept {
-  PyObject *t;          /* the object, one reference ours; NULL: empty */
-  tx_out_ref *r;        /* its DLPack context: the value it carries now */
-  void *ptr;            /* the value's address */
-  void *shim_ptr;       /* its data pointer through the shim, when made */
-  char *impl_addr, *storage_addr;
-  Py_ssize_t at;        /* where the object holds its TensorImpl (the shim's offset when kept) */
-  Py_ssize_t storage_at; /* where its TensorImpl holds the StorageImpl (setup_reuse's, when kept) */
-  uint64_t storage_word, stamp;
-  int live;             /* on the tree's live_kept list: its value is this step's */
-  unsigned char impl_snap[TX_IMPL_SNAP], obj_snap[TX_OBJ_SNAP];
-};
-/* A new reference to a kept object for value v at ptr, rebound to v, or
- * NULL (no exception): make a new tensor. */
-PyObject *tx_reuse_take(TreeObject *T, tx_kept *ways, void *ptr, cgt_value v);
-/* Keeps t, just made for r at ptr, in ways. */
-void tx_reuse_keep(TreeObject *T, tx_kept *ways, PyObject *t, tx_out_ref *r, void *ptr);
-/* Gives back the values of this step's kept tensors that nobody holds. */
-void tx_reuse_scan(TreeObject *T);
-/* Nobody but reuse.c holds e's tensor object or shares its memory. */
-int tx_reuse_unheld(const tx_kept *e);
-void tx_reuse_step_begins(TreeObject *T); /* this step's values die: forget which were live */
-void tx_reuse_clear(TreeObject *T, tx_kept *ways); /* lets go of every kept object */
-/* e's DLPack context is being freed (its storage died while the object
- * lived): lets go of the object, which may die now. */
-void tx_reuse_orphan(TreeObject *T, tx_kept *e);
 
 #endif

@@ -81,14 +81,12 @@ int tx_check_probes(PyObject *probes, Py_ssize_t width, PyTypeObject *t0, PyType
 
 int tx_tree_step_begin(TreeObject *T) {
   tx_out_ref_queue_drain();
-  tx_reuse_scan(T);
   cgt_status st = cgt_step_begin(T->tree);
   if (st != CGT_OK) {
     tx_status_error(T, st, "cgt_step_begin");
     return -1;
   }
   T->step++;
-  tx_reuse_step_begins(T);
   T->overwritable += T->alive_this_step;
   T->alive_this_step = 0;
   return 0;
@@ -207,12 +205,7 @@ static PyObject *tree_stats(TreeObject *T, PyObject *unused) {
   if (!tree_ready(T))
     return NULL;
   tx_out_ref_queue_drain();
-  tx_reuse_scan(T);
-  /* Alive: held by the program. A tensor object reuse.c keeps that nobody
-   * else holds is not. */
-  uint64_t alive = 0;
-  for (tx_out_ref *r = T->registry; r; r = r->hh.next)
-    alive += !(r->kept_by && tx_reuse_unheld(r->kept_by));
+  uint64_t alive = HASH_COUNT(T->registry); /* held by the program */
   cgt_stats s;
   cgt_status st = cgt_tree_stats(T->tree, &s);
   if (st != CGT_OK)
@@ -240,9 +233,6 @@ static PyObject *tree_stats(TreeObject *T, PyObject *unused) {
   PUT("stale_refused", T->stale_refused)
   PUT("outputs_overwritable", T->overwritable)
   PUT("outputs_alive", alive)
-  PUT("outputs_reused", T->outputs_reused)
-  PUT("outputs_not_reused", T->outputs_not_reused)
-  PUT("outputs_released_kept", T->outputs_released_kept)
 #undef PUT
   return d;
 }
@@ -593,8 +583,7 @@ PyMODINIT_FUNC PyInit__torch_ext(void) {
       PyModule_AddObjectRef(m, "Segment", (PyObject *)&SegmentType) < 0 ||
       PyModule_AddStringConstant(m, "ALLOC_FN", "cgt_torch_alloc") < 0 ||
       PyModule_AddStringConstant(m, "FREE_FN", "cgt_torch_free") < 0 ||
-      PyModule_AddFunctions(m, tx_exchange_methods) < 0 ||
-      PyModule_AddFunctions(m, tx_shim_methods) < 0 || PyModule_AddFunctions(m, tx_reuse_methods) < 0) {
+      PyModule_AddFunctions(m, tx_exchange_methods) < 0) {
     Py_DECREF(m);
     return NULL;
   }

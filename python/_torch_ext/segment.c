@@ -89,7 +89,6 @@ typedef struct out_meta {
   int32_t ndim;
   DLDataType dtype;
   int64_t *dims;  /* shape then strides */
-  tx_kept *kept;  /* TX_KEEP_WAYS tensor objects made for this output (reuse.c) */
 } out_meta;
 
 typedef struct variant_tmpl {
@@ -183,8 +182,6 @@ void tx_out_ref_queue_drain(void) {
       (void)cgt_value_release(T->tree, r->value);
       T->alive_this_step -= (uint64_t)r->counted;
     }
-    if (r->kept_by) /* the storage died under a kept object (y.set_(...), y.data = ...): forget the object */
-      tx_reuse_orphan(T, r->kept_by);
     free(r);
     r = next;
   }
@@ -206,11 +203,6 @@ static PyObject *make_output(TreeObject *T, cgt_value v, const out_meta *m, uint
   cgt_status st = cgt_value_ptr(T->tree, v, &ptr, &bytes);
   if (st != CGT_OK)
     return tx_status_error(T, st, "cgtree output");
-  if (TXR.on && TXS.offset && m->kept) { /* the object made for this address last time, if nobody holds it */
-    PyObject *again = tx_reuse_take(T, m->kept, ptr, v);
-    if (again)
-      return again;
-  }
   int nd = m->ndim;
   tx_out_ref *r = malloc(sizeof *r + 2 * (size_t)nd * sizeof(int64_t));
   if (!r) {
@@ -276,8 +268,6 @@ static PyObject *make_output(TreeObject *T, cgt_value v, const out_meta *m, uint
   T->outputs_made++;
   T->alive_this_step++;
   r->counted = 1;
-  if (TXR.on && TXS.offset && m->kept && Py_TYPE(t) == (PyTypeObject *)TX.tensor_type)
-    tx_reuse_keep(T, m->kept, t, r, ptr);
   return t;
 }
 
@@ -293,9 +283,6 @@ static variant_tmpl *tmpl_find(SegmentObject *s, uint64_t variant) {
 static void tmpl_clear(TreeObject *T, variant_tmpl *t) {
   if (t->outs)
     for (uint32_t i = 0; t->outs && i < t->n_res; i++) {
-      if (t->outs[i].kept)
-        tx_reuse_clear(T, t->outs[i].kept);
-      free(t->outs[i].kept);
       free(t->outs[i].dims);
     }
   free(t->outs);
@@ -332,8 +319,7 @@ static int tmpl_add(SegmentObject *s, uint64_t variant, PyObject *desc, uint32_t
     out_meta *o = &t.outs[k];
     o->ndim = (int32_t)PyTuple_GET_SIZE(shape);
     o->dims = calloc(2 * (size_t)o->ndim + 1, sizeof(int64_t));
-    o->kept = calloc(TX_KEEP_WAYS, sizeof *o->kept);
-    if (!o->dims || !o->kept) {
+    if (!o->dims) {
       tmpl_clear(s->tree, &t);
       PyErr_NoMemory();
       return -1;
@@ -690,16 +676,13 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
   if (tx_tree_sync_step(T) < 0)
     return NULL;
   tx_out_ref_queue_drain();
-  if (T->n_live_kept) /* outputs the program dropped, kept by reuse.c: their values go back now */
-    tx_reuse_scan(T);
   uint64_t t_step = tx_now_ns();
 
   uint64_t variant = 0;
   uint32_t k = 0;
-  /* With the shim or the exchange API every pointer is read, cheaply;
-   * without them, one check of PyTorch's may vouch for the STATIC ones
-   * (static_ptrs_unchanged). */
-  int fast = TXS.offset || TXE.ptrs;
+  /* With the exchange API every pointer is read, cheaply; without it, one
+   * check of PyTorch's may vouch for the STATIC ones (static_ptrs_unchanged). */
+  int fast = TXE.ptrs;
   int statics_same = !fast && static_ptrs_unchanged(s, args, n), statics_noted = 1;
   for (size_t i = 0; i < n; i++) {
     PyObject *o = args[i];
@@ -708,13 +691,12 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
       void *ptr;
       if (kind == ARG_TENSOR_STATIC && statics_same) {
         ptr = s->static_ptr[i];
-      } else if (!(fast && s->registered && (tx_shim_data_ptr(o, &ptr) || tx_exchange_data_ptr(o, &ptr)))) {
+      } else if (!(fast && s->registered && tx_exchange_data_ptr(o, &ptr))) {
         if (tx_data_ptr_slow(o, &ptr) < 0)
           return NULL;
-        /* A segment's first call reads each input every way: the shim and
-         * the exchange API are trusted only where they agreed with
-         * data_ptr() (shim.c, exchange.c). */
-        if (fast && !s->registered && (tx_shim_cross_check(o, ptr) < 0 || tx_exchange_cross_check(o, ptr) < 0))
+        /* A segment's first call reads each input both ways: the exchange
+         * API is trusted only where it agreed with data_ptr() (exchange.c). */
+        if (fast && !s->registered && tx_exchange_cross_check(o, ptr) < 0)
           return NULL;
         if (kind == ARG_TENSOR_STATIC && s->static_idx && !fast)
           statics_noted &= static_ptr_note(s, i, ptr);

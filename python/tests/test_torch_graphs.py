@@ -1,64 +1,140 @@
-"""The compile-time analysis of cgtree.torch: which inputs a graph mutates,
-whether it draws random numbers, byte spans. Needs torch, not a GPU."""
-import operator
+"""What cgtree.torch decides about a graph at compile time: which inputs are
+STATIC, which the graph writes, whether it draws random numbers. These come
+from the compiler (Inductor's static_input_idxs and mutated_input_idxs, the
+operators' tags), never from names. Needs torch, not a GPU: graphs of CPU
+tensors go through the same inner_compile hook and are recorded in
+cgtree.torch._backend.decisions before they run as plain Inductor graphs."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
 torch = pytest.importorskip("torch")
 import torch.fx  # noqa: E402
 
+from cgtree.torch import _backend  # noqa: E402
 from cgtree.torch import _graphs as B  # noqa: E402
 
+# The patterns of mutation the name scan missed, each compiled through the
+# backend: the decision of each graph, as (static, mutated, random).
+PATTERNS = textwrap.dedent('''
+    import json, sys, torch
+    from cgtree.torch import _backend
 
-def trace(fn):
-    return torch.fx.symbolic_trace(fn)
+    def decide(fn, *args, grad=False):
+        _backend.decisions.clear()
+        torch._dynamo.reset()
+        with torch.set_grad_enabled(grad):
+            torch.compile(fn, backend=_backend.compile_graph)(*args)
+        return [(list(d["static_input_idxs"]), d["mutated_input_idxs"], d["random"]) for d in _backend.decisions]
 
+    def iadd(x, y):
+        x += y
+        return x * 2
 
-def test_in_place_method_marks_its_input_mutated():
-    def f(a, b):
-        a.add_(b)
-        return a * 2
+    def foreach(xs, ys):
+        torch._foreach_add_(xs, ys)
+        return xs[0] + 1
 
-    assert B.mutated_placeholders(trace(f)) == {0}
-
-
-def test_a_write_through_a_view_marks_the_base_mutated():
-    def f(cache, k):
-        cache.view(-1)[:4].copy_(k)
+    def setitem(cache, pos, k):
+        cache[pos] = k
         return cache.sum()
 
-    assert B.mutated_placeholders(trace(f)) == {0}
+    def pure(x, y):
+        return torch.relu(x @ y) + x.t()
+
+    torch.manual_seed(0)
+    out = {
+        "iadd": decide(iadd, torch.ones(4), torch.ones(4)),
+        "foreach": decide(foreach, [torch.ones(3), torch.ones(3)], [torch.ones(3), torch.ones(3)]),
+        "batchnorm_train": decide(torch.nn.BatchNorm1d(4).train(), torch.randn(8, 4)),
+        "setitem": decide(setitem, torch.zeros(4, 3), 1, torch.ones(3)),
+        "pure": decide(pure, torch.ones(3, 3), torch.ones(3, 3)),
+        "linear": decide(torch.nn.Linear(4, 4), torch.randn(2, 4)),
+        "rand": decide(lambda x: x + torch.rand_like(x), torch.ones(3)),
+        "dropout_train": decide(lambda x: torch.nn.functional.dropout(x, 0.5, training=True), torch.ones(3)),
+        "dropout_eval": decide(lambda x: torch.nn.functional.dropout(x, 0.5, training=False), torch.ones(3)),
+        "multinomial": decide(lambda p: torch.multinomial(p, 1), torch.ones(2, 4)),
+    }
+    print("DECISIONS " + json.dumps(out))
+''')
+
+EXPECTED = {
+    "iadd": [[[], [0], False]],
+    "foreach": [[[], [0, 1], False]],
+    # BatchNorm's inputs: weight, bias, running_mean, running_var, num_batches_tracked (static), x;
+    # training updates the three running statistics.
+    "batchnorm_train": [[[1, 2, 3, 4, 5], [1, 2, 3], False]],
+    "setitem": [[[], [0], False]],
+    "pure": [[[], [], False]],
+    "linear": [[[0, 1], [], False]],
+    "rand": [[[], [], True]],
+    "dropout_train": [[[], [], True]],
+    "dropout_eval": [[[], [], False]],
+    "multinomial": [[[], [], True]],
+}
 
 
-def test_setitem_marks_its_target_mutated():
-    # Dynamo writes `cache[pos] = k` as operator.setitem; symbolic_trace cannot, so build it.
-    g = torch.fx.Graph()
-    cache, pos, k = g.placeholder("cache"), g.placeholder("pos"), g.placeholder("k")
-    g.call_function(operator.setitem, (cache, pos, k))
-    g.output(cache)
-    assert B.mutated_placeholders(torch.fx.GraphModule(torch.nn.Module(), g)) == {0}
+def _decide_in_a_fresh_process(cache_dir):
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache_dir), CGTREE_TORCH_NO_INSTALL="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    r = subprocess.run([sys.executable, "-c", PATTERNS], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    line = [ln for ln in r.stdout.splitlines() if ln.startswith("DECISIONS ")]
+    assert line, r.stdout[-2000:] + r.stderr[-2000:]
+    return json.loads(line[-1][len("DECISIONS "):])
 
 
-def test_pure_graphs_mutate_nothing():
-    def f(a, b):
-        return torch.relu(a @ b) + a.t()
+def test_mutations_and_static_inputs_come_from_the_compiler_in_a_cold_and_a_warm_process(tmp_path):
+    """x += y, _foreach_add_, BatchNorm's running statistics and setitem are
+    mutations Inductor reports; parameters and buffers are static because
+    the compiler says so. The second process finds Inductor's caches warm
+    (the case where AOTAutograd's cache used to hide its metadata), and
+    decides the same."""
+    cold = _decide_in_a_fresh_process(tmp_path)
+    assert cold == EXPECTED
+    assert any(tmp_path.iterdir()), "the first process left no cache to warm the second"
+    warm = _decide_in_a_fresh_process(tmp_path)
+    assert warm == EXPECTED
 
-    assert B.mutated_placeholders(trace(f)) == set()
+
+def test_a_compiled_graph_that_does_not_say_what_it_mutates_is_treated_as_mutating_every_input():
+    assert B.mutated_inputs(object(), 3) == ({0, 1, 2}, False)
+
+    class Says:
+        mutated_input_idxs = (2,)
+
+    assert B.mutated_inputs(Says(), 3) == ({2}, True)
 
 
-def test_random_ops_are_found_and_inference_dropout_is_not():
+def test_static_and_mutated_inputs_are_planned_static_and_others_dynamic():
+    ex = [torch.zeros(4), torch.zeros(4), torch.zeros(4), 3, 1.5, None]
+    kinds, spans, dynamic = B.plan_inputs(ex, static_idxs=(0,), mutated={1})
+    assert kinds == [B.ARG_TENSOR_STATIC, B.ARG_TENSOR_STATIC, B.ARG_TENSOR, B.ARG_INT, B.ARG_FLOAT, B.ARG_OTHER]
+    assert spans == [16, 16, 16, 0, 0, 0]
+    assert dynamic  # an int argument: spans are measured every call
+
+
+def test_random_operators_are_found_by_their_tag_also_inside_nested_graphs():
     def rnd(a):
         return a + torch.rand_like(a)
 
-    def drop_eval(a):
-        return torch.nn.functional.dropout(a, 0.1, training=False)
+    def plain(a):
+        return a * 2
 
-    def drop_train(a):
-        return torch.nn.functional.dropout(a, 0.1, training=True)
+    from torch.fx.experimental.proxy_tensor import make_fx
 
-    assert B.draws_random_numbers(trace(rnd))
-    assert not B.draws_random_numbers(trace(drop_eval))
-    assert B.draws_random_numbers(trace(drop_train))
+    def aten(fn):  # the operator-level graph inner_compile sees
+        return make_fx(fn)(torch.ones(3))
+
+    assert B.draws_random_numbers(aten(rnd))
+    assert not B.draws_random_numbers(aten(plain))
+    outer = aten(plain)
+    outer.add_submodule("branch", aten(rnd))  # as torch.cond keeps its branches
+    assert B.draws_random_numbers(outer)
 
 
 def test_span_covers_strided_views_and_empty_tensors():
@@ -76,29 +152,9 @@ def test_describe_refuses_cpu_outputs_and_keeps_constants():
     assert B.describe((3, None)) == (False, (None, None), (3, None))
 
 
-def test_matmul_family_ops_are_found_as_cublas_users_and_pointwise_ops_are_not():
-    def matmul(a, b):
-        return torch.relu(a @ b)
-
-    def linear(a, w, b):  # weights as placeholders: symbolic_trace refuses a foreign module's parameters
-        return torch.nn.functional.linear(a, w, b)
-
-    def bmm(a):
-        return torch.bmm(a, a).sum()
-
-    def einsum(a, b):
-        return torch.einsum("ij,jk->ik", a, b)
-
-    def solve(a, b):
-        return torch.linalg.solve(a, b)
-
-    def qr(a):
-        return torch.linalg.qr(a)[0] + torch.det(a)
-
-    def pointwise(x):
-        y = x * x * x
-        return (torch.relu(y).abs() ** y.abs()).sqrt().sum()
-
-    for f in (matmul, linear, bmm, einsum, solve, qr):
-        assert B.uses_cublas(trace(f)), f.__name__
-    assert not B.uses_cublas(trace(pointwise))
+def test_graphs_without_cuda_tensors_run_as_plain_inductor_graphs_with_the_reason_recorded():
+    _backend.decisions.clear()
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: x * 3, backend=_backend.compile_graph)
+    assert torch.equal(f(torch.ones(2)), torch.full((2,), 3.0))
+    assert _backend.decisions[-1]["plain_reason"] == "no CUDA tensor"

@@ -67,8 +67,6 @@ def stats():
 
         for k, v in _torch_ext.exchange_info().items():
             total["exchange_" + k] = v
-        total["shim_pointers"] = _torch_ext.shim_info()["offset"] > 0  # python/_torch_ext/shim.c
-        total["reuse_outputs"] = _torch_ext.reuse_info()["on"]  # python/_torch_ext/reuse.c
     total["graphs"] = len(_segments)
     total["graphs_plain"] = sum(1 for s in _segments if s.info["plain_reason"] is not None)
     return total

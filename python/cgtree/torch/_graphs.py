@@ -1,9 +1,16 @@
 """What cgtree.torch decides about a graph at compile time, in pure Python
-(no GPU, no C extension): which placeholders the graph writes to, whether it
-draws random numbers, how many bytes a tensor spans, and how its outputs are
-described to the C hot path."""
-import operator
+(no GPU, no C extension).
 
+Everything here reads what the compiler itself says, never names: which
+inputs are STATIC comes from Inductor's ``static_input_idxs`` (parameters,
+buffers, inputs Dynamo marked static), which inputs the graph writes comes
+from the compiled graph's ``mutated_input_idxs`` (Inductor computes it from
+the functionalized graph, so ``x += y``, ``_foreach_*_``, BatchNorm's running
+statistics and user Triton kernels that write an input all land there),
+and whether a graph draws random numbers comes from the
+``nondeterministic_seeded`` tag PyTorch puts on every random operator. Where
+the compiler says nothing, we assume the worst: every tensor input mutated.
+"""
 import torch
 
 ARG_TENSOR, ARG_TENSOR_STATIC, ARG_INT, ARG_FLOAT, ARG_OTHER = range(5)
@@ -15,15 +22,6 @@ _DL = {
     torch.uint8: (1, 8), torch.bool: (6, 8),
 }
 
-_VIEWS = {
-    "view", "reshape", "transpose", "permute", "t", "narrow", "select", "squeeze", "unsqueeze", "expand",
-    "flatten", "unflatten", "as_strided", "view_as", "expand_as", "reshape_as", "diagonal", "unfold", "movedim",
-    "moveaxis", "swapaxes", "swapdims", "split", "chunk", "unbind", "__getitem__", "getitem", "contiguous",
-    "detach", "alias", "slice", "real", "imag", "tensor_split", "split_with_sizes",
-}
-_RNG = ("rand", "bernoulli", "multinomial", "normal", "uniform", "exponential", "cauchy", "geometric",
-        "poisson", "seed")
-
 
 def span(t):
     """Bytes from a tensor's first element to one past its last."""
@@ -31,6 +29,10 @@ def span(t):
         return 0
     last = sum((s - 1) * st for s, st in zip(t.shape, t.stride()))
     return (last + 1) * t.element_size()
+
+
+def _symbolic(t):
+    return any(not isinstance(d, int) for d in tuple(t.shape) + tuple(t.stride()))
 
 
 def describe(res):
@@ -53,100 +55,70 @@ def describe(res):
     return isinstance(res, list), tuple(metas), tuple(consts)
 
 
-def _name(n):
-    if n.op == "call_method":
-        return n.target
-    return getattr(n.target, "__name__", str(n.target))
+def mutated_inputs(compiled, n_inputs):
+    """Indices of the inputs the compiled graph writes, as Inductor says
+    (CompiledFxGraph.mutated_input_idxs), or every index when the compiled
+    object does not say: anything unknown is treated as mutating."""
+    idxs = getattr(compiled, "mutated_input_idxs", None)
+    if idxs is None:
+        return set(range(n_inputs)), False
+    return {int(i) for i in idxs}, True
 
 
-def mutated_placeholders(gm):
-    """Indices of placeholders the FX graph writes to, directly or through a
-    view. Conservative: an over-marked input only becomes STATIC."""
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    root = {n: i for i, n in enumerate(placeholders)}
-    mutated = set()
-    for n in gm.graph.nodes:
-        if n.op not in ("call_function", "call_method"):
-            continue
-        name = _name(n)
-        first = n.args[0] if n.args else None
-        writes = []
-        if n.target is operator.setitem:
-            writes.append(first)
-        elif isinstance(n.target, torch._ops.OpOverload):
-            for a, v in zip(n.target._schema.arguments, n.args):
-                if a.alias_info is not None and a.alias_info.is_write:
-                    writes.append(v)
-            for a in n.target._schema.arguments:
-                if a.alias_info is not None and a.alias_info.is_write and a.name in n.kwargs:
-                    writes.append(n.kwargs[a.name])
-        elif name.endswith("_") and not name.endswith("__") and not name.startswith("_"):
-            writes.append(first)
-        if "out" in n.kwargs:
-            out = n.kwargs["out"]
-            writes.extend(out if isinstance(out, (list, tuple)) else [out])
-        for w in writes:
-            if isinstance(w, torch.fx.Node) and w in root:
-                mutated.add(root[w])
-        if isinstance(first, torch.fx.Node) and first in root and (name in _VIEWS or n.target is operator.getitem):
-            root[n] = root[first]
-    return mutated
-
-
-def _aot_mutated(n_inputs):
-    """Inputs AOTAutograd saw mutated, when its metadata lines up with ours."""
-    try:
-        ctx = torch._guards.TracingContext.try_get()
-        meta = getattr(ctx, "fw_metadata", None) if ctx is not None else None
-        info = getattr(meta, "input_info", None)
-        if info is None or len(info) != n_inputs:
-            return set()
-        return {i for i, x in enumerate(info) if getattr(x, "mutates_data", False) or
-                getattr(x, "mutates_metadata", False)}
-    except Exception:
-        return set()
-
-
-# Names of ops that may call cuBLAS (matmul family, attention's math path,
-# einsum, linalg). Matched as substrings of the op name, so "addmm",
-# "baddbmm", "_scaled_dot_product_attention_math" and the like are caught.
-# Over-matching costs one cuBLAS workspace (33 MiB on an H100); missing
-# one would let cuBLAS allocate its workspace inside a launch (see
-# _install.prewarm_blas), so the list is wide.
-_BLAS = ("mm", "matmul", "linear", "bmm", "mv", "dot", "einsum", "tensordot", "attention", "linalg", "gemm",
-         "bilinear", "conv", "lstm", "gru", "rnn", "cdist", "baddbmm", "addr", "outer", "ger", "inner", "kron",
-         "chain_matmul", "matrix", "cholesky", "inverse", "solve", "lstsq", "householder", "geqrf", "orgqr",
-         "ormqr", "slogdet", "logdet")
-# Short names that would match too much as substrings ("lu" is in "relu"):
-# matched as whole words of the op name split at "_" and ".".
-_BLAS_WORDS = {"qr", "svd", "lu", "det", "eig", "eigh", "eigvals", "pinv", "trsm", "ger"}
-
-
-def uses_cublas(gm):
-    """True if the graph may call cuBLAS, so the tree's stream needs its
-    cuBLAS workspace before the graph is warmed up or recorded."""
-    for n in gm.graph.nodes:
-        if n.op == "call_module":
-            return True  # not inlined by Dynamo: cannot tell, assume it may
-        if n.op not in ("call_function", "call_method"):
-            continue
-        name = _name(n).lower()
-        if n.target is operator.matmul or n.target is operator.imatmul or any(k in name for k in _BLAS):
-            return True
-        if _BLAS_WORDS.intersection(name.replace(".", "_").split("_")):
-            return True
-    return False
+def _graph_modules(gm):
+    """gm and every graph nested in it (torch.cond branches, while_loop
+    bodies, invoke_subgraph): random numbers drawn there count too."""
+    seen = []
+    for m in gm.modules():
+        if isinstance(m, torch.fx.GraphModule) and m not in seen:
+            seen.append(m)
+    return seen
 
 
 def draws_random_numbers(gm):
-    for n in gm.graph.nodes:
-        if n.op not in ("call_function", "call_method"):
-            continue
-        name = _name(n).lower()
-        if "dropout" in name:
-            training = n.kwargs.get("training", n.kwargs.get("train", n.args[2] if len(n.args) > 2 else True))
-            if training is not False:
+    """True if any operator of the graph (or of a graph nested in it) carries
+    PyTorch's nondeterministic_seeded tag: rand*, dropout in training,
+    bernoulli, multinomial, normal_, SDPA with dropout... An operator
+    without schema tags (a higher-order op) whose name speaks of its
+    random state counts too."""
+    tag = getattr(torch.Tag, "nondeterministic_seeded", None)
+    for g in _graph_modules(gm):
+        for n in g.graph.nodes:
+            if n.op != "call_function":
+                continue
+            tags = getattr(n.target, "tags", None)
+            if tags is not None and tag in tags:
                 return True
-        elif any(k in name for k in _RNG):
-            return True
+            if isinstance(n.target, torch._ops.HigherOrderOperator) and "rng" in n.target.name():
+                return True
     return False
+
+
+def plan_inputs(example_inputs, static_idxs, mutated):
+    """(kinds, spans, dynamic) for segment.c: STATIC for inputs the
+    compiler calls static and inputs the graph writes (a DYNAMIC input is
+    copied into a placeholder, so a write to it would be lost); DYNAMIC for
+    other tensors; ints key the variant; dynamic is True when spans must be
+    measured at every call (symbolic sizes, or int arguments)."""
+    kinds, spans, dynamic = [], [], False
+    static_idxs = set(static_idxs)
+    for i, x in enumerate(example_inputs):
+        if isinstance(x, torch.Tensor):
+            static = i in static_idxs or i in mutated or isinstance(x, torch.nn.Parameter)
+            kinds.append(ARG_TENSOR_STATIC if static else ARG_TENSOR)
+            if _symbolic(x):
+                dynamic = True
+                spans.append(0)
+            else:
+                spans.append(span(x))
+        elif isinstance(x, (bool, int, torch.SymInt)):
+            kinds.append(ARG_INT)
+            spans.append(0)
+            dynamic = True
+        elif isinstance(x, (float, torch.SymFloat)):
+            kinds.append(ARG_FLOAT)
+            spans.append(0)
+        else:
+            kinds.append(ARG_OTHER)
+            spans.append(0)
+    return kinds, spans, dynamic

@@ -17,8 +17,7 @@ CgtreeError = _ext.CgtreeError
 StaleTensorError = _ext.StaleTensorError
 
 _lock = threading.Lock()
-_state = {"installed": False, "allocator": None, "error": None, "exchange": None, "exchange_stream": None,
-          "shim": None, "reuse": None}
+_state = {"installed": False, "allocator": None, "error": None, "exchange": None, "exchange_stream": None}
 _trees = {}  # device index -> (Tree, torch stream over the tree's stream)
 _blas_ready = set()  # devices whose tree stream has its cuBLAS workspace (prewarm_blas)
 
@@ -59,8 +58,6 @@ def install():
         _state["installed"] = True
         _state["error"] = None
         _state["exchange"] = _setup_or_off(setup_exchange, lambda: _ext.setup_exchange(None, (), []))
-        _state["shim"] = _setup_or_off(setup_shim, lambda: _ext.setup_shim(None, "", (), []))
-        _state["reuse"] = _setup_or_off(setup_reuse, lambda: _ext.setup_reuse([], False))
 
 
 def _setup_or_off(setup, off):
@@ -102,91 +99,6 @@ def setup_exchange():
         _ext.setup_exchange(None, (), [])
         return {"pointers": False, "outputs": False, "why": why}
     return _ext.setup_exchange(api, _SERVED, [(t, t.data_ptr()) for t in _probe_tensors()])
-
-
-def setup_shim():
-    """Data pointers through PyTorch's C shim (aoti_torch_get_data_ptr;
-    python/_torch_ext/shim.c): on once the tensor object's field is found and
-    every probe, CPU tensors of every kind the hot path meets, reads back its
-    data_ptr(). Returns (on, offset or why). CGTREE_TORCH_SHIM=0 keeps it off."""
-    lib = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")
-    if os.environ.get("CGTREE_TORCH_SHIM", "1") == "0" or not hasattr(torch.Tensor, "_cdata"):
-        return _ext.setup_shim(None, "", (), [])
-    return _ext.setup_shim(lib, "aoti_torch_get_data_ptr", _SERVED,
-                           [(t, t._cdata, t.data_ptr()) for t in _probe_tensors()])
-
-
-def setup_reuse(on=None):
-    """Handing an output's tensor object back again when nobody holds it
-    (python/_torch_ext/reuse.c), which saves making a tensor per output per
-    replay. The C side proves where a TensorImpl keeps its StorageImpl and
-    where a StorageImpl keeps its reference count; here we prove the rest of
-    what its checks read: that a TensorImpl's count moves when C++ takes a
-    reference, that its snapshot is stable while nothing changes, and that
-    it sees each in-place change of metadata we can make. Returns (on, offset,
-    why). CGTREE_TORCH_REUSE=0 keeps it off."""
-    if on is None:
-        on = os.environ.get("CGTREE_TORCH_REUSE", "1") != "0"
-    use = getattr(torch._C, "_storage_Use_Count", None)
-    if not _ext.shim_info()["offset"]:
-        return _ext.setup_reuse([], False)
-    if use is None:
-        _ext.setup_reuse([], False)
-        return (False, 0, "torch._C._storage_Use_Count is missing")
-    alone, shared, param = torch.arange(16, dtype=torch.float32), torch.arange(8, dtype=torch.float32), \
-        torch.nn.Parameter(torch.ones(3))
-    view = shared[2:]
-    tensors = (alone, shared, view, param, alone.view(4, 4))
-    storages = [t.untyped_storage()._cdata for t in tensors]
-    probes = [(t, t._cdata, sto, use(sto)) for t, sto in zip(tensors, storages)]
-    found = _ext.setup_reuse(probes, False)
-    if not found[1]:
-        return found
-    why = _reuse_unproven()
-    if why:
-        _ext.setup_reuse([], False)
-        return (False, 0, why)
-    return _ext.setup_reuse(probes, bool(on))
-
-
-def _reuse_unproven():
-    """Why reuse.c's checks cannot be trusted on this PyTorch, or None."""
-    import warnings
-
-    words = _ext.reuse_words
-    low = 0xFFFFFFFF
-    g = torch.ones(2)
-    before = words(g)[0] & low
-    holder = torch.zeros(2, requires_grad=True)
-    holder.grad = g  # a C++ reference to g's TensorImpl
-    held = words(g)[0] & low
-    holder.grad = None
-    if held != before + 1 or words(g)[0] & low != before:
-        return "a TensorImpl's reference count is not where it was looked for (%d, %d)" % (before, held)
-    t = torch.zeros(4, 4)
-    snap = words(t)[2]
-    junk = [torch.zeros(4, 4) for _ in range(64)]
-    del junk
-    if words(t)[2] != snap:
-        return "a TensorImpl's snapshot changes while nothing changes the tensor"
-    changes = {
-        "requires_grad_()": lambda t: t.requires_grad_(),
-        "unsqueeze_(0)": lambda t: t.unsqueeze_(0),
-        "t_()": lambda t: t.t_(),
-        "as_strided_ with an offset": lambda t: t.as_strided_((2, 2), (4, 1), 1),
-        "resize_(2)": lambda t: t.resize_(2),
-        "set_(another tensor)": lambda t: t.set_(torch.zeros(4, 4)),
-        "rename_()": lambda t: t.rename_("a", "b"),
-    }
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # named tensors are a prototype
-        for name, change in changes.items():
-            t = torch.zeros(4, 4)
-            snap = words(t)[2]
-            change(t)
-            if words(t)[2] == snap:
-                return "the snapshot does not see %s" % name
-    return None
 
 
 def check_exchange_stream(device, stream):
