@@ -12,9 +12,8 @@
  * puts on its tensor type an attribute __dlpack_c_exchange_api__, a capsule
  * over a table of C functions (python/dlpack.h, DLPackExchangeAPI). PyTorch
  * has it from 2.11. Three of them serve the hot path:
- *   dltensor_from_py_object_no_sync   a tensor's DLTensor (so its data pointer;
- *                                     about 0.1 us, so shim.c's 10 ns read comes
- *                                     first where it is proven),
+ *   dltensor_from_py_object_no_sync   a tensor's DLTensor (so its data pointer,
+ *                                     in about 0.1 us),
  *   current_work_stream               the current stream of a device,
  *   managed_tensor_to_py_object_no_sync
  *                                     a new tensor over a DLPack tensor of ours,

@@ -80,6 +80,8 @@ typedef struct TreeObject {
   uint64_t launch_ns_seen; /* and its launch_host_ns (with time_launches) */
   uint64_t alive_this_step;    /* outputs of the current step whose tensors live */
   uint64_t overwritable;       /* summed at each step begin: outputs alive whose memory the new step may reuse */
+  uint64_t marked_stale;       /* storages of such outputs made to raise on any access (stale.c) */
+  tx_out_ref *step_outputs;    /* this step's outputs whose storage may live: marked when the step ends */
 } TreeObject;
 
 extern PyTypeObject TreeType;
@@ -95,7 +97,8 @@ typedef struct tx_py {
   PyObject *data_ptr;        /* torch.Tensor.data_ptr, called unbound: no method lookup per input */
   PyObject *blas_clear;      /* torch._C._cuda_clearCublasWorkspaces, or NULL (see segment.c) */
   PyObject *ptrs_equal;      /* torch._C._tensors_data_ptrs_at_indices_equal, or NULL (see segment.c) */
-  PyObject *str_data_ptr, *str_generation;
+  PyObject *storage_mark;    /* torch._C._set_storage_data_ptr_access_error_msg, or NULL (stale.c) */
+  PyObject *str_data_ptr, *str_generation, *str_untyped_storage, *str_cdata;
 } tx_py;
 extern tx_py TX;
 
@@ -192,11 +195,29 @@ struct tx_out_ref {
   void *ptr;
   PyObject *key;     /* the tensor object, never dereferenced: registry key only */
   int in_registry;
+  PyObject *storage; /* its storage's key for TX.storage_mark (an int), or NULL */
+  tx_out_ref *step_prev, *step_next; /* on the tree's step_outputs list while linked */
+  int on_step_list;
   tx_out_ref *next_dead;
   UT_hash_handle hh;
   int64_t dims[];    /* shape then strides */
 };
 void tx_out_ref_queue_drain(void);
+int tx_out_ref_dead(tx_out_ref *r); /* its deleter ran (its storage is gone) */
 extern PyTypeObject SegmentType;
+
+/* ------------------------------------------------------------ stale.c */
+
+/* Remembers r's storage (t's) so it can be marked when the step ends; -1
+ * with an exception set if the storage cannot be named. */
+int tx_stale_watch(TreeObject *T, tx_out_ref *r, PyObject *t);
+/* r's storage died: it needs no mark. Called under the GIL by the drain. */
+void tx_stale_forget(TreeObject *T, tx_out_ref *r);
+/* The step ends: every output of it whose storage lives is made to raise
+ * on any access of its data, through any view. -1 with an exception set. */
+int tx_stale_mark_step(TreeObject *T);
+/* An exception from reading a tensor's data was our mark's: make it a
+ * StaleTensorError (argument i of graph `name`). */
+void tx_stale_translate(const char *name, size_t i);
 
 #endif

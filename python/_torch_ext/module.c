@@ -81,6 +81,8 @@ int tx_check_probes(PyObject *probes, Py_ssize_t width, PyTypeObject *t0, PyType
 
 int tx_tree_step_begin(TreeObject *T) {
   tx_out_ref_queue_drain();
+  if (tx_stale_mark_step(T) < 0)
+    return -1;
   cgt_status st = cgt_step_begin(T->tree);
   if (st != CGT_OK) {
     tx_status_error(T, st, "cgt_step_begin");
@@ -232,6 +234,7 @@ static PyObject *tree_stats(TreeObject *T, PyObject *unused) {
   PUT("outputs_made", T->outputs_made)
   PUT("stale_refused", T->stale_refused)
   PUT("outputs_overwritable", T->overwritable)
+  PUT("outputs_marked_stale", T->marked_stale)
   PUT("outputs_alive", alive)
 #undef PUT
   return d;
@@ -345,10 +348,13 @@ PyTypeObject TreeType = {
 static PyObject *m_init_hot_path(PyObject *m, PyObject *args) {
   (void)m;
   PyObject *from_dlpack, *raw_stream, *gen_cls, *tensor_type, *data_ptr = Py_None, *blas_clear = Py_None,
-           *ptrs_equal = Py_None;
-  if (!PyArg_ParseTuple(args, "OOOO|OOO", &from_dlpack, &raw_stream, &gen_cls, &tensor_type, &data_ptr, &blas_clear,
-                        &ptrs_equal))
+           *ptrs_equal = Py_None, *storage_mark = Py_None;
+  if (!PyArg_ParseTuple(args, "OOOO|OOOO", &from_dlpack, &raw_stream, &gen_cls, &tensor_type, &data_ptr, &blas_clear,
+                        &ptrs_equal, &storage_mark))
     return NULL;
+  Py_CLEAR(TX.storage_mark);
+  if (storage_mark != Py_None)
+    TX.storage_mark = Py_NewRef(storage_mark);
   Py_CLEAR(TX.data_ptr);
   Py_CLEAR(TX.blas_clear);
   Py_CLEAR(TX.ptrs_equal);
@@ -541,7 +547,8 @@ static PyMethodDef module_methods[] = {
     {"sim_launch", m_sim_launch, METH_VARARGS, "tests: enqueue fn(*args) on a simulator stream"},
     {"init_hot_path", m_init_hot_path, METH_VARARGS,
      "init_hot_path(torch._C._from_dlpack, torch._C._cuda_getCurrentRawStream, GenerationTracker, torch.Tensor"
-     "[, torch.Tensor.data_ptr, torch._C._cuda_clearCublasWorkspaces, torch._C._tensors_data_ptrs_at_indices_equal])"},
+     "[, torch.Tensor.data_ptr, torch._C._cuda_clearCublasWorkspaces, torch._C._tensors_data_ptrs_at_indices_equal, "
+     "torch._C._set_storage_data_ptr_access_error_msg])"},
     {"alloc_figures", m_alloc_figures, METH_NOARGS, "the allocator's own memory figures"},
     {"track_eager", m_track_eager, METH_O,
      "track_eager(on): remember every eager block in use with the serial of its allocation (a debugging aid); "
@@ -569,6 +576,8 @@ PyMODINIT_FUNC PyInit__torch_ext(void) {
     return NULL;
   TX.str_data_ptr = PyUnicode_InternFromString("data_ptr");
   TX.str_generation = PyUnicode_InternFromString("generation");
+  TX.str_untyped_storage = PyUnicode_InternFromString("untyped_storage");
+  TX.str_cdata = PyUnicode_InternFromString("_cdata");
   TxError = PyErr_NewExceptionWithDoc("cgtree._torch_ext.CgtreeError",
                                       "cgtree's torch.compile backend could not do what was asked.", PyExc_RuntimeError,
                                       NULL);
@@ -576,7 +585,7 @@ PyMODINIT_FUNC PyInit__torch_ext(void) {
       "cgtree._torch_ext.StaleTensorError",
       "An output of an earlier step was passed to a compiled graph: its memory may hold newer outputs.", TxError,
       NULL);
-  if (!TX.str_data_ptr || !TX.str_generation || !TxError || !TxStaleError ||
+  if (!TX.str_data_ptr || !TX.str_generation || !TX.str_untyped_storage || !TX.str_cdata || !TxError || !TxStaleError ||
       PyModule_AddObjectRef(m, "CgtreeError", TxError) < 0 ||
       PyModule_AddObjectRef(m, "StaleTensorError", TxStaleError) < 0 ||
       PyModule_AddObjectRef(m, "Tree", (PyObject *)&TreeType) < 0 ||

@@ -168,6 +168,13 @@ static void out_deleter_versioned(DLManagedTensorVersioned *m) {
   out_queue(m->manager_ctx);
 }
 
+int tx_out_ref_dead(tx_out_ref *r) {
+  pthread_mutex_lock(&dead_mu);
+  int dead = r->queued;
+  pthread_mutex_unlock(&dead_mu);
+  return dead;
+}
+
 void tx_out_ref_queue_drain(void) {
   pthread_mutex_lock(&dead_mu);
   tx_out_ref *r = dead_head;
@@ -182,6 +189,7 @@ void tx_out_ref_queue_drain(void) {
       (void)cgt_value_release(T->tree, r->value);
       T->alive_this_step -= (uint64_t)r->counted;
     }
+    tx_stale_forget(T, r);
     free(r);
     r = next;
   }
@@ -268,6 +276,10 @@ static PyObject *make_output(TreeObject *T, cgt_value v, const out_meta *m, uint
   T->outputs_made++;
   T->alive_this_step++;
   r->counted = 1;
+  if (tx_stale_watch(T, r, t) < 0) { /* an output we could not protect is not handed out */
+    Py_DECREF(t);
+    return NULL;
+  }
   return t;
 }
 
@@ -280,7 +292,7 @@ static variant_tmpl *tmpl_find(SegmentObject *s, uint64_t variant) {
   return NULL;
 }
 
-static void tmpl_clear(TreeObject *T, variant_tmpl *t) {
+static void tmpl_clear(variant_tmpl *t) {
   if (t->outs)
     for (uint32_t i = 0; t->outs && i < t->n_res; i++) {
       free(t->outs[i].dims);
@@ -304,7 +316,7 @@ static int tmpl_add(SegmentObject *s, uint64_t variant, PyObject *desc, uint32_t
   t.is_tensor = calloc(n_res ? n_res : 1, 1);
   t.outs = calloc(n_res ? n_res : 1, sizeof *t.outs);
   if (!t.is_tensor || !t.outs) {
-    tmpl_clear(s->tree, &t);
+    tmpl_clear(&t);
     PyErr_NoMemory();
     return -1;
   }
@@ -320,7 +332,7 @@ static int tmpl_add(SegmentObject *s, uint64_t variant, PyObject *desc, uint32_t
     o->ndim = (int32_t)PyTuple_GET_SIZE(shape);
     o->dims = calloc(2 * (size_t)o->ndim + 1, sizeof(int64_t));
     if (!o->dims) {
-      tmpl_clear(s->tree, &t);
+      tmpl_clear(&t);
       PyErr_NoMemory();
       return -1;
     }
@@ -335,12 +347,12 @@ static int tmpl_add(SegmentObject *s, uint64_t variant, PyObject *desc, uint32_t
     k++;
   }
   if (PyErr_Occurred()) {
-    tmpl_clear(s->tree, &t);
+    tmpl_clear(&t);
     return -1;
   }
   variant_tmpl *grown = realloc(s->tmpls, (s->n_tmpls + 1) * sizeof *grown);
   if (!grown) {
-    tmpl_clear(s->tree, &t);
+    tmpl_clear(&t);
     PyErr_NoMemory();
     return -1;
   }
@@ -692,8 +704,11 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
       if (kind == ARG_TENSOR_STATIC && statics_same) {
         ptr = s->static_ptr[i];
       } else if (!(fast && s->registered && tx_exchange_data_ptr(o, &ptr))) {
-        if (tx_data_ptr_slow(o, &ptr) < 0)
+        if (tx_data_ptr_slow(o, &ptr) < 0) {
+          tx_stale_translate(s->name, i); /* a stale output's storage raises on any access */
+          T->stale_refused += (uint64_t)PyErr_ExceptionMatches(TxStaleError);
           return NULL;
+        }
         /* A segment's first call reads each input both ways: the exchange
          * API is trusted only where it agreed with data_ptr() (exchange.c). */
         if (fast && !s->registered && tx_exchange_cross_check(o, ptr) < 0)
@@ -927,7 +942,7 @@ static void seg_dealloc(SegmentObject *s) {
   /* A registered segment is never freed: the tree holds a reference,
    * because cgtree has no unregister and may call its launch function. */
   for (size_t i = 0; i < s->n_tmpls; i++)
-    tmpl_clear(s->tree, &s->tmpls[i]);
+    tmpl_clear(&s->tmpls[i]);
   free(s->tmpls);
   free(s->arg_kind);
   free(s->arg_span);

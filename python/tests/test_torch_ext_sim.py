@@ -11,6 +11,7 @@ stale outputs, and the allocator's routing into the pool.
 """
 import ctypes
 import gc
+import weakref
 
 import pytest
 
@@ -51,33 +52,72 @@ class Generation:
     generation = 0  # what Dynamo bumps at every call of a compiled model
 
 
+class FakeStorage:
+    """What a torch tensor's untyped_storage() is to cgtree: a key (_cdata)
+    that the mark function takes, and a flag that makes every access of the
+    data raise, through any tensor sharing the storage. It frees the DLPack
+    tensor it wraps when it dies, as PyTorch's StorageImpl does."""
+
+    live = weakref.WeakValueDictionary()  # _cdata -> storage, as PyTorch finds a StorageImpl by address
+
+    def __init__(self, managed=None):
+        self.managed, self.error = managed, None
+        self._cdata = id(self)
+        FakeStorage.live[self._cdata] = self
+
+    def check(self):
+        if self.error is not None:
+            raise RuntimeError(self.error)
+
+    def __del__(self):
+        if self.managed is not None:
+            addr, deleter = self.managed
+            deleter(addr)
+
+
+marks = []  # (key, message) of every call of the stand-in mark function
+
+
+def fake_mark(cdata, msg):
+    """torch._C._set_storage_data_ptr_access_error_msg's stand-in."""
+    marks.append((cdata, msg))
+    FakeStorage.live[cdata].error = msg
+
+
 class FakeTensor:
     """n float32s of simulator memory; allocated through cgt_torch_alloc unless ptr is given."""
 
-    def __init__(self, n, ptr=None, managed=None):
+    def __init__(self, n, ptr=None, managed=None, storage=None):
         self.n, self.nbytes = n, 4 * n
         self.owned = ptr is None
         # Device -1: host memory outside launches (PyTorch never asks for it), so this
         # module can share a process with cgtree.torch's real allocator.
         self.ptr = _lib.cgt_torch_alloc(self.nbytes, -1, None) if ptr is None else ptr
-        self.managed = managed  # (address of the DLManagedTensor, its deleter)
+        self.storage = storage or FakeStorage(managed)  # (address of the DLManagedTensor, its deleter)
+
+    def untyped_storage(self):
+        return self.storage
+
+    def view(self):
+        """A new tensor object over the same storage, as y.view(-1) or y[:] is."""
+        return FakeTensor(self.n, ptr=self.ptr, storage=self.storage)
 
     def data_ptr(self):
+        self.storage.check()
         return self.ptr
 
     def values(self):
+        self.storage.check()
         return list((ctypes.c_float * self.n).from_address(self.ptr))
 
     def fill(self, vals):
+        self.storage.check()
         (ctypes.c_float * self.n).from_address(self.ptr)[:] = vals
         return self
 
     def __del__(self):
         if self.owned:
             _lib.cgt_torch_free(self.ptr, self.nbytes, -1, None)
-        if self.managed is not None:
-            addr, deleter = self.managed
-            deleter(addr)
 
 
 def fake_from_dlpack(cap):
@@ -91,7 +131,11 @@ def fake_from_dlpack(cap):
     return t
 
 
-X.init_hot_path(fake_from_dlpack, lambda device: 0, Generation, FakeTensor)
+def init_hot_path(ptrs_equal=None):
+    X.init_hot_path(fake_from_dlpack, lambda device: 0, Generation, FakeTensor, None, None, ptrs_equal, fake_mark)
+
+
+init_hot_path()
 
 
 def describe(res):
@@ -285,7 +329,7 @@ def test_static_pointers_are_confirmed_in_one_check_and_a_moved_one_is_seen(tree
         checks.append(list(idx))
         return all(tensors[i].ptr == ptrs[i] for i in idx)
 
-    X.init_hot_path(fake_from_dlpack, lambda device: 0, Generation, FakeTensor, None, None, ptrs_equal)
+    init_hot_path(ptrs_equal)
     try:
         for n_static in (8, 7):  # the check pays from 8 STATIC inputs on; below, they are read one by one
             checks.clear()
@@ -310,7 +354,7 @@ def test_static_pointers_are_confirmed_in_one_check_and_a_moved_one_is_seen(tree
             assert y.values() == [21, 22, 23, 24]  # a new node for the new address, not a stale replay
             assert CountedTensor.reads == 8  # the check failed: all read one by one
     finally:
-        X.init_hot_path(fake_from_dlpack, lambda device: 0, Generation, FakeTensor)
+        init_hot_path()
 
 
 def test_tracked_eager_blocks_are_listed_until_freed():
@@ -357,10 +401,87 @@ def test_an_output_of_an_earlier_step_is_refused_as_stale(tree):
         call(seg, x)
     (y1,) = call(seg, x)
     (y2,) = call(seg, x)  # a new step: y1's memory is y2's now
+    assert y2.values() == [1, 1, 1, 1]
     with pytest.raises(X.StaleTensorError, match="earlier step"):
         call(seg, y1)
     assert tree.stats()["stale_refused"] == 1
-    assert y2.values() == [1, 1, 1, 1]
+    with pytest.raises(RuntimeError, match="StaleTensorError"):
+        y2.values()  # that call was a call of the model too: a new step began
+
+
+def test_an_output_kept_past_its_step_raises_on_any_access_through_itself_or_a_view(tree):
+    seg = segment(tree, Graph(tree, 1.0, 1.0), spans=(16,))
+    x = FakeTensor(4).fill([0, 0, 0, 0])
+    for _ in range(3):
+        call(seg, x)
+    (y1,) = call(seg, x)
+    v1 = y1.view()  # made after the call: a per-tensor mark would miss it
+    kept = {"y": y1}
+    before = tree.stats()["outputs_marked_stale"]
+    x.fill([5, 5, 5, 5])
+    (y2,) = call(seg, x)  # a new step: y1's memory is y2's now
+    for t in (y1, v1, kept["y"]):
+        with pytest.raises(RuntimeError, match="StaleTensorError: this tensor is an output"):
+            t.values()
+        with pytest.raises(RuntimeError, match="clone"):
+            t.data_ptr()
+    assert y2.values() == [6, 6, 6, 6]
+    assert tree.stats()["outputs_marked_stale"] == before + 1  # one storage, marked once
+
+
+def test_an_explicit_step_begin_marks_the_outputs_it_ends(tree):
+    seg = segment(tree, Graph(tree, 1.0, 1.0), spans=(16,))
+    x = FakeTensor(4).fill([0, 0, 0, 0])
+    Generation.generation += 1
+    for _ in range(3):
+        (y,) = seg(x)  # three runs in one step: all alive
+        assert y.values() == [1, 1, 1, 1]
+    tree.step_begin()
+    with pytest.raises(RuntimeError, match="StaleTensorError"):
+        y.values()
+
+
+def test_the_y_equals_f_of_x_loop_never_raises_and_marks_only_the_output_it_drops(tree):
+    seg = segment(tree, Graph(tree, 2.0, 0.0), spans=(16,))
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    (y,) = call(seg, x)
+    (y,) = call(seg, x)  # the first call's output was the plain graph's, not ours
+    before = tree.stats()["outputs_marked_stale"]
+    for _ in range(10):
+        (y,) = call(seg, x)  # the old y is alive while the call runs, then dropped unread
+        assert y.values() == [2, 4, 6, 8]
+    assert tree.stats()["outputs_marked_stale"] == before + 10
+    del y
+    gc.collect()
+    for _ in range(5):
+        call(seg, x)  # dropped at once: nothing alive to mark when the next call begins
+    assert tree.stats()["outputs_marked_stale"] == before + 10
+
+
+def test_outputs_that_die_before_their_step_ends_are_never_named_to_pytorch(tree):
+    seg = segment(tree, Graph(tree, 1.0, 0.0), spans=(16,))
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    marks.clear()
+    for _ in range(6):
+        (y,) = call(seg, x)
+        del y
+        gc.collect()
+    assert marks == []
+
+
+def test_a_stale_view_passed_to_a_graph_raises_stale_tensor_error(tree):
+    seg = segment(tree, Graph(tree, 1.0, 1.0), spans=(16,))
+    x = FakeTensor(4).fill([0, 0, 0, 0])
+    for _ in range(3):
+        call(seg, x)
+    (y1,) = call(seg, x)
+    v = y1.view()
+    del y1
+    call(seg, x)
+    before = tree.stats()["stale_refused"]
+    with pytest.raises(X.StaleTensorError, match="argument 0 of graph 'g' is an output of an earlier step"):
+        call(seg, v)
+    assert tree.stats()["stale_refused"] == before + 1
 
 
 def test_an_output_goes_back_to_the_tree_when_its_tensor_dies(tree):
@@ -544,7 +665,6 @@ def exchange():
 
     yield setup
     X.setup_exchange(None, (), [])
-    X.setup_shim(None, "", (), [])
 
 
 def test_the_exchange_api_is_used_only_where_it_proves_right(exchange):
@@ -658,125 +778,14 @@ def test_the_exchange_stream_is_used_only_where_it_agrees_with_pytorch(exchange)
     assert not X.exchange_info()["stream"]
 
 
-# ---- PyTorch's C shim (python/_torch_ext/shim.c), with stand-ins ----------
-#
-# A ShimTensor's ctypes value word plays the TensorImpl address a torch
-# tensor object holds, and the extension's stand-in shim function says the
-# data pointer of such an object is that value + 16.
-
-
-class ShimTensor(ctypes.c_void_p):
-    reads = 0  # calls of data_ptr(), the slow path
-
-    def __init__(self, inner, impl=None):
-        super().__init__(inner.ptr - 16 if impl is None else impl)
-        self.inner, self.n, self.nbytes, self.ptr = inner, inner.n, inner.nbytes, inner.ptr
-
-    def data_ptr(self):
-        ShimTensor.reads += 1
-        return self.ptr
-
-    def values(self):
-        return self.inner.values()
-
-
-def shim_probes(n=3):
-    inners = [FakeTensor(4) for _ in range(n)]
-    return inners, [(ShimTensor(t), t.ptr - 16, t.ptr) for t in inners]
-
-
-@pytest.fixture
-def shim():
-    yield lambda probes: X.setup_shim(X.__file__, "cgt_torch_test_data_ptr", (ShimTensor,), probes)
-    X.setup_shim(None, "", (), [])
-    X.setup_exchange(None, (), [])
-
-
-def test_the_shim_is_used_only_after_the_offset_is_found_and_every_probe_agrees(shim):
-    inners, probes = shim_probes()
-    on, offset = shim(probes)
-    assert on and offset >= 16 and offset % 8 == 0
-    assert X.shim_info()["offset"] == offset
-    refusals = {
-        "is not loaded": X.setup_shim("/nonexistent/libtorch_cpu.so", "aoti_torch_get_data_ptr", (ShimTensor,),
-                                      probes),
-        "has no": X.setup_shim(X.__file__, "no_such_function", (ShimTensor,), probes),
-        "no word": shim([(p[0], p[1] + 8, p[2]) for p in probes]),  # PyTorch names another TensorImpl
-        "probe 1": shim([probes[0], (probes[1][0], probes[1][1], probes[1][2] + 4)] + probes[2:]),
-        "no probe": shim([]),
-    }
-    for why, (on, said) in refusals.items():
-        assert not on and why in said
-        assert X.shim_info()["offset"] == 0
-    on, _ = shim(probes)
-    assert on
-    for bad in ([(1, 2)], [(probes[0][0], "x", 3)], "probes",
-                [(FakeTensor(4), 1, 2)]):  # malformed, or a probe of a type it would not serve
-        with pytest.raises(TypeError):
-            shim(bad)
-        assert X.shim_info()["offset"] == offset  # refused, and nothing changed
-    for bad in ([(probes[0][0], 2**64, probes[0][2])], [(probes[0][0], probes[0][1], 2**64)]):
-        with pytest.raises(OverflowError):  # an address no pointer holds
-            shim(bad)
-        assert X.shim_info()["offset"] == offset
-
-
-class TwoWords(ctypes.Structure):
-    _fields_ = [("a", ctypes.c_void_p), ("b", ctypes.c_void_p)]
-
-
-def test_the_shim_refuses_an_object_with_two_words_that_could_be_its_tensor():
-    impl = FakeTensor(4)
-    probe = TwoWords(impl.ptr - 16, impl.ptr - 16)  # both words hold the "TensorImpl" address
-    on, why = X.setup_shim(X.__file__, "cgt_torch_test_data_ptr", (TwoWords,), [(probe, impl.ptr - 16, impl.ptr)])
-    assert not on and "two words" in why
-    assert X.shim_info()["offset"] == 0
-
-
-def test_replays_read_pointers_through_the_shim_first(tree, shim):
-    _, probes = shim_probes()
-    assert shim(probes)[0]
-    ShimTensor.reads = 0
-
-    seg = weighted_segment(tree, 8, "shim")
-    x = ShimTensor(FakeTensor(4).fill([1, 2, 3, 4]))
-    ws = [ShimTensor(FakeTensor(4).fill([10, 10, 10, 10])) for _ in range(8)]
-    for i in range(6):
-        x.inner.fill([1 + i, 2, 3, 4])
-        (y,) = call(seg, x, *ws)
-        assert y.values() == [11 + i, 12, 13, 14]
-    assert ShimTensor.reads == 9  # the first call only: each input read both ways, and they agreed
-    ws[0] = ShimTensor(FakeTensor(4).fill([20, 20, 20, 20]))  # the weight moved (param.data = ...)
-    (y,) = call(seg, x, *ws)
-    assert y.values() == [26, 22, 23, 24]  # a new node for the new address, not a stale replay
-    assert ShimTensor.reads == 9
-    assert tree.stats()["recordings"] == 2
-
-
-def test_a_shim_pointer_that_differs_from_data_ptr_turns_the_shim_off_for_good(tree, shim):
-    _, probes = shim_probes()
-    assert shim(probes)[0]
-    seg = segment(tree, Graph(tree, 2.0, 1.0), spans=(16,), name="shim-liar")
-    inner = FakeTensor(4).fill([1, 2, 3, 4])
-    x = ShimTensor(inner, impl=inner.ptr + 64)  # the shim would say ptr + 80
-    a_disagreement_turns_the_way_off(seg, x, X.shim_info, "offset", ShimTensor)
-
-
-def test_the_measurements_of_pointer_reads_and_tensor_making_run_each_way_that_is_on(exchange):
+def test_the_measurement_of_tensor_making_runs_each_way(exchange):
     ts, good = probes()
-    r = X.time_pointer_reads(ts, 10)
-    assert r["shim_ns"] is None and r["exchange_ns"] is None and r["data_ptr_ns"] > 0  # both off
-    assert exchange(good)["pointers"]
-    r = X.time_pointer_reads(ts, 10)
-    assert r["exchange_ns"] > 0 and r["shim_ns"] is None
+    assert exchange(good)["outputs"]
     buf = FakeTensor(8)
     made.clear()
     m = X.time_tensor_making(buf.ptr, (2, 4), 0, 5)
     assert m["exchange_ns"] > 0 and m["from_dlpack_ns"] > 0
     assert made == [8] * 5  # the stand-in table made each, and each was dropped (the deleters freed them)
-    for bad in (([], 10), (ts, 0)):
-        with pytest.raises(ValueError):
-            X.time_pointer_reads(*bad)
     with pytest.raises(ValueError):
         X.time_tensor_making(buf.ptr, (1,) * 9, 0, 5)
 

@@ -39,6 +39,10 @@ def install():
             return
         if not torch.cuda.is_available():
             raise CgtreeError("cgtree.torch: no CUDA device is available")
+        mark = getattr(torch._C, "_set_storage_data_ptr_access_error_msg", None)
+        if mark is None:  # checked before the allocator is swapped: nothing changed
+            raise CgtreeError("cgtree.torch needs torch._C._set_storage_data_ptr_access_error_msg (PyTorch 2.11 "
+                              "or later) to make stale outputs raise; this PyTorch is %s" % torch.__version__)
         alloc = torch.cuda.memory.CUDAPluggableAllocator(_ext.__file__, _ext.ALLOC_FN, _ext.FREE_FN)
         try:
             torch.cuda.memory.change_current_allocator(alloc)
@@ -53,7 +57,7 @@ def install():
         from_dlpack = getattr(torch._C, "_from_dlpack", None) or torch.utils.dlpack.from_dlpack
         _ext.init_hot_path(from_dlpack, torch._C._cuda_getCurrentRawStream, GenerationTracker, torch.Tensor,
                            torch.Tensor.data_ptr, blas_clear(),
-                           getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None))
+                           getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None), mark)
         _state["allocator"] = alloc  # PyTorch holds it too; keep ours for clarity
         _state["installed"] = True
         _state["error"] = None
