@@ -217,7 +217,7 @@ def peaks(torch, mode, ct):
     """(peak bytes in this window, reserved bytes) the same way for every mode (see the docstring)."""
     if mode == "cgtree":
         m = ct.memory_stats()
-        return m["peak_bytes"], m["eager_reserved"] + m["pool_reserved"]
+        return m["peak_bytes"], m["reserved_bytes.all.current"]
     return torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
 
 

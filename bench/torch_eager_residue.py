@@ -53,14 +53,14 @@ def main():
     fn, step, _ = tc.make_early_exit(torch, dev)
     torch.cuda.synchronize()
     base = X.alloc_figures()["eager_in_use"]
-    start = X.track_eager(True)
+    start = X.eager_serial()
     from cgtree.torch._backend import _segments
     cfn = torch.compile(fn, backend="cgtree")
     marks = []  # (serial at the start of step i, the graphs first called in it)
     with torch.no_grad():
         for i in range(24):
             before = {id(sg): sg.info["calls"] for sg in _segments}
-            serial = X.track_eager(True)
+            serial = X.eager_serial()
             step(cfn, i)
             marks.append((i, serial, [sg.info["name"] for sg in _segments if before.get(id(sg), 0) == 0]))
         torch.cuda.synchronize()

@@ -1,7 +1,9 @@
 /* dev.c — the few device-runtime calls of cgtree._torch_ext, in one place.
  *
- * With CUDA: cudaMalloc/cudaFree for memory outside the pool, and an event to
- * order a caller's stream after the tree's. Without CUDA (a CPU build), and
+ * With CUDA: the device's stream-ordered memory pool (cudaMallocFromPoolAsync
+ * and cudaFreeAsync on cudaDeviceGetDefaultMemPool, what PyTorch's
+ * backend:cudaMallocAsync uses) for memory outside the tree's pool, and
+ * events to order one stream after another. Without CUDA (a CPU build), and
  * for device -1 (which PyTorch never passes; test_torch_ext_sim.py does, to
  * drive the hot path on the simulator, whose device memory is host memory),
  * memory is malloc'd and there are no events.
@@ -70,5 +72,131 @@ void tx_stream_wait(void *waiter, void *signaller, void *event) {
   (void)waiter;
   (void)signaller;
   (void)event;
+#endif
+}
+
+/* ------------------------------------------- the stream-ordered pools */
+
+#ifdef CGT_HAVE_CUDA
+enum { MAX_POOL_DEVICES = 64 };
+static cudaMemPool_t pools[MAX_POOL_DEVICES];
+
+/* The device's default pool, its release threshold set once: what the
+ * pool keeps cached for reuse when the device synchronises. */
+static cudaMemPool_t pool_of(int device, uint64_t keep_bytes) {
+  if (device < 0 || device >= MAX_POOL_DEVICES)
+    return NULL;
+  if (!pools[device]) {
+    cudaMemPool_t p = NULL;
+    if (cudaDeviceGetDefaultMemPool(&p, device) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return NULL;
+    }
+    (void)cudaMemPoolSetAttribute(p, cudaMemPoolAttrReleaseThreshold, &keep_bytes);
+    pools[device] = p;
+  }
+  return pools[device];
+}
+
+/* Runs with `device` current; stream 0 is the legacy stream of the
+ * current device, so the device must be right even for it. */
+#define WITH_DEVICE(device, body)                                                                                 \
+  do {                                                                                                            \
+    int cur_ = -1;                                                                                                \
+    cudaGetDevice(&cur_);                                                                                         \
+    if (cur_ != (device))                                                                                         \
+      cudaSetDevice(device);                                                                                      \
+    body;                                                                                                         \
+    if (cur_ != (device) && cur_ >= 0)                                                                            \
+      cudaSetDevice(cur_);                                                                                        \
+  } while (0)
+#endif
+
+void *tx_dev_pool_alloc(size_t bytes, int device, void *stream, uint64_t keep_bytes) {
+#ifdef CGT_HAVE_CUDA
+  if (device >= 0) {
+    cudaMemPool_t pool = pool_of(device, keep_bytes);
+    void *p = NULL;
+    if (!pool)
+      return NULL;
+    cudaError_t e = cudaSuccess;
+    WITH_DEVICE(device, e = cudaMallocFromPoolAsync(&p, bytes, pool, (cudaStream_t)stream));
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError(); /* out of memory is not sticky: clear it for PyTorch's own checks */
+      return NULL;
+    }
+    return p;
+  }
+#endif
+  (void)stream;
+  (void)keep_bytes;
+  (void)device;
+  return malloc(bytes);
+}
+
+void tx_dev_pool_free(void *p, int device, void *stream) {
+#ifdef CGT_HAVE_CUDA
+  if (device >= 0) {
+    WITH_DEVICE(device, (void)cudaFreeAsync(p, (cudaStream_t)stream));
+    return;
+  }
+#endif
+  (void)device;
+  (void)stream;
+  free(p);
+}
+
+void tx_dev_pool_trim(int device) {
+#ifdef CGT_HAVE_CUDA
+  if (device >= 0 && device < MAX_POOL_DEVICES && pools[device]) {
+    /* Frees enqueued on streams become free pool memory once the work
+     * before them is done: wait for it, then give all of it back. */
+    WITH_DEVICE(device, (void)cudaDeviceSynchronize(); (void)cudaMemPoolTrimTo(pools[device], 0));
+    (void)cudaGetLastError();
+  }
+#else
+  (void)device;
+#endif
+}
+
+int tx_dev_pool_figures(int device, size_t *reserved, size_t *reserved_peak) {
+#ifdef CGT_HAVE_CUDA
+  if (device >= 0 && device < MAX_POOL_DEVICES && pools[device]) {
+    uint64_t r = 0, rp = 0;
+    if (cudaMemPoolGetAttribute(pools[device], cudaMemPoolAttrReservedMemCurrent, &r) != cudaSuccess ||
+        cudaMemPoolGetAttribute(pools[device], cudaMemPoolAttrReservedMemHigh, &rp) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    *reserved = (size_t)r;
+    *reserved_peak = (size_t)rp;
+    return 1;
+  }
+#endif
+  (void)device;
+  (void)reserved;
+  (void)reserved_peak;
+  return 0;
+}
+
+void tx_dev_stream_after(void *waiter, void *signaller, int device) {
+#ifdef CGT_HAVE_CUDA
+  if (device < 0 || waiter == signaller)
+    return;
+  WITH_DEVICE(device, {
+    cudaEvent_t e = NULL;
+    if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess) {
+      cudaEventRecord(e, (cudaStream_t)signaller);
+      cudaStreamWaitEvent((cudaStream_t)waiter, e, 0);
+      cudaEventDestroy(e); /* released once the wait is done */
+    } else {
+      (void)cudaGetLastError();
+      cudaStreamSynchronize((cudaStream_t)signaller); /* no event: the slow way, still ordered */
+    }
+  });
+#else
+  (void)waiter;
+  (void)signaller;
+  (void)device;
 #endif
 }

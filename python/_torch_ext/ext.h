@@ -37,8 +37,7 @@ void tx_alloc_launch_enter(cgt_launch *l);
 void tx_alloc_launch_leave(void);
 
 typedef struct tx_alloc_figures {
-  size_t eager_in_use, eager_peak, eager_reserved; /* outside-the-pool allocator */
-  uint64_t eager_cuda_mallocs, eager_cache_hits;
+  size_t eager_in_use, eager_peak; /* outside the pool, counted as PyTorch counts memory_allocated */
   uint64_t pool_allocs, pool_frees_in_launch, pool_frees_ignored, pool_alloc_failures;
   size_t pool_in_use;   /* the trees' pool bytes in use, as last reported (tx_alloc_note_pool_in_use) */
   size_t combined_peak; /* the most of eager_in_use + pool_in_use at one moment */
@@ -46,12 +45,30 @@ typedef struct tx_alloc_figures {
 void tx_alloc_figures_get(tx_alloc_figures *out);
 void tx_alloc_reset_peak(void);                /* eager_peak and combined_peak restart from now */
 void tx_alloc_note_pool_in_use(int device, size_t bytes); /* a device's tree: its pool bytes in use now */
-/* A debugging aid (module.c's track_eager / eager_held): eager blocks in
- * use, with the serial of their allocation. */
-void tx_alloc_track_eager(int on);
-uint64_t tx_alloc_eager_serial(void);
-size_t tx_alloc_eager_held(uint64_t since, size_t *sizes, uint64_t *serials, void **ptrs, size_t cap);
-size_t tx_alloc_empty_cache(void); /* cudaFree every cached eager block; returns bytes given back */
+
+/* ------------------------------------------------------------ eager.c */
+
+typedef struct tx_eager_figures {
+  uint64_t allocations, frees, num_alloc_retries, num_ooms, recorded_streams;
+  size_t in_use;          /* of one device, counted as PyTorch counts memory_allocated */
+  size_t live_blocks;     /* of every device */
+  size_t reserved, reserved_peak; /* what the device's stream-ordered pool holds (0 if unknown) */
+} tx_eager_figures;
+/* size bytes on device, usable on stream; *counted: what it adds to the
+ * bytes in use. NULL when out of memory, after one trim and retry. */
+void *tx_eager_alloc(size_t size, int device, void *stream, size_t *counted);
+/* Frees p after its stream's and every recorded stream's work so far;
+ * returns what it took from the bytes in use, 0 if p is not ours. */
+size_t tx_eager_free(void *p);
+/* p is used on stream too (Tensor.record_stream): 1, 0 if p is not an
+ * eager block of ours, -1 out of host memory. */
+int tx_eager_record_stream(void *p, void *stream);
+void tx_eager_figures_get(int device, tx_eager_figures *out);
+void tx_eager_trim(int device);              /* synchronise and give every cached byte back */
+void tx_eager_set_cache_bytes(uint64_t bytes); /* the pools' release threshold, for devices not used yet */
+/* A debugging aid: eager blocks in use allocated after serial `since`. */
+uint64_t tx_eager_serial(void);
+size_t tx_eager_held(uint64_t since, size_t *sizes, uint64_t *serials, void **ptrs, size_t cap);
 
 /* ------------------------------------------------------------- dev.c */
 
@@ -59,6 +76,14 @@ size_t tx_alloc_empty_cache(void); /* cudaFree every cached eager block; returns
 void *tx_dev_malloc(size_t bytes, int device); /* NULL when out of memory */
 void tx_dev_free(void *p, int device);
 void *tx_event_create(void);                 /* NULL without CUDA */
+/* The device's stream-ordered pool: memory usable on `stream` in stream
+ * order; NULL when out of memory (no error left behind). keep_bytes: what
+ * the pool keeps cached when the device synchronises (set at first use). */
+void *tx_dev_pool_alloc(size_t bytes, int device, void *stream, uint64_t keep_bytes);
+void tx_dev_pool_free(void *p, int device, void *stream); /* ordered after the work on stream */
+void tx_dev_pool_trim(int device);          /* synchronise, then give every cached byte back */
+int tx_dev_pool_figures(int device, size_t *reserved, size_t *reserved_peak); /* 0 if unknown */
+void tx_dev_stream_after(void *waiter, void *signaller, int device); /* waiter waits for signaller's work so far */
 void tx_stream_wait(void *waiter, void *signaller, void *event); /* waiter waits for signaller's work so far */
 
 /* --------------------------------------------------------- module.c */

@@ -371,19 +371,27 @@ static PyObject *m_init_hot_path(PyObject *m, PyObject *args) {
   Py_RETURN_NONE;
 }
 
-static PyObject *m_alloc_figures(PyObject *m, PyObject *unused) {
+static PyObject *m_alloc_figures(PyObject *m, PyObject *args) {
   (void)m;
-  (void)unused;
+  int device = 0;
+  if (!PyArg_ParseTuple(args, "|i", &device))
+    return NULL;
   tx_alloc_figures f;
   tx_alloc_figures_get(&f);
-  return Py_BuildValue("{s:n,s:n,s:n,s:n,s:n,s:K,s:K,s:K,s:K,s:K,s:K}", "pool_in_use", (Py_ssize_t)f.pool_in_use,
-                       "combined_peak", (Py_ssize_t)f.combined_peak, "eager_in_use", (Py_ssize_t)f.eager_in_use,
-                       "eager_peak", (Py_ssize_t)f.eager_peak, "eager_reserved", (Py_ssize_t)f.eager_reserved,
-                       "eager_cuda_mallocs", (unsigned long long)f.eager_cuda_mallocs, "eager_cache_hits",
-                       (unsigned long long)f.eager_cache_hits, "pool_allocs", (unsigned long long)f.pool_allocs,
-                       "pool_frees_in_launch", (unsigned long long)f.pool_frees_in_launch, "pool_frees_ignored",
+  tx_eager_figures e;
+  tx_eager_figures_get(device, &e);
+  return Py_BuildValue("{s:n,s:n,s:n,s:n,s:K,s:K,s:K,s:K,s:n,s:n,s:n,s:K,s:K,s:K,s:K,s:K}", "pool_in_use",
+                       (Py_ssize_t)f.pool_in_use, "combined_peak", (Py_ssize_t)f.combined_peak, "eager_in_use",
+                       (Py_ssize_t)f.eager_in_use, "eager_peak", (Py_ssize_t)f.eager_peak, "pool_allocs",
+                       (unsigned long long)f.pool_allocs, "pool_frees_in_launch",
+                       (unsigned long long)f.pool_frees_in_launch, "pool_frees_ignored",
                        (unsigned long long)f.pool_frees_ignored, "pool_alloc_failures",
-                       (unsigned long long)f.pool_alloc_failures);
+                       (unsigned long long)f.pool_alloc_failures, "device_in_use", (Py_ssize_t)e.in_use,
+                       "device_reserved", (Py_ssize_t)e.reserved, "device_reserved_peak",
+                       (Py_ssize_t)e.reserved_peak, "eager_allocations", (unsigned long long)e.allocations,
+                       "eager_frees", (unsigned long long)e.frees, "num_alloc_retries",
+                       (unsigned long long)e.num_alloc_retries, "num_ooms", (unsigned long long)e.num_ooms,
+                       "recorded_streams", (unsigned long long)e.recorded_streams);
 }
 
 static PyObject *m_reset_peak(PyObject *m, PyObject *unused) {
@@ -393,13 +401,10 @@ static PyObject *m_reset_peak(PyObject *m, PyObject *unused) {
   Py_RETURN_NONE;
 }
 
-static PyObject *m_track_eager(PyObject *m, PyObject *arg) {
+static PyObject *m_eager_serial(PyObject *m, PyObject *unused) {
   (void)m;
-  int on = PyObject_IsTrue(arg);
-  if (on < 0)
-    return NULL;
-  tx_alloc_track_eager(on);
-  return PyLong_FromUnsignedLongLong(tx_alloc_eager_serial());
+  (void)unused;
+  return PyLong_FromUnsignedLongLong(tx_eager_serial());
 }
 
 static PyObject *m_eager_held(PyObject *m, PyObject *arg) {
@@ -407,7 +412,7 @@ static PyObject *m_eager_held(PyObject *m, PyObject *arg) {
   unsigned long long since = PyLong_AsUnsignedLongLong(arg);
   if (since == (unsigned long long)-1 && PyErr_Occurred())
     return NULL;
-  size_t n = tx_alloc_eager_held(since, NULL, NULL, NULL, 0);
+  size_t n = tx_eager_held(since, NULL, NULL, NULL, 0);
   size_t *sizes = malloc((n + 1) * sizeof *sizes);
   uint64_t *serials = malloc((n + 1) * sizeof *serials);
   void **ptrs = malloc((n + 1) * sizeof *ptrs);
@@ -415,7 +420,7 @@ static PyObject *m_eager_held(PyObject *m, PyObject *arg) {
     free(sizes), free(serials), free(ptrs);
     return PyErr_NoMemory();
   }
-  n = tx_alloc_eager_held(since, sizes, serials, ptrs, n);
+  n = tx_eager_held(since, sizes, serials, ptrs, n);
   PyObject *out = PyList_New(0);
   for (size_t i = 0; out && i < n; i++) {
     PyObject *t = Py_BuildValue("(nKN)", (Py_ssize_t)sizes[i], (unsigned long long)serials[i],
@@ -428,10 +433,36 @@ static PyObject *m_eager_held(PyObject *m, PyObject *arg) {
   return out;
 }
 
-static PyObject *m_empty_cache(PyObject *m, PyObject *unused) {
+static PyObject *m_empty_cache(PyObject *m, PyObject *args) {
   (void)m;
-  (void)unused;
-  return PyLong_FromSize_t(tx_alloc_empty_cache());
+  int device = 0;
+  if (!PyArg_ParseTuple(args, "i", &device))
+    return NULL;
+  tx_eager_trim(device);
+  Py_RETURN_NONE;
+}
+
+static PyObject *m_record_stream(PyObject *m, PyObject *args) {
+  (void)m;
+  PyObject *ptr_obj, *stream_obj;
+  if (!PyArg_ParseTuple(args, "OO", &ptr_obj, &stream_obj))
+    return NULL;
+  void *ptr = PyLong_AsVoidPtr(ptr_obj), *stream = PyLong_AsVoidPtr(stream_obj);
+  if (PyErr_Occurred())
+    return NULL;
+  int rc = tx_eager_record_stream(ptr, stream);
+  if (rc < 0)
+    return PyErr_NoMemory();
+  return PyBool_FromLong(rc);
+}
+
+static PyObject *m_set_cache_bytes(PyObject *m, PyObject *arg) {
+  (void)m;
+  unsigned long long n = PyLong_AsUnsignedLongLong(arg);
+  if (n == (unsigned long long)-1 && PyErr_Occurred())
+    return NULL;
+  tx_eager_set_cache_bytes(n);
+  Py_RETURN_NONE;
 }
 
 static void noop_deleter(DLManagedTensor *m) { free(m); }
@@ -549,15 +580,20 @@ static PyMethodDef module_methods[] = {
      "init_hot_path(torch._C._from_dlpack, torch._C._cuda_getCurrentRawStream, GenerationTracker, torch.Tensor"
      "[, torch.Tensor.data_ptr, torch._C._cuda_clearCublasWorkspaces, torch._C._tensors_data_ptrs_at_indices_equal, "
      "torch._C._set_storage_data_ptr_access_error_msg])"},
-    {"alloc_figures", m_alloc_figures, METH_NOARGS, "the allocator's own memory figures"},
-    {"track_eager", m_track_eager, METH_O,
-     "track_eager(on): remember every eager block in use with the serial of its allocation (a debugging aid); "
-     "returns the serial now"},
+    {"alloc_figures", m_alloc_figures, METH_VARARGS,
+     "alloc_figures([device]): the allocator's own memory figures (device_* and the eager counters: that device)"},
+    {"eager_serial", m_eager_serial, METH_NOARGS, "the serial of the last eager allocation (for eager_held)"},
     {"eager_held", m_eager_held, METH_O,
-     "eager_held(since): [(bytes, serial, address)] of the tracked eager blocks allocated at or after serial "
-     "`since` and still in use"},
+     "eager_held(since): [(bytes, serial, address)] of the eager blocks allocated after serial `since` and "
+     "still in use (a debugging aid)"},
     {"reset_peak", m_reset_peak, METH_NOARGS, "eager_peak := eager_in_use; combined_peak := eager_in_use + pool_in_use"},
-    {"empty_cache", m_empty_cache, METH_NOARGS, "give cached eager blocks back to CUDA; returns bytes"},
+    {"empty_cache", m_empty_cache, METH_VARARGS,
+     "empty_cache(device): synchronise the device and give its stream-ordered pool's cached memory back"},
+    {"record_stream", m_record_stream, METH_VARARGS,
+     "record_stream(ptr, stream): the eager block at ptr is used on stream too; its free waits for that stream. "
+     "True if ptr is an eager block of ours"},
+    {"set_cache_bytes", m_set_cache_bytes, METH_O,
+     "set_cache_bytes(n): what each device's stream-ordered pool keeps cached (for devices not used yet)"},
     {"alias_capsule", m_alias_capsule, METH_VARARGS, "a DLPack capsule over caller-owned CUDA memory"},
     {NULL, NULL, 0, NULL},
 };

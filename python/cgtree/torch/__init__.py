@@ -43,7 +43,8 @@ except ImportError as _e:  # a build without CUDA has no cgtree._torch_ext
 
     _install = _NoTrees()
 
-__all__ = ["backend", "install", "installed", "step_begin", "stats", "memory_stats", "nodes", "reset_peak",
+__all__ = ["backend", "install", "installed", "step_begin", "stats", "memory_stats", "empty_cache", "nodes",
+           "reset_peak",
            "CgtreeError", "StaleTensorError"]
 
 
@@ -82,18 +83,34 @@ def nodes():
     return out
 
 
-def memory_stats():
-    """Device memory figures. PyTorch's own (torch.cuda.max_memory_allocated and
-    friends) raise under a swapped allocator, so cgtree reports its own:
-    eager_* for memory outside the pool (parameters, inputs, eager ops),
-    pool_* for the tree's pool, and peak_bytes, the most bytes in use at one
-    moment outside the pool and in it together (what compares with
-    torch.cuda.max_memory_allocated). peak_bytes_bound = eager_peak +
-    pool_peak adds two peaks that may come at different moments: an upper
-    bound."""
+def memory_stats(device=None):
+    """Device memory figures. PyTorch's own (torch.cuda.memory_stats and
+    friends) cannot work under a swapped allocator, so cgtree reports them,
+    under PyTorch's key names where the meaning is the same:
+
+    - ``allocated_bytes.all.current`` / ``.peak``: bytes in use outside the
+      tree's pool and in it together, counted as torch.cuda.memory_allocated
+      counts (the peak is the most at one moment: what compares with
+      torch.cuda.max_memory_allocated), summed over devices;
+    - ``reserved_bytes.all.current`` / ``.peak``: what the driver's
+      stream-ordered pool of ``device`` holds (default: the current device)
+      plus the trees' pools;
+    - ``num_alloc_retries``, ``num_ooms``: eager allocations that first
+      failed and were retried after a trim, and that failed for good.
+
+    cgtree's own figures keep their names: eager_* for memory outside the
+    pool (parameters, inputs, eager ops), pool_* for the trees' pools,
+    peak_bytes (= allocated_bytes.all.peak) and peak_bytes_bound =
+    eager_peak + pool_peak (two peaks that may come at different moments:
+    an upper bound)."""
+    import torch as _t
     from .. import _torch_ext
 
-    f = _torch_ext.alloc_figures()
+    if device is None:
+        device = _t.cuda.current_device()
+    elif isinstance(device, _t.device):
+        device = device.index if device.index is not None else _t.cuda.current_device()
+    f = _torch_ext.alloc_figures(int(device))
     pool_peak = pool_reserved = 0
     for tree in _install.trees():
         s = tree.stats()
@@ -103,7 +120,23 @@ def memory_stats():
     f["pool_reserved"] = pool_reserved
     f["peak_bytes"] = f["combined_peak"]
     f["peak_bytes_bound"] = f["eager_peak"] + pool_peak
+    f["allocated_bytes.all.current"] = f["eager_in_use"] + f["pool_in_use"]
+    f["allocated_bytes.all.peak"] = f["combined_peak"]
+    f["reserved_bytes.all.current"] = f["device_reserved"] + pool_reserved
+    f["reserved_bytes.all.peak"] = f["device_reserved_peak"] + pool_reserved
     return f
+
+
+def empty_cache():
+    """Give the memory the driver's stream-ordered pools keep cached back to
+    the device, on every device in use (torch.cuda.empty_cache's job; the
+    trees' pools keep their chunks: recorded graphs point into them)."""
+    import torch as _t
+    from .. import _torch_ext
+
+    if installed():
+        for d in range(_t.cuda.device_count()):
+            _torch_ext.empty_cache(d)
 
 
 def _torch_ext_figures():

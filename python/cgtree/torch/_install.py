@@ -43,6 +43,12 @@ def install():
         if mark is None:  # checked before the allocator is swapped: nothing changed
             raise CgtreeError("cgtree.torch needs torch._C._set_storage_data_ptr_access_error_msg (PyTorch 2.11 "
                               "or later) to make stale outputs raise; this PyTorch is %s" % torch.__version__)
+        cache = os.environ.get("CGTREE_TORCH_CACHE_BYTES")
+        if cache is not None:
+            try:
+                _ext.set_cache_bytes(int(cache))
+            except (ValueError, OverflowError):
+                raise CgtreeError("CGTREE_TORCH_CACHE_BYTES must be a number of bytes >= 0, not %r" % cache) from None
         alloc = torch.cuda.memory.CUDAPluggableAllocator(_ext.__file__, _ext.ALLOC_FN, _ext.FREE_FN)
         try:
             torch.cuda.memory.change_current_allocator(alloc)
@@ -58,10 +64,29 @@ def install():
         _ext.init_hot_path(from_dlpack, torch._C._cuda_getCurrentRawStream, GenerationTracker, torch.Tensor,
                            torch.Tensor.data_ptr, blas_clear(),
                            getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None), mark)
+        _wrap_record_stream()
         _state["allocator"] = alloc  # PyTorch holds it too; keep ours for clarity
         _state["installed"] = True
         _state["error"] = None
         _state["exchange"] = _setup_or_off(setup_exchange, lambda: _ext.setup_exchange(None, (), []))
+
+
+_record_stream = torch.Tensor.record_stream
+
+
+def _wrap_record_stream():
+    """Tensor.record_stream(s) says that stream s uses the tensor's memory
+    too. PyTorch hands that to its allocator through a hook the Python
+    wrapper of pluggable allocators does not expose, so we take the
+    documented method: PyTorch's own checks run, then eager.c learns that
+    the block's free must wait for s (python/_torch_ext/eager.c)."""
+    def record_stream(self, stream):
+        _record_stream(self, stream)
+        if self.device.type == "cuda":
+            _ext.record_stream(self.untyped_storage().data_ptr(), stream.cuda_stream)
+
+    record_stream.__doc__ = _record_stream.__doc__
+    torch.Tensor.record_stream = record_stream
 
 
 def _setup_or_off(setup, off):
