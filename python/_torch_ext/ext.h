@@ -98,7 +98,8 @@ typedef struct TreeObject {
   PyObject *device_obj;  /* device as a Python int, for the raw stream getter */
   void *ev_in, *ev_out;  /* cudaEvent_t, for callers on a stream other than the legacy default */
   uint64_t step;         /* our count of cgt_step_begin calls */
-  long long last_generation;
+  long long last_generation, last_mark_step;
+  int explicit_steps;    /* steps begin only at step_begin() and cudagraph_mark_step_begin() */
   tx_out_ref *registry;  /* output tensors handed out and still alive, keyed by the tensor object */
   uint64_t outputs_made, stale_refused;
   uint64_t replays_seen; /* the tree's replay count after the last cgt_run of segment.c (its timers) */
@@ -123,7 +124,10 @@ typedef struct tx_py {
   PyObject *blas_clear;      /* torch._C._cuda_clearCublasWorkspaces, or NULL (see segment.c) */
   PyObject *ptrs_equal;      /* torch._C._tensors_data_ptrs_at_indices_equal, or NULL (see segment.c) */
   PyObject *storage_mark;    /* torch._C._set_storage_data_ptr_access_error_msg, or NULL (stale.c) */
-  PyObject *str_data_ptr, *str_generation, *str_untyped_storage, *str_cdata;
+  PyObject *tree_for;        /* cgtree.torch's tree of the calling thread for a device, or NULL: one tree */
+  uint64_t tree_epoch;       /* moves at each set_tree_getter: per-thread caches of trees are dropped */
+  PyObject *mark_step_cls;   /* torch._inductor.cudagraph_trees.MarkStepBox, or NULL */
+  PyObject *str_data_ptr, *str_generation, *str_untyped_storage, *str_cdata, *str_mark_step;
 } tx_py;
 extern tx_py TX;
 

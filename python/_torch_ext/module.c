@@ -94,15 +94,26 @@ int tx_tree_step_begin(TreeObject *T) {
   return 0;
 }
 
-int tx_tree_sync_step(TreeObject *T) {
-  PyObject *g = PyObject_GetAttr(TX.generation_cls, TX.str_generation);
+/* A counter's value (a class attribute), or -1 with an exception set. */
+static int read_counter(PyObject *cls, PyObject *name, long long *out) {
+  PyObject *g = PyObject_GetAttr(cls, name);
   if (!g)
     return -1;
-  long long gen = PyLong_AsLongLong(g);
+  *out = PyLong_AsLongLong(g);
   Py_DECREF(g);
-  if (gen == T->last_generation)
+  return *out == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+int tx_tree_sync_step(TreeObject *T) {
+  long long mark = 0, gen = T->last_generation;
+  if (TX.mark_step_cls && read_counter(TX.mark_step_cls, TX.str_mark_step, &mark) < 0)
+    return -1;
+  if (!T->explicit_steps && read_counter(TX.generation_cls, TX.str_generation, &gen) < 0)
+    return -1;
+  if (gen == T->last_generation && mark == T->last_mark_step)
     return 0;
   T->last_generation = gen;
+  T->last_mark_step = mark;
   return tx_tree_step_begin(T);
 }
 
@@ -160,11 +171,10 @@ static int tree_init(TreeObject *T, PyObject *a, PyObject *kw) {
       return -1;
     }
   }
-  PyObject *g = PyObject_GetAttr(TX.generation_cls, TX.str_generation);
-  if (!g)
+  if (read_counter(TX.generation_cls, TX.str_generation, &T->last_generation) < 0)
     return -1;
-  T->last_generation = PyLong_AsLongLong(g);
-  Py_DECREF(g);
+  if (TX.mark_step_cls && read_counter(TX.mark_step_cls, TX.str_mark_step, &T->last_mark_step) < 0)
+    return -1;
   return 0;
 }
 
@@ -314,6 +324,23 @@ static PyObject *tree_get_step(TreeObject *T, void *c) {
   return PyLong_FromUnsignedLongLong(T->step);
 }
 
+static PyObject *tree_get_explicit(TreeObject *T, void *c) {
+  (void)c;
+  return PyBool_FromLong(T->explicit_steps);
+}
+
+static int tree_set_explicit(TreeObject *T, PyObject *v, void *c) {
+  (void)c;
+  int on = v ? PyObject_IsTrue(v) : -1;
+  if (on < 0) {
+    if (!v)
+      PyErr_SetString(PyExc_TypeError, "explicit_steps cannot be deleted");
+    return -1;
+  }
+  T->explicit_steps = on;
+  return 0;
+}
+
 static PyMethodDef tree_methods[] = {
     {"step_begin", (PyCFunction)tree_step_begin, METH_NOARGS, "End the step: outputs still alive become stale."},
     {"sync", (PyCFunction)tree_sync, METH_NOARGS, "Wait for the tree's stream."},
@@ -328,6 +355,9 @@ static PyGetSetDef tree_getset[] = {
     {"stream", (getter)tree_get_stream, NULL, "the tree's cudaStream_t as an int", NULL},
     {"device", (getter)tree_get_device, NULL, "CUDA device ordinal", NULL},
     {"step", (getter)tree_get_step, NULL, "steps begun so far", NULL},
+    {"explicit_steps", (getter)tree_get_explicit, (setter)tree_set_explicit,
+     "False: a step begins at every call of a compiled model (Dynamo's counter moved); True: only at step_begin() "
+     "and torch.compiler.cudagraph_mark_step_begin()", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -348,10 +378,13 @@ PyTypeObject TreeType = {
 static PyObject *m_init_hot_path(PyObject *m, PyObject *args) {
   (void)m;
   PyObject *from_dlpack, *raw_stream, *gen_cls, *tensor_type, *data_ptr = Py_None, *blas_clear = Py_None,
-           *ptrs_equal = Py_None, *storage_mark = Py_None;
-  if (!PyArg_ParseTuple(args, "OOOO|OOOO", &from_dlpack, &raw_stream, &gen_cls, &tensor_type, &data_ptr, &blas_clear,
-                        &ptrs_equal, &storage_mark))
+           *ptrs_equal = Py_None, *storage_mark = Py_None, *mark_step_cls = Py_None;
+  if (!PyArg_ParseTuple(args, "OOOO|OOOOO", &from_dlpack, &raw_stream, &gen_cls, &tensor_type, &data_ptr,
+                        &blas_clear, &ptrs_equal, &storage_mark, &mark_step_cls))
     return NULL;
+  Py_CLEAR(TX.mark_step_cls);
+  if (mark_step_cls != Py_None)
+    TX.mark_step_cls = Py_NewRef(mark_step_cls);
   Py_CLEAR(TX.storage_mark);
   if (storage_mark != Py_None)
     TX.storage_mark = Py_NewRef(storage_mark);
@@ -368,6 +401,19 @@ static PyObject *m_init_hot_path(PyObject *m, PyObject *args) {
   Py_XSETREF(TX.raw_stream, Py_NewRef(raw_stream));
   Py_XSETREF(TX.generation_cls, Py_NewRef(gen_cls));
   Py_XSETREF(TX.tensor_type, Py_NewRef(tensor_type));
+  Py_RETURN_NONE;
+}
+
+static PyObject *m_set_tree_getter(PyObject *m, PyObject *fn) {
+  (void)m;
+  if (fn != Py_None && !PyCallable_Check(fn)) {
+    PyErr_SetString(PyExc_TypeError, "set_tree_getter(fn): fn(device) -> Tree, or None");
+    return NULL;
+  }
+  Py_CLEAR(TX.tree_for);
+  if (fn != Py_None)
+    TX.tree_for = Py_NewRef(fn);
+  TX.tree_epoch++;
   Py_RETURN_NONE;
 }
 
@@ -579,9 +625,12 @@ static PyMethodDef module_methods[] = {
     {"init_hot_path", m_init_hot_path, METH_VARARGS,
      "init_hot_path(torch._C._from_dlpack, torch._C._cuda_getCurrentRawStream, GenerationTracker, torch.Tensor"
      "[, torch.Tensor.data_ptr, torch._C._cuda_clearCublasWorkspaces, torch._C._tensors_data_ptrs_at_indices_equal, "
-     "torch._C._set_storage_data_ptr_access_error_msg])"},
+     "torch._C._set_storage_data_ptr_access_error_msg, torch._inductor.cudagraph_trees.MarkStepBox])"},
     {"alloc_figures", m_alloc_figures, METH_VARARGS,
      "alloc_figures([device]): the allocator's own memory figures (device_* and the eager counters: that device)"},
+    {"set_tree_getter", m_set_tree_getter, METH_O,
+     "set_tree_getter(fn): segments run on fn(device), the calling thread's tree (cached per thread); None: on "
+     "the tree each segment was made with"},
     {"eager_serial", m_eager_serial, METH_NOARGS, "the serial of the last eager allocation (for eager_held)"},
     {"eager_held", m_eager_held, METH_O,
      "eager_held(since): [(bytes, serial, address)] of the eager blocks allocated after serial `since` and "
@@ -614,6 +663,7 @@ PyMODINIT_FUNC PyInit__torch_ext(void) {
   TX.str_generation = PyUnicode_InternFromString("generation");
   TX.str_untyped_storage = PyUnicode_InternFromString("untyped_storage");
   TX.str_cdata = PyUnicode_InternFromString("_cdata");
+  TX.str_mark_step = PyUnicode_InternFromString("mark_step_counter");
   TxError = PyErr_NewExceptionWithDoc("cgtree._torch_ext.CgtreeError",
                                       "cgtree's torch.compile backend could not do what was asked.", PyExc_RuntimeError,
                                       NULL);
@@ -621,7 +671,7 @@ PyMODINIT_FUNC PyInit__torch_ext(void) {
       "cgtree._torch_ext.StaleTensorError",
       "An output of an earlier step was passed to a compiled graph: its memory may hold newer outputs.", TxError,
       NULL);
-  if (!TX.str_data_ptr || !TX.str_generation || !TX.str_untyped_storage || !TX.str_cdata || !TxError || !TxStaleError ||
+  if (!TX.str_data_ptr || !TX.str_generation || !TX.str_untyped_storage || !TX.str_cdata || !TX.str_mark_step || !TxError || !TxStaleError ||
       PyModule_AddObjectRef(m, "CgtreeError", TxError) < 0 ||
       PyModule_AddObjectRef(m, "StaleTensorError", TxStaleError) < 0 ||
       PyModule_AddObjectRef(m, "Tree", (PyObject *)&TreeType) < 0 ||

@@ -100,10 +100,33 @@ typedef struct variant_tmpl {
   out_meta *outs;
 } variant_tmpl;
 
-typedef struct SegmentObject {
+typedef struct SegmentObject SegmentObject;
+
+/* A segment's state in one tree. Each thread runs on its own tree (as
+ * PyTorch keeps a tree per thread), so each call works on the run of the
+ * calling thread's tree, and everything a call keeps across a call into
+ * Python (where another thread may run the same segment) lives here. */
+typedef struct seg_run {
+  SegmentObject *s;
+  TreeObject *tree; /* a reference */
+  cgt_segment seg;
+  int registered;
+  cgt_arg *args;
+  void **ptrs;
+  cgt_value *outs;
+  PyObject *const *cur;
+  uint64_t cur_variant;
+  int want_bypass;
+  PyObject *exc_type, *exc_value, *exc_tb;
+  uint64_t ns_made; /* this call's share of ns_make, so far */
+} seg_run;
+
+struct SegmentObject {
   PyObject_HEAD
   vectorcallfunc vectorcall;
-  TreeObject *tree;
+  TreeObject *tree; /* the tree of the thread that made it: its device, and the simulator tests' only tree */
+  seg_run **runs;   /* one per tree it ran in */
+  size_t n_runs;
   PyObject *compiled, *launch_py, *alias_py, *describe_py, *span_py;
   PyObject *bypass_reason; /* str once the segment runs plainly for good, else NULL */
   char *name;
@@ -119,17 +142,11 @@ typedef struct SegmentObject {
   void **static_ptr;
   PyObject *static_ptrs, *static_idx;
   int static_known;
-  int dynamic_spans, registered, want_bypass;
+  int dynamic_spans;
+  int outputs_known; /* the first call told n_outputs (first_call); runs register with it */
   int rerun_first; /* the graph mutates no input: its first call may run again, in the pool (first_call) */
-  cgt_segment seg;
-  cgt_arg *args;
-  void **ptrs;
-  PyObject *const *cur;
-  uint64_t cur_variant;
-  cgt_value *outs;
   variant_tmpl *tmpls;
   size_t n_tmpls;
-  PyObject *exc_type, *exc_value, *exc_tb;
   uint64_t calls, plain_calls;
   /* Replays only, what bench/torch_compare.py reports: the whole call, and its
    * parts: arguments (data pointers, registry, variant), streams (the raw
@@ -139,9 +156,8 @@ typedef struct SegmentObject {
   uint64_t ns_step;  /* of ns_args: the step's start and handing back dead outputs */
   uint64_t ns_launch; /* of ns_in_run: inside the graph launch call (trees made with time_launches) */
   uint64_t ns_make;  /* of ns_outputs: PyTorch making the tensors */
-  uint64_t ns_made;  /* this call's share of ns_make, so far */
   uint64_t static_checks, static_hits; /* calls of PyTorch's pointer check, and those that found nothing moved */
-} SegmentObject;
+};
 
 /* ------------------------------------------------ released outputs */
 
@@ -364,42 +380,43 @@ static int tmpl_add(SegmentObject *s, uint64_t variant, PyObject *desc, uint32_t
 
 /* -------------------------------------------------- launch function */
 
-static void clear_exception(SegmentObject *s) {
-  Py_CLEAR(s->exc_type);
-  Py_CLEAR(s->exc_value);
-  Py_CLEAR(s->exc_tb);
+static void clear_exception(seg_run *r) {
+  Py_CLEAR(r->exc_type);
+  Py_CLEAR(r->exc_value);
+  Py_CLEAR(r->exc_tb);
 }
 
-static void stash_exception(SegmentObject *s) {
-  Py_XDECREF(s->exc_type);
-  Py_XDECREF(s->exc_value);
-  Py_XDECREF(s->exc_tb);
-  PyErr_Fetch(&s->exc_type, &s->exc_value, &s->exc_tb);
+static void stash_exception(seg_run *r) {
+  Py_XDECREF(r->exc_type);
+  Py_XDECREF(r->exc_value);
+  Py_XDECREF(r->exc_tb);
+  PyErr_Fetch(&r->exc_type, &r->exc_value, &r->exc_tb);
 }
 
-static cgt_status set_outputs(SegmentObject *s, cgt_launch *l, PyObject *res) {
+static cgt_status set_outputs(seg_run *r, cgt_launch *l, PyObject *res) {
+  SegmentObject *s = r->s;
   PyObject *desc = PyObject_CallOneArg(s->describe_py, res);
   if (!desc) {
-    stash_exception(s);
+    stash_exception(r);
     return CGT_ERR_SEGMENT_FAILED;
   }
   if (desc == Py_None) { /* describe() found an output a recording cannot carry */
     Py_DECREF(desc);
-    s->want_bypass = 1;
+    r->want_bypass = 1;
     return CGT_ERR_SEGMENT_FAILED;
   }
   PyObject *metas = PyTuple_GET_ITEM(desc, 1);
-  variant_tmpl *t = tmpl_find(s, s->cur_variant);
+  variant_tmpl *t = tmpl_find(s, r->cur_variant);
   if (!t) {
     uint32_t n = 0;
-    if (tmpl_add(s, s->cur_variant, desc, &n) < 0) {
+    if (tmpl_add(s, r->cur_variant, desc, &n) < 0) {
       Py_DECREF(desc);
-      stash_exception(s);
+      stash_exception(r);
       return CGT_ERR_SEGMENT_FAILED;
     }
     if (n != s->n_outputs) {
       Py_DECREF(desc);
-      s->want_bypass = 1;
+      r->want_bypass = 1;
       return CGT_ERR_SEGMENT_FAILED;
     }
   }
@@ -416,7 +433,7 @@ static cgt_status set_outputs(SegmentObject *s, cgt_launch *l, PyObject *res) {
     if (st == CGT_OK)
       st = cgt_launch_set_output(l, k, ptr, span);
     if (st != CGT_OK)
-      s->want_bypass = 1; /* an output outside the pool and the inputs (e.g. a constant) */
+      r->want_bypass = 1; /* an output outside the pool and the inputs (e.g. a constant) */
     k++;
   }
   Py_DECREF(desc);
@@ -424,18 +441,19 @@ static cgt_status set_outputs(SegmentObject *s, cgt_launch *l, PyObject *res) {
 }
 
 static cgt_status seg_launch(cgt_launch *l, void *user) {
-  SegmentObject *s = user;
+  seg_run *r = user;
+  SegmentObject *s = r->s;
   PyObject *inputs = PyTuple_New(s->n_args);
   if (!inputs) {
-    stash_exception(s);
+    stash_exception(r);
     return CGT_ERR_OUT_OF_MEMORY;
   }
   uint32_t k = 0;
   for (uint32_t i = 0; i < s->n_args; i++) {
-    PyObject *o = s->cur[i], *item;
+    PyObject *o = r->cur[i], *item;
     if (s->arg_kind[i] <= ARG_TENSOR_STATIC) {
       void *p = cgt_launch_input(l, k);
-      if (p == s->ptrs[k] || s->ptrs[k] == NULL) {
+      if (p == r->ptrs[k] || r->ptrs[k] == NULL) {
         Py_INCREF(o);
         item = o;
       } else { /* a DYNAMIC input: the graph must read the pool placeholder */
@@ -450,28 +468,28 @@ static cgt_status seg_launch(cgt_launch *l, void *user) {
     }
     if (!item) {
       Py_DECREF(inputs);
-      stash_exception(s);
+      stash_exception(r);
       return CGT_ERR_SEGMENT_FAILED;
     }
     PyTuple_SET_ITEM(inputs, i, item);
   }
   if (tx_blas_clear() < 0) { /* no workspace from before may serve the launch */
     Py_DECREF(inputs);
-    stash_exception(s);
+    stash_exception(r);
     return CGT_ERR_SEGMENT_FAILED;
   }
   tx_alloc_launch_enter(l);
   PyObject *res = PyObject_CallOneArg(s->launch_py, inputs);
   cgt_status st;
   if (res) {
-    st = set_outputs(s, l, res);
+    st = set_outputs(r, l, res);
   } else {
-    stash_exception(s);
+    stash_exception(r);
     st = CGT_ERR_SEGMENT_FAILED;
   }
   /* The workspace the graph's matmuls took is a temporary of this launch. */
   if (tx_blas_clear() < 0) {
-    stash_exception(s);
+    stash_exception(r);
     st = CGT_ERR_SEGMENT_FAILED;
   }
   /* Dropping the graph's own output tensors frees pool blocks the tree now
@@ -614,28 +632,98 @@ static PyObject *first_call(SegmentObject *s, PyObject *const *args, size_t n, u
     return NULL;
   }
   Py_DECREF(desc);
+  s->n_outputs = n_out;
+  s->outputs_known = 1;
+  return res;
+}
+
+/* Registers the segment with the run's tree, once its outputs are known. */
+static int run_register(seg_run *r) {
+  SegmentObject *s = r->s;
   cgt_segment_desc d;
   memset(&d, 0, sizeof d);
   d.name = s->name;
   d.launch = seg_launch;
-  d.user = s;
+  d.user = r;
   d.n_inputs = s->n_targs;
-  d.n_outputs = n_out;
+  d.n_outputs = s->n_outputs;
   d.flags = s->flags;
-  s->outs = calloc(n_out ? n_out : 1, sizeof *s->outs);
-  if (!s->outs) {
-    Py_DECREF(res);
-    return PyErr_NoMemory();
+  if (!r->outs) {
+    r->outs = calloc(s->n_outputs ? s->n_outputs : 1, sizeof *r->outs);
+    if (!r->outs) {
+      PyErr_NoMemory();
+      return -1;
+    }
   }
-  cgt_status st = cgt_segment_register(s->tree->tree, &d, &s->seg);
+  cgt_status st = cgt_segment_register(r->tree->tree, &d, &r->seg);
   if (st != CGT_OK) {
-    Py_DECREF(res);
-    return tx_status_error(s->tree, st, "cgt_segment_register");
+    tx_status_error(r->tree, st, "cgt_segment_register");
+    return -1;
   }
-  s->n_outputs = n_out;
-  s->registered = 1;
+  r->registered = 1;
   Py_INCREF(s); /* the tree calls back into it for as long as it lives */
-  return res;
+  return 0;
+}
+
+/* The tree of the calling thread for the segment's device: the tree the
+ * segment was made with where no per-thread trees are kept (TX.tree_for
+ * unset: the simulator tests), else cgtree.torch's tree of this thread,
+ * cached per thread (trees live as long as the process). */
+enum { TLS_DEVICES = 64 };
+static _Thread_local TreeObject *tls_trees[TLS_DEVICES];
+static _Thread_local uint64_t tls_epoch; /* TX.tree_epoch when tls_trees was filled */
+
+static TreeObject *current_tree(SegmentObject *s) {
+  int dev = s->tree->device;
+  if (!TX.tree_for || dev < 0 || dev >= TLS_DEVICES)
+    return s->tree;
+  if (tls_epoch != TX.tree_epoch) { /* another getter since: forget its trees */
+    memset(tls_trees, 0, sizeof tls_trees);
+    tls_epoch = TX.tree_epoch;
+  }
+  TreeObject *T = tls_trees[dev];
+  if (T)
+    return T;
+  PyObject *got = PyObject_CallOneArg(TX.tree_for, s->tree->device_obj);
+  if (!got)
+    return NULL;
+  if (!PyObject_TypeCheck(got, &TreeType)) {
+    Py_DECREF(got);
+    PyErr_SetString(PyExc_TypeError, "cgtree.torch: the tree getter returned no Tree");
+    return NULL;
+  }
+  T = (TreeObject *)got;
+  Py_DECREF(got); /* cgtree.torch keeps every tree until the process ends */
+  tls_trees[dev] = T;
+  return T;
+}
+
+/* The segment's run in the calling thread's tree, made at its first use. */
+static seg_run *run_for(SegmentObject *s) {
+  TreeObject *T = current_tree(s);
+  if (!T)
+    return NULL;
+  for (size_t i = 0; i < s->n_runs; i++)
+    if (s->runs[i]->tree == T)
+      return s->runs[i];
+  seg_run *r = calloc(1, sizeof *r);
+  seg_run **grown = r ? realloc(s->runs, (s->n_runs + 1) * sizeof *grown) : NULL;
+  if (r)
+    r->args = calloc(s->n_args + 1, sizeof *r->args), r->ptrs = calloc(s->n_args + 1, sizeof *r->ptrs);
+  if (!r || !grown || !r->args || !r->ptrs) {
+    if (grown)
+      s->runs = grown;
+    if (r)
+      free(r->args), free(r->ptrs);
+    free(r);
+    PyErr_NoMemory();
+    return NULL;
+  }
+  r->s = s;
+  r->tree = (TreeObject *)Py_NewRef((PyObject *)T);
+  s->runs = grown;
+  s->runs[s->n_runs++] = r;
+  return r;
 }
 
 static inline uint64_t mix(uint64_t h, uint64_t x) {
@@ -643,7 +731,8 @@ static inline uint64_t mix(uint64_t h, uint64_t x) {
   return h;
 }
 
-static PyObject *build_result(SegmentObject *s, variant_tmpl *t) {
+static PyObject *build_result(seg_run *r, variant_tmpl *t) {
+  SegmentObject *s = r->s;
   PyObject *out = t->as_list ? PyList_New(t->n_res) : PyTuple_New(t->n_res);
   uint32_t k = 0;
   if (!out)
@@ -651,7 +740,7 @@ static PyObject *build_result(SegmentObject *s, variant_tmpl *t) {
   for (uint32_t i = 0; i < t->n_res; i++) {
     PyObject *item;
     if (t->is_tensor[i]) {
-      item = make_output(s->tree, s->outs[k], &t->outs[k], &s->ns_made);
+      item = make_output(r->tree, r->outs[k], &t->outs[k], &r->ns_made);
       k++;
       if (!item)
         goto fail;
@@ -667,7 +756,7 @@ static PyObject *build_result(SegmentObject *s, variant_tmpl *t) {
   return out;
 fail:
   for (; k < s->n_outputs; k++) /* values no tensor took */
-    (void)cgt_value_release(s->tree->tree, s->outs[k]);
+    (void)cgt_value_release(r->tree->tree, r->outs[k]);
   Py_XDECREF(out);
   return NULL;
 }
@@ -684,7 +773,10 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
                  s->n_args, n, kwnames ? " and keywords" : "");
     return NULL;
   }
-  TreeObject *T = s->tree;
+  seg_run *r = run_for(s);
+  if (!r)
+    return NULL;
+  TreeObject *T = r->tree;
   if (tx_tree_sync_step(T) < 0)
     return NULL;
   tx_out_ref_queue_drain();
@@ -703,7 +795,7 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
       void *ptr;
       if (kind == ARG_TENSOR_STATIC && statics_same) {
         ptr = s->static_ptr[i];
-      } else if (!(fast && s->registered && tx_exchange_data_ptr(o, &ptr))) {
+      } else if (!(fast && s->outputs_known && tx_exchange_data_ptr(o, &ptr))) {
         if (tx_data_ptr_slow(o, &ptr) < 0) {
           tx_stale_translate(s->name, i); /* a stale output's storage raises on any access */
           T->stale_refused += (uint64_t)PyErr_ExceptionMatches(TxStaleError);
@@ -711,7 +803,7 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
         }
         /* A segment's first call reads each input both ways: the exchange
          * API is trusted only where it agreed with data_ptr() (exchange.c). */
-        if (fast && !s->registered && tx_exchange_cross_check(o, ptr) < 0)
+        if (fast && !s->outputs_known && tx_exchange_cross_check(o, ptr) < 0)
           return NULL;
         if (kind == ARG_TENSOR_STATIC && s->static_idx && !fast)
           statics_noted &= static_ptr_note(s, i, ptr);
@@ -724,28 +816,28 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
         span = PyLong_AsSize_t(sp);
         Py_DECREF(sp);
       }
-      s->ptrs[k] = ptr;
-      tx_out_ref *r = NULL;
+      r->ptrs[k] = ptr;
+      tx_out_ref *ref = NULL;
       if (Py_TYPE(o) == (PyTypeObject *)TX.tensor_type) /* outputs are plain tensors; a Parameter never is one */
-        HASH_FIND_PTR(T->registry, &o, r);
-      if (r && r->ptr == ptr) {
-        if (r->step != T->step) {
+        HASH_FIND_PTR(T->registry, &o, ref);
+      if (ref && ref->ptr == ptr) {
+        if (ref->step != T->step) {
           T->stale_refused++;
           PyErr_Format(TxStaleError,
                        "cgtree.torch: argument %zu of graph '%s' is an output of an earlier step (step %llu, now "
                        "%llu); its memory belongs to the current step's outputs. Clone outputs you keep across "
                        "calls of the compiled model (or call cgtree.torch.step_begin() only where a step really ends).",
-                       i, s->name, (unsigned long long)r->step, (unsigned long long)T->step);
+                       i, s->name, (unsigned long long)ref->step, (unsigned long long)T->step);
           return NULL;
         }
-        s->args[k] = cgt_arg_value(r->value);
+        r->args[k] = cgt_arg_value(ref->value);
       } else if (ptr == NULL || span == 0) {
         /* An empty tensor has nothing to read; cgtree needs memory, so it is
          * keyed on a byte of ours and the launch passes the tensor itself. */
-        s->ptrs[k] = NULL;
-        s->args[k] = cgt_arg_static(s->ptrs, 1);
+        r->ptrs[k] = NULL;
+        r->args[k] = cgt_arg_static(r->ptrs, 1);
       } else {
-        s->args[k] = kind == ARG_TENSOR_STATIC ? cgt_arg_static(ptr, span) : cgt_arg_dynamic(ptr, span);
+        r->args[k] = kind == ARG_TENSOR_STATIC ? cgt_arg_static(ptr, span) : cgt_arg_dynamic(ptr, span);
       }
       k++;
     } else if (kind == ARG_INT) {
@@ -770,26 +862,34 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
   void *caller;
   if (caller_stream(T, &caller) < 0)
     return NULL;
-  if (!s->registered) { /* runs on the caller's stream: wait for the tree's outputs */
+  if (!s->outputs_known) { /* runs on the caller's stream: wait for the tree's outputs */
     if (caller && caller != T->stream)
       tx_stream_wait(caller, T->stream, T->ev_out);
     PyObject *plain = first_call(s, args, n, variant);
-    if (!plain || !s->registered || !s->rerun_first || s->bypass_reason)
+    if (!plain || !s->outputs_known || s->bypass_reason)
+      return plain;
+    if (run_register(r) < 0) {
+      Py_DECREF(plain);
+      return NULL;
+    }
+    if (!s->rerun_first)
       return plain;
     Py_DECREF(plain); /* its outputs die now: the run below makes them again, in the pool */
     tx_out_ref_queue_drain();
+  } else if (!r->registered && run_register(r) < 0) { /* a tree of another thread ran it first */
+    return NULL;
   }
   if (caller && caller != T->stream)
     tx_stream_wait(T->stream, caller, T->ev_in);
 
-  s->cur = args;
-  s->cur_variant = variant;
-  s->want_bypass = 0;
-  clear_exception(s); /* a capture that failed and then ran eagerly may have left one */
+  r->cur = args;
+  r->cur_variant = variant;
+  r->want_bypass = 0;
+  clear_exception(r); /* a capture that failed and then ran eagerly may have left one */
   uint64_t t1 = tx_now_ns();
-  cgt_status st = cgt_run(T->tree, s->seg, variant, s->args, s->n_targs, s->outs, s->n_outputs);
+  cgt_status st = cgt_run(T->tree, r->seg, variant, r->args, s->n_targs, r->outs, s->n_outputs);
   uint64_t t2 = tx_now_ns();
-  s->cur = NULL;
+  r->cur = NULL;
   cgt_stats after;
   cgt_tree_stats(T->tree, &after);
   tx_alloc_note_pool_in_use(T->device, after.pool_allocated_bytes);
@@ -798,22 +898,22 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
   uint64_t launch_ns = after.launch_host_ns - T->launch_ns_seen;
   T->launch_ns_seen = after.launch_host_ns;
   if (st != CGT_OK) {
-    if (s->exc_type) {
+    if (r->exc_type) {
       /* The graph raised while cgtree warmed it up or recorded it. Whatever
        * the cause (a call PyTorch refuses under capture, the pool out of
        * memory, or the graph's own error), the graph runs plainly from now
        * on; a genuine error then reaches the caller from the plain call. */
-      PyObject *text = s->exc_value ? PyObject_Repr(s->exc_value) : NULL;
+      PyObject *text = r->exc_value ? PyObject_Repr(r->exc_value) : NULL;
       const char *t = text ? PyUnicode_AsUTF8(text) : NULL;
       PyErr_Clear();
       char why[600];
       snprintf(why, sizeof why, "it raised while cgtree ran it (%s): %s", cgt_status_name(st), t ? t : "?");
       Py_XDECREF(text);
-      clear_exception(s);
+      clear_exception(r);
       go_plain(s, why);
       return call_plain(s, args, n);
     }
-    if (s->want_bypass || st == CGT_ERR_SEGMENT_FAILED) {
+    if (r->want_bypass || st == CGT_ERR_SEGMENT_FAILED) {
       char why[512];
       snprintf(why, sizeof why, "%s (%s)", cgt_status_name(st), cgt_tree_last_error(T->tree));
       go_plain(s, why);
@@ -826,27 +926,27 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
     }
     return tx_status_error(T, st, "cgt_run");
   }
-  clear_exception(s);
+  clear_exception(r);
   if (caller && caller != T->stream)
     tx_stream_wait(caller, T->stream, T->ev_out);
   variant_tmpl *t = tmpl_find(s, variant);
   if (!t) {
     for (uint32_t j = 0; j < s->n_outputs; j++)
-      (void)cgt_value_release(T->tree, s->outs[j]);
+      (void)cgt_value_release(T->tree, r->outs[j]);
     PyErr_Format(TxError, "cgtree.torch: graph '%s' has no output template for variant %llu", s->name,
                  (unsigned long long)variant);
     return NULL;
   }
   uint64_t t3 = tx_now_ns();
-  s->ns_made = 0;
-  PyObject *result = build_result(s, t);
+  r->ns_made = 0;
+  PyObject *result = build_result(r, t);
   if (replayed) {
     uint64_t t4 = tx_now_ns();
     s->timed_calls++;
     s->ns_args += t_args - t0;
     s->ns_step += t_step - t0;
     s->ns_launch += launch_ns;
-    s->ns_make += s->ns_made;
+    s->ns_make += r->ns_made;
     s->ns_streams += (t1 - t_args) + (t3 - t2);
     s->ns_in_run += t2 - t1;
     s->ns_outputs += t4 - t3;
@@ -876,10 +976,8 @@ static int seg_init(SegmentObject *s, PyObject *a, PyObject *kw) {
   s->n_args = (uint32_t)kinds.len;
   s->arg_kind = malloc(kinds.len + 1);
   s->arg_span = calloc(kinds.len + 1, sizeof *s->arg_span);
-  s->args = calloc(kinds.len + 1, sizeof *s->args);
-  s->ptrs = calloc(kinds.len + 1, sizeof *s->ptrs);
   s->name = strdup(name);
-  if (!s->arg_kind || !s->arg_span || !s->args || !s->ptrs || !s->name) {
+  if (!s->arg_kind || !s->arg_span || !s->name) {
     PyBuffer_Release(&kinds);
     PyErr_NoMemory();
     return -1;
@@ -949,9 +1047,14 @@ static void seg_dealloc(SegmentObject *s) {
   free(s->static_ptr);
   Py_XDECREF(s->static_ptrs);
   Py_XDECREF(s->static_idx);
-  free(s->args);
-  free(s->ptrs);
-  free(s->outs);
+  for (size_t i = 0; i < s->n_runs; i++) { /* only runs never registered: a registered one holds s */
+    seg_run *r = s->runs[i];
+    free(r->args), free(r->ptrs), free(r->outs);
+    Py_XDECREF(r->tree);
+    Py_XDECREF(r->exc_type), Py_XDECREF(r->exc_value), Py_XDECREF(r->exc_tb);
+    free(r);
+  }
+  free(s->runs);
   free(s->name);
   Py_XDECREF(s->tree);
   Py_XDECREF(s->compiled);
@@ -960,16 +1063,17 @@ static void seg_dealloc(SegmentObject *s) {
   Py_XDECREF(s->describe_py);
   Py_XDECREF(s->span_py);
   Py_XDECREF(s->bypass_reason);
-  Py_XDECREF(s->exc_type);
-  Py_XDECREF(s->exc_value);
-  Py_XDECREF(s->exc_tb);
   Py_TYPE(s)->tp_free((PyObject *)s);
 }
 
 static PyObject *seg_get_info(SegmentObject *s, void *closure) {
   (void)closure;
-  return Py_BuildValue("{s:s,s:I,s:O,s:K,s:K,s:I,s:I,s:O}", "name", s->name, "segment", (unsigned)s->seg,
-                       "registered", s->registered ? Py_True : Py_False, "calls", (unsigned long long)s->calls,
+  int registered = 0;
+  for (size_t i = 0; i < s->n_runs; i++)
+    registered += s->runs[i]->registered;
+  return Py_BuildValue("{s:s,s:I,s:O,s:i,s:K,s:K,s:I,s:I,s:O}", "name", s->name, "segment",
+                       s->n_runs ? (unsigned)s->runs[0]->seg : 0u, "registered", registered ? Py_True : Py_False,
+                       "trees", registered, "calls", (unsigned long long)s->calls,
                        "plain_calls", (unsigned long long)s->plain_calls, "inputs", s->n_targs, "outputs",
                        s->n_outputs, "plain_reason", s->bypass_reason ? s->bypass_reason : Py_None);
 }

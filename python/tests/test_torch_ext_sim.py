@@ -131,8 +131,9 @@ def fake_from_dlpack(cap):
     return t
 
 
-def init_hot_path(ptrs_equal=None):
-    X.init_hot_path(fake_from_dlpack, lambda device: 0, Generation, FakeTensor, None, None, ptrs_equal, fake_mark)
+def init_hot_path(ptrs_equal=None, mark_step_cls=None):
+    X.init_hot_path(fake_from_dlpack, lambda device: 0, Generation, FakeTensor, None, None, ptrs_equal, fake_mark,
+                    mark_step_cls)
 
 
 init_hot_path()
@@ -170,15 +171,16 @@ def k_add(dst, x, y, n):
 class Graph:
     """A fake compiled graph: out = x * a + b, through a temporary, counted."""
 
-    def __init__(self, tree, a, b, extra=()):
+    def __init__(self, tree, a, b, extra=(), stream=None):
         self.tree, self.a, self.b, self.calls, self.extra = tree, a, b, 0, tuple(extra)
+        self.stream = stream or (lambda: tree.stream)  # where its kernels go: the running tree's stream
 
     def __call__(self, x, *rest):
         self.calls += 1
         tmp = FakeTensor(x.n)  # freed inside the launch: its block is reused at once
-        X.sim_launch(self.tree.stream, k_affine, tmp.ptr, x.ptr, x.n, self.a, 0.0)
+        X.sim_launch(self.stream(), k_affine, tmp.ptr, x.ptr, x.n, self.a, 0.0)
         out = FakeTensor(x.n)
-        X.sim_launch(self.tree.stream, k_affine, out.ptr, tmp.ptr, x.n, 1.0, self.b)
+        X.sim_launch(self.stream(), k_affine, out.ptr, tmp.ptr, x.n, 1.0, self.b)
         del tmp
         return (out,) + self.extra
 
@@ -492,6 +494,77 @@ def test_a_stale_view_passed_to_a_graph_raises_stale_tensor_error(tree):
     with pytest.raises(X.StaleTensorError, match="argument 0 of graph 'g' is an output of an earlier step"):
         call(seg, v)
     assert tree.stats()["stale_refused"] == before + 1
+
+
+def test_two_threads_run_one_segment_on_their_own_trees_with_correct_results(tree):
+    import threading
+
+    local, trees = threading.local(), []
+
+    def tree_of_this_thread(device):
+        if not hasattr(local, "tree"):
+            local.tree = X.Tree(0, backend="sim")
+            local.tree.explicit_steps = True  # steps only where this thread says
+            trees.append(local.tree)
+        return local.tree
+
+    graph = Graph(tree, 2.0, 1.0, stream=lambda: tree_of_this_thread(0).stream)
+    seg = segment(tree, graph, spans=(16,), name="threads")
+    X.set_tree_getter(tree_of_this_thread)
+    errors = []
+
+    def work(k):
+        try:
+            x = FakeTensor(4)
+            for i in range(30):
+                tree_of_this_thread(0).step_begin()
+                x.fill([k, i, k + i, 1])
+                (y,) = seg(x)
+                Generation.generation += 1  # the other thread's calls move Dynamo's counter too
+                (z,) = seg(y)  # a VALUE of this thread's step, whatever the other thread did
+                assert y.values() == [2 * k + 1, 2 * i + 1, 2 * (k + i) + 1, 3]
+                assert z.values() == [2 * v + 1 for v in y.values()]
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    try:
+        threads = [threading.Thread(target=work, args=(k,)) for k in (1, 2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        X.set_tree_getter(None)
+    assert errors == []
+    assert len(trees) == 2 and all(t.stats()["replays"] > 0 for t in trees)
+    assert tree.stats()["replays"] == 0  # the tree the segment was made with ran nothing
+    for t in trees:
+        t.check()
+
+
+def test_cudagraph_mark_step_begin_begins_a_step_in_explicit_mode(tree):
+    class MarkStepBox:
+        mark_step_counter = 0
+
+    init_hot_path(mark_step_cls=MarkStepBox)
+    try:
+        tree.explicit_steps = True
+        seg = segment(tree, Graph(tree, 1.0, 1.0), spans=(16,))
+        x = FakeTensor(4).fill([0, 0, 0, 0])
+        step = tree.step
+        for _ in range(3):
+            call(seg, x)  # Dynamo's counter moves; in explicit mode that begins no step
+        assert tree.step == step
+        MarkStepBox.mark_step_counter -= 1  # what torch.compiler.cudagraph_mark_step_begin() does
+        (y,) = seg(x)
+        assert tree.step == step + 1
+        tree.explicit_steps = False
+        (y2,) = call(seg, x)
+        assert tree.step == step + 2
+        with pytest.raises(RuntimeError, match="StaleTensorError"):
+            y.values()
+    finally:
+        init_hot_path()
 
 
 def test_an_output_goes_back_to_the_tree_when_its_tensor_dies(tree):

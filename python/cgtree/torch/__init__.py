@@ -43,15 +43,28 @@ except ImportError as _e:  # a build without CUDA has no cgtree._torch_ext
 
     _install = _NoTrees()
 
-__all__ = ["backend", "install", "installed", "step_begin", "stats", "memory_stats", "empty_cache", "nodes",
+__all__ = ["backend", "install", "installed", "step_begin", "set_step_mode", "stats", "memory_stats", "empty_cache", "nodes",
            "reset_peak",
            "CgtreeError", "StaleTensorError"]
 
 
 def step_begin():
-    """End the current step on every device: outputs still alive become stale."""
-    for tree in _install.trees():
+    """End the calling thread's current step on every device: its outputs
+    still alive become stale (any access raises)."""
+    for tree in _install.thread_trees():
         tree.step_begin()
+
+
+def set_step_mode(mode):
+    """How the calling thread's steps begin. "call" (default): at every call
+    of a compiled model, PyTorch's inference heuristic. "explicit": only at
+    step_begin() and torch.compiler.cudagraph_mark_step_begin(). Dynamo's
+    call counter is process-wide, so threads that call compiled models
+    concurrently should use "explicit" and call step_begin() before each
+    call: another thread's call then cannot end this thread's step."""
+    if mode not in ("call", "explicit"):
+        raise ValueError("set_step_mode: mode is 'call' or 'explicit', not %r" % (mode,))
+    _install.set_explicit_steps(mode == "explicit")
 
 
 def stats():

@@ -114,13 +114,14 @@ def inner_compile(gm, example_inputs, **kwargs):
         return compiled
     kinds, spans, dynamic = plan_inputs(example_inputs, static_idxs, mutated)
     record["kinds"] = kinds
-    tree, stream = _install.tree_for(device.index)
+    index = device.index
+    tree, _ = _install.tree_for(index)
     if _install.blas_clear() is None:
-        _install.prewarm_blas(device.index)  # an old PyTorch: the workspace outside the pool
+        _install.prewarm_blas(index)  # an old PyTorch: the workspace outside the pool
     plain = _boxed(compiled)
 
-    def launch(inputs):
-        with torch.cuda.stream(stream):
+    def launch(inputs):  # warmups and recordings only, on the calling thread's tree's stream
+        with torch.cuda.stream(_install.tree_for(index)[1]):
             return plain(*inputs)
 
     # A graph that mutates no input may run a second time at its first call,

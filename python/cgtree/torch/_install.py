@@ -18,8 +18,9 @@ StaleTensorError = _ext.StaleTensorError
 
 _lock = threading.Lock()
 _state = {"installed": False, "allocator": None, "error": None, "exchange": None, "exchange_stream": None}
-_trees = {}  # device index -> (Tree, torch stream over the tree's stream)
-_blas_ready = set()  # devices whose tree stream has its cuBLAS workspace (prewarm_blas)
+_local = threading.local()  # per thread: .trees {device: (Tree, torch stream over its stream)}, .explicit
+_all_trees = []  # every (Tree, stream) made, in every thread: the process keeps them (outputs name them)
+_blas_ready = set()  # tree streams that have their cuBLAS workspace (prewarm_blas)
 
 
 def installed():
@@ -63,7 +64,8 @@ def install():
         from_dlpack = getattr(torch._C, "_from_dlpack", None) or torch.utils.dlpack.from_dlpack
         _ext.init_hot_path(from_dlpack, torch._C._cuda_getCurrentRawStream, GenerationTracker, torch.Tensor,
                            torch.Tensor.data_ptr, blas_clear(),
-                           getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None), mark)
+                           getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None), mark, _mark_step_box())
+        _ext.set_tree_getter(_tree_of_this_thread)
         _wrap_record_stream()
         _state["allocator"] = alloc  # PyTorch holds it too; keep ours for clarity
         _state["installed"] = True
@@ -171,15 +173,14 @@ def prewarm_blas(device):
     32 MiB on sm90, `CUBLAS_WORKSPACE_CONFIG`, plus a 1 MiB cuBLASLt
     workspace). Were that first matmul inside a launch, the workspace would
     come from the pool and be reused under cuBLAS's feet once the launch
-    returned. So the tree's stream does its first matmuls here, outside any
-    launch, once per device, and only when a graph that may call cuBLAS
-    becomes a segment (_graphs.uses_cublas): a program without matmuls never
-    pays for the workspace."""
+    returned. So each tree's stream does its first matmuls here, outside
+    any launch, once, when the first graph becomes a segment."""
     tree, stream = tree_for(device)
-    if device in _blas_ready:
+    key = stream.cuda_stream
+    if key in _blas_ready:
         return
     with _lock:
-        if device in _blas_ready:
+        if key in _blas_ready:
             return
         dev = torch.device("cuda", device)
         with torch.cuda.device(dev), torch.cuda.stream(stream):
@@ -192,33 +193,70 @@ def prewarm_blas(device):
                 b = torch.baddbmm(a[None], a[None], a[None])
                 del b
         stream.synchronize()
-        _blas_ready.add(device)
+        _blas_ready.add(key)
+
+
+def _mark_step_box():
+    """The counter torch.compiler.cudagraph_mark_step_begin() moves, so
+    that it begins a cgtree step too; None where this PyTorch has none."""
+    try:
+        from torch._inductor.cudagraph_trees import MarkStepBox
+
+        return MarkStepBox if isinstance(getattr(MarkStepBox, "mark_step_counter", None), int) else None
+    except Exception:  # noqa: BLE001 - an older or newer PyTorch: only step_begin() then
+        return None
 
 
 def tree_for(device):
-    """The one tree of a CUDA device and a torch stream over its stream."""
-    entry = _trees.get(device)
+    """The calling thread's tree of a CUDA device and a torch stream over
+    its stream. Each thread has its own trees (and pools), as PyTorch's
+    CUDAGraph Trees keep one per thread: two threads never record into one
+    tree at once."""
+    trees = getattr(_local, "trees", None)
+    if trees is None:
+        trees = _local.trees = {}
+    entry = trees.get(device)
     if entry is None:
+        warmup = int(os.environ.get("CGTREE_TORCH_WARMUP_RUNS", "1"))
+        # The benchmarks' split of cgt_run into the graph launch and the rest.
+        timed = os.environ.get("CGTREE_TORCH_TIME_LAUNCHES", "0") == "1"
+        tree = _ext.Tree(device, warmup_runs=warmup, time_launches=timed)
+        tree.explicit_steps = getattr(_local, "explicit", False)
+        stream = torch.cuda.ExternalStream(tree.stream, device=torch.device("cuda", device))
         with _lock:
-            entry = _trees.get(device)
-            if entry is None:
-                warmup = int(os.environ.get("CGTREE_TORCH_WARMUP_RUNS", "1"))
-                # The benchmarks' split of cgt_run into the graph launch and the rest.
-                timed = os.environ.get("CGTREE_TORCH_TIME_LAUNCHES", "0") == "1"
-                tree = _ext.Tree(device, warmup_runs=warmup, time_launches=timed)
-                stream = torch.cuda.ExternalStream(tree.stream, device=torch.device("cuda", device))
-                if not _ext.exchange_info()["stream"]:
-                    _state["exchange_stream"] = _setup_or_off(lambda: check_exchange_stream(device, stream),
-                                                              lambda: None)
-                entry = (tree, stream)
-                _trees[device] = entry
+            if not _ext.exchange_info()["stream"]:
+                _state["exchange_stream"] = _setup_or_off(lambda: check_exchange_stream(device, stream),
+                                                          lambda: None)
+            entry = (tree, stream)
+            _all_trees.append(entry)
+        trees[device] = entry
     return entry
 
 
+def _tree_of_this_thread(device):
+    return tree_for(device)[0]
+
+
+def set_explicit_steps(on):
+    """This thread's steps: False (default), a step begins at every call of
+    a compiled model; True, only at step_begin() and
+    torch.compiler.cudagraph_mark_step_begin()."""
+    _local.explicit = bool(on)
+    for tree, _ in getattr(_local, "trees", {}).values():
+        tree.explicit_steps = bool(on)
+
+
+def thread_trees():
+    """The calling thread's trees."""
+    return [t for t, _ in getattr(_local, "trees", {}).values()]
+
+
 def blas_ready(device):
-    """True once the tree's stream on this device has its cuBLAS workspace."""
-    return device in _blas_ready
+    """True once this thread's tree stream on the device has its cuBLAS workspace."""
+    return tree_for(device)[1].cuda_stream in _blas_ready
 
 
 def trees():
-    return [t for t, _ in _trees.values()]
+    """Every tree of every thread."""
+    with _lock:
+        return [t for t, _ in _all_trees]
