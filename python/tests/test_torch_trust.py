@@ -1,0 +1,410 @@
+"""cgtree.torch never hands back silently wrong data: stale outputs raise,
+views alias as in eager, mutations come from the compiler, the allocator is
+per device and stream, threads get their own trees.
+
+Needs a CUDA GPU (skips without one) and imports cgtree.torch first, so
+that its allocator is installed before CUDA starts. Run it in a pytest
+process of its own or with test_torch_backend.py.
+"""
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+import cgtree.torch as ct  # noqa: E402  (installs the allocator before CUDA starts)
+
+pytestmark = pytest.mark.skipif(not ct.installed(), reason="unreachable: install() raised at import")
+
+DEV = "cuda"
+
+
+def fresh():
+    torch._dynamo.reset()
+
+
+def kept_is_right_or_raises(kept):
+    """The promise: every output kept across calls either equals what eager
+    computed for it, or raises StaleTensorError on access. Returns how many
+    raised."""
+    raised = 0
+    for got, want in kept:
+        try:
+            value = got.clone()
+        except RuntimeError as e:
+            assert "StaleTensorError" in str(e), str(e)
+            raised += 1
+            continue
+        assert torch.equal(value, want), "a kept output was silently overwritten"
+    return raised
+
+
+def run_and_keep(fn, make_inputs, calls=8):
+    """Calls the cgtree-compiled fn `calls` times, keeping every output
+    (lists and dicts included) beside what eager computes."""
+    fresh()
+    cg = torch.compile(fn, backend="cgtree")
+    kept = []
+    with torch.no_grad():
+        for i in range(calls):
+            args = make_inputs(i)
+            want = fn(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])
+            got = cg(*args)
+            flat_got, flat_want = flatten(got), flatten(want)
+            assert len(flat_got) == len(flat_want)
+            kept.extend(zip(flat_got, [w.clone() for w in flat_want]))
+    return kept
+
+
+def flatten(out):
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, dict):
+        return [v for k in sorted(out) for v in flatten(out[k])]
+    return [v for o in out for v in flatten(o)]
+
+
+def one_segment(x):
+    return x * 2 + 1
+
+
+def several_segments(x):
+    a = torch.sin(x) + 1
+    torch._dynamo.graph_break()
+    b = a * 3
+    torch._dynamo.graph_break()
+    return b - 1
+
+
+def views_of_an_intermediate(x):
+    a = x * 3
+    return a.view(-1), a[1:], a.t()
+
+
+def the_same_tensor_twice(x):
+    a = x + 5
+    return a, a
+
+
+def in_a_list_and_a_dict(x):
+    a = x.cos()
+    torch._dynamo.graph_break()
+    return [a, {"b": a * 2, "c": [a + 1]}]
+
+
+@pytest.mark.parametrize("fn", [one_segment, several_segments, views_of_an_intermediate, the_same_tensor_twice,
+                                in_a_list_and_a_dict], ids=lambda f: f.__name__)
+def test_outputs_kept_across_calls_are_right_or_raise_in_cold_and_steady_state(fn):
+    kept = run_and_keep(fn, lambda i: (torch.full((4, 8), float(i), device=DEV),))
+    raised = kept_is_right_or_raises(kept)
+    assert raised > 0  # the steady state does reuse memory of kept outputs: the check had something to catch
+    assert kept_is_right_or_raises(kept[-len(flatten(fn(torch.zeros(4, 8, device=DEV)))):]) == 0  # the last call's
+
+
+def test_views_made_later_of_a_kept_output_raise_too():
+    fresh()
+    cg = torch.compile(one_segment, backend="cgtree")
+    x = torch.ones(16, device=DEV)
+    for _ in range(4):
+        cg(x)
+    y = cg(x)
+    v = y[2:].view(2, 7)
+    cg(x * 2)
+    for t in (y, v, y[1:]):
+        with pytest.raises(RuntimeError, match="StaleTensorError"):
+            print(t)
+    assert ct.stats()["outputs_marked_stale"] >= 1
+
+
+def test_an_explicit_step_begin_makes_kept_outputs_raise():
+    fresh()
+    cg = torch.compile(one_segment, backend="cgtree")
+    x = torch.ones(16, device=DEV)
+    for _ in range(4):
+        y = cg(x)
+    ct.step_begin()
+    with pytest.raises(RuntimeError, match="StaleTensorError"):
+        y.sum().item()
+
+
+def test_the_y_equals_f_of_x_loop_never_raises():
+    fresh()
+    cg = torch.compile(several_segments, backend="cgtree")
+    x = torch.randn(1024, device=DEV)
+    want = several_segments(x)
+    y = None
+    for _ in range(20):
+        y = cg(x)
+        torch.testing.assert_close(y, want)
+
+
+def test_a_stale_output_passed_back_raises_stale_tensor_error_also_through_a_view():
+    fresh()
+    cg = torch.compile(one_segment, backend="cgtree")
+    x = torch.randn(256, device=DEV)
+    for _ in range(3):
+        cg(x)
+    y1 = cg(x)
+    v = y1[1:]
+    cg(x)
+    with pytest.raises(ct.StaleTensorError):
+        cg(y1)
+    with pytest.raises(ct.StaleTensorError):
+        cg(v)
+
+
+def test_an_output_that_is_a_view_of_an_input_aliases_the_callers_tensor_as_in_eager():
+    def f(x):
+        return x.view(-1), x[1:]
+
+    fresh()
+    cg = torch.compile(f, backend="cgtree")
+    for _ in range(5):
+        x = torch.randn(4, 4, device=DEV)
+        flat, tail = cg(x)
+        assert flat.data_ptr() == x.data_ptr() and tail.data_ptr() == x[1:].data_ptr()
+        x.add_(1)  # eager: the views see it
+        assert torch.equal(flat, x.view(-1)) and torch.equal(tail, x[1:])
+        cg(torch.randn(4, 4, device=DEV))  # a later call does not touch them
+        assert torch.equal(flat, x.view(-1))
+
+
+def test_outputs_that_alias_each_other_or_a_parameter_keep_that_aliasing():
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(4, 4, device=DEV))
+
+        def forward(self, x):
+            a = x @ self.w
+            return a, a.view(-1), self.w.t()
+
+    fresh()
+    m = M()
+    cg = torch.compile(m, backend="cgtree")
+    with torch.no_grad():
+        for _ in range(5):
+            a, flat, wt = cg(torch.randn(4, 4, device=DEV))
+        assert a.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr()
+        a.add_(1)
+        assert torch.equal(flat, a.view(-1))
+        assert wt.data_ptr() == m.w.data_ptr()
+        m.w.mul_(2)
+        assert torch.equal(wt, m.w.t())
+
+
+def test_a_view_of_an_output_passed_back_in_the_same_step_works():
+    def f(x):
+        a = x * 2
+        torch._dynamo.graph_break()
+        v = a[1:]
+        torch._dynamo.graph_break()
+        return v + 1
+
+    fresh()
+    cg = torch.compile(f, backend="cgtree")
+    for i in range(6):
+        x = torch.full((8,), float(i), device=DEV)
+        torch.testing.assert_close(cg(x), f(x))
+
+
+MUTATIONS = textwrap.dedent('''
+    import cgtree.torch as ct
+    import torch, triton, triton.language as tl
+
+    @triton.jit
+    def add_one(ptr, n, BLOCK: tl.constexpr):
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(ptr + i, tl.load(ptr + i, mask=i < n) + 1, mask=i < n)
+
+    def iadd(x, y):
+        x += y
+        return x * 2
+
+    def foreach(xs, ys):
+        torch._foreach_add_(xs, ys)
+        return xs[0] + 1
+
+    def setitem(cache, pos, k):
+        cache[pos] = k
+        return cache.sum(0)
+
+    def user_triton(x):
+        add_one[(1,)](x, x.numel(), BLOCK=64)
+        return x * 3
+
+    def check(name, fn, make, calls=5):
+        torch._dynamo.reset()
+        eager_args, cg_args = make(), make()
+        cg = torch.compile(fn, backend="cgtree")
+        for i in range(calls):
+            want = fn(*eager_args)
+            got = cg(*cg_args)
+            flat = lambda a: [t for x in a for t in (x if isinstance(x, list) else [x]) if isinstance(t, torch.Tensor)]
+            for w, g in zip(flat(eager_args) + [want], flat(cg_args) + [got]):
+                assert torch.equal(w, g), (name, i)
+        print("OK", name)
+
+    dev = "cuda"
+    with torch.no_grad():
+        check("iadd", iadd, lambda: (torch.ones(64, device=dev), torch.ones(64, device=dev)))
+        check("foreach", foreach, lambda: ([torch.ones(8, device=dev), torch.ones(8, device=dev)],
+                                           [torch.ones(8, device=dev), torch.ones(8, device=dev)]))
+        check("setitem", setitem, lambda: (torch.zeros(4, 8, device=dev), 2, torch.ones(8, device=dev)))
+        check("user_triton", user_triton, lambda: (torch.zeros(64, device=dev),))
+        torch.manual_seed(0)
+        bn = torch.nn.BatchNorm1d(8).to(dev).train()
+        bn_eager = torch.nn.BatchNorm1d(8).to(dev).train()
+        bn_eager.load_state_dict(bn.state_dict())
+        cg = torch.compile(bn, backend="cgtree")
+        for i in range(5):
+            x = torch.randn(16, 8, device=dev)
+            torch.testing.assert_close(cg(x), bn_eager(x))
+        for k in ("running_mean", "running_var", "num_batches_tracked"):
+            torch.testing.assert_close(getattr(bn, k), getattr(bn_eager, k))
+        print("OK batchnorm_train")
+    print("STATS", ct.stats()["replays"])
+''')
+
+
+def test_mutations_apply_exactly_once_per_call_in_a_cold_and_a_warm_process(tmp_path):
+    """x += y, _foreach_add_, setitem, a user Triton kernel writing its
+    input, BatchNorm's running statistics in train mode: each compared with
+    eager after every call, in two fresh processes sharing Inductor's
+    caches (the warm one is where name scans and AOTAutograd's cache hid
+    mutations)."""
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path))
+    for run in ("cold", "warm"):
+        r = subprocess.run([sys.executable, "-c", MUTATIONS], env=env, capture_output=True, text=True, timeout=400)
+        assert r.returncode == 0, (run, r.stdout[-2000:], r.stderr[-4000:])
+        for name in ("iadd", "foreach", "setitem", "user_triton", "batchnorm_train"):
+            assert "OK " + name in r.stdout, (run, name, r.stdout[-2000:])
+        replays = int([ln for ln in r.stdout.splitlines() if ln.startswith("STATS")][0].split()[1])
+        assert replays > 0, run
+
+
+def test_graphs_that_draw_random_numbers_give_inductors_numbers_for_the_same_seed():
+    def f(x):
+        return torch.nn.functional.dropout(x, 0.5, training=True) + torch.rand_like(x)
+
+    fresh()
+    ref = torch.compile(f, backend="inductor")
+    cg = torch.compile(f, backend="cgtree")
+    x = torch.ones(4096, device=DEV)
+    torch.manual_seed(7)
+    want = [ref(x) for _ in range(5)]
+    torch.manual_seed(7)
+    got = [cg(x) for _ in range(5)]
+    for w, g in zip(want, got):
+        assert torch.equal(w, g)
+    assert not torch.equal(got[0], got[1])
+
+
+def test_eager_memory_is_per_device_and_stream_and_bounded_over_many_sizes():
+    import random
+
+    rng = random.Random(0)
+    sizes = [rng.randrange(1, 1 << 20) for _ in range(1000)]
+    base = ct.memory_stats()
+    live = []
+    for i in range(10000):
+        live.append(torch.empty(sizes[i % 1000], dtype=torch.uint8, device=DEV))
+        if len(live) > 64:
+            live.pop(rng.randrange(len(live)))
+    del live
+    torch.cuda.synchronize()
+    m = ct.memory_stats()
+    assert m["eager_allocations"] - base["eager_allocations"] >= 10000
+    assert m["eager_in_use"] <= base["eager_in_use"] + 4096
+    # At most 65 live blocks of under 1 MiB each at any time: what the pool reserves stays near that.
+    assert m["device_reserved"] - base["device_reserved"] < 256 << 20
+    ct.empty_cache()
+    assert ct.memory_stats()["device_reserved"] <= m["device_reserved"]
+
+
+def test_record_stream_keeps_a_block_from_another_stream_until_its_work_is_done():
+    side = torch.cuda.Stream()
+    x = torch.ones(1 << 22, device=DEV)  # 16 MiB
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)  # a long kernel on the side stream...
+        y = x * 2  # ...then one that reads x
+    x.record_stream(side)
+    ptr = x.data_ptr()
+    before = ct.memory_stats()["recorded_streams"]
+    del x  # freed while the side stream still has to read it
+    z = torch.zeros(1 << 22, device=DEV)  # same size, same stream: would reuse x's block
+    assert ct.memory_stats()["recorded_streams"] == before + 1 or z.data_ptr() != ptr
+    z.fill_(-1)
+    side.synchronize()
+    torch.cuda.synchronize()
+    assert torch.all(y == 2)  # the side stream read 1s, not z's -1s
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_tensors_on_two_devices_never_share_a_block_and_each_device_counts_its_own():
+    a = [torch.full((1000,), 1.0, device="cuda:0") for _ in range(50)]
+    b = [torch.full((1000,), 2.0, device="cuda:1") for _ in range(50)]
+    del a[::2], b[::2]
+    c = [torch.full((1000,), 3.0, device="cuda:1") for _ in range(25)]  # reuses cuda:1's blocks only
+    torch.cuda.synchronize(0)
+    torch.cuda.synchronize(1)
+    assert all(t.device.index == 0 and torch.all(t == 1) for t in a)
+    assert all(t.device.index == 1 and torch.all(t == 2) for t in b)
+    assert all(torch.all(t == 3) for t in c)
+    ptrs0 = {t.data_ptr() for t in a}
+    assert not ptrs0 & {t.data_ptr() for t in b + c}
+    assert ct.memory_stats(1)["device_in_use"] >= 50 * 4096
+    m1 = torch.nn.Linear(64, 64).to("cuda:1").eval()
+    cg = torch.compile(m1, backend="cgtree")
+    x = torch.randn(8, 64, device="cuda:1")
+    with torch.no_grad():
+        for _ in range(5):
+            torch.testing.assert_close(cg(x), m1(x))
+
+
+def test_two_threads_calling_compiled_models_at_once_get_correct_results():
+    fresh()
+    models = [torch.nn.Sequential(torch.nn.Linear(128, 128), torch.nn.ReLU()).to(DEV).eval() for _ in range(2)]
+    compiled = [torch.compile(m, backend="cgtree") for m in models]
+    errors = []
+
+    def work(k):
+        try:
+            ct.set_step_mode("explicit")
+            x = torch.randn(32, 128, device=DEV)
+            want = models[k](x)
+            with torch.no_grad():
+                for _ in range(40):
+                    ct.step_begin()
+                    y = compiled[k](x)
+                    a = y + 0  # reads it before this thread's next step
+                    torch.testing.assert_close(a, want)
+        except Exception as e:  # noqa: BLE001
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(ct._install.trees()) >= 2
+
+
+def test_torch_cond_with_a_device_predicate_matches_inductor():
+    def f(x):
+        return torch.cond(x.sum() > 0, lambda t: t.sin(), lambda t: t.cos(), (x,))
+
+    fresh()
+    ref = torch.compile(f, backend="inductor")
+    cg = torch.compile(f, backend="cgtree")
+    for i in range(6):
+        x = torch.randn(1024, device=DEV) + (1 if i % 2 else -1)
+        torch.testing.assert_close(cg(x), ref(x))
