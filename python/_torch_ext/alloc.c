@@ -33,6 +33,7 @@
 #include "ext.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 
@@ -48,6 +49,9 @@ static tx_alloc_figures fig;
 static uint64_t next_serial = 1;
 
 static _Thread_local cgt_launch *tls_launch;
+/* Launches running now, on every thread: while one runs, a capture may be
+ * under way, and eager frees wait (eager.c, "Frees while a capture"). */
+static atomic_int launches_running;
 static _Thread_local uint64_t tls_serial;
 
 void tx_alloc_launch_enter(cgt_launch *l) {
@@ -55,9 +59,14 @@ void tx_alloc_launch_enter(cgt_launch *l) {
   tls_serial = next_serial++;
   pthread_mutex_unlock(&alloc_mu);
   tls_launch = l;
+  atomic_fetch_add(&launches_running, 1);
 }
 
-void tx_alloc_launch_leave(void) { tls_launch = NULL; }
+void tx_alloc_launch_leave(void) {
+  tls_launch = NULL;
+  if (atomic_fetch_sub(&launches_running, 1) == 1)
+    tx_eager_flush();
+}
 
 /* Called with alloc_mu held, after anything that may raise the peak. */
 static void combined_peak_check_locked(void) {
@@ -83,6 +92,8 @@ void tx_alloc_note_pool_in_use(int device, size_t bytes) {
 }
 
 static void *eager_alloc(size_t size, int device, void *stream) {
+  if (atomic_load(&launches_running) == 0)
+    tx_eager_flush();
   size_t counted = 0;
   void *p = tx_eager_alloc(size, device, stream, &counted);
   if (!p)
@@ -97,7 +108,10 @@ static void *eager_alloc(size_t size, int device, void *stream) {
 }
 
 static void eager_free(void *p) {
-  size_t counted = tx_eager_free(p);
+  int capture_may_run = atomic_load(&launches_running) > 0;
+  if (!capture_may_run)
+    tx_eager_flush();
+  size_t counted = tx_eager_free(p, capture_may_run);
   pthread_mutex_lock(&alloc_mu);
   fig.eager_in_use -= counted < fig.eager_in_use ? counted : fig.eager_in_use;
   pthread_mutex_unlock(&alloc_mu);

@@ -30,6 +30,14 @@
  * (num_ooms) and PyTorch raises its out-of-memory error, which the program
  * can catch.
  *
+ * Frees while a capture may be under way. A block PyTorch frees while one
+ * of our launch functions runs (Python's garbage collector can free any
+ * tensor at any moment) must not be given back then: cudaFreeAsync on the
+ * legacy stream, where most eager tensors live, would make it depend on
+ * the capturing stream and invalidate the capture. alloc.c passes such frees
+ * with `later`; they wait on a list, and are given back at the next eager
+ * allocation or free outside a launch, or when the launch returns.
+ *
  * Figures, with PyTorch's meanings: allocated bytes count requests rounded
  * up to 512 bytes, as torch.cuda.memory_allocated does; reserved bytes are
  * what the driver's pools hold. Every live block is in a hash (pointer ->
@@ -58,6 +66,7 @@ static pthread_mutex_t eager_mu = PTHREAD_MUTEX_INITIALIZER;
 static eager_block *blocks;
 static tx_eager_figures fig;
 static size_t in_use_by_device[MAX_EAGER_DEVICES + 1]; /* index 0: device -1 (host) */
+static eager_block *pending; /* freed while a launch ran: given back at the next tx_eager_flush */
 static uint64_t keep_bytes = 2ull << 30;
 static uint64_t serial;
 
@@ -105,7 +114,17 @@ void *tx_eager_alloc(size_t size, int device, void *stream, size_t *counted) {
   return p;
 }
 
-size_t tx_eager_free(void *p) {
+/* Gives b's memory back to its device's pool, ordered after its stream's
+ * and its recorded streams' work. */
+static void give_back(eager_block *b) {
+  for (size_t i = 0; i < b->n_used; i++) /* recorded streams: the free waits for their work so far */
+    tx_dev_stream_after(b->stream, b->used_on[i], b->device);
+  tx_dev_pool_free(b->ptr, b->device, b->stream);
+  free(b->used_on);
+  free(b);
+}
+
+size_t tx_eager_free(void *p, int later) {
   pthread_mutex_lock(&eager_mu);
   eager_block *b = NULL;
   HASH_FIND_PTR(blocks, &p, b);
@@ -116,14 +135,29 @@ size_t tx_eager_free(void *p) {
   size_t counted = counted_bytes(b->size);
   HASH_DEL(blocks, b);
   fig.frees++;
-  *device_in_use(b->device) -= counted_bytes(b->size);
+  *device_in_use(b->device) -= counted;
+  if (later) { /* a capture may be under way: no stream call now (see tx_eager_flush) */
+    b->hh.next = pending;
+    pending = b;
+    fig.deferred_frees++;
+    b = NULL;
+  }
   pthread_mutex_unlock(&eager_mu);
-  for (size_t i = 0; i < b->n_used; i++) /* recorded streams: the free waits for their work so far */
-    tx_dev_stream_after(b->stream, b->used_on[i], b->device);
-  tx_dev_pool_free(p, b->device, b->stream);
-  free(b->used_on);
-  free(b);
+  if (b)
+    give_back(b);
   return counted;
+}
+
+void tx_eager_flush(void) {
+  pthread_mutex_lock(&eager_mu);
+  eager_block *b = pending;
+  pending = NULL;
+  pthread_mutex_unlock(&eager_mu);
+  while (b) {
+    eager_block *next = b->hh.next;
+    give_back(b);
+    b = next;
+  }
 }
 
 int tx_eager_record_stream(void *p, void *stream) {

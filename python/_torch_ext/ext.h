@@ -49,7 +49,7 @@ void tx_alloc_note_pool_in_use(int device, size_t bytes); /* a device's tree: it
 /* ------------------------------------------------------------ eager.c */
 
 typedef struct tx_eager_figures {
-  uint64_t allocations, frees, num_alloc_retries, num_ooms, recorded_streams;
+  uint64_t allocations, frees, num_alloc_retries, num_ooms, recorded_streams, deferred_frees;
   size_t in_use;          /* of one device, counted as PyTorch counts memory_allocated */
   size_t live_blocks;     /* of every device */
   size_t reserved, reserved_peak; /* what the device's stream-ordered pool holds (0 if unknown) */
@@ -58,8 +58,10 @@ typedef struct tx_eager_figures {
  * bytes in use. NULL when out of memory, after one trim and retry. */
 void *tx_eager_alloc(size_t size, int device, void *stream, size_t *counted);
 /* Frees p after its stream's and every recorded stream's work so far;
- * returns what it took from the bytes in use, 0 if p is not ours. */
-size_t tx_eager_free(void *p);
+ * returns what it took from the bytes in use, 0 if p is not ours. With
+ * `later`, p is only set aside, to be given back by tx_eager_flush. */
+size_t tx_eager_free(void *p, int later);
+void tx_eager_flush(void); /* gives back what tx_eager_free set aside; never while a capture may run */
 /* p is used on stream too (Tensor.record_stream): 1, 0 if p is not an
  * eager block of ours, -1 out of host memory. */
 int tx_eager_record_stream(void *p, void *stream);
@@ -222,6 +224,7 @@ struct tx_out_ref {
   cgt_value value;
   uint64_t step;
   void *ptr;
+  size_t bytes;      /* the value's */
   PyObject *key;     /* the tensor object, never dereferenced: registry key only */
   int in_registry;
   PyObject *storage; /* its storage's key for TX.storage_mark (an int), or NULL */

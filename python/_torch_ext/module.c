@@ -426,7 +426,7 @@ static PyObject *m_alloc_figures(PyObject *m, PyObject *args) {
   tx_alloc_figures_get(&f);
   tx_eager_figures e;
   tx_eager_figures_get(device, &e);
-  return Py_BuildValue("{s:n,s:n,s:n,s:n,s:K,s:K,s:K,s:K,s:n,s:n,s:n,s:K,s:K,s:K,s:K,s:K}", "pool_in_use",
+  return Py_BuildValue("{s:n,s:n,s:n,s:n,s:K,s:K,s:K,s:K,s:n,s:n,s:n,s:K,s:K,s:K,s:K,s:K,s:K}", "pool_in_use",
                        (Py_ssize_t)f.pool_in_use, "combined_peak", (Py_ssize_t)f.combined_peak, "eager_in_use",
                        (Py_ssize_t)f.eager_in_use, "eager_peak", (Py_ssize_t)f.eager_peak, "pool_allocs",
                        (unsigned long long)f.pool_allocs, "pool_frees_in_launch",
@@ -437,7 +437,8 @@ static PyObject *m_alloc_figures(PyObject *m, PyObject *args) {
                        (Py_ssize_t)e.reserved_peak, "eager_allocations", (unsigned long long)e.allocations,
                        "eager_frees", (unsigned long long)e.frees, "num_alloc_retries",
                        (unsigned long long)e.num_alloc_retries, "num_ooms", (unsigned long long)e.num_ooms,
-                       "recorded_streams", (unsigned long long)e.recorded_streams);
+                       "recorded_streams", (unsigned long long)e.recorded_streams, "deferred_frees",
+                       (unsigned long long)e.deferred_frees);
 }
 
 static PyObject *m_reset_peak(PyObject *m, PyObject *unused) {

@@ -112,7 +112,8 @@ typedef struct seg_run {
   cgt_segment seg;
   int registered;
   cgt_arg *args;
-  void **ptrs;
+  void **ptrs;    /* each tensor input's data pointer */
+  size_t *offs;   /* where a VALUE input starts inside its value (a view of an output), else 0 */
   cgt_value *outs;
   PyObject *const *cur;
   uint64_t cur_variant;
@@ -240,6 +241,7 @@ static PyObject *make_output(TreeObject *T, cgt_value v, const out_meta *m, uint
   r->value = v;
   r->step = T->step;
   r->ptr = ptr;
+  r->bytes = bytes;
   DLTensor *dl = TXE.outputs ? &r->mv.dl_tensor : &r->m.dl_tensor;
   dl->data = ptr;
   dl->device.device_type = kDLCUDA;
@@ -453,7 +455,7 @@ static cgt_status seg_launch(cgt_launch *l, void *user) {
     PyObject *o = r->cur[i], *item;
     if (s->arg_kind[i] <= ARG_TENSOR_STATIC) {
       void *p = cgt_launch_input(l, k);
-      if (p == r->ptrs[k] || r->ptrs[k] == NULL) {
+      if ((char *)p + r->offs[k] == (char *)r->ptrs[k] || r->ptrs[k] == NULL) { /* the caller's own memory, or a value */
         Py_INCREF(o);
         item = o;
       } else { /* a DYNAMIC input: the graph must read the pool placeholder */
@@ -708,13 +710,16 @@ static seg_run *run_for(SegmentObject *s) {
       return s->runs[i];
   seg_run *r = calloc(1, sizeof *r);
   seg_run **grown = r ? realloc(s->runs, (s->n_runs + 1) * sizeof *grown) : NULL;
-  if (r)
-    r->args = calloc(s->n_args + 1, sizeof *r->args), r->ptrs = calloc(s->n_args + 1, sizeof *r->ptrs);
-  if (!r || !grown || !r->args || !r->ptrs) {
+  if (r) {
+    r->args = calloc(s->n_args + 1, sizeof *r->args);
+    r->ptrs = calloc(s->n_args + 1, sizeof *r->ptrs);
+    r->offs = calloc(s->n_args + 1, sizeof *r->offs);
+  }
+  if (!r || !grown || !r->args || !r->ptrs || !r->offs) {
     if (grown)
       s->runs = grown;
     if (r)
-      free(r->args), free(r->ptrs);
+      free(r->args), free(r->ptrs), free(r->offs);
     free(r);
     PyErr_NoMemory();
     return NULL;
@@ -758,6 +763,14 @@ fail:
   for (; k < s->n_outputs; k++) /* values no tensor took */
     (void)cgt_value_release(r->tree->tree, r->outs[k]);
   Py_XDECREF(out);
+  return NULL;
+}
+
+/* The output of this step whose value holds [ptr, ptr + span), or NULL. */
+static tx_out_ref *output_containing(TreeObject *T, void *ptr, size_t span) {
+  for (tx_out_ref *o = T->step_outputs; o; o = o->step_next)
+    if ((char *)ptr >= (char *)o->ptr && span <= o->bytes && (size_t)((char *)ptr - (char *)o->ptr) <= o->bytes - span)
+      return o;
   return NULL;
 }
 
@@ -831,12 +844,21 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
           return NULL;
         }
         r->args[k] = cgt_arg_value(ref->value);
+        r->offs[k] = 0;
+      } else if (kind == ARG_TENSOR && ptr && (ref = output_containing(T, ptr, span)) != NULL) {
+        /* A view of this step's output (v = y[1:]): the value it lies in,
+         * and its offset in the variant, since a recording reads there. */
+        r->args[k] = cgt_arg_value(ref->value);
+        r->offs[k] = (size_t)((char *)ptr - (char *)ref->ptr);
+        variant = mix(variant, ((uint64_t)k << 40) ^ (uint64_t)r->offs[k] ^ 0x5eedull);
       } else if (ptr == NULL || span == 0) {
         /* An empty tensor has nothing to read; cgtree needs memory, so it is
          * keyed on a byte of ours and the launch passes the tensor itself. */
         r->ptrs[k] = NULL;
+        r->offs[k] = 0;
         r->args[k] = cgt_arg_static(r->ptrs, 1);
       } else {
+        r->offs[k] = 0;
         r->args[k] = kind == ARG_TENSOR_STATIC ? cgt_arg_static(ptr, span) : cgt_arg_dynamic(ptr, span);
       }
       k++;
@@ -1049,7 +1071,7 @@ static void seg_dealloc(SegmentObject *s) {
   Py_XDECREF(s->static_idx);
   for (size_t i = 0; i < s->n_runs; i++) { /* only runs never registered: a registered one holds s */
     seg_run *r = s->runs[i];
-    free(r->args), free(r->ptrs), free(r->outs);
+    free(r->args), free(r->ptrs), free(r->offs), free(r->outs);
     Py_XDECREF(r->tree);
     Py_XDECREF(r->exc_type), Py_XDECREF(r->exc_value), Py_XDECREF(r->exc_tb);
     free(r);

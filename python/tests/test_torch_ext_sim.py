@@ -102,6 +102,10 @@ class FakeTensor:
         """A new tensor object over the same storage, as y.view(-1) or y[:] is."""
         return FakeTensor(self.n, ptr=self.ptr, storage=self.storage)
 
+    def narrow(self, start, length):
+        """`length` elements from `start` on, over the same storage, as y[start:start + length] is."""
+        return FakeTensor(length, ptr=self.ptr + 4 * start, storage=self.storage)
+
     def data_ptr(self):
         self.storage.check()
         return self.ptr
@@ -404,6 +408,22 @@ def test_an_output_passed_to_the_next_segment_of_the_step_is_a_value(tree):
     s = tree.stats()
     assert s["replays"] - before["replays"] == 10
     assert s["input_copies"] - before["input_copies"] == 5  # x only: a travels as a VALUE
+
+
+def test_a_view_of_an_output_passed_to_the_next_segment_is_its_value_at_an_offset(tree):
+    g1, g2 = Graph(tree, 2.0, 0.0), Graph(tree, 1.0, 1.0)
+    s1, s2 = segment(tree, g1, spans=(16,), name="one"), segment(tree, g2, spans=(8,), name="two")
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    before = tree.stats()
+    for i in range(8):
+        Generation.generation += 1
+        (a,) = s1(x)
+        start = 1 + i % 2  # two offsets: two variants, each replayed
+        (b,) = s2(a.narrow(start, 2))
+        assert b.values() == [2 * v + 1 for v in [1, 2, 3, 4][start:start + 2]]
+    s = tree.stats()
+    assert s["replays"] - before["replays"] >= 8
+    assert s["input_copies"] - before["input_copies"] <= 8  # x only: the views travel as values
 
 
 def test_an_output_of_an_earlier_step_is_refused_as_stale(tree):

@@ -279,9 +279,11 @@ def test_mutations_apply_exactly_once_per_call_in_a_cold_and_a_warm_process(tmp_
     eager after every call, in two fresh processes sharing Inductor's
     caches (the warm one is where name scans and AOTAutograd's cache hid
     mutations)."""
-    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path))
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "cache"))
+    script = tmp_path / "mutations.py"  # Triton's @jit wants its source in a file
+    script.write_text(MUTATIONS)
     for run in ("cold", "warm"):
-        r = subprocess.run([sys.executable, "-c", MUTATIONS], env=env, capture_output=True, text=True, timeout=400)
+        r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=400)
         assert r.returncode == 0, (run, r.stdout[-2000:], r.stderr[-4000:])
         for name in ("iadd", "foreach", "setitem", "user_triton", "batchnorm_train"):
             assert "OK " + name in r.stdout, (run, name, r.stdout[-2000:])
@@ -335,12 +337,11 @@ def test_record_stream_keeps_a_block_from_another_stream_until_its_work_is_done(
     with torch.cuda.stream(side):
         torch.cuda._sleep(200_000_000)  # a long kernel on the side stream...
         y = x * 2  # ...then one that reads x
-    x.record_stream(side)
-    ptr = x.data_ptr()
     before = ct.memory_stats()["recorded_streams"]
+    x.record_stream(side)
+    assert ct.memory_stats()["recorded_streams"] == before + 1
     del x  # freed while the side stream still has to read it
-    z = torch.zeros(1 << 22, device=DEV)  # same size, same stream: would reuse x's block
-    assert ct.memory_stats()["recorded_streams"] == before + 1 or z.data_ptr() != ptr
+    z = torch.zeros(1 << 22, device=DEV)  # same size, same stream: may reuse x's block, after the side's work
     z.fill_(-1)
     side.synchronize()
     torch.cuda.synchronize()
