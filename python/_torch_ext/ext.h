@@ -105,6 +105,7 @@ typedef struct TreeObject {
   tx_out_ref *registry;  /* output tensors handed out and still alive, keyed by the tensor object */
   uint64_t outputs_made, stale_refused;
   uint64_t replays_seen; /* the tree's replay count after the last cgt_run of segment.c (its timers) */
+  uint64_t capture_failures_seen; /* and its capture failures (a failure turns the segment plain) */
   uint64_t launch_ns_seen; /* and its launch_host_ns (with time_launches) */
   uint64_t alive_this_step;    /* outputs of the current step whose tensors live */
   uint64_t overwritable;       /* summed at each step begin: outputs alive whose memory the new step may reuse */

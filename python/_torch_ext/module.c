@@ -588,6 +588,15 @@ static void sim_kernel(void *args) {
   PyGILState_Release(g);
 }
 
+static PyObject *m_sim_sync(PyObject *m, PyObject *stream) {
+  (void)m;
+  void *p = PyLong_AsVoidPtr(stream);
+  if (PyErr_Occurred())
+    return NULL;
+  (void)cgt_sim_sync(p); /* refused under capture, which it invalidates: what the test wants to see */
+  Py_RETURN_NONE;
+}
+
 static PyObject *m_sim_launch(PyObject *m, PyObject *args) {
   (void)m;
   if (PyTuple_GET_SIZE(args) < 2) {
@@ -623,6 +632,7 @@ static PyObject *m_sim_launch(PyObject *m, PyObject *args) {
 
 static PyMethodDef module_methods[] = {
     {"sim_launch", m_sim_launch, METH_VARARGS, "tests: enqueue fn(*args) on a simulator stream"},
+    {"sim_sync", m_sim_sync, METH_O, "tests: synchronise a simulator stream (as .item() does: invalidates a capture)"},
     {"init_hot_path", m_init_hot_path, METH_VARARGS,
      "init_hot_path(torch._C._from_dlpack, torch._C._cuda_getCurrentRawStream, GenerationTracker, torch.Tensor"
      "[, torch.Tensor.data_ptr, torch._C._cuda_clearCublasWorkspaces, torch._C._tensors_data_ptrs_at_indices_equal, "

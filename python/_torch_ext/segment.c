@@ -919,6 +919,8 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
   T->replays_seen = after.replays;
   uint64_t launch_ns = after.launch_host_ns - T->launch_ns_seen;
   T->launch_ns_seen = after.launch_host_ns;
+  int capture_failed = after.capture_failures > T->capture_failures_seen;
+  T->capture_failures_seen = after.capture_failures;
   if (st != CGT_OK) {
     if (r->exc_type) {
       /* The graph raised while cgtree warmed it up or recorded it. Whatever
@@ -949,6 +951,15 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
     return tx_status_error(T, st, "cgt_run");
   }
   clear_exception(r);
+  if (capture_failed) {
+    /* The graph cannot be captured (a host sync such as torch.cond's device
+     * predicate, a call CUDA refuses under capture): cgtree ran it eagerly
+     * this once, correctly. From now on it runs as the plain Inductor graph,
+     * at Inductor's speed, rather than as an eager node of the tree. */
+    char why[512];
+    snprintf(why, sizeof why, "its capture failed (%s)", cgt_tree_last_error(T->tree));
+    go_plain(s, why);
+  }
   if (caller && caller != T->stream)
     tx_stream_wait(caller, T->stream, T->ev_out);
   variant_tmpl *t = tmpl_find(s, variant);

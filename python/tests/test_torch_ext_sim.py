@@ -649,6 +649,28 @@ def test_non_tensor_outputs_come_back_as_recorded(tree):
         assert isinstance(res, tuple) and res[1:] == (7, None) and res[0].values() == [1, 2, 3, 4]
 
 
+def test_a_graph_whose_capture_fails_runs_as_the_plain_graph_from_then_on(tree):
+    g = Graph(tree, 2.0, 1.0)
+
+    def syncing(x):  # as a graph with torch.cond on a device predicate (a host sync) does
+        X.sim_sync(tree.stream)
+        return g(x)
+
+    seg = segment(tree, syncing, spans=(16,), name="syncs")
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    with pytest.warns(RuntimeWarning, match="capture failed"):
+        for _ in range(3):
+            (y,) = call(seg, x)
+            assert y.values() == [3, 5, 7, 9]
+    assert "capture failed" in seg.info["plain_reason"]
+    runs = tree.stats()["runs"]
+    for _ in range(5):
+        (y,) = call(seg, x)
+        assert y.values() == [3, 5, 7, 9]
+    assert tree.stats()["runs"] == runs  # plain calls: cgtree is not involved any more
+    assert seg.info["plain_calls"] >= 6
+
+
 def test_a_graph_that_raises_under_cgtree_runs_plainly_and_a_real_error_still_reaches_the_caller(tree):
     class Failing(Graph):
         def __call__(self, x):
