@@ -58,6 +58,8 @@ Examples:
   early_exit  6 residual MLP layers; after each, a host check of the hidden
               state's mean decides whether to exit (a graph break per layer);
               4 inputs exit at different depths, so the tree has many paths.
+  cond        torch.cond on a device predicate (x.sum() > 0): Inductor syncs
+              on it, so no CUDA graph can hold the graph; the inputs alternate.
   gpt2        transformers GPT2LMHeadModel, random init, small config,
               StaticCache; 64 tokens per call of generate(): one compiled call
               per token, sampling (torch.multinomial, seeded) and the EOS check
@@ -194,7 +196,23 @@ def make_gpt2(torch, dev):
                                "data": [prompt] + list(model.state_dict().values())}
 
 
-EXAMPLES = {"branch": make_branch, "early_exit": make_early_exit, "gpt2": make_gpt2}
+def make_cond(torch, dev):
+    """torch.cond on a device predicate: Inductor syncs on the predicate, so
+    no CUDA graph can hold it; cgtree must run it at Inductor's speed."""
+    def f(x):
+        return torch.cond(x.sum() > 0, lambda t: (t.sin() * 2).cos(), lambda t: (t.cos() + 1).sin(), (x,))
+
+    g = torch.Generator().manual_seed(0)
+    x = (torch.rand(256, 256, generator=g) - 0.5).to(dev)
+    inputs = [x + 0.1, x - 0.1]
+
+    def step(fn, i):
+        return fn(inputs[i % 2])
+
+    return f, step, {"unit": "step", "segments_per_step": 1, "data": inputs}
+
+
+EXAMPLES = {"branch": make_branch, "early_exit": make_early_exit, "gpt2": make_gpt2, "cond": make_cond}
 
 
 # -------------------------------------------------------------------- child

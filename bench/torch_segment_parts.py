@@ -10,26 +10,19 @@ cgt_run, outputs; replays only):
   fresh      a new token tensor and a new cache_position tensor each call,
              as generation does: cgt_run repoints the graph's two DYNAMIC
              copies every call;
-  noreuse    as fresh, with a new output tensor made every call
-             (python/_torch_ext/reuse.c off);
   same       the same two tensors every call: nothing to repoint, so cgt_run
              is the graph launch plus the tree's own bookkeeping;
-  exchange   as fresh, with the C shim off (python/_torch_ext/shim.c):
-             pointers through DLPack's C exchange API;
-  python     as fresh, with DLPack's C exchange API off too
+  python     as fresh, with DLPack's C exchange API off
              (python/_torch_ext/exchange.c): pointers, the stream and output
              tensors through PyTorch's Python API, as before PyTorch 2.11.
 
 The calls run in generations of 60 tokens from a reset cache, each followed
 by a sync; "wall" is the call plus that sync.
 
-Then, apart from the tree: what one data pointer read costs each way, over
-the model's weights, and what PyTorch takes to make one output tensor each
-way (python/_torch_ext/shim.c, exchange.c), each twice: in a tight loop (hot
-caches) and with the host's caches evicted before each pass (cold, as in the
-hot path, where nothing has touched a weight's StorageImpl since the last
-call). Prints a table, those two lines
-and one JSON line (RESULT ...). GPU only.
+Then, apart from the tree: what PyTorch takes to make one output tensor
+each way (python/_torch_ext/exchange.c), twice: in a tight loop (hot caches)
+and with the host's caches evicted before each pass (cold, as in the hot
+path). Prints a table, those lines and one JSON line (RESULT ...). GPU only.
 """
 import argparse
 import json
@@ -70,10 +63,6 @@ def main():
         """The hot path's ways of reading pointers, the stream and outputs."""
         _install.setup_exchange()
         _install.check_exchange_stream(0, tree_stream)
-        _install.setup_shim()
-        _install.setup_reuse(way != "noreuse")
-        if way in ("exchange", "python"):
-            _torch_ext.setup_shim(None, "", (), [])
         if way == "python":
             _torch_ext.setup_exchange(None, (), [])
 
@@ -115,23 +104,18 @@ def main():
             for way in WAYS:
                 run(way, a.calls)
         configure("fresh")
-        weights = _params_of(fn)
-        reads = _torch_ext.time_pointer_reads(weights, 2000)
-        cold_reads = _torch_ext.time_pointer_reads(weights, 200, EVICT)
         buf = torch.empty(4096, device=dev)
         making = _torch_ext.time_tensor_making(buf.data_ptr(), (1, 1, 4096), 0, 20000)
         cold_making = _torch_ext.time_tensor_making(buf.data_ptr(), (1, 1, 4096), 0, 200, EVICT)
-        reuse = dict(_torch_ext.reuse_info(), why=_install._state["reuse"])
     rows = []
     for way in WAYS:
         tot = totals[way]
         r = max(tot["replays"], 1)
         rows.append({"way": way, "replays": tot["replays"], "us_wall_per_call": tot["wall"] / r * 1e6,
                      **{"us_" + k[3:]: tot[k] / r / 1e3 for k in tot if k not in ("replays", "wall")}})
-    print("device: %s, torch %s, at install: shim %s, exchange API %s, stream %s" % (
-        torch.cuda.get_device_name(), torch.__version__, _install._state["shim"], _install._state["exchange"],
+    print("device: %s, torch %s, at install: exchange API %s, stream %s" % (
+        torch.cuda.get_device_name(), torch.__version__, _install._state["exchange"],
         _install._state["exchange_stream"]))
-    print("output reuse at install: %s" % (reuse["why"],))
     print("%-10s %8s %9s %8s %8s %8s %8s %8s %8s %8s %8s %8s" % (
         "way", "replays", "wall/call", "call", "args", "(step)", "streams", "cgt_run", "(launch)", "outputs", "(make)",
         "call-launch"))
@@ -143,32 +127,18 @@ def main():
     print("(step: of args, the step's start and handing back dead outputs; launch: of cgt_run, the graph launch "
           "call alone; make: of outputs, PyTorch making the tensor; call-launch: the backend's own time)")
     print("(us per replayed segment; 'call' is the whole C hot path; repointing the two DYNAMIC copies costs "
-          "cgt_run(fresh) - cgt_run(same) = %.2f us)" % (rows[0]["us_in_run"] - rows[2]["us_in_run"]))
+          "cgt_run(fresh) - cgt_run(same) = %.2f us)" % (rows[0]["us_in_run"] - rows[1]["us_in_run"]))
     fmt = lambda v: "off" if v is None else "%.1f ns" % v  # noqa: E731
-    print("one data pointer, over the model's %d weights: shim %s, exchange API %s, data_ptr() %s" % (
-        len(weights), fmt(reads["shim_ns"]), fmt(reads["exchange_ns"]), fmt(reads["data_ptr_ns"])))
-    print("  cold caches: shim %s, exchange API %s, data_ptr() %s" % (
-        fmt(cold_reads["shim_ns"]), fmt(cold_reads["exchange_ns"]), fmt(cold_reads["data_ptr_ns"])))
     print("one output tensor (1, 1, 4096), made and dropped, PyTorch's part alone: exchange API %s, "
           "capsule + torch._C._from_dlpack %s" % (fmt(making["exchange_ns"]), fmt(making["from_dlpack_ns"])))
     print("  cold caches: exchange API %s, capsule + torch._C._from_dlpack %s" % (
         fmt(cold_making["exchange_ns"]), fmt(cold_making["from_dlpack_ns"])))
     print("RESULT " + json.dumps({"example": "gpt2", "device": torch.cuda.get_device_name(), "rows": rows,
-                                  "pointer_read_ns": reads, "pointer_read_cold_ns": cold_reads,
-                                  "tensor_making_ns": making, "tensor_making_cold_ns": cold_making,
-                                  "reuse": reuse}))
+                                  "tensor_making_ns": making, "tensor_making_cold_ns": cold_making}))
 
 
-WAYS = ("fresh", "noreuse", "same", "exchange", "python")
+WAYS = ("fresh", "same", "python")
 EVICT = 64 << 20  # bytes written to evict the host's caches before a cold pass
-
-
-def _params_of(forward):
-    """The model's weights, from the closure of make_gpt2's forward."""
-    for cell in forward.__closure__ or ():
-        if hasattr(cell.cell_contents, "parameters"):
-            return list(cell.cell_contents.parameters())
-    raise RuntimeError("no model in forward()'s closure")
 
 
 def _cache_of(generate):
