@@ -63,8 +63,14 @@ void tx_alloc_launch_enter(cgt_launch *l) {
 }
 
 void tx_alloc_launch_leave(void) {
+  /* Frees set aside during the launch stay aside: cgtree ends the capture
+   * only after the launch function returns (tx_alloc_flush_if_idle). */
   tls_launch = NULL;
-  if (atomic_fetch_sub(&launches_running, 1) == 1)
+  atomic_fetch_sub(&launches_running, 1);
+}
+
+void tx_alloc_flush_if_idle(void) {
+  if (atomic_load(&launches_running) == 0)
     tx_eager_flush();
 }
 

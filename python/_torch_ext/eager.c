@@ -36,7 +36,7 @@
  * legacy stream, where most eager tensors live, would make it depend on
  * the capturing stream and invalidate the capture. alloc.c passes such frees
  * with `later`; they wait on a list, and are given back at the next eager
- * allocation or free outside a launch, or when the launch returns.
+ * allocation or free outside a launch, or at the next segment call.
  *
  * Figures, with PyTorch's meanings: allocated bytes count requests rounded
  * up to 512 bytes, as torch.cuda.memory_allocated does; reserved bytes are
@@ -47,6 +47,7 @@
 #include "ext.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 enum { MAX_EAGER_DEVICES = 64 };
@@ -67,6 +68,7 @@ static eager_block *blocks;
 static tx_eager_figures fig;
 static size_t in_use_by_device[MAX_EAGER_DEVICES + 1]; /* index 0: device -1 (host) */
 static eager_block *pending; /* freed while a launch ran: given back at the next tx_eager_flush */
+static atomic_int any_pending;
 static uint64_t keep_bytes = 2ull << 30;
 static uint64_t serial;
 
@@ -139,6 +141,7 @@ size_t tx_eager_free(void *p, int later) {
   if (later) { /* a capture may be under way: no stream call now (see tx_eager_flush) */
     b->hh.next = pending;
     pending = b;
+    atomic_store(&any_pending, 1);
     fig.deferred_frees++;
     b = NULL;
   }
@@ -149,7 +152,10 @@ size_t tx_eager_free(void *p, int later) {
 }
 
 void tx_eager_flush(void) {
+  if (!atomic_load(&any_pending))
+    return; /* the common case, without the lock */
   pthread_mutex_lock(&eager_mu);
+  atomic_store(&any_pending, 0);
   eager_block *b = pending;
   pending = NULL;
   pthread_mutex_unlock(&eager_mu);

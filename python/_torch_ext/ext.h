@@ -35,6 +35,9 @@
  * PyTorch makes goes to the tree's pool through this launch. */
 void tx_alloc_launch_enter(cgt_launch *l);
 void tx_alloc_launch_leave(void);
+/* Gives back eager blocks freed during launches, if no launch runs now
+ * (segment.c calls it at every call, outside cgt_run). */
+void tx_alloc_flush_if_idle(void);
 
 typedef struct tx_alloc_figures {
   size_t eager_in_use, eager_peak; /* outside the pool, counted as PyTorch counts memory_allocated */
@@ -96,7 +99,8 @@ typedef struct TreeObject {
   PyObject_HEAD
   cgt_tree *tree;
   int device;
-  void *stream;          /* the tree's own (blocking) stream */
+  void *stream;          /* the tree's stream */
+  int blocking;          /* it is a blocking stream: the legacy default stream orders with it by itself */
   PyObject *device_obj;  /* device as a Python int, for the raw stream getter */
   void *ev_in, *ev_out;  /* cudaEvent_t, for callers on a stream other than the legacy default */
   uint64_t step;         /* our count of cgt_step_begin calls */

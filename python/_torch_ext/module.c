@@ -125,12 +125,20 @@ void tx_tree_drain(TreeObject *T) {
 /* ------------------------------------------------------------ Tree */
 
 static int tree_init(TreeObject *T, PyObject *a, PyObject *kw) {
-  static char *kwlist[] = {"device", "warmup_runs", "rerecord_limit", "backend", "time_launches", NULL};
+  static char *kwlist[] = {"device", "warmup_runs", "rerecord_limit", "backend", "time_launches", "stream", NULL};
   int device = 0, time_launches = 0;
   unsigned int warmup = 1, rerecord = 0;
   const char *backend = "cuda";
-  if (!PyArg_ParseTupleAndKeywords(a, kw, "i|IIsp", kwlist, &device, &warmup, &rerecord, &backend, &time_launches))
+  PyObject *stream_obj = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(a, kw, "i|IIspO", kwlist, &device, &warmup, &rerecord, &backend, &time_launches,
+                                   &stream_obj))
     return -1;
+  void *given_stream = NULL;
+  if (stream_obj != Py_None) {
+    given_stream = PyLong_AsVoidPtr(stream_obj);
+    if (PyErr_Occurred())
+      return -1;
+  }
   if (T->tree) {
     PyErr_SetString(PyExc_RuntimeError, "Tree is already initialised");
     return -1;
@@ -150,6 +158,7 @@ static int tree_init(TreeObject *T, PyObject *a, PyObject *kw) {
   o.device = device;
   o.warmup_runs = warmup;
   o.time_launches = (uint32_t)time_launches;
+  o.stream = given_stream; /* NULL: the tree makes its own blocking stream */
   if (rerecord)
     o.rerecord_limit = rerecord;
   cgt_status st = cgt_tree_create(&o, &T->tree);
@@ -163,6 +172,7 @@ static int tree_init(TreeObject *T, PyObject *a, PyObject *kw) {
   if (!T->device_obj)
     return -1;
   T->stream = cgt_tree_stream(T->tree);
+  T->blocking = given_stream == NULL; /* a stream handed in is the caller's choice: order it with events */
   if (!sim) {
     T->ev_in = tx_event_create();
     T->ev_out = tx_event_create();

@@ -793,6 +793,7 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
   if (tx_tree_sync_step(T) < 0)
     return NULL;
   tx_out_ref_queue_drain();
+  tx_alloc_flush_if_idle(); /* eager blocks freed during the last launch (alloc.c) */
   uint64_t t_step = tx_now_ns();
 
   uint64_t variant = 0;
@@ -876,8 +877,8 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
       variant = mix(variant, bits);
     }
   }
-  /* The caller's stream: the legacy default stream (0) is ordered with the
-   * tree's blocking stream by CUDA itself; any other needs events. */
+  /* The caller's stream: the legacy default stream (0) is ordered with a
+   * blocking tree stream by CUDA itself; any other needs events. */
   if (!statics_same && s->static_idx)
     s->static_known = statics_noted && !fast; /* every STATIC pointer was read, and noted, just now */
   uint64_t t_args = tx_now_ns();
@@ -885,7 +886,7 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
   if (caller_stream(T, &caller) < 0)
     return NULL;
   if (!s->outputs_known) { /* runs on the caller's stream: wait for the tree's outputs */
-    if (caller && caller != T->stream)
+    if ((caller || !T->blocking) && caller != T->stream)
       tx_stream_wait(caller, T->stream, T->ev_out);
     PyObject *plain = first_call(s, args, n, variant);
     if (!plain || !s->outputs_known || s->bypass_reason)
@@ -901,7 +902,7 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
   } else if (!r->registered && run_register(r) < 0) { /* a tree of another thread ran it first */
     return NULL;
   }
-  if (caller && caller != T->stream)
+  if ((caller || !T->blocking) && caller != T->stream)
     tx_stream_wait(T->stream, caller, T->ev_in);
 
   r->cur = args;
@@ -960,7 +961,7 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
     snprintf(why, sizeof why, "its capture failed (%s)", cgt_tree_last_error(T->tree));
     go_plain(s, why);
   }
-  if (caller && caller != T->stream)
+  if ((caller || !T->blocking) && caller != T->stream)
     tx_stream_wait(caller, T->stream, T->ev_out);
   variant_tmpl *t = tmpl_find(s, variant);
   if (!t) {

@@ -61,7 +61,11 @@ def set_step_mode(mode):
     step_begin() and torch.compiler.cudagraph_mark_step_begin(). Dynamo's
     call counter is process-wide, so threads that call compiled models
     concurrently should use "explicit" and call step_begin() before each
-    call: another thread's call then cannot end this thread's step."""
+    call: another thread's call then cannot end this thread's step. Set it
+    before the thread's first compiled call: the trees a thread makes in
+    "explicit" mode run on a non-blocking stream, so that other threads'
+    work on the legacy default stream cannot meet their captures (events
+    order it with the caller's stream)."""
     if mode not in ("call", "explicit"):
         raise ValueError("set_step_mode: mode is 'call' or 'explicit', not %r" % (mode,))
     _install.set_explicit_steps(mode == "explicit")

@@ -220,9 +220,19 @@ def tree_for(device):
         warmup = int(os.environ.get("CGTREE_TORCH_WARMUP_RUNS", "1"))
         # The benchmarks' split of cgt_run into the graph launch and the rest.
         timed = os.environ.get("CGTREE_TORCH_TIME_LAUNCHES", "0") == "1"
-        tree = _ext.Tree(device, warmup_runs=warmup, time_launches=timed)
-        tree.explicit_steps = getattr(_local, "explicit", False)
-        stream = torch.cuda.ExternalStream(tree.stream, device=torch.device("cuda", device))
+        explicit = getattr(_local, "explicit", False)
+        if explicit:
+            # A thread that runs beside others: a non-blocking stream, so that
+            # another thread's work on the legacy default stream never meets
+            # this tree's captures (CUDA refuses the legacy stream while a
+            # blocking stream captures, in every thread). Events order it with
+            # the caller's stream, the legacy one included.
+            stream = torch.cuda.Stream(device=torch.device("cuda", device))
+            tree = _ext.Tree(device, warmup_runs=warmup, time_launches=timed, stream=stream.cuda_stream)
+        else:
+            tree = _ext.Tree(device, warmup_runs=warmup, time_launches=timed)
+            stream = torch.cuda.ExternalStream(tree.stream, device=torch.device("cuda", device))
+        tree.explicit_steps = explicit
         with _lock:
             if not _ext.exchange_info()["stream"]:
                 _state["exchange_stream"] = _setup_or_off(lambda: check_exchange_stream(device, stream),
@@ -240,7 +250,8 @@ def _tree_of_this_thread(device):
 def set_explicit_steps(on):
     """This thread's steps: False (default), a step begins at every call of
     a compiled model; True, only at step_begin() and
-    torch.compiler.cudagraph_mark_step_begin()."""
+    torch.compiler.cudagraph_mark_step_begin(). Trees this thread makes
+    while True run on a non-blocking stream (see tree_for)."""
     _local.explicit = bool(on)
     for tree, _ in getattr(_local, "trees", {}).values():
         tree.explicit_steps = bool(on)
