@@ -445,8 +445,14 @@ static cgt_status set_outputs(seg_run *r, cgt_launch *l, PyObject *res) {
 static cgt_status seg_launch(cgt_launch *l, void *user) {
   seg_run *r = user;
   SegmentObject *s = r->s;
+  /* From here on a capture may be under way: every allocation goes to the
+   * pool, and an eager block freed now (dropping cuBLAS's workspaces frees
+   * the caller stream's, on the legacy stream) is set aside, not given back
+   * with a call on its stream (alloc.c, eager.c). */
+  tx_alloc_launch_enter(l);
   PyObject *inputs = PyTuple_New(s->n_args);
   if (!inputs) {
+    tx_alloc_launch_leave();
     stash_exception(r);
     return CGT_ERR_OUT_OF_MEMORY;
   }
@@ -469,6 +475,7 @@ static cgt_status seg_launch(cgt_launch *l, void *user) {
       item = o;
     }
     if (!item) {
+      tx_alloc_launch_leave();
       Py_DECREF(inputs);
       stash_exception(r);
       return CGT_ERR_SEGMENT_FAILED;
@@ -476,11 +483,11 @@ static cgt_status seg_launch(cgt_launch *l, void *user) {
     PyTuple_SET_ITEM(inputs, i, item);
   }
   if (tx_blas_clear() < 0) { /* no workspace from before may serve the launch */
+    tx_alloc_launch_leave();
     Py_DECREF(inputs);
     stash_exception(r);
     return CGT_ERR_SEGMENT_FAILED;
   }
-  tx_alloc_launch_enter(l);
   PyObject *res = PyObject_CallOneArg(s->launch_py, inputs);
   cgt_status st;
   if (res) {
