@@ -781,10 +781,25 @@ static tx_out_ref *output_containing(TreeObject *T, void *ptr, size_t span) {
   return NULL;
 }
 
+static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyObject *kwnames, uint64_t t0);
+
+/* AOTAutograd calls a compiled graph that says `_boxed_call` with one list
+ * of its arguments (no argument of a graph is ever a list); anything else
+ * positionally. */
 static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
   SegmentObject *s = (SegmentObject *)self;
   size_t n = PyVectorcall_NARGS(nargsf);
   uint64_t t0 = tx_now_ns();
+  if (n == 1 && !kwnames && PyList_CheckExact(args[0])) {
+    PyObject *list = Py_NewRef(args[0]); /* nobody changes it while we run: the caller waits for us */
+    PyObject *res = seg_call(s, PySequence_Fast_ITEMS(list), (size_t)PyList_GET_SIZE(list), NULL, t0);
+    Py_DECREF(list);
+    return res;
+  }
+  return seg_call(s, args, n, kwnames, t0);
+}
+
+static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyObject *kwnames, uint64_t t0) {
   s->calls++;
   if (s->bypass_reason)
     return call_plain(s, args, n);
@@ -1147,12 +1162,19 @@ static PyMethodDef seg_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static PyObject *seg_get_boxed(SegmentObject *s, void *closure) {
+  (void)s;
+  (void)closure;
+  Py_RETURN_TRUE;
+}
+
 static PyGetSetDef seg_getset[] = {
     {"info", (getter)seg_get_info, NULL, "name, segment id, calls, plain calls and why", NULL},
+    {"_boxed_call", (getter)seg_get_boxed, NULL, "True: AOTAutograd may pass the arguments as one list", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
-static PyObject *seg_call(PyObject *self, PyObject *args, PyObject *kw) {
+static PyObject *seg_tp_call(PyObject *self, PyObject *args, PyObject *kw) {
   return PyVectorcall_Call(self, args, kw);
 }
 
@@ -1161,7 +1183,7 @@ PyTypeObject SegmentType = {
     .tp_basicsize = sizeof(SegmentObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_vectorcall_offset = offsetof(SegmentObject, vectorcall),
-    .tp_call = seg_call,
+    .tp_call = seg_tp_call,
     .tp_doc = "One Dynamo graph as a cgtree segment; call it like the compiled graph.",
     .tp_init = (initproc)seg_init,
     .tp_new = PyType_GenericNew,

@@ -733,6 +733,17 @@ def test_outputs_a_recording_cannot_carry_make_the_segment_plain(tree):
     assert seg.info["plain_calls"] >= 3
 
 
+def test_a_segment_takes_its_arguments_boxed_in_one_list_as_aotautograd_passes_them(tree):
+    seg = segment(tree, Graph(tree, 2.0, 1.0), spans=(16,))
+    assert seg._boxed_call is True
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    for i in range(5):
+        Generation.generation += 1
+        (y,) = seg([x]) if i % 2 else seg(x)
+        assert y.values() == [3, 5, 7, 9]
+    assert tree.stats()["replays"] >= 2
+
+
 def test_a_call_with_the_wrong_argument_count_is_a_type_error(tree):
     seg = segment(tree, Graph(tree, 1.0, 0.0), spans=(16,))
     with pytest.raises(TypeError, match="positional arguments"):
