@@ -85,6 +85,7 @@ int tx_stale_mark_step(TreeObject *T) {
   if (!text)
     return -1;
   int rc = 0;
+  PyObject *type = NULL, *value = NULL, *tb = NULL;
   tx_out_ref *r = T->step_outputs;
   T->step_outputs = NULL;
   while (r) {
@@ -93,20 +94,24 @@ int tx_stale_mark_step(TreeObject *T) {
     r->step_prev = r->step_next = NULL;
     /* Its deleter may have run on a thread without the GIL since the last
      * drain: then its storage is gone and must not be named. */
-    int alive = !tx_out_ref_dead(r);
-    if (alive && rc == 0) {
+    if (!tx_out_ref_dead(r)) {
       PyObject *args[2] = {r->storage, text};
       PyObject *res = PyObject_Vectorcall(TX.storage_mark, args, 2, NULL);
       if (res) {
         T->marked_stale++;
         Py_DECREF(res);
+      } else if (rc == 0) { /* the others are still marked; the first error is the one raised */
+        PyErr_Fetch(&type, &value, &tb);
+        rc = -1;
       } else {
-        rc = -1; /* the remaining outputs are unlinked unmarked; the error says why */
+        PyErr_Clear();
       }
     }
     r = next;
   }
   Py_DECREF(text);
+  if (rc < 0)
+    PyErr_Restore(type, value, tb);
   return rc;
 }
 
