@@ -1,7 +1,5 @@
-/* gpu.cu — README's program: one segment with a real CUDA kernel, three steps.
- * Step 1 warms the segment up, step 2 records it as a CUDA graph, step 3
- * replays it; every output is checked. Exits 77 (skipped) without a GPU.
- * Build: nvcc gpu.cu $(pkg-config --cflags --libs cgtree) -o gpu */
+/* gpu.cu: one segment with a real CUDA kernel. Step 1 warms it up, step 2 records it as a CUDA graph,
+ * step 3 replays it. Exits 77 (skipped) without a GPU. Build: nvcc gpu.cu $(pkg-config --cflags --libs cgtree) */
 #include <cgtree.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +36,5 @@ int main(void) {
   cgt_stats s; OK(cgt_tree_stats(t, &s));
   printf("gpu: 3 steps, %llu warmup, %llu recording, %llu replay, every output right\n",
          (unsigned long long)s.warmups, (unsigned long long)s.recordings, (unsigned long long)s.replays);
-  cgt_tree_destroy(t); cudaFree(x);
-  return 0;
+  cgt_tree_destroy(t); cudaFree(x); return 0;
 }
