@@ -181,3 +181,9 @@ def main(argv=None):
         return EXIT_FAIL
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`cgtree demo | head`): stop quietly, and keep
+        # Python from failing again when it flushes stdout at exit.
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAIL

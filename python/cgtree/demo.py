@@ -163,7 +163,8 @@ def print_result(r):
     s = r["stats"]
     print(f"  {r['steps']} steps, {runs} segment runs each, every output checked against numpy: all equal")
     print(f"  replays {s['replays']}, recordings {s['recordings']}, warmups {s['warmups']}, "
-          f"checkpoint restores {s['checkpoint_restores']}, pool peak {s['pool_peak_bytes']} bytes")
+          f"checkpoint restores {s['checkpoint_restores']}, pool peak {s['pool_peak_bytes']} bytes"
+          + (f", fused launches {s['fused_launches']}" if s["fused_launches"] else ""))
     print(f"  {r['us_per_step']:.1f} us per checked step (host clock, including the checks)")
     print("  the tree:")
     print("\n".join(_tree_lines(r["nodes"])))

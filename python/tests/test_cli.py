@@ -89,3 +89,15 @@ def test_the_cuda_backend_without_a_gpu_is_one_line_and_exit_1():
     r = run("demo", "--backend", "cuda", "--steps", "2")
     assert r.returncode == 1 and r.stdout == ""
     assert len(r.stderr.splitlines()) == 1 and "the CUDA backend is not available" in r.stderr
+
+
+def test_defer_fuses_the_chain_and_a_closed_pipe_is_no_traceback():
+    cmd = [sys.executable, "-m", "cgtree", "demo", "--backend", "sim", "--workload", "chain", "--steps", "20",
+           "--defer"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "fused launches " in r.stdout
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()  # the reader goes away at once, as `| head -0` would
+    err = p.stderr.read().decode()
+    p.wait(timeout=300)
+    assert "Traceback" not in err
