@@ -1,5 +1,5 @@
 /* gpu.cu: one segment with a real CUDA kernel. Step 1 warms it up, step 2 records it as a CUDA graph,
- * step 3 replays it. Exits 77 (skipped) without a GPU. Build: nvcc gpu.cu $(pkg-config --cflags --libs cgtree) */
+ * step 3 replays it. Exits 77 (skipped) without a GPU. Build: nvcc gpu.cu $(pkg-config --cflags --libs cgtree-static) */
 #include <cgtree.h>
 #include <stdio.h>
 #include <stdlib.h>
