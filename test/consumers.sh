@@ -9,6 +9,8 @@
 #       cc $(pkg-config --cflags --libs cgtree), with an rpath;
 #   (b) pkg-config, static: cc $(pkg-config --cflags --libs cgtree-static);
 #       ldd must show no libcgtree.so, and it runs with no library path;
+#       with CUDA, README's nvcc line builds examples/gpu.cu the same way
+#       (it runs, or exits 77 without a GPU);
 #   (c) a Meson project with cgtree as a subproject and
 #       dependency('cgtree', fallback: ['cgtree']); it also checks that the
 #       subproject built nothing but the library (no tests, benchmarks,
@@ -95,6 +97,25 @@ if $cc -std=c11 -Wall -Wextra -Werror "$src/test/consumers/consumer.c" $flags -o
   fi
 else
   fail "(b) pkg-config, static: compile or link failed"
+fi
+
+# README's line for .cu files, on README's own CUDA program, where CUDA is built in.
+nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+if [ "$cuda" = enabled ] && [ -x "$nvcc" ]; then
+  step "(b') nvcc with cgtree-static: examples/gpu.cu"
+  # shellcheck disable=SC2086
+  if "$nvcc" "$src/examples/gpu.cu" $flags -o "$tmp/gpu-static"; then
+    out=$("$tmp/gpu-static" 2>&1)
+    rc=$?
+    echo "$out (exit $rc)"
+    if [ $rc -eq 77 ] || { [ $rc -eq 0 ] && [ "$out" = "$(cat "$src/examples/gpu.expected")" ]; }; then
+      echo "ok: (b') nvcc"
+    else
+      fail "(b') examples/gpu.cu built with nvcc: exit $rc"
+    fi
+  else
+    fail "(b') nvcc could not build examples/gpu.cu with cgtree-static"
+  fi
 fi
 
 step "(c) Meson subproject with dependency('cgtree', fallback: ['cgtree'])"
