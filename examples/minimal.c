@@ -4,7 +4,8 @@
  * CPU simulator. Step 1 warms the segment up (runs it eagerly, in the pool),
  * step 2 records it as a graph, step 3 replays the graph. The program checks
  * every result and prints what happened; `meson test --suite examples`
- * compares its output with minimal.expected.
+ * compares its output with minimal.expected (and, under CGT_MODE=eager,
+ * where every step runs eagerly, with minimal-eager.expected).
  *
  * Build by hand against an installed cgtree:
  *   cc minimal.c $(pkg-config --cflags --libs cgtree) -o minimal
@@ -88,7 +89,8 @@ int main(void) {
     CHECK(cgt_tree_stats(tree, &after));
     const char *how = after.replays > before.replays       ? "replayed"
                       : after.recordings > before.recordings ? "recorded"
-                                                             : "warmed up";
+                      : after.warmups > before.warmups       ? "warmed up"
+                                                             : "ran eagerly";
     printf("step %d (%s): y =", step, how);
     for (int i = 0; i < N; i++) {
       printf(" %g", out[i]);

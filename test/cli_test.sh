@@ -68,6 +68,11 @@ has out "cgtree "
 has out "backends: sim, cuda ("
 cuda_available=0
 grep -qF "cuda (available)" "$tmp/out" && cuda_available=1
+# No driver at all: the reason says so, not "driver version is insufficient".
+if grep -qF "driver: none found" "$tmp/out" && grep -qF "cuda (built" "$tmp/out"; then
+  has out "no NVIDIA driver is installed"
+  lacks out "insufficient"
+fi
 
 # --- a backend that is not there: one line on stderr, exit 1
 if [ "$cuda_available" -eq 0 ]; then
@@ -176,6 +181,18 @@ has out "fused span: 4 nodes"
 last="demo without --defer"
 run 0 demo --backend sim --workload chain --steps $steps
 lacks out "tree+defer"
+
+last="demo --dot to a directory that does not exist"
+run 1 demo --backend sim --steps 2 --dot "$tmp/no/such/dir/x.dot"
+[ -s "$tmp/out" ] && fail "$last: the demo printed (or ran) before the path was checked"
+has err "cannot write"
+
+# --- every column name stands apart (two spaces at least between names)
+last="demo --defer column names"
+run 0 demo --backend sim --workload chain --steps 2 --defer
+cols=$(grep -E '^  mode ' "$tmp/out" | sed -E 's/^ +//; s/  +/|/g')
+[ "$cols" = "mode|CPU sim/step|pool peak|vs eager|graphs|replays|restores|eager nodes|fused launches" ] ||
+  fail "$last: the header reads '$cols'"
 
 last="dot to a directory that does not exist"
 run 1 dot --backend sim --steps 2 "$tmp/no/such/dir/x.dot"

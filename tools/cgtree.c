@@ -682,8 +682,9 @@ static void print_table(const demo_run *d, const workload_result *r) {
   if (gpu)
     printf(" %8s", "speedup");
   printf(" %11s %9s %7s %8s %9s %12s", "pool peak", "vs eager", "graphs", "replays", "restores", "eager nodes");
+  /* Two spaces at least between column names, so no two read as one. */
   if (r->n_modes > MODE_DEFER_INDEX)
-    printf(" %14s", "fused launches");
+    printf("  %14s", "fused launches");
   putchar('\n');
   const mode_result *eager = &r->modes[0];
   for (int i = 0; i < r->n_modes; i++) {
@@ -699,7 +700,7 @@ static void print_table(const demo_run *d, const workload_result *r) {
     printf(" %11s %9s %7" PRIu64 " %8" PRIu64 " %9" PRIu64 " %12" PRIu32, fmt_bytes(m->memory_peak, b, sizeof b),
            mem, m->stats.recordings, m->stats.replays, m->stats.checkpoint_restores, m->eager_nodes);
     if (r->n_modes > MODE_DEFER_INDEX)
-      printf(" %14" PRIu64, m->stats.fused_launches);
+      printf("  %14" PRIu64, m->stats.fused_launches);
     putchar('\n');
   }
   putchar('\n');
@@ -884,6 +885,11 @@ static int cmd_demo(int argc, char **argv) {
   demo_run d;
   if ((rc = setup_run(&c, &d)) != 0)
     return rc;
+  /* The Graphviz file is opened before anything runs or prints: a path
+   * that cannot be written is the whole answer. */
+  FILE *dot = NULL;
+  if (c.dot_path && !(dot = open_dot(c.dot_path)))
+    return EXIT_FAIL;
   if (!c.json) {
     printf("cgtree %s demo on %s (%s)\n", CGT_VERSION_STRING,
            d.backend.backend == CGT_BACKEND_CUDA ? "the GPU" : "the simulator", d.backend.why);
@@ -895,9 +901,6 @@ static int cmd_demo(int argc, char **argv) {
            "replays = graph replays; restores = pool checkpoint restores; eager nodes = nodes that run eagerly for good.\n\n");
     fflush(stdout);
   }
-  FILE *dot = NULL;
-  if (c.dot_path && !(dot = open_dot(c.dot_path)))
-    return EXIT_FAIL;
   workload_result results[N_WORKLOADS];
   int n = 0;
   rc = run_all(&d, &c, 0, results, &n);

@@ -32,6 +32,12 @@ void cuda_info_query(cuda_info *out) {
     out->driver_version = 0;
     note(out, "cudaDriverGetVersion", e);
   }
+  /* No driver at all: the runtime then reports cudaErrorInsufficientDriver
+   * ("driver version is insufficient"), which reads like "upgrade your
+   * driver". Say what is true instead: there is no driver, so no GPU. */
+  if (out->driver_version == 0 && !out->error[0])
+    snprintf(out->error, sizeof out->error,
+             "no NVIDIA driver is installed (libcuda.so.1 not found), so no GPU can be used");
   int count = 0;
   e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess) {

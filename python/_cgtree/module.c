@@ -258,6 +258,14 @@ static PyObject *status_name(PyObject *self, PyObject *arg) {
 }
 
 
+/* Whether this build has the CUDA backend at all: `cgtree info` tells "built
+ * without CUDA" from "built with CUDA, but no GPU usable here". */
+#ifdef CGT_HAVE_CUDA
+#define CUDA_BUILT 1
+#else
+#define CUDA_BUILT 0
+#endif
+
 static PyMethodDef module_methods[] = {
     {"sim_launch", (PyCFunction)(void (*)(void))sim_launch, METH_FASTCALL,
      "sim_launch(stream, fn, *args)\n--\n\nEnqueue fn(*args) as a simulator kernel on stream (a launch's l.stream). "
@@ -299,7 +307,8 @@ PyMODINIT_FUNC PyInit__cgtree(void) {
       add_type(m, &PyLaunch_Type, "Launch") < 0 ||
       PyModule_AddStringConstant(m, "__version__", CGT_VERSION_STRING) < 0 ||
       PyModule_AddIntConstant(m, "SEGMENT_NO_CAPTURE", CGT_SEGMENT_NO_CAPTURE) < 0 ||
-      PyModule_AddIntConstant(m, "STATUS_COUNT", CGT_STATUS_COUNT) < 0) {
+      PyModule_AddIntConstant(m, "STATUS_COUNT", CGT_STATUS_COUNT) < 0 ||
+      PyModule_AddIntConstant(m, "CUDA_BUILT", CUDA_BUILT) < 0) {
     Py_DECREF(m);
     return NULL;
   }

@@ -1,6 +1,6 @@
-"""python -m cgtree demo|info — see cgtree/demo.py."""
+"""python -m cgtree: the same program as the `cgtree` command (cli.py)."""
 import sys
 
-from .demo import main
+from .cli import main
 
-sys.exit(main(sys.argv[1:]))
+sys.exit(main())

@@ -1,15 +1,15 @@
-"""python -m cgtree demo — a small program with a host-side branch, run through a tree.
+"""The demo programs of `cgtree demo` (cli.py), run through a tree.
 
-Every step runs segment `scale` (y = 2x), then, by a data-dependent host `if`,
+branchy runs segment `scale` (y = 2x), then, by a data-dependent host `if`,
 either `inc` (z = y + 1) or `dec` (z = y - 1), then `square` (out = z * z):
 the tree grows scale -> (inc | dec) -> square, records each branch once, and
-replays from then on. Every step's output is checked against numpy.
+replays from then on. chain runs scale -> inc -> dec -> square every step.
+Every step's output is checked against numpy.
 
 On a GPU (CUDA backend, with PyTorch installed) the segments launch PyTorch
 ops on the launch's stream; otherwise they run on the CPU simulator as
-Python kernels (cgtree.sim_launch). `python -m cgtree info` says which.
+Python kernels (cgtree.sim_launch). `cgtree info` says which.
 """
-import argparse
 import time
 
 import cgtree
@@ -84,75 +84,95 @@ def _tree_lines(nodes):
     return lines
 
 
-def demo(backend="auto", steps=200):
-    import numpy as np
+# Each workload is the list of segments one step runs, given the step number.
+# branchy takes a data-dependent host `if` (inc on two steps of three, else
+# dec); chain runs the same four segments every step.
+WORKLOADS = {
+    "branchy": ("scale -> (inc | dec) -> square, a host `if` every step",
+                lambda step: ("scale", "inc" if step % 3 else "dec", "square")),
+    "chain": ("scale -> inc -> dec -> square, the same path every step",
+              lambda step: ("scale", "inc", "dec", "square")),
+}
+_NUMPY_OPS = {"scale": lambda a: a * 2, "inc": lambda a: a + 1, "dec": lambda a: a - 1, "square": lambda a: a * a}
 
-    t = cgtree.Tree(backend=backend)
-    enqueue, where = None, "the CPU simulator (Python kernels)"
+
+def _open_tree(backend, defer):
+    """The tree and the kernels' enqueue function: PyTorch ops on a GPU, else simulator kernels."""
+    t = cgtree.Tree(backend=backend, defer_launch=defer)
     if t.backend == "cuda":
         try:
-            enqueue, where = _torch_ops(), "the GPU (PyTorch ops on the launch stream)"
+            return t, _torch_ops(), "the GPU (PyTorch ops on the launch stream)"
         except ImportError:
-            print("CUDA is here but PyTorch is not: running on the simulator instead")
-            t = cgtree.Tree(backend="sim")
-    if enqueue is None:
-        enqueue = _sim_ops()
-    print(f"cgtree {cgtree.__version__} Python demo on {where}")
-    segs = {op: _segment(t, op, enqueue) for op in ("scale", "inc", "dec", "square")}
-    x_host = np.arange(N, dtype=np.float32) / N
-    if t.backend == "cuda":
-        import torch
-        x = torch.from_numpy(x_host).cuda()
-    else:
-        x = x_host
-    xs = cgtree.static(x)
-    start = time.perf_counter()
-    for step in range(steps):
-        t.step_begin()
-        (y,) = t.run(segs["scale"], (xs,))
-        branch = "inc" if step % 3 else "dec"  # the host-side `if`
-        (z,) = t.run(segs[branch], (y,))
-        y.release()
-        (out,) = t.run(segs["square"], (z,))
-        z.release()
+            if backend == "cuda":
+                raise
+            t = cgtree.Tree(backend="sim", defer_launch=defer)
+            return t, _sim_ops(), "the CPU simulator (CUDA is here, PyTorch is not)"
+    return t, _sim_ops(), "the CPU simulator (Python kernels)"
+
+
+def run_workload(name, backend="auto", steps=200, defer=False):
+    """Runs one workload for `steps` steps, checking every output against numpy.
+
+    Returns a dict: workload, description, backend, where, steps, outputs_equal
+    (False at the first wrong step, which ends the run), us_per_step, stats,
+    nodes, dot. Raises cgtree.Error (NoDevice for a CUDA backend that is not there)."""
+    import numpy as np
+
+    description, path = WORKLOADS[name]
+    t, enqueue, where = _open_tree(backend, defer)
+    with t:
+        segs = {op: _segment(t, op, enqueue) for op in _NUMPY_OPS}
+        x_host = np.arange(N, dtype=np.float32) / N
         if t.backend == "cuda":
             import torch
-            got = torch.from_dlpack(out.view("float32", (N,))).cpu().numpy()
+            x = torch.from_numpy(x_host).cuda()
         else:
-            got = out.view("float32", (N,))
-        want = (x_host * 2 + (1 if branch == "inc" else -1)) ** 2
-        if not np.array_equal(got, want):
-            print(f"step {step}: wrong output")
-            return 1
-    t.sync()
-    elapsed = time.perf_counter() - start
-    s = t.stats()
-    print(f"{steps} steps, 3 segment runs each, every output checked against numpy: all equal")
-    print(f"replays {s['replays']}, recordings {s['recordings']}, warmups {s['warmups']}, "
-          f"checkpoint restores {s['checkpoint_restores']}, pool peak {s['pool_peak_bytes']} bytes")
-    print(f"{elapsed / steps * 1e6:.1f} us per checked step (host clock, including the checks)")
-    print("the tree:")
-    print("\n".join(_tree_lines(t.nodes())))
-    return 0
+            x = x_host
+        xs, equal = cgtree.static(x), True
+        start = time.perf_counter()
+        for step in range(steps):
+            t.step_begin()
+            value, want = xs, x_host
+            for op in path(step):
+                (out,) = t.run(segs[op], (value,))
+                if value is not xs:
+                    value.release()
+                value, want = out, _NUMPY_OPS[op](want)
+            if t.backend == "cuda":
+                import torch
+                got = torch.from_dlpack(value.view("float32", (N,))).cpu().numpy()
+            else:
+                got = value.view("float32", (N,))
+            if not np.array_equal(got, want):
+                equal = False
+                break
+        t.sync()
+        elapsed = time.perf_counter() - start
+        return {"workload": name, "description": description, "backend": t.backend, "where": where,
+                "steps": steps, "outputs_equal": equal, "us_per_step": elapsed / max(steps, 1) * 1e6,
+                "stats": t.stats(), "nodes": t.nodes(), "dot": t.dot()}
 
 
-def info():
-    print(f"cgtree {cgtree.__version__} (Python package at {cgtree.__file__})")
-    print(f"CUDA available: {cgtree.cuda_available()}; Tree() picks: {cgtree.Tree().backend}")
-    return 0
+def print_result(r):
+    """The human-readable report of run_workload's result."""
+    print(f"{r['workload']}: {r['description']}")
+    runs = len(WORKLOADS[r["workload"]][1](0))
+    if not r["outputs_equal"]:
+        print(f"  wrong output: a step disagreed with numpy (stopped there)")
+        return
+    s = r["stats"]
+    print(f"  {r['steps']} steps, {runs} segment runs each, every output checked against numpy: all equal")
+    print(f"  replays {s['replays']}, recordings {s['recordings']}, warmups {s['warmups']}, "
+          f"checkpoint restores {s['checkpoint_restores']}, pool peak {s['pool_peak_bytes']} bytes"
+          + (f", fused launches {s['fused_launches']}" if s["fused_launches"] else ""))
+    print(f"  {r['us_per_step']:.1f} us per checked step (host clock, including the checks)")
+    print("  the tree:")
+    print("\n".join(_tree_lines(r["nodes"])))
 
 
-def main(argv):
-    ap = argparse.ArgumentParser(prog="python -m cgtree")
-    sub = ap.add_subparsers(dest="cmd")
-    d = sub.add_parser("demo", help="run the demo program (GPU if present, else the simulator)")
-    d.add_argument("--backend", choices=["auto", "sim", "cuda"], default="auto")
-    d.add_argument("--steps", type=int, default=200)
-    sub.add_parser("info", help="version and backends")
-    a = ap.parse_args(argv)
-    if a.cmd == "demo":
-        return demo(a.backend, a.steps)
-    if a.cmd == "info":
-        return info()
-    ap.print_help()
-    return 2
+def demo(backend="auto", steps=200, workload="branchy"):
+    """Runs one workload and prints the report; 0 when every output was right, else 1."""
+    r = run_workload(workload, backend, steps)
+    print(f"cgtree {cgtree.__version__} Python demo on {r['where']}")
+    print_result(r)
+    return 0 if r["outputs_equal"] else 1
