@@ -46,6 +46,8 @@
  * budgets of one to four graphs with STATIC buffers that move (evictions
  * and updates in place all the time).
  *
+ * CGT_FUZZ_BUDGET=n gives every test's trees a recording budget of n graphs
+ * (max_graphs), so that the whole fuzz runs with eviction on.
  * CGT_FUZZ_STEPS overrides the total number of steps (default 24,000 on the
  * simulator, 2,000 on CUDA), spread over the tests by a fixed share.
  * CGT_FUZZ_SEED=<seed> runs only that seed, exactly as it runs among the
@@ -1200,6 +1202,15 @@ static void fz_run_test(const fz_config *cfg, uint64_t first_seed, uint32_t n_se
   const char *forced = getenv("CGT_MODE");
   if (forced && *forced)
     skip();
+  /* CGT_FUZZ_BUDGET=n puts every test's trees under a recording budget of n
+   * graphs (test/soak.sh evict): evictions everywhere, same bytes. */
+  fz_config budgeted = *cfg;
+  int must_evict = cfg->max_graphs != 0; /* a budget of the test's own, not the soak's */
+  const char *budget = getenv("CGT_FUZZ_BUDGET");
+  if (budget && *budget && !cfg->max_graphs && !cfg->max_graph_bytes) {
+    budgeted.max_graphs = (uint32_t)strtoul(budget, NULL, 10);
+    cfg = &budgeted;
+  }
   uint64_t steps = fz_total_steps() * share / 100;
   const char *one = getenv("CGT_FUZZ_SEED");
   fz_totals tot;
@@ -1243,7 +1254,7 @@ static void fz_run_test(const fz_config *cfg, uint64_t first_seed, uint32_t n_se
     assert_true(tot.s[FZ_SEPARATE].recordings > 0);
     assert_true(tot.s[FZ_SEPARATE].replays > 0);
     assert_true(tot.s[FZ_DEFER].fused_launches > 0);
-    if (cfg->max_graphs)
+    if (must_evict)
       assert_true(tot.s[FZ_TREE].evictions > 0 && tot.s[FZ_DEFER].evictions > 0);
   }
 }
