@@ -402,10 +402,9 @@ static cgt_status cuda_exec_update(backend *b, void *exec, void *graph) {
   memset(&info, 0, sizeof info);
   cudaError_t e = cudaGraphExecUpdate((cudaGraphExec_t)exec, (cudaGraph_t)graph, &info);
   if (e != cudaSuccess) {
-    (void)fail(b, "cudaGraphExecUpdate", e);
-    char detail[BACKEND_ERROR_BYTES];
-    snprintf(detail, sizeof detail, "%s (update result %d)", b->error, (int)info.result);
-    memcpy(b->error, detail, sizeof b->error);
+    snprintf(b->error, sizeof b->error, "cudaGraphExecUpdate: %s (update result %d)", cudaGetErrorName(e),
+             (int)info.result);
+    (void)cudaGetLastError();
     return e == cudaErrorMemoryAllocation ? CGT_ERR_OUT_OF_MEMORY : CGT_ERR_STATE;
   }
   e = cudaGraphUpload((cudaGraphExec_t)exec, state_of(b)->stream);
