@@ -147,15 +147,23 @@ static void chain3_step(cgt_tree *t, chain3 *c, int step) {
   expect_floats(t, v, expected, N, "chain of three", step);
 }
 
+/* A tree (update in place on or off) whose chain has run QUIET steps on
+ * its first weights: recorded, replayed, ready for a reload. *step is the
+ * next step's number. */
+static cgt_tree *chain3_settled(uint32_t no_update, chain3 *c, int *step) {
+  cgt_tree *t = budget_tree(CGT_MODE_TREE, 0, 0, 0, no_update);
+  chain3_open(t, c);
+  chain3_load(NULL, c, 1);
+  for (*step = 0; *step < QUIET; (*step)++)
+    chain3_step(t, c, *step);
+  return t;
+}
+
 static void test_reloaded_parameters_record_no_new_nodes(void **state) {
   (void)state;
-  cgt_tree *t = budget_tree(CGT_MODE_TREE, 0, 0, 0, 0);
   chain3 c;
-  chain3_open(t, &c);
-  chain3_load(NULL, &c, 1);
-  int step = 0;
-  for (; step < QUIET; step++)
-    chain3_step(t, &c, step);
+  int step;
+  cgt_tree *t = chain3_settled(0, &c, &step);
   size_t nodes = node_count(t);
   cgt_node_info before[3], after[3];
   size_t count;
@@ -192,13 +200,9 @@ static void test_reloaded_parameters_record_no_new_nodes(void **state) {
 
 static void test_update_refused_by_the_device_falls_back_to_a_fresh_instantiate(void **state) {
   (void)state;
-  cgt_tree *t = budget_tree(CGT_MODE_TREE, 0, 0, 0, 0);
   chain3 c;
-  chain3_open(t, &c);
-  chain3_load(NULL, &c, 1);
-  int step = 0;
-  for (; step < QUIET; step++)
-    chain3_step(t, &c, step);
+  int step;
+  cgt_tree *t = chain3_settled(0, &c, &step);
   cgt_stats s0 = test_stats(t);
   /* The last layer gains a kernel with the reload: another topology, which
    * the device refuses to update. Its inputs and outputs stay where they
@@ -246,13 +250,9 @@ static void test_weights_that_alternate_between_two_buffers_get_a_node_each(void
 
 static void test_no_update_in_place_records_a_new_node_for_moved_weights(void **state) {
   (void)state;
-  cgt_tree *t = budget_tree(CGT_MODE_TREE, 0, 0, 0, 1);
   chain3 c;
-  chain3_open(t, &c);
-  chain3_load(NULL, &c, 1);
-  int step = 0;
-  for (; step < QUIET; step++)
-    chain3_step(t, &c, step);
+  int step;
+  cgt_tree *t = chain3_settled(1, &c, &step);
   chain3_load(t, &c, 3);
   chain3_step(t, &c, step++);
   assert_int_equal(node_count(t), 6);
@@ -265,12 +265,9 @@ static void test_no_update_in_place_records_a_new_node_for_moved_weights(void **
  * with CGT_ERR_OUT_OF_MEMORY and changes nothing; then it succeeds. */
 static void test_an_update_with_each_host_allocation_failing_changes_nothing(void **state) {
   (void)state;
-  cgt_tree *t = budget_tree(CGT_MODE_TREE, 0, 0, 0, 0);
   chain3 c;
-  chain3_open(t, &c);
-  chain3_load(NULL, &c, 1);
-  for (int step = 0; step < QUIET; step++)
-    chain3_step(t, &c, step);
+  int step;
+  cgt_tree *t = chain3_settled(0, &c, &step);
   chain3_load(t, &c, 2);
   CHECK_OK(t, cgt_step_begin(t));
   cgt_arg a[2] = {cgt_arg_dynamic(c.x, N * sizeof(float)), cgt_arg_static(c.w[0], N * sizeof(float))};
