@@ -299,6 +299,79 @@ static void test_an_update_with_each_host_allocation_failing_changes_nothing(voi
   test_tree_free(t);
 }
 
+/* y = relu(x @ W), x DYNAMIC (GEMM_B x GEMM_H), W STATIC (GEMM_H x GEMM_H):
+ * cuBLAS on CUDA (a library's kernels, workspace from the pool), a plain
+ * loop on the simulator. */
+enum { GEMM_B = 8, GEMM_H = 64 };
+#define GEMM_WORKSPACE ((size_t)1 << 20)
+
+static cgt_status launch_gemm(cgt_launch *l, void *user) {
+  kern_ctx *ctx = user;
+  const kernels *k = test_kernels();
+  void *ws, *y;
+  cgt_status st = cgt_launch_alloc(l, GEMM_WORKSPACE, &ws);
+  if (st == CGT_OK)
+    st = cgt_launch_alloc(l, GEMM_B * GEMM_H * sizeof(float), &y);
+  if (st == CGT_OK)
+    st = k->gemm(ctx, cgt_launch_stream(l), cgt_launch_input(l, 0), cgt_launch_input(l, 1), y, GEMM_B, GEMM_H, GEMM_H,
+                 ws, GEMM_WORKSPACE);
+  if (st == CGT_OK)
+    st = k->relu(cgt_launch_stream(l), y, y, GEMM_B * GEMM_H);
+  if (st == CGT_OK)
+    st = cgt_launch_free(l, ws);
+  if (st != CGT_OK)
+    return st;
+  return cgt_launch_set_output(l, 0, y, GEMM_B * GEMM_H * sizeof(float));
+}
+
+static void test_reloaded_gemm_weights_update_in_place_and_match_eager(void **state) {
+  (void)state;
+  cgt_tree *t[2] = {budget_tree(CGT_MODE_TREE, 0, 0, 0, 0), test_tree_new(CGT_MODE_EAGER, NULL)};
+  kern_ctx *ctx[2];
+  cgt_segment s[2];
+  for (int m = 0; m < 2; m++) {
+    CHECK_OK(t[m], test_kernels()->ctx_create(cgt_tree_stream(t[m]), &ctx[m]));
+    cgt_segment_desc d = {"gemm_relu", launch_gemm, ctx[m], 2, 1, 0};
+    CHECK_OK(t[m], cgt_segment_register(t[m], &d, &s[m]));
+  }
+  float hx[GEMM_B * GEMM_H], hw[GEMM_H * GEMM_H];
+  for (int i = 0; i < GEMM_B * GEMM_H; i++)
+    hx[i] = (float)(i % 9) * 0.25f - 1.0f;
+  float *x = test_dev_floats(hx, GEMM_B * GEMM_H), *w = NULL;
+  size_t nodes = 0;
+  for (int step = 0; step < 2 * QUIET; step++) {
+    if (step == 0 || step == QUIET) { /* the first load, then a reload to a new address with new values */
+      for (int i = 0; i < GEMM_H * GEMM_H; i++)
+        hw[i] = (float)((i * (step + 3)) % 7) * 0.0625f - 0.1875f;
+      float *fresh = test_dev_floats(hw, GEMM_H * GEMM_H);
+      for (int m = 0; m < 2; m++)
+        CHECK_OK(t[m], cgt_sync(t[m]));
+      test_dev_free(w);
+      w = fresh;
+      if (step == QUIET)
+        nodes = node_count(t[0]);
+    }
+    float got[2][GEMM_B * GEMM_H];
+    for (int m = 0; m < 2; m++) {
+      CHECK_OK(t[m], cgt_step_begin(t[m]));
+      cgt_arg a[2] = {cgt_arg_dynamic(x, sizeof hx), cgt_arg_static(w, sizeof hw)};
+      test_read_value(t[m], run_checked(t[m], s[m], 0, a, 2), got[m], GEMM_B * GEMM_H);
+    }
+    if (memcmp(got[0], got[1], sizeof got[0]))
+      fail_msg("step %d: the tree's gemm differs from the eager one", step);
+  }
+  assert_int_equal(node_count(t[0]), nodes);
+  assert_int_equal(test_stats(t[0]).updates, 1);
+  for (int m = 0; m < 2; m++) {
+    CHECK_OK(t[m], cgt_sync(t[m]));
+    test_kernels()->ctx_destroy(ctx[m]);
+  }
+  test_dev_free(x);
+  test_dev_free(w);
+  test_tree_free(t[0]);
+  test_tree_free(t[1]);
+}
+
 /* ----------------------------------------------------------- the budget */
 
 /* out = a*x + b on as many floats as the variant says; two host paths. */
@@ -543,6 +616,7 @@ const struct CMUnitTest budget_tests[] = {
     cmocka_unit_test(test_weights_that_alternate_between_two_buffers_get_a_node_each),
     cmocka_unit_test(test_no_update_in_place_records_a_new_node_for_moved_weights),
     cmocka_unit_test(test_an_update_with_each_host_allocation_failing_changes_nothing),
+    cmocka_unit_test(test_reloaded_gemm_weights_update_in_place_and_match_eager),
     cmocka_unit_test(test_a_budget_of_graphs_bounds_the_tree_and_results_stay_those_of_eager),
     cmocka_unit_test(test_a_byte_budget_evicts_to_stay_under_its_bytes),
     cmocka_unit_test(test_eviction_keeps_the_liveness_invariant),
