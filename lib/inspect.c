@@ -98,6 +98,9 @@ cgt_status cgt_tree_write_dot(const cgt_tree *t, FILE *f) {
     }
     if (n->fused_runs)
       fprintf(f, "\\nfused runs %llu", (unsigned long long)n->fused_runs);
+    if (n->evictions || n->updates)
+      fprintf(f, "\\nevicted %llu, updated in place %llu", (unsigned long long)n->evictions,
+              (unsigned long long)n->updates);
     fprintf(f, "\", %s];\n", style[node__public_state(n)]);
     if (n->parent && n->parent->id)
       fprintf(f, "  n%u -> n%u;\n", n->parent->id, n->id);
