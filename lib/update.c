@@ -25,9 +25,11 @@
  * the pool's layout with the sibling's checkpoint (pool_matches), every
  * output (address, size, block), every placeholder and the liveness list.
  * Only if all are equal are the children still right, and the update goes
- * ahead; otherwise the run records a new node exactly as before (an output
- * that is a view of a moved STATIC argument, say, moves the children's
- * keys too). The sibling must also:
+ * ahead; otherwise the run records a new node exactly as before. One
+ * difference is allowed: an output in caller memory (a view of the moved
+ * STATIC argument) moves with it, because children take a value outside
+ * the pools as DYNAMIC (copied into a placeholder, its address in no key);
+ * the node's recorded outputs are moved too. The sibling must also:
  *   - be able to replay now (the liveness invariant), so the capture was
  *     made under the liveness it was recorded with;
  *   - be the last of its key group, so that taking it out never re-inserts
@@ -96,8 +98,15 @@ node *update__candidate(const cgt_tree *t, uint32_t n_args) {
   return NULL;
 }
 
-static int mem_ref_equal(const mem_ref *a, const mem_ref *b) {
-  return a->ptr == b->ptr && a->bytes == b->bytes && a->block == b->block && a->pool == b->pool;
+/* 1 if a recorded output and the capture's agree for everything below the
+ * node: outputs in a pool must not move (children's keys and graphs name
+ * them); an output in caller memory (a view of a STATIC argument) may move
+ * with its argument, since children take such a value as DYNAMIC (copied
+ * into a placeholder, its address in no key). */
+static int output_fits(const mem_ref *recorded, const mem_ref *now) {
+  if (recorded->bytes != now->bytes || recorded->pool != now->pool || recorded->block != now->block)
+    return 0;
+  return recorded->pool == NULL || recorded->ptr == now->ptr;
 }
 
 int update__fits(cgt_tree *t, const node *from, const run_prep *r) {
@@ -105,8 +114,8 @@ int update__fits(cgt_tree *t, const node *from, const run_prep *r) {
   if (from->n_outputs != t->launch.n_outputs)
     why = "another number of outputs";
   for (uint32_t o = 0; !why && o < from->n_outputs; o++)
-    if (!mem_ref_equal(&from->outputs[o], launch__output(t, o)))
-      why = "an output moved (a view of a moved STATIC argument, or other allocations)";
+    if (!output_fits(&from->outputs[o], launch__output(t, o)))
+      why = "an output in the pool moved, or changed size";
   if (!why && from->n_placeholders != r->n_ph)
     why = "another number of placeholders";
   for (uint32_t i = 0; !why && i < r->n_ph; i++)
@@ -217,6 +226,8 @@ void update__adopt(cgt_tree *t, node *from, node *n, run_prep *r, int updated) {
   n->dead = from->dead;
   n->n_outputs = from->n_outputs;
   n->outputs = from->outputs;
+  for (uint32_t o = 0; o < n->n_outputs; o++)
+    n->outputs[o] = *launch__output(t, o); /* views of moved caller memory move with it */
   from->ckpt = NULL;
   from->dead = NULL;
   from->outputs = NULL;

@@ -103,7 +103,7 @@ static void chain3_open(cgt_tree *t, chain3 *c) {
   fill(hx, -20, 1);
   c->x = test_dev_floats(hx, N);
   for (int i = 0; i < 3; i++) {
-    char name[16];
+    char name[32];
     snprintf(name, sizeof name, "layer%d", i);
     c->s[i] = register_weighted(t, name, &c->u[i]);
   }
@@ -261,6 +261,45 @@ static void test_no_update_in_place_records_a_new_node_for_moved_weights(void **
   test_tree_free(t);
 }
 
+/* A segment whose output is a view of its STATIC input, and a child that
+ * reads it: the view moves with the weights, the child takes it as DYNAMIC
+ * (it is caller memory), so the node is updated and the child replays. */
+static void test_a_view_of_moved_weights_moves_with_them_and_the_node_is_updated(void **state) {
+  (void)state;
+  cgt_tree *t = budget_tree(CGT_MODE_TREE, 0, 0, 0, 0);
+  test_affine uv = {.n = N}, ua = {.a = 2, .b = 1, .n = N};
+  cgt_segment sv = test_register_view(t, "view", &uv), sa = test_register_affine(t, "affine", &ua);
+  float hw[N];
+  float *w = NULL;
+  for (int step = 0; step < 2 * QUIET; step++) {
+    if (step == 0 || step == QUIET) {
+      fill(hw, (float)step, 0.5f);
+      CHECK_OK(t, cgt_sync(t));
+      float *fresh = test_dev_floats(hw, N);
+      test_dev_free(w);
+      w = fresh;
+    }
+    CHECK_OK(t, cgt_step_begin(t));
+    cgt_arg a = cgt_arg_static(w, N * sizeof(float));
+    cgt_value v = run_checked(t, sv, 0, &a, 1);
+    void *ptr = NULL;
+    CHECK_OK(t, cgt_value_ptr(t, v, &ptr, NULL));
+    assert_ptr_equal(ptr, w); /* the view names the weights where they are now */
+    cgt_arg b = cgt_arg_value(v);
+    cgt_value y = run_checked(t, sa, 0, &b, 1);
+    float want[N];
+    for (int i = 0; i < N; i++)
+      want[i] = 2 * hw[i] + 1;
+    expect_floats(t, y, want, N, "affine of a view", step);
+  }
+  cgt_stats s = test_stats(t);
+  assert_int_equal(s.nodes, 2);
+  assert_int_equal(s.updates, 1);
+  CHECK_OK(t, cgt_sync(t));
+  test_dev_free(w);
+  test_tree_free(t);
+}
+
 /* Every host allocation of the updating run failing in turn: the run fails
  * with CGT_ERR_OUT_OF_MEMORY and changes nothing; then it succeeds. */
 static void test_an_update_with_each_host_allocation_failing_changes_nothing(void **state) {
@@ -385,7 +424,7 @@ static void shaped_open(cgt_tree *t, shaped *p) {
   memset(p, 0, sizeof *p);
   static const float a[3] = {2, -1, 3}, b[3] = {1, 5, -2};
   for (int i = 0; i < 3; i++) {
-    char name[16];
+    char name[32];
     snprintf(name, sizeof name, "shaped%d", i);
     p->u[i] = (test_affine){.a = a[i], .b = b[i], .n = N};
     p->s[i] = test_register_affine(t, name, &p->u[i]);
@@ -535,7 +574,7 @@ static void test_eviction_drops_a_fused_span_through_the_evicted_node(void **sta
                       {.a = 1, .b = -4, .n = N}};
   cgt_segment s[4];
   for (int i = 0; i < 4; i++) {
-    char name[8];
+    char name[32];
     snprintf(name, sizeof name, "%c", 'A' + i);
     s[i] = test_register_affine(t, name, &u[i]);
   }
@@ -617,6 +656,7 @@ const struct CMUnitTest budget_tests[] = {
     cmocka_unit_test(test_no_update_in_place_records_a_new_node_for_moved_weights),
     cmocka_unit_test(test_an_update_with_each_host_allocation_failing_changes_nothing),
     cmocka_unit_test(test_reloaded_gemm_weights_update_in_place_and_match_eager),
+    cmocka_unit_test(test_a_view_of_moved_weights_moves_with_them_and_the_node_is_updated),
     cmocka_unit_test(test_a_budget_of_graphs_bounds_the_tree_and_results_stay_those_of_eager),
     cmocka_unit_test(test_a_byte_budget_evicts_to_stay_under_its_bytes),
     cmocka_unit_test(test_eviction_keeps_the_liveness_invariant),
