@@ -26,7 +26,11 @@
  * A node leaves WARMUP once and the other three states are final: a
  * RECORDED node whose liveness no longer fits gets a re-recorded sibling
  * with the same key, and never turns EAGER. OVERFLOW reports itself as
- * EAGER (cgt_node_state has three states).
+ * EAGER (cgt_node_state has three states). The one way back is the
+ * recording budget's (evict.c): an evicted RECORDED node returns to
+ * WARMUP and records again when reached. A run whose STATIC arguments
+ * moved may update a RECORDED sibling in place instead of recording a new
+ * node (update.c): its new node takes the sibling's place.
  *
  *   REPLAY   a RECORDED node whose recorded liveness admits the values live
  *            now, and no warmup yet in this step: copy DYNAMIC arguments into
