@@ -132,7 +132,25 @@ typedef struct cgt_options {
   uint32_t time_launches;     /* extension: 1 = time each replay's graph launch call on the host (two clock
                                  reads per launch) into cgt_stats.launch_host_ns, so a caller can tell the
                                  launch of the kernels from the rest of its time; 0 (default) = don't */
+  /* Extension (issue 23): a recording budget for long-running programs. When a recording leaves the
+   * tree holding more than max_graphs recorded graphs, or more than max_graph_bytes in their executables
+   * and checkpoints, the least recently replayed RECORDED node that is not on the current path is
+   * evicted with its subtree: its graph and checkpoint are dropped, the node goes back to WARMUP (it
+   * records again when reached) and its descendants are removed. 0 = no cap (the default). */
+  uint32_t max_graphs;     /* at most 1 << 24; more is CGT_ERR_INVALID_ARGUMENT */
+  size_t max_graph_bytes;  /* 0, or at least CGT_MIN_GRAPH_BYTES; less is CGT_ERR_INVALID_ARGUMENT */
+  /* Extension (issue 23): 0 (default) = when a run would record a new node only because STATIC
+   * arguments moved (a reloaded checkpoint), the sibling recorded for the old addresses is captured
+   * again and its executable updated in place (cudaGraphExecUpdate, or a fresh instantiate when the
+   * device refuses), so the tree does not grow. 1 = record a new node, as before. Other values are
+   * CGT_ERR_INVALID_ARGUMENT. */
+  uint32_t no_update_in_place;
 } cgt_options;
+
+/* The least nonzero max_graph_bytes (extension): one small graph and its checkpoint. */
+#define CGT_MIN_GRAPH_BYTES ((size_t)4096)
+/* The largest max_graphs (extension). */
+#define CGT_MAX_GRAPHS_LIMIT (1u << 24)
 
 /* Log levels handed to log_fn (extension: the numbers behind CGT_LOG). */
 enum { CGT_LOG_ERROR = 0, CGT_LOG_WARN = 1, CGT_LOG_INFO = 2, CGT_LOG_DEBUG = 3 };
@@ -360,6 +378,9 @@ typedef struct cgt_node_info {
   const char *reason;     /* why the node is EAGER, else NULL; owned by the tree */
   const char *segment_name; /* extension: the segment's registered name; owned by the tree */
   uint64_t fused_runs;      /* extension: replays of this node launched inside fused launches (defer_launch) */
+  uint64_t evictions;       /* extension: times the recording budget evicted this node's recording */
+  const char *evict_reason; /* extension: why it was last evicted (a static string), NULL if never */
+  uint64_t updates;         /* extension: times its executable was updated in place for moved STATIC arguments */
 } cgt_node_info;
 
 /* The stats fields as one list, for printers (extension). */
@@ -368,7 +389,8 @@ typedef struct cgt_node_info {
   U64(rerecords) U64(capture_failures) U64(stale_uses) U64(nodes) U64(input_copies)             \
   U64(input_copy_bytes) SIZE(pool_reserved_bytes) SIZE(pool_allocated_bytes) SIZE(pool_peak_bytes) \
   SIZE(side_pool_peak_bytes) U64(host_allocs) U64(fused_launches) U64(fused_runs) U64(nodes_pruned)      \
-  U64(launch_host_ns)
+  U64(launch_host_ns) U64(evictions) U64(nodes_evicted) U64(updates) U64(update_fallbacks) U64(graphs)  \
+  SIZE(graph_bytes)
 
 /* Pool figures: pool_allocated_bytes is what the allocator holds now. Replays
  * use the memory their recording reserved without telling the allocator, so
@@ -391,6 +413,14 @@ typedef struct cgt_stats {
   uint64_t nodes_pruned;       /* extension: nodes removed by prune_after_steps (nodes counts those that exist) */
   uint64_t launch_host_ns;     /* extension: with options.time_launches, host nanoseconds spent inside the
                                   backend's graph launch calls of replays (plain and fused); else 0 */
+  /* Extension (issue 23): the recording budget and update in place. */
+  uint64_t evictions;        /* recordings the budget dropped: each evicted node's, and its RECORDED descendants' */
+  uint64_t nodes_evicted;    /* descendants removed with them (nodes counts those that exist) */
+  uint64_t updates;          /* recordings that updated a sibling's executable in place (also in recordings) */
+  uint64_t update_fallbacks; /* of those, the device refused the update and a fresh instantiate replaced it */
+  uint64_t graphs;           /* recorded graphs held now */
+  size_t graph_bytes;        /* bytes they hold now: checkpoints' host bytes plus the backend's estimate of each
+                                executable (what max_graph_bytes caps) */
 } cgt_stats;
 
 CGT_API cgt_status cgt_tree_stats(const cgt_tree *t, cgt_stats *out);

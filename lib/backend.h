@@ -91,6 +91,18 @@ struct backend_ops {
   cgt_status (*fused_launch)(backend *b, void *fused);
   void (*fused_destroy)(backend *b, void *fused);
 
+  /* Update in place (optional: NULL, and the tree then instantiates afresh).
+   * exec_update makes exec run graph's work, as if instantiated from it,
+   * where the device allows it (the same topology, only parameters moved);
+   * otherwise it refuses with CGT_ERR_STATE (the reason in b->error) and
+   * exec is unchanged, no sticky error left. Copy-op handles keep naming the
+   * copy ops of the graph exec was first instantiated from, so that graph
+   * must outlive exec. */
+  cgt_status (*exec_update)(backend *b, void *exec, void *graph);
+  /* An estimate of the memory an executable of graph holds, for the
+   * recording budget (optional: NULL counts nothing). */
+  size_t (*graph_bytes)(backend *b, void *graph);
+
   /* Profiler ranges around warmup, record and replay (optional: NULL). */
   void (*range_push)(backend *b, const char *name);
   void (*range_pop)(backend *b);
@@ -139,6 +151,8 @@ typedef struct backend_sim_counters {
   uint64_t captures_invalidated; /* captures broken by an illegal call */
   uint64_t instantiations;
   uint64_t fusions;              /* fused executables built (fuse) */
+  uint64_t updates;              /* exec_update calls that updated an executable */
+  uint64_t updates_refused;      /* exec_update calls refused (another topology) */
   uint64_t fused_launches;       /* launches of fused executables (also counted in graph_launches) */
   uint64_t graph_launches;
   uint64_t device_allocs;        /* successful mem_alloc and cgt_sim_malloc calls */

@@ -391,6 +391,40 @@ static cgt_status cuda_instantiate(backend *b, void *graph, void **exec) {
   return CGT_OK;
 }
 
+/* Update in place: cudaGraphExecUpdate (the CUDA 12+ signature, with
+ * cudaGraphExecUpdateResultInfo) takes the new graph's parameters when its
+ * topology is the executable's. A refusal leaves the executable as it was;
+ * its error is cleared so that it does not surface in someone else's check.
+ * The executable is uploaded again, as instantiate does, so that the first
+ * replay after an update does not pay for it either. */
+static cgt_status cuda_exec_update(backend *b, void *exec, void *graph) {
+  cudaGraphExecUpdateResultInfo info;
+  memset(&info, 0, sizeof info);
+  cudaError_t e = cudaGraphExecUpdate((cudaGraphExec_t)exec, (cudaGraph_t)graph, &info);
+  if (e != cudaSuccess) {
+    snprintf(b->error, sizeof b->error, "cudaGraphExecUpdate: %s (update result %d)", cudaGetErrorName(e),
+             (int)info.result);
+    (void)cudaGetLastError();
+    return e == cudaErrorMemoryAllocation ? CGT_ERR_OUT_OF_MEMORY : CGT_ERR_STATE;
+  }
+  e = cudaGraphUpload((cudaGraphExec_t)exec, state_of(b)->stream);
+  if (e != cudaSuccess)
+    (void)fail(b, "cudaGraphUpload (after an update)", e); /* the first launch uploads instead */
+  return CGT_OK;
+}
+
+/* No API tells an executable's size: count its nodes, at an estimated
+ * kibibyte of driver and device state each. */
+static size_t cuda_graph_bytes(backend *b, void *graph) {
+  size_t n = 0;
+  cudaError_t e = cudaGraphGetNodes((cudaGraph_t)graph, NULL, &n);
+  if (e != cudaSuccess) {
+    (void)fail(b, "cudaGraphGetNodes", e);
+    return 0;
+  }
+  return (n + 1) * 1024;
+}
+
 static cgt_status cuda_launch(backend *b, void *exec) {
   cudaError_t e = cudaGraphLaunch((cudaGraphExec_t)exec, state_of(b)->stream);
   if (e != cudaSuccess)
@@ -663,6 +697,8 @@ const backend_ops backend_cuda_ops = {
     .fused_set_copy_src = cuda_fused_set_copy_src,
     .fused_launch = cuda_fused_launch,
     .fused_destroy = cuda_fused_destroy,
+    .exec_update = cuda_exec_update,
+    .graph_bytes = cuda_graph_bytes,
     .range_push = cuda_range_push,
     .range_pop = cuda_range_pop,
     .device_enter = cuda_device_enter,

@@ -881,6 +881,52 @@ static cgt_status sim_instantiate(backend *b, void *graph, void **exec) {
   return CGT_OK;
 }
 
+/* Update in place, as cudaGraphExecUpdate: allowed when the graph has the
+ * executable's topology (the same operations in the same order, each kernel
+ * the same function with as many argument bytes, each copy as long), so
+ * only arguments and addresses move; refused otherwise, the executable
+ * unchanged. */
+static int program_same_topology(const sim_program *a, const sim_program *b) {
+  if (a->count != b->count) return 0;
+  for (size_t i = 0; i < a->count; i++) {
+    const sim_node *x = &a->nodes[i], *y = &b->nodes[i];
+    if (x->kind != y->kind) return 0;
+    if (x->kind == SIM_NODE_KERNEL && (x->kernel != y->kernel || x->args_bytes != y->args_bytes)) return 0;
+    if (x->kind == SIM_NODE_COPY && x->copy_bytes != y->copy_bytes) return 0;
+  }
+  return 1;
+}
+
+static cgt_status sim_exec_update(backend *b, void *exec, void *graph) {
+  sim_device *dev = device_of(b);
+  if (dev == NULL) return CGT_ERR_STATE;
+  sim_exec *e = exec_of(dev, exec);
+  sim_graph *g = graph_of(dev, graph);
+  if (e == NULL || g == NULL || e->running)
+    return backend_fail(b, CGT_ERR_INVALID_ARGUMENT, "sim: exec_update needs an idle executable and a graph of this device");
+  if (!program_same_topology(&e->program, &g->program)) {
+    dev->counters.updates_refused++;
+    return backend_fail(b, CGT_ERR_STATE, "sim: update refused: the graph's topology differs (%zu operations, the executable has %zu)",
+                        g->program.count, e->program.count);
+  }
+  sim_program p;
+  if (!program_clone(&p, &g->program))
+    return backend_fail(b, CGT_ERR_OUT_OF_MEMORY, "sim: out of host memory updating an executable");
+  program_free(&e->program);
+  e->program = p;
+  dev->counters.updates++;
+  return CGT_OK;
+}
+
+/* What an executable of graph holds on the host: its operations and their
+ * argument bytes. */
+static size_t sim_graph_bytes(backend *b, void *graph) {
+  sim_device *dev = device_of(b);
+  sim_graph *g = dev ? graph_of(dev, graph) : NULL;
+  if (g == NULL) return 0;
+  return sizeof(sim_exec) + g->program.count * sizeof(sim_node) + g->program.arg_used + g->program.max_args_bytes;
+}
+
 static cgt_status sim_launch(backend *b, void *exec) {
   sim_device *dev = device_of(b);
   if (dev == NULL) return CGT_ERR_STATE;
@@ -1004,6 +1050,8 @@ const backend_ops backend_sim_ops = {
     .fused_set_copy_src = sim_fused_set_copy_src,
     .fused_launch = sim_fused_launch,
     .fused_destroy = sim_fused_destroy,
+    .exec_update = sim_exec_update,
+    .graph_bytes = sim_graph_bytes,
     .range_push = sim_range_push,
     .range_pop = sim_range_pop,
 };

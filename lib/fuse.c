@@ -316,6 +316,16 @@ void fuse__forget_node(cgt_tree *t, node *n) {
     span_free(t, n->spans);
 }
 
+void fuse__forget_spans_from(cgt_tree *t, node *n, uint32_t depth) {
+  fuse_span *s = n->spans;
+  while (s) {
+    fuse_span *next = s->next_on_node;
+    if (s->first->depth <= depth)
+      span_free(t, s);
+    s = next;
+  }
+}
+
 void fuse__destroy(cgt_tree *t) {
   fuse_state *q = &t->fuse;
   while (q->lru_first)

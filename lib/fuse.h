@@ -55,6 +55,9 @@ cgt_status fuse__hold(cgt_tree *t, node *n);
 cgt_status fuse__flush(cgt_tree *t);
 /* Frees the spans cached on n (n is being destroyed). */
 void fuse__forget_node(cgt_tree *t, node *n);
+/* Frees the spans cached on n whose first node lies at most `depth` deep:
+ * those that pass through n's ancestor at that depth (update.c). */
+void fuse__forget_spans_from(cgt_tree *t, node *n, uint32_t depth);
 /* Frees everything; the queue must be empty (flushed). */
 void fuse__destroy(cgt_tree *t);
 /* Invariants for tree__check: the queue is a chain ending at the path's

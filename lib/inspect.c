@@ -40,6 +40,7 @@ cgt_status cgt_tree_stats(const cgt_tree *t, cgt_stats *out) {
    * there but its (empty) host allocations. */
   add_pool(t->pool, &out->pool_reserved_bytes, &out->pool_allocated_bytes, &out->pool_peak_bytes, &out->host_allocs);
   add_pool(t->side_pool, &side_reserved, &side_allocated, &out->side_pool_peak_bytes, &out->host_allocs);
+  evict__totals(t, &out->graphs, &out->graph_bytes);
   return CGT_OK;
 }
 
@@ -57,6 +58,9 @@ static void node_info(const cgt_tree *t, const node *n, cgt_node_info *info) {
   info->reason = n->reason;
   info->segment_name = t->segments[n->segment - 1].name;
   info->fused_runs = n->fused_runs;
+  info->evictions = n->evictions;
+  info->evict_reason = n->evict_reason;
+  info->updates = n->updates;
 }
 
 cgt_status cgt_tree_nodes(const cgt_tree *t, cgt_node_info *out, size_t cap, size_t *count) {
@@ -94,6 +98,9 @@ cgt_status cgt_tree_write_dot(const cgt_tree *t, FILE *f) {
     }
     if (n->fused_runs)
       fprintf(f, "\\nfused runs %llu", (unsigned long long)n->fused_runs);
+    if (n->evictions || n->updates)
+      fprintf(f, "\\nevicted %llu, updated in place %llu", (unsigned long long)n->evictions,
+              (unsigned long long)n->updates);
     fprintf(f, "\", %s];\n", style[node__public_state(n)]);
     if (n->parent && n->parent->id)
       fprintf(f, "  n%u -> n%u;\n", n->parent->id, n->id);
@@ -150,6 +157,8 @@ static cgt_status check_nodes(cgt_tree *t) {
       }
   }
   CHECK(reachable == t->n_nodes, "%u nodes reachable from the root, %u exist", reachable, t->n_nodes);
+  char why[160];
+  CHECK(evict__check(t, why, sizeof why), "%s", why);
   for (uint32_t i = 0; i < t->n_nodes; i++) {
     const node *n = t->nodes[i];
     CHECK(n->id >= 1 && n->id < t->next_id && (i == 0 || t->nodes[i - 1]->id < n->id),

@@ -26,7 +26,11 @@
  * A node leaves WARMUP once and the other three states are final: a
  * RECORDED node whose liveness no longer fits gets a re-recorded sibling
  * with the same key, and never turns EAGER. OVERFLOW reports itself as
- * EAGER (cgt_node_state has three states).
+ * EAGER (cgt_node_state has three states). The one way back is the
+ * recording budget's (evict.c): an evicted RECORDED node returns to
+ * WARMUP and records again when reached. A run whose STATIC arguments
+ * moved may update a RECORDED sibling in place instead of recording a new
+ * node (update.c): its new node takes the sibling's place.
  *
  *   REPLAY   a RECORDED node whose recorded liveness admits the values live
  *            now, and no warmup yet in this step: copy DYNAMIC arguments into
@@ -71,8 +75,6 @@ uint32_t tree__key_hash(const void *key, size_t len) {
   h *= 0xbf58476d1ce4e5b9ull;
   return (uint32_t)(h ^ (h >> 32));
 }
-
-enum { KEY_STATIC = 1, KEY_VALUE = 2, KEY_DYNAMIC = 3 };
 
 /* A key: two words for (segment, argument count) and variant, then three
  * for each argument. */
@@ -154,7 +156,7 @@ static warm_count *warm_get(cgt_tree *t, cgt_segment id, uint64_t variant) {
  * recorded is dead now. Its nearest recorded ancestor ran this step (by
  * replay, after this same check, or by recording) and dead values stay
  * dead, so only the positions n adds to the ancestor's need a look. */
-static int node_liveness_ok(const cgt_tree *t, const node *n) {
+int node__liveness_ok(const cgt_tree *t, const node *n) {
   if (t->opt.mode != CGT_MODE_TREE)
     return 1;
   if (NEVER(n->values_before != t->n_step_values))
@@ -169,6 +171,8 @@ void node__destroy(cgt_tree *t, node *n) {
   fuse__forget_node(t, n);
   if (n->graph || n->exec)
     t->dev.ops->graph_destroy(&t->dev, n->graph, n->exec);
+  if (n->exec_graph)
+    t->dev.ops->graph_destroy(&t->dev, n->exec_graph, NULL);
   if (n->ckpt)
     pool_checkpoint_free(n->ckpt);
   if (n->own_pool)
@@ -232,7 +236,7 @@ static node *node_create(cgt_tree *t, node *first, cgt_segment id, uint64_t vari
  * of its group (a group grows only when it has no WARMUP node, and a node
  * never goes back to WARMUP), so this never re-inserts into a hash table and
  * cannot fail. */
-static void node_unlink(node *n) {
+void node__unlink(node *n) {
   node *first;
   HASH_FIND(hh, n->parent->children, n->key, n->key_bytes, first);
   if (first == n) {
@@ -251,7 +255,7 @@ static void node_unlink(node *n) {
 /* Undoes node_create for a node whose first run failed: no half-made nodes.
  * The newest node is the last of its key group, so node_unlink applies. */
 static void node_unlink_newest(cgt_tree *t, node *n) {
-  node_unlink(n);
+  node__unlink(n);
   t->n_nodes--;
   t->next_id--; /* the node never existed for the caller: its id is free again */
   t->stats.nodes--;
@@ -270,20 +274,23 @@ static uint32_t count_recordings(const node *parent, cgt_segment id, uint64_t va
 }
 
 /* The state machine's only legal moves: a node is made WARMUP
- * (node_create), and leaves WARMUP once, for RECORDED, EAGER or OVERFLOW;
- * those three are final. A RECORDED node whose liveness no longer fits gets
- * a sibling; it never turns EAGER. */
-static inline int transition_legal(node_state from, node_state to) { return from == NODE_WARMUP && to != NODE_WARMUP; }
+ * (node_create), and leaves WARMUP for RECORDED, EAGER or OVERFLOW; EAGER
+ * and OVERFLOW are final. A RECORDED node whose liveness no longer fits gets
+ * a sibling; it never turns EAGER. The recording budget may send a RECORDED
+ * node back to WARMUP (evict.c), from where it records again. */
+static inline int transition_legal(node_state from, node_state to) {
+  return (from == NODE_WARMUP && to != NODE_WARMUP) || (from == NODE_RECORDED && to == NODE_WARMUP);
+}
 
 /* Every change of a node's state goes through here. reason: why the node
  * runs eagerly from now on (EAGER and OVERFLOW; the node takes it over),
- * NULL for RECORDED. Cannot fail: the reason was allocated before the run
- * that commits the change. */
+ * NULL for RECORDED and WARMUP. Cannot fail: the reason was allocated before
+ * the run that commits the change. */
 static void node_set_state(cgt_tree *t, node *n, node_state to, char *reason) {
   cgt_assert(transition_legal(n->state, to));
-  cgt_assert((to == NODE_RECORDED) == (reason == NULL));
+  cgt_assert((to == NODE_RECORDED || to == NODE_WARMUP) == (reason == NULL));
   n->state = to;
-  if (to == NODE_RECORDED)
+  if (to == NODE_RECORDED || to == NODE_WARMUP)
     return;
   cgt_assert(!n->graph && !n->exec); /* a WARMUP node holds no run_prep */
   free(n->reason);
@@ -530,6 +537,7 @@ static void replay_commit(cgt_tree *t, node *n, cgt_value *outputs) {
   }
   n->replays++;
   n->last_step = t->step;
+  n->last_use = ++t->use_clock;
   n->parent->next_exec = n->exec;
   t->stats.replays++;
   if (t->opt.mode == CGT_MODE_TREE)
@@ -569,21 +577,6 @@ static cgt_status replay(cgt_tree *t, node *n, cgt_value *outputs) {
   return CGT_OK;
 }
 
-/* What a warmup or a recording holds while it is being made (its pool,
- * placeholders; for a recording also its outputs, liveness list, graph and
- * checkpoint); undone as one piece. */
-typedef struct run_prep {
-  pool *pl;
-  node_placeholder *ph;
-  uint32_t n_ph; /* placeholders allocated so far */
-  mem_ref *outs;
-  uint32_t n_dead;
-  uint32_t *dead; /* see node.dead */
-  void *graph;
-  void *exec;
-  pool_checkpoint *ckpt;
-  int copies_in_graph; /* DYNAMIC copies are captured into the graph */
-} run_prep;
 
 /* Gives back everything a failed recording took: the pool ends as it was
  * before the recording began. */
@@ -788,7 +781,25 @@ static cgt_status fall_back_eagerly(cgt_tree *t, node *n, const segment_rec *seg
  * RECORDED, checkpointed and launched once. A capture failure runs the node
  * eagerly and, if that succeeds, turns it EAGER; every other failure, and an
  * eager run that fails too, changes nothing. */
-static cgt_status record(cgt_tree *t, node *n, const segment_rec *seg, int is_rerecord, cgt_value *outputs) {
+static cgt_status record_update(cgt_tree *t, node *n, node *from, const segment_rec *seg, run_prep *r, warm_count *w,
+                                cgt_value *outputs);
+
+/* The bookkeeping every recording that succeeded shares, a fresh one or an
+ * update in place: the warm count, the clocks, the path, the budget. */
+static void record_commit(cgt_tree *t, node *n, const segment_rec *seg, warm_count *w, cgt_value *outputs) {
+  n->last_step = t->step;
+  n->last_use = ++t->use_clock;
+  n->recorded_step = t->step;
+  n->graph_bytes = evict__node_bytes(t, n);
+  w->runs++;
+  t->stats.recordings++;
+  hand_out_launch_outputs(t, seg, outputs);
+  t->cur = n;
+  evict__enforce(t);
+}
+
+static cgt_status record(cgt_tree *t, node *n, const segment_rec *seg, int is_rerecord, node *update_from,
+                         cgt_value *outputs) {
   const backend_ops *ops = t->dev.ops;
   run_prep r;
   warm_count *w;
@@ -843,6 +854,9 @@ static cgt_status record(cgt_tree *t, node *n, const segment_rec *seg, int is_re
       prep_undo(t, &r);
       return st;
     }
+    prep_release_placeholders(t, &r);
+    if (update_from && update__fits(t, update_from, &r))
+      return record_update(t, n, update_from, seg, &r, w, outputs);
     st = ops->instantiate(&t->dev, r.graph, &r.exec);
     if (st == CGT_ERR_OUT_OF_MEMORY) {
       prep_undo(t, &r);
@@ -858,7 +872,6 @@ static cgt_status record(cgt_tree *t, node *n, const segment_rec *seg, int is_re
     return fall_back_eagerly(t, n, seg, why, outputs);
   }
 
-  prep_release_placeholders(t, &r);
   if (t->opt.mode == CGT_MODE_TREE) {
     /* Stored as the difference from the nearest recorded ancestor's, which
      * is the layout the pool was synced to: linear memory along a path. */
@@ -892,14 +905,10 @@ static cgt_status record(cgt_tree *t, node *n, const segment_rec *seg, int is_re
   n->n_outputs = seg->n_outputs;
   n->outputs = r.outs;
   node_set_state(t, n, NODE_RECORDED, NULL);
-  n->last_step = t->step;
   prep_count_copies(t, &r);
-  w->runs++;
-  t->stats.recordings++;
   if (is_rerecord)
     t->stats.rerecords++;
-  hand_out_launch_outputs(t, seg, outputs);
-  t->cur = n;
+  record_commit(t, n, seg, w, outputs);
   tree__log(t, CGT_LOG_INFO, "recorded node %u (segment '%s', depth %u)%s", n->id, seg->name, n->depth,
             is_rerecord ? " as a re-record" : "");
   if (t->graph_dot_dir && ops->graph_dot) {
@@ -908,6 +917,38 @@ static cgt_status record(cgt_tree *t, node *n, const segment_rec *seg, int is_re
     if (ops->graph_dot(&t->dev, n->graph, path) != CGT_OK)
       tree__log(t, CGT_LOG_WARN, "could not write %s: %s", path, t->dev.error);
   }
+  return CGT_OK;
+}
+
+/* The capture of n (a new node: STATIC arguments moved) left the pool
+ * exactly as the recording of its sibling `from` did (update__fits): update
+ * from's executable with the new graph, or instantiate afresh where the
+ * device refuses, launch it, and let n take from's place (update.c). A
+ * failure before the launch succeeded changes nothing (an update already
+ * made is undone); afterwards nothing can fail. */
+static cgt_status record_update(cgt_tree *t, node *n, node *from, const segment_rec *seg, run_prep *r, warm_count *w,
+                                cgt_value *outputs) {
+  int updated = 0;
+  cgt_status st = update__exec(t, from, r, &updated);
+  if (st != CGT_OK) {
+    prep_undo(t, r);
+    return st;
+  }
+  void *exec = updated ? from->exec : r->exec;
+  st = t->dev.ops->launch(&t->dev, exec);
+  if (st != CGT_OK) {
+    st = tree__backend_fail(t, st, "first launch of an updated recording");
+    if (updated)
+      update__exec_undo(t, from);
+    prep_undo(t, r);
+    return st;
+  }
+  prep_count_copies(t, r);
+  update__adopt(t, from, n, r, updated);
+  node_set_state(t, n, NODE_RECORDED, NULL);
+  record_commit(t, n, seg, w, outputs);
+  tree__log(t, CGT_LOG_INFO, "node %u (segment '%s') updated in place for moved STATIC arguments%s", n->id,
+            seg->name, updated ? "" : " (the device refused the update: instantiated afresh)");
   return CGT_OK;
 }
 
@@ -941,6 +982,7 @@ typedef struct run_decision {
   run_action action;
   node *target;        /* the node that runs; NULL: a new node, made by node_run under t->cur */
   int rerecord;        /* RUN_RECORD: every recording of this key had the wrong liveness */
+  node *update_from;   /* RUN_RECORD of a new key: the sibling whose STATIC arguments moved (update.c), or NULL */
   char why[WHY_BYTES]; /* the reason the node leaves WARMUP for EAGER or OVERFLOW; "" if it does not */
 } run_decision;
 
@@ -986,11 +1028,12 @@ static run_action decided(run_decision *d, run_action action, node *n) {
 static run_action node_decide(const cgt_tree *t, node *first, cgt_segment id, const segment_rec *seg, uint64_t variant,
                               run_decision *d) {
   d->rerecord = 0;
+  d->update_from = NULL;
   d->why[0] = '\0';
   int in_warmup = t->step_in_warmup;
   if (first && !in_warmup)
     for (node *c = first; c; c = c->next_same_key)
-      if (c->state == NODE_RECORDED && node_liveness_ok(t, c))
+      if (c->state == NODE_RECORDED && node__liveness_ok(t, c))
         return decided(d, RUN_REPLAY, c);
 
   if (first) {
@@ -1037,6 +1080,8 @@ static run_action node_decide(const cgt_tree *t, node *first, cgt_segment id, co
   const warm_count *w = warm_find(t, id, variant);
   if (in_warmup || (w ? w->runs : 0) < t->opt.warmup_runs)
     return decided(d, RUN_WARMUP, NULL);
+  if (!first)
+    d->update_from = update__candidate(t, seg->n_inputs);
   return decided(d, RUN_RECORD, NULL);
 }
 
@@ -1121,7 +1166,7 @@ static cgt_status node_run(cgt_tree *t, const run_decision *d, node *first, cgt_
   case RUN_WARMUP:
     return run_warmup(t, n, seg, outputs);
   case RUN_RECORD:
-    return record(t, n, seg, d->rerecord, outputs);
+    return record(t, n, seg, d->rerecord, d->update_from, outputs);
   case RUN_EAGER:
     return run_eager_node(t, n, seg, why, NODE_EAGER, outputs);
   case RUN_OVERFLOW:
@@ -1168,8 +1213,12 @@ void node__prune(cgt_tree *t) {
     int parent_goes = n->parent != &t->root && n->parent->pruned;
     n->pruned = parent_goes || (n->state == NODE_WARMUP && t->step - n->last_step >= limit);
     if (n->pruned && !parent_goes)
-      node_unlink(n);
+      node__unlink(n);
   }
+  node__remove_pruned(t, &t->stats.nodes_pruned);
+}
+
+void node__remove_pruned(cgt_tree *t, uint64_t *removed) {
   uint32_t kept = 0;
   for (uint32_t i = 0; i < t->n_nodes; i++) {
     node *n = t->nodes[i];
@@ -1179,7 +1228,36 @@ void node__prune(cgt_tree *t) {
     }
     node__destroy(t, n); /* a parent before its children: each clears only its own table */
     t->stats.nodes--;
-    t->stats.nodes_pruned++;
+    (*removed)++;
   }
   t->n_nodes = kept;
+}
+
+/* ---------------------------------------------------------------- eviction */
+
+void node__drop_recording(cgt_tree *t, node *n, const char *reason) {
+  cgt_assert(n->state == NODE_RECORDED && !n->children);
+  fuse__forget_node(t, n); /* its spans end here; those through it ended below, with the subtree */
+  t->dev.ops->graph_destroy(&t->dev, n->graph, n->exec);
+  if (n->exec_graph)
+    t->dev.ops->graph_destroy(&t->dev, n->exec_graph, NULL);
+  pool_checkpoint_free(n->ckpt);
+  pool_destroy(n->own_pool);
+  free(n->dead);
+  free(n->placeholders);
+  free(n->outputs);
+  n->graph = n->exec = n->exec_graph = NULL;
+  n->ckpt = NULL;
+  n->own_pool = NULL;
+  n->dead = NULL;
+  n->placeholders = NULL;
+  n->outputs = NULL;
+  n->n_dead = n->n_placeholders = n->n_outputs = 0;
+  n->ckpt_bytes = n->graph_bytes = 0;
+  n->hot_child = NULL;
+  n->next_exec = NULL;
+  n->evictions++;
+  n->evict_reason = reason;
+  node_set_state(t, n, NODE_WARMUP, NULL);
+  tree__log(t, CGT_LOG_INFO, "node %u (segment '%s') evicted: %s", n->id, t->segments[n->segment - 1].name, reason);
 }

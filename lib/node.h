@@ -85,6 +85,16 @@ struct node {
   uint32_t n_dead;
   uint32_t *dead;
   uint64_t last_step; /* the step this node last ran in (pruning of WARMUP nodes) */
+  /* The recording budget and update in place (evict.c, update.c). */
+  uint64_t last_use;        /* the tree's use clock at this node's last replay or recording: LRU order */
+  uint64_t recorded_step;   /* the step of its last recording or update */
+  void *exec_graph;         /* after an update in place: the graph exec was first instantiated from, whose
+                               copy-op handles the placeholders hold (graph is the newest capture); else NULL */
+  size_t graph_bytes;       /* what its recording holds for the budget: checkpoint and executable estimate */
+  uint64_t evictions;       /* cgt_node_info.evictions */
+  const char *evict_reason; /* static: why it was last evicted */
+  uint64_t updates;         /* cgt_node_info.updates */
+  uint8_t marked;           /* evict.c and update.c: in the subtree being walked */
   /* cgt_tree_path_hash after a run of this node: the parent's, with this
    * node's (segment, variant) mixed in. Every successful run moves the path
    * to its node, so the path hash is the current node's, computed once. */
@@ -99,7 +109,40 @@ struct node {
   fuse_span *spans;    /* the spans that end at this node, each keyed by its first node */
 };
 
+/* The three words of each argument in a node key: its kind, its address
+ * (0 for DYNAMIC) and its size. */
+enum { KEY_STATIC = 1, KEY_VALUE = 2, KEY_DYNAMIC = 3 };
+
+/* What a warmup or a recording holds while it is being made (its pool,
+ * placeholders; for a recording also its outputs, liveness list, graph and
+ * checkpoint); undone as one piece (node.c: prep_undo). */
+typedef struct run_prep {
+  pool *pl;
+  node_placeholder *ph;
+  uint32_t n_ph; /* placeholders allocated so far */
+  mem_ref *outs;
+  uint32_t n_dead;
+  uint32_t *dead; /* see node.dead */
+  void *graph;
+  void *exec;
+  pool_checkpoint *ckpt;
+  int copies_in_graph; /* DYNAMIC copies are captured into the graph */
+} run_prep;
+
 cgt_status node__run(cgt_tree *t, cgt_segment id, const segment_rec *seg, uint64_t variant, cgt_value *outputs);
+/* The liveness invariant: n may replay with the values live now. */
+int node__liveness_ok(const cgt_tree *t, const node *n);
+/* Evicts n's recording (evict.c decides which): its graph, executable,
+ * checkpoint and private pool are given back, its fused spans dropped, and
+ * n goes back to WARMUP for `reason` (a static string). Its children must
+ * be gone already. Cannot fail. */
+void node__drop_recording(cgt_tree *t, node *n, const char *reason);
+/* Takes n out of its parent's key group. n must be the last of its group
+ * or have no key group sharers behind it in the hash (node.c explains). */
+void node__unlink(node *n);
+/* Destroys every node marked `pruned`, whose tops the caller has unlinked,
+ * keeping the others in id order; counts them in *removed. */
+void node__remove_pruned(cgt_tree *t, uint64_t *removed);
 void node__destroy(cgt_tree *t, node *n);
 /* Enqueues n's own executable, its DYNAMIC copies reading next_src. */
 cgt_status node__launch(cgt_tree *t, node *n);

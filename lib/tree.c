@@ -292,6 +292,11 @@ cgt_status cgt_tree_create(const cgt_options *o, cgt_tree **out) {
     o = &defaults;
   if ((unsigned)o->backend > CGT_BACKEND_SIM || (unsigned)o->mode > CGT_MODE_SEPARATE)
     return CGT_ERR_INVALID_ARGUMENT;
+  /* A budget that can hold no graph, or more graphs than ids could name, is
+   * a mistake, not a wish. */
+  if (o->max_graphs > CGT_MAX_GRAPHS_LIMIT || (o->max_graph_bytes && o->max_graph_bytes < CGT_MIN_GRAPH_BYTES) ||
+      o->no_update_in_place > 1)
+    return CGT_ERR_INVALID_ARGUMENT;
 
   cgt_tree *t = calloc(1, sizeof *t);
   if (!t)

@@ -56,6 +56,8 @@ void *tree__hash_malloc(struct cgt_tree *t, size_t bytes);
 #include "launch.h"
 #include "node.h"
 #include "value.h"
+#include "evict.h"
+#include "update.h"
 
 typedef struct segment_rec {
   char *name;
@@ -166,6 +168,7 @@ struct cgt_tree {
   /* Test hook shared by the tree and all its pools (tree_hooks.h). */
   pool_fail_hook host_fail;
   uint64_t path_hash; /* cgt_tree_path_hash: (segment, variant) of this step's runs */
+  uint64_t use_clock; /* ticks at every replay and recording: the budget's LRU order (node.last_use) */
 };
 
 /* The path hash of a step with no run yet. */

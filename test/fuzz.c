@@ -42,8 +42,13 @@
  * Options vary by test and seed: warmup_runs 0 to 2, rerecord limits of 1
  * to 3, 4 KiB pool chunks with values up to 10 KiB (chunks grow during
  * warmup and recording; oversize requests get chunks of their own), default
- * options, and long programs whose steps make over 64 values.
+ * options, long programs whose steps make over 64 values, and recording
+ * budgets of one to four graphs with STATIC buffers that move (evictions
+ * and updates in place all the time), and moving STATIC buffers without a
+ * budget (updates in place of whole subtrees).
  *
+ * CGT_FUZZ_BUDGET=n gives every test's trees a recording budget of n graphs
+ * (max_graphs), so that the whole fuzz runs with eviction on.
  * CGT_FUZZ_STEPS overrides the total number of steps (default 24,000 on the
  * simulator, 2,000 on CUDA), spread over the tests by a fixed share.
  * CGT_FUZZ_SEED=<seed> runs only that seed, exactly as it runs among the
@@ -615,6 +620,10 @@ typedef struct fz_config {
   size_t pool_limit_bytes;   /* options.pool_limit_bytes */
   uint32_t prune_after_steps; /* options.prune_after_steps (0: default) */
   int zero_options;          /* an all-zero cgt_options: zero means default */
+  uint32_t max_graphs;       /* options.max_graphs: a recording budget that evicts */
+  size_t max_graph_bytes;    /* options.max_graph_bytes */
+  uint32_t static_move_every; /* the fixed STATIC buffer moves to a new address every this many steps (a
+                                 reload: update in place), 0: never */
 } fz_config;
 
 static void world_make(fz_world *w, uint64_t seed, const fz_config *cfg) {
@@ -940,6 +949,15 @@ static void fz_exec(fz_ctx *c, const fz_block *b) {
  * so that reading it instead of the current one cannot go unnoticed. */
 static void fz_fill_inputs(fz_ctx *c) {
   uint32_t f = c->w->floats;
+  if (c->cfg->static_move_every && c->step && c->step % c->cfg->static_move_every == 0) {
+    /* A reload: the same contents at a new address (the last step synced
+     * every tree, so nothing reads the old buffer any more). */
+    for (uint32_t i = 0; i < f; i++)
+      c->host_in[i] = (float)((int)(i % 7) - 3);
+    float *moved = test_dev_floats(c->host_in, f);
+    test_dev_free(c->stat_fixed);
+    c->stat_fixed = moved;
+  }
   uint64_t h = fz_hash(c->seed, c->step);
   /* New patterns join over time, so new paths keep appearing between long
    * stretches of replays. */
@@ -1021,6 +1039,8 @@ static void fz_run_seed(const fz_config *cfg, uint64_t seed, uint64_t steps, fz_
   o.pool_reserve_bytes = cfg->pool_reserve_bytes;
   o.pool_limit_bytes = cfg->pool_limit_bytes;
   o.prune_after_steps = cfg->prune_after_steps;
+  o.max_graphs = cfg->max_graphs;
+  o.max_graph_bytes = cfg->max_graph_bytes;
   if (cfg->zero_options)
     memset(&o, 0, sizeof o); /* test_tree_new sets backend, mode and the log */
   fz_rng flags_rng = {seed ^ 0x6e6f6361ull};
@@ -1072,7 +1092,10 @@ static void fz_run_seed(const fz_config *cfg, uint64_t seed, uint64_t steps, fz_
    * enough to be recorded (or eager for good): the pass must only replay. */
   uint64_t window = steps < 60 ? steps : 60;
   cgt_stats before[FZ_MODES], after[FZ_MODES];
-  for (int pass = 0; pass < 3 && steps >= 20; pass++) {
+  /* A budget that evicts, or buffers that move in the replayed steps, keep
+   * recording by design: they settle in memory, not in recordings. */
+  int settles = !cfg->max_graphs && !cfg->max_graph_bytes && !cfg->static_move_every;
+  for (int pass = 0; pass < 3 && steps >= 20 && settles; pass++) {
     for (int m = 0; m < FZ_MODES; m++)
       CHECK_OK(c.t[m], cgt_tree_stats(c.t[m], &before[m]));
     for (uint64_t step = steps - window; step < steps; step++)
@@ -1180,6 +1203,15 @@ static void fz_run_test(const fz_config *cfg, uint64_t first_seed, uint32_t n_se
   const char *forced = getenv("CGT_MODE");
   if (forced && *forced)
     skip();
+  /* CGT_FUZZ_BUDGET=n puts every test's trees under a recording budget of n
+   * graphs (test/soak.sh evict): evictions everywhere, same bytes. */
+  fz_config budgeted = *cfg;
+  int must_evict = cfg->max_graphs != 0; /* a budget of the test's own, not the soak's */
+  const char *budget = getenv("CGT_FUZZ_BUDGET");
+  if (budget && *budget && !cfg->max_graphs && !cfg->max_graph_bytes) {
+    budgeted.max_graphs = (uint32_t)strtoul(budget, NULL, 10);
+    cfg = &budgeted;
+  }
   uint64_t steps = fz_total_steps() * share / 100;
   const char *one = getenv("CGT_FUZZ_SEED");
   fz_totals tot;
@@ -1205,6 +1237,13 @@ static void fz_run_test(const fz_config *cfg, uint64_t first_seed, uint32_t n_se
                 (unsigned long long)tot.s[FZ_TREE].nodes_pruned, (unsigned long long)tot.faults_injected,
                 (unsigned long long)tot.faults_hit, (unsigned long long)tot.s[FZ_DEFER].fused_launches,
                 (unsigned long long)tot.s[FZ_DEFER].fused_runs, (unsigned long long)tot.same_tree_seeds);
+  if (cfg->max_graphs || cfg->max_graph_bytes || cfg->static_move_every)
+    print_message("fuzz %s: TREE %llu evictions (%llu descendants removed), %llu updates in place (%llu instantiated "
+                  "afresh); TREE+defer %llu evictions; SEPARATE %llu evictions\n",
+                  cfg->test, (unsigned long long)tot.s[FZ_TREE].evictions,
+                  (unsigned long long)tot.s[FZ_TREE].nodes_evicted, (unsigned long long)tot.s[FZ_TREE].updates,
+                  (unsigned long long)tot.s[FZ_TREE].update_fallbacks, (unsigned long long)tot.s[FZ_DEFER].evictions,
+                  (unsigned long long)tot.s[FZ_SEPARATE].evictions);
   if (cfg->fault_percent && tot.steps >= 50)
     assert_true(tot.faults_hit > 0);
   if (cfg->min_ops >= 300 && tot.steps >= 10)
@@ -1216,6 +1255,8 @@ static void fz_run_test(const fz_config *cfg, uint64_t first_seed, uint32_t n_se
     assert_true(tot.s[FZ_SEPARATE].recordings > 0);
     assert_true(tot.s[FZ_SEPARATE].replays > 0);
     assert_true(tot.s[FZ_DEFER].fused_launches > 0);
+    if (must_evict)
+      assert_true(tot.s[FZ_TREE].evictions > 0 && tot.s[FZ_DEFER].evictions > 0);
   }
 }
 
@@ -1337,6 +1378,31 @@ static void test_random_programs_with_newer_options_give_identical_outputs(void 
   fz_run_test(&prune, 8200, 4, 2);
 }
 
+/* Recording budgets small enough to evict constantly (1, 2 and 4 graphs,
+ * and the least byte budget), with the fixed STATIC buffer moving every 7
+ * or 11 steps in some (update in place): TREE and TREE+defer evict and
+ * re-record, SEPARATE gives its private pools back, and every byte must
+ * still be EAGER's. Last, the buffer moving every 9 steps in an unbounded
+ * tree, where updates in place carry whole subtrees. */
+static void test_random_programs_under_tiny_recording_budgets_give_identical_outputs(void **state) {
+  (void)state;
+  static const fz_config cfgs[] = {
+      {.test = "budget1", .warmup_runs = 1, .rerecord_limit = 32, .pool_chunk_bytes = 16 << 10, .max_graphs = 1},
+      {.test = "budget2+moves", .warmup_runs = 0, .rerecord_limit = 3, .pool_chunk_bytes = 16 << 10, .max_graphs = 2,
+       .static_move_every = 7},
+      {.test = "budget4+faults", .warmup_runs = 1, .rerecord_limit = 32, .pool_chunk_bytes = 64 << 10, .max_graphs = 4,
+       .fault_percent = 2, .static_move_every = 11},
+      {.test = "budget-bytes", .warmup_runs = 1, .rerecord_limit = 32, .pool_chunk_bytes = 16 << 10,
+       .max_graph_bytes = CGT_MIN_GRAPH_BYTES},
+      {.test = "moves-unbounded", .warmup_runs = 1, .rerecord_limit = 32, .pool_chunk_bytes = 16 << 10,
+       .static_move_every = 9, .check_every = 16}, /* updates in place of whole subtrees */
+  };
+  /* The unbounded one grows (SEPARATE records anew at every move, as do
+   * children of nodes whose capture fails): a third of the steps. */
+  for (uint32_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++)
+    fz_run_test(&cfgs[i], 9000 + 100 * i, 3, cfgs[i].static_move_every == 9 ? 1 : 3);
+}
+
 #define FZ_TEST(f) cmocka_unit_test(f)
 const struct CMUnitTest fuzz_tests[] = {
     FZ_TEST(test_random_programs_give_identical_outputs_in_tree_separate_and_eager_modes),
@@ -1347,5 +1413,6 @@ const struct CMUnitTest fuzz_tests[] = {
     FZ_TEST(test_very_long_random_programs_give_identical_outputs),
     FZ_TEST(test_random_programs_with_injected_failures_give_identical_outputs),
     FZ_TEST(test_random_programs_with_newer_options_give_identical_outputs),
+    FZ_TEST(test_random_programs_under_tiny_recording_budgets_give_identical_outputs),
 };
 const size_t fuzz_test_count = sizeof fuzz_tests / sizeof fuzz_tests[0];

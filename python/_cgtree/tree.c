@@ -106,12 +106,15 @@ static int size_option(PyObject *o, const char *name, uint64_t max, uint64_t *ou
 static PyObject *tree_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
   static char *kwlist[] = {"backend",          "mode",           "device",           "stream",
                            "warmup_runs",      "rerecord_limit", "pool_chunk_bytes", "pool_reserve_bytes",
-                           "pool_limit_bytes", "defer_launch",   NULL};
+                           "pool_limit_bytes", "defer_launch",   "max_graphs",       "max_graph_bytes",
+                           "update_in_place",  NULL};
   const char *backend = "auto", *mode = "tree";
-  int device = 0, defer = 0;
+  int device = 0, defer = 0, update_in_place = 1;
   PyObject *stream = Py_None, *warmup = NULL, *rerecord = NULL, *chunk = NULL, *reserve = NULL, *limit = NULL;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$ssiOOOOOOp:Tree", kwlist, &backend, &mode, &device, &stream,
-                                   &warmup, &rerecord, &chunk, &reserve, &limit, &defer))
+  PyObject *max_graphs = NULL, *max_graph_bytes = NULL;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$ssiOOOOOOpOOp:Tree", kwlist, &backend, &mode, &device, &stream,
+                                   &warmup, &rerecord, &chunk, &reserve, &limit, &defer, &max_graphs,
+                                   &max_graph_bytes, &update_in_place))
     return NULL;
   static const char *const backends[] = {"auto", "cuda", "sim"};
   static const char *const modes[] = {"tree", "eager", "separate"};
@@ -152,6 +155,19 @@ static PyObject *tree_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
       return NULL;
     o.pool_limit_bytes = (size_t)v;
   }
+  /* The recording budget and update in place (issue 23); nonsense values
+   * are the C library's to refuse, as InvalidArgument. */
+  if (max_graphs) {
+    if (size_option(max_graphs, "max_graphs", UINT32_MAX, &v) < 0)
+      return NULL;
+    o.max_graphs = (uint32_t)v;
+  }
+  if (max_graph_bytes) {
+    if (size_option(max_graph_bytes, "max_graph_bytes", SIZE_MAX, &v) < 0)
+      return NULL;
+    o.max_graph_bytes = (size_t)v;
+  }
+  o.no_update_in_place = !update_in_place;
   if (stream != Py_None) {
     o.stream = PyLong_AsVoidPtr(stream);
     if (!o.stream && PyErr_Occurred())
@@ -559,11 +575,13 @@ fail:
 }
 
 static PyObject *node_dict(const cgt_node_info *n) {
-  return Py_BuildValue("{s:I,s:I,s:I,s:I,s:s,s:K,s:s,s:K,s:K,s:n,s:z}", "id", n->id, "parent", n->parent, "depth",
-                       n->depth, "segment", n->segment, "segment_name", n->segment_name ? n->segment_name : "",
-                       "variant", (unsigned long long)n->variant, "state", cgt_node_state_name(n->state), "replays",
-                       (unsigned long long)n->replays, "eager_runs", (unsigned long long)n->eager_runs,
-                       "pool_bytes_live", (Py_ssize_t)n->pool_bytes_live, "reason", n->reason);
+  return Py_BuildValue("{s:I,s:I,s:I,s:I,s:s,s:K,s:s,s:K,s:K,s:n,s:z,s:K,s:z,s:K}", "id", n->id, "parent", n->parent,
+                       "depth", n->depth, "segment", n->segment, "segment_name",
+                       n->segment_name ? n->segment_name : "", "variant", (unsigned long long)n->variant, "state",
+                       cgt_node_state_name(n->state), "replays", (unsigned long long)n->replays, "eager_runs",
+                       (unsigned long long)n->eager_runs, "pool_bytes_live", (Py_ssize_t)n->pool_bytes_live, "reason",
+                       n->reason, "evictions", (unsigned long long)n->evictions, "evict_reason", n->evict_reason,
+                       "updates", (unsigned long long)n->updates);
 }
 
 static PyObject *tree_nodes(PyTree *self, PyObject *unused) {
@@ -817,7 +835,8 @@ PyTypeObject PyTree_Type = {
     .tp_repr = (reprfunc)tree_repr,
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "Tree(backend='auto', mode='tree', device=0, stream=None, warmup_runs=1, rerecord_limit=32, "
-              "pool_chunk_bytes=0, pool_reserve_bytes=0, pool_limit_bytes=0, defer_launch=False)\n\n"
+              "pool_chunk_bytes=0, pool_reserve_bytes=0, pool_limit_bytes=0, defer_launch=False, max_graphs=0, "
+              "max_graph_bytes=0, update_in_place=True)\n\n"
               "A graph tree: segments, runs, steps and one checkpointed memory pool (see cgtree.h).",
     .tp_traverse = (traverseproc)tree_traverse,
     .tp_clear = (inquiry)tree_clear,

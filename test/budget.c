@@ -1,0 +1,666 @@
+/* budget.c — the recording budget and update in place (issue 23), scenario
+ * by scenario, on every backend.
+ *
+ * What the options promise: with max_graphs or max_graph_bytes a tree holds
+ * no more recordings than its budget once a recording is done (the current
+ * path excepted), by evicting the least recently replayed recording off the
+ * path with its subtree; evictions are counted and the node list says why;
+ * results stay those of an eager run, live values are never overwritten,
+ * and fused spans through an evicted node go with it. Update in place: a
+ * run whose STATIC arguments moved (reloaded parameters) updates the
+ * sibling's executable instead of adding a node, falls back to a fresh
+ * instantiate when the device refuses (another topology), and is not done
+ * for buffers that alternate. Each test checks the tree after every run.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "test_lists.h"
+#include "tree_hooks.h"
+
+#define N 64
+#define QUIET 6 /* steps after a recording before weights move: more than UPDATE_QUIET_STEPS (4) */
+
+/* out = x + w; with `extra`, relu(out) as a second kernel: another topology. */
+typedef struct weighted {
+  int extra;
+  int calls;
+} weighted;
+
+static cgt_status launch_weighted(cgt_launch *l, void *user) {
+  weighted *u = user;
+  u->calls++;
+  void *out;
+  size_t n = cgt_launch_input_bytes(l, 0) / sizeof(float);
+  cgt_status st = cgt_launch_alloc(l, n * sizeof(float), &out);
+  if (st == CGT_OK)
+    st = test_kernels()->add(cgt_launch_stream(l), cgt_launch_input(l, 0), cgt_launch_input(l, 1), out, n);
+  if (st == CGT_OK && u->extra)
+    st = test_kernels()->relu(cgt_launch_stream(l), out, out, n);
+  if (st != CGT_OK)
+    return st;
+  return cgt_launch_set_output(l, 0, out, n * sizeof(float));
+}
+
+static cgt_segment register_weighted(cgt_tree *t, const char *name, weighted *u) {
+  cgt_segment_desc d = {name, launch_weighted, u, 2, 1, 0};
+  cgt_segment s = 0;
+  CHECK_OK(t, cgt_segment_register(t, &d, &s));
+  return s;
+}
+
+static cgt_value run_checked(cgt_tree *t, cgt_segment s, uint64_t variant, const cgt_arg *args, uint32_t n_args) {
+  cgt_value out = {0};
+  CHECK_OK(t, cgt_run(t, s, variant, args, n_args, &out, 1));
+  CHECK_TREE(t);
+  return out;
+}
+
+static void expect_floats(cgt_tree *t, cgt_value v, const float *expected, size_t n, const char *what, int step) {
+  float got[N];
+  test_read_value(t, v, got, n);
+  for (size_t i = 0; i < n; i++)
+    if (got[i] != expected[i])
+      fail_msg("%s, step %d, element %zu: got %g, expected %g", what, step, i, (double)got[i], (double)expected[i]);
+}
+
+static void fill(float *h, float base, float step) {
+  for (int i = 0; i < N; i++)
+    h[i] = base + step * (float)i;
+}
+
+static cgt_tree *budget_tree(cgt_mode mode, uint32_t max_graphs, size_t max_bytes, uint32_t defer, uint32_t no_update) {
+  cgt_options o;
+  cgt_options_init(&o);
+  o.max_graphs = max_graphs;
+  o.max_graph_bytes = max_bytes;
+  o.defer_launch = defer;
+  o.no_update_in_place = no_update;
+  return test_tree_new(mode, &o);
+}
+
+static size_t node_count(cgt_tree *t) {
+  size_t count = 0;
+  CHECK_OK(t, cgt_tree_nodes(t, NULL, 0, &count));
+  return count;
+}
+
+/* ------------------------------------------------------ update in place */
+
+/* A chain of three segments, each with its own STATIC weights; x is DYNAMIC. */
+typedef struct chain3 {
+  weighted u[3];
+  cgt_segment s[3];
+  float *x;
+  float *w[3];
+  float host_w[3];
+} chain3;
+
+static void chain3_open(cgt_tree *t, chain3 *c) {
+  memset(c, 0, sizeof *c);
+  float hx[N];
+  fill(hx, -20, 1);
+  c->x = test_dev_floats(hx, N);
+  for (int i = 0; i < 3; i++) {
+    char name[32];
+    snprintf(name, sizeof name, "layer%d", i);
+    c->s[i] = register_weighted(t, name, &c->u[i]);
+  }
+}
+
+/* New weights at new addresses, holding `scale` * (layer + 1); the old
+ * buffers are freed, as a reload does. */
+static void chain3_load(cgt_tree *t, chain3 *c, float scale) {
+  if (t)
+    CHECK_OK(t, cgt_sync(t));
+  for (int i = 0; i < 3; i++) {
+    float h[N];
+    c->host_w[i] = scale * (float)(i + 1);
+    fill(h, c->host_w[i], 0);
+    float *fresh = test_dev_floats(h, N);
+    test_dev_free(c->w[i]);
+    c->w[i] = fresh;
+  }
+}
+
+static void chain3_close(cgt_tree *t, chain3 *c) {
+  CHECK_OK(t, cgt_sync(t));
+  test_dev_free(c->x);
+  for (int i = 0; i < 3; i++)
+    test_dev_free(c->w[i]);
+}
+
+static void chain3_step(cgt_tree *t, chain3 *c, int step) {
+  CHECK_OK(t, cgt_step_begin(t));
+  cgt_arg a[2] = {cgt_arg_dynamic(c->x, N * sizeof(float)), cgt_arg_static(c->w[0], N * sizeof(float))};
+  cgt_value v = run_checked(t, c->s[0], 0, a, 2);
+  for (int i = 1; i < 3; i++) {
+    cgt_arg b[2] = {cgt_arg_value(v), cgt_arg_static(c->w[i], N * sizeof(float))};
+    v = run_checked(t, c->s[i], 0, b, 2);
+  }
+  float expected[N];
+  fill(expected, -20 + c->host_w[0] + c->host_w[1] + c->host_w[2], 1);
+  for (int i = 0; i < N; i++)
+    if (c->u[2].extra && expected[i] < 0)
+      expected[i] = 0;
+  expect_floats(t, v, expected, N, "chain of three", step);
+}
+
+/* A tree (update in place on or off) whose chain has run QUIET steps on
+ * its first weights: recorded, replayed, ready for a reload. *step is the
+ * next step's number. */
+static cgt_tree *chain3_settled(uint32_t no_update, chain3 *c, int *step) {
+  cgt_tree *t = budget_tree(CGT_MODE_TREE, 0, 0, 0, no_update);
+  chain3_open(t, c);
+  chain3_load(NULL, c, 1);
+  for (*step = 0; *step < QUIET; (*step)++)
+    chain3_step(t, c, *step);
+  return t;
+}
+
+static void test_reloaded_parameters_record_no_new_nodes(void **state) {
+  (void)state;
+  chain3 c;
+  int step;
+  cgt_tree *t = chain3_settled(0, &c, &step);
+  size_t nodes = node_count(t);
+  cgt_node_info before[3], after[3];
+  size_t count;
+  CHECK_OK(t, cgt_tree_nodes(t, before, 3, &count));
+  cgt_stats s0 = test_stats(t);
+  assert_int_equal(nodes, 3);
+
+  chain3_load(t, &c, 10); /* new addresses, new values: the replays must read them */
+  chain3_step(t, &c, step++);
+  cgt_stats s1 = test_stats(t);
+  assert_int_equal(node_count(t), nodes);
+  assert_int_equal(s1.nodes, s0.nodes);
+  assert_int_equal(s1.updates - s0.updates, 3);
+  assert_int_equal(s1.update_fallbacks, 0);
+  assert_int_equal(s1.recordings - s0.recordings, 3);
+  CHECK_OK(t, cgt_tree_nodes(t, after, 3, &count));
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(after[i].id, before[i].id);
+    assert_int_equal(after[i].parent, before[i].parent);
+    assert_int_equal(after[i].state, CGT_NODE_RECORDED);
+    assert_int_equal(after[i].updates, 1);
+    assert_true(after[i].replays == before[i].replays);
+  }
+  /* Afterwards the updated recordings replay. */
+  for (int k = 0; k < 3; k++)
+    chain3_step(t, &c, step++);
+  cgt_stats s2 = test_stats(t);
+  assert_int_equal(s2.recordings, s1.recordings);
+  assert_int_equal(s2.replays - s1.replays, 9);
+  assert_int_equal(s2.nodes, s0.nodes);
+  chain3_close(t, &c);
+  test_tree_free(t);
+}
+
+static void test_update_refused_by_the_device_falls_back_to_a_fresh_instantiate(void **state) {
+  (void)state;
+  chain3 c;
+  int step;
+  cgt_tree *t = chain3_settled(0, &c, &step);
+  cgt_stats s0 = test_stats(t);
+  /* The last layer gains a kernel with the reload: another topology, which
+   * the device refuses to update. Its inputs and outputs stay where they
+   * were, so the node keeps its place with a fresh executable. */
+  c.u[2].extra = 1;
+  chain3_load(t, &c, -10);
+  chain3_step(t, &c, step++);
+  cgt_stats s1 = test_stats(t);
+  assert_int_equal(s1.nodes, s0.nodes);
+  assert_int_equal(s1.updates - s0.updates, 3);
+  assert_int_equal(s1.update_fallbacks - s0.update_fallbacks, 1);
+  for (int k = 0; k < 3; k++)
+    chain3_step(t, &c, step++);
+  assert_int_equal(test_stats(t).recordings, s1.recordings);
+  chain3_close(t, &c);
+  test_tree_free(t);
+}
+
+static void test_weights_that_alternate_between_two_buffers_get_a_node_each(void **state) {
+  (void)state;
+  cgt_tree *t = budget_tree(CGT_MODE_TREE, 0, 0, 0, 0);
+  weighted u = {0};
+  cgt_segment s = register_weighted(t, "double_buffered", &u);
+  float hx[N], hw[2][N];
+  fill(hx, 0, 1);
+  fill(hw[0], 1, 0);
+  fill(hw[1], 2, 0);
+  float *x = test_dev_floats(hx, N), *w[2] = {test_dev_floats(hw[0], N), test_dev_floats(hw[1], N)};
+  for (int step = 0; step < 4 * QUIET; step++) {
+    CHECK_OK(t, cgt_step_begin(t));
+    cgt_arg a[2] = {cgt_arg_dynamic(x, N * sizeof(float)), cgt_arg_static(w[step % 2], N * sizeof(float))};
+    cgt_value v = run_checked(t, s, 0, a, 2);
+    float expected[N];
+    fill(expected, (float)(1 + step % 2), 1);
+    expect_floats(t, v, expected, N, "double buffered", step);
+  }
+  assert_int_equal(node_count(t), 2);
+  assert_int_equal(test_stats(t).updates, 0);
+  CHECK_OK(t, cgt_sync(t));
+  test_dev_free(x);
+  test_dev_free(w[0]);
+  test_dev_free(w[1]);
+  test_tree_free(t);
+}
+
+static void test_no_update_in_place_records_a_new_node_for_moved_weights(void **state) {
+  (void)state;
+  chain3 c;
+  int step;
+  cgt_tree *t = chain3_settled(1, &c, &step);
+  chain3_load(t, &c, 3);
+  chain3_step(t, &c, step++);
+  assert_int_equal(node_count(t), 6);
+  assert_int_equal(test_stats(t).updates, 0);
+  chain3_close(t, &c);
+  test_tree_free(t);
+}
+
+/* A segment whose output is a view of its STATIC input, and a child that
+ * reads it: the view moves with the weights, the child takes it as DYNAMIC
+ * (it is caller memory), so the node is updated and the child replays. */
+static void test_a_view_of_moved_weights_moves_with_them_and_the_node_is_updated(void **state) {
+  (void)state;
+  cgt_tree *t = budget_tree(CGT_MODE_TREE, 0, 0, 0, 0);
+  test_affine uv = {.n = N}, ua = {.a = 2, .b = 1, .n = N};
+  cgt_segment sv = test_register_view(t, "view", &uv), sa = test_register_affine(t, "affine", &ua);
+  float hw[N];
+  float *w = NULL;
+  for (int step = 0; step < 2 * QUIET; step++) {
+    if (step == 0 || step == QUIET) {
+      fill(hw, (float)step, 0.5f);
+      CHECK_OK(t, cgt_sync(t));
+      float *fresh = test_dev_floats(hw, N);
+      test_dev_free(w);
+      w = fresh;
+    }
+    CHECK_OK(t, cgt_step_begin(t));
+    cgt_arg a = cgt_arg_static(w, N * sizeof(float));
+    cgt_value v = run_checked(t, sv, 0, &a, 1);
+    void *ptr = NULL;
+    CHECK_OK(t, cgt_value_ptr(t, v, &ptr, NULL));
+    assert_ptr_equal(ptr, w); /* the view names the weights where they are now */
+    cgt_arg b = cgt_arg_value(v);
+    cgt_value y = run_checked(t, sa, 0, &b, 1);
+    float want[N];
+    for (int i = 0; i < N; i++)
+      want[i] = 2 * hw[i] + 1;
+    expect_floats(t, y, want, N, "affine of a view", step);
+  }
+  cgt_stats s = test_stats(t);
+  assert_int_equal(s.nodes, 2);
+  assert_int_equal(s.updates, 1);
+  CHECK_OK(t, cgt_sync(t));
+  test_dev_free(w);
+  test_tree_free(t);
+}
+
+/* Every host allocation of the updating run failing in turn: the run fails
+ * with CGT_ERR_OUT_OF_MEMORY and changes nothing; then it succeeds. */
+static void test_an_update_with_each_host_allocation_failing_changes_nothing(void **state) {
+  (void)state;
+  chain3 c;
+  int step;
+  cgt_tree *t = chain3_settled(0, &c, &step);
+  chain3_load(t, &c, 2);
+  CHECK_OK(t, cgt_step_begin(t));
+  cgt_arg a[2] = {cgt_arg_dynamic(c.x, N * sizeof(float)), cgt_arg_static(c.w[0], N * sizeof(float))};
+  long long k = 0;
+  for (;; k++) {
+    cgt_stats before = test_stats(t);
+    cgt_value out = {111};
+    cgt__fail_host_alloc_after(t, k, 1);
+    cgt_status st = cgt_run(t, c.s[0], 0, a, 2, &out, 1);
+    int fired = cgt__host_alloc_failures(t) > 0;
+    cgt__fail_host_alloc_after(t, -1, 0);
+    CHECK_TREE(t);
+    if (!fired) {
+      CHECK_OK(t, st);
+      break;
+    }
+    CHECK_STATUS(t, CGT_ERR_OUT_OF_MEMORY, st);
+    assert_int_equal(out.bits, 111);
+    cgt_stats after = test_stats(t);
+    assert_int_equal(after.nodes, before.nodes);
+    assert_int_equal(after.updates, before.updates);
+    assert_int_equal(after.recordings, before.recordings);
+    assert_true(k < 10000);
+  }
+  assert_true(k > 0);
+  assert_int_equal(test_stats(t).updates, 1);
+  assert_int_equal(node_count(t), 3);
+  chain3_close(t, &c);
+  test_tree_free(t);
+}
+
+/* y = relu(x @ W), x DYNAMIC (GEMM_B x GEMM_H), W STATIC (GEMM_H x GEMM_H):
+ * cuBLAS on CUDA (a library's kernels, workspace from the pool), a plain
+ * loop on the simulator. */
+enum { GEMM_B = 8, GEMM_H = 64 };
+#define GEMM_WORKSPACE ((size_t)1 << 20)
+
+static cgt_status launch_gemm(cgt_launch *l, void *user) {
+  kern_ctx *ctx = user;
+  const kernels *k = test_kernels();
+  void *ws, *y;
+  cgt_status st = cgt_launch_alloc(l, GEMM_WORKSPACE, &ws);
+  if (st == CGT_OK)
+    st = cgt_launch_alloc(l, GEMM_B * GEMM_H * sizeof(float), &y);
+  if (st == CGT_OK)
+    st = k->gemm(ctx, cgt_launch_stream(l), cgt_launch_input(l, 0), cgt_launch_input(l, 1), y, GEMM_B, GEMM_H, GEMM_H,
+                 ws, GEMM_WORKSPACE);
+  if (st == CGT_OK)
+    st = k->relu(cgt_launch_stream(l), y, y, GEMM_B * GEMM_H);
+  if (st == CGT_OK)
+    st = cgt_launch_free(l, ws);
+  if (st != CGT_OK)
+    return st;
+  return cgt_launch_set_output(l, 0, y, GEMM_B * GEMM_H * sizeof(float));
+}
+
+static void test_reloaded_gemm_weights_update_in_place_and_match_eager(void **state) {
+  (void)state;
+  cgt_tree *t[2] = {budget_tree(CGT_MODE_TREE, 0, 0, 0, 0), test_tree_new(CGT_MODE_EAGER, NULL)};
+  kern_ctx *ctx[2];
+  cgt_segment s[2];
+  for (int m = 0; m < 2; m++) {
+    CHECK_OK(t[m], test_kernels()->ctx_create(cgt_tree_stream(t[m]), &ctx[m]));
+    cgt_segment_desc d = {"gemm_relu", launch_gemm, ctx[m], 2, 1, 0};
+    CHECK_OK(t[m], cgt_segment_register(t[m], &d, &s[m]));
+  }
+  float hx[GEMM_B * GEMM_H], hw[GEMM_H * GEMM_H];
+  for (int i = 0; i < GEMM_B * GEMM_H; i++)
+    hx[i] = (float)(i % 9) * 0.25f - 1.0f;
+  float *x = test_dev_floats(hx, GEMM_B * GEMM_H), *w = NULL;
+  size_t nodes = 0;
+  for (int step = 0; step < 2 * QUIET; step++) {
+    if (step == 0 || step == QUIET) { /* the first load, then a reload to a new address with new values */
+      for (int i = 0; i < GEMM_H * GEMM_H; i++)
+        hw[i] = (float)((i * (step + 3)) % 7) * 0.0625f - 0.1875f;
+      float *fresh = test_dev_floats(hw, GEMM_H * GEMM_H);
+      for (int m = 0; m < 2; m++)
+        CHECK_OK(t[m], cgt_sync(t[m]));
+      test_dev_free(w);
+      w = fresh;
+      if (step == QUIET)
+        nodes = node_count(t[0]);
+    }
+    float got[2][GEMM_B * GEMM_H];
+    for (int m = 0; m < 2; m++) {
+      CHECK_OK(t[m], cgt_step_begin(t[m]));
+      cgt_arg a[2] = {cgt_arg_dynamic(x, sizeof hx), cgt_arg_static(w, sizeof hw)};
+      test_read_value(t[m], run_checked(t[m], s[m], 0, a, 2), got[m], GEMM_B * GEMM_H);
+    }
+    if (memcmp(got[0], got[1], sizeof got[0]))
+      fail_msg("step %d: the tree's gemm differs from the eager one", step);
+  }
+  assert_int_equal(node_count(t[0]), nodes);
+  assert_int_equal(test_stats(t[0]).updates, 1);
+  for (int m = 0; m < 2; m++) {
+    CHECK_OK(t[m], cgt_sync(t[m]));
+    test_kernels()->ctx_destroy(ctx[m]);
+  }
+  test_dev_free(x);
+  test_dev_free(w);
+  test_tree_free(t[0]);
+  test_tree_free(t[1]);
+}
+
+/* ----------------------------------------------------------- the budget */
+
+/* out = a*x + b on as many floats as the variant says; two host paths. */
+typedef struct shaped {
+  test_affine u[3];
+  cgt_segment s[3];
+  float *x;
+} shaped;
+
+static void shaped_open(cgt_tree *t, shaped *p) {
+  memset(p, 0, sizeof *p);
+  static const float a[3] = {2, -1, 3}, b[3] = {1, 5, -2};
+  for (int i = 0; i < 3; i++) {
+    char name[32];
+    snprintf(name, sizeof name, "shaped%d", i);
+    p->u[i] = (test_affine){.a = a[i], .b = b[i], .n = N};
+    p->s[i] = test_register_affine(t, name, &p->u[i]);
+  }
+  float hx[N];
+  fill(hx, -3, 0.5f);
+  p->x = test_dev_floats(hx, N);
+}
+
+/* One step: shape (1..8) * 8 floats, through segment 0 and then 1 or 2.
+ * The affine segments use u->n floats, so the shape is set per run. */
+static void shaped_step(cgt_tree *t, shaped *p, int shape, int path, float *result) {
+  CHECK_OK(t, cgt_step_begin(t));
+  size_t n = (size_t)shape * 8;
+  for (int i = 0; i < 3; i++)
+    p->u[i].n = n;
+  cgt_arg a = cgt_arg_dynamic(p->x, n * sizeof(float));
+  cgt_value v = run_checked(t, p->s[0], (uint64_t)shape, &a, 1);
+  cgt_arg b = cgt_arg_value(v);
+  cgt_value w = run_checked(t, p->s[1 + path], (uint64_t)shape, &b, 1);
+  test_read_value(t, w, result, n);
+}
+
+static void budget_program(cgt_mode mode, uint32_t max_graphs, size_t max_bytes, cgt_stats *final) {
+  cgt_tree *t = budget_tree(mode, max_graphs, max_bytes, 0, 0);
+  cgt_tree *ref = test_tree_new(CGT_MODE_EAGER, NULL);
+  shaped p, q;
+  shaped_open(t, &p);
+  shaped_open(ref, &q);
+  for (int step = 0; step < 96; step++) {
+    int shape = 1 + (step * 5) % 8, path = (step / 3) % 2;
+    float got[N], want[N];
+    shaped_step(t, &p, shape, path, got);
+    shaped_step(ref, &q, shape, path, want);
+    if (memcmp(got, want, (size_t)shape * 8 * sizeof(float)))
+      fail_msg("%s mode, budget %u graphs / %zu bytes: step %d differs from eager", mode == CGT_MODE_TREE ? "tree" : "separate",
+               max_graphs, max_bytes, step);
+    cgt_stats s = test_stats(t);
+    if (max_graphs)
+      assert_true(s.graphs <= max_graphs); /* the path (2 nodes) fits, so the budget holds */
+  }
+  *final = test_stats(t);
+  size_t count = node_count(t);
+  cgt_node_info *info = calloc(count, sizeof *info);
+  assert_non_null(info);
+  CHECK_OK(t, cgt_tree_nodes(t, info, count, &count));
+  uint64_t evicted_listed = 0;
+  for (size_t i = 0; i < count; i++)
+    if (info[i].evictions) {
+      assert_non_null(info[i].evict_reason);
+      assert_non_null(strstr(info[i].evict_reason, max_graphs ? "max_graphs" : "max_graph_bytes"));
+      evicted_listed++;
+    } else {
+      assert_null(info[i].evict_reason);
+    }
+  if (final->evictions)
+    assert_true(evicted_listed > 0);
+  free(info);
+  CHECK_OK(t, cgt_sync(t));
+  test_dev_free(p.x);
+  test_dev_free(q.x);
+  test_tree_free(t);
+  test_tree_free(ref);
+}
+
+static void test_a_budget_of_graphs_bounds_the_tree_and_results_stay_those_of_eager(void **state) {
+  (void)state;
+  static const cgt_mode modes[] = {CGT_MODE_TREE, CGT_MODE_SEPARATE};
+  for (int m = 0; m < 2; m++) {
+    cgt_stats unbounded, bounded;
+    budget_program(modes[m], 0, 0, &unbounded);
+    budget_program(modes[m], 3, 0, &bounded);
+    assert_int_equal(unbounded.evictions, 0);
+    assert_true(unbounded.graphs > 3);
+    assert_true(bounded.evictions > 0);
+    assert_true(bounded.graphs <= 3);
+    assert_true(bounded.recordings > unbounded.recordings); /* evicted paths recorded again */
+  }
+}
+
+static void test_a_byte_budget_evicts_to_stay_under_its_bytes(void **state) {
+  (void)state;
+  cgt_stats unbounded, bounded;
+  budget_program(CGT_MODE_TREE, 0, 0, &unbounded);
+  /* Room for about a third of what the unbounded tree keeps. */
+  size_t cap = unbounded.graph_bytes / 3;
+  if (cap < CGT_MIN_GRAPH_BYTES)
+    cap = CGT_MIN_GRAPH_BYTES;
+  budget_program(CGT_MODE_TREE, 0, cap, &bounded);
+  assert_true(unbounded.graph_bytes > cap); /* 24 recordings hold more than 3 times the least budget */
+  assert_true(bounded.evictions > 0);
+  assert_true(bounded.graph_bytes <= cap);
+}
+
+/* A(x) -> a, B(a) -> b, then C(b) or D(b), with a released or kept live
+ * while C or D runs: C recorded with a dead may not replay with a live, and
+ * no re-recording after an eviction may hand out a's memory while a lives. */
+static void test_eviction_keeps_the_liveness_invariant(void **state) {
+  (void)state;
+  cgt_tree *t = budget_tree(CGT_MODE_TREE, 3, 0, 0, 0);
+  test_affine ua = {.a = 2, .b = 1, .n = N}, ub = {.a = 1, .b = 3, .n = N}, uc = {.a = -1, .b = 0, .n = N},
+              ud = {.a = 4, .b = -1, .n = N};
+  cgt_segment sa = test_register_affine(t, "A", &ua), sb = test_register_affine(t, "B", &ub),
+              sc = test_register_affine(t, "C", &uc), sd = test_register_affine(t, "D", &ud);
+  float hx[N];
+  fill(hx, 1, 1);
+  float *x = test_dev_floats(hx, N);
+  for (int step = 0; step < 60; step++) {
+    int kind = (step * 7) % 4; /* C or D, a released or kept */
+    int keep = kind & 1, use_d = kind >> 1;
+    CHECK_OK(t, cgt_step_begin(t));
+    cgt_arg ax = cgt_arg_dynamic(x, N * sizeof(float));
+    cgt_value a = run_checked(t, sa, 0, &ax, 1);
+    cgt_arg aa = cgt_arg_value(a);
+    cgt_value b = run_checked(t, sb, 0, &aa, 1);
+    if (!keep)
+      CHECK_OK(t, cgt_value_release(t, a));
+    cgt_arg ab = cgt_arg_value(b);
+    cgt_value c = run_checked(t, use_d ? sd : sc, 0, &ab, 1);
+    float want_a[N], want_c[N];
+    for (int i = 0; i < N; i++) {
+      want_a[i] = 2 * hx[i] + 1;
+      float bv = want_a[i] + 3;
+      want_c[i] = use_d ? 4 * bv - 1 : -bv;
+    }
+    expect_floats(t, c, want_c, N, "last segment", step);
+    if (keep)
+      expect_floats(t, a, want_a, N, "the value kept live", step);
+    else
+      CHECK_STATUS(t, CGT_ERR_STALE_VALUE, cgt_value_copy_out(t, a, want_a, sizeof(float)));
+  }
+  cgt_stats s = test_stats(t);
+  assert_true(s.evictions > 0);
+  assert_true(s.graphs <= 3);
+  CHECK_OK(t, cgt_sync(t));
+  test_dev_free(x);
+  test_tree_free(t);
+}
+
+/* A -> B -> C replayed until fused into one launch, then A -> D, whose
+ * recording evicts B (the least recently used off the path) with C: the
+ * span A..C goes with them, and the tree stays sound. */
+static void test_eviction_drops_a_fused_span_through_the_evicted_node(void **state) {
+  (void)state;
+  cgt_tree *t = budget_tree(CGT_MODE_TREE, 3, 0, 1, 0);
+  test_affine u[4] = {{.a = 2, .b = 1, .n = N}, {.a = -1, .b = 2, .n = N}, {.a = 3, .b = 0, .n = N},
+                      {.a = 1, .b = -4, .n = N}};
+  cgt_segment s[4];
+  for (int i = 0; i < 4; i++) {
+    char name[32];
+    snprintf(name, sizeof name, "%c", 'A' + i);
+    s[i] = test_register_affine(t, name, &u[i]);
+  }
+  float hx[N];
+  fill(hx, -2, 0.25f);
+  float *x = test_dev_floats(hx, N);
+  uint64_t fused_before_eviction = 0;
+  for (int step = 0; step < 20; step++) {
+    int use_d = step == 8 || step == 9; /* 8 warms D up, 9 records it */
+    CHECK_OK(t, cgt_step_begin(t));
+    cgt_arg ax = cgt_arg_dynamic(x, N * sizeof(float));
+    cgt_value v = run_checked(t, s[0], 0, &ax, 1);
+    float want[N];
+    for (int i = 0; i < N; i++)
+      want[i] = 2 * hx[i] + 1;
+    int chain[2] = {use_d ? 3 : 1, use_d ? -1 : 2};
+    for (int k = 0; k < 2 && chain[k] >= 0; k++) {
+      cgt_arg av = cgt_arg_value(v);
+      v = run_checked(t, s[chain[k]], 0, &av, 1);
+      for (int i = 0; i < N; i++)
+        want[i] = u[chain[k]].a * want[i] + u[chain[k]].b;
+    }
+    expect_floats(t, v, want, N, "deferred chain", step);
+    if (step == 7)
+      fused_before_eviction = test_stats(t).fused_launches;
+    if (step == 9) {
+      /* A, B back in WARMUP with its reason, and D; C went with B. */
+      cgt_node_info info[4];
+      size_t count;
+      CHECK_OK(t, cgt_tree_nodes(t, info, 4, &count));
+      assert_int_equal(count, 3);
+      assert_int_equal(info[1].segment, s[1]);
+      assert_int_equal(info[1].state, CGT_NODE_WARMUP);
+      assert_int_equal(info[1].evictions, 1);
+      assert_non_null(strstr(info[1].evict_reason, "max_graphs"));
+    }
+  }
+  cgt_stats st = test_stats(t);
+  assert_true(fused_before_eviction > 0);
+  assert_true(st.evictions >= 2);
+  assert_true(st.nodes_evicted >= 1);
+  assert_true(st.fused_launches > fused_before_eviction); /* fused again after re-recording */
+  CHECK_OK(t, cgt_sync(t));
+  test_dev_free(x);
+  test_tree_free(t);
+}
+
+static void test_nonsense_budgets_are_refused_and_make_no_tree(void **state) {
+  (void)state;
+  cgt_options o;
+  cgt_options bad[3];
+  for (int i = 0; i < 3; i++) {
+    cgt_options_init(&bad[i]);
+    bad[i].backend = test_backend;
+  }
+  bad[0].max_graphs = CGT_MAX_GRAPHS_LIMIT + 1;
+  bad[1].max_graph_bytes = CGT_MIN_GRAPH_BYTES - 1;
+  bad[2].no_update_in_place = 2;
+  for (int i = 0; i < 3; i++) {
+    cgt_tree *t = (cgt_tree *)&o; /* not NULL: create must set it */
+    CHECK_STATUS(NULL, CGT_ERR_INVALID_ARGUMENT, cgt_tree_create(&bad[i], &t));
+    assert_null(t);
+  }
+  /* The edges are fine, and zero means no budget. */
+  cgt_options_init(&o);
+  o.backend = test_backend;
+  o.max_graphs = CGT_MAX_GRAPHS_LIMIT;
+  o.max_graph_bytes = CGT_MIN_GRAPH_BYTES;
+  o.no_update_in_place = 1;
+  cgt_tree *t = NULL;
+  CHECK_OK(NULL, cgt_tree_create(&o, &t));
+  cgt_tree_destroy(t);
+}
+
+const struct CMUnitTest budget_tests[] = {
+    cmocka_unit_test(test_reloaded_parameters_record_no_new_nodes),
+    cmocka_unit_test(test_update_refused_by_the_device_falls_back_to_a_fresh_instantiate),
+    cmocka_unit_test(test_weights_that_alternate_between_two_buffers_get_a_node_each),
+    cmocka_unit_test(test_no_update_in_place_records_a_new_node_for_moved_weights),
+    cmocka_unit_test(test_an_update_with_each_host_allocation_failing_changes_nothing),
+    cmocka_unit_test(test_reloaded_gemm_weights_update_in_place_and_match_eager),
+    cmocka_unit_test(test_a_view_of_moved_weights_moves_with_them_and_the_node_is_updated),
+    cmocka_unit_test(test_a_budget_of_graphs_bounds_the_tree_and_results_stay_those_of_eager),
+    cmocka_unit_test(test_a_byte_budget_evicts_to_stay_under_its_bytes),
+    cmocka_unit_test(test_eviction_keeps_the_liveness_invariant),
+    cmocka_unit_test(test_eviction_drops_a_fused_span_through_the_evicted_node),
+    cmocka_unit_test(test_nonsense_budgets_are_refused_and_make_no_tree),
+};
+const size_t budget_test_count = sizeof budget_tests / sizeof budget_tests[0];
