@@ -110,6 +110,7 @@ typedef struct TreeObject {
   uint64_t outputs_made, stale_refused;
   uint64_t replays_seen; /* the tree's replay count after the last cgt_run of segment.c (its timers) */
   uint64_t capture_failures_seen; /* and its capture failures (a failure turns the segment plain) */
+  int warned_evicting;   /* the budget's first eviction was reported */
   uint64_t launch_ns_seen; /* and its launch_host_ns (with time_launches) */
   uint64_t alive_this_step;    /* outputs of the current step whose tensors live */
   uint64_t overwritable;       /* summed at each step begin: outputs alive whose memory the new step may reuse */

@@ -125,13 +125,15 @@ void tx_tree_drain(TreeObject *T) {
 /* ------------------------------------------------------------ Tree */
 
 static int tree_init(TreeObject *T, PyObject *a, PyObject *kw) {
-  static char *kwlist[] = {"device", "warmup_runs", "rerecord_limit", "backend", "time_launches", "stream", NULL};
+  static char *kwlist[] = {"device", "warmup_runs", "rerecord_limit", "backend", "time_launches", "stream",
+                           "max_graphs", "max_graph_bytes", NULL};
   int device = 0, time_launches = 0;
-  unsigned int warmup = 1, rerecord = 0;
+  unsigned int warmup = 1, rerecord = 0, max_graphs = 0;
+  unsigned long long max_graph_bytes = 0;
   const char *backend = "cuda";
   PyObject *stream_obj = Py_None;
-  if (!PyArg_ParseTupleAndKeywords(a, kw, "i|IIspO", kwlist, &device, &warmup, &rerecord, &backend, &time_launches,
-                                   &stream_obj))
+  if (!PyArg_ParseTupleAndKeywords(a, kw, "i|IIspOIK", kwlist, &device, &warmup, &rerecord, &backend,
+                                   &time_launches, &stream_obj, &max_graphs, &max_graph_bytes))
     return -1;
   void *given_stream = NULL;
   if (stream_obj != Py_None) {
@@ -159,11 +161,14 @@ static int tree_init(TreeObject *T, PyObject *a, PyObject *kw) {
   o.warmup_runs = warmup;
   o.time_launches = (uint32_t)time_launches;
   o.stream = given_stream; /* NULL: the tree makes its own blocking stream */
+  o.max_graphs = max_graphs; /* the recording budget (0: none); cgt_tree_create refuses nonsense */
+  o.max_graph_bytes = (size_t)max_graph_bytes;
   if (rerecord)
     o.rerecord_limit = rerecord;
   cgt_status st = cgt_tree_create(&o, &T->tree);
   if (st != CGT_OK) {
-    PyErr_Format(TxError, "cgtree.torch: cgt_tree_create (%s, device %d): %s", backend, device, cgt_status_name(st));
+    PyErr_Format(st == CGT_ERR_INVALID_ARGUMENT ? PyExc_ValueError : TxError,
+                 "cgtree.torch: cgt_tree_create (%s, device %d): %s", backend, device, cgt_status_name(st));
     T->tree = NULL;
     return -1;
   }

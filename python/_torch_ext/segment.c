@@ -944,6 +944,14 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
   T->launch_ns_seen = after.launch_host_ns;
   int capture_failed = after.capture_failures > T->capture_failures_seen;
   T->capture_failures_seen = after.capture_failures;
+  if (after.evictions && !T->warned_evicting) { /* the budget began to evict: say which graph grew past it, once */
+    T->warned_evicting = 1;
+    PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
+                     "cgtree.torch: the recording budget is evicting graphs (at graph '%s', which has %zu shapes "
+                     "or variants so far); recordings of evicted paths are made again when reached",
+                     s->name, s->n_tmpls);
+    PyErr_Clear(); /* a warning turned error must not break the call */
+  }
   if (st != CGT_OK) {
     if (r->exc_type) {
       /* The graph raised while cgtree warmed it up or recorded it. Whatever

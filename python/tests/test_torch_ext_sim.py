@@ -641,6 +641,29 @@ def test_int_arguments_key_the_variant(tree):
     assert tree.stats()["recordings"] == 2
 
 
+def test_a_budget_of_graphs_evicts_variants_and_warns_once_and_results_stay_right():
+    t = X.Tree(0, backend="sim", max_graphs=2)
+    g = Graph(t, 1.0, 0.0)
+
+    def scaled(x, k):
+        (y,) = g(x)
+        X.sim_launch(t.stream, k_affine, y.ptr, y.ptr, y.n, float(k), 0.0)
+        return (y,)
+
+    seg = segment(t, scaled, kinds=(ARG_TENSOR, ARG_INT), spans=(16, 0), name="shapes")
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    with pytest.warns(RuntimeWarning, match="budget is evicting graphs"):
+        for i in range(24):
+            k = 1 + i % 4  # four variants (as four shapes would be) through a budget of two graphs
+            (y,) = call(seg, x, k)
+            assert y.values() == [k * v for v in [1, 2, 3, 4]]
+    st = t.stats()
+    assert st["evictions"] > 0 and st["graphs"] <= 2
+    t.check()
+    with pytest.raises(ValueError):
+        X.Tree(0, backend="sim", max_graphs=1 << 30)  # past the library's limit: refused, no tree
+
+
 def test_non_tensor_outputs_come_back_as_recorded(tree):
     seg = segment(tree, Graph(tree, 1.0, 0.0, extra=(7, None)), spans=(16,))
     x = FakeTensor(4).fill([1, 2, 3, 4])

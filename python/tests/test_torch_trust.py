@@ -409,3 +409,31 @@ def test_torch_cond_with_a_device_predicate_matches_inductor():
     for i in range(6):
         x = torch.randn(1024, device=DEV) + (1 if i % 2 else -1)
         torch.testing.assert_close(cg(x), ref(x))
+
+
+def test_dynamic_shapes_record_once_per_shape_and_a_budget_bounds_them():
+    """torch.compile(dynamic=True): one recording per concrete shape; with a
+    budget of 2 graphs, five shapes in turn evict (a warning says so once)
+    and every result still matches eager. A fresh process: the budget holds
+    for trees made after it is set."""
+    code = textwrap.dedent("""
+        import warnings
+        import cgtree.torch as ct
+        import torch
+        ct.set_budget(max_graphs=2)
+        f = torch.compile(lambda x: (x * 2).sin() + x.sum(), backend="cgtree", dynamic=True)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            for i in range(40):
+                x = torch.randn(8 * (1 + i % 5), device="cuda")
+                torch.testing.assert_close(f(x), (x * 2).sin() + x.sum())
+        s = ct.stats()
+        evicting = sum("budget is evicting" in str(x.message) for x in w)
+        print("STATS", s["evictions"], s["graphs"], s["recordings"], s["replays"], evicting)
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    line = [ln for ln in r.stdout.splitlines() if ln.startswith("STATS")]
+    assert line, r.stderr[-3000:]
+    evictions, graphs, recordings, replays, warned = map(int, line[0].split()[1:])
+    assert evictions > 0 and graphs <= 2 and recordings >= 5 and replays > 0
+    assert warned == 1

@@ -43,7 +43,7 @@ except ImportError as _e:  # a build without CUDA has no cgtree._torch_ext
 
     _install = _NoTrees()
 
-__all__ = ["backend", "install", "installed", "step_begin", "set_step_mode", "stats", "memory_stats", "empty_cache", "nodes",
+__all__ = ["backend", "install", "installed", "step_begin", "set_step_mode", "set_budget", "stats", "memory_stats", "empty_cache", "nodes",
            "reset_peak",
            "CgtreeError", "StaleTensorError"]
 
@@ -53,6 +53,17 @@ def step_begin():
     still alive become stale (any access raises)."""
     for tree in _install.thread_trees():
         tree.step_begin()
+
+
+def set_budget(max_graphs=0, max_graph_bytes=0):
+    """A recording budget for the trees made from now on (set it before the
+    first compiled call): at most max_graphs recorded graphs and
+    max_graph_bytes in their executables; 0 is no cap. Graphs compiled with
+    dynamic=True record once per concrete shape, so a program whose shapes
+    come and go stays within it: the least recently replayed recordings off
+    the current path are evicted (a warning says so once) and recorded again
+    when reached. CGTREE_TORCH_MAX_GRAPHS sets max_graphs too."""
+    _install.set_budget(max_graphs, max_graph_bytes)
 
 
 def set_step_mode(mode):

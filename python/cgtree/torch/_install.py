@@ -221,6 +221,7 @@ def tree_for(device):
         # The benchmarks' split of cgt_run into the graph launch and the rest.
         timed = os.environ.get("CGTREE_TORCH_TIME_LAUNCHES", "0") == "1"
         explicit = getattr(_local, "explicit", False)
+        budget = {k: v for k, v in _budget.items() if v}
         if explicit:
             # A thread that runs beside others: a non-blocking stream, so that
             # another thread's work on the legacy default stream never meets
@@ -228,9 +229,9 @@ def tree_for(device):
             # blocking stream captures, in every thread). Events order it with
             # the caller's stream, the legacy one included.
             stream = torch.cuda.Stream(device=torch.device("cuda", device))
-            tree = _ext.Tree(device, warmup_runs=warmup, time_launches=timed, stream=stream.cuda_stream)
+            tree = _ext.Tree(device, warmup_runs=warmup, time_launches=timed, stream=stream.cuda_stream, **budget)
         else:
-            tree = _ext.Tree(device, warmup_runs=warmup, time_launches=timed)
+            tree = _ext.Tree(device, warmup_runs=warmup, time_launches=timed, **budget)
             stream = torch.cuda.ExternalStream(tree.stream, device=torch.device("cuda", device))
         tree.explicit_steps = explicit
         with _lock:
@@ -241,6 +242,22 @@ def tree_for(device):
             _all_trees.append(entry)
         trees[device] = entry
     return entry
+
+
+# The recording budget of trees made from now on (cgtree.torch.set_budget).
+_budget = {"max_graphs": int(os.environ.get("CGTREE_TORCH_MAX_GRAPHS", "0") or 0), "max_graph_bytes": 0}
+
+
+def set_budget(max_graphs=0, max_graph_bytes=0):
+    """The recording budget of the trees made from now on: at most
+    max_graphs recorded graphs and max_graph_bytes in their executables
+    (0: no cap). Past it the least recently replayed recordings off the
+    current path are evicted and made again when reached (docs/api.md,
+    "Recording budget"). Checked by cgtree's C library when a tree is made."""
+    for name, v in (("max_graphs", max_graphs), ("max_graph_bytes", max_graph_bytes)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ValueError("set_budget: %s must be an int >= 0, not %r" % (name, v))
+    _budget["max_graphs"], _budget["max_graph_bytes"] = max_graphs, max_graph_bytes
 
 
 def _tree_of_this_thread(device):
