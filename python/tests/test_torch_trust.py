@@ -413,8 +413,8 @@ def test_torch_cond_with_a_device_predicate_matches_inductor():
 
 def test_dynamic_shapes_record_once_per_shape_and_a_budget_bounds_them():
     """torch.compile(dynamic=True): one recording per concrete shape; with a
-    budget of 2 graphs, five shapes in turn evict (a warning says so once)
-    and every result still matches eager. A fresh process: the budget holds
+    budget of 2 graphs, five shapes in turn evict (a warning says so once),
+    each shape replays while it lasts, and every result still matches eager. A fresh process: the budget holds
     for trees made after it is set."""
     code = textwrap.dedent("""
         import warnings
@@ -424,8 +424,8 @@ def test_dynamic_shapes_record_once_per_shape_and_a_budget_bounds_them():
         f = torch.compile(lambda x: (x * 2).sin() + x.sum(), backend="cgtree", dynamic=True)
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
-            for i in range(40):
-                x = torch.randn(8 * (1 + i % 5), device="cuda")
+            for i in range(40):  # five shapes, each for four calls in a row, through a budget of two graphs
+                x = torch.randn(8 * (1 + (i // 4) % 5), device="cuda")
                 torch.testing.assert_close(f(x), (x * 2).sin() + x.sum())
         s = ct.stats()
         evicting = sum("budget is evicting" in str(x.message) for x in w)
