@@ -58,6 +58,9 @@ PATTERNS = textwrap.dedent('''
         "dropout_train": decide(lambda x: torch.nn.functional.dropout(x, 0.5, training=True), torch.ones(3)),
         "dropout_eval": decide(lambda x: torch.nn.functional.dropout(x, 0.5, training=False), torch.ones(3)),
         "multinomial": decide(lambda p: torch.multinomial(p, 1), torch.ones(2, 4)),
+        "sdpa": decide(lambda q: torch.nn.functional.scaled_dot_product_attention(q, q, q), torch.ones(1, 2, 8, 16)),
+        "sdpa_dropout": decide(lambda q: torch.nn.functional.scaled_dot_product_attention(q, q, q, dropout_p=0.5),
+                               torch.ones(1, 2, 8, 16)),
     }
     print("DECISIONS " + json.dumps(out))
 ''')
@@ -75,6 +78,9 @@ EXPECTED = {
     "dropout_train": [[[], [], True]],
     "dropout_eval": [[[], [], False]],
     "multinomial": [[[], [], True]],
+    # every fused attention kernel carries the random tag for its dropout: off when dropout_p is 0
+    "sdpa": [[[], [], False]],
+    "sdpa_dropout": [[[], [], True]],
 }
 
 

@@ -75,19 +75,48 @@ def _graph_modules(gm):
     return seen
 
 
+def _argument(node, name):
+    """(value, True) of the schema argument `name` in this call (its default
+    when not passed), or (None, False) if the operator has none."""
+    for i, a in enumerate(node.target._schema.arguments):
+        if a.name != name:
+            continue
+        if i < len(node.args):
+            return node.args[i], True
+        if name in node.kwargs:
+            return node.kwargs[name], True
+        return (a.default_value if a.has_default_value() else None), True
+    return None, False
+
+
+def _draws(node):
+    """A tagged operator draws random numbers unless this call turns its
+    randomness off: attention with dropout_p = 0 (every fused SDPA kernel
+    carries the tag for its dropout), dropout with train = False or p = 0."""
+    for name in ("train", "training"):
+        value, has = _argument(node, name)
+        if has and value is False:
+            return False
+    for name in ("dropout_p", "p"):
+        value, has = _argument(node, name)
+        if has and isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0:
+            return False
+    return True
+
+
 def draws_random_numbers(gm):
-    """True if any operator of the graph (or of a graph nested in it) carries
-    PyTorch's nondeterministic_seeded tag: rand*, dropout in training,
-    bernoulli, multinomial, normal_, SDPA with dropout... An operator
-    without schema tags (a higher-order op) whose name speaks of its
-    random state counts too."""
+    """True if an operator of the graph (or of a graph nested in it) carries
+    PyTorch's nondeterministic_seeded tag and this call of it draws (rand*,
+    dropout in training, bernoulli, multinomial, normal_, SDPA with a
+    nonzero dropout_p...). An operator without schema tags (a higher-order
+    op) whose name speaks of its random state counts too."""
     tag = getattr(torch.Tag, "nondeterministic_seeded", None)
     for g in _graph_modules(gm):
         for n in g.graph.nodes:
             if n.op != "call_function":
                 continue
             tags = getattr(n.target, "tags", None)
-            if tags is not None and tag in tags:
+            if tags is not None and tag in tags and _draws(n):
                 return True
             if isinstance(n.target, torch._ops.HigherOrderOperator) and "rng" in n.target.name():
                 return True
