@@ -41,6 +41,16 @@ except ImportError as _e:  # a build without CUDA has no cgtree._torch_ext
         def trees():
             return []
 
+        thread_trees = trees
+
+        @staticmethod
+        def set_explicit_steps(on):
+            install()
+
+        @staticmethod
+        def set_budget(max_graphs=0, max_graph_bytes=0):
+            install()
+
     _install = _NoTrees()
 
 __all__ = ["backend", "install", "installed", "step_begin", "set_step_mode", "set_budget", "stats", "memory_stats", "empty_cache", "nodes",
