@@ -222,6 +222,15 @@ def call(seg, *args):
     return seg(*args)
 
 
+def replaying(tree, a=1.0, b=1.0, fill=(0, 0, 0, 0)):
+    """A segment of Graph(a, b) and its input x, called until it replays."""
+    seg = segment(tree, Graph(tree, a, b), spans=(16,))
+    x = FakeTensor(4).fill(list(fill))
+    for _ in range(3):
+        call(seg, x)
+    return seg, x
+
+
 def test_a_segment_is_probed_warmed_recorded_then_replayed(tree):
     g = Graph(tree, 2.0, 1.0)
     seg = segment(tree, g, spans=(16,))
@@ -427,10 +436,7 @@ def test_a_view_of_an_output_passed_to_the_next_segment_is_its_value_at_an_offse
 
 
 def test_an_output_of_an_earlier_step_is_refused_as_stale(tree):
-    seg = segment(tree, Graph(tree, 1.0, 1.0), spans=(16,))
-    x = FakeTensor(4).fill([0, 0, 0, 0])
-    for _ in range(3):
-        call(seg, x)
+    seg, x = replaying(tree)
     (y1,) = call(seg, x)
     (y2,) = call(seg, x)  # a new step: y1's memory is y2's now
     assert y2.values() == [1, 1, 1, 1]
@@ -442,10 +448,7 @@ def test_an_output_of_an_earlier_step_is_refused_as_stale(tree):
 
 
 def test_an_output_kept_past_its_step_raises_on_any_access_through_itself_or_a_view(tree):
-    seg = segment(tree, Graph(tree, 1.0, 1.0), spans=(16,))
-    x = FakeTensor(4).fill([0, 0, 0, 0])
-    for _ in range(3):
-        call(seg, x)
+    seg, x = replaying(tree)
     (y1,) = call(seg, x)
     v1 = y1.view()  # made after the call: a per-tensor mark would miss it
     kept = {"y": y1}
@@ -502,10 +505,7 @@ def test_outputs_that_die_before_their_step_ends_are_never_named_to_pytorch(tree
 
 
 def test_a_stale_view_passed_to_a_graph_raises_stale_tensor_error(tree):
-    seg = segment(tree, Graph(tree, 1.0, 1.0), spans=(16,))
-    x = FakeTensor(4).fill([0, 0, 0, 0])
-    for _ in range(3):
-        call(seg, x)
+    seg, x = replaying(tree)
     (y1,) = call(seg, x)
     v = y1.view()
     del y1

@@ -31,17 +31,7 @@ PATTERNS = textwrap.dedent('''
             torch.compile(fn, backend=_backend.compile_graph)(*args)
         return [(list(d["static_input_idxs"]), d["mutated_input_idxs"], d["random"]) for d in _backend.decisions]
 
-    def iadd(x, y):
-        x += y
-        return x * 2
-
-    def foreach(xs, ys):
-        torch._foreach_add_(xs, ys)
-        return xs[0] + 1
-
-    def setitem(cache, pos, k):
-        cache[pos] = k
-        return cache.sum()
+    from torch_patterns import foreach, iadd, setitem
 
     def pure(x, y):
         return torch.relu(x @ y) + x.t()
@@ -86,7 +76,7 @@ EXPECTED = {
 
 def _decide_in_a_fresh_process(cache_dir):
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache_dir), CGTREE_TORCH_NO_INSTALL="1")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.abspath(__file__))] + [p for p in sys.path if p])
     r = subprocess.run([sys.executable, "-c", PATTERNS], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     line = [ln for ln in r.stdout.splitlines() if ln.startswith("DECISIONS ")]

@@ -107,12 +107,18 @@ def test_outputs_kept_across_calls_are_right_or_raise_in_cold_and_steady_state(f
     assert kept_is_right_or_raises(kept[-len(flatten(fn(torch.zeros(4, 8, device=DEV)))):]) == 0  # the last call's
 
 
-def test_views_made_later_of_a_kept_output_raise_too():
+def replaying_one_segment(x):
+    """one_segment compiled, called until it replays."""
     fresh()
     cg = torch.compile(one_segment, backend="cgtree")
-    x = torch.ones(16, device=DEV)
     for _ in range(4):
         cg(x)
+    return cg
+
+
+def test_views_made_later_of_a_kept_output_raise_too():
+    x = torch.ones(16, device=DEV)
+    cg = replaying_one_segment(x)
     y = cg(x)
     v = y[2:].view(2, 7)
     cg(x * 2)
@@ -145,11 +151,8 @@ def test_the_y_equals_f_of_x_loop_never_raises():
 
 
 def test_a_stale_output_passed_back_raises_stale_tensor_error_also_through_a_view():
-    fresh()
-    cg = torch.compile(one_segment, backend="cgtree")
     x = torch.randn(256, device=DEV)
-    for _ in range(3):
-        cg(x)
+    cg = replaying_one_segment(x)
     y1 = cg(x)
     v = y1[1:]
     cg(x)
@@ -223,17 +226,7 @@ MUTATIONS = textwrap.dedent('''
         i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         tl.store(ptr + i, tl.load(ptr + i, mask=i < n) + 1, mask=i < n)
 
-    def iadd(x, y):
-        x += y
-        return x * 2
-
-    def foreach(xs, ys):
-        torch._foreach_add_(xs, ys)
-        return xs[0] + 1
-
-    def setitem(cache, pos, k):
-        cache[pos] = k
-        return cache.sum(0)
+    from torch_patterns import foreach, iadd, setitem
 
     def user_triton(x):
         add_one[(1,)](x, x.numel(), BLOCK=64)
@@ -279,7 +272,9 @@ def test_mutations_apply_exactly_once_per_call_in_a_cold_and_a_warm_process(tmp_
     eager after every call, in two fresh processes sharing Inductor's
     caches (the warm one is where name scans and AOTAutograd's cache hid
     mutations)."""
-    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "cache"))
+    here = os.path.dirname(os.path.abspath(__file__))  # torch_patterns.py
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "cache"),
+               PYTHONPATH=os.pathsep.join([here] + [p for p in sys.path if p]))
     script = tmp_path / "mutations.py"  # Triton's @jit wants its source in a file
     script.write_text(MUTATIONS)
     for run in ("cold", "warm"):
