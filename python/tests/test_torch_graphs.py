@@ -154,3 +154,20 @@ def test_graphs_without_cuda_tensors_run_as_plain_inductor_graphs_with_the_reaso
     f = torch.compile(lambda x: x * 3, backend=_backend.compile_graph)
     assert torch.equal(f(torch.ones(2)), torch.full((2,), 3.0))
     assert _backend.decisions[-1]["plain_reason"] == "no CUDA tensor"
+
+
+def test_the_gpt2_decoder_of_the_benchmark_is_not_taken_for_a_random_graph():
+    """Every fused attention operator carries PyTorch's random tag for its
+    dropout; the benchmark's GPT-2 decoder calls it with dropout_p = 0 and
+    must be recorded, not run plainly as a graph that draws numbers."""
+    pytest.importorskip("transformers")
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+    try:
+        from torch_compare import make_gpt2
+    finally:
+        sys.path.pop(0)
+    _backend.decisions.clear()
+    torch._dynamo.reset()
+    fn, generate, _ = make_gpt2(torch, torch.device("cpu"))
+    generate(torch.compile(fn, backend=_backend.compile_graph), 0)
+    assert _backend.decisions and not any(d["random"] for d in _backend.decisions)
