@@ -1,13 +1,17 @@
 /* ext.h — shared declarations of cgtree._torch_ext, the C half of the
  * torch.compile backend (python/cgtree/torch).
  *
- * Five files, one job each:
+ * One job per file:
  *   alloc.c    the process-wide CUDA allocator PyTorch calls for every byte:
  *              inside a cgtree launch function it hands out pool memory,
- *              outside it a small stream-aware cache over cudaMalloc.
+ *              outside it routes to eager.c.
+ *   eager.c    memory outside the pool: the CUDA driver's stream-ordered
+ *              pools, record_stream, frees set aside during captures.
  *   segment.c  the hot path: one compiled graph as a cgtree segment; tensors in,
  *              cgt_run, tensors out (DLPack), all in C.
- *   module.c   the module, the per-device Tree object, stats and helpers.
+ *   stale.c    outputs kept past their step raise on any access.
+ *   module.c   the module, the Tree object (one per device and thread), steps,
+ *              stats and helpers.
  *   exchange.c data pointers, the current stream and output tensors through
  *              DLPack's C exchange API, each use proven first.
  *   dev.c      the few CUDA runtime calls (host memory without CUDA, for tests).

@@ -1,17 +1,21 @@
-/* module.c — cgtree._torch_ext: the module, the per-device Tree, figures.
+/* module.c — cgtree._torch_ext: the module, the Tree object, steps, figures.
  *
- * One tree per CUDA device serves every graph compiled for that device, so
- * all recordings share one pool (python/cgtree/torch keeps the trees; they
- * live until the process ends, because tensors handed out may die at any
- * time, even during interpreter shutdown, and their deleters name a tree).
+ * One tree per CUDA device and thread serves every graph that thread runs on
+ * that device, so a thread's recordings share one pool (python/cgtree/torch
+ * keeps the trees; they live until the process ends, because tensors handed
+ * out may die at any time, even during interpreter shutdown, and their
+ * deleters name a tree).
  *
  * Steps follow PyTorch's inference heuristic: Dynamo bumps
  * torch._dynamo.mutation_guard.GenerationTracker.generation each time a
  * torch.compile'd callable is entered, and the first graph run after it moved
- * begins a new cgtree step. cgtree.torch.step_begin() begins one explicitly.
+ * begins a new cgtree step. In explicit mode (a tree's explicit_steps) that
+ * counter is ignored. In both, torch.compiler.cudagraph_mark_step_begin()
+ * (it moves MarkStepBox.mark_step_counter) and cgtree.torch.step_begin()
+ * begin one. A step's end first has stale.c mark the outputs still alive.
  *
  * The Python objects the hot path calls (torch._C._from_dlpack, the raw
- * stream getter, the generation counter) are looked up once, by
+ * stream getter, the counters, the storage mark) are looked up once, by
  * cgtree.torch, and handed to init_hot_path(); this module never imports
  * torch itself, so the allocator can be loaded before torch touches CUDA.
  */

@@ -1,47 +1,52 @@
-/* segment.c — one graph Dynamo handed over, run as a cgtree segment.
+/* segment.c — one graph Inductor compiled, run as a cgtree segment.
  *
- * This is the hot path of the backend, and it is all C: the tensors Dynamo
- * passes become cgt_args, cgt_run replays (or warms up, or records) the
- * graph, and the outputs become new tensors around the tree's values. With
- * PyTorch 2.11 a replay calls no Python function: pointers come through
- * PyTorch's C shim (shim.c), the stream and output tensors through DLPack's
- * C exchange API (exchange.c); it reads one class attribute (Dynamo's
- * generation counter, for steps). Without them it calls data_ptr() per
- * input, PyTorch's raw stream getter, and torch._C._from_dlpack per output.
+ * This is the hot path of the backend, and it is all C: the tensors
+ * AOTAutograd passes (as one boxed list, or positionally) become cgt_args,
+ * cgt_run replays (or warms up, or records) the graph, and the outputs
+ * become new tensors around the tree's values. With PyTorch 2.11 a replay
+ * calls no Python function of ours: pointers, the stream and output tensors
+ * come through DLPack's C exchange API (exchange.c), and it reads two class
+ * attributes (Dynamo's call counter and the mark-step counter, for steps)
+ * and one attribute per output (its storage's key, for stale.c). Without
+ * the exchange API it calls data_ptr() per input, PyTorch's raw stream
+ * getter, and torch._C._from_dlpack per output.
+ *
+ * Trees. Each thread runs on its own tree (cgtree.torch's tree getter, cached
+ * per thread), as PyTorch keeps a tree per thread; a segment keeps what it
+ * needs in each tree it ran in (seg_run: its registration, and everything a
+ * call holds across a call into Python, where another thread may run the
+ * same segment). Shapes and output templates are the segment's, shared.
  *
  * Inputs. A tensor we handed out earlier in this step (found by object in the
- * tree's registry, at the same data pointer) is a VALUE; one from an earlier
- * step raises StaleTensorError, because its memory may already hold another
- * output. Parameters, buffers and inputs the graph mutates are STATIC (their
+ * tree's registry, at the same data pointer) is a VALUE; a view of one (a
+ * pointer inside an output of this step) is that VALUE at an offset, which
+ * keys the variant; one from an earlier step raises StaleTensorError (its
+ * storage raises on access, stale.c, and the error becomes ours). Inputs the
+ * compiler calls static and inputs the graph mutates are STATIC (their
  * address keys the node, the graph reads and writes them in place); every
  * other tensor is DYNAMIC (copied into a pool placeholder inside the graph).
  * Ints and floats are hashed into the variant, the caller's key for
  * everything host-side that changes what the graph enqueues.
  *
  * A model passes every weight as a STATIC input: 60 and more per graph.
- * Their addresses key the node, so every pointer is read on every call.
- * shim.c reads one in about 10 ns through PyTorch's C shim, once it has
- * proven that path against data_ptr(); where it could not, exchange.c reads
- * it through DLPack's exchange API (about 0.1 us); a segment's first call
- * checks both again on each of its inputs. Without either a pointer costs a
- * call of tensor.data_ptr() (about 0.1 us); then, in a graph with
- * STATIC_CHECK_MIN STATIC inputs or more, the pointers of the last call are
- * kept, and one call of PyTorch's own check (the C++ loop
- * torch._C._tensors_data_ptrs_at_indices_equal, which CUDAGraph Trees use
- * for the same purpose) confirms all of them at once; only if one moved are
- * they read one by one again. DYNAMIC inputs are read every call.
+ * Their addresses key the node, so every pointer is read on every call,
+ * through DLPack's exchange API (about 0.1 us; a segment's first call checks
+ * it against data_ptr() on each of its inputs). Without it a pointer costs a
+ * call of tensor.data_ptr(); then, in a graph with STATIC_CHECK_MIN STATIC
+ * inputs or more, the pointers of the last call are kept, and one call of
+ * PyTorch's own check (the C++ loop torch._C._tensors_data_ptrs_at_indices_equal,
+ * which CUDAGraph Trees use for the same purpose) confirms all of them at
+ * once; only if one moved are they read one by one again. DYNAMIC inputs are
+ * read every call.
  *
  * Outputs. Each output is a DLPack tensor whose deleter queues the value
  * for release, made a torch tensor by the exchange API (or, without it, as a
  * capsule torch.from_dlpack consumes), so the value's memory goes back
  * to the tree when the tensor's storage dies (the queue is drained, under
- * the GIL, at the next run or step), or at the end of the step. Shapes,
- * strides and dtypes are the same for every run of a (segment, variant), so
- * they are learnt once, from the first run, and kept as a template. Where a
- * replay's output lands at the address of a tensor object made earlier that
- * nobody else can reach any more, reuse.c hands that object back instead
- * of making one; it then gives the values of dropped outputs back itself
- * (tx_reuse_scan, at every call and step).
+ * the GIL, at the next run or step), or at the end of the step, when
+ * stale.c marks the storages still alive. Shapes, strides and dtypes are the
+ * same for every run of a (segment, variant), so they are learnt once, from
+ * the first run, and kept as a template.
  *
  * The launch function (called by cgtree for warmups and recordings, never
  * for replays) calls the Inductor-compiled graph on the tree's stream with
@@ -52,8 +57,10 @@
  * outputs the graph has, which cgt_segment_register needs.
  *
  * Anything a graph does that a recording cannot carry (an output on the CPU,
- * an output in memory that is neither the pool nor an input) turns the
- * segment into a plain call of the compiled graph for good, with a warning.
+ * an output in memory that is neither the pool nor an input, a capture that
+ * fails: a host sync such as torch.cond's device predicate) turns the
+ * segment into a plain call of the compiled graph for good, with a warning:
+ * it then runs at Inductor's speed.
  *
  * cuBLAS's workspace. PyTorch gives cuBLAS a workspace per (handle, stream),
  * allocated through the current allocator at the first matmul on a stream
