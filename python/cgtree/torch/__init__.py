@@ -3,14 +3,15 @@
     import cgtree.torch                      # first: installs cgtree's CUDA allocator
     model = torch.compile(model, backend="cgtree")
 
-Every graph Dynamo hands over (the pieces between graph breaks) is compiled
-by Inductor without its own CUDA graphs and becomes a segment of one cgtree
-tree per device: warmed up, recorded, replayed; new branches restore the
-pool's checkpoint; all recordings share one pool, and every byte a segment
-allocates comes from it. Each call of the compiled model begins a step
-(PyTorch's inference heuristic); ``step_begin()`` begins one explicitly.
-Outputs of a step are valid until the next step begins; passing one to a
-compiled call after that raises StaleTensorError. See docs/torch.md.
+Every graph Inductor compiles (the pieces between graph breaks, below
+AOTAutograd) runs without Inductor's own CUDA graphs and becomes a segment
+of one cgtree tree per device and thread: warmed up, recorded, replayed; new
+branches restore the pool's checkpoint; all recordings share one pool, and
+every byte a segment allocates comes from it. Each call of the compiled
+model begins a step (PyTorch's inference heuristic); ``step_begin()`` begins
+one explicitly. An output kept past its step raises on any access of its
+data (clone what you keep); passed to a compiled call it raises
+StaleTensorError. See docs/torch.md.
 """
 import os
 

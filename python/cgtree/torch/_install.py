@@ -1,4 +1,4 @@
-"""Installing cgtree's allocator into PyTorch, and the trees (one per device).
+"""Installing cgtree's allocator into PyTorch, and the trees (one per device and thread).
 
 PyTorch lets one allocator serve all of CUDA, and only before CUDA is
 initialised: ``torch.cuda.memory.change_current_allocator`` refuses once the
