@@ -16,39 +16,6 @@
 #include <cuda_runtime.h>
 #endif
 
-void *tx_dev_malloc(size_t bytes, int device) {
-  void *p = NULL;
-#ifdef CGT_HAVE_CUDA
-  if (device >= 0) {
-    int cur = -1;
-    cudaGetDevice(&cur);
-    if (cur != device)
-      cudaSetDevice(device);
-    if (cudaMalloc(&p, bytes) != cudaSuccess) {
-      (void)cudaGetLastError();
-      p = NULL;
-    }
-    if (cur != device && cur >= 0)
-      cudaSetDevice(cur);
-    return p;
-  }
-#endif
-  (void)device;
-  p = malloc(bytes);
-  return p;
-}
-
-void tx_dev_free(void *p, int device) {
-#ifdef CGT_HAVE_CUDA
-  if (device >= 0) {
-    cudaFree(p);
-    return;
-  }
-#endif
-  (void)device;
-  free(p);
-}
-
 void *tx_event_create(void) {
 #ifdef CGT_HAVE_CUDA
   cudaEvent_t e = NULL;
@@ -184,13 +151,11 @@ void tx_dev_stream_after(void *waiter, void *signaller, int device) {
   if (device < 0 || waiter == signaller)
     return;
   WITH_DEVICE(device, {
-    cudaEvent_t e = NULL;
-    if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess) {
-      cudaEventRecord(e, (cudaStream_t)signaller);
-      cudaStreamWaitEvent((cudaStream_t)waiter, e, 0);
-      cudaEventDestroy(e); /* released once the wait is done */
+    void *e = tx_event_create();
+    if (e) {
+      tx_stream_wait(waiter, signaller, e);
+      cudaEventDestroy((cudaEvent_t)e); /* released once the wait is done */
     } else {
-      (void)cudaGetLastError();
       cudaStreamSynchronize((cudaStream_t)signaller); /* no event: the slow way, still ordered */
     }
   });

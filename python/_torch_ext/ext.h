@@ -81,9 +81,6 @@ size_t tx_eager_held(uint64_t since, size_t *sizes, uint64_t *serials, void **pt
 
 /* ------------------------------------------------------------- dev.c */
 
-/* device -1 (tests, simulator): host memory */
-void *tx_dev_malloc(size_t bytes, int device); /* NULL when out of memory */
-void tx_dev_free(void *p, int device);
 void *tx_event_create(void);                 /* NULL without CUDA */
 /* The device's stream-ordered pool: memory usable on `stream` in stream
  * order; NULL when out of memory (no error left behind). keep_bytes: what
