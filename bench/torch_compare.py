@@ -48,7 +48,9 @@ reduce-overhead and cgtree with each other, not with the first mode.
 
 Modes: eager; inductor (torch.compile, no CUDA graphs); reduce-overhead
 (torch.compile mode="reduce-overhead": PyTorch's CUDAGraph Trees); cgtree
-(torch.compile backend="cgtree").
+(torch.compile backend="cgtree"). Not run unless named in --modes:
+inductor+alloc (plain Inductor with cgtree.torch imported, so cgtree's
+allocator serves every allocation: what the allocator alone costs).
 
 Examples:
   branch      the CUDAGraph Trees documentation example: graph 1, then
@@ -233,14 +235,14 @@ def checksum(torch, tensors):
 
 def peaks(torch, mode, ct):
     """(peak bytes in this window, reserved bytes) the same way for every mode (see the docstring)."""
-    if mode == "cgtree":
+    if ct is not None:
         m = ct.memory_stats()
         return m["peak_bytes"], m["reserved_bytes.all.current"]
     return torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
 
 
 def reset_peaks(torch, mode, ct):
-    if mode == "cgtree":
+    if ct is not None:
         ct.reset_peak()
     else:
         torch.cuda.reset_peak_memory_stats()
@@ -248,7 +250,7 @@ def reset_peaks(torch, mode, ct):
 
 def child(example, mode, out_dir, warm, timed):
     ct = None
-    if mode == "cgtree":
+    if mode in ("cgtree", "inductor+alloc"):
         import cgtree.torch as ct  # before CUDA starts: installs the allocator
     import torch
 
@@ -258,7 +260,7 @@ def child(example, mode, out_dir, warm, timed):
     inputs_sum = checksum(torch, meta.pop("data"))
     if mode == "eager":
         cfn = fn
-    elif mode == "inductor":
+    elif mode in ("inductor", "inductor+alloc"):
         cfn = torch.compile(fn)
     elif mode == "reduce-overhead":
         cfn = torch.compile(fn, mode="reduce-overhead")
