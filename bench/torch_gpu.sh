@@ -3,8 +3,9 @@
 # package (CUDA), run the torch backend's pytest cases, then the side-by-side
 # benchmark. Logs and results go to $OUT (default /tmp/out).
 #
-#   bash bench/torch_gpu.sh [tests,parts,bench] [EXAMPLES]
+#   bash bench/torch_gpu.sh [tests,parts,bench,train] [EXAMPLES]
 # parts: bench/torch_segment_parts.py, the GPT-2 segment's time part by part.
+# train: bench/torch_train.py, training steps (models in TRAIN_MODELS).
 # meson-python is not needed: the build tree's extensions are copied beside
 # the package sources into /tmp/cgtree_pkg, which goes on PYTHONPATH.
 set -u
@@ -48,7 +49,7 @@ if [[ $what == *bench* ]]; then bench "${EX[0]}"; fi
 if [[ $what == *tests* ]]; then
   timeout 60 python3 -m pytest -q -p no:cacheprovider python/tests/test_torch_ext_sim.py > "$OUT/pytest-sim.log" 2>&1; echo "pytest (sim, own process: it swaps the hot path for fakes) rc=$?"
   timeout ${TEST_SECONDS:-300} python3 -m pytest -q -rf --tb=short -p no:cacheprovider --timeout 200 \
-    python/tests/test_torch_backend.py python/tests/test_torch_trust.py \
+    ${TEST_FILES:-python/tests/test_torch_backend.py python/tests/test_torch_trust.py python/tests/test_torch_training.py} \
     > "$OUT/pytest.log" 2>&1
   echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest.log" | tail -15
 fi
@@ -58,4 +59,10 @@ if [[ $what == *parts* ]]; then
 fi
 if [[ $what == *bench* ]]; then
   for e in "${EX[@]:1}"; do bench "$e"; done
+fi
+if [[ $what == *train* ]]; then
+  # bench/torch_train.py: training steps, eager / Inductor / reduce-overhead / cgtree (TRAIN_MODELS)
+  timeout ${TRAIN_SECONDS:-400} python3 bench/torch_train.py --models "${TRAIN_MODELS:-mlp,branch,gpt2}" \
+    --out "$OUT/torch_train.jsonl" > "$OUT/train.log" 2>&1
+  echo "train rc=$?"; sed -n '/^| model/,$p' "$OUT/train.log"
 fi

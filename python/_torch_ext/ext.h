@@ -117,7 +117,19 @@ typedef struct TreeObject {
   uint64_t overwritable;       /* summed at each step begin: outputs alive whose memory the new step may reuse */
   uint64_t marked_stale;       /* storages of such outputs made to raise on any access (stale.c) */
   tx_out_ref *step_outputs;    /* this step's outputs whose storage may live: marked when the step ends */
+  /* Training (module.c, "Steps in training"): saved activations of this
+   * step's forwards whose tensors live, i.e. backwards still pending. */
+  uint64_t saved_alive;
+  uint32_t generations_deferred; /* compiled calls since the step began that began none (backwards pending) */
+  uint64_t steps_deferred;       /* all such calls */
+  uint64_t steps_forced;         /* steps begun with backwards pending (PENDING_GENERATIONS_MAX) */
+  PyObject *held;                /* a list: the last backward's outputs, kept until the next other call */
 } TreeObject;
+
+/* Drops the outputs of backwards kept for AccumulateGrad (module.c). */
+void tx_tree_release_held(TreeObject *T);
+/* Keeps t alive until the next call that is not a backward's. */
+int tx_tree_hold(TreeObject *T, PyObject *t);
 
 extern PyTypeObject TreeType;
 extern PyObject *TxError;      /* cgtree.torch.CgtreeError */
@@ -141,7 +153,9 @@ typedef struct tx_py {
 extern tx_py TX;
 
 /* Begins a step when Dynamo entered a new compiled call since the last one
- * (GenerationTracker.generation moved), and hands released outputs back. */
+ * (GenerationTracker.generation moved) and no backward is pending, or
+ * torch.compiler.cudagraph_mark_step_begin() was called; -1 with an
+ * exception set. */
 int tx_tree_sync_step(TreeObject *T);
 int tx_tree_step_begin(TreeObject *T);
 void tx_tree_drain(TreeObject *T);
@@ -227,6 +241,7 @@ struct tx_out_ref {
   int queued;        /* its deleter ran (under the queue's lock) */
   int released;      /* the value went back already (an exchange call that failed) */
   int counted;       /* counted in the tree's alive_this_step (a tensor was made) */
+  int saved;         /* a saved activation (counted in the tree's saved_alive while its step lasts) */
   TreeObject *tree;  /* borrowed: trees live as long as the process */
   cgt_value value;
   uint64_t step;

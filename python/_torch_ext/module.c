@@ -83,7 +83,52 @@ int tx_check_probes(PyObject *probes, Py_ssize_t width, PyTypeObject *t0, PyType
   return 0;
 }
 
+/* ------------------------------------------------------------ steps
+ *
+ * Steps in inference. A step begins at each new call of a compiled model
+ * (Dynamo's GenerationTracker.generation moved since the tree's last call),
+ * at torch.compiler.cudagraph_mark_step_begin() and at step_begin(): the
+ * tree goes back to its root, and outputs of the ended step still alive are
+ * marked stale (stale.c), since the new step may reuse their memory.
+ *
+ * Steps in training. A forward's saved activations are outputs too, and
+ * its backward (which Dynamo does not enter: no new generation) reads them
+ * later; several forwards may come before their backwards (gradient
+ * accumulation, two towers, contrastive losses). So a new generation begins
+ * a step only when no backward is pending, and what counts pending
+ * backwards is the saved activations of this step still alive
+ * (T->saved_alive): autograd frees them when their backward has run
+ * (unless retain_graph) or when the graph dies unused. A count, not a flag:
+ * two forwards then two backwards keep one step until both ran. A forward
+ * whose graph a program keeps without ever running its backward would keep
+ * the step open for good, and the path would grow by a node per call: after
+ * PENDING_GENERATIONS_MAX such calls the step begins anyway, with a warning
+ * once, and those activations raise StaleTensorError if a backward comes.
+ * An explicit mark (cudagraph_mark_step_begin(), step_begin()) always
+ * begins a step, as in PyTorch's trees.
+ *
+ * Gradients. A backward's outputs are kept alive (T->held) until the next
+ * call of a graph that is not a backward or the next step: while a second
+ * reference lives, autograd's AccumulateGrad copies a gradient into .grad
+ * instead of taking the tensor over, so .grad is ordinary memory that
+ * outlives steps (gradient accumulation, optimizers compiled apart,
+ * zero_grad(set_to_none=False)), never a pool value the next replay
+ * overwrites. */
+enum { PENDING_GENERATIONS_MAX = 64 };
+
+void tx_tree_release_held(TreeObject *T) {
+  if (T->held && PyList_GET_SIZE(T->held))
+    (void)PyList_SetSlice(T->held, 0, PyList_GET_SIZE(T->held), NULL);
+}
+
+int tx_tree_hold(TreeObject *T, PyObject *t) {
+  if (!T->held && !(T->held = PyList_New(0)))
+    return -1;
+  return PyList_Append(T->held, t);
+}
+
 int tx_tree_step_begin(TreeObject *T) {
+  tx_tree_release_held(T);
   tx_out_ref_queue_drain();
   if (tx_stale_mark_step(T) < 0)
     return -1;
@@ -95,6 +140,8 @@ int tx_tree_step_begin(TreeObject *T) {
   T->step++;
   T->overwritable += T->alive_this_step;
   T->alive_this_step = 0;
+  T->saved_alive = 0; /* their values went stale with the step */
+  T->generations_deferred = 0;
   return 0;
 }
 
@@ -116,8 +163,29 @@ int tx_tree_sync_step(TreeObject *T) {
     return -1;
   if (gen == T->last_generation && mark == T->last_mark_step)
     return 0;
+  int marked = mark != T->last_mark_step;
   T->last_generation = gen;
   T->last_mark_step = mark;
+  if (!marked && T->saved_alive) {
+    tx_out_ref_queue_drain(); /* activations the backward just freed */
+    if (T->saved_alive && T->generations_deferred < PENDING_GENERATIONS_MAX) {
+      T->generations_deferred++;
+      T->steps_deferred++;
+      return 0; /* a backward is pending: the step goes on */
+    }
+    if (T->saved_alive) {
+      T->steps_forced++;
+      if (T->steps_forced == 1 &&
+          PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
+                           "cgtree.torch: %u calls of compiled models in a row began no step because saved "
+                           "activations of earlier forwards are alive and their backward never ran; a step begins "
+                           "now, and a later backward of those forwards raises StaleTensorError. Run forwards whose "
+                           "backward you do not need under torch.no_grad(), or mark steps with "
+                           "torch.compiler.cudagraph_mark_step_begin().",
+                           (unsigned)PENDING_GENERATIONS_MAX) < 0)
+        PyErr_Clear(); /* a warning turned error must not break the call */
+    }
+  }
   return tx_tree_step_begin(T);
 }
 
@@ -203,6 +271,7 @@ static void tree_dealloc(TreeObject *T) {
   if (T->tree && !T->registry && T->outputs_made == 0)
     cgt_tree_destroy(T->tree);
   Py_XDECREF(T->device_obj);
+  Py_XDECREF(T->held);
   Py_TYPE(T)->tp_free((PyObject *)T);
 }
 
@@ -264,6 +333,9 @@ static PyObject *tree_stats(TreeObject *T, PyObject *unused) {
   PUT("stale_refused", T->stale_refused)
   PUT("outputs_overwritable", T->overwritable)
   PUT("outputs_marked_stale", T->marked_stale)
+  PUT("saved_activations_alive", T->saved_alive)
+  PUT("steps_deferred", T->steps_deferred)
+  PUT("steps_forced", T->steps_forced)
   PUT("outputs_alive", alive)
 #undef PUT
   return d;

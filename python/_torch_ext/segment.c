@@ -153,6 +153,12 @@ struct SegmentObject {
   int dynamic_spans;
   int outputs_known; /* the first call told n_outputs (first_call); runs register with it */
   int rerun_first; /* the graph mutates no input: its first call may run again, in the pool (first_call) */
+  /* Training. A forward's results from saved_from on are its saved
+   * activations (counted while alive: module.c, "Steps in training"); a
+   * backward runs on the tree of the thread that called backward() (it
+   * runs on autograd's device thread) and its outputs are held. */
+  uint32_t saved_from;
+  int backward;
   variant_tmpl *tmpls;
   size_t n_tmpls;
   uint64_t calls, plain_calls;
@@ -212,6 +218,7 @@ void tx_out_ref_queue_drain(void) {
     if (r->step == T->step && !r->released) { /* values of ended steps are stale already */
       (void)cgt_value_release(T->tree, r->value);
       T->alive_this_step -= (uint64_t)r->counted;
+      T->saved_alive -= (uint64_t)(r->counted && r->saved);
     }
     tx_stale_forget(T, r);
     free(r);
@@ -229,7 +236,7 @@ static void capsule_destructor(PyObject *cap) {
 
 /* A tensor over value v, laid out as m says. Steals v: on failure v is
  * released (through the queue). */
-static PyObject *make_output(TreeObject *T, cgt_value v, const out_meta *m, uint64_t *ns_make) {
+static PyObject *make_output(TreeObject *T, cgt_value v, const out_meta *m, int saved, uint64_t *ns_make) {
   void *ptr = NULL;
   size_t bytes = 0;
   cgt_status st = cgt_value_ptr(T->tree, v, &ptr, &bytes);
@@ -301,6 +308,8 @@ static PyObject *make_output(TreeObject *T, cgt_value v, const out_meta *m, uint
   T->outputs_made++;
   T->alive_this_step++;
   r->counted = 1;
+  r->saved = saved;
+  T->saved_alive += (uint64_t)saved;
   if (tx_stale_watch(T, r, t) < 0) { /* an output we could not protect is not handed out */
     Py_DECREF(t);
     return NULL;
@@ -693,6 +702,15 @@ static TreeObject *current_tree(SegmentObject *s) {
   int dev = s->tree->device;
   if (!TX.tree_for || dev < 0 || dev >= TLS_DEVICES)
     return s->tree;
+  if (s->backward) { /* autograd's device thread serves every thread's backward: ask each time */
+    PyObject *got = PyObject_CallOneArg(TX.tree_for, s->tree->device_obj);
+    if (got && !PyObject_TypeCheck(got, &TreeType)) {
+      Py_CLEAR(got);
+      PyErr_SetString(PyExc_TypeError, "cgtree.torch: the tree getter returned no Tree");
+    }
+    Py_XDECREF(got); /* cgtree.torch keeps every tree until the process ends */
+    return (TreeObject *)got;
+  }
   if (tls_epoch != TX.tree_epoch) { /* another getter since: forget its trees */
     memset(tls_trees, 0, sizeof tls_trees);
     tls_epoch = TX.tree_epoch;
@@ -759,10 +777,12 @@ static PyObject *build_result(seg_run *r, variant_tmpl *t) {
   for (uint32_t i = 0; i < t->n_res; i++) {
     PyObject *item;
     if (t->is_tensor[i]) {
-      item = make_output(r->tree, r->outs[k], &t->outs[k], &r->ns_made);
+      item = make_output(r->tree, r->outs[k], &t->outs[k], i >= s->saved_from, &r->ns_made);
       k++;
-      if (!item)
+      if (!item || (s->backward && tx_tree_hold(r->tree, item) < 0)) {
+        Py_XDECREF(item);
         goto fail;
+      }
     } else {
       item = PyTuple_GET_ITEM(t->consts, i);
       Py_INCREF(item);
@@ -819,6 +839,8 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
   if (!r)
     return NULL;
   TreeObject *T = r->tree;
+  if (!s->backward)
+    tx_tree_release_held(T); /* AccumulateGrad has copied the last backward's gradients */
   if (tx_tree_sync_step(T) < 0)
     return NULL;
   tx_out_ref_queue_drain();
@@ -875,12 +897,15 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
         }
         r->args[k] = cgt_arg_value(ref->value);
         r->offs[k] = 0;
-      } else if (kind == ARG_TENSOR && ptr && (ref = output_containing(T, ptr, span)) != NULL) {
-        /* A view of this step's output (v = y[1:]): the value it lies in,
-         * and its offset in the variant, since a recording reads there. */
+      } else if (ptr && (ref = output_containing(T, ptr, span)) != NULL) {
+        /* A view of this step's output (v = y[1:]), or another tensor
+         * object over one (a backward's saved activation, unpacked by
+         * autograd): the value it lies in, and its offset in the variant,
+         * since a recording reads there. */
         r->args[k] = cgt_arg_value(ref->value);
         r->offs[k] = (size_t)((char *)ptr - (char *)ref->ptr);
-        variant = mix(variant, ((uint64_t)k << 40) ^ (uint64_t)r->offs[k] ^ 0x5eedull);
+        if (r->offs[k]) /* at offset 0 it reads what the value itself would */
+          variant = mix(variant, ((uint64_t)k << 40) ^ (uint64_t)r->offs[k] ^ 0x5eedull);
       } else if (ptr == NULL || span == 0) {
         /* An empty tensor has nothing to read; cgtree needs memory, so it is
          * keyed on a byte of ours and the launch passes the tensor itself. */
@@ -1030,14 +1055,17 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
 
 static int seg_init(SegmentObject *s, PyObject *a, PyObject *kw) {
   static char *kwlist[] = {"tree", "name", "compiled", "launch", "alias", "describe", "span",
-                           "kinds", "spans", "flags", "dynamic_spans", "rerun_first", NULL};
+                           "kinds", "spans", "flags", "dynamic_spans", "rerun_first", "saved_from", "backward",
+                           NULL};
   PyObject *tree, *compiled, *launch, *alias, *describe, *span, *spans;
   const char *name;
   Py_buffer kinds;
   unsigned int flags = 0;
-  int dyn = 0, rerun = 0;
-  if (!PyArg_ParseTupleAndKeywords(a, kw, "O!sOOOOOy*O!|Ipp", kwlist, &TreeType, &tree, &name, &compiled, &launch,
-                                   &alias, &describe, &span, &kinds, &PyTuple_Type, &spans, &flags, &dyn, &rerun))
+  int dyn = 0, rerun = 0, backward = 0;
+  unsigned int saved_from = UINT32_MAX;
+  if (!PyArg_ParseTupleAndKeywords(a, kw, "O!sOOOOOy*O!|IppIp", kwlist, &TreeType, &tree, &name, &compiled,
+                                   &launch, &alias, &describe, &span, &kinds, &PyTuple_Type, &spans, &flags, &dyn,
+                                   &rerun, &saved_from, &backward))
     return -1;
   if (PyTuple_GET_SIZE(spans) != kinds.len) {
     PyBuffer_Release(&kinds);
@@ -1094,6 +1122,8 @@ static int seg_init(SegmentObject *s, PyObject *a, PyObject *kw) {
   s->flags = flags;
   s->dynamic_spans = dyn;
   s->rerun_first = rerun;
+  s->saved_from = saved_from;
+  s->backward = backward;
   Py_INCREF(tree);
   s->tree = (TreeObject *)tree;
 #define KEEP(field, obj) (Py_INCREF(obj), s->field = (obj))

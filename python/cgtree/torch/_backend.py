@@ -19,11 +19,25 @@ is turned off for our compiles: on a hit it would hand back Inductor's graph
 without calling ``inner_compile``, and the graph would run plainly (Inductor's
 own FX graph cache still serves the compile inside ``inner_compile``).
 
+Training. AOTAutograd's forward and backward graphs come here too
+(``is_inference`` False, ``is_backward``), and each becomes a segment of
+the same tree and pool. A forward's results from
+``fw_metadata.num_forward`` on are its saved activations: segment.c counts
+them while they live, and a step does not end while a backward is pending
+(module.c, "Steps in training"). The backward's first inputs are those
+saved tensors; AOTAutograd calls all of them static, but only the ones that
+are static inputs of the forward (parameters, buffers) are: a saved
+activation is a value of the pool (found at run time), a saved user input
+(the batch) is new at every step and is copied (DYNAMIC). The forward's
+compile records which is which under its ``graph_id``, which the backward
+shares. A backward runs on the tree of the thread that called backward()
+(autograd runs it on its device thread) and its gradients are held until
+the next call, so that AccumulateGrad copies them into ``.grad``.
+
 Graphs cgtree does not record run as the plain Inductor graph, at
 Inductor's speed, with a warning naming the reason once: graphs with no
-CUDA tensor, training graphs (forward with saved activations, backward),
-graphs that draw random numbers, inputs on several devices, dtypes DLPack
-cannot describe.
+CUDA tensor, graphs that draw random numbers, inputs on several devices,
+dtypes DLPack cannot describe.
 """
 import itertools
 import warnings
@@ -82,10 +96,6 @@ def _plain_reason(example_inputs, kwargs, rng):
     cuda = [x for x in tensors if x.device.type == "cuda"]
     if not cuda:
         return "no CUDA tensor", None
-    if kwargs.get("is_backward"):
-        return "a backward graph (training runs as plain Inductor graphs)", None
-    if not kwargs.get("is_inference", False):
-        return "a training forward graph (its saved activations would outlive the step)", None
     device = cuda[0].device
     if any(x.device != device for x in tensors):
         return "inputs on several devices (or the CPU)", None
@@ -96,6 +106,45 @@ def _plain_reason(example_inputs, kwargs, rng):
     return None, device
 
 
+# graph_id -> for each tensor the forward saves for its backward, whether it
+# is a STATIC input of the forward (a parameter, a buffer, an input it
+# writes); read by the backward's compile.
+_saved_by_graph = {}
+
+
+def _saved_activations(gm):
+    """(saved_from, inputs): the index of a training forward's first saved
+    activation among its results, from AOTAutograd's metadata (0 where it
+    is unknown: then every result counts), and for each saved tensor the
+    index of the forward's input it is, or None (None for all: unknown)."""
+    ctx = torch._guards.TracingContext.try_get()
+    meta = getattr(ctx, "fw_metadata", None) if ctx is not None else None
+    saved_from = getattr(meta, "num_forward", None)
+    outs = torch._inductor.utils.output_node(gm).args[0]
+    outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+    if not isinstance(saved_from, int) or not 0 <= saved_from <= len(outs):
+        return 0, None
+    places = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    inputs = []
+    for node in outs[saved_from:]:
+        val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+        if isinstance(val, torch.Tensor):  # not a saved SymInt
+            inputs.append(places.index(node) if node.op == "placeholder" else None)
+    return saved_from, inputs
+
+
+def _backward_static(example_inputs, kwargs):
+    """The backward's STATIC inputs: the saved tensors that are static
+    inputs of its forward, when the forward's compile told us (else none:
+    every saved tensor not in the pool is copied, which is always right)."""
+    saved = _saved_by_graph.get(kwargs.get("graph_id"))
+    fixed = len(kwargs.get("static_input_idxs") or ())  # AOTAutograd: every input before the tangents
+    tensors = [i for i in range(fixed) if isinstance(example_inputs[i], torch.Tensor)]
+    if saved is None or len(saved) != len(tensors):
+        return ()
+    return tuple(i for i, static in zip(tensors, saved) if static)
+
+
 def inner_compile(gm, example_inputs, **kwargs):
     """compile_fx's inner_compile: Inductor compiles (CUDA graphs off), then
     the graph becomes a Segment unless it must run plainly."""
@@ -103,11 +152,25 @@ def inner_compile(gm, example_inputs, **kwargs):
 
     rng = draws_random_numbers(gm)  # before Inductor's passes rewrite gm
     why, device = _plain_reason(example_inputs, kwargs, rng)
+    backward = bool(kwargs.get("is_backward"))
+    forward_training = not backward and not kwargs.get("is_inference", False)
+    saved_from, saved_inputs = None, None
+    if forward_training:  # before Inductor, whose passes rewrite gm
+        saved_from, saved_inputs = _saved_activations(gm)
     compiled = compile_fx_inner(gm, example_inputs, **kwargs)
     static_idxs = tuple(kwargs.get("static_input_idxs") or ())
     mutated, known = mutated_inputs(compiled, len(example_inputs))
+    if backward:
+        static_idxs = _backward_static(example_inputs, kwargs)
+    if forward_training and kwargs.get("graph_id") is not None:
+        statics = set(static_idxs) | set(mutated)
+        _saved_by_graph[kwargs["graph_id"]] = (None if saved_inputs is None else
+                                               [i is not None and i in statics for i in saved_inputs])
     record = {"static_input_idxs": static_idxs, "mutated_input_idxs": sorted(mutated),
-              "mutations_known": known, "random": rng, "plain_reason": why}
+              "mutations_known": known, "random": rng, "plain_reason": why,
+              "graph": "backward" if backward else "forward" if forward_training else "inference"}
+    if forward_training:
+        record["saved_from"] = saved_from
     decisions.append(record)
     if why is not None:
         _warn_once(why, "a graph runs as a plain Inductor graph: %s" % why)
@@ -125,9 +188,15 @@ def inner_compile(gm, example_inputs, **kwargs):
             return plain(*inputs)
 
     # A graph that mutates no input may run a second time at its first call,
-    # so that what it returns lies in the pool (segment.c, first_call).
+    # so that what it returns lies in the pool (segment.c, first_call). Not
+    # a backward: Inductor may reuse the memory of saved activations
+    # AOTAutograd donates to it (torch._functorch.config.donated_buffer), so
+    # its first run changes its inputs.
+    extra = {"backward": backward}
+    if forward_training:
+        extra["saved_from"] = saved_from
     seg = _ext.Segment(tree, "graph%d" % next(_counter), plain, launch, alias, describe, span, bytes(kinds),
-                       tuple(spans), 0, dynamic, not mutated)
+                       tuple(spans), 0, dynamic, not mutated and not backward, **extra)
     _segments.append(seg)
     return seg
 

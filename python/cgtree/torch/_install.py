@@ -207,14 +207,32 @@ def _mark_step_box():
         return None
 
 
+_TLS_KEY = "cgtree_torch_trees"
+
+
+def _thread_trees():
+    """The calling thread's trees by device. A backward runs on autograd's
+    device thread, which serves every thread's backward; PyTorch copies
+    objects stashed with torch._C._stash_obj_in_tls into it for the
+    duration of each backward (PyTorch's CUDAGraph Trees stash their tree
+    managers the same way), so a backward runs on the trees of the thread
+    that called backward(), where its forward's saved activations live."""
+    trees = getattr(_local, "trees", None)
+    if trees is not None:
+        return trees
+    if torch._C._is_key_in_tls(_TLS_KEY):
+        return torch._C._get_obj_in_tls(_TLS_KEY)
+    trees = _local.trees = {}
+    torch._C._stash_obj_in_tls(_TLS_KEY, trees)
+    return trees
+
+
 def tree_for(device):
     """The calling thread's tree of a CUDA device and a torch stream over
     its stream. Each thread has its own trees (and pools), as PyTorch's
     CUDAGraph Trees keep one per thread: two threads never record into one
     tree at once."""
-    trees = getattr(_local, "trees", None)
-    if trees is None:
-        trees = _local.trees = {}
+    trees = _thread_trees()
     entry = trees.get(device)
     if entry is None:
         warmup = int(os.environ.get("CGTREE_TORCH_WARMUP_RUNS", "1"))

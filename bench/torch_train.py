@@ -1,0 +1,214 @@
+#!/usr/bin/env python3
+"""Training steps on cgtree, side by side with PyTorch (issue: training).
+
+    python3 bench/torch_train.py [--models mlp,branch,gpt2] [--modes eager,inductor,reduce-overhead,cgtree]
+                                 [--out results.jsonl]
+
+Each (model, mode) runs in a fresh process (cgtree's allocator must be
+installed before CUDA starts; PyTorch's trees refuse a swapped allocator).
+A step is: zero_grad(set_to_none=True), forward, loss, backward, AdamW
+step (eager, foreach: the same optimizer in every mode). Reported: ms per
+step (wall time of the timed steps over their count, synchronised at both
+ends), peak memory in the timed window (PyTorch modes:
+torch.cuda.max_memory_allocated; cgtree: cgtree.torch.memory_stats()'s
+peak_bytes, pool and eager bytes in use at one moment), recordings made
+after the warm-up (0 in steady state), and the losses and final weights
+compared bit for bit with Inductor without CUDA graphs (the parent
+compares; weights and data are built on the CPU from fixed seeds, so every
+process starts from the same bits).
+
+Models:
+  mlp     3 hidden layers of 1024 (ReLU), batch 64, MSE loss.
+  branch  the same MLP whose forward skips its middle block on a host
+          check (a graph break: `if h.mean() > t`), the batches alternate
+          sides, so the tree has two paths in forward and backward.
+  gpt2    transformers GPT2LMHeadModel, 4 layers, 256 wide, 4 heads,
+          batch 8, sequence 128, bf16 autocast, dropout 0 (dropout draws
+          random numbers, which cgtree cannot replay fresh yet: such graphs
+          run as plain Inductor).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+MODES = ["eager", "inductor", "reduce-overhead", "cgtree"]
+
+
+def make_mlp(torch, dev, branch=False):
+    torch.manual_seed(0)
+
+    class MLP(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l1 = torch.nn.Linear(1024, 1024)
+            self.l2 = torch.nn.Linear(1024, 1024)
+            self.l3 = torch.nn.Linear(1024, 1024)
+            self.out = torch.nn.Linear(1024, 1024)
+
+        def forward(self, x):
+            h = torch.relu(self.l1(x))
+            if not branch or h.mean() > 0.25:  # the host check: a graph break
+                h = torch.relu(self.l2(h))
+            h = torch.relu(self.l3(h))
+            return self.out(h)
+
+    model = MLP().to(dev)
+    g = torch.Generator().manual_seed(1)
+    data = [((torch.randn(64, 1024, generator=g) + (0.5 if i % 2 else -0.5)).to(dev),
+             torch.randn(64, 1024, generator=g).to(dev)) for i in range(8)]
+
+    def loss_fn(f, i):
+        x, y = data[i % len(data)]
+        return torch.nn.functional.mse_loss(f(x), y)
+
+    return model, loss_fn, False
+
+
+def make_gpt2(torch, dev):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_layer=4, n_embd=256, n_head=4, n_positions=128, vocab_size=8192,
+                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    model = GPT2LMHeadModel(cfg).to(dev)
+    g = torch.Generator().manual_seed(1)
+    data = [torch.randint(0, cfg.vocab_size, (8, 128), generator=g).to(dev) for _ in range(4)]
+
+    def loss_fn(f, i):
+        ids = data[i % len(data)]
+        return f(input_ids=ids, labels=ids).loss
+
+    return model, loss_fn, True
+
+
+MODELS = {"mlp": lambda t, d: make_mlp(t, d), "branch": lambda t, d: make_mlp(t, d, branch=True),
+          "gpt2": make_gpt2}
+
+
+def child(name, mode, out_dir, warm, timed):
+    ct = None
+    if mode == "cgtree":
+        import cgtree.torch as ct  # before CUDA starts: installs the allocator
+    import torch
+
+    dev = torch.device("cuda")
+    model, loss_fn, autocast = MODELS[name](torch, dev)
+    if mode == "eager":
+        f = model
+    elif mode == "inductor":
+        f = torch.compile(model)
+    elif mode == "reduce-overhead":
+        f = torch.compile(model, mode="reduce-overhead")
+    else:
+        f = torch.compile(model, backend="cgtree")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step(i):
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            loss = loss_fn(f, i)
+        loss.backward()
+        opt.step()
+        return loss.detach().clone()  # reduce-overhead's outputs are overwritten by the next step
+
+    losses = []
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(warm):
+        losses.append(step(i))
+    torch.cuda.synchronize()
+    warm_s = time.perf_counter() - t0
+    rec0 = ct.stats().get("recordings", 0) if ct else 0
+    if ct:
+        ct.reset_peak()
+    else:
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    t0 = time.perf_counter()
+    for i in range(warm, warm + timed):
+        s0 = time.perf_counter()
+        losses.append(step(i))
+        times.append(time.perf_counter() - s0)
+    torch.cuda.synchronize()
+    total = time.perf_counter() - t0
+    peak = ct.memory_stats()["peak_bytes"] if ct else torch.cuda.max_memory_allocated()
+    res = {"model": name, "mode": mode, "ms_per_step": total * 1e3 / timed, "warm_s": warm_s,
+           "peak_mib": peak / 2**20, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "steps": warm + timed}
+    if ct:
+        s = ct.stats()
+        res.update(recordings=s.get("recordings", 0), recordings_after_warmup=s.get("recordings", 0) - rec0,
+                   replays=s.get("replays", 0), graphs=s["graphs"], graphs_plain=s["graphs_plain"],
+                   steps_deferred=s.get("steps_deferred", 0),
+                   plain_reasons=sorted({sg.info["plain_reason"] for sg in __import__(
+                       "cgtree.torch._backend", fromlist=["_segments"])._segments if sg.info["plain_reason"]}))
+    torch.save({"losses": torch.stack(losses).float().cpu(),
+                "weights": [p.detach().float().cpu() for p in model.parameters()]},
+               os.path.join(out_dir, "%s-%s.pt" % (name, mode)))
+    print("RESULT " + json.dumps(res), flush=True)
+
+
+def compare(torch, d, name, mode):
+    ref, mine = (os.path.join(d, "%s-%s.pt" % (name, m)) for m in ("inductor", mode))
+    if not (os.path.exists(ref) and os.path.exists(mine)):
+        return "n/a"
+    A, B = torch.load(ref), torch.load(mine)
+    if torch.equal(A["losses"], B["losses"]) and all(torch.equal(x, y) for x, y in zip(A["weights"], B["weights"])):
+        return "bit-equal"
+    dl = float((A["losses"] - B["losses"]).abs().max())
+    dw = max(float((x - y).abs().max()) for x, y in zip(A["weights"], B["weights"]))
+    return "differs (losses max %.3g, weights max %.3g)" % (dl, dw)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="mlp,branch,gpt2")
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--out", default="")
+    ap.add_argument("--dir", default="/tmp/cgtree_torch_train")
+    ap.add_argument("--child", nargs=2)
+    ap.add_argument("--warm", type=int, default=10)
+    ap.add_argument("--timed", type=int, default=50)
+    a = ap.parse_args()
+    os.makedirs(a.dir, exist_ok=True)
+    if a.child:
+        child(a.child[0], a.child[1], a.dir, a.warm, a.timed)
+        return
+    import torch
+
+    rows = []
+    for name in a.models.split(","):
+        for mode in a.modes.split(","):
+            cmd = [sys.executable, os.path.abspath(__file__), "--child", name, mode, "--dir", a.dir,
+                   "--warm", str(a.warm), "--timed", str(a.timed)]
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+            line = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+            r = json.loads(line[-1][7:]) if line else {"model": name, "mode": mode,
+                                                       "error": (p.stderr or p.stdout)[-1200:]}
+            if "error" not in r:
+                r["equal"] = "reference" if mode == "inductor" else compare(torch, a.dir, name, mode)
+            rows.append(r)
+            print(json.dumps(r), flush=True)
+            if a.out:
+                with open(a.out, "a") as f:
+                    f.write(json.dumps(r) + "\n")
+    print()
+    print("| model | mode | ms/step | x reduce-overhead | peak MiB | recordings after warm-up | vs inductor |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | --- |")
+    for r in rows:
+        if "error" in r:
+            print("| %s | %s | error: %s |" % (r["model"], r["mode"], r["error"].strip().splitlines()[-1][:160]))
+            continue
+        ro = next((x for x in rows if x["model"] == r["model"] and x["mode"] == "reduce-overhead"
+                   and "error" not in x), None)
+        ratio = "%.2f" % (r["ms_per_step"] / ro["ms_per_step"]) if ro else ""
+        print("| %s | %s | %.3f | %s | %.1f | %s | %s |" % (r["model"], r["mode"], r["ms_per_step"], ratio,
+                                                          r["peak_mib"], r.get("recordings_after_warmup", ""),
+                                                          r.get("equal", "")))
+
+
+if __name__ == "__main__":
+    main()

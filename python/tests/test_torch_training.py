@@ -1,0 +1,241 @@
+"""Training on cgtree: AOTAutograd's forward and backward graphs are segments
+of one tree and pool; steps wait for pending backwards; gradients become
+ordinary .grad memory. Every case runs the same model under plain Inductor
+(no CUDA graphs) in the same process and compares losses, gradients and
+weights bit for bit (the kernels are the same, so are the numbers).
+
+Needs a CUDA GPU (skips without one) and imports cgtree.torch first, so
+that its allocator is installed before CUDA starts.
+"""
+import copy
+import threading
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+import cgtree.torch as ct  # noqa: E402  (installs the allocator before CUDA starts)
+
+pytestmark = pytest.mark.skipif(not ct.installed(), reason="unreachable: install() raised at import")
+
+DEV = "cuda"
+
+
+def mlp(width=64, depth=3, seed=0):
+    torch.manual_seed(seed)
+    layers = []
+    for _ in range(depth):
+        layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(width, 1)).to(DEV)
+
+
+def batches(n, width=64, batch=16, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(batch, width, generator=g).to(DEV) for _ in range(n)]
+
+
+def pair(model):
+    """The model compiled with cgtree, and a copy compiled with plain Inductor."""
+    torch._dynamo.reset()
+    ref = copy.deepcopy(model)
+    return torch.compile(model, backend="cgtree"), model, torch.compile(ref), ref
+
+
+def same(a, b):
+    return a.shape == b.shape and torch.equal(a, b)
+
+
+def assert_same_params(m1, m2):
+    for (n, p), (_, q) in zip(m1.named_parameters(), m2.named_parameters()):
+        assert same(p, q), "parameter %s differs from Inductor's" % n
+        if p.grad is not None or q.grad is not None:
+            assert same(p.grad, q.grad), "gradient of %s differs from Inductor's" % n
+
+
+def train(cf, model, xs, opt_cls=torch.optim.AdamW, set_to_none=True, **opt_kw):
+    opt = opt_cls(model.parameters(), lr=1e-3, **opt_kw)
+    losses = []
+    for x in xs:
+        opt.zero_grad(set_to_none=set_to_none)
+        loss = cf(x).square().mean()
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach().clone())
+    return torch.stack(losses)
+
+
+def test_a_training_loop_replays_forward_and_backward_and_matches_inductor_bit_for_bit():
+    cf, model, rf, ref = pair(mlp())
+    xs = batches(12)
+    before = ct.stats()
+    got = train(cf, model, xs)
+    want = train(rf, ref, xs)
+    assert torch.equal(got, want)
+    assert_same_params(model, ref)
+    after = ct.stats()
+    assert after["replays"] - before.get("replays", 0) >= 2 * 8, "forward and backward should replay"
+    from cgtree.torch._backend import decisions
+    assert {"forward", "backward"} <= {d["graph"] for d in decisions if d["plain_reason"] is None}
+    rec = ct.stats()["recordings"]
+    train(cf, model, batches(6, seed=2))
+    assert ct.stats()["recordings"] == rec, "steady state must not record again"
+
+
+def test_gradients_are_ordinary_memory_that_survives_the_next_step():
+    cf, model, rf, ref = pair(mlp())
+    xs = batches(8)
+    got = train(cf, model, xs, opt_cls=torch.optim.SGD, set_to_none=False, momentum=0.9)
+    want = train(rf, ref, xs, opt_cls=torch.optim.SGD, set_to_none=False, momentum=0.9)
+    assert torch.equal(got, want)
+    grads = [p.grad.clone() for p in model.parameters()]
+    cf(xs[0])  # a new step: the gradients are not outputs of it, they stay readable
+    for p, g in zip(model.parameters(), grads):
+        assert torch.equal(p.grad, g)
+    assert_same_params(model, ref)
+
+
+def test_two_forwards_then_two_backwards_keep_both_saved_activations():
+    cf, model, rf, ref = pair(mlp())
+    xs = batches(10)
+    for m, f in ((model, cf), (ref, rf)):
+        for i in range(0, len(xs), 2):
+            l1 = f(xs[i]).square().mean()
+            l2 = f(xs[i + 1]).square().mean()  # a new compiled call while l1's backward is pending
+            l2.backward()
+            l1.backward()
+    assert_same_params(model, ref)
+    assert ct.stats()["steps_deferred"] > 0
+
+
+def test_gradient_accumulation_over_micro_batches_matches_inductor():
+    cf, model, rf, ref = pair(mlp())
+    xs = batches(12)
+    for m, f in ((model, cf), (ref, rf)):
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+        for i in range(0, len(xs), 3):
+            opt.zero_grad()
+            for x in xs[i:i + 3]:
+                (f(x).square().mean() / 3).backward()
+            opt.step()
+    assert_same_params(model, ref)
+
+
+def test_retain_graph_runs_the_backward_twice_on_the_same_activations():
+    # A backward that runs twice cannot take over its saved activations'
+    # memory: PyTorch requires donated buffers off for retain_graph.
+    with torch._functorch.config.patch(donated_buffer=False):
+        cf, model, rf, ref = pair(mlp())
+        for m, f in ((model, cf), (ref, rf)):
+            for x in batches(4):
+                loss = f(x).square().mean()
+                loss.backward(retain_graph=True)
+                loss.backward()
+    assert_same_params(model, ref)
+
+
+def test_evaluation_under_no_grad_between_training_steps():
+    cf, model, rf, ref = pair(mlp())
+    xs = batches(8)
+    evals = {}
+    for name, m, f in (("cgtree", model, cf), ("inductor", ref, rf)):
+        opt = torch.optim.SGD(m.parameters(), lr=1e-2)
+        outs = []
+        for x in xs:
+            opt.zero_grad()
+            f(x).square().mean().backward()
+            opt.step()
+            with torch.no_grad():
+                outs.append(f(xs[0]).clone())
+        evals[name] = torch.stack(outs)
+    assert torch.equal(evals["cgtree"], evals["inductor"])
+    assert_same_params(model, ref)
+
+
+def test_a_frozen_backbone_trains_only_the_head():
+    cf, model, rf, ref = pair(mlp())
+    for m in (model, ref):
+        for p in list(m.parameters())[:4]:
+            p.requires_grad_(False)
+    xs = batches(6)
+    got = train(cf, model, xs)
+    want = train(rf, ref, xs)
+    assert torch.equal(got, want)
+    assert_same_params(model, ref)
+
+
+def test_a_model_with_a_host_branch_trains_on_both_paths():
+    torch.manual_seed(0)
+
+    class Branchy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(32, 32)
+            self.b = torch.nn.Linear(32, 32)
+            self.c = torch.nn.Linear(32, 1)
+
+        def forward(self, x):
+            h = torch.relu(self.a(x))
+            if h.mean() > 0.2:  # a graph break: the tree grows a branch
+                h = h + torch.relu(self.b(h))
+            return self.c(h)
+
+    cf, model, rf, ref = pair(Branchy().to(DEV))
+    g = torch.Generator().manual_seed(3)
+    xs = [(torch.randn(8, 32, generator=g) + (1.0 if i % 2 else -1.0)).to(DEV) for i in range(12)]
+    got = train(cf, model, xs)
+    want = train(rf, ref, xs)
+    assert torch.equal(got, want)
+    assert_same_params(model, ref)
+
+
+def test_bf16_autocast_training_matches_inductor():
+    cf, model, rf, ref = pair(mlp())
+    xs = batches(6)
+    res = []
+    for m, f in ((model, cf), (ref, rf)):
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+        losses = []
+        for x in xs:
+            opt.zero_grad()
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = f(x).float().square().mean()
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach().clone())
+        res.append(torch.stack(losses))
+    assert torch.equal(res[0], res[1])
+    assert_same_params(model, ref)
+
+
+def test_an_explicit_step_mark_with_a_pending_backward_makes_that_backward_raise_not_compute_wrong():
+    cf, model, _, _ = pair(mlp())
+    xs = batches(6)
+    for x in xs[:3]:  # record forward and backward
+        cf(x).square().mean().backward()
+    loss = cf(xs[3]).square().mean()
+    torch.compiler.cudagraph_mark_step_begin()
+    cf(xs[4])  # the new step may reuse the pending forward's activations
+    with pytest.raises(RuntimeError, match="StaleTensorError"):
+        loss.backward()
+
+
+def test_a_backward_runs_on_the_tree_of_the_thread_that_called_it():
+    cf, model, rf, ref = pair(mlp())
+    xs = batches(6)
+    errors = []
+
+    def work():
+        try:
+            train(cf, model, xs)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert not errors, errors
+    want = train(rf, ref, xs)
+    assert_same_params(model, ref)
+    assert want.isfinite().all()
