@@ -171,3 +171,28 @@ def test_the_gpt2_decoder_of_the_benchmark_is_not_taken_for_a_random_graph():
     fn, generate, _ = make_gpt2(torch, torch.device("cpu"))
     generate(torch.compile(fn, backend=_backend.compile_graph), 0)
     assert _backend.decisions and not any(d["random"] for d in _backend.decisions)
+
+
+def test_a_training_forward_says_where_its_saved_activations_begin_and_its_backward_keys_only_on_saved_weights():
+    """A Linear-ReLU-Linear forward returns its output, then what its
+    backward needs: the batch x (new every step), the second weight (a
+    parameter) and the ReLU's output. Only the weight is STATIC in the
+    backward (its address keys the recording); AOTAutograd itself calls
+    all three static."""
+    torch.manual_seed(0)
+    _backend.decisions.clear()
+    torch._dynamo.reset()
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    f = torch.compile(m, backend=_backend.compile_graph)
+    f(torch.randn(2, 8)).sum().backward()
+    fw, bw = _backend.decisions
+    assert (fw["graph"], bw["graph"]) == ("forward", "backward")
+    assert fw["saved_from"] == 1  # one user output, then the saved tensors
+    assert bw["static_input_idxs"] == (1,)  # backward inputs: x, the second weight, the ReLU's output, the tangent
+    assert all(p.grad is not None for p in m.parameters())
+
+
+def test_a_backward_without_its_forwards_record_copies_every_saved_tensor():
+    """Where the forward's compile left nothing under the backward's graph_id,
+    no saved tensor is STATIC (each is copied unless it is a pool value)."""
+    assert _backend._backward_static([torch.ones(1)] * 3, {"graph_id": object(), "static_input_idxs": [0, 1]}) == ()
