@@ -239,3 +239,43 @@ def test_a_backward_runs_on_the_tree_of_the_thread_that_called_it():
     want = train(rf, ref, xs)
     assert_same_params(model, ref)
     assert want.isfinite().all()
+
+
+def test_amp_fp16_with_grad_scaler_matches_inductor():
+    cf, model, rf, ref = pair(mlp())
+    xs = batches(6)
+    res = []
+    for m, f in ((model, cf), (ref, rf)):
+        opt = torch.optim.SGD(m.parameters(), lr=1e-2)
+        scaler = torch.amp.GradScaler("cuda")
+        losses = []
+        for x in xs:
+            opt.zero_grad()
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = f(x).float().square().mean()
+            scaler.scale(loss).backward()
+            scaler.step(opt)  # its check for infs is a host sync between graphs
+            scaler.update()
+            losses.append(loss.detach().clone())
+        res.append(torch.stack(losses))
+    assert torch.equal(res[0], res[1])
+    assert_same_params(model, ref)
+
+
+def test_a_compiled_optimizer_step_runs_as_a_segment_and_matches_inductor():
+    cf, model, rf, ref = pair(mlp())
+    xs = batches(10)
+    res = []
+    for m, f, backend in ((model, cf, "cgtree"), (ref, rf, "inductor")):
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3, capturable=True)
+        step = torch.compile(opt.step, backend=backend)
+        losses = []
+        for x in xs:
+            opt.zero_grad(set_to_none=False)
+            loss = f(x).square().mean()
+            loss.backward()
+            step()
+            losses.append(loss.detach().clone())
+        res.append(torch.stack(losses))
+    assert torch.equal(res[0], res[1])
+    assert_same_params(model, ref)
