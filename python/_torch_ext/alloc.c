@@ -17,8 +17,11 @@
  * returned is ignored, because the tree owns the block then (it is an output
  * value, or the tree freed it when the launch returned). Blocks are told
  * apart by a serial number per launch, kept in a small hash of pool pointers.
- * Everything else goes to eager.c, the CUDA driver's stream-ordered pools.
- * Size 0 is NULL (torch.empty(0) asks thousands of times).
+ * Everything else goes to eager.c, the CUDA driver's stream-ordered pools
+ * behind a front cache. Both files keep their state under one lock,
+ * tx_alloc_mu, so a free (pool pointer or eager block) takes it once, and
+ * so does an allocation the front cache serves. Size 0 is NULL
+ * (torch.empty(0) asks thousands of times).
  *
  * PyTorch's own memory statistics raise under a swapped allocator, so we
  * keep the figures that compare with them: bytes in use outside the pool
