@@ -17,8 +17,11 @@
  * returned is ignored, because the tree owns the block then (it is an output
  * value, or the tree freed it when the launch returned). Blocks are told
  * apart by a serial number per launch, kept in a small hash of pool pointers.
- * Everything else goes to eager.c, the CUDA driver's stream-ordered pools.
- * Size 0 is NULL (torch.empty(0) asks thousands of times).
+ * Everything else goes to eager.c, the CUDA driver's stream-ordered pools
+ * behind a front cache. Both files keep their state under one lock,
+ * tx_alloc_mu, so a free (pool pointer or eager block) takes it once, and
+ * so does an allocation the front cache serves. Size 0 is NULL
+ * (torch.empty(0) asks thousands of times).
  *
  * PyTorch's own memory statistics raise under a swapped allocator, so we
  * keep the figures that compare with them: bytes in use outside the pool
@@ -32,10 +35,8 @@
  */
 #include "ext.h"
 
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
-
 
 typedef struct pool_ptr {
   void *ptr;
@@ -43,7 +44,7 @@ typedef struct pool_ptr {
   UT_hash_handle hh;
 } pool_ptr;
 
-static pthread_mutex_t alloc_mu = PTHREAD_MUTEX_INITIALIZER;
+pthread_mutex_t tx_alloc_mu = PTHREAD_MUTEX_INITIALIZER; /* ext.h: eager.c's blocks share it */
 static pool_ptr *pool_ptrs;
 static tx_alloc_figures fig;
 static uint64_t next_serial = 1;
@@ -55,9 +56,9 @@ static atomic_int launches_running;
 static _Thread_local uint64_t tls_serial;
 
 void tx_alloc_launch_enter(cgt_launch *l) {
-  pthread_mutex_lock(&alloc_mu);
+  pthread_mutex_lock(&tx_alloc_mu);
   tls_serial = next_serial++;
-  pthread_mutex_unlock(&alloc_mu);
+  pthread_mutex_unlock(&tx_alloc_mu);
   tls_launch = l;
   atomic_fetch_add(&launches_running, 1);
 }
@@ -74,7 +75,7 @@ void tx_alloc_flush_if_idle(void) {
     tx_eager_flush();
 }
 
-/* Called with alloc_mu held, after anything that may raise the peak. */
+/* Called with tx_alloc_mu held, after anything that may raise the peak. */
 static void combined_peak_check_locked(void) {
   size_t now = fig.eager_in_use + fig.pool_in_use;
   if (now > fig.combined_peak)
@@ -89,51 +90,42 @@ static size_t pool_in_use_by_device[MAX_DEVICES], pool_in_use_reported;
 void tx_alloc_note_pool_in_use(int device, size_t bytes) {
   if (device < 0 || device >= MAX_DEVICES)
     device = 0; /* the simulator's tests: one tree */
-  pthread_mutex_lock(&alloc_mu);
+  pthread_mutex_lock(&tx_alloc_mu);
   pool_in_use_reported += bytes - pool_in_use_by_device[device]; /* modulo 2^n: exact */
   pool_in_use_by_device[device] = bytes;
   fig.pool_in_use = pool_in_use_reported;
   combined_peak_check_locked();
-  pthread_mutex_unlock(&alloc_mu);
+  pthread_mutex_unlock(&tx_alloc_mu);
+}
+
+void tx_alloc_eager_took_locked(size_t bytes) {
+  fig.eager_in_use += bytes;
+  if (fig.eager_in_use > fig.eager_peak)
+    fig.eager_peak = fig.eager_in_use;
+  combined_peak_check_locked();
+}
+
+void tx_alloc_eager_returned_locked(size_t bytes) {
+  fig.eager_in_use -= bytes < fig.eager_in_use ? bytes : fig.eager_in_use;
 }
 
 static void *eager_alloc(size_t size, int device, void *stream) {
   if (atomic_load(&launches_running) == 0)
     tx_eager_flush();
-  size_t counted = 0;
-  void *p = tx_eager_alloc(size, device, stream, &counted);
-  if (!p)
-    return NULL;
-  pthread_mutex_lock(&alloc_mu);
-  fig.eager_in_use += counted;
-  if (fig.eager_in_use > fig.eager_peak)
-    fig.eager_peak = fig.eager_in_use;
-  combined_peak_check_locked();
-  pthread_mutex_unlock(&alloc_mu);
-  return p;
-}
-
-static void eager_free(void *p) {
-  int capture_may_run = atomic_load(&launches_running) > 0;
-  if (!capture_may_run)
-    tx_eager_flush();
-  size_t counted = tx_eager_free(p, capture_may_run);
-  pthread_mutex_lock(&alloc_mu);
-  fig.eager_in_use -= counted < fig.eager_in_use ? counted : fig.eager_in_use;
-  pthread_mutex_unlock(&alloc_mu);
+  return tx_eager_alloc(size, device, stream);
 }
 
 void tx_alloc_figures_get(tx_alloc_figures *out) {
-  pthread_mutex_lock(&alloc_mu);
+  pthread_mutex_lock(&tx_alloc_mu);
   *out = fig;
-  pthread_mutex_unlock(&alloc_mu);
+  pthread_mutex_unlock(&tx_alloc_mu);
 }
 
 void tx_alloc_reset_peak(void) {
-  pthread_mutex_lock(&alloc_mu);
+  pthread_mutex_lock(&tx_alloc_mu);
   fig.eager_peak = fig.eager_in_use;
   fig.combined_peak = fig.eager_in_use + fig.pool_in_use;
-  pthread_mutex_unlock(&alloc_mu);
+  pthread_mutex_unlock(&tx_alloc_mu);
 }
 
 /* The two functions CUDAPluggableAllocator loads from this .so by name. */
@@ -150,12 +142,12 @@ void *cgt_torch_alloc(ssize_t size, int device, void *stream) {
   pool_ptr *e = malloc(sizeof *e);
   if (!e || cgt_launch_alloc(l, (size_t)size, &p) != CGT_OK) {
     free(e);
-    pthread_mutex_lock(&alloc_mu);
+    pthread_mutex_lock(&tx_alloc_mu);
     fig.pool_alloc_failures++;
-    pthread_mutex_unlock(&alloc_mu);
+    pthread_mutex_unlock(&tx_alloc_mu);
     return NULL; /* PyTorch raises its out-of-memory error */
   }
-  pthread_mutex_lock(&alloc_mu);
+  pthread_mutex_lock(&tx_alloc_mu);
   pool_ptr *old = NULL;
   HASH_FIND_PTR(pool_ptrs, &p, old);
   if (old) { /* a block of an earlier launch, reused: its old tensor is gone or never freed */
@@ -168,14 +160,17 @@ void *cgt_torch_alloc(ssize_t size, int device, void *stream) {
   fig.pool_allocs++;
   fig.pool_in_use += (size_t)size; /* until segment.c reports the pool's own figure */
   combined_peak_check_locked();
-  pthread_mutex_unlock(&alloc_mu);
+  pthread_mutex_unlock(&tx_alloc_mu);
   return p;
 }
 
 void cgt_torch_free(void *ptr, ssize_t size, int device, void *stream) {
   if (!ptr)
     return;
-  pthread_mutex_lock(&alloc_mu);
+  int capture_may_run = atomic_load(&launches_running) > 0;
+  if (!capture_may_run)
+    tx_eager_flush();
+  pthread_mutex_lock(&tx_alloc_mu);
   pool_ptr *e = NULL;
   HASH_FIND_PTR(pool_ptrs, &ptr, e);
   if (e) {
@@ -188,14 +183,15 @@ void cgt_torch_free(void *ptr, ssize_t size, int device, void *stream) {
     } else {
       fig.pool_frees_ignored++;
     }
-    pthread_mutex_unlock(&alloc_mu);
+    pthread_mutex_unlock(&tx_alloc_mu);
     if (same_launch)
       (void)cgt_launch_free(tls_launch, ptr);
     return;
   }
-  pthread_mutex_unlock(&alloc_mu);
-  (void)size;
+  /* Not the pool's: an eager block, whose device and stream eager.c knows. */
+  tx_eager_block *now = tx_eager_free_locked(ptr, capture_may_run);
+  pthread_mutex_unlock(&tx_alloc_mu);
+  tx_eager_give_back(now);
   (void)device;
   (void)stream;
-  eager_free(ptr); /* its device and stream are the ones it was allocated with, which eager.c knows */
 }

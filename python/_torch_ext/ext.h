@@ -6,7 +6,8 @@
  *              inside a cgtree launch function it hands out pool memory,
  *              outside it routes to eager.c.
  *   eager.c    memory outside the pool: the CUDA driver's stream-ordered
- *              pools, record_stream, frees set aside during captures.
+ *              pools behind a small front cache for same-stream reuse,
+ *              record_stream, frees set aside during captures.
  *   segment.c  the hot path: one compiled graph as a cgtree segment; tensors in,
  *              cgt_run, tensors out (DLPack), all in C.
  *   stale.c    outputs kept past their step raise on any access.
@@ -21,6 +22,7 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/types.h>
@@ -52,29 +54,53 @@ typedef struct tx_alloc_figures {
 void tx_alloc_figures_get(tx_alloc_figures *out);
 void tx_alloc_reset_peak(void);                /* eager_peak and combined_peak restart from now */
 void tx_alloc_note_pool_in_use(int device, size_t bytes); /* a device's tree: its pool bytes in use now */
+/* One lock for alloc.c's figures and eager.c's blocks, so that a free or
+ * an allocation served without the driver takes it once. */
+extern pthread_mutex_t tx_alloc_mu;
+/* eager.c, with tx_alloc_mu held: bytes went into use outside the pool,
+ * or came out of use. */
+void tx_alloc_eager_took_locked(size_t bytes);
+void tx_alloc_eager_returned_locked(size_t bytes);
 
 /* ------------------------------------------------------------ eager.c */
 
 typedef struct tx_eager_figures {
   uint64_t allocations, frees, num_alloc_retries, num_ooms, recorded_streams, deferred_frees;
+  uint64_t driver_allocations, driver_frees; /* blocks taken from and given back to the driver's pools */
+  uint64_t front_hits, front_returns; /* allocations the front cache served; its blocks given back (bound, drain) */
   size_t in_use;          /* of one device, counted as PyTorch counts memory_allocated */
   size_t live_blocks;     /* of every device */
+  size_t front_bytes, front_blocks; /* of one device: freed blocks the front cache keeps (still the driver's) */
+  size_t front_limit;     /* the front cache's bound per device (0: off) */
   size_t reserved, reserved_peak; /* what the device's stream-ordered pool holds (0 if unknown) */
 } tx_eager_figures;
-/* size bytes on device, usable on stream; *counted: what it adds to the
- * bytes in use. NULL when out of memory, after one trim and retry. */
-void *tx_eager_alloc(size_t size, int device, void *stream, size_t *counted);
-/* Frees p after its stream's and every recorded stream's work so far;
- * returns what it took from the bytes in use, 0 if p is not ours. With
- * `later`, p is only set aside, to be given back by tx_eager_flush. */
-size_t tx_eager_free(void *p, int later);
-void tx_eager_flush(void); /* gives back what tx_eager_free set aside; never while a capture may run */
+typedef struct eager_block tx_eager_block;
+/* size bytes on device, usable on stream: from the front cache when a
+ * block of the same device, stream and size class waits there, else from
+ * the driver's pool. NULL when out of memory, after draining the device's
+ * front cache, one trim and a retry. Takes tx_alloc_mu. */
+void *tx_eager_alloc(size_t size, int device, void *stream);
+/* With tx_alloc_mu held: p's bytes leave the bytes in use, and p goes to
+ * the front cache when it can (no stream call), else it is to be given
+ * back after its stream's and every recorded stream's work so far. Returns
+ * the blocks to give back now, for tx_eager_give_back once the lock is
+ * released (NULL if none, or if p is not ours). With `later` (a capture
+ * may run) nothing is to be given back now: such blocks are set aside for
+ * tx_eager_flush. */
+tx_eager_block *tx_eager_free_locked(void *p, int later);
+void tx_eager_give_back(tx_eager_block *list); /* without tx_alloc_mu: the CUDA calls of the frees */
+void tx_eager_flush(void); /* gives back what tx_eager_free_locked set aside; never while a capture may run */
 /* p is used on stream too (Tensor.record_stream): 1, 0 if p is not an
- * eager block of ours, -1 out of host memory. */
+ * eager block of ours in use, -1 out of host memory. */
 int tx_eager_record_stream(void *p, void *stream);
 void tx_eager_figures_get(int device, tx_eager_figures *out);
-void tx_eager_trim(int device);              /* synchronise and give every cached byte back */
+/* Gives the device's front-cached blocks back, then synchronises and gives
+ * every byte its pool caches back to the device. */
+void tx_eager_trim(int device);
 void tx_eager_set_cache_bytes(uint64_t bytes); /* the pools' release threshold, for devices not used yet */
+/* The front cache's bound per device (0 turns it off); blocks over it are
+ * set aside, to be given back at the next tx_eager_flush. */
+void tx_eager_set_front_bytes(size_t bytes);
 /* A debugging aid: eager blocks in use allocated after serial `since`. */
 uint64_t tx_eager_serial(void);
 size_t tx_eager_held(uint64_t since, size_t *sizes, uint64_t *serials, void **ptrs, size_t cap);

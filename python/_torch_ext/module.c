@@ -508,6 +508,12 @@ static PyObject *m_set_tree_getter(PyObject *m, PyObject *fn) {
   Py_RETURN_NONE;
 }
 
+/* One figure of alloc_figures: its key and its value. */
+typedef struct figure {
+  const char *key;
+  unsigned long long value;
+} figure;
+
 static PyObject *m_alloc_figures(PyObject *m, PyObject *args) {
   (void)m;
   int device = 0;
@@ -517,19 +523,41 @@ static PyObject *m_alloc_figures(PyObject *m, PyObject *args) {
   tx_alloc_figures_get(&f);
   tx_eager_figures e;
   tx_eager_figures_get(device, &e);
-  return Py_BuildValue("{s:n,s:n,s:n,s:n,s:K,s:K,s:K,s:K,s:n,s:n,s:n,s:K,s:K,s:K,s:K,s:K,s:K}", "pool_in_use",
-                       (Py_ssize_t)f.pool_in_use, "combined_peak", (Py_ssize_t)f.combined_peak, "eager_in_use",
-                       (Py_ssize_t)f.eager_in_use, "eager_peak", (Py_ssize_t)f.eager_peak, "pool_allocs",
-                       (unsigned long long)f.pool_allocs, "pool_frees_in_launch",
-                       (unsigned long long)f.pool_frees_in_launch, "pool_frees_ignored",
-                       (unsigned long long)f.pool_frees_ignored, "pool_alloc_failures",
-                       (unsigned long long)f.pool_alloc_failures, "device_in_use", (Py_ssize_t)e.in_use,
-                       "device_reserved", (Py_ssize_t)e.reserved, "device_reserved_peak",
-                       (Py_ssize_t)e.reserved_peak, "eager_allocations", (unsigned long long)e.allocations,
-                       "eager_frees", (unsigned long long)e.frees, "num_alloc_retries",
-                       (unsigned long long)e.num_alloc_retries, "num_ooms", (unsigned long long)e.num_ooms,
-                       "recorded_streams", (unsigned long long)e.recorded_streams, "deferred_frees",
-                       (unsigned long long)e.deferred_frees);
+  const figure figures[] = {
+      {"pool_in_use", f.pool_in_use},
+      {"combined_peak", f.combined_peak},
+      {"eager_in_use", f.eager_in_use},
+      {"eager_peak", f.eager_peak},
+      {"pool_allocs", f.pool_allocs},
+      {"pool_frees_in_launch", f.pool_frees_in_launch},
+      {"pool_frees_ignored", f.pool_frees_ignored},
+      {"pool_alloc_failures", f.pool_alloc_failures},
+      {"device_in_use", e.in_use},
+      {"device_reserved", e.reserved},
+      {"device_reserved_peak", e.reserved_peak},
+      {"eager_allocations", e.allocations},
+      {"eager_frees", e.frees},
+      {"eager_live_blocks", e.live_blocks},
+      {"driver_allocations", e.driver_allocations},
+      {"driver_frees", e.driver_frees},
+      {"front_cache_hits", e.front_hits},
+      {"front_cache_returns", e.front_returns},
+      {"front_cache_bytes", e.front_bytes},
+      {"front_cache_blocks", e.front_blocks},
+      {"front_cache_limit", e.front_limit},
+      {"num_alloc_retries", e.num_alloc_retries},
+      {"num_ooms", e.num_ooms},
+      {"recorded_streams", e.recorded_streams},
+      {"deferred_frees", e.deferred_frees},
+  };
+  PyObject *out = PyDict_New();
+  for (size_t i = 0; out && i < sizeof figures / sizeof figures[0]; i++) {
+    PyObject *v = PyLong_FromUnsignedLongLong(figures[i].value);
+    if (!v || PyDict_SetItemString(out, figures[i].key, v) < 0)
+      Py_CLEAR(out);
+    Py_XDECREF(v);
+  }
+  return out;
 }
 
 static PyObject *m_reset_peak(PyObject *m, PyObject *unused) {
@@ -600,6 +628,15 @@ static PyObject *m_set_cache_bytes(PyObject *m, PyObject *arg) {
   if (n == (unsigned long long)-1 && PyErr_Occurred())
     return NULL;
   tx_eager_set_cache_bytes(n);
+  Py_RETURN_NONE;
+}
+
+static PyObject *m_set_front_cache_bytes(PyObject *m, PyObject *arg) {
+  (void)m;
+  size_t n = PyLong_AsSize_t(arg);
+  if (n == (size_t)-1 && PyErr_Occurred())
+    return NULL;
+  tx_eager_set_front_bytes(n);
   Py_RETURN_NONE;
 }
 
@@ -739,12 +776,15 @@ static PyMethodDef module_methods[] = {
      "still in use (a debugging aid)"},
     {"reset_peak", m_reset_peak, METH_NOARGS, "eager_peak := eager_in_use; combined_peak := eager_in_use + pool_in_use"},
     {"empty_cache", m_empty_cache, METH_VARARGS,
-     "empty_cache(device): synchronise the device and give its stream-ordered pool's cached memory back"},
+     "empty_cache(device): give the device's front-cached blocks to its stream-ordered pool, synchronise the "
+     "device and give the pool's cached memory back"},
     {"record_stream", m_record_stream, METH_VARARGS,
      "record_stream(ptr, stream): the eager block at ptr is used on stream too; its free waits for that stream. "
      "True if ptr is an eager block of ours"},
     {"set_cache_bytes", m_set_cache_bytes, METH_O,
      "set_cache_bytes(n): what each device's stream-ordered pool keeps cached (for devices not used yet)"},
+    {"set_front_cache_bytes", m_set_front_cache_bytes, METH_O,
+     "set_front_cache_bytes(n): the front cache's bound per device (0: off); blocks over it go back to the pool"},
     {"alias_capsule", m_alias_capsule, METH_VARARGS, "a DLPack capsule over caller-owned CUDA memory"},
     {NULL, NULL, 0, NULL},
 };

@@ -400,6 +400,209 @@ def test_record_stream_is_kept_for_eager_blocks_only_and_once_per_stream():
             X.record_stream(*bad)
 
 
+
+# The front cache (eager.c): on device -1 a stream is only a key, so these
+# fake streams stand for two CUDA streams; no other test uses them.
+S1, S2 = 0x5100, 0x5200
+
+
+def eager_alloc(n, stream):
+    return _lib.cgt_torch_alloc(n, -1, stream)
+
+
+def eager_free(p, n, stream):
+    _lib.cgt_torch_free(p, n, -1, stream)
+
+
+def eager_figures():
+    return X.alloc_figures(-1)
+
+
+def class_bytes(n):
+    return (n + 511) // 512 * 512
+
+
+@pytest.fixture
+def front_limit():
+    """Restores the front cache's bound a test changes."""
+    before = eager_figures()["front_cache_limit"]
+    yield
+    X.set_front_cache_bytes(before)
+
+
+def test_a_freed_block_serves_the_next_allocation_of_its_stream_and_size_class_with_no_driver_call():
+    p = eager_alloc(1000, S1)
+    f0 = eager_figures()
+    eager_free(p, 1000, S1)
+    f1 = eager_figures()
+    assert f1["front_cache_blocks"] - f0["front_cache_blocks"] == 1
+    assert f1["front_cache_bytes"] - f0["front_cache_bytes"] == 1024
+    assert f0["eager_in_use"] - f1["eager_in_use"] == 1024  # cached is not in use
+    assert f1["driver_frees"] == f0["driver_frees"]
+    since = X.eager_serial()
+    q = eager_alloc(1020, S1)  # the same size class, 1024 bytes
+    f2 = eager_figures()
+    assert q == p
+    assert f2["driver_allocations"] == f1["driver_allocations"]
+    assert f2["front_cache_hits"] - f1["front_cache_hits"] == 1
+    assert f2["front_cache_blocks"] == f0["front_cache_blocks"]
+    assert f2["eager_in_use"] == f0["eager_in_use"]
+    assert [(b, a) for b, _, a in X.eager_held(since)] == [(1020, q)]  # the new request
+    eager_free(q, 1020, S1)
+
+
+def test_another_stream_or_size_class_never_takes_a_cached_block():
+    p = eager_alloc(1000, S1)
+    eager_free(p, 1000, S1)
+    f0 = eager_figures()
+    q = eager_alloc(1000, S2)  # another stream: only the driver may order it after p's work
+    r = eager_alloc(1600, S1)  # another size class
+    f1 = eager_figures()
+    assert p not in (q, r)
+    assert f1["driver_allocations"] - f0["driver_allocations"] == 2
+    assert f1["front_cache_hits"] == f0["front_cache_hits"]
+    assert eager_alloc(1000, S1) == p  # still there for its own key
+    for ptr, n, stream in ((p, 1000, S1), (q, 1000, S2), (r, 1600, S1)):
+        eager_free(ptr, n, stream)
+
+
+def test_a_block_another_stream_reads_or_over_16_MiB_goes_back_to_the_driver_not_to_the_front_cache():
+    p = eager_alloc(4096, S1)
+    assert X.record_stream(p, S2)
+    big = eager_alloc((16 << 20) + 1, S1)
+    f0 = eager_figures()
+    eager_free(p, 4096, S1)
+    eager_free(big, (16 << 20) + 1, S1)
+    f1 = eager_figures()
+    assert f1["front_cache_blocks"] == f0["front_cache_blocks"]
+    assert f1["driver_frees"] - f0["driver_frees"] == 2
+    assert not X.record_stream(p, S2)  # forgotten
+    q = eager_alloc(16 << 20, S1)  # 16 MiB itself is cached
+    eager_free(q, 16 << 20, S1)
+    assert eager_figures()["front_cache_blocks"] - f1["front_cache_blocks"] == 1
+    X.empty_cache(-1)
+
+
+def test_the_front_cache_keeps_its_bound_and_exact_figures_over_10000_allocations_of_1000_sizes(front_limit):
+    import random
+
+    bound = 1 << 20
+    X.set_front_cache_bytes(bound)
+    rng = random.Random(0)
+    sizes = [rng.randrange(1, 64 << 10) for _ in range(1000)]
+    f0 = eager_figures()
+    live = []
+    for i in range(10000):
+        n, stream = sizes[i % 1000], (S1, S2)[i % 3 == 0]
+        live.append((eager_alloc(n, stream), n, stream))
+        if len(live) > 64:
+            eager_free(*live.pop(rng.randrange(len(live))))
+        if i % 97 == 0:
+            f = eager_figures()
+            assert f["front_cache_bytes"] <= bound
+            assert f["eager_in_use"] - f0["eager_in_use"] == sum(class_bytes(n) for _, n, _ in live)
+    for block in live:
+        eager_free(*block)
+    f = eager_figures()
+    assert f["front_cache_bytes"] <= bound
+    assert f["front_cache_limit"] == bound
+    assert f["eager_in_use"] == f0["eager_in_use"]
+    assert f["eager_allocations"] - f0["eager_allocations"] == 10000 == f["eager_frees"] - f0["eager_frees"]
+    hits = f["front_cache_hits"] - f0["front_cache_hits"]
+    assert hits > 0
+    assert f["driver_allocations"] - f0["driver_allocations"] == 10000 - hits
+    # every block the driver gave is in use, front-cached, or given back
+    assert f["driver_allocations"] - f["driver_frees"] == f["eager_live_blocks"] + f["front_cache_blocks"]
+
+
+def test_empty_cache_gives_every_front_cached_block_back():
+    ps = [(eager_alloc(n, S1), n) for n in (512, 2048, 8192)]
+    for p, n in ps:
+        eager_free(p, n, S1)
+    f0 = eager_figures()
+    assert f0["front_cache_blocks"] >= 3 and f0["front_cache_bytes"] >= 512 + 2048 + 8192
+    X.empty_cache(-1)
+    f1 = eager_figures()
+    assert f1["front_cache_blocks"] == 0 == f1["front_cache_bytes"]
+    assert f1["driver_frees"] - f0["driver_frees"] == f0["front_cache_blocks"]
+    assert f1["front_cache_returns"] - f0["front_cache_returns"] == f0["front_cache_blocks"]
+
+
+def test_an_allocation_the_driver_refuses_first_drains_the_front_cache_then_fails_after_one_retry():
+    p = eager_alloc(4096, S1)
+    eager_free(p, 4096, S1)
+    f0 = eager_figures()
+    assert f0["front_cache_blocks"] >= 1
+    assert eager_alloc(1 << 60, S1) is None  # malloc refuses: the simulator's out of memory
+    f1 = eager_figures()
+    assert f1["num_alloc_retries"] - f0["num_alloc_retries"] == 1
+    assert f1["num_ooms"] - f0["num_ooms"] == 1
+    assert f1["front_cache_blocks"] == 0
+    assert f1["driver_frees"] - f0["driver_frees"] == f0["front_cache_blocks"]
+    assert f1["eager_in_use"] == f0["eager_in_use"]
+
+
+def test_a_free_during_a_launch_enters_the_front_cache_and_only_what_must_reach_the_driver_waits(tree):
+    p, q = eager_alloc(2048, S1), eager_alloc(2048, S1)
+    assert X.record_stream(q, S2)  # q must reach the driver, after S2's work: not during a capture
+    to_free = [(p, 2048, S1), (q, 2048, S1)]
+    seen = {}
+
+    def graph(x):
+        out = FakeTensor(x.n)
+        X.sim_launch(tree.stream, k_affine, out.ptr, x.ptr, x.n, 1.0, 0.0)
+        return (out,)
+
+    def launch(inputs):  # what runs while a capture may be under way (a plain call is the graph alone)
+        if to_free:
+            f0 = eager_figures()
+            while to_free:
+                eager_free(*to_free.pop())
+            f1 = eager_figures()
+            seen.update(deferred=f1["deferred_frees"] - f0["deferred_frees"],
+                        cached=f1["front_cache_blocks"] - f0["front_cache_blocks"],
+                        driver_frees=f1["driver_frees"] - f0["driver_frees"])
+        return graph(*inputs)
+
+    seg = X.Segment(tree, "g", graph, launch, alias, describe, span, bytes((ARG_TENSOR,)), (16,), 0, False)
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    before = eager_figures()
+    for _ in range(3):  # probe, warmup, recording
+        (y,) = call(seg, x)
+    assert y.values() == [1, 2, 3, 4]
+    assert seen == {"deferred": 1, "cached": 1, "driver_frees": 0}  # no stream call inside the launch
+    r = eager_alloc(2048, S1)  # outside the launch: set-aside frees have reached the driver by now
+    assert r == p  # from the front cache
+    assert eager_figures()["driver_frees"] - before["driver_frees"] >= 1  # q's
+    eager_free(r, 2048, S1)
+
+
+def test_a_front_cache_bound_of_0_from_the_environment_turns_it_off(front_limit, monkeypatch):
+    install = pytest.importorskip("cgtree.torch._install")
+    p = eager_alloc(1000, S1)
+    eager_free(p, 1000, S1)
+    assert eager_figures()["front_cache_blocks"] >= 1
+    monkeypatch.delenv("CGTREE_TORCH_CACHE_BYTES", raising=False)
+    monkeypatch.setenv("CGTREE_TORCH_FRONT_CACHE_BYTES", "0")
+    install.apply_env_bytes()
+    f0 = eager_figures()
+    assert f0["front_cache_limit"] == 0 and f0["front_cache_blocks"] == 0
+    for _ in range(3):
+        q = eager_alloc(1000, S1)
+        eager_free(q, 1000, S1)
+    f1 = eager_figures()
+    assert f1["front_cache_hits"] == f0["front_cache_hits"]
+    assert f1["driver_allocations"] - f0["driver_allocations"] == 3
+    assert f1["front_cache_blocks"] == 0
+    for bad in ("lots", "-1"):
+        monkeypatch.setenv("CGTREE_TORCH_FRONT_CACHE_BYTES", bad)
+        with pytest.raises(X.CgtreeError, match="CGTREE_TORCH_FRONT_CACHE_BYTES"):
+            install.apply_env_bytes()
+    monkeypatch.setenv("CGTREE_TORCH_FRONT_CACHE_BYTES", str(64 << 20))
+    install.apply_env_bytes()
+    assert eager_figures()["front_cache_limit"] == 64 << 20
+
+
 def test_an_output_passed_to_the_next_segment_of_the_step_is_a_value(tree):
     g1, g2 = Graph(tree, 2.0, 0.0), Graph(tree, 1.0, 1.0)
     s1, s2 = segment(tree, g1, spans=(16,), name="one"), segment(tree, g2, spans=(16,), name="two")

@@ -137,6 +137,16 @@ def memory_stats(device=None):
     - ``num_alloc_retries``, ``num_ooms``: eager allocations that first
       failed and were retried after a trim, and that failed for good.
 
+    The front cache (freed eager blocks kept for the next allocation of the
+    same device, stream and size class, served with no CUDA call):
+    ``front_cache_hits`` (allocations it served), ``front_cache_bytes`` and
+    ``front_cache_blocks`` (what it keeps for ``device`` now: not in use,
+    but reserved), ``front_cache_returns`` (blocks it gave back to the
+    driver's pool, over its bound or drained), ``front_cache_limit`` (its
+    bound per device, CGTREE_TORCH_FRONT_CACHE_BYTES); and
+    ``driver_allocations`` / ``driver_frees``, the blocks taken from and
+    given back to the driver's pools.
+
     cgtree's own figures keep their names: eager_* for memory outside the
     pool (parameters, inputs, eager ops), pool_* for the trees' pools,
     peak_bytes (= allocated_bytes.all.peak) and peak_bytes_bound =
@@ -167,9 +177,10 @@ def memory_stats(device=None):
 
 
 def empty_cache():
-    """Give the memory the driver's stream-ordered pools keep cached back to
-    the device, on every device in use (torch.cuda.empty_cache's job; the
-    trees' pools keep their chunks: recorded graphs point into them)."""
+    """Give the front cache's blocks back to the driver's stream-ordered
+    pools, and the memory those pools keep cached back to the device, on
+    every device in use (torch.cuda.empty_cache's job; the trees' pools keep
+    their chunks: recorded graphs point into them)."""
     import torch as _t
     from .. import _torch_ext
 

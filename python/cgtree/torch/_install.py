@@ -28,6 +28,33 @@ def installed():
     return _state["installed"]
 
 
+def _env_bytes(name):
+    """The number of bytes environment variable `name` says, or None if unset."""
+    text = os.environ.get(name)
+    if text is None:
+        return None
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0 or n >= 1 << 64:
+        raise CgtreeError("%s must be a number of bytes >= 0, not %r" % (name, text))
+    return n
+
+
+def apply_env_bytes():
+    """CGTREE_TORCH_CACHE_BYTES (what each device's stream-ordered pool keeps
+    cached) and CGTREE_TORCH_FRONT_CACHE_BYTES (the front cache's bound per
+    device, 0: off), where set. Raises CgtreeError for a value that is not a
+    number of bytes, before anything is changed."""
+    cache = _env_bytes("CGTREE_TORCH_CACHE_BYTES")
+    front = _env_bytes("CGTREE_TORCH_FRONT_CACHE_BYTES")
+    if cache is not None:
+        _ext.set_cache_bytes(cache)
+    if front is not None:
+        _ext.set_front_cache_bytes(front)
+
+
 def install():
     """Make cgtree's allocator PyTorch's CUDA allocator (idempotent).
 
@@ -44,12 +71,7 @@ def install():
         if mark is None:  # checked before the allocator is swapped: nothing changed
             raise CgtreeError("cgtree.torch needs torch._C._set_storage_data_ptr_access_error_msg (PyTorch 2.11 "
                               "or later) to make stale outputs raise; this PyTorch is %s" % torch.__version__)
-        cache = os.environ.get("CGTREE_TORCH_CACHE_BYTES")
-        if cache is not None:
-            try:
-                _ext.set_cache_bytes(int(cache))
-            except (ValueError, OverflowError):
-                raise CgtreeError("CGTREE_TORCH_CACHE_BYTES must be a number of bytes >= 0, not %r" % cache) from None
+        apply_env_bytes()
         alloc = torch.cuda.memory.CUDAPluggableAllocator(_ext.__file__, _ext.ALLOC_FN, _ext.FREE_FN)
         try:
             torch.cuda.memory.change_current_allocator(alloc)
