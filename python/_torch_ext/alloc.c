@@ -50,9 +50,16 @@ static tx_alloc_figures fig;
 static uint64_t next_serial = 1;
 
 static _Thread_local cgt_launch *tls_launch;
-/* Launches running now, on every thread: while one runs, a capture may be
- * under way, and eager frees wait (eager.c, "Frees while a capture"). */
+/* Runs of cgt_run (and launches within them) under way now, on every
+ * thread: while one is, a capture may be under way, from before the launch
+ * function is called until after it returned (cgtree ends the capture
+ * then, and Python may free tensors in between), so eager blocks are not
+ * given back to the driver then (eager.c, "Frees while a capture"). */
 static atomic_int launches_running;
+
+void tx_alloc_run_enter(void) { atomic_fetch_add(&launches_running, 1); }
+
+void tx_alloc_run_leave(void) { atomic_fetch_sub(&launches_running, 1); }
 static _Thread_local uint64_t tls_serial;
 
 void tx_alloc_launch_enter(cgt_launch *l) {

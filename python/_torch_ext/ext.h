@@ -41,6 +41,10 @@
  * PyTorch makes goes to the tree's pool through this launch. */
 void tx_alloc_launch_enter(cgt_launch *l);
 void tx_alloc_launch_leave(void);
+/* Around each cgt_run: a capture may run from before its launch function
+ * until after it, and eager blocks must not reach the driver meanwhile. */
+void tx_alloc_run_enter(void);
+void tx_alloc_run_leave(void);
 /* Gives back eager blocks freed during launches, if no launch runs now
  * (segment.c calls it at every call, outside cgt_run). */
 void tx_alloc_flush_if_idle(void);

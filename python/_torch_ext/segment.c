@@ -964,7 +964,9 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
   r->want_bypass = 0;
   clear_exception(r); /* a capture that failed and then ran eagerly may have left one */
   uint64_t t1 = tx_now_ns();
+  tx_alloc_run_enter(); /* a capture may run until cgt_run returns: eager frees wait (alloc.c) */
   cgt_status st = cgt_run(T->tree, r->seg, variant, r->args, s->n_targs, r->outs, s->n_outputs);
+  tx_alloc_run_leave();
   uint64_t t2 = tx_now_ns();
   r->cur = NULL;
   cgt_stats after;
