@@ -241,28 +241,37 @@ def test_a_backward_runs_on_the_tree_of_the_thread_that_called_it():
     assert want.isfinite().all()
 
 
+def amp_fp16_losses(m, f, xs):
+    opt = torch.optim.SGD(m.parameters(), lr=1e-2)
+    scaler = torch.amp.GradScaler("cuda")
+    losses = []
+    for x in xs:
+        opt.zero_grad()
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = f(x).float().square().mean()
+        scaler.scale(loss).backward()
+        scaler.step(opt)  # its check for infs is a host sync between graphs
+        scaler.update()
+        losses.append(loss.detach().clone())
+    return torch.stack(losses)
+
+
 def test_amp_fp16_with_grad_scaler_matches_inductor():
+    """Inductor compiles a float16-autocast training forward to different
+    bits with AOTAutograd's cache on and off (measured on an H200: plain
+    Inductor without the cache differs from plain Inductor with it by the
+    same 3.7e-4 as cgtree, which must turn the cache off, docs/torch.md):
+    the reference is plain Inductor compiled as cgtree compiles, cache off."""
     cf, model, rf, ref = pair(mlp())
     xs = batches(6)
-    res = []
-    for m, f in ((model, cf), (ref, rf)):
-        opt = torch.optim.SGD(m.parameters(), lr=1e-2)
-        scaler = torch.amp.GradScaler("cuda")
-        losses = []
-        for x in xs:
-            opt.zero_grad()
-            with torch.autocast("cuda", dtype=torch.float16):
-                loss = f(x).float().square().mean()
-            scaler.scale(loss).backward()
-            scaler.step(opt)  # its check for infs is a host sync between graphs
-            scaler.update()
-            losses.append(loss.detach().clone())
-        res.append(torch.stack(losses))
-    assert torch.equal(res[0], res[1])
+    got = amp_fp16_losses(model, cf, xs)
+    with torch._functorch.config.patch(enable_autograd_cache=False):
+        want = amp_fp16_losses(ref, rf, xs)
+    assert torch.equal(got, want)
     assert_same_params(model, ref)
 
 
-def test_a_compiled_optimizer_step_runs_as_a_segment_and_matches_inductor():
+def test_a_compiled_adamw_step_matches_inductor():
     cf, model, rf, ref = pair(mlp())
     xs = batches(10)
     res = []
