@@ -61,9 +61,11 @@
  * and PyTorch raises its out-of-memory error, which the program can catch.
  * empty_cache (tx_eager_trim) drains the front cache the same way.
  *
- * Frees while a capture may be under way. A block PyTorch frees while one
- * of our launch functions runs (Python's garbage collector can free any
- * tensor at any moment) must not be given back then: cudaFreeAsync on the
+ * Frees while a capture may be under way. A block PyTorch frees while a
+ * cgt_run of ours is under way (a capture spans the launch function and the
+ * moments after it returns, where dropping the graph's outputs frees
+ * blocks; Python's garbage collector can free any tensor at any moment)
+ * must not be given back then: cudaFreeAsync on the
  * legacy stream, where most eager tensors live, would make it depend on
  * the capturing stream and invalidate the capture. alloc.c passes such frees
  * with `later`. Entering the front cache makes no CUDA call at all (it
@@ -73,7 +75,7 @@
  * as any allocation there, and needs no driver call either. Only what must
  * reach the driver (a block the front cache refuses, and the oldest blocks
  * a deferred free pushes over the bound) waits on a list, and is given back
- * at the next eager allocation or free outside a launch, or at the next
+ * at the next eager allocation or free outside a cgt_run, or at the next
  * segment call.
  *
  * Locking. PyTorch frees from any thread. alloc.c's figures and our blocks
