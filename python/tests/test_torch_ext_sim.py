@@ -577,6 +577,52 @@ def test_a_free_during_a_launch_enters_the_front_cache_and_only_what_must_reach_
     eager_free(r, 2048, S1)
 
 
+def test_a_free_after_the_launch_function_returned_but_inside_the_run_still_waits(tree):
+    """cgtree ends a capture after the launch function returns, and segment.c
+    drops the graph's outputs in between: a free then (here from such an
+    output's finaliser) must not reach the driver either. The GPU tests found
+    this window: a cudaFreeAsync on the legacy stream there invalidated the
+    capture."""
+    q = eager_alloc(2048, S1)
+    assert X.record_stream(q, S2)  # the front cache refuses q: only the driver takes it back
+    seen = {}
+
+    class LastRef(FakeTensor):
+        armed = False
+
+        def __del__(self):
+            if LastRef.armed:
+                LastRef.armed = False
+                f0 = eager_figures()
+                eager_free(q, 2048, S1)
+                f1 = eager_figures()
+                seen.update(deferred=f1["deferred_frees"] - f0["deferred_frees"],
+                            driver_frees=f1["driver_frees"] - f0["driver_frees"])
+
+    def graph(x):
+        out = LastRef(x.n)
+        X.sim_launch(tree.stream, k_affine, out.ptr, x.ptr, x.n, 2.0, 0.0)
+        return (out,)
+
+    calls = []
+
+    def launch(inputs):
+        calls.append(1)
+        if len(calls) == 2:  # the recording: the output dies after this function returns
+            LastRef.armed = True
+        return graph(*inputs)
+
+    seg = X.Segment(tree, "late", graph, launch, alias, describe, span, bytes((ARG_TENSOR,)), (16,), 0, False)
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    for _ in range(3):  # probe (plain), warmup, recording
+        (y,) = call(seg, x)
+    assert y.values() == [2, 4, 6, 8]
+    assert seen == {"deferred": 1, "driver_frees": 0}
+    before = eager_figures()["driver_frees"]
+    eager_free(eager_alloc(64, S1), 64, S1)  # outside any run: what waited reaches the driver
+    assert eager_figures()["driver_frees"] - before >= 1
+
+
 def test_a_front_cache_bound_of_0_from_the_environment_turns_it_off(front_limit, monkeypatch):
     # cgtree.torch must not install itself here (on a GPU machine it would
     # take the hot path over from this module's stand-ins)
