@@ -1308,3 +1308,129 @@ def test_a_tree_made_with_time_launches_splits_the_graph_launch_out_of_cgt_run()
         assert (t.stats()["launch_host_ns"] > 0) == timed
         del y
         t.check()
+
+
+# ------------------------------------------------------------ training
+
+class ForwardGraph:
+    """A training forward: out = 2x, then one saved activation, 3x."""
+
+    def __init__(self, tree):
+        self.tree = tree
+
+    def __call__(self, x):
+        out, saved = FakeTensor(x.n), FakeTensor(x.n)
+        X.sim_launch(self.tree.stream, k_affine, out.ptr, x.ptr, x.n, 2.0, 0.0)
+        X.sim_launch(self.tree.stream, k_affine, saved.ptr, x.ptr, x.n, 3.0, 0.0)
+        return (out, saved)
+
+
+class BackwardGraph:
+    """Its backward: grad = saved + tangent."""
+
+    def __init__(self, tree):
+        self.tree = tree
+
+    def __call__(self, saved, tangent):
+        grad = FakeTensor(saved.n)
+        X.sim_launch(self.tree.stream, k_add, grad.ptr, saved.ptr, tangent.ptr, saved.n)
+        return (grad,)
+
+
+def training_pair(tree):
+    fg, bg = ForwardGraph(tree), BackwardGraph(tree)
+    fw = X.Segment(tree, "fw", fg, lambda inputs: fg(*inputs), alias, describe, span, bytes((ARG_TENSOR,)), (16,),
+                   0, False, saved_from=1)
+    bw = X.Segment(tree, "bw", bg, lambda inputs: bg(*inputs), alias, describe, span,
+                   bytes((ARG_TENSOR, ARG_TENSOR)), (16, 16), 0, False, backward=True)
+    return fw, bw
+
+
+def train_step(fw, bw, x, t):
+    out, saved = call(fw, x)  # a compiled call: a new generation
+    (grad,) = bw(saved, t)  # autograd calls the backward: no new generation
+    return out.values(), grad.values()
+
+
+def test_training_steps_replay_forward_and_backward_with_the_saved_activation_as_a_value(tree):
+    fw, bw = training_pair(tree)
+    x, t = FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
+    for _ in range(6):
+        assert train_step(fw, bw, x, t) == ([2, 4, 6, 8], [4, 7, 10, 13])
+        gc.collect()
+    s = tree.stats()
+    assert s["replays"] >= 4 and s["steps_deferred"] == 0
+    assert s["saved_activations_alive"] == 0  # the last step's saved tensor died with its step's locals
+
+
+def test_a_new_call_begins_no_step_while_a_saved_activation_lives_and_one_once_none_does(tree):
+    fw, bw = training_pair(tree)
+    x, t = FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
+    for _ in range(4):
+        train_step(fw, bw, x, t)
+    gc.collect()
+    step0, deferred0 = tree.stats()["step"], tree.stats()["steps_deferred"]
+    out1, saved1 = call(fw, x)
+    out2, saved2 = call(fw, x)  # saved1's backward is pending: the same step goes on
+    s = tree.stats()
+    assert s["step"] == step0 + 1 and s["steps_deferred"] == deferred0 + 1
+    assert s["saved_activations_alive"] == 2
+    assert saved1.values() == [3, 6, 9, 12]  # not marked stale, not overwritten by the second forward
+    (g2,) = bw(saved2, t)
+    (g1,) = bw(saved1, t)
+    assert g1.values() == g2.values() == [4, 7, 10, 13]
+    del saved1, saved2, out1, out2, g1, g2
+    gc.collect()
+    call(fw, x)
+    assert tree.stats()["step"] == step0 + 2  # nothing pending: a step began
+
+
+def test_a_backward_holds_its_outputs_until_the_next_call_that_is_not_a_backward(tree):
+    fw, bw = training_pair(tree)
+    x, t = FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
+    for _ in range(4):
+        train_step(fw, bw, x, t)
+    gc.collect()
+    out, saved = call(fw, x)
+    (grad,) = bw(saved, t)
+    ref = weakref.ref(grad)
+    del grad
+    gc.collect()
+    assert ref() is not None  # held: AccumulateGrad would copy it rather than take it over
+    call(fw, x)
+    gc.collect()
+    assert ref() is None
+
+
+def test_an_explicit_mark_begins_a_step_even_with_a_backward_pending_and_the_backward_then_raises(tree):
+    fw, bw = training_pair(tree)
+    x, t = FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
+    for _ in range(4):
+        train_step(fw, bw, x, t)
+    gc.collect()
+    class MarkStepBox:
+        mark_step_counter = 0
+
+    init_hot_path(mark_step_cls=MarkStepBox)
+    try:
+        out, saved = call(fw, x)
+        step0 = tree.stats()["step"]
+        MarkStepBox.mark_step_counter -= 1  # torch.compiler.cudagraph_mark_step_begin()
+        call(fw, x)
+        assert tree.stats()["step"] == step0 + 1
+        with pytest.raises(X.StaleTensorError):
+            bw(saved, t)  # its activation's memory belongs to the new step: never computed with
+    finally:
+        init_hot_path()
+
+
+def test_a_forward_whose_backward_never_comes_holds_the_step_at_most_64_calls_then_warns(tree):
+    fw, _ = training_pair(tree)
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    kept = [call(fw, x) for _ in range(3)]
+    step0 = tree.stats()["step"]
+    with pytest.warns(RuntimeWarning, match="saved activations"):
+        for _ in range(64):
+            kept.append(call(fw, x))
+    s = tree.stats()
+    assert s["steps_forced"] == 1 and s["step"] == step0 + 1
