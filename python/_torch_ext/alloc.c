@@ -50,35 +50,30 @@ static tx_alloc_figures fig;
 static uint64_t next_serial = 1;
 
 static _Thread_local cgt_launch *tls_launch;
-/* Runs of cgt_run (and launches within them) under way now, on every
- * thread: while one is, a capture may be under way, from before the launch
- * function is called until after it returned (cgtree ends the capture
- * then, and Python may free tensors in between), so eager blocks are not
- * given back to the driver then (eager.c, "Frees while a capture"). */
-static atomic_int launches_running;
-
-void tx_alloc_run_enter(void) { atomic_fetch_add(&launches_running, 1); }
-
-void tx_alloc_run_leave(void) { atomic_fetch_sub(&launches_running, 1); }
 static _Thread_local uint64_t tls_serial;
+/* Runs of cgt_run under way now, on every thread. While one is, a capture
+ * may be open: from before its launch function is called until after it
+ * returned (cgtree ends the capture then, and dropping the graph's outputs
+ * frees blocks in between), so eager blocks are not given back to the
+ * driver then (eager.c, "Frees while a capture"). Launches happen only
+ * inside runs, so this one count covers them. */
+static atomic_int runs_under_way;
+
+void tx_alloc_run_enter(void) { atomic_fetch_add(&runs_under_way, 1); }
+
+void tx_alloc_run_leave(void) { atomic_fetch_sub(&runs_under_way, 1); }
 
 void tx_alloc_launch_enter(cgt_launch *l) {
   pthread_mutex_lock(&tx_alloc_mu);
   tls_serial = next_serial++;
   pthread_mutex_unlock(&tx_alloc_mu);
   tls_launch = l;
-  atomic_fetch_add(&launches_running, 1);
 }
 
-void tx_alloc_launch_leave(void) {
-  /* Frees set aside during the launch stay aside: cgtree ends the capture
-   * only after the launch function returns (tx_alloc_flush_if_idle). */
-  tls_launch = NULL;
-  atomic_fetch_sub(&launches_running, 1);
-}
+void tx_alloc_launch_leave(void) { tls_launch = NULL; }
 
 void tx_alloc_flush_if_idle(void) {
-  if (atomic_load(&launches_running) == 0)
+  if (atomic_load(&runs_under_way) == 0)
     tx_eager_flush();
 }
 
@@ -117,7 +112,7 @@ void tx_alloc_eager_returned_locked(size_t bytes) {
 }
 
 static void *eager_alloc(size_t size, int device, void *stream) {
-  if (atomic_load(&launches_running) == 0)
+  if (atomic_load(&runs_under_way) == 0)
     tx_eager_flush();
   return tx_eager_alloc(size, device, stream);
 }
@@ -174,7 +169,7 @@ void *cgt_torch_alloc(ssize_t size, int device, void *stream) {
 void cgt_torch_free(void *ptr, ssize_t size, int device, void *stream) {
   if (!ptr)
     return;
-  int capture_may_run = atomic_load(&launches_running) > 0;
+  int capture_may_run = atomic_load(&runs_under_way) > 0;
   if (!capture_may_run)
     tx_eager_flush();
   pthread_mutex_lock(&tx_alloc_mu);

@@ -45,7 +45,7 @@ void tx_alloc_launch_leave(void);
  * until after it, and eager blocks must not reach the driver meanwhile. */
 void tx_alloc_run_enter(void);
 void tx_alloc_run_leave(void);
-/* Gives back eager blocks freed during launches, if no launch runs now
+/* Gives back eager blocks freed during runs, if no run is under way now
  * (segment.c calls it at every call, outside cgt_run). */
 void tx_alloc_flush_if_idle(void);
 

@@ -166,26 +166,25 @@ int tx_tree_sync_step(TreeObject *T) {
   int marked = mark != T->last_mark_step;
   T->last_generation = gen;
   T->last_mark_step = mark;
-  if (!marked && T->saved_alive) {
+  if (!marked && T->saved_alive)
     tx_out_ref_queue_drain(); /* activations the backward just freed */
-    if (T->saved_alive && T->generations_deferred < PENDING_GENERATIONS_MAX) {
-      T->generations_deferred++;
-      T->steps_deferred++;
-      return 0; /* a backward is pending: the step goes on */
-    }
-    if (T->saved_alive) {
-      T->steps_forced++;
-      if (T->steps_forced == 1 &&
-          PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
-                           "cgtree.torch: %u calls of compiled models in a row began no step because saved "
-                           "activations of earlier forwards are alive and their backward never ran; a step begins "
-                           "now, and a later backward of those forwards raises StaleTensorError. Run forwards whose "
-                           "backward you do not need under torch.no_grad(), or mark steps with "
-                           "torch.compiler.cudagraph_mark_step_begin().",
-                           (unsigned)PENDING_GENERATIONS_MAX) < 0)
-        PyErr_Clear(); /* a warning turned error must not break the call */
-    }
+  if (marked || !T->saved_alive)
+    return tx_tree_step_begin(T);
+  if (T->generations_deferred < PENDING_GENERATIONS_MAX) {
+    T->generations_deferred++;
+    T->steps_deferred++;
+    return 0; /* a backward is pending: the step goes on */
   }
+  T->steps_forced++;
+  if (T->steps_forced == 1 &&
+      PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
+                       "cgtree.torch: %u calls of compiled models in a row began no step because saved "
+                       "activations of earlier forwards are alive and their backward never ran; a step begins "
+                       "now, and a later backward of those forwards raises StaleTensorError. Run forwards whose "
+                       "backward you do not need under torch.no_grad(), or mark steps with "
+                       "torch.compiler.cudagraph_mark_step_begin().",
+                       (unsigned)PENDING_GENERATIONS_MAX) < 0)
+    PyErr_Clear(); /* a warning turned error must not break the call */
   return tx_tree_step_begin(T);
 }
 

@@ -698,38 +698,33 @@ enum { TLS_DEVICES = 64 };
 static _Thread_local TreeObject *tls_trees[TLS_DEVICES];
 static _Thread_local uint64_t tls_epoch; /* TX.tree_epoch when tls_trees was filled */
 
+/* What cgtree.torch's getter says is the calling thread's tree for s's
+ * device (borrowed: cgtree.torch keeps every tree until the process ends). */
+static TreeObject *tree_from_getter(SegmentObject *s) {
+  PyObject *got = PyObject_CallOneArg(TX.tree_for, s->tree->device_obj);
+  if (!got)
+    return NULL;
+  Py_DECREF(got);
+  if (!PyObject_TypeCheck(got, &TreeType)) {
+    PyErr_SetString(PyExc_TypeError, "cgtree.torch: the tree getter returned no Tree");
+    return NULL;
+  }
+  return (TreeObject *)got;
+}
+
 static TreeObject *current_tree(SegmentObject *s) {
   int dev = s->tree->device;
   if (!TX.tree_for || dev < 0 || dev >= TLS_DEVICES)
     return s->tree;
-  if (s->backward) { /* autograd's device thread serves every thread's backward: ask each time */
-    PyObject *got = PyObject_CallOneArg(TX.tree_for, s->tree->device_obj);
-    if (got && !PyObject_TypeCheck(got, &TreeType)) {
-      Py_CLEAR(got);
-      PyErr_SetString(PyExc_TypeError, "cgtree.torch: the tree getter returned no Tree");
-    }
-    Py_XDECREF(got); /* cgtree.torch keeps every tree until the process ends */
-    return (TreeObject *)got;
-  }
+  if (s->backward) /* autograd's device thread serves every thread's backward: ask each time */
+    return tree_from_getter(s);
   if (tls_epoch != TX.tree_epoch) { /* another getter since: forget its trees */
     memset(tls_trees, 0, sizeof tls_trees);
     tls_epoch = TX.tree_epoch;
   }
-  TreeObject *T = tls_trees[dev];
-  if (T)
-    return T;
-  PyObject *got = PyObject_CallOneArg(TX.tree_for, s->tree->device_obj);
-  if (!got)
-    return NULL;
-  if (!PyObject_TypeCheck(got, &TreeType)) {
-    Py_DECREF(got);
-    PyErr_SetString(PyExc_TypeError, "cgtree.torch: the tree getter returned no Tree");
-    return NULL;
-  }
-  T = (TreeObject *)got;
-  Py_DECREF(got); /* cgtree.torch keeps every tree until the process ends */
-  tls_trees[dev] = T;
-  return T;
+  if (!tls_trees[dev])
+    tls_trees[dev] = tree_from_getter(s);
+  return tls_trees[dev];
 }
 
 /* The segment's run in the calling thread's tree, made at its first use. */

@@ -1352,6 +1352,17 @@ def train_step(fw, bw, x, t):
     return out.values(), grad.values()
 
 
+def replaying_training_pair(tree):
+    """training_pair's segments, their input and tangent, after steps enough
+    for both to replay."""
+    fw, bw = training_pair(tree)
+    x, t = FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
+    for _ in range(4):
+        train_step(fw, bw, x, t)
+    gc.collect()
+    return fw, bw, x, t
+
+
 def test_training_steps_replay_forward_and_backward_with_the_saved_activation_as_a_value(tree):
     fw, bw = training_pair(tree)
     x, t = FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
@@ -1364,11 +1375,7 @@ def test_training_steps_replay_forward_and_backward_with_the_saved_activation_as
 
 
 def test_a_new_call_begins_no_step_while_a_saved_activation_lives_and_one_once_none_does(tree):
-    fw, bw = training_pair(tree)
-    x, t = FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
-    for _ in range(4):
-        train_step(fw, bw, x, t)
-    gc.collect()
+    fw, bw, x, t = replaying_training_pair(tree)
     step0, deferred0 = tree.stats()["step"], tree.stats()["steps_deferred"]
     out1, saved1 = call(fw, x)
     out2, saved2 = call(fw, x)  # saved1's backward is pending: the same step goes on
@@ -1386,11 +1393,7 @@ def test_a_new_call_begins_no_step_while_a_saved_activation_lives_and_one_once_n
 
 
 def test_a_backward_holds_its_outputs_until_the_next_call_that_is_not_a_backward(tree):
-    fw, bw = training_pair(tree)
-    x, t = FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
-    for _ in range(4):
-        train_step(fw, bw, x, t)
-    gc.collect()
+    fw, bw, x, t = replaying_training_pair(tree)
     out, saved = call(fw, x)
     (grad,) = bw(saved, t)
     ref = weakref.ref(grad)
@@ -1403,11 +1406,7 @@ def test_a_backward_holds_its_outputs_until_the_next_call_that_is_not_a_backward
 
 
 def test_an_explicit_mark_begins_a_step_even_with_a_backward_pending_and_the_backward_then_raises(tree):
-    fw, bw = training_pair(tree)
-    x, t = FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
-    for _ in range(4):
-        train_step(fw, bw, x, t)
-    gc.collect()
+    fw, bw, x, t = replaying_training_pair(tree)
     class MarkStepBox:
         mark_step_counter = 0
 
