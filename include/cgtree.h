@@ -207,6 +207,24 @@ typedef struct cgt_segment_desc {
  * function. */
 CGT_API cgt_status cgt_segment_register(cgt_tree *t, const cgt_segment_desc *d, cgt_segment *out);
 
+/* Extension: a function cgtree calls on the host right before each launch
+ * of one of the segment's recorded graphs (the first launch of a recording,
+ * an update in place, every replay), and never for warmups or eager runs
+ * (the launch function runs then). It gets the tree's stream and the run's
+ * variant; work it enqueues on that stream runs before the graph. It is for
+ * per-launch host state a recording reads from device memory, such as a
+ * random generator's seed and offset, which must be written (and the
+ * generator advanced) once per launch. A status other than CGT_OK fails the
+ * run with CGT_ERR_SEGMENT_FAILED, and the run changes nothing. Replays of
+ * such a segment are never held back (defer_launch): each launches at once,
+ * right after its prelaunch function. Inside it the rules of a launch
+ * function hold: cgt_run, cgt_step_begin, cgt_sync, cgt_flush,
+ * cgt_value_release, cgt_value_copy_out and cgt_segment_register return
+ * CGT_ERR_STATE. fn NULL removes it. CGT_ERR_INVALID_ARGUMENT for an unknown
+ * segment; CGT_ERR_STATE inside a launch or prelaunch function. */
+typedef cgt_status (*cgt_prelaunch_fn)(void *user, void *stream, uint64_t variant);
+CGT_API cgt_status cgt_segment_set_prelaunch(cgt_tree *t, cgt_segment s, cgt_prelaunch_fn fn, void *user);
+
 /* A launch function must enqueue the same work, with the same allocations in
  * the same order, every time it is called with the same input addresses and
  * variant: it is called for warmup and for recording, never for replay. It

@@ -36,7 +36,11 @@
  *            now, and no warmup yet in this step: copy DYNAMIC arguments into
  *            the node's placeholders, launch the graph, hand out the values
  *            the recording fixed. With defer_launch the launch is held back
- *            (fuse.c) and every other action flushes it first.
+ *            (fuse.c) and every other action flushes it first. A segment
+ *            with a prelaunch function (per-launch host state, such as a
+ *            random generator's offset) has it called right before each
+ *            launch of its graphs, the first one of a recording included,
+ *            and its replays are never held back.
  *   RECORD   a new or WARMUP node whose (segment, variant) has warmed up:
  *            bring the pool to the parent's layout, capture the launch
  *            function, instantiate and upload, checkpoint the pool, launch.
@@ -485,6 +489,21 @@ static cgt_status run_eager_node(cgt_tree *t, node *n, const segment_rec *seg, c
   return CGT_OK;
 }
 
+/* Calls seg's prelaunch function, if it has one, right before a launch of
+ * one of its recorded graphs. Meanwhile the tree refuses what it refuses
+ * inside a launch function. A failure is the run's: the caller undoes. */
+static cgt_status prelaunch(cgt_tree *t, const segment_rec *seg, uint64_t variant) {
+  if (!seg->prelaunch)
+    return CGT_OK;
+  t->launch.active = 1;
+  cgt_status st = seg->prelaunch(seg->prelaunch_user, t->dev.stream, variant);
+  t->launch.active = 0;
+  if (st != CGT_OK)
+    return tree__fail(t, CGT_ERR_SEGMENT_FAILED, "segment '%s': prelaunch function returned %s", seg->name,
+                      cgt_status_name(st));
+  return CGT_OK;
+}
+
 /* Enqueues n's own executable. DYNAMIC arguments reach their placeholders
  * through the copy ops of the graph, repointed when the source moved, or
  * by a copy before the launch where the device cannot repoint them. */
@@ -512,6 +531,14 @@ cgt_status node__launch(cgt_tree *t, node *n) {
     }
     if (!ph->copy_op)
       st = ops->copy(&t->dev, ph->ptr, src, ph->bytes);
+  }
+  const segment_rec *seg = &t->segments[n->segment - 1];
+  if (st == CGT_OK && seg->prelaunch) {
+    if ((st = prelaunch(t, seg, n->variant)) != CGT_OK) {
+      if (ops->range_pop)
+        ops->range_pop(&t->dev);
+      return st;
+    }
   }
   if (st == CGT_OK) {
     uint64_t t0 = t->opt.time_launches ? tree__now_ns() : 0;
@@ -556,7 +583,7 @@ static void replay_sources(cgt_tree *t, node *n) {
  * host memory to hold it). It touches no backend, so it runs without the
  * tree's device (see node__run). */
 static int replay_held(cgt_tree *t, node *n, cgt_value *outputs) {
-  if (!fuse__enabled(t))
+  if (!fuse__enabled(t) || t->segments[n->segment - 1].prelaunch)
     return 0;
   replay_sources(t, n);
   if (fuse__hold(t, n) != CGT_OK)
@@ -884,6 +911,11 @@ static cgt_status record(cgt_tree *t, node *n, const segment_rec *seg, int is_re
       return tree__fail(t, st, "checkpoint after recording node %u", n->id);
     }
   }
+  st = prelaunch(t, seg, n->variant);
+  if (st != CGT_OK) {
+    prep_undo(t, &r);
+    return st;
+  }
   st = ops->launch(&t->dev, r.exec);
   if (st != CGT_OK) {
     prep_undo(t, &r);
@@ -935,9 +967,10 @@ static cgt_status record_update(cgt_tree *t, node *n, node *from, const segment_
     return st;
   }
   void *exec = updated ? from->exec : r->exec;
-  st = t->dev.ops->launch(&t->dev, exec);
-  if (st != CGT_OK) {
+  st = prelaunch(t, seg, n->variant);
+  if (st == CGT_OK && (st = t->dev.ops->launch(&t->dev, exec)) != CGT_OK)
     st = tree__backend_fail(t, st, "first launch of an updated recording");
+  if (st != CGT_OK) {
     if (updated)
       update__exec_undo(t, from);
     prep_undo(t, r);

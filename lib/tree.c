@@ -467,7 +467,22 @@ cgt_status cgt_segment_register(cgt_tree *t, const cgt_segment_desc *d, cgt_segm
   s->n_inputs = d->n_inputs;
   s->n_outputs = d->n_outputs;
   s->flags = d->flags;
+  s->prelaunch = NULL;
+  s->prelaunch_user = NULL;
   *out = t->n_segments;
+  return CGT_OK;
+}
+
+cgt_status cgt_segment_set_prelaunch(cgt_tree *t, cgt_segment seg, cgt_prelaunch_fn fn, void *user) {
+  if (!t)
+    return CGT_ERR_INVALID_ARGUMENT;
+  if (t->launch.active)
+    return tree__fail(t, CGT_ERR_STATE, "cgt_segment_set_prelaunch: not allowed inside a launch function");
+  if (seg == 0 || seg > t->n_segments)
+    return tree__fail(t, CGT_ERR_INVALID_ARGUMENT, "cgt_segment_set_prelaunch: unknown segment %u", seg);
+  segment_rec *s = &t->segments[seg - 1];
+  s->prelaunch = fn;
+  s->prelaunch_user = fn ? user : NULL;
   return CGT_OK;
 }
 

@@ -66,6 +66,8 @@ typedef struct segment_rec {
   uint32_t n_inputs;
   uint32_t n_outputs;
   uint32_t flags; /* CGT_SEGMENT_NO_CAPTURE */
+  cgt_prelaunch_fn prelaunch; /* NULL: none (cgt_segment_set_prelaunch) */
+  void *prelaunch_user;
 } segment_rec;
 
 /* Eager runs of a (segment, variant) anywhere in the tree, for warmup. */

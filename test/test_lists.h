@@ -15,6 +15,8 @@ extern const struct CMUnitTest fusion_tests[];
 extern const size_t fusion_test_count;
 extern const struct CMUnitTest budget_tests[];
 extern const size_t budget_test_count;
+extern const struct CMUnitTest prelaunch_tests[];
+extern const size_t prelaunch_test_count;
 extern const struct CMUnitTest cuda_specific_tests[];
 extern const size_t cuda_specific_test_count;
 

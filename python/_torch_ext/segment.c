@@ -127,6 +127,7 @@ typedef struct seg_run {
   int want_bypass;
   PyObject *exc_type, *exc_value, *exc_tb;
   uint64_t ns_made; /* this call's share of ns_make, so far */
+  void *ev_side;    /* cudaEvent_t: the side stream's wait for the tree's (SegmentObject.side_stream) */
 } seg_run;
 
 struct SegmentObject {
@@ -136,6 +137,16 @@ struct SegmentObject {
   seg_run **runs;   /* one per tree it ran in */
   size_t n_runs;
   PyObject *compiled, *launch_py, *alias_py, *describe_py, *span_py;
+  /* Called with the variant right before each launch of one of the
+   * segment's recordings (cgt_segment_set_prelaunch); NULL: none. The
+   * backend's random graphs write the CUDA generator's seed and offset
+   * there and advance it (docs/torch.md, "Random numbers"). */
+  PyObject *prelaunch_py;
+  /* A stream the launch function begins a capture of its own on while the
+   * tree captures (a random graph's bracket, which writes the generator's
+   * seed and offset there first): it waits for the tree's stream before
+   * each run, so those writes come after every launch already enqueued. */
+  void *side_stream;
   PyObject *bypass_reason; /* str once the segment runs plainly for good, else NULL */
   char *name;
   uint32_t flags;
@@ -662,6 +673,23 @@ static PyObject *first_call(SegmentObject *s, PyObject *const *args, size_t n, u
   return res;
 }
 
+/* The tree's prelaunch function for a segment made with `prelaunch`: its
+ * Python callable, with the variant, on the calling thread (cgt_run runs
+ * with the GIL held). An exception fails the run, which then goes plain. */
+static cgt_status seg_prelaunch(void *user, void *stream, uint64_t variant) {
+  (void)stream; /* the callable knows its tree's stream */
+  seg_run *r = user;
+  PyObject *v = PyLong_FromUnsignedLongLong(variant);
+  PyObject *res = v ? PyObject_CallOneArg(r->s->prelaunch_py, v) : NULL;
+  Py_XDECREF(v);
+  if (!res) {
+    stash_exception(r);
+    return CGT_ERR_SEGMENT_FAILED;
+  }
+  Py_DECREF(res);
+  return CGT_OK;
+}
+
 /* Registers the segment with the run's tree, once its outputs are known. */
 static int run_register(seg_run *r) {
   SegmentObject *s = r->s;
@@ -681,6 +709,8 @@ static int run_register(seg_run *r) {
     }
   }
   cgt_status st = cgt_segment_register(r->tree->tree, &d, &r->seg);
+  if (st == CGT_OK && s->prelaunch_py)
+    st = cgt_segment_set_prelaunch(r->tree->tree, r->seg, seg_prelaunch, r);
   if (st != CGT_OK) {
     tx_status_error(r->tree, st, "cgt_segment_register");
     return -1;
@@ -959,6 +989,13 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
   r->want_bypass = 0;
   clear_exception(r); /* a capture that failed and then ran eagerly may have left one */
   uint64_t t1 = tx_now_ns();
+  if (s->side_stream) {
+    if (!r->ev_side && !(r->ev_side = tx_event_create())) {
+      PyErr_SetString(TxError, "cgtree.torch: could not create a CUDA event");
+      return NULL;
+    }
+    tx_stream_wait(s->side_stream, T->stream, r->ev_side);
+  }
   tx_alloc_run_enter(); /* a capture may run until cgt_run returns: eager frees wait (alloc.c) */
   cgt_status st = cgt_run(T->tree, r->seg, variant, r->args, s->n_targs, r->outs, s->n_outputs);
   tx_alloc_run_leave();
@@ -1053,17 +1090,23 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
 static int seg_init(SegmentObject *s, PyObject *a, PyObject *kw) {
   static char *kwlist[] = {"tree", "name", "compiled", "launch", "alias", "describe", "span",
                            "kinds", "spans", "flags", "dynamic_spans", "rerun_first", "saved_from", "backward",
-                           NULL};
-  PyObject *tree, *compiled, *launch, *alias, *describe, *span, *spans;
+                           "prelaunch", "side_stream", NULL};
+  PyObject *tree, *compiled, *launch, *alias, *describe, *span, *spans, *prelaunch = Py_None;
   const char *name;
   Py_buffer kinds;
   unsigned int flags = 0;
   int dyn = 0, rerun = 0, backward = 0;
   unsigned int saved_from = UINT32_MAX;
-  if (!PyArg_ParseTupleAndKeywords(a, kw, "O!sOOOOOy*O!|IppIp", kwlist, &TreeType, &tree, &name, &compiled,
+  unsigned long long side_stream = 0;
+  if (!PyArg_ParseTupleAndKeywords(a, kw, "O!sOOOOOy*O!|IppIpOK", kwlist, &TreeType, &tree, &name, &compiled,
                                    &launch, &alias, &describe, &span, &kinds, &PyTuple_Type, &spans, &flags, &dyn,
-                                   &rerun, &saved_from, &backward))
+                                   &rerun, &saved_from, &backward, &prelaunch, &side_stream))
     return -1;
+  if (prelaunch != Py_None && !PyCallable_Check(prelaunch)) {
+    PyBuffer_Release(&kinds);
+    PyErr_SetString(PyExc_TypeError, "prelaunch is a callable or None");
+    return -1;
+  }
   if (PyTuple_GET_SIZE(spans) != kinds.len) {
     PyBuffer_Release(&kinds);
     PyErr_SetString(PyExc_ValueError, "kinds and spans differ in length");
@@ -1121,6 +1164,7 @@ static int seg_init(SegmentObject *s, PyObject *a, PyObject *kw) {
   s->rerun_first = rerun;
   s->saved_from = saved_from;
   s->backward = backward;
+  s->side_stream = (void *)(uintptr_t)side_stream;
   Py_INCREF(tree);
   s->tree = (TreeObject *)tree;
 #define KEEP(field, obj) (Py_INCREF(obj), s->field = (obj))
@@ -1129,6 +1173,8 @@ static int seg_init(SegmentObject *s, PyObject *a, PyObject *kw) {
   KEEP(alias_py, alias);
   KEEP(describe_py, describe);
   KEEP(span_py, span);
+  if (prelaunch != Py_None)
+    KEEP(prelaunch_py, prelaunch);
 #undef KEEP
   s->vectorcall = seg_vectorcall;
   return 0;
@@ -1160,6 +1206,7 @@ static void seg_dealloc(SegmentObject *s) {
   Py_XDECREF(s->alias_py);
   Py_XDECREF(s->describe_py);
   Py_XDECREF(s->span_py);
+  Py_XDECREF(s->prelaunch_py);
   Py_XDECREF(s->bypass_reason);
   Py_TYPE(s)->tp_free((PyObject *)s);
 }

@@ -274,19 +274,6 @@ def test_a_caller_on_another_stream_is_ordered_with_the_tree():
             assert_bit_equal(y, r)
 
 
-def test_a_graph_that_draws_random_numbers_is_not_replayed():
-    fresh()
-
-    def f(x):
-        return x + torch.rand_like(x)
-
-    cg = torch.compile(f, backend="cgtree")
-    x = torch.zeros(1024, device=DEV)
-    with pytest.warns(RuntimeWarning, match="random numbers"):
-        outs = [cg(x).clone() for _ in range(4)]
-    assert not torch.equal(outs[2], outs[3])
-
-
 def test_memory_figures_come_from_cgtree_because_pytorchs_raise():
     with pytest.raises(Exception):
         torch.cuda.max_memory_allocated()

@@ -946,6 +946,69 @@ def test_a_graph_whose_capture_fails_runs_as_the_plain_graph_from_then_on(tree):
     assert seg.info["plain_calls"] >= 6
 
 
+def k_fill(dst, n, v):
+    d = (ctypes.c_float * n).from_address(dst)
+    for i in range(n):
+        d[i] = v
+
+
+class Generator:
+    """A random generator's stand-in: the recorded graph reads `state` (device
+    memory); the prelaunch function writes the host's offset there on the
+    tree's stream and advances it, as _rng.py's brackets do."""
+
+    def __init__(self, tree, fail=False):
+        self.tree, self.offset, self.variants, self.fail = tree, 0.0, [], fail
+        self.state = FakeTensor(4).fill([0.0] * 4)
+
+    def prelaunch(self, variant):
+        self.variants.append(variant)
+        if self.fail:
+            raise RuntimeError("the generator refused")
+        X.sim_launch(self.tree.stream, k_fill, self.state.ptr, 4, self.offset)
+        self.offset += 1
+
+    def graph(self, x):
+        out = FakeTensor(x.n)
+        X.sim_launch(self.tree.stream, k_add, out.ptr, x.ptr, self.state.ptr, x.n)
+        return (out,)
+
+
+def random_segment(tree, gen):
+    return X.Segment(tree, "random", gen.graph, lambda inputs: gen.graph(*inputs), alias, describe, span,
+                     bytes((ARG_TENSOR,)), (16,), 0, False, False, prelaunch=gen.prelaunch)
+
+
+def test_a_prelaunch_function_runs_before_each_launch_of_a_recording_and_its_work_comes_first(tree):
+    gen = Generator(tree)
+    seg = random_segment(tree, gen)
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    (y,) = call(seg, x)  # the plain first call
+    (y,) = call(seg, x)  # the warmup
+    assert gen.variants == [] and y.values() == [1, 2, 3, 4]  # nobody wrote the state yet
+    for k in range(5):  # the recording, then replays: each launch sees the state written for it
+        (y,) = call(seg, x)
+        assert y.values() == [1 + k, 2 + k, 3 + k, 4 + k]
+    assert gen.variants == [0] * 5
+    assert tree.stats()["recordings"] == 1 and tree.stats()["replays"] == 4
+
+
+def test_a_prelaunch_function_that_raises_makes_the_graph_plain_and_the_call_still_right(tree):
+    gen = Generator(tree, fail=True)
+    seg = random_segment(tree, gen)
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    call(seg, x)
+    call(seg, x)
+    with pytest.warns(RuntimeWarning, match="the generator refused"):
+        (y,) = call(seg, x)  # the recording's prelaunch raises: the plain graph answers
+    assert y.values() == [1, 2, 3, 4]
+    assert "the generator refused" in seg.info["plain_reason"]
+    assert tree.stats()["recordings"] == 0
+    with pytest.raises(TypeError, match="prelaunch is a callable"):
+        X.Segment(tree, "bad", gen.graph, gen.graph, alias, describe, span, bytes((ARG_TENSOR,)), (16,), 0, False,
+                  False, prelaunch=3)
+
+
 def test_a_graph_that_raises_under_cgtree_runs_plainly_and_a_real_error_still_reaches_the_caller(tree):
     class Failing(Graph):
         def __call__(self, x):

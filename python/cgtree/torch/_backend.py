@@ -34,10 +34,15 @@ shares. A backward runs on the tree of the thread that called backward()
 (autograd runs it on its device thread) and its gradients are held until
 the next call, so that AccumulateGrad copies them into ``.grad``.
 
+Random graphs. A graph that draws random numbers is recorded too: its
+recording reads the CUDA generator's seed and offset from device memory,
+and a prelaunch function writes them and advances the generator before
+each launch, so replays draw Inductor's numbers (_rng.py).
+
 Graphs cgtree does not record run as the plain Inductor graph, at
 Inductor's speed, with a warning naming the reason once: graphs with no
-CUDA tensor, graphs that draw random numbers, inputs on several devices,
-dtypes DLPack cannot describe.
+CUDA tensor, graphs that save or restore the generator's state, inputs on
+several devices, dtypes DLPack cannot describe.
 """
 import itertools
 import warnings
@@ -47,7 +52,8 @@ import torch
 from .. import _torch_ext as _ext
 from . import _install
 
-from ._graphs import _DL, describe, draws_random_numbers, mutated_inputs, plan_inputs, span
+from ._graphs import _DL, describe, draws_random_numbers, mutated_inputs, plan_inputs, restores_random_state, span
+from ._rng import RandomDraws
 
 _counter = itertools.count(1)
 _segments = []  # every Segment made, for stats()
@@ -89,7 +95,7 @@ def _boxed(compiled):
 decisions = []
 
 
-def _plain_reason(example_inputs, kwargs, rng):
+def _plain_reason(example_inputs, kwargs, restores_rng):
     """Why this graph must run as the plain Inductor graph, or None; and the
     device of its CUDA tensors."""
     tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
@@ -101,8 +107,8 @@ def _plain_reason(example_inputs, kwargs, rng):
         return "inputs on several devices (or the CPU)", None
     if any(x.dtype not in _DL for x in tensors):
         return "an input dtype DLPack cannot describe", None
-    if rng:
-        return "it draws random numbers (a replay would repeat them)", None
+    if restores_rng:
+        return "it saves or restores the random generator's state (a replay cannot)", None
     return None, device
 
 
@@ -151,7 +157,7 @@ def inner_compile(gm, example_inputs, **kwargs):
     from torch._inductor.compile_fx import compile_fx_inner
 
     rng = draws_random_numbers(gm)  # before Inductor's passes rewrite gm
-    why, device = _plain_reason(example_inputs, kwargs, rng)
+    why, device = _plain_reason(example_inputs, kwargs, restores_random_state(gm))
     backward = bool(kwargs.get("is_backward"))
     forward_training = not backward and not kwargs.get("is_inference", False)
     saved_from, saved_inputs = None, None
@@ -182,21 +188,31 @@ def inner_compile(gm, example_inputs, **kwargs):
     if _install.blas_clear() is None:
         _install.prewarm_blas(index)  # an old PyTorch: the workspace outside the pool
     plain = _boxed(compiled)
+    extra = {"backward": backward}
 
     def launch(inputs):  # warmups and recordings only, on the calling thread's tree's stream
         with torch.cuda.stream(_install.tree_for(index)[1]):
             return plain(*inputs)
 
+    if rng:  # a replay must draw fresh numbers: the generator's state per launch (_rng.py)
+        draws = RandomDraws(index, lambda: _install.tree_for(index)[1])
+
+        def launch(inputs):  # noqa: F811
+            return draws.launch(plain, inputs)
+
+        extra["prelaunch"] = draws.prelaunch
+        extra["side_stream"] = draws.side.cuda_stream
+
     # A graph that mutates no input may run a second time at its first call,
     # so that what it returns lies in the pool (segment.c, first_call). Not
     # a backward: Inductor may reuse the memory of saved activations
     # AOTAutograd donates to it (torch._functorch.config.donated_buffer), so
-    # its first run changes its inputs.
-    extra = {"backward": backward}
+    # its first run changes its inputs. Not a random graph: the second run
+    # would draw again.
     if forward_training:
         extra["saved_from"] = saved_from
     seg = _ext.Segment(tree, "graph%d" % next(_counter), plain, launch, alias, describe, span, bytes(kinds),
-                       tuple(spans), 0, dynamic, not mutated and not backward, **extra)
+                       tuple(spans), 0, dynamic, not mutated and not backward and not rng, **extra)
     _segments.append(seg)
     return seg
 

@@ -118,7 +118,18 @@ def draws_random_numbers(gm):
             tags = getattr(n.target, "tags", None)
             if tags is not None and tag in tags and _draws(n):
                 return True
-            if isinstance(n.target, torch._ops.HigherOrderOperator) and "rng" in n.target.name():
+    return restores_random_state(gm)
+
+
+def restores_random_state(gm):
+    """True if the graph saves or restores the generator's state: a
+    higher-order operator whose name speaks of it (run_with_rng_state,
+    run_and_save_rng_state: activation checkpointing). A replay cannot
+    set the generator's state, so such graphs run plainly."""
+    for g in _graph_modules(gm):
+        for n in g.graph.nodes:
+            if (n.op == "call_function" and isinstance(n.target, torch._ops.HigherOrderOperator)
+                    and "rng" in n.target.name()):
                 return True
     return False
 

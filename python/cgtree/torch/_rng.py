@@ -1,0 +1,140 @@
+"""Random graphs, recorded: the CUDA generator's seed and offset per launch.
+
+A graph that draws random numbers (dropout in training, ``torch.rand``,
+``multinomial`` sampling, SDPA with dropout) cannot simply be recorded: the
+recording would bake in the seed and offset of the run it captured, and
+every replay would repeat the same numbers. PyTorch's own CUDA graphs solve
+this with the generator's graph-safe mode (``Note [CUDA Graph-safe RNG
+states]`` in CUDAGeneratorImpl.h): while a capture is under way, the
+kernels read seed and offset through pointers to two device tensors the
+generator owns, and the capture counts the offsets its kernels consume; at
+each replay, ``torch.cuda.CUDAGraph.replay`` first writes the generator's
+current seed and offset into those tensors and advances the offset by that
+count, exactly as the plain graph would have advanced it. Only
+``torch.cuda.CUDAGraph`` can switch the generator into that mode.
+
+So a random graph's recording is bracketed by an empty
+``torch.cuda.CUDAGraph``: the launch function, when it finds the tree's
+stream capturing, begins that graph's capture on a side stream (which puts
+the default generator in capture mode), runs the Inductor graph on the
+tree's stream (captured by cgtree, reading seed and offset through the
+generator's pointers), and ends the empty capture (which learns the
+offsets the recording consumes). The tree calls the segment's prelaunch
+function right before each launch of a recording, its very first one
+included (cgt_segment_set_prelaunch); there the empty graph's ``replay()``
+writes seed and offset on the tree's stream and advances the generator,
+and the recording launches right after. Warmups and eager runs call the
+Inductor graph plainly and draw from the generator as Inductor does. The
+result is Inductor's sequence, number for number, for the same
+``torch.manual_seed``.
+
+The order of the writes. Beginning the empty capture writes the seed and a
+zero offset into the generator's tensors on the side stream, eagerly;
+launches already enqueued on the tree's stream may still read those
+tensors. So the side stream waits for the tree's before every run of a
+random segment (segment.c, ``side_stream``: one event), and the tree's
+stream waits for the side stream before the first launch of a recording.
+
+What this needs from PyTorch, all public: ``torch.cuda.CUDAGraph`` (with
+``keep_graph``, so that the empty graph is instantiated at its first
+replay, outside any capture), ``capture_begin``/``capture_end``/``replay``,
+and the pluggable allocator's ``beginAllocateToPool``, which is a no-op for
+an allocator that does not set it (cgtree's does not). One empty graph per
+device stays registered with the generator for the process's life, so that
+the generator's two device tensors are allocated once, eagerly, and never
+inside a launch, where every allocation goes to the pool.
+
+Limits. The generator's capture mode is one flag per generator: random
+graphs are recorded one at a time per process (a lock), and an eager
+random op on another thread while a random graph is being recorded fails
+as it would under ``torch.cuda.graph``. Graphs that save or restore the
+generator's state (activation checkpointing's ``run_with_rng_state``) stay
+plain. A PyTorch whose generator keys its capture state by capture id (its
+main branch at the time of writing) refuses the offset counting of a
+capture it did not begin; the recording then raises, and the graph runs as
+the plain Inductor graph from then on, with a warning.
+"""
+import threading
+import warnings
+
+import torch
+
+_anchors = {}  # device index -> (side stream, empty CUDAGraph kept registered with the default generator)
+_anchors_lock = threading.Lock()
+_capture_lock = threading.Lock()  # the generator's capture mode is one flag
+
+
+def _empty_capture_begin(side):
+    g = torch.cuda.CUDAGraph(keep_graph=True)
+    with torch.cuda.stream(side):
+        g.capture_begin(capture_error_mode="relaxed")
+    return g
+
+
+def _empty_capture_end(g, side):
+    with torch.cuda.stream(side), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "The CUDA Graph is empty": it is meant to be
+        g.capture_end()
+
+
+def side_stream(device_index):
+    """The device's side stream for the empty captures. The first call (at
+    compile time, outside any launch) also registers an empty graph with
+    the default generator for good, so that the generator's device-side
+    seed and offset exist before any recording needs them."""
+    with _anchors_lock:
+        if device_index not in _anchors:
+            with torch.cuda.device(device_index):
+                torch.cuda.synchronize()  # the anchor's capture writes the generator's tensors
+                side = torch.cuda.Stream()
+                anchor = _empty_capture_begin(side)
+                _empty_capture_end(anchor, side)
+                torch.cuda.synchronize()
+            _anchors[device_index] = (side, anchor)
+        return _anchors[device_index][0]
+
+
+class RandomDraws:
+    """One random graph's launch and prelaunch functions. ``brackets`` keeps,
+    per variant, the empty graph of its latest recording: all recordings of
+    a variant consume the same offsets (the same kernels)."""
+
+    def __init__(self, device_index, tree_stream):
+        self.side = side_stream(device_index)
+        self.tree_stream = tree_stream  # () -> the calling thread's tree's torch stream
+        self.brackets = {}
+        self.recorded = threading.local()  # .bracket: the empty graph of this thread's capture just ended
+
+    def launch(self, plain, inputs):
+        """Warmups and eager runs call the graph plainly; a capture is
+        bracketed by an empty torch.cuda.CUDAGraph."""
+        self.recorded.bracket = None
+        stream = self.tree_stream()
+        with torch.cuda.stream(stream):
+            if not torch.cuda.is_current_stream_capturing():
+                return plain(*inputs)
+            with _capture_lock:
+                bracket = _empty_capture_begin(self.side)
+                try:
+                    out = plain(*inputs)
+                finally:
+                    _empty_capture_end(bracket, self.side)
+        self.recorded.bracket = bracket
+        return out
+
+    def prelaunch(self, variant):
+        """Right before a launch of a recording: seed and offset written on
+        the tree's stream, the generator advanced by what the recording
+        draws."""
+        stream = self.tree_stream()
+        bracket = getattr(self.recorded, "bracket", None)
+        if bracket is not None:  # the first launch of the recording just made
+            self.recorded.bracket = None
+            self.brackets[variant] = bracket
+            stream.wait_stream(self.side)  # the capture's own writes go first
+        else:
+            bracket = self.brackets.get(variant)
+            if bracket is None:
+                raise RuntimeError("cgtree.torch: a random graph's recording of variant %d has no bracket" % variant)
+        with torch.cuda.stream(stream):
+            bracket.replay()

@@ -1,0 +1,206 @@
+"""Graphs that draw random numbers are recorded, and every replay draws
+fresh numbers: Inductor's own, number for number, for the same
+torch.manual_seed (python/cgtree/torch/_rng.py). Each case runs the same
+program compiled by plain Inductor and by cgtree from the same seed, and
+checks that cgtree's graphs really replayed (a graph that ran plainly would
+pass the comparison without proving anything).
+
+Needs a CUDA GPU (skips without one) and imports cgtree.torch first, so
+that its allocator is installed before CUDA starts.
+"""
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+import cgtree.torch as ct  # noqa: E402  (installs the allocator before CUDA starts)
+from cgtree.torch import _backend  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not ct.installed(), reason="unreachable: install() raised at import")
+
+DEV = "cuda"
+
+
+def compiled_pair(fn, **kw):
+    torch._dynamo.reset()
+    return torch.compile(fn, **kw), torch.compile(fn, backend="cgtree", **kw)
+
+
+def run_seeded(fn, calls, seed=7, between=None):
+    """fn(i) for i in range(calls) after torch.manual_seed(seed), cloning
+    what it returns; `between(i)` runs eager random ops between calls."""
+    torch.manual_seed(seed)
+    out = []
+    for i in range(calls):
+        r = fn(i)
+        out.append([t.clone() for t in (r if isinstance(r, (list, tuple)) else [r])])
+        if between is not None:
+            out[-1].append(between(i))
+    return out
+
+
+def assert_same_sequence(want, got):
+    for i, (w, g) in enumerate(zip(want, got)):
+        for j, (a, b) in enumerate(zip(w, g)):
+            assert a.shape == b.shape and torch.equal(a, b), "call %d, result %d differs from Inductor's" % (i, j)
+
+
+class Replays:
+    """What cgtree's graphs did inside the with-block: replays, and graphs
+    that went plain."""
+
+    def __enter__(self):
+        self.before = ct.stats()
+        self.graphs = len(_backend._segments)
+        return self
+
+    def __exit__(self, *exc):
+        after = ct.stats()
+        self.replays = after["replays"] - self.before["replays"]
+        self.recordings = after["recordings"] - self.before["recordings"]
+        self.plain = [s.info["plain_reason"] for s in _backend._segments[self.graphs:]
+                      if s.info["plain_reason"] is not None]
+
+
+def test_a_random_graph_is_recorded_and_every_replay_draws_inductors_next_numbers():
+    def f(x):
+        return torch.nn.functional.dropout(x, 0.5, training=True) + torch.rand_like(x)
+
+    ref, cg = compiled_pair(f)
+    x = torch.ones(4096, device=DEV)
+    want = run_seeded(lambda i: ref(x), 12)
+    with Replays() as r:
+        got = run_seeded(lambda i: cg(x), 12)
+    assert r.plain == [] and r.recordings == 1 and r.replays >= 9, vars(r)
+    assert_same_sequence(want, got)
+    assert not torch.equal(got[-1][0], got[-2][0]), "two replays drew the same numbers"
+
+
+def test_eager_random_ops_between_replays_see_the_generator_where_inductor_leaves_it():
+    def f(x):
+        return x * torch.randn_like(x)
+
+    ref, cg = compiled_pair(f)
+    x = torch.full((1000,), 2.0, device=DEV)
+
+    def between(i):  # eager draws from the same generator, and a reseed halfway
+        if i == 6:
+            torch.manual_seed(123)
+        return torch.rand(17, device=DEV)
+
+    want = run_seeded(lambda i: ref(x), 12, between=between)
+    with Replays() as r:
+        got = run_seeded(lambda i: cg(x), 12, between=between)
+    assert r.plain == [] and r.replays >= 8, vars(r)
+    assert_same_sequence(want, got)
+
+
+def test_two_random_graphs_in_one_step_split_by_a_graph_break_draw_inductors_numbers():
+    def f(x):
+        a = torch.rand_like(x) + x
+        if a.sum() > 0:  # a host decision: a graph break between two random graphs
+            b = torch.bernoulli(torch.full_like(x, 0.3)) * a
+        else:
+            b = a
+        return b, torch.randn(3, device=x.device)
+
+    ref, cg = compiled_pair(f)
+    x = torch.ones(2048, device=DEV)
+    want = run_seeded(lambda i: ref(x), 10)
+    with Replays() as r:
+        got = run_seeded(lambda i: cg(x), 10)
+    assert r.plain == [] and r.replays >= 2 * 7, vars(r)
+    assert_same_sequence(want, got)
+
+
+def test_multinomial_sampling_in_a_generation_loop_samples_inductors_tokens():
+    torch.manual_seed(0)
+    emb = torch.randn(64, 32, device=DEV)
+    head = torch.randn(32, 64, device=DEV)
+
+    def step(tok):
+        logits = emb[tok] @ head
+        probs = torch.softmax(logits / 0.8, dim=-1)
+        return torch.multinomial(probs, 1).squeeze(-1)
+
+    ref, cg = compiled_pair(step)
+
+    def generate(fn):
+        tok = torch.zeros(4, dtype=torch.long, device=DEV)
+        out = []
+        for _ in range(24):
+            tok = fn(tok)
+            out.append(tok.clone())
+        return out
+
+    torch.manual_seed(5)
+    want = generate(ref)
+    with Replays() as r:
+        torch.manual_seed(5)
+        got = generate(cg)
+    assert r.plain == [] and r.replays >= 20, vars(r)
+    for i, (a, b) in enumerate(zip(want, got)):
+        assert torch.equal(a, b), "token %d differs from Inductor's: %s vs %s" % (i, a.tolist(), b.tolist())
+
+
+def test_attention_with_dropout_draws_inductors_numbers():
+    def attn(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=0.2)
+
+    ref, cg = compiled_pair(attn)
+    g = torch.Generator(device="cpu").manual_seed(3)
+    q, k, v = (torch.randn(2, 4, 128, 64, generator=g).to(DEV, torch.float16) for _ in range(3))
+    want = run_seeded(lambda i: ref(q, k, v), 8)
+    with Replays() as r:
+        got = run_seeded(lambda i: cg(q, k, v), 8)
+    assert r.plain == [] and r.replays >= 5, vars(r)
+    assert_same_sequence(want, got)
+
+
+def test_a_dynamic_shape_random_graph_draws_inductors_numbers_for_each_size():
+    def f(x):
+        return x + torch.rand_like(x)
+
+    ref, cg = compiled_pair(f, dynamic=True)
+    xs = [torch.zeros(n, device=DEV) for n in (1000, 3000, 1000, 5000, 3000, 1000, 5000, 3000, 1000, 1000, 5000, 3000, 1000)]
+    want = run_seeded(lambda i: ref(xs[i]), len(xs))
+    with Replays() as r:
+        got = run_seeded(lambda i: cg(xs[i]), len(xs))
+    assert r.plain == [] and r.replays >= 6, vars(r)
+    assert_same_sequence(want, got)
+
+
+def test_training_with_dropout_gives_inductors_losses_and_weights():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Dropout(0.3),
+                                torch.nn.Linear(128, 128), torch.nn.ReLU(), torch.nn.Dropout(0.3),
+                                torch.nn.Linear(128, 1)).to(DEV)
+    ref_model = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(1)
+    xs = [torch.randn(32, 64, generator=g).to(DEV) for _ in range(12)]
+
+    def train(m, cf):
+        opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+        torch.manual_seed(11)
+        losses = []
+        for x in xs:
+            loss = cf(x).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss.detach().clone())
+        return losses
+
+    torch._dynamo.reset()
+    want = train(ref_model, torch.compile(ref_model))
+    torch._dynamo.reset()
+    with Replays() as r:
+        got = train(model, torch.compile(model, backend="cgtree"))
+    assert r.plain == [] and r.replays >= 2 * 8, vars(r)  # the forward and the backward replay
+    for i, (a, b) in enumerate(zip(want, got)):
+        assert torch.equal(a, b), "loss %d: %r vs Inductor's %r" % (i, b.item(), a.item())
+    for (n, p), (_, q) in zip(model.named_parameters(), ref_model.named_parameters()):
+        assert torch.equal(p, q), "weight %s differs from Inductor's" % n
