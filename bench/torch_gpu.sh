@@ -3,9 +3,11 @@
 # package (CUDA), run the torch backend's pytest cases, then the side-by-side
 # benchmark. Logs and results go to $OUT (default /tmp/out).
 #
-#   bash bench/torch_gpu.sh [tests,parts,bench,train] [EXAMPLES]
+#   bash bench/torch_gpu.sh [tests,parts,bench,train,ddp] [EXAMPLES]
 # parts: bench/torch_segment_parts.py, the GPT-2 segment's time part by part.
 # train: bench/torch_train.py, training steps (models in TRAIN_MODELS).
+# ddp: bench/torch_ddp.py, DistributedDataParallel on two GPUs (DDP_ARGS: its options).
+# tests: TEST_FILES picks the pytest files, e.g. TEST_FILES=python/tests/test_torch_ddp.py (two GPUs).
 # meson-python is not needed: the build tree's extensions are copied beside
 # the package sources into /tmp/cgtree_pkg, which goes on PYTHONPATH.
 set -u
@@ -65,4 +67,10 @@ if [[ $what == *train* ]]; then
   timeout ${TRAIN_SECONDS:-400} python3 bench/torch_train.py --models "${TRAIN_MODELS:-mlp,branch,gpt2}" \
     --out "$OUT/torch_train.jsonl" > "$OUT/train.log" 2>&1
   echo "train rc=$?"; sed -n '/^| model/,$p' "$OUT/train.log"
+fi
+if [[ $what == *ddp* ]]; then
+  # bench/torch_ddp.py: two ranks, eager / Inductor / reduce-overhead / cgtree, quiet and disturbed
+  NCCL_NVLS_ENABLE=0 timeout ${DDP_SECONDS:-420} python3 bench/torch_ddp.py --dir "$OUT/ddp" ${DDP_ARGS:-} \
+    --out "$OUT/torch_ddp.jsonl" > "$OUT/ddp.log" 2>&1
+  echo "ddp rc=$?"; sed -n '/^Two ranks/,$p' "$OUT/ddp.log"
 fi
