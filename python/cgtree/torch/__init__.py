@@ -12,6 +12,11 @@ model begins a step (PyTorch's inference heuristic); ``step_begin()`` begins
 one explicitly. An output kept past its step raises on any access of its
 data (clone what you keep); passed to a compiled call it raises
 StaleTensorError. See docs/torch.md.
+
+``make_graphed_callables(callables, sample_args)`` is
+torch.cuda.make_graphed_callables with every callable's forward and
+backward graphs in the one tree and pool (docs/torch.md, "Graphed eager
+modules").
 """
 import os
 
@@ -19,6 +24,7 @@ try:
     from ._install import CgtreeError, StaleTensorError, install, installed
     from . import _install
     from ._backend import backend
+    from ._graphed import make_graphed_callables
 except ImportError as _e:  # a build without CUDA has no cgtree._torch_ext
     _why = str(_e)
 
@@ -35,6 +41,9 @@ except ImportError as _e:  # a build without CUDA has no cgtree._torch_ext
         raise CgtreeError("cgtree.torch needs cgtree built with CUDA (cgtree._torch_ext is missing: %s)" % _why)
 
     def backend(gm, example_inputs, **kwargs):
+        install()
+
+    def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unused_input=False, pool=None):
         install()
 
     class _NoTrees:
@@ -54,7 +63,7 @@ except ImportError as _e:  # a build without CUDA has no cgtree._torch_ext
 
     _install = _NoTrees()
 
-__all__ = ["backend", "install", "installed", "step_begin", "set_step_mode", "set_budget", "stats", "memory_stats", "empty_cache", "nodes",
+__all__ = ["backend", "make_graphed_callables", "install", "installed", "step_begin", "set_step_mode", "set_budget", "stats", "memory_stats", "empty_cache", "nodes",
            "reset_peak",
            "CgtreeError", "StaleTensorError"]
 

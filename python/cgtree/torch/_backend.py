@@ -211,7 +211,8 @@ def inner_compile(gm, example_inputs, **kwargs):
     # would draw again.
     if forward_training:
         extra["saved_from"] = saved_from
-    seg = _ext.Segment(tree, "graph%d" % next(_counter), plain, launch, alias, describe, span, bytes(kinds),
+    record["segment"] = name = "graph%d" % next(_counter)  # its nodes' "segment" in cgtree.torch.nodes()
+    seg = _ext.Segment(tree, name, plain, launch, alias, describe, span, bytes(kinds),
                        tuple(spans), 0, dynamic, not mutated and not backward and not rng, **extra)
     _segments.append(seg)
     return seg

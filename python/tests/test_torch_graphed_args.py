@@ -1,0 +1,126 @@
+"""cgtree.torch.make_graphed_callables without a GPU: its arguments are
+checked before anything changes, and the part that mirrors PyTorch's
+torch.cuda.make_graphed_callables (shapes of the result, the replaced
+forward, the warm-up that leaves .grad alone, graph breaks named) runs on
+CPU tensors through Dynamo's "eager" backend in place of cgtree's (which
+needs CUDA). Needs torch (skips without it), not a GPU. The GPU cases are
+in test_torch_graphed.py."""
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import cgtree.torch as ct  # noqa: E402
+from cgtree.torch import _graphed  # noqa: E402
+
+
+def mlp(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+
+
+def bad_cases():
+    m, n = mlp(), mlp(1)
+    x = torch.randn(4, 8)
+    return [
+        ("too few sample_args", (m, n), ((x,),), ValueError, r"2 callables but 1 tuples of sample_args"),
+        ("a non-tensor sample arg", m, (x, 3), TypeError, r"sample_args holds a int .*tensors only"),
+        ("a list inside, with a string", (m, n), ((x,), ([x, "y"],)), TypeError, r"sample_args\[1\] holds a str"),
+        ("sample_args not a tuple", m, x, TypeError, r"sample_args is a tuple of tensors .* not Tensor"),
+        ("a callable that is not", (m, 3), ((x,), (x,)), TypeError, r"callables\[1\] is int"),
+        ("the same module twice", (m, m), ((x,), (x,)), ValueError, r"callables\[1\] is callables\[0\] again"),
+        ("an empty tuple", (), (), ValueError, r"empty tuple"),
+        ("negative warm-up", m, (x,), ValueError, r"num_warmup_iters"),
+        ("a CPU sample", m, (x,), ValueError, r"is on cpu"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(bad_cases())), ids=[c[0] for c in bad_cases()])
+def test_bad_arguments_raise_type_or_value_errors_that_say_what_is_wrong_and_change_nothing(case):
+    name, callables, sample_args, exc, match = bad_cases()[case]
+    mods = [c for c in (callables if isinstance(callables, tuple) else (callables,)) if isinstance(c, torch.nn.Module)]
+    kw = {"num_warmup_iters": -1} if name == "negative warm-up" else {}
+    with pytest.raises(exc, match=match):
+        ct.make_graphed_callables(callables, sample_args, **kw)
+    for m in mods:
+        assert "forward" not in vars(m), "a module's forward was replaced"
+        assert all(p.grad is None for p in m.parameters())
+
+
+def make(callables, sample_args, n=3):
+    """The part after the argument check, with Dynamo's eager backend."""
+    one, cs, per = _graphed._check(callables, sample_args, n, need_cuda=False)
+    return _graphed._make(one, cs, per, n, False, "eager")
+
+
+def test_modules_come_back_as_themselves_forward_replaced_and_the_warm_up_leaves_grad_alone():
+    torch._dynamo.reset()
+    a, b = mlp(), torch.nn.Sequential(torch.nn.Linear(1, 3))
+    ra, rb = mlp(), torch.nn.Sequential(torch.nn.Linear(1, 3))
+    rb.load_state_dict(b.state_dict())
+    a[0].weight.grad = torch.full_like(a[0].weight, 7.0)
+    x, h = torch.randn(4, 8), torch.randn(4, 1, requires_grad=True)
+    ga, gb = make((a, b), ((x,), (h,)))
+    assert ga is a and gb is b and "forward" in vars(a) and "forward" in vars(b)
+    assert torch.equal(a[0].weight.grad, torch.full_like(a[0].weight, 7.0))
+    assert all(p.grad is None for p in list(a.parameters())[1:] + list(b.parameters())), "warm-up touched .grad"
+    assert h.grad is None
+    loss = b(a(x)).square().sum()
+    ref = rb(ra(x)).square().sum()
+    torch.testing.assert_close(loss, ref, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="graphed already"):
+        ct.make_graphed_callables(a, (x,))
+
+
+def test_a_module_in_the_other_training_mode_runs_its_original_forward_as_pytorchs_does():
+    torch._dynamo.reset()
+    runs = []
+
+    def counting(gm, example_inputs):  # a backend whose graphs count their runs
+        def run(*args):
+            runs.append(1)
+            return gm(*args)
+
+        return run
+
+    m = mlp()
+    one, cs, per = _graphed._check(m, (torch.randn(4, 8),), 2, need_cuda=False)
+    _graphed._make(one, cs, per, 2, False, counting)
+    n = len(runs)
+    assert n >= 2, "the warm-up ran the compiled forward"
+    m(torch.randn(4, 8))
+    assert len(runs) == n + 1, "in training mode (as graphed) the compiled forward runs"
+    m.eval()
+    m(torch.randn(4, 8))
+    assert len(runs) == n + 1, "in eval mode the original forward runs"
+    m.train()
+    m(torch.randn(4, 8))
+    assert len(runs) == n + 2
+
+
+def test_a_single_function_gives_a_single_function_and_a_tuple_a_tuple():
+    torch._dynamo.reset()
+
+    def f(x, w):
+        return torch.relu(x @ w)
+
+    w = torch.randn(8, 3, requires_grad=True)
+    g = make(f, (torch.randn(4, 8), w))
+    assert callable(g) and not isinstance(g, tuple) and w.grad is None
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(g(x, w), f(x, w), rtol=0, atol=0)
+    gs = make((f,), ((torch.randn(4, 8), w),))
+    assert isinstance(gs, tuple) and len(gs) == 1
+
+
+def test_a_callable_with_a_graph_break_raises_cgtree_error_naming_it_and_no_module_changes():
+    torch._dynamo.reset()
+    m = mlp()
+
+    def breaks(x):
+        y = x + 1
+        torch._dynamo.graph_break()
+        return y * 2
+
+    with pytest.raises(ct.CgtreeError, match=r"callables\[1\] \(.*breaks\) cannot be captured as one graph"):
+        make((m, breaks), ((torch.randn(4, 8),), (torch.randn(3),)))
+    assert "forward" not in vars(m)
