@@ -59,8 +59,8 @@ class Replays:
 
     def __exit__(self, *exc):
         after = ct.stats()
-        self.replays = after["replays"] - self.before["replays"]
-        self.recordings = after["recordings"] - self.before["recordings"]
+        self.replays = after.get("replays", 0) - self.before.get("replays", 0)
+        self.recordings = after.get("recordings", 0) - self.before.get("recordings", 0)
         self.plain = [s.info["plain_reason"] for s in _backend._segments[self.graphs:]
                       if s.info["plain_reason"] is not None]
 

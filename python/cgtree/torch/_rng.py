@@ -77,6 +77,14 @@ def _empty_capture_end(g, side):
         g.capture_end()
 
 
+def _real_tensors():
+    """A context where tensor factories make real tensors even inside a
+    compile (Dynamo and AOTAutograd trace under a fake tensor mode)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    return unset_fake_temporarily()
+
+
 def side_stream(device_index):
     """The device's side stream for the empty captures. The first call (at
     compile time, outside any launch) also registers an empty graph with
@@ -84,7 +92,9 @@ def side_stream(device_index):
     seed and offset exist before any recording needs them."""
     with _anchors_lock:
         if device_index not in _anchors:
-            with torch.cuda.device(device_index):
+            # Called from inside torch.compile, where a fake mode may be on:
+            # the generator's tensors must be real.
+            with _real_tensors(), torch.cuda.device(device_index):
                 torch.cuda.synchronize()  # the anchor's capture writes the generator's tensors
                 side = torch.cuda.Stream()
                 anchor = _empty_capture_begin(side)
