@@ -132,8 +132,8 @@ def test_multinomial_sampling_in_a_generation_loop_samples_inductors_tokens():
         tok = torch.zeros(4, dtype=torch.long, device=DEV)
         out = []
         for _ in range(24):
-            tok = fn(tok)
-            out.append(tok.clone())
+            tok = fn(tok).clone()  # kept across calls: cloned, as outputs kept past their step must be
+            out.append(tok)
         return out
 
     torch.manual_seed(5)
