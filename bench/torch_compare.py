@@ -214,7 +214,44 @@ def make_cond(torch, dev):
     return f, step, {"unit": "step", "segments_per_step": 1, "data": inputs}
 
 
-EXAMPLES = {"branch": make_branch, "early_exit": make_early_exit, "gpt2": make_gpt2, "cond": make_cond}
+def make_sample(torch, dev):
+    """A sampling step of a small decoder: embedding, two residual GELU
+    layers, softmax with a temperature, multinomial; then a host check on
+    the sampled tokens (an end-of-sequence test: a graph break). The first
+    graph draws random numbers at every call, so its replays must draw
+    Inductor's numbers for the outputs to match."""
+    torch.manual_seed(0)
+    V, D = 4096, 512
+
+    class Sampler(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(V, D)
+            self.l1 = torch.nn.Linear(D, D)
+            self.l2 = torch.nn.Linear(D, D)
+            self.head = torch.nn.Linear(D, V)
+
+        def forward(self, tok):
+            h = self.emb(tok)
+            h = h + torch.nn.functional.gelu(self.l1(h))
+            h = h + torch.nn.functional.gelu(self.l2(h))
+            nxt = torch.multinomial(torch.softmax(self.head(h) / 0.8, dim=-1), 1).squeeze(-1)
+            if (nxt == 0).any():  # the end-of-sequence check, on the host
+                return nxt.clamp(min=1)
+            return nxt + 0
+
+    m = Sampler().eval().to(dev)
+    g = torch.Generator().manual_seed(1)
+    toks = [torch.randint(1, V, (16,), generator=g).to(dev) for _ in range(4)]
+
+    def step(fn, i):
+        return fn(toks[i % len(toks)])
+
+    return m, step, {"unit": "step", "segments_per_step": 2, "data": toks}
+
+
+EXAMPLES = {"branch": make_branch, "early_exit": make_early_exit, "gpt2": make_gpt2, "cond": make_cond,
+            "sample": make_sample}
 
 
 # -------------------------------------------------------------------- child

@@ -5,7 +5,7 @@
 #
 #   bash bench/torch_gpu.sh [tests,parts,bench,train,ddp] [EXAMPLES]
 # parts: bench/torch_segment_parts.py, the GPT-2 segment's time part by part.
-# train: bench/torch_train.py, training steps (models in TRAIN_MODELS).
+# train: bench/torch_train.py, training steps (models in TRAIN_MODELS, options in TRAIN_ARGS).
 # ddp: bench/torch_ddp.py, DistributedDataParallel on two GPUs (DDP_ARGS: its options).
 # tests: TEST_FILES picks the pytest files, e.g. TEST_FILES=python/tests/test_torch_ddp.py (two GPUs).
 # meson-python is not needed: the build tree's extensions are copied beside
@@ -64,7 +64,7 @@ if [[ $what == *bench* ]]; then
 fi
 if [[ $what == *train* ]]; then
   # bench/torch_train.py: training steps, eager / Inductor / reduce-overhead / cgtree (TRAIN_MODELS)
-  timeout ${TRAIN_SECONDS:-400} python3 bench/torch_train.py --models "${TRAIN_MODELS:-mlp,branch,gpt2}" \
+  timeout ${TRAIN_SECONDS:-400} python3 bench/torch_train.py --models "${TRAIN_MODELS:-mlp,branch,gpt2}" ${TRAIN_ARGS:-} \
     --out "$OUT/torch_train.jsonl" > "$OUT/train.log" 2>&1
   echo "train rc=$?"; sed -n '/^| model/,$p' "$OUT/train.log"
 fi

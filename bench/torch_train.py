@@ -1,13 +1,18 @@
 #!/usr/bin/env python3
 """Training steps on cgtree, side by side with PyTorch (issue: training).
 
-    python3 bench/torch_train.py [--models mlp,branch,gpt2] [--modes eager,inductor,reduce-overhead,cgtree]
-                                 [--out results.jsonl]
+    python3 bench/torch_train.py [--models mlp,branch,gpt2,gpt2drop] [--modes eager,inductor,reduce-overhead,cgtree]
+                                 [--optimizer eager|compiled] [--out results.jsonl]
 
 Each (model, mode) runs in a fresh process (cgtree's allocator must be
 installed before CUDA starts; PyTorch's trees refuse a swapped allocator).
 A step is: zero_grad(set_to_none=True), forward, loss, backward, AdamW
-step (eager, foreach: the same optimizer in every mode). Reported: ms per
+step. --optimizer eager (default): the eager foreach AdamW, the same in
+every mode. --optimizer compiled: AdamW(capturable=True) whose step() is
+compiled like the model (Inductor, reduce-overhead, cgtree; eager mode
+keeps it eager), so under cgtree the optimizer step is a segment of the
+same tree; zero_grad(set_to_none=False) then, so that the compiled step
+sees the same gradient tensors every time. Reported: ms per
 step (wall time of the timed steps over their count, synchronised at both
 ends), peak memory in the timed window (PyTorch modes:
 torch.cuda.max_memory_allocated; cgtree: cgtree.torch.memory_stats()'s
@@ -23,9 +28,10 @@ Models:
           check (a graph break: `if h.mean() > t`), the batches alternate
           sides, so the tree has two paths in forward and backward.
   gpt2    transformers GPT2LMHeadModel, 4 layers, 256 wide, 4 heads,
-          batch 8, sequence 128, bf16 autocast, dropout 0 (dropout draws
-          random numbers, which cgtree cannot replay fresh yet: such graphs
-          run as plain Inductor).
+          batch 8, sequence 128, bf16 autocast, dropout 0.
+  gpt2drop  the same with GPT-2's own dropout (0.1 on embeddings,
+          attention and residuals): random graphs, recorded, replays
+          drawing Inductor's numbers.
 """
 import argparse
 import json
@@ -67,12 +73,12 @@ def make_mlp(torch, dev, branch=False):
     return model, loss_fn, False
 
 
-def make_gpt2(torch, dev):
+def make_gpt2(torch, dev, dropout=0.0):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
     cfg = GPT2Config(n_layer=4, n_embd=256, n_head=4, n_positions=128, vocab_size=8192,
-                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+                     resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout)
     model = GPT2LMHeadModel(cfg).to(dev)
     g = torch.Generator().manual_seed(1)
     data = [torch.randint(0, cfg.vocab_size, (8, 128), generator=g).to(dev) for _ in range(4)]
@@ -85,10 +91,10 @@ def make_gpt2(torch, dev):
 
 
 MODELS = {"mlp": lambda t, d: make_mlp(t, d), "branch": lambda t, d: make_mlp(t, d, branch=True),
-          "gpt2": make_gpt2}
+          "gpt2": make_gpt2, "gpt2drop": lambda t, d: make_gpt2(t, d, dropout=0.1)}
 
 
-def child(name, mode, out_dir, warm, timed):
+def child(name, mode, out_dir, warm, timed, optimizer="eager"):
     ct = None
     if mode == "cgtree":
         import cgtree.torch as ct  # before CUDA starts: installs the allocator
@@ -104,16 +110,22 @@ def child(name, mode, out_dir, warm, timed):
         f = torch.compile(model, mode="reduce-overhead")
     else:
         f = torch.compile(model, backend="cgtree")
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    compiled_opt = optimizer == "compiled"
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, capturable=compiled_opt)
+    opt_step = opt.step
+    if compiled_opt and mode != "eager":
+        kw = {"inductor": {}, "reduce-overhead": {"mode": "reduce-overhead"}, "cgtree": {"backend": "cgtree"}}[mode]
+        opt_step = torch.compile(opt.step, **kw)
 
     def step(i):
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=not compiled_opt)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
             loss = loss_fn(f, i)
         loss.backward()
-        opt.step()
+        opt_step()
         return loss.detach().clone()  # reduce-overhead's outputs are overwritten by the next step
 
+    torch.manual_seed(1234)  # dropout's numbers: the same in every mode
     losses = []
     torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -137,7 +149,7 @@ def child(name, mode, out_dir, warm, timed):
     peak = ct.memory_stats()["peak_bytes"] if ct else torch.cuda.max_memory_allocated()
     res = {"model": name, "mode": mode, "ms_per_step": total * 1e3 / timed, "warm_s": warm_s,
            "peak_mib": peak / 2**20, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "steps": warm + timed}
+           "steps": warm + timed, "optimizer": optimizer}
     if ct:
         s = ct.stats()
         res.update(recordings=s.get("recordings", 0), recordings_after_warmup=s.get("recordings", 0) - rec0,
@@ -147,12 +159,12 @@ def child(name, mode, out_dir, warm, timed):
                        "cgtree.torch._backend", fromlist=["_segments"])._segments if sg.info["plain_reason"]}))
     torch.save({"losses": torch.stack(losses).float().cpu(),
                 "weights": [p.detach().float().cpu() for p in model.parameters()]},
-               os.path.join(out_dir, "%s-%s.pt" % (name, mode)))
+               os.path.join(out_dir, "%s-%s-%s.pt" % (name, mode, optimizer)))
     print("RESULT " + json.dumps(res), flush=True)
 
 
-def compare(torch, d, name, mode):
-    ref, mine = (os.path.join(d, "%s-%s.pt" % (name, m)) for m in ("inductor", mode))
+def compare(torch, d, name, mode, optimizer):
+    ref, mine = (os.path.join(d, "%s-%s-%s.pt" % (name, m, optimizer)) for m in ("inductor", mode))
     if not (os.path.exists(ref) and os.path.exists(mine)):
         return "n/a"
     A, B = torch.load(ref), torch.load(mine)
@@ -172,10 +184,11 @@ def main():
     ap.add_argument("--child", nargs=2)
     ap.add_argument("--warm", type=int, default=10)
     ap.add_argument("--timed", type=int, default=50)
+    ap.add_argument("--optimizer", choices=("eager", "compiled"), default="eager")
     a = ap.parse_args()
     os.makedirs(a.dir, exist_ok=True)
     if a.child:
-        child(a.child[0], a.child[1], a.dir, a.warm, a.timed)
+        child(a.child[0], a.child[1], a.dir, a.warm, a.timed, a.optimizer)
         return
     import torch
 
@@ -183,19 +196,20 @@ def main():
     for name in a.models.split(","):
         for mode in a.modes.split(","):
             cmd = [sys.executable, os.path.abspath(__file__), "--child", name, mode, "--dir", a.dir,
-                   "--warm", str(a.warm), "--timed", str(a.timed)]
+                   "--warm", str(a.warm), "--timed", str(a.timed), "--optimizer", a.optimizer]
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
             line = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
             r = json.loads(line[-1][7:]) if line else {"model": name, "mode": mode,
                                                        "error": (p.stderr or p.stdout)[-1200:]}
             if "error" not in r:
-                r["equal"] = "reference" if mode == "inductor" else compare(torch, a.dir, name, mode)
+                r["equal"] = "reference" if mode == "inductor" else compare(torch, a.dir, name, mode, a.optimizer)
             rows.append(r)
             print(json.dumps(r), flush=True)
             if a.out:
                 with open(a.out, "a") as f:
                     f.write(json.dumps(r) + "\n")
     print()
+    print("optimizer: %s" % a.optimizer)
     print("| model | mode | ms/step | x reduce-overhead | peak MiB | recordings after warm-up | vs inductor |")
     print("| --- | --- | ---: | ---: | ---: | ---: | --- |")
     for r in rows:
