@@ -445,7 +445,7 @@ def main():
                          "and never runs past the budget (0: no budget)")
     a = ap.parse_args()
     os.makedirs(a.dir, exist_ok=True)
-    defaults = {"branch": (20, 400), "early_exit": (24, 400), "gpt2": (3, 5), "cond": (20, 400)}
+    defaults = {"branch": (20, 400), "early_exit": (24, 400), "gpt2": (3, 5), "cond": (20, 400), "sample": (20, 400)}
     if a.child:
         ex, mode = a.child
         w, t = defaults[ex]

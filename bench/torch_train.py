@@ -12,7 +12,9 @@ every mode. --optimizer compiled: AdamW(capturable=True) whose step() is
 compiled like the model (Inductor, reduce-overhead, cgtree; eager mode
 keeps it eager), so under cgtree the optimizer step is a segment of the
 same tree; zero_grad(set_to_none=False) then, so that the compiled step
-sees the same gradient tensors every time. Reported: ms per
+sees the same gradient tensors every time, and each step begins with
+torch.compiler.cudagraph_mark_step_begin() in every mode (reduce-overhead
+refuses the three compiled calls of a step without it). Reported: ms per
 step (wall time of the timed steps over their count, synchronised at both
 ends), peak memory in the timed window (PyTorch modes:
 torch.cuda.max_memory_allocated; cgtree: cgtree.torch.memory_stats()'s
@@ -118,6 +120,8 @@ def child(name, mode, out_dir, warm, timed, optimizer="eager"):
         opt_step = torch.compile(opt.step, **kw)
 
     def step(i):
+        if compiled_opt:  # three compiled calls per step: reduce-overhead needs the step marked
+            torch.compiler.cudagraph_mark_step_begin()
         opt.zero_grad(set_to_none=not compiled_opt)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
             loss = loss_fn(f, i)
