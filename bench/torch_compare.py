@@ -250,8 +250,25 @@ def make_sample(torch, dev):
     return m, step, {"unit": "step", "segments_per_step": 2, "data": toks}
 
 
+def make_rand(torch, dev):
+    """The smallest random graph: one uniform draw and one multiply (Inductor:
+    a seeds kernel and one fused kernel). What a random graph's replay costs
+    beside the plain Inductor call (the generator's writes before each
+    launch are not free)."""
+    def f(x):
+        return x * torch.rand_like(x)
+
+    g = torch.Generator().manual_seed(0)
+    inputs = [torch.rand(64, 64, generator=g).to(dev) for _ in range(2)]
+
+    def step(fn, i):
+        return fn(inputs[i % 2])
+
+    return f, step, {"unit": "step", "segments_per_step": 1, "data": inputs}
+
+
 EXAMPLES = {"branch": make_branch, "early_exit": make_early_exit, "gpt2": make_gpt2, "cond": make_cond,
-            "sample": make_sample}
+            "sample": make_sample, "rand": make_rand}
 
 
 # -------------------------------------------------------------------- child
@@ -445,7 +462,7 @@ def main():
                          "and never runs past the budget (0: no budget)")
     a = ap.parse_args()
     os.makedirs(a.dir, exist_ok=True)
-    defaults = {"branch": (20, 400), "early_exit": (24, 400), "gpt2": (3, 5), "cond": (20, 400), "sample": (20, 400)}
+    defaults = {"branch": (20, 400), "early_exit": (24, 400), "gpt2": (3, 5), "cond": (20, 400), "sample": (20, 400), "rand": (20, 1000)}
     if a.child:
         ex, mode = a.child
         w, t = defaults[ex]

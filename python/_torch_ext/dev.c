@@ -42,6 +42,26 @@ void tx_stream_wait(void *waiter, void *signaller, void *event) {
 #endif
 }
 
+void tx_event_record(void *event, void *stream) {
+#ifdef CGT_HAVE_CUDA
+  if (event)
+    cudaEventRecord((cudaEvent_t)event, (cudaStream_t)stream);
+#else
+  (void)event;
+  (void)stream;
+#endif
+}
+
+void tx_event_wait(void *stream, void *event) {
+#ifdef CGT_HAVE_CUDA
+  if (event)
+    cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)event, 0);
+#else
+  (void)stream;
+  (void)event;
+#endif
+}
+
 /* ------------------------------------------- the stream-ordered pools */
 
 #ifdef CGT_HAVE_CUDA

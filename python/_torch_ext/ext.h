@@ -121,6 +121,8 @@ void tx_dev_pool_trim(int device);          /* synchronise, then give every cach
 int tx_dev_pool_figures(int device, size_t *reserved, size_t *reserved_peak); /* 0 if unknown */
 void tx_dev_stream_after(void *waiter, void *signaller, int device); /* waiter waits for signaller's work so far */
 void tx_stream_wait(void *waiter, void *signaller, void *event); /* waiter waits for signaller's work so far */
+void tx_event_record(void *event, void *stream); /* no-op for a NULL event */
+void tx_event_wait(void *stream, void *event);   /* stream waits for the event's last record; no-op for NULL */
 
 /* --------------------------------------------------------- module.c */
 

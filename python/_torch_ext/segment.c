@@ -56,6 +56,13 @@
  * other lazy initialisation happen outside the pool, and it tells us how many
  * outputs the graph has, which cgt_segment_register needs.
  *
+ * Random graphs. A segment made with `prelaunch` (the backend's graphs
+ * that draw random numbers) has it called by the tree right before each
+ * launch of its recordings (cgt_segment_set_prelaunch): it writes the CUDA
+ * generator's seed and offset and advances it (python/cgtree/torch/_rng.py).
+ * Here we only keep those writes in order: an event per device, recorded
+ * after every run of a random segment, that each writer waits for.
+ *
  * Anything a graph does that a recording cannot carry (an output on the CPU,
  * an output in memory that is neither the pool nor an input, a capture that
  * fails: a host sync such as torch.cond's device predicate) turns the
@@ -127,7 +134,7 @@ typedef struct seg_run {
   int want_bypass;
   PyObject *exc_type, *exc_value, *exc_tb;
   uint64_t ns_made; /* this call's share of ns_make, so far */
-  void *ev_side;    /* cudaEvent_t: the side stream's wait for the tree's (SegmentObject.side_stream) */
+  void *fill_stream; /* where this run's prelaunch writes the generator's state (NULL: the legacy stream) */
 } seg_run;
 
 struct SegmentObject {
@@ -144,8 +151,8 @@ struct SegmentObject {
   PyObject *prelaunch_py;
   /* A stream the launch function begins a capture of its own on while the
    * tree captures (a random graph's bracket, which writes the generator's
-   * seed and offset there first): it waits for the tree's stream before
-   * each run, so those writes come after every launch already enqueued. */
+   * seed and offset there first): before each launch function it waits
+   * for every launch of a random graph enqueued so far (random_done). */
   void *side_stream;
   PyObject *bypass_reason; /* str once the segment runs plainly for good, else NULL */
   char *name;
@@ -469,9 +476,38 @@ static cgt_status set_outputs(seg_run *r, cgt_launch *l, PyObject *res) {
   return st;
 }
 
+/* Random graphs. All of them, on every tree of a device, read one state
+ * of the device's generator, and each launch's prelaunch writes it first:
+ * an event recorded after each run of a random segment (under the GIL, so
+ * in the order the host enqueued them) lets the next writer wait until
+ * every launch before it has read. */
+enum { RANDOM_DEVICES = 64 };
+static void *random_done[RANDOM_DEVICES];
+
+static int random_done_event(int device) {
+  if (device < 0 || device >= RANDOM_DEVICES) {
+    PyErr_Format(TxError, "cgtree.torch: device %d: random graphs are recorded on devices 0 to %d only", device,
+                 RANDOM_DEVICES - 1);
+    return 0;
+  }
+  if (!random_done[device]) {
+    random_done[device] = tx_event_create();
+#ifdef CGT_HAVE_CUDA
+    if (!random_done[device]) {
+      PyErr_SetString(TxError, "cgtree.torch: could not create a CUDA event");
+      return 0;
+    }
+    tx_event_record(random_done[device], NULL); /* recorded once, so that every wait has a record */
+#endif
+  }
+  return 1;
+}
+
 static cgt_status seg_launch(cgt_launch *l, void *user) {
   seg_run *r = user;
   SegmentObject *s = r->s;
+  if (s->side_stream) /* a capture's bracket writes the generator's state there: after every launch that reads it */
+    tx_event_wait(s->side_stream, random_done[r->tree->device]);
   /* From here on a capture may be under way: every allocation goes to the
    * pool, and an eager block freed now (dropping cuBLAS's workspaces frees
    * the caller stream's, on the legacy stream) is set aside, not given back
@@ -674,14 +710,16 @@ static PyObject *first_call(SegmentObject *s, PyObject *const *args, size_t n, u
 }
 
 /* The tree's prelaunch function for a segment made with `prelaunch`: its
- * Python callable, with the variant, on the calling thread (cgt_run runs
+ * Python callable, with the variant and whether to write on the caller's
+ * current stream (else the tree's), on the calling thread (cgt_run runs
  * with the GIL held). An exception fails the run, which then goes plain. */
 static cgt_status seg_prelaunch(void *user, void *stream, uint64_t variant) {
   (void)stream; /* the callable knows its tree's stream */
   seg_run *r = user;
-  PyObject *v = PyLong_FromUnsignedLongLong(variant);
-  PyObject *res = v ? PyObject_CallOneArg(r->s->prelaunch_py, v) : NULL;
-  Py_XDECREF(v);
+  tx_event_wait(r->fill_stream, random_done[r->tree->device]);
+  PyObject *args[2] = {PyLong_FromUnsignedLongLong(variant), r->fill_stream ? Py_False : Py_True};
+  PyObject *res = args[0] ? PyObject_Vectorcall(r->s->prelaunch_py, args, 2, NULL) : NULL;
+  Py_XDECREF(args[0]);
   if (!res) {
     stash_exception(r);
     return CGT_ERR_SEGMENT_FAILED;
@@ -989,12 +1027,13 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
   r->want_bypass = 0;
   clear_exception(r); /* a capture that failed and then ran eagerly may have left one */
   uint64_t t1 = tx_now_ns();
-  if (s->side_stream) {
-    if (!r->ev_side && !(r->ev_side = tx_event_create())) {
-      PyErr_SetString(TxError, "cgtree.torch: could not create a CUDA event");
+  if (s->prelaunch_py) {
+    if (!random_done_event(T->device))
       return NULL;
-    }
-    tx_stream_wait(s->side_stream, T->stream, r->ev_side);
+    /* The generator's writes go on the caller's stream where CUDA orders it
+     * with the tree's both ways (the legacy default stream and a blocking
+     * tree), else on the tree's stream (_rng.py, RandomDraws.prelaunch). */
+    r->fill_stream = caller == NULL && T->blocking ? NULL : T->stream;
   }
   tx_alloc_run_enter(); /* a capture may run until cgt_run returns: eager frees wait (alloc.c) */
   cgt_status st = cgt_run(T->tree, r->seg, variant, r->args, s->n_targs, r->outs, s->n_outputs);
@@ -1048,6 +1087,8 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
     return tx_status_error(T, st, "cgt_run");
   }
   clear_exception(r);
+  if (s->prelaunch_py) /* every read of the generator's state enqueued so far comes before this */
+    tx_event_record(random_done[T->device], T->stream);
   if (capture_failed) {
     /* The graph cannot be captured (a host sync such as torch.cond's device
      * predicate, a call CUDA refuses under capture): cgtree ran it eagerly

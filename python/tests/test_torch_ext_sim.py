@@ -961,8 +961,9 @@ class Generator:
         self.tree, self.offset, self.variants, self.fail = tree, 0.0, [], fail
         self.state = FakeTensor(4).fill([0.0] * 4)
 
-    def prelaunch(self, variant):
+    def prelaunch(self, variant, on_current):
         self.variants.append(variant)
+        assert on_current is True  # the simulator's caller stream is 0 and its tree's stream blocking
         if self.fail:
             raise RuntimeError("the generator refused")
         X.sim_launch(self.tree.stream, k_fill, self.state.ptr, 4, self.offset)

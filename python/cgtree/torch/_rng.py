@@ -28,12 +28,17 @@ Inductor graph plainly and draw from the generator as Inductor does. The
 result is Inductor's sequence, number for number, for the same
 ``torch.manual_seed``.
 
-The order of the writes. Beginning the empty capture writes the seed and a
-zero offset into the generator's tensors on the side stream, eagerly;
-launches already enqueued on the tree's stream may still read those
-tensors. So the side stream waits for the tree's before every run of a
-random segment (segment.c, ``side_stream``: one event), and the tree's
-stream waits for the side stream before the first launch of a recording.
+The order of the writes. Every random graph of a device, on every tree,
+reads the one state of the device's generator, and the writes before each
+launch must not overtake a launch already enqueued that still has to read
+it. segment.c records an event after each run of a random segment and
+makes every writer wait for it: the stream of a prelaunch's writes, and
+the side stream before a launch function (beginning the empty capture
+writes the seed and a zero offset there, eagerly). The writes of the
+first launch of a recording wait for the side stream in turn. Where the
+caller's stream is the legacy default stream and the tree's stream is
+blocking (the default), CUDA orders the two both ways, and the writes go
+on the caller's stream: switching streams costs more than they do.
 
 What this needs from PyTorch, all public: ``torch.cuda.CUDAGraph`` (with
 ``keep_graph``, so that the empty graph is instantiated at its first
@@ -132,19 +137,31 @@ class RandomDraws:
         self.recorded.bracket = bracket
         return out
 
-    def prelaunch(self, variant):
-        """Right before a launch of a recording: seed and offset written on
-        the tree's stream, the generator advanced by what the recording
-        draws."""
-        stream = self.tree_stream()
+    def prelaunch(self, variant, on_current=False):
+        """Right before a launch of a recording: seed and offset written,
+        the generator advanced by what the recording draws. on_current (from
+        segment.c): the caller's current stream is the legacy default
+        stream and the tree's stream is blocking, so CUDA orders the two
+        both ways and the writes go on the current stream, without the cost
+        of switching streams (8 us; bench/rng_prelaunch_cost.py); else on
+        the tree's. segment.c has made that stream wait for every launch of
+        a random graph enqueued so far, on any tree of the device."""
         bracket = getattr(self.recorded, "bracket", None)
-        if bracket is not None:  # the first launch of the recording just made
+        first = bracket is not None  # the first launch of the recording just made
+        if first:
             self.recorded.bracket = None
             self.brackets[variant] = bracket
-            stream.wait_stream(self.side)  # the capture's own writes go first
         else:
             bracket = self.brackets.get(variant)
             if bracket is None:
                 raise RuntimeError("cgtree.torch: a random graph's recording of variant %d has no bracket" % variant)
+        if on_current:
+            if first:  # the capture's own writes, on the side stream, go first
+                torch.cuda.current_stream().wait_stream(self.side)
+            bracket.replay()
+            return
+        stream = self.tree_stream()
+        if first:
+            stream.wait_stream(self.side)
         with torch.cuda.stream(stream):
             bracket.replay()
