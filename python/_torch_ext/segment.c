@@ -484,6 +484,10 @@ static cgt_status set_outputs(seg_run *r, cgt_launch *l, PyObject *res) {
 enum { RANDOM_DEVICES = 64 };
 static void *random_done[RANDOM_DEVICES];
 
+/* The event of T's device; NULL on the simulator (its trees have no CUDA
+ * events, and their streams are not CUDA streams): nothing to order. */
+static inline void *random_event(const TreeObject *T) { return T->ev_out ? random_done[T->device] : NULL; }
+
 static int random_done_event(int device) {
   if (device < 0 || device >= RANDOM_DEVICES) {
     PyErr_Format(TxError, "cgtree.torch: device %d: random graphs are recorded on devices 0 to %d only", device,
@@ -507,7 +511,7 @@ static cgt_status seg_launch(cgt_launch *l, void *user) {
   seg_run *r = user;
   SegmentObject *s = r->s;
   if (s->side_stream) /* a capture's bracket writes the generator's state there: after every launch that reads it */
-    tx_event_wait(s->side_stream, random_done[r->tree->device]);
+    tx_event_wait(s->side_stream, random_event(r->tree));
   /* From here on a capture may be under way: every allocation goes to the
    * pool, and an eager block freed now (dropping cuBLAS's workspaces frees
    * the caller stream's, on the legacy stream) is set aside, not given back
@@ -716,7 +720,7 @@ static PyObject *first_call(SegmentObject *s, PyObject *const *args, size_t n, u
 static cgt_status seg_prelaunch(void *user, void *stream, uint64_t variant) {
   (void)stream; /* the callable knows its tree's stream */
   seg_run *r = user;
-  tx_event_wait(r->fill_stream, random_done[r->tree->device]);
+  tx_event_wait(r->fill_stream, random_event(r->tree));
   PyObject *args[2] = {PyLong_FromUnsignedLongLong(variant), r->fill_stream ? Py_False : Py_True};
   PyObject *res = args[0] ? PyObject_Vectorcall(r->s->prelaunch_py, args, 2, NULL) : NULL;
   Py_XDECREF(args[0]);
@@ -1028,7 +1032,7 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
   clear_exception(r); /* a capture that failed and then ran eagerly may have left one */
   uint64_t t1 = tx_now_ns();
   if (s->prelaunch_py) {
-    if (!random_done_event(T->device))
+    if (T->ev_out && !random_done_event(T->device))
       return NULL;
     /* The generator's writes go on the caller's stream where CUDA orders it
      * with the tree's both ways (the legacy default stream and a blocking
@@ -1088,7 +1092,7 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
   }
   clear_exception(r);
   if (s->prelaunch_py) /* every read of the generator's state enqueued so far comes before this */
-    tx_event_record(random_done[T->device], T->stream);
+    tx_event_record(random_event(T), T->stream);
   if (capture_failed) {
     /* The graph cannot be captured (a host sync such as torch.cond's device
      * predicate, a call CUDA refuses under capture): cgtree ran it eagerly
