@@ -105,65 +105,77 @@ static void expect_x_plus(cgt_tree *t, cgt_value v, const float *hx, float k, in
                (double)(hx[i] + k));
 }
 
-static void host_x(float *hx) {
+/* A tree, the input x (DYNAMIC) and a generator whose segment `draw` has
+ * prelaunch function fn. */
+typedef struct fixture {
+  cgt_tree *t;
+  float hx[N];
+  float *x;
+  generator g;
+  cgt_segment s;
+  cgt_arg a;
+} fixture;
+
+static void open_fixture(fixture *f, uint32_t warmup_runs, uint32_t defer, cgt_prelaunch_fn fn) {
+  memset(f, 0, sizeof *f);
+  f->t = tree_with(warmup_runs, defer);
   for (int i = 0; i < N; i++)
-    hx[i] = (float)(i * 3 - 40);
+    f->hx[i] = (float)(i * 3 - 40);
+  f->x = test_dev_floats(f->hx, N);
+  float zeros[N] = {0};
+  f->g.state = test_dev_floats(zeros, N);
+  f->s = register_draw(f->t, &f->g, fn);
+  f->a = cgt_arg_dynamic(f->x, sizeof f->hx);
+}
+
+static void close_fixture(fixture *f) {
+  test_tree_free(f->t);
+  test_dev_free(f->x);
+  test_dev_free(f->g.state);
 }
 
 static void test_prelaunch_runs_before_every_launch_of_a_recording_and_never_for_warmups(void **unused) {
   (void)unused;
-  cgt_tree *t = tree_with(2, 0);
-  float hx[N];
-  host_x(hx);
-  float *x = test_dev_floats(hx, N);
-  float zeros[N] = {0};
-  generator g = {.state = test_dev_floats(zeros, N)};
-  cgt_segment s = register_draw(t, &g, prelaunch_draw);
-  cgt_arg a = cgt_arg_dynamic(x, sizeof hx);
+  fixture f;
+  open_fixture(&f, 2, 0, prelaunch_draw);
   for (int run = 1; run <= 7; run++) {
-    CHECK_OK(t, cgt_step_begin(t));
+    CHECK_OK(f.t, cgt_step_begin(f.t));
     cgt_value v = {0};
-    CHECK_OK(t, cgt_run(t, s, 7, &a, 1, &v, 1));
-    CHECK_TREE(t);
-    cgt_stats st = test_stats(t);
+    CHECK_OK(f.t, cgt_run(f.t, f.s, 7, &f.a, 1, &v, 1));
+    CHECK_TREE(f.t);
+    cgt_stats st = test_stats(f.t);
     /* Runs 1 and 2 warm up (the graph reads a state nobody wrote yet: 0);
      * run 3 records and launches; runs 4.. replay. */
     int launched = run >= 3 ? run - 2 : 0;
-    assert_int_equal(g.calls, launched);
+    assert_int_equal(f.g.calls, launched);
     assert_int_equal(st.recordings, run >= 3);
     assert_int_equal(st.replays, run >= 4 ? run - 3 : 0);
     if (launched) {
-      assert_ptr_equal(g.stream, cgt_tree_stream(t));
-      assert_int_equal(g.variant, 7);
+      assert_ptr_equal(f.g.stream, cgt_tree_stream(f.t));
+      assert_int_equal(f.g.variant, 7);
     }
     /* Each launch sees the state its own prelaunch call wrote. */
-    expect_x_plus(t, v, hx, launched ? (float)(launched - 1) : 0.0f, run);
-    CHECK_OK(t, cgt_value_release(t, v));
+    expect_x_plus(f.t, v, f.hx, launched ? (float)(launched - 1) : 0.0f, run);
+    CHECK_OK(f.t, cgt_value_release(f.t, v));
   }
-  assert_int_equal(g.launches, 3); /* two warmups and one capture: replays never call it */
-  test_tree_free(t);
-  test_dev_free(x);
-  test_dev_free(g.state);
+  assert_int_equal(f.g.launches, 3); /* two warmups and one capture: replays never call it */
+  close_fixture(&f);
 }
 
 static void test_a_failing_prelaunch_fails_the_run_and_changes_nothing(void **unused) {
   (void)unused;
-  cgt_tree *t = tree_with(1, 0);
-  float hx[N];
-  host_x(hx);
-  float *x = test_dev_floats(hx, N);
-  float zeros[N] = {0};
-  generator g = {.state = test_dev_floats(zeros, N), .fail_at = 1};
-  cgt_segment s = register_draw(t, &g, prelaunch_draw);
-  cgt_arg a = cgt_arg_dynamic(x, sizeof hx);
+  fixture f;
+  open_fixture(&f, 1, 0, prelaunch_draw);
+  cgt_tree *t = f.t;
+  f.g.fail_at = 1;
   cgt_value v = {0};
-  CHECK_OK(t, cgt_run(t, s, 0, &a, 1, &v, 1)); /* warmup */
+  CHECK_OK(t, cgt_run(t, f.s, 0, &f.a, 1, &v, 1)); /* warmup */
   CHECK_OK(t, cgt_value_release(t, v));
   CHECK_OK(t, cgt_step_begin(t));
   cgt_stats before = test_stats(t);
   /* The recording's prelaunch fails: no recording, no graph, no value, the pool as before. */
   v.bits = 0;
-  CHECK_STATUS(t, CGT_ERR_SEGMENT_FAILED, cgt_run(t, s, 0, &a, 1, &v, 1));
+  CHECK_STATUS(t, CGT_ERR_SEGMENT_FAILED, cgt_run(t, f.s, 0, &f.a, 1, &v, 1));
   assert_non_null(strstr(cgt_tree_last_error(t), "prelaunch"));
   CHECK_TREE(t);
   cgt_stats after = test_stats(t);
@@ -172,126 +184,103 @@ static void test_a_failing_prelaunch_fails_the_run_and_changes_nothing(void **un
   assert_int_equal(after.pool_allocated_bytes, before.pool_allocated_bytes);
   assert_int_equal(after.runs, before.runs);
   assert_int_equal(v.bits, 0);
-  assert_true(g.offset == 0.0f);
+  assert_true(f.g.offset == 0.0f);
   /* The next run records, and its launch sees offset 0. */
-  CHECK_OK(t, cgt_run(t, s, 0, &a, 1, &v, 1));
+  CHECK_OK(t, cgt_run(t, f.s, 0, &f.a, 1, &v, 1));
   CHECK_TREE(t);
   assert_int_equal(test_stats(t).recordings, 1);
-  expect_x_plus(t, v, hx, 0, 2);
+  expect_x_plus(t, v, f.hx, 0, 2);
   CHECK_OK(t, cgt_value_release(t, v));
   /* A replay whose prelaunch fails: no replay, and the next one is right. */
-  g.fail_at = g.calls + 1;
+  f.g.fail_at = f.g.calls + 1;
   CHECK_OK(t, cgt_step_begin(t));
   before = test_stats(t);
   v.bits = 0;
-  CHECK_STATUS(t, CGT_ERR_SEGMENT_FAILED, cgt_run(t, s, 0, &a, 1, &v, 1));
+  CHECK_STATUS(t, CGT_ERR_SEGMENT_FAILED, cgt_run(t, f.s, 0, &f.a, 1, &v, 1));
   CHECK_TREE(t);
   after = test_stats(t);
   assert_int_equal(after.replays, before.replays);
   assert_int_equal(after.runs, before.runs);
   assert_int_equal(v.bits, 0);
-  CHECK_OK(t, cgt_run(t, s, 0, &a, 1, &v, 1));
+  CHECK_OK(t, cgt_run(t, f.s, 0, &f.a, 1, &v, 1));
   CHECK_TREE(t);
   assert_int_equal(test_stats(t).replays, before.replays + 1);
-  expect_x_plus(t, v, hx, 1, 4);
+  expect_x_plus(t, v, f.hx, 1, 4);
   CHECK_OK(t, cgt_value_release(t, v));
-  test_tree_free(t);
-  test_dev_free(x);
-  test_dev_free(g.state);
+  close_fixture(&f);
 }
 
 static void test_inside_a_prelaunch_the_tree_refuses_what_it_refuses_inside_a_launch(void **unused) {
   (void)unused;
-  cgt_tree *t = tree_with(0, 0);
-  float hx[N];
-  host_x(hx);
-  float *x = test_dev_floats(hx, N);
-  float zeros[N] = {0};
-  generator g = {.state = test_dev_floats(zeros, N)};
+  fixture f;
+  open_fixture(&f, 0, 0, prelaunch_reentrant);
   for (int i = 0; i < 8; i++)
-    g.refused[i] = CGT_OK;
-  cgt_segment s = register_draw(t, &g, prelaunch_reentrant);
-  cgt_arg a = cgt_arg_dynamic(x, sizeof hx);
+    f.g.refused[i] = CGT_OK;
   cgt_value v = {0};
-  CHECK_OK(t, cgt_run(t, s, 0, &a, 1, &v, 1)); /* records at once: the prelaunch runs */
-  CHECK_TREE(t);
-  assert_int_equal(g.calls, 1);
+  CHECK_OK(f.t, cgt_run(f.t, f.s, 0, &f.a, 1, &v, 1)); /* records at once: the prelaunch runs */
+  CHECK_TREE(f.t);
+  assert_int_equal(f.g.calls, 1);
   for (int i = 0; i < 6; i++)
-    if (g.refused[i] != CGT_ERR_STATE)
+    if (f.g.refused[i] != CGT_ERR_STATE)
       fail_msg("call %d inside the prelaunch function returned %s, not CGT_ERR_STATE", i,
-               cgt_status_name(g.refused[i]));
-  expect_x_plus(t, v, hx, 0, 1);
-  CHECK_OK(t, cgt_value_release(t, v));
-  test_tree_free(t);
-  test_dev_free(x);
-  test_dev_free(g.state);
+               cgt_status_name(f.g.refused[i]));
+  expect_x_plus(f.t, v, f.hx, 0, 1);
+  CHECK_OK(f.t, cgt_value_release(f.t, v));
+  close_fixture(&f);
 }
 
 static void test_replays_of_a_segment_with_a_prelaunch_are_never_held_back(void **unused) {
   (void)unused;
-  cgt_tree *t = tree_with(0, 1);
-  float hx[N];
-  host_x(hx);
-  float *x = test_dev_floats(hx, N);
+  fixture f;
+  open_fixture(&f, 0, 1, prelaunch_draw);
+  cgt_tree *t = f.t;
   float zeros[N] = {0};
-  generator g = {.state = test_dev_floats(zeros, N)};
   generator plain = {.state = test_dev_floats(zeros, N)};
-  cgt_segment s = register_draw(t, &g, prelaunch_draw);
   cgt_segment_desc d = {"plain", launch_draw, &plain, 1, 1, 0};
   cgt_segment p = 0;
   CHECK_OK(t, cgt_segment_register(t, &d, &p));
-  cgt_arg a = cgt_arg_dynamic(x, sizeof hx);
   for (int run = 1; run <= 5; run++) {
     CHECK_OK(t, cgt_step_begin(t));
     cgt_value vp = {0}, vd = {0};
-    CHECK_OK(t, cgt_run(t, p, 0, &a, 1, &vp, 1));
-    uint64_t launches_before = g.calls;
-    CHECK_OK(t, cgt_run(t, s, 0, &a, 1, &vd, 1));
+    CHECK_OK(t, cgt_run(t, p, 0, &f.a, 1, &vp, 1));
+    int calls_before = f.g.calls;
+    CHECK_OK(t, cgt_run(t, f.s, 0, &f.a, 1, &vd, 1));
     CHECK_TREE(t);
-    assert_int_equal(g.calls, launches_before + 1);
+    assert_int_equal(f.g.calls, calls_before + 1);
     /* The draw replayed now, not later: a plain replay held before it went first, unfused. */
     assert_int_equal(test_stats(t).fused_launches, 0);
-    expect_x_plus(t, vd, hx, (float)(run - 1), run);
-    expect_x_plus(t, vp, hx, 0, run);
+    expect_x_plus(t, vd, f.hx, (float)(run - 1), run);
+    expect_x_plus(t, vp, f.hx, 0, run);
     CHECK_OK(t, cgt_value_release(t, vd));
     CHECK_OK(t, cgt_value_release(t, vp));
   }
   assert_int_equal(test_stats(t).replays, 8);
-  test_tree_free(t);
-  test_dev_free(x);
-  test_dev_free(g.state);
+  close_fixture(&f);
   test_dev_free(plain.state);
 }
 
 static void test_bad_prelaunch_registrations_change_nothing_and_null_removes_it(void **unused) {
   (void)unused;
-  cgt_tree *t = tree_with(0, 0);
-  float hx[N];
-  host_x(hx);
-  float *x = test_dev_floats(hx, N);
-  float zeros[N] = {0};
-  generator g = {.state = test_dev_floats(zeros, N)};
-  cgt_segment s = register_draw(t, &g, prelaunch_draw);
-  assert_int_equal(CGT_ERR_INVALID_ARGUMENT, cgt_segment_set_prelaunch(NULL, s, prelaunch_draw, &g));
+  fixture f;
+  open_fixture(&f, 0, 0, prelaunch_draw);
+  cgt_tree *t = f.t;
+  assert_int_equal(CGT_ERR_INVALID_ARGUMENT, cgt_segment_set_prelaunch(NULL, f.s, prelaunch_draw, &f.g));
   CHECK_STATUS(t, CGT_ERR_INVALID_ARGUMENT, cgt_segment_set_prelaunch(t, 0, NULL, NULL));
-  CHECK_STATUS(t, CGT_ERR_INVALID_ARGUMENT, cgt_segment_set_prelaunch(t, s + 1, NULL, NULL));
-  cgt_arg a = cgt_arg_dynamic(x, sizeof hx);
+  CHECK_STATUS(t, CGT_ERR_INVALID_ARGUMENT, cgt_segment_set_prelaunch(t, f.s + 1, NULL, NULL));
   cgt_value v = {0};
-  CHECK_OK(t, cgt_run(t, s, 0, &a, 1, &v, 1)); /* the refusals left the function in place */
-  assert_int_equal(g.calls, 1);
-  expect_x_plus(t, v, hx, 0, 1);
+  CHECK_OK(t, cgt_run(t, f.s, 0, &f.a, 1, &v, 1)); /* the refusals left the function in place */
+  assert_int_equal(f.g.calls, 1);
+  expect_x_plus(t, v, f.hx, 0, 1);
   CHECK_OK(t, cgt_value_release(t, v));
-  CHECK_OK(t, cgt_segment_set_prelaunch(t, s, NULL, &g));
+  CHECK_OK(t, cgt_segment_set_prelaunch(t, f.s, NULL, &f.g));
   CHECK_OK(t, cgt_step_begin(t));
-  CHECK_OK(t, cgt_run(t, s, 0, &a, 1, &v, 1)); /* a replay, without the function */
+  CHECK_OK(t, cgt_run(t, f.s, 0, &f.a, 1, &v, 1)); /* a replay, without the function */
   assert_int_equal(test_stats(t).replays, 1);
-  assert_int_equal(g.calls, 1);
-  expect_x_plus(t, v, hx, 0, 2); /* the state the last call wrote */
+  assert_int_equal(f.g.calls, 1);
+  expect_x_plus(t, v, f.hx, 0, 2); /* the state the last call wrote */
   CHECK_OK(t, cgt_value_release(t, v));
   CHECK_TREE(t);
-  test_tree_free(t);
-  test_dev_free(x);
-  test_dev_free(g.state);
+  close_fixture(&f);
 }
 
 const struct CMUnitTest prelaunch_tests[] = {
