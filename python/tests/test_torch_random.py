@@ -204,3 +204,61 @@ def test_training_with_dropout_gives_inductors_losses_and_weights():
         assert torch.equal(a, b), "loss %d: %r vs Inductor's %r" % (i, b.item(), a.item())
     for (n, p), (_, q) in zip(model.named_parameters(), ref_model.named_parameters()):
         assert torch.equal(p, q), "weight %s differs from Inductor's" % n
+
+
+def test_a_random_graph_called_on_a_side_stream_draws_inductors_numbers():
+    """The caller's stream is not the legacy default stream: the generator's
+    writes go on the tree's stream, ordered by events."""
+    def f(x):
+        return x + torch.randn_like(x)
+
+    ref, cg = compiled_pair(f)
+    x = torch.zeros(4096, device=DEV)
+    side = torch.cuda.Stream()
+
+    def run(fn):
+        with torch.cuda.stream(side):
+            out = run_seeded(lambda i: fn(x), 10, between=lambda i: torch.rand(5, device=DEV))
+        side.synchronize()
+        return out
+
+    want = run(ref)
+    with Replays() as r:
+        got = run(cg)
+    assert r.plain == [] and r.replays >= 7, vars(r)
+    assert_same_sequence(want, got)
+
+
+def test_a_random_graph_on_a_thread_with_explicit_steps_draws_inductors_numbers():
+    """A thread in explicit step mode runs its tree on a non-blocking stream."""
+    import threading
+
+    def f(x):
+        return torch.nn.functional.dropout(x, 0.4, training=True)
+
+    ref, cg = compiled_pair(f)
+    x = torch.ones(4096, device=DEV)
+    want = run_seeded(lambda i: ref(x), 10)
+    box = {}
+
+    def worker():
+        try:
+            ct.set_step_mode("explicit")
+
+            def call(i):
+                ct.step_begin()
+                return cg(x)
+
+            with Replays() as r:
+                box["got"] = run_seeded(call, 10)
+            box["r"] = r
+        except BaseException as e:  # noqa: BLE001 - reported below
+            box["error"] = e
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert "error" not in box, repr(box.get("error"))
+    r = box["r"]
+    assert r.plain == [] and r.replays >= 7, vars(r)
+    assert_same_sequence(want, box["got"])
