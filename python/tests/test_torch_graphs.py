@@ -133,6 +133,42 @@ def test_random_operators_are_found_by_their_tag_also_inside_nested_graphs():
     assert B.draws_random_numbers(outer)
 
 
+def test_graphs_that_save_or_restore_the_generator_state_are_told_apart_from_plain_random_graphs():
+    """Random graphs are recorded (the generator's state per launch,
+    _rng.py); a graph that saves or restores that state (activation
+    checkpointing's rng ops) cannot be, and runs plainly."""
+    from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def checkpointed(a):
+        state, r = run_and_save_rng_state(torch.ops.aten.rand.default, [3], device=a.device)
+        return a + r + run_with_rng_state(state, torch.ops.aten.rand.default, [3], device=a.device)
+
+    def rnd(a):
+        return a + torch.rand_like(a)
+
+    saved = make_fx(checkpointed)(torch.ones(3))
+    drawn = make_fx(rnd)(torch.ones(3))
+    assert B.restores_random_state(saved) and B.draws_random_numbers(saved)
+    assert B.draws_random_numbers(drawn) and not B.restores_random_state(drawn)
+    why, _ = _backend._plain_reason([_FakeCuda()], {}, restores_rng=True)
+    assert why is not None and "random generator's state" in why
+    why, _ = _backend._plain_reason([_FakeCuda()], {}, restores_rng=False)
+    assert why is None
+
+
+class _FakeCuda(torch.Tensor):
+    """Stands for a CUDA tensor where only its device and dtype are read."""
+
+    @staticmethod
+    def __new__(cls):
+        return torch.Tensor._make_subclass(cls, torch.empty(0))
+
+    @property
+    def device(self):
+        return torch.device("cuda", 0)
+
+
 def test_span_covers_strided_views_and_empty_tensors():
     t = torch.zeros(4, 8)
     assert B.span(t) == 4 * 8 * 4
