@@ -532,13 +532,10 @@ cgt_status node__launch(cgt_tree *t, node *n) {
     if (!ph->copy_op)
       st = ops->copy(&t->dev, ph->ptr, src, ph->bytes);
   }
-  const segment_rec *seg = &t->segments[n->segment - 1];
-  if (st == CGT_OK && seg->prelaunch) {
-    if ((st = prelaunch(t, seg, n->variant)) != CGT_OK) {
-      if (ops->range_pop)
-        ops->range_pop(&t->dev);
-      return st;
-    }
+  if (st == CGT_OK && (st = prelaunch(t, &t->segments[n->segment - 1], n->variant)) != CGT_OK) {
+    if (ops->range_pop)
+      ops->range_pop(&t->dev);
+    return st; /* the prelaunch function's failure, not the backend's */
   }
   if (st == CGT_OK) {
     uint64_t t0 = t->opt.time_launches ? tree__now_ns() : 0;

@@ -29,19 +29,6 @@ void *tx_event_create(void) {
 #endif
 }
 
-void tx_stream_wait(void *waiter, void *signaller, void *event) {
-#ifdef CGT_HAVE_CUDA
-  if (!event)
-    return;
-  cudaEventRecord((cudaEvent_t)event, (cudaStream_t)signaller);
-  cudaStreamWaitEvent((cudaStream_t)waiter, (cudaEvent_t)event, 0);
-#else
-  (void)waiter;
-  (void)signaller;
-  (void)event;
-#endif
-}
-
 void tx_event_record(void *event, void *stream) {
 #ifdef CGT_HAVE_CUDA
   if (event)
@@ -60,6 +47,11 @@ void tx_event_wait(void *stream, void *event) {
   (void)stream;
   (void)event;
 #endif
+}
+
+void tx_stream_wait(void *waiter, void *signaller, void *event) {
+  tx_event_record(event, signaller);
+  tx_event_wait(waiter, event);
 }
 
 /* ------------------------------------------- the stream-ordered pools */
