@@ -109,6 +109,24 @@ void tx_eager_set_front_bytes(size_t bytes);
 uint64_t tx_eager_serial(void);
 size_t tx_eager_held(uint64_t since, size_t *sizes, uint64_t *serials, void **ptrs, size_t cap);
 
+/* What weak reference w refers to (a new reference), or NULL if it died;
+ * never leaves an exception. */
+static inline PyObject *tx_weakref_get(PyObject *w) {
+#if PY_VERSION_HEX >= 0x030D0000
+  PyObject *x = NULL;
+  if (PyWeakref_GetRef(w, &x) < 0)
+    PyErr_Clear();
+  return x;
+#else
+  PyObject *x = PyWeakref_GetObject(w);
+  if (!x) {
+    PyErr_Clear();
+    return NULL;
+  }
+  return x == Py_None ? NULL : Py_NewRef(x);
+#endif
+}
+
 /* ------------------------------------------------------------- dev.c */
 
 void *tx_event_create(void);                 /* NULL without CUDA */
@@ -155,13 +173,14 @@ typedef struct TreeObject {
   uint32_t generations_deferred; /* compiled calls since the step began that began none (backwards pending) */
   uint64_t steps_deferred;       /* all such calls */
   uint64_t steps_forced;         /* steps begun with backwards pending (PENDING_GENERATIONS_MAX) */
-  PyObject *held;                /* a list: the last backward's outputs, kept until the next other call */
+  /* Gradients (stale.c): the leaves that require grad among the inputs of
+   * training forwards, where AccumulateGrad may put a backward's output,
+   * as a dict id(leaf) -> weak reference; its size at the last pruning of
+   * dead ones; .grad tensors moved out of the pool at a step's end. */
+  PyObject *grad_leaves;
+  Py_ssize_t grad_leaves_pruned;
+  uint64_t grads_moved;
 } TreeObject;
-
-/* Drops the outputs of backwards kept for AccumulateGrad (module.c). */
-void tx_tree_release_held(TreeObject *T);
-/* Keeps t alive until the next call that is not a backward's. */
-int tx_tree_hold(TreeObject *T, PyObject *t);
 
 extern PyTypeObject TreeType;
 extern PyObject *TxError;      /* cgtree.torch.CgtreeError */
@@ -190,6 +209,9 @@ extern tx_py TX;
  * exception set. */
 int tx_tree_sync_step(TreeObject *T);
 int tx_tree_step_begin(TreeObject *T);
+/* The current stream of the tree's device, where the caller enqueues
+ * (segment.c); -1 with an exception set. */
+int tx_caller_stream(TreeObject *T, void **out);
 void tx_tree_drain(TreeObject *T);
 PyObject *tx_status_error(TreeObject *T, cgt_status st, const char *what);
 int tx_blas_clear(void); /* drop cuBLAS's workspaces (segment.c); -1 with an exception set */
@@ -274,6 +296,7 @@ struct tx_out_ref {
   int released;      /* the value went back already (an exchange call that failed) */
   int counted;       /* counted in the tree's alive_this_step (a tensor was made) */
   int saved;         /* a saved activation (counted in the tree's saved_alive while its step lasts) */
+  int grad;          /* a backward's output: AccumulateGrad may have made it a .grad (stale.c) */
   TreeObject *tree;  /* borrowed: trees live as long as the process */
   cgt_value value;
   uint64_t step;
@@ -299,9 +322,15 @@ extern PyTypeObject SegmentType;
 int tx_stale_watch(TreeObject *T, tx_out_ref *r, PyObject *t);
 /* r's storage died: it needs no mark. Called under the GIL by the drain. */
 void tx_stale_forget(TreeObject *T, tx_out_ref *r);
-/* The step ends: every output of it whose storage lives is made to raise
- * on any access of its data, through any view. -1 with an exception set. */
+/* The step ends: a .grad that took over an output of it is moved to
+ * memory of its own; then every output whose storage still lives is made
+ * to raise on any access of its data, through any view. -1 with an
+ * exception set (then no output is marked and the step goes on). */
 int tx_stale_mark_step(TreeObject *T);
+/* o, an input at a position of a training forward that may get a gradient,
+ * is remembered if it is a leaf that requires grad (wr: a weak reference to
+ * it). -1 with an exception set (out of host memory). */
+int tx_grad_leaf_note(TreeObject *T, PyObject *o, PyObject *wr);
 /* An exception from reading a tensor's data was our mark's: make it a
  * StaleTensorError (argument i of graph `name`). */
 void tx_stale_translate(const char *name, size_t i);

@@ -107,28 +107,17 @@ int tx_check_probes(PyObject *probes, Py_ssize_t width, PyTypeObject *t0, PyType
  * An explicit mark (cudagraph_mark_step_begin(), step_begin()) always
  * begins a step, as in PyTorch's trees.
  *
- * Gradients. A backward's outputs are kept alive (T->held) until the next
- * call of a graph that is not a backward or the next step: while a second
- * reference lives, autograd's AccumulateGrad copies a gradient into .grad
- * instead of taking the tensor over, so .grad is ordinary memory that
- * outlives steps (gradient accumulation, optimizers compiled apart,
- * zero_grad(set_to_none=False)), never a pool value the next replay
- * overwrites. */
+ * Gradients. A backward's outputs are handed out like any other, so
+ * AccumulateGrad takes a gradient over as .grad where .grad was None, as
+ * in eager and in PyTorch's trees: no copy, and no second set of
+ * gradients. Such a .grad is pool memory of its step; one that outlives the
+ * step (gradient accumulation, zero_grad(set_to_none=False), a zero_grad
+ * after the next forward) is moved to memory of its own when the step ends
+ * (stale.c), before anything could overwrite it, and from then on
+ * AccumulateGrad adds into it in place. */
 enum { PENDING_GENERATIONS_MAX = 64 };
 
-void tx_tree_release_held(TreeObject *T) {
-  if (T->held && PyList_GET_SIZE(T->held))
-    (void)PyList_SetSlice(T->held, 0, PyList_GET_SIZE(T->held), NULL);
-}
-
-int tx_tree_hold(TreeObject *T, PyObject *t) {
-  if (!T->held && !(T->held = PyList_New(0)))
-    return -1;
-  return PyList_Append(T->held, t);
-}
-
 int tx_tree_step_begin(TreeObject *T) {
-  tx_tree_release_held(T);
   tx_out_ref_queue_drain();
   if (tx_stale_mark_step(T) < 0)
     return -1;
@@ -270,7 +259,7 @@ static void tree_dealloc(TreeObject *T) {
   if (T->tree && !T->registry && T->outputs_made == 0)
     cgt_tree_destroy(T->tree);
   Py_XDECREF(T->device_obj);
-  Py_XDECREF(T->held);
+  Py_XDECREF(T->grad_leaves);
   Py_TYPE(T)->tp_free((PyObject *)T);
 }
 
@@ -335,6 +324,8 @@ static PyObject *tree_stats(TreeObject *T, PyObject *unused) {
   PUT("saved_activations_alive", T->saved_alive)
   PUT("steps_deferred", T->steps_deferred)
   PUT("steps_forced", T->steps_forced)
+  PUT("gradients_moved", T->grads_moved)
+  PUT("gradient_leaves", T->grad_leaves ? PyDict_GET_SIZE(T->grad_leaves) : 0)
   PUT("outputs_alive", alive)
 #undef PUT
   return d;

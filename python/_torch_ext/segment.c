@@ -135,6 +135,7 @@ typedef struct seg_run {
   PyObject *exc_type, *exc_value, *exc_tb;
   uint64_t ns_made; /* this call's share of ns_make, so far */
   void *fill_stream; /* where this run's prelaunch writes the generator's state (NULL: the legacy stream) */
+  PyObject **grad_seen; /* a weak reference to the object last seen at each of the segment's grad_pos */
 } seg_run;
 
 struct SegmentObject {
@@ -172,11 +173,14 @@ struct SegmentObject {
   int outputs_known; /* the first call told n_outputs (first_call); runs register with it */
   int rerun_first; /* the graph mutates no input: its first call may run again, in the pool (first_call) */
   /* Training. A forward's results from saved_from on are its saved
-   * activations (counted while alive: module.c, "Steps in training"); a
-   * backward runs on the tree of the thread that called backward() (it
-   * runs on autograd's device thread) and its outputs are held. */
+   * activations (counted while alive: module.c, "Steps in training"); its
+   * inputs at grad_pos may get gradients (their leaves are noted for
+   * stale.c). A backward runs on the tree of the thread that called
+   * backward() (it runs on autograd's device thread); its outputs may
+   * become .grad tensors. */
   uint32_t saved_from;
   int backward;
+  uint32_t *grad_pos, n_grad_pos;
   variant_tmpl *tmpls;
   size_t n_tmpls;
   uint64_t calls, plain_calls;
@@ -254,7 +258,7 @@ static void capsule_destructor(PyObject *cap) {
 
 /* A tensor over value v, laid out as m says. Steals v: on failure v is
  * released (through the queue). */
-static PyObject *make_output(TreeObject *T, cgt_value v, const out_meta *m, int saved, uint64_t *ns_make) {
+static PyObject *make_output(TreeObject *T, cgt_value v, const out_meta *m, int saved, int grad, uint64_t *ns_make) {
   void *ptr = NULL;
   size_t bytes = 0;
   cgt_status st = cgt_value_ptr(T->tree, v, &ptr, &bytes);
@@ -327,6 +331,7 @@ static PyObject *make_output(TreeObject *T, cgt_value v, const out_meta *m, int 
   T->alive_this_step++;
   r->counted = 1;
   r->saved = saved;
+  r->grad = grad;
   T->saved_alive += (uint64_t)saved;
   if (tx_stale_watch(T, r, t) < 0) { /* an output we could not protect is not handed out */
     Py_DECREF(t);
@@ -643,8 +648,7 @@ int tx_data_ptr_slow(PyObject *o, void **out) {
   return *out == NULL && PyErr_Occurred() ? -1 : 0;
 }
 
-/* The current stream of the tree's device, where the caller enqueues. */
-static int caller_stream(TreeObject *T, void **out) {
+int tx_caller_stream(TreeObject *T, void **out) {
   if (tx_exchange_stream(T->device, out))
     return 0;
   PyObject *rs = PyObject_Vectorcall(TX.raw_stream, &T->device_obj, 1, NULL);
@@ -844,12 +848,10 @@ static PyObject *build_result(seg_run *r, variant_tmpl *t) {
   for (uint32_t i = 0; i < t->n_res; i++) {
     PyObject *item;
     if (t->is_tensor[i]) {
-      item = make_output(r->tree, r->outs[k], &t->outs[k], i >= s->saved_from, &r->ns_made);
+      item = make_output(r->tree, r->outs[k], &t->outs[k], i >= s->saved_from, s->backward, &r->ns_made);
       k++;
-      if (!item || (s->backward && tx_tree_hold(r->tree, item) < 0)) {
-        Py_XDECREF(item);
+      if (!item)
         goto fail;
-      }
     } else {
       item = PyTuple_GET_ITEM(t->consts, i);
       Py_INCREF(item);
@@ -873,6 +875,36 @@ static tx_out_ref *output_containing(TreeObject *T, void *ptr, size_t span) {
     if ((char *)ptr >= (char *)o->ptr && span <= o->bytes && (size_t)((char *)ptr - (char *)o->ptr) <= o->bytes - span)
       return o;
   return NULL;
+}
+
+/* A training forward's inputs that may get a gradient: the leaves among
+ * them are where AccumulateGrad may put a backward's output, and stale.c
+ * must find those .grad tensors when their step ends. Each position keeps
+ * a weak reference to the object it saw last, so a call with the same
+ * parameters as the last costs one comparison per position. */
+static int note_grad_leaves(seg_run *r, PyObject *const *args) {
+  SegmentObject *s = r->s;
+  if (!r->grad_seen && !(r->grad_seen = calloc(s->n_grad_pos, sizeof *r->grad_seen))) {
+    PyErr_NoMemory();
+    return -1;
+  }
+  for (uint32_t j = 0; j < s->n_grad_pos; j++) {
+    PyObject *o = args[s->grad_pos[j]];
+    PyObject *seen = r->grad_seen[j] ? tx_weakref_get(r->grad_seen[j]) : NULL;
+    Py_XDECREF(seen); /* o lives (the caller holds it): equal addresses are the same object */
+    if (seen == o)
+      continue;
+    Py_CLEAR(r->grad_seen[j]);
+    PyObject *wr = PyWeakref_NewRef(o, NULL);
+    if (!wr) { /* no weak references to it: no tensor */
+      PyErr_Clear();
+      continue;
+    }
+    r->grad_seen[j] = wr;
+    if (tx_grad_leaf_note(r->tree, o, wr) < 0)
+      return -1;
+  }
+  return 0;
 }
 
 static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyObject *kwnames, uint64_t t0);
@@ -906,8 +938,6 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
   if (!r)
     return NULL;
   TreeObject *T = r->tree;
-  if (!s->backward)
-    tx_tree_release_held(T); /* AccumulateGrad has copied the last backward's gradients */
   if (tx_tree_sync_step(T) < 0)
     return NULL;
   tx_out_ref_queue_drain();
@@ -1002,9 +1032,11 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
    * blocking tree stream by CUDA itself; any other needs events. */
   if (!statics_same && s->static_idx)
     s->static_known = statics_noted && !fast; /* every STATIC pointer was read, and noted, just now */
+  if (s->n_grad_pos && note_grad_leaves(r, args) < 0)
+    return NULL;
   uint64_t t_args = tx_now_ns();
   void *caller;
-  if (caller_stream(T, &caller) < 0)
+  if (tx_caller_stream(T, &caller) < 0)
     return NULL;
   if (!s->outputs_known) { /* runs on the caller's stream: wait for the tree's outputs */
     if ((caller || !T->blocking) && caller != T->stream)
@@ -1135,21 +1167,27 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
 static int seg_init(SegmentObject *s, PyObject *a, PyObject *kw) {
   static char *kwlist[] = {"tree", "name", "compiled", "launch", "alias", "describe", "span",
                            "kinds", "spans", "flags", "dynamic_spans", "rerun_first", "saved_from", "backward",
-                           "prelaunch", "side_stream", NULL};
-  PyObject *tree, *compiled, *launch, *alias, *describe, *span, *spans, *prelaunch = Py_None;
+                           "prelaunch", "side_stream", "grad_inputs", NULL};
+  PyObject *tree, *compiled, *launch, *alias, *describe, *span, *spans, *prelaunch = Py_None, *grad_inputs = Py_None;
   const char *name;
   Py_buffer kinds;
   unsigned int flags = 0;
   int dyn = 0, rerun = 0, backward = 0;
   unsigned int saved_from = UINT32_MAX;
   unsigned long long side_stream = 0;
-  if (!PyArg_ParseTupleAndKeywords(a, kw, "O!sOOOOOy*O!|IppIpOK", kwlist, &TreeType, &tree, &name, &compiled,
-                                   &launch, &alias, &describe, &span, &kinds, &PyTuple_Type, &spans, &flags, &dyn,
-                                   &rerun, &saved_from, &backward, &prelaunch, &side_stream))
+  if (!PyArg_ParseTupleAndKeywords(a, kw, "O!sOOOOOy*O!|IppIpOKO", kwlist, &TreeType, &tree, &name,
+                                   &compiled, &launch, &alias, &describe, &span, &kinds, &PyTuple_Type, &spans,
+                                   &flags, &dyn, &rerun, &saved_from, &backward, &prelaunch, &side_stream,
+                                   &grad_inputs))
     return -1;
   if (prelaunch != Py_None && !PyCallable_Check(prelaunch)) {
     PyBuffer_Release(&kinds);
     PyErr_SetString(PyExc_TypeError, "prelaunch is a callable or None");
+    return -1;
+  }
+  if (grad_inputs != Py_None && !PyTuple_Check(grad_inputs)) {
+    PyBuffer_Release(&kinds);
+    PyErr_SetString(PyExc_TypeError, "grad_inputs is a tuple of argument positions or None");
     return -1;
   }
   if (PyTuple_GET_SIZE(spans) != kinds.len) {
@@ -1175,6 +1213,24 @@ static int seg_init(SegmentObject *s, PyObject *a, PyObject *kw) {
   }
   if (PyErr_Occurred())
     return -1;
+  if (grad_inputs != Py_None && PyTuple_GET_SIZE(grad_inputs)) {
+    Py_ssize_t n = PyTuple_GET_SIZE(grad_inputs);
+    if (!(s->grad_pos = malloc((size_t)n * sizeof *s->grad_pos))) {
+      PyErr_NoMemory();
+      return -1;
+    }
+    for (Py_ssize_t j = 0; j < n; j++) {
+      long i = PyLong_AsLong(PyTuple_GET_ITEM(grad_inputs, j));
+      if (i == -1 && PyErr_Occurred())
+        return -1;
+      if (i < 0 || (unsigned long)i >= s->n_args || s->arg_kind[i] > ARG_TENSOR_STATIC) {
+        PyErr_Format(PyExc_ValueError, "grad_inputs: %ld is not the position of a tensor argument", i);
+        return -1;
+      }
+      s->grad_pos[j] = (uint32_t)i;
+    }
+    s->n_grad_pos = (uint32_t)n;
+  }
   s->static_ptr = calloc(s->n_args + 1, sizeof *s->static_ptr);
   s->static_ptrs = PyList_New(s->n_args);
   if (!s->static_ptr || !s->static_ptrs) {
@@ -1234,11 +1290,15 @@ static void seg_dealloc(SegmentObject *s) {
   free(s->arg_kind);
   free(s->arg_span);
   free(s->static_ptr);
+  free(s->grad_pos);
   Py_XDECREF(s->static_ptrs);
   Py_XDECREF(s->static_idx);
   for (size_t i = 0; i < s->n_runs; i++) { /* only runs never registered: a registered one holds s */
     seg_run *r = s->runs[i];
     free(r->args), free(r->ptrs), free(r->offs), free(r->outs);
+    for (uint32_t j = 0; r->grad_seen && j < s->n_grad_pos; j++)
+      Py_XDECREF(r->grad_seen[j]);
+    free(r->grad_seen);
     Py_XDECREF(r->tree);
     Py_XDECREF(r->exc_type), Py_XDECREF(r->exc_value), Py_XDECREF(r->exc_tb);
     free(r);

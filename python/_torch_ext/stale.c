@@ -32,6 +32,29 @@
  * only frees the context. Passing a marked tensor to a compiled graph fails
  * where its pointer is read; tx_stale_translate turns that error into
  * StaleTensorError.
+ *
+ * Gradients are the one kind of output a program keeps across steps on
+ * purpose. A backward's outputs are handed out like any other, and where a
+ * parameter's .grad is None autograd's AccumulateGrad takes the output
+ * over as .grad (its detached alias: the same storage), as eager does: no
+ * copy, no second set of gradients, and the optimizer reads the pool. Most
+ * loops drop .grad before the next forward (zero_grad() sets it to None),
+ * and then nothing more happens. A .grad that lives on when its step ends
+ * (gradient accumulation, zero_grad(set_to_none=False), a zero_grad after
+ * the next forward) must not be marked, nor overwritten: it is moved. We
+ * cannot find the tensors that share a storage, but we can find .grad
+ * tensors: segment.c notes the leaves that require grad among the inputs of
+ * training forwards (tx_grad_leaf_note), by weak reference, and at the
+ * step's end each such leaf whose .grad shares the storage of a live
+ * backward output gets `grad.set_(grad.clone())`: the same tensor object
+ * (every reference the program holds to it follows), its data copied into
+ * memory of its own, ordered before the tree's next work. Any other tensor
+ * still on the old storage (a view of .grad the program kept) is then
+ * marked like every other output, so it raises: never silently wrong. Once
+ * moved, .grad is ordinary memory and AccumulateGrad adds into it in place
+ * from then on, so a program that keeps .grad pays one copy per parameter
+ * once, where holding the outputs back made AccumulateGrad copy every
+ * gradient at every step.
  */
 #include "ext.h"
 
@@ -72,9 +95,140 @@ void tx_stale_forget(TreeObject *T, tx_out_ref *r) {
   Py_CLEAR(r->storage);
 }
 
+int tx_grad_leaf_note(TreeObject *T, PyObject *o, PyObject *wr) {
+  static PyObject *str_is_leaf, *str_requires_grad;
+  if (!str_is_leaf && !(str_is_leaf = PyUnicode_InternFromString("is_leaf")))
+    return -1;
+  if (!str_requires_grad && !(str_requires_grad = PyUnicode_InternFromString("requires_grad")))
+    return -1;
+  int yes = 1;
+  PyObject *names[2] = {str_requires_grad, str_is_leaf};
+  for (int i = 0; i < 2 && yes; i++) {
+    PyObject *v = PyObject_GetAttr(o, names[i]);
+    yes = v ? PyObject_IsTrue(v) : 0;
+    Py_XDECREF(v);
+    if (yes < 0 || PyErr_Occurred()) { /* not a tensor as autograd sees one: no .grad to look after */
+      PyErr_Clear();
+      yes = 0;
+    }
+  }
+  if (!yes)
+    return 0;
+  if (!T->grad_leaves && !(T->grad_leaves = PyDict_New()))
+    return -1;
+  PyObject *key = PyLong_FromVoidPtr(o);
+  int rc = key ? PyDict_SetItem(T->grad_leaves, key, wr) : -1;
+  Py_XDECREF(key);
+  if (rc < 0)
+    return -1;
+  if (PyDict_GET_SIZE(T->grad_leaves) <= 2 * T->grad_leaves_pruned + 64)
+    return 0;
+  /* Leaves die (a model deleted, a batch that required grad): drop the
+   * dead ones once the dict has doubled since the last time. */
+  PyObject *k, *w;
+  Py_ssize_t pos = 0;
+  PyObject *dead = PyList_New(0);
+  if (!dead)
+    return -1;
+  while (PyDict_Next(T->grad_leaves, &pos, &k, &w)) {
+    PyObject *leaf = tx_weakref_get(w);
+    Py_XDECREF(leaf);
+    if (!leaf && PyList_Append(dead, k) < 0) {
+      Py_DECREF(dead);
+      return -1;
+    }
+  }
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(dead); i++)
+    (void)PyDict_DelItem(T->grad_leaves, PyList_GET_ITEM(dead, i));
+  Py_DECREF(dead);
+  T->grad_leaves_pruned = PyDict_GET_SIZE(T->grad_leaves);
+  return 0;
+}
+
+/* leaf.grad, if it shares a storage in `kept`, moves to memory of its own:
+ * 1 if it moved, 0 if not, -1 with an exception set. */
+static int move_grad(PyObject *leaf, PyObject *kept) {
+  static PyObject *str_grad, *str_clone, *str_set;
+  if (!str_grad && !(str_grad = PyUnicode_InternFromString("grad")))
+    return -1;
+  if (!str_clone && !(str_clone = PyUnicode_InternFromString("clone")))
+    return -1;
+  if (!str_set && !(str_set = PyUnicode_InternFromString("set_")))
+    return -1;
+  PyObject *g = PyObject_GetAttr(leaf, str_grad);
+  if (!g)
+    return -1;
+  int moved = 0;
+  if (g != Py_None) {
+    PyObject *sto = PyObject_CallMethodNoArgs(g, TX.str_untyped_storage);
+    PyObject *key = sto ? PyObject_GetAttr(sto, TX.str_cdata) : NULL;
+    Py_XDECREF(sto);
+    moved = key ? PyDict_Contains(kept, key) : -1;
+    Py_XDECREF(key);
+    if (moved == 1) {
+      PyObject *copy = PyObject_CallMethodNoArgs(g, str_clone);
+      PyObject *res = copy ? PyObject_CallMethodOneArg(g, str_set, copy) : NULL;
+      Py_XDECREF(copy);
+      Py_XDECREF(res);
+      if (!res)
+        moved = -1;
+    }
+  }
+  Py_DECREF(g);
+  return moved;
+}
+
+/* Moves every .grad that shares the storage of a live backward output of
+ * the ending step (see the top of this file). -1 with an exception set. */
+static int move_kept_grads(TreeObject *T) {
+  if (!T->grad_leaves || !PyDict_GET_SIZE(T->grad_leaves))
+    return 0;
+  PyObject *kept = NULL;
+  for (tx_out_ref *r = T->step_outputs; r; r = r->step_next) {
+    if (!r->grad || tx_out_ref_dead(r))
+      continue;
+    if (!kept && !(kept = PyDict_New()))
+      return -1;
+    if (PyDict_SetItem(kept, r->storage, Py_True) < 0) {
+      Py_DECREF(kept);
+      return -1;
+    }
+  }
+  if (!kept)
+    return 0; /* the usual loop: zero_grad() dropped every .grad already */
+  PyObject *leaves = PyDict_Values(T->grad_leaves); /* a snapshot: moving runs PyTorch's code */
+  int rc = leaves ? 0 : -1;
+  uint64_t moved = 0;
+  for (Py_ssize_t i = 0; leaves && i < PyList_GET_SIZE(leaves) && rc == 0; i++) {
+    PyObject *leaf = tx_weakref_get(PyList_GET_ITEM(leaves, i));
+    if (!leaf)
+      continue;
+    int m = move_grad(leaf, kept);
+    Py_DECREF(leaf);
+    if (m < 0)
+      rc = -1;
+    moved += (uint64_t)(m == 1);
+  }
+  Py_XDECREF(leaves);
+  Py_DECREF(kept);
+  T->grads_moved += moved;
+  if (moved && rc == 0) {
+    /* The copies are on the caller's stream; the tree's next work may
+     * overwrite what they read. */
+    void *caller;
+    if (tx_caller_stream(T, &caller) < 0)
+      return -1;
+    if ((caller || !T->blocking) && caller != T->stream)
+      tx_stream_wait(T->stream, caller, T->ev_in);
+  }
+  return rc;
+}
+
 int tx_stale_mark_step(TreeObject *T) {
   if (!T->step_outputs)
     return 0;
+  if (move_kept_grads(T) < 0)
+    return -1;
   char msg[512];
   snprintf(msg, sizeof msg,
            "%s: this tensor is an output of a graph compiled with backend='cgtree' in step %llu, and a later "

@@ -74,7 +74,7 @@ def test_compiled_model_replays_bit_equal_to_plain_inductor():
     s = ct.stats()
     assert s["recordings"] - before.get("recordings", 0) >= 1
     assert s["replays"] - before.get("replays", 0) >= 5
-    assert s["graphs_plain"] == 0
+    assert s["graphs_plain"] == before["graphs_plain"]  # the process's count: other tests' graphs may run plainly
 
 
 def test_the_hot_path_uses_dlpacks_exchange_api_and_a_weight_moved_under_it_is_seen():

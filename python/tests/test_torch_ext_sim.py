@@ -60,8 +60,8 @@ class FakeStorage:
 
     live = weakref.WeakValueDictionary()  # _cdata -> storage, as PyTorch finds a StorageImpl by address
 
-    def __init__(self, managed=None):
-        self.managed, self.error = managed, None
+    def __init__(self, managed=None, owned=None):
+        self.managed, self.owned, self.error = managed, owned, None  # owned: (ptr, nbytes) allocated for it
         self._cdata = id(self)
         FakeStorage.live[self._cdata] = self
 
@@ -73,6 +73,8 @@ class FakeStorage:
         if self.managed is not None:
             addr, deleter = self.managed
             deleter(addr)
+        if self.owned is not None:
+            _lib.cgt_torch_free(self.owned[0], self.owned[1], -1, None)
 
 
 marks = []  # (key, message) of every call of the stand-in mark function
@@ -89,11 +91,15 @@ class FakeTensor:
 
     def __init__(self, n, ptr=None, managed=None, storage=None):
         self.n, self.nbytes = n, 4 * n
-        self.owned = ptr is None
         # Device -1: host memory outside launches (PyTorch never asks for it), so this
-        # module can share a process with cgtree.torch's real allocator.
-        self.ptr = _lib.cgt_torch_alloc(self.nbytes, -1, None) if ptr is None else ptr
-        self.storage = storage or FakeStorage(managed)  # (address of the DLManagedTensor, its deleter)
+        # module can share a process with cgtree.torch's real allocator. The storage
+        # frees it, as PyTorch's StorageImpl does.
+        owned = None
+        if ptr is None:
+            ptr = _lib.cgt_torch_alloc(self.nbytes, -1, None)
+            owned = (ptr, self.nbytes)
+        self.ptr = ptr
+        self.storage = storage or FakeStorage(managed, owned)  # managed: (address of the DLManagedTensor, its deleter)
 
     def untyped_storage(self):
         return self.storage
@@ -119,9 +125,13 @@ class FakeTensor:
         (ctypes.c_float * self.n).from_address(self.ptr)[:] = vals
         return self
 
-    def __del__(self):
-        if self.owned:
-            _lib.cgt_torch_free(self.ptr, self.nbytes, -1, None)
+    def clone(self):
+        return FakeTensor(self.n).fill(self.values())
+
+    def set_(self, source):
+        """Takes source's storage and layout, keeping this object, as Tensor.set_ does."""
+        self.n, self.nbytes, self.ptr, self.storage = source.n, source.nbytes, source.ptr, source.storage
+        return self
 
 
 def fake_from_dlpack(cap):
@@ -364,7 +374,7 @@ def test_static_pointers_are_confirmed_in_one_check_and_a_moved_one_is_seen(tree
             assert checks[-5:] == [list(range(1, 9))] * 5
             w = ws[0]
             w2 = CountedTensor(4).fill([20, 20, 20, 20])
-            w.ptr, w.owned, w2.owned = w2.ptr, True, False  # the weight moved (param.data = ...)
+            w.set_(w2)  # the weight moved (param.data = ...)
             (y,) = call(seg, x, *ws)
             assert y.values() == [21, 22, 23, 24]  # a new node for the new address, not a stale replay
             assert CountedTensor.reads == 8  # the check failed: all read one by one
@@ -1456,17 +1466,130 @@ def test_a_new_call_begins_no_step_while_a_saved_activation_lives_and_one_once_n
     assert tree.stats()["step"] == step0 + 2  # nothing pending: a step began
 
 
-def test_a_backward_holds_its_outputs_until_the_next_call_that_is_not_a_backward(tree):
-    fw, bw, x, t = replaying_training_pair(tree)
-    out, saved = call(fw, x)
-    (grad,) = bw(saved, t)
-    ref = weakref.ref(grad)
-    del grad
+class Leaf(FakeTensor):
+    """A parameter: a leaf that requires grad, whose .grad AccumulateGrad sets."""
+
+    requires_grad = True
+    is_leaf = True
+
+    def __init__(self, n):
+        super().__init__(n)
+        self.grad = None
+
+    def accumulate(self, g):
+        """AccumulateGrad: where .grad is None it takes g over (g's alias, the
+        same storage); else it adds g into .grad in place."""
+        if self.grad is None:
+            self.grad = g.view()
+        else:
+            self.grad.fill([a + b for a, b in zip(self.grad.values(), g.values())])
+
+
+class ParamForwardGraph:
+    """A training forward of x and a parameter w: out = x + w, saving x (times 1)."""
+
+    def __init__(self, tree):
+        self.tree = tree
+
+    def __call__(self, x, w):
+        out, saved = FakeTensor(x.n), FakeTensor(x.n)
+        X.sim_launch(self.tree.stream, k_add, out.ptr, x.ptr, w.ptr, x.n)
+        X.sim_launch(self.tree.stream, k_affine, saved.ptr, x.ptr, x.n, 1.0, 0.0)
+        return (out, saved)
+
+
+def param_training_pair(tree):
+    """Segments of ParamForwardGraph (w, its argument 1, may get a gradient)
+    and BackwardGraph (w's gradient: saved + tangent), a parameter w, an
+    input x and a tangent t, after steps enough for both to replay."""
+    fg, bg = ParamForwardGraph(tree), BackwardGraph(tree)
+    fw = X.Segment(tree, "fw", fg, lambda inputs: fg(*inputs), alias, describe, span,
+                   bytes((ARG_TENSOR, ARG_TENSOR_STATIC)), (16, 16), 0, False, saved_from=1, grad_inputs=(1,))
+    bw = X.Segment(tree, "bw", bg, lambda inputs: bg(*inputs), alias, describe, span,
+                   bytes((ARG_TENSOR, ARG_TENSOR)), (16, 16), 0, False, backward=True)
+    w, x, t = Leaf(4).fill([0, 0, 0, 0]), FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
+    for _ in range(4):
+        param_step(fw, bw, w, x, t)
+        w.grad = None
     gc.collect()
-    assert ref() is not None  # held: AccumulateGrad would copy it rather than take it over
-    call(fw, x)
-    gc.collect()
-    assert ref() is None
+    assert tree.stats()["replays"] >= 2
+    return fw, bw, w, x, t
+
+
+def param_step(fw, bw, w, x, t):
+    """A training step: forward, backward, AccumulateGrad; returns the
+    backward's output (for its address)."""
+    out, saved = call(fw, x, w)
+    (g,) = bw(saved, t)
+    w.accumulate(g)
+    return g.ptr
+
+
+def test_a_backwards_output_becomes_grad_without_a_copy_and_the_usual_loop_moves_nothing(tree):
+    fw, bw, w, x, t = param_training_pair(tree)
+    moved0 = tree.stats()["gradients_moved"]
+    for _ in range(5):
+        w.grad = None  # zero_grad() before the forward
+        g_ptr = param_step(fw, bw, w, x, t)
+        assert w.grad.ptr == g_ptr  # .grad is the backward's output itself: no copy, no second set
+        assert w.grad.values() == [2, 3, 4, 5]
+    s = tree.stats()
+    assert s["gradients_moved"] == moved0 and s["gradient_leaves"] == 1
+
+
+def test_a_grad_that_outlives_its_step_moves_to_memory_of_its_own_and_a_kept_view_of_the_old_raises(tree):
+    fw, bw, w, x, t = param_training_pair(tree)
+    moved0, marked0 = tree.stats()["gradients_moved"], tree.stats()["outputs_marked_stale"]
+    g_ptr = param_step(fw, bw, w, x, t)  # no zero_grad from here on: .grad lives across steps
+    grad, kept_view = w.grad, w.grad.view()
+    assert grad.ptr == g_ptr
+    g_ptr2 = param_step(fw, bw, w, x, t)  # its forward begins a step: .grad moves, then accumulates
+    s = tree.stats()
+    assert s["gradients_moved"] == moved0 + 1 and s["outputs_marked_stale"] == marked0 + 1
+    assert w.grad is grad and grad.ptr not in (g_ptr, g_ptr2)  # the same object, on memory of its own
+    assert grad.values() == [4, 6, 8, 10]  # both steps' gradients, nothing overwritten
+    with pytest.raises(RuntimeError, match="StaleTensorError"):
+        kept_view.values()  # still on the old storage, which the new step may reuse
+    for _ in range(3):  # ordinary memory now: AccumulateGrad adds into it, nothing moves again
+        param_step(fw, bw, w, x, t)
+    assert grad.values() == [10, 15, 20, 25]
+    assert tree.stats()["gradients_moved"] == moved0 + 1
+
+
+def test_gradient_accumulation_over_two_forwards_keeps_the_first_gradient(tree):
+    fw, bw, w, x, t = param_training_pair(tree)
+    x2 = FakeTensor(4).fill([10, 20, 30, 40])
+    for _ in range(3):
+        w.grad = None
+        param_step(fw, bw, w, x, t)  # micro-batch 1: .grad takes the output over
+        param_step(fw, bw, w, x2, t)  # micro-batch 2: a new step; .grad moves first, then adds
+        assert w.grad.values() == [2 + 11, 3 + 21, 4 + 31, 5 + 41]
+
+
+def test_only_leaves_that_require_grad_are_noted_and_dead_ones_are_dropped(tree):
+    fg = ParamForwardGraph(tree)
+    fw = X.Segment(tree, "fw", fg, lambda inputs: fg(*inputs), alias, describe, span,
+                   bytes((ARG_TENSOR, ARG_TENSOR_STATIC)), (16, 16), 0, False, saved_from=1, grad_inputs=(0, 1))
+    x = FakeTensor(4).fill([1, 2, 3, 4])  # no requires_grad: not a leaf autograd gives a .grad
+    for _ in range(300):  # a new parameter object each call, each dead by the next
+        out, saved = call(fw, x, Leaf(4).fill([0, 0, 0, 0]))
+        del out, saved
+    n = tree.stats()["gradient_leaves"]
+    assert 1 <= n <= 2 * 64 + 64  # pruned as the dict doubles: bounded, not 300
+    w = Leaf(4)
+    call(fw, x, w)
+    call(fw, x, w)  # the same object again: one comparison, nothing noted
+    assert tree.stats()["gradient_leaves"] <= n + 1
+
+
+def test_grad_inputs_must_name_tensor_positions(tree):
+    g = Graph(tree, 1.0, 0.0)
+    for bad in ((2,), (-1,), (1,)):  # past the end, negative, an int argument
+        with pytest.raises(ValueError, match="grad_inputs"):
+            X.Segment(tree, "g", g, g, alias, describe, span, bytes((ARG_TENSOR, ARG_INT)), (16, 0), 0, False,
+                      grad_inputs=bad)
+    with pytest.raises(TypeError, match="grad_inputs"):
+        X.Segment(tree, "g", g, g, alias, describe, span, bytes((ARG_TENSOR,)), (16,), 0, False, grad_inputs=[0])
 
 
 def test_an_explicit_mark_begins_a_step_even_with_a_backward_pending_and_the_backward_then_raises(tree):

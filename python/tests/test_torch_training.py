@@ -96,6 +96,49 @@ def test_gradients_are_ordinary_memory_that_survives_the_next_step():
     assert_same_params(model, ref)
 
 
+def test_gradients_become_grad_without_a_copy_in_the_usual_loop():
+    cf, model, rf, ref = pair(mlp(width=256))
+    xs = batches(8, width=256)
+    moved0 = ct.stats()["gradients_moved"]
+    assert torch.equal(train(cf, model, xs), train(rf, ref, xs))  # zero_grad() before each forward
+    assert_same_params(model, ref)
+    assert ct.stats()["gradients_moved"] == moved0  # no .grad outlived its step: nothing copied
+    model.zero_grad(set_to_none=True)
+    grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    eager0 = ct.memory_stats()["eager_in_use"]
+    cf(xs[0]).square().mean().backward()  # a replay: AccumulateGrad takes each output over
+    grown = ct.memory_stats()["eager_in_use"] - eager0
+    assert all(p.grad is not None for p in model.parameters())
+    assert grown < grad_bytes // 4, "the gradients were copied out of the pool (%d bytes)" % grown
+
+
+def test_a_grad_kept_past_its_step_moves_out_of_the_pool_once_and_a_kept_view_of_the_old_memory_raises():
+    cf, model, rf, ref = pair(mlp(width=256))
+    xs = batches(10, width=256)
+    moved0 = ct.stats()["gradients_moved"]
+    for m, f in ((model, cf), (ref, rf)):
+        opt = torch.optim.SGD(m.parameters(), lr=1e-3, momentum=0.9)
+        for i, x in enumerate(xs):
+            opt.zero_grad(set_to_none=i < 5)  # from step 5 on, .grad lives across steps
+            f(x).square().mean().backward()
+            opt.step()
+    assert_same_params(model, ref)
+    n = len(list(model.parameters()))
+    assert ct.stats()["gradients_moved"] - moved0 == n  # each once; ordinary memory from then on
+    for i in range(4):  # an input's gradient is kept too: a graph of its own, warmed up and recorded first
+        model.zero_grad(set_to_none=True)
+        x = xs[i].clone().requires_grad_()
+        cf(x).square().mean().backward()
+    assert ct.stats()["gradients_moved"] - moved0 == n
+    w = model[0].weight
+    view, want_w, want_x = w.grad.view(-1), w.grad.clone(), x.grad.clone()
+    cf(xs[1])  # a new step: .grad moves, the view stays on memory the step may reuse
+    assert ct.stats()["gradients_moved"] - moved0 == 2 * n + 1
+    assert torch.equal(w.grad, want_w) and torch.equal(x.grad, want_x)
+    with pytest.raises(RuntimeError, match="StaleTensorError"):
+        view.sum()
+
+
 def test_two_forwards_then_two_backwards_keep_both_saved_activations():
     cf, model, rf, ref = pair(mlp())
     xs = batches(10)

@@ -31,8 +31,11 @@ activation is a value of the pool (found at run time), a saved user input
 (the batch) is new at every step and is copied (DYNAMIC). The forward's
 compile records which is which under its ``graph_id``, which the backward
 shares. A backward runs on the tree of the thread that called backward()
-(autograd runs it on its device thread) and its gradients are held until
-the next call, so that AccumulateGrad copies them into ``.grad``.
+(autograd runs it on its device thread); AccumulateGrad takes its
+gradients over as ``.grad`` as in eager, and a ``.grad`` that outlives its
+step is moved out of the pool when the step ends (stale.c). For that the
+forward tells segment.c which of its inputs may get a gradient
+(``fw_metadata.input_info``).
 
 Random graphs. A graph that draws random numbers is recorded too: its
 recording reads the CUDA generator's seed and offset from device memory,
@@ -44,6 +47,7 @@ Inductor's speed, with a warning naming the reason once: graphs with no
 CUDA tensor, graphs that save or restore the generator's state, inputs on
 several devices, dtypes DLPack cannot describe.
 """
+import functools
 import itertools
 import warnings
 
@@ -52,7 +56,8 @@ import torch
 from .. import _torch_ext as _ext
 from . import _install
 
-from ._graphs import _DL, describe, draws_random_numbers, mutated_inputs, plan_inputs, restores_random_state, span
+from ._graphs import (_DL, ARG_TENSOR, ARG_TENSOR_STATIC, describe, draws_random_numbers, mutated_inputs,
+                      plan_inputs, restores_random_state, span)
 from ._rng import RandomDraws
 
 _counter = itertools.count(1)
@@ -139,6 +144,18 @@ def _saved_activations(gm):
     return saved_from, inputs
 
 
+def _grad_inputs(example_inputs):
+    """The positions of a training forward's inputs that may get a gradient:
+    those AOTAutograd's metadata says require grad, or every tensor where
+    the metadata does not match the graph's inputs."""
+    ctx = torch._guards.TracingContext.try_get()
+    info = getattr(getattr(ctx, "fw_metadata", None), "input_info", None) if ctx is not None else None
+    tensors = [i for i, x in enumerate(example_inputs) if isinstance(x, torch.Tensor)]
+    if info is None or len(info) != len(example_inputs):
+        return tuple(tensors)
+    return tuple(i for i in tensors if getattr(info[i], "requires_grad", True))
+
+
 def _backward_static(example_inputs, kwargs):
     """The backward's STATIC inputs: the saved tensors that are static
     inputs of its forward, when the forward's compile told us (else none:
@@ -160,9 +177,10 @@ def inner_compile(gm, example_inputs, **kwargs):
     why, device = _plain_reason(example_inputs, kwargs, restores_random_state(gm))
     backward = bool(kwargs.get("is_backward"))
     forward_training = not backward and not kwargs.get("is_inference", False)
-    saved_from, saved_inputs = None, None
+    saved_from, saved_inputs, grad_inputs = None, None, ()
     if forward_training:  # before Inductor, whose passes rewrite gm
         saved_from, saved_inputs = _saved_activations(gm)
+        grad_inputs = _grad_inputs(example_inputs)
     compiled = compile_fx_inner(gm, example_inputs, **kwargs)
     static_idxs = tuple(kwargs.get("static_input_idxs") or ())
     mutated, known = mutated_inputs(compiled, len(example_inputs))
@@ -189,19 +207,16 @@ def inner_compile(gm, example_inputs, **kwargs):
         _install.prewarm_blas(index)  # an old PyTorch: the workspace outside the pool
     plain = _boxed(compiled)
     extra = {"backward": backward}
+    run = plain
+    if rng:  # a replay must draw fresh numbers: the generator's state per launch (_rng.py)
+        draws = RandomDraws(index, lambda: _install.tree_for(index)[1])
+        run = functools.partial(draws.run, plain)
+        extra["prelaunch"] = draws.prelaunch
+        extra["side_stream"] = draws.side.cuda_stream
 
     def launch(inputs):  # warmups and recordings only, on the calling thread's tree's stream
         with torch.cuda.stream(_install.tree_for(index)[1]):
-            return plain(*inputs)
-
-    if rng:  # a replay must draw fresh numbers: the generator's state per launch (_rng.py)
-        draws = RandomDraws(index, lambda: _install.tree_for(index)[1])
-
-        def launch(inputs):  # noqa: F811
-            return draws.launch(plain, inputs)
-
-        extra["prelaunch"] = draws.prelaunch
-        extra["side_stream"] = draws.side.cuda_stream
+            return run(*inputs)
 
     # A graph that mutates no input may run a second time at its first call,
     # so that what it returns lies in the pool (segment.c, first_call). Not
@@ -211,6 +226,7 @@ def inner_compile(gm, example_inputs, **kwargs):
     # would draw again.
     if forward_training:
         extra["saved_from"] = saved_from
+        extra["grad_inputs"] = tuple(i for i in grad_inputs if kinds[i] in (ARG_TENSOR, ARG_TENSOR_STATIC))
     record["segment"] = name = "graph%d" % next(_counter)  # its nodes' "segment" in cgtree.torch.nodes()
     seg = _ext.Segment(tree, name, plain, launch, alias, describe, span, bytes(kinds),
                        tuple(spans), 0, dynamic, not mutated and not backward and not rng, **extra)

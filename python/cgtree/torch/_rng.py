@@ -120,20 +120,19 @@ class RandomDraws:
         self.brackets = {}
         self.recorded = threading.local()  # .bracket: the empty graph of this thread's capture just ended
 
-    def launch(self, plain, inputs):
-        """Warmups and eager runs call the graph plainly; a capture is
+    def run(self, plain, *inputs):
+        """The graph's run inside its launch function (on the tree's
+        stream): warmups and eager runs call it plainly; a capture is
         bracketed by an empty torch.cuda.CUDAGraph."""
         self.recorded.bracket = None
-        stream = self.tree_stream()
-        with torch.cuda.stream(stream):
-            if not torch.cuda.is_current_stream_capturing():
-                return plain(*inputs)
-            with _capture_lock:
-                bracket = _empty_capture_begin(self.side)
-                try:
-                    out = plain(*inputs)
-                finally:
-                    _empty_capture_end(bracket, self.side)
+        if not torch.cuda.is_current_stream_capturing():
+            return plain(*inputs)
+        with _capture_lock:
+            bracket = _empty_capture_begin(self.side)
+            try:
+                out = plain(*inputs)
+            finally:
+                _empty_capture_end(bracket, self.side)
         self.recorded.bracket = bracket
         return out
 
