@@ -80,8 +80,10 @@ export PYTHONPATH=$P${PYTHONPATH:+:$PYTHONPATH}
 # cgtree.torch's allocator when pytest collects them, and its simulator
 # tests swap the hot path for fakes, so each group has a process of its own.
 if want python; then
+# The `cgtree` script exists only where the package was pip-installed (the
+# pip stage, CI): its cases are left to them.
 timeout 150 python3 -m pytest -q -rs -p no:cacheprovider python/tests --ignore-glob='*test_torch_*' \
-  > "$OUT/pytest.log" 2>&1
+  -k "not script and not pip_install" > "$OUT/pytest.log" 2>&1
 note "pytest (binding) rc=$? $(tail -1 "$OUT/pytest.log")"
 grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -10 | tee -a "$sum"
 timeout 60 python3 -m pytest -q -rf -p no:cacheprovider python/tests/test_torch_ext_sim.py \

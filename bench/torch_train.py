@@ -2,7 +2,7 @@
 """Training steps on cgtree, side by side with PyTorch (issue: training).
 
     python3 bench/torch_train.py [--models mlp,branch,gpt2,gpt2drop] [--modes eager,inductor,reduce-overhead,cgtree]
-                                 [--optimizer eager|compiled] [--rounds 3] [--profile MODES] [--out results.jsonl]
+                                 [--optimizer eager|compiled|compiled-none] [--rounds 3] [--profile MODES] [--out results.jsonl]
 
 Each (model, mode) runs in a fresh process (cgtree's allocator must be
 installed before CUDA starts; PyTorch's trees refuse a swapped allocator).
@@ -12,7 +12,10 @@ every mode. --optimizer compiled: AdamW(capturable=True) whose step() is
 compiled like the model (Inductor, reduce-overhead, cgtree; eager mode
 keeps it eager), so under cgtree the optimizer step is a segment of the
 same tree; zero_grad(set_to_none=False) then, so that the compiled step
-sees the same gradient tensors every time, and each step begins with
+sees the same gradient tensors every time (--optimizer compiled-none:
+the same with set_to_none=True, as in the eager case; reduce-overhead
+raises on gradients kept across steps, so this is the compiled optimizer
+it can run), and each step begins with
 torch.compiler.cudagraph_mark_step_begin() in every mode (reduce-overhead
 refuses the three compiled calls of a step without it). Reported: ms per
 step (wall time of the timed steps over their count, synchronised at both
@@ -125,7 +128,8 @@ def child(name, mode, out_dir, warm, timed, optimizer="eager", profile=False):
         f = torch.compile(model, mode="reduce-overhead")
     else:
         f = torch.compile(model, backend="cgtree")
-    compiled_opt = optimizer == "compiled"
+    compiled_opt = optimizer.startswith("compiled")
+    set_to_none = optimizer != "compiled"
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, capturable=compiled_opt)
     opt_step = opt.step
     if compiled_opt and mode != "eager":
@@ -138,7 +142,7 @@ def child(name, mode, out_dir, warm, timed, optimizer="eager", profile=False):
         t0 = time.perf_counter_ns()
         if compiled_opt:  # three compiled calls per step: reduce-overhead needs the step marked
             torch.compiler.cudagraph_mark_step_begin()
-        opt.zero_grad(set_to_none=not compiled_opt)
+        opt.zero_grad(set_to_none=set_to_none)
         t1 = time.perf_counter_ns()
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
             loss = loss_fn(f, i)
@@ -225,7 +229,7 @@ def main():
     ap.add_argument("--child", nargs=2)
     ap.add_argument("--warm", type=int, default=10)
     ap.add_argument("--timed", type=int, default=200)
-    ap.add_argument("--optimizer", choices=("eager", "compiled"), default="eager")
+    ap.add_argument("--optimizer", choices=("eager", "compiled", "compiled-none"), default="eager")
     ap.add_argument("--rounds", type=int, default=3,
                     help="processes per mode for reduce-overhead and cgtree, interleaved; the median is reported")
     ap.add_argument("--profile", default="", help="modes to run once more under cProfile, printing their top")
