@@ -21,7 +21,13 @@ refuses the three compiled calls of a step without it). Reported: ms per
 step (wall time of the timed steps over their count, synchronised at both
 ends), peak memory in the timed window (PyTorch modes:
 torch.cuda.max_memory_allocated; cgtree: cgtree.torch.memory_stats()'s
-peak_bytes, pool and eager bytes in use at one moment), recordings made
+peak_bytes, pool and eager bytes in use at one moment, where the pool's
+bytes are its allocator's, which in a step of pure replays read what the
+last warmup, recording or restore left: a replay's outputs are not in
+them), peak reserved memory (the device memory the allocators hold at
+their highest: PyTorch's torch.cuda.max_memory_reserved, private pools of
+CUDA graphs included; cgtree's reserved_bytes.all.peak, its driver pool's
+high-water mark plus the trees' pools), recordings made
 after the warm-up (0 in steady state), and the losses and final weights
 compared bit for bit with Inductor without CUDA graphs (the parent
 compares; weights and data are built on the CPU from fixed seeds, so every
@@ -188,8 +194,12 @@ def child(name, mode, out_dir, warm, timed, optimizer="eager", profile=False):
         print("PROFILE %s %s (cProfile, %d steps; its overhead inflates every figure)" % (name, mode, timed))
         pstats.Stats(prof).sort_stats("tottime").print_stats(30)
     peak = ct.memory_stats()["peak_bytes"] if ct else torch.cuda.max_memory_allocated()
+    # Device memory the allocators hold at their highest (cgtree: the driver's pool for eager memory,
+    # its high-water mark since the process began, plus the trees' pools; PyTorch: its caching
+    # allocator, private pools of CUDA graphs included, since the reset before the timed steps)
+    reserved = ct.memory_stats()["reserved_bytes.all.peak"] if ct else torch.cuda.max_memory_reserved()
     res = {"model": name, "mode": mode, "ms_per_step": total * 1e3 / timed, "warm_s": warm_s,
-           "peak_mib": peak / 2**20, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "peak_mib": peak / 2**20, "reserved_peak_mib": reserved / 2**20, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "steps": warm + timed, "optimizer": optimizer,
            "phases_us": {p: sorted(v)[len(v) // 2] / 1e3 for p, v in phases.items()}}
     if ct:
@@ -286,8 +296,9 @@ def main():
             run(name, mode, profile=True)
     print()
     print("optimizer: %s" % a.optimizer)
-    print("| model | mode | ms/step | rounds | x reduce-overhead | peak MiB | recordings after warm-up | vs inductor |")
-    print("| --- | --- | ---: | --- | ---: | ---: | ---: | --- |")
+    print("| model | mode | ms/step | rounds | x reduce-overhead | peak MiB | peak reserved MiB | recordings after "
+          "warm-up | vs inductor |")
+    print("| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | --- |")
     for r in rows:
         if "error" in r:
             print("| %s | %s | error: %s |" % (r["model"], r["mode"], r["error"].strip().splitlines()[-1][:160]))
@@ -297,10 +308,11 @@ def main():
         ratio = "%.2f" % (r["ms_per_step"] / ro["ms_per_step"]) if ro else ""
         rounds = r.get("ms_per_step_rounds", [])
         rounds = " ".join("%.3f" % x for x in rounds) if len(rounds) > 1 else ""
-        print("| %s | %s | %.3f | %s | %s | %.1f | %s | %s |" % (r["model"], r["mode"], r["ms_per_step"], rounds,
-                                                               ratio, r["peak_mib"],
-                                                               r.get("recordings_after_warmup", ""),
-                                                               r.get("equal", "")))
+        print("| %s | %s | %.3f | %s | %s | %.1f | %.1f | %s | %s |" % (r["model"], r["mode"], r["ms_per_step"],
+                                                                      rounds, ratio, r["peak_mib"],
+                                                                      r["reserved_peak_mib"],
+                                                                      r.get("recordings_after_warmup", ""),
+                                                                      r.get("equal", "")))
     print()
     print("Host time per part of a timed step, median us (no sync: where the host waits for the GPU, it shows")
     print("in the part that waits):")
