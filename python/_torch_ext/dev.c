@@ -158,6 +158,16 @@ int tx_dev_pool_figures(int device, size_t *reserved, size_t *reserved_peak) {
   return 0;
 }
 
+void tx_dev_pool_reset_peaks(void) {
+#ifdef CGT_HAVE_CUDA
+  for (int d = 0; d < MAX_POOL_DEVICES; d++) {
+    uint64_t zero = 0; /* the only value CUDA takes: the mark restarts from the current reservation */
+    if (pools[d] && cudaMemPoolSetAttribute(pools[d], cudaMemPoolAttrReservedMemHigh, &zero) != cudaSuccess)
+      (void)cudaGetLastError();
+  }
+#endif
+}
+
 void tx_dev_stream_after(void *waiter, void *signaller, int device) {
 #ifdef CGT_HAVE_CUDA
   if (device < 0 || waiter == signaller)

@@ -137,6 +137,7 @@ void *tx_dev_pool_alloc(size_t bytes, int device, void *stream, uint64_t keep_by
 void tx_dev_pool_free(void *p, int device, void *stream); /* ordered after the work on stream */
 void tx_dev_pool_trim(int device);          /* synchronise, then give every cached byte back */
 int tx_dev_pool_figures(int device, size_t *reserved, size_t *reserved_peak); /* 0 if unknown */
+void tx_dev_pool_reset_peaks(void); /* each pool's reserved high-water mark restarts from what it holds now */
 void tx_dev_stream_after(void *waiter, void *signaller, int device); /* waiter waits for signaller's work so far */
 void tx_stream_wait(void *waiter, void *signaller, void *event); /* waiter waits for signaller's work so far */
 void tx_event_record(void *event, void *stream); /* no-op for a NULL event */

@@ -554,6 +554,7 @@ static PyObject *m_reset_peak(PyObject *m, PyObject *unused) {
   (void)m;
   (void)unused;
   tx_alloc_reset_peak();
+  tx_dev_pool_reset_peaks();
   Py_RETURN_NONE;
 }
 
@@ -764,7 +765,8 @@ static PyMethodDef module_methods[] = {
     {"eager_held", m_eager_held, METH_O,
      "eager_held(since): [(bytes, serial, address)] of the eager blocks allocated after serial `since` and "
      "still in use (a debugging aid)"},
-    {"reset_peak", m_reset_peak, METH_NOARGS, "eager_peak := eager_in_use; combined_peak := eager_in_use + pool_in_use"},
+    {"reset_peak", m_reset_peak, METH_NOARGS, "eager_peak := eager_in_use; combined_peak := eager_in_use + pool_in_use; the driver pools' "
+     "reserved high-water marks := what they hold"},
     {"empty_cache", m_empty_cache, METH_VARARGS,
      "empty_cache(device): give the device's front-cached blocks to its stream-ordered pool, synchronise the "
      "device and give the pool's cached memory back"},

@@ -331,6 +331,16 @@ def test_eager_memory_is_per_device_and_stream_and_bounded_over_many_sizes():
     assert after["device_reserved"] <= m["device_reserved"]
 
 
+def test_reset_peak_restarts_the_reserved_high_water_mark_from_what_is_reserved_now():
+    big = torch.empty(512 << 20, dtype=torch.uint8, device=DEV)  # 512 MiB, over the front cache's bound
+    del big
+    ct.empty_cache()  # the driver's pool gives it back to the device
+    assert ct.memory_stats()["device_reserved_peak"] >= 512 << 20
+    ct.reset_peak()
+    m = ct.memory_stats()
+    assert m["device_reserved_peak"] < 512 << 20 and m["device_reserved_peak"] >= m["device_reserved"]
+
+
 def test_record_stream_keeps_a_block_from_another_stream_until_its_work_is_done():
     side = torch.cuda.Stream()
     x = torch.ones(1 << 22, device=DEV)  # 16 MiB

@@ -206,8 +206,11 @@ def _torch_ext_figures():
 
 
 def reset_peak():
-    """Restart eager_peak and peak_bytes from what is in use now (the pool's
-    own peak, pool_peak, is the tree's lifetime figure and is not reset)."""
+    """Restart eager_peak and peak_bytes from what is in use now, and the
+    driver pools' reserved high-water marks (reserved_bytes.all.peak) from
+    what they hold now, as torch.cuda.reset_peak_memory_stats does (the
+    pool's own peak, pool_peak, is the tree's lifetime figure and is not
+    reset)."""
     from .. import _torch_ext
 
     _torch_ext.reset_peak()
