@@ -144,18 +144,26 @@ def child(name, mode, out_dir, warm, timed, optimizer="eager", profile=False):
 
     phases = {p: [] for p in PHASES}  # host time of each part of a timed step, ns (no sync)
 
-    def step(i, record=False):
+    def in_use_mib():  # bytes in use as each mode's allocator counts them
+        return (ct.memory_stats()["allocated_bytes.all.current"] if ct else torch.cuda.memory_allocated()) / 2**20
+
+    def step(i, record=False, marks=None):
+        mark = (lambda k: marks.__setitem__(k, round(in_use_mib(), 1))) if marks is not None else (lambda k: None)
         t0 = time.perf_counter_ns()
         if compiled_opt:  # three compiled calls per step: reduce-overhead needs the step marked
             torch.compiler.cudagraph_mark_step_begin()
         opt.zero_grad(set_to_none=set_to_none)
+        mark("after zero_grad")
         t1 = time.perf_counter_ns()
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
             loss = loss_fn(f, i)
+        mark("after forward")
         t2 = time.perf_counter_ns()
         loss.backward()
+        mark("after backward")
         t3 = time.perf_counter_ns()
         opt_step()
+        mark("after optimizer")
         t4 = time.perf_counter_ns()
         if record:
             for p, ns in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
@@ -194,14 +202,25 @@ def child(name, mode, out_dir, warm, timed, optimizer="eager", profile=False):
         print("PROFILE %s %s (cProfile, %d steps; its overhead inflates every figure)" % (name, mode, timed))
         pstats.Stats(prof).sort_stats("tottime").print_stats(30)
     peak = ct.memory_stats()["peak_bytes"] if ct else torch.cuda.max_memory_allocated()
-    # Device memory the allocators hold at their highest (cgtree: the driver's pool for eager memory,
-    # its high-water mark since the process began, plus the trees' pools; PyTorch: its caching
-    # allocator, private pools of CUDA graphs included, since the reset before the timed steps)
-    reserved = ct.memory_stats()["reserved_bytes.all.peak"] if ct else torch.cuda.max_memory_reserved()
+    # Device memory the allocators hold at their highest since the reset before the timed steps
+    # (cgtree: the driver's pool for eager memory plus the trees' pools; PyTorch: its caching
+    # allocator, private pools of CUDA graphs included)
+    m = ct.memory_stats() if ct else None
+    reserved = m["reserved_bytes.all.peak"] if ct else torch.cuda.max_memory_reserved()
+    held = ({"driver_pool_peak_mib": m["device_reserved_peak"] / 2**20, "trees_pools_mib": m["pool_reserved"] / 2**20,
+             "front_cache_mib": m["front_cache_bytes"] / 2**20} if ct else {})
+    # One more step, reading the bytes in use after each part: what each allocator's count shows
+    # of the gradients (the parameters' size) while they live
+    marks = {}
+    losses.append(step(warm + timed, marks=marks))
+    torch.cuda.synchronize()
     res = {"model": name, "mode": mode, "ms_per_step": total * 1e3 / timed, "warm_s": warm_s,
-           "peak_mib": peak / 2**20, "reserved_peak_mib": reserved / 2**20, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "peak_mib": peak / 2**20, "reserved_peak_mib": reserved / 2**20,
+           "device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "steps": warm + timed, "optimizer": optimizer,
-           "phases_us": {p: sorted(v)[len(v) // 2] / 1e3 for p, v in phases.items()}}
+           "phases_us": {p: sorted(v)[len(v) // 2] / 1e3 for p, v in phases.items()},
+           "in_use_mib": marks, "reserved_split": held,
+           "params_mib": round(sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20, 1)}
     if ct:
         s = ct.stats()
         res.update(recordings=s.get("recordings", 0), recordings_after_warmup=s.get("recordings", 0) - rec0,
@@ -313,6 +332,14 @@ def main():
                                                                       r["reserved_peak_mib"],
                                                                       r.get("recordings_after_warmup", ""),
                                                                       r.get("equal", "")))
+    print()
+    print("Bytes in use as each allocator counts them after each part of one more step, MiB (the parameters'")
+    print("size, which the gradients take, in brackets); cgtree: where its reserved memory is:")
+    for r in rows:
+        if "in_use_mib" in r:
+            parts = ", ".join("%s %s" % kv for kv in r["in_use_mib"].items())
+            print("| %s | %s | %s [%s] | %s |" % (r["model"], r["mode"], parts, r["params_mib"],
+                                               r.get("reserved_split", "")))
     print()
     print("Host time per part of a timed step, median us (no sync: where the host waits for the GPU, it shows")
     print("in the part that waits):")
