@@ -126,11 +126,11 @@ def test_random_operators_are_found_by_their_tag_also_inside_nested_graphs():
     def aten(fn):  # the operator-level graph inner_compile sees
         return make_fx(fn)(torch.ones(3))
 
-    assert B.draws_random_numbers(aten(rnd))
-    assert not B.draws_random_numbers(aten(plain))
+    assert B.random_use(aten(rnd)) == (True, False)
+    assert B.random_use(aten(plain)) == (False, False)
     outer = aten(plain)
     outer.add_submodule("branch", aten(rnd))  # as torch.cond keeps its branches
-    assert B.draws_random_numbers(outer)
+    assert B.random_use(outer) == (True, False)
 
 
 def test_graphs_that_save_or_restore_the_generator_state_are_told_apart_from_plain_random_graphs():
@@ -149,8 +149,8 @@ def test_graphs_that_save_or_restore_the_generator_state_are_told_apart_from_pla
 
     saved = make_fx(checkpointed)(torch.ones(3))
     drawn = make_fx(rnd)(torch.ones(3))
-    assert B.restores_random_state(saved) and B.draws_random_numbers(saved)
-    assert B.draws_random_numbers(drawn) and not B.restores_random_state(drawn)
+    assert B.random_use(saved) == (True, True)
+    assert B.random_use(drawn) == (True, False)
     why, _ = _backend._plain_reason([_FakeCuda()], {}, restores_rng=True)
     assert why is not None and "random generator's state" in why
     why, _ = _backend._plain_reason([_FakeCuda()], {}, restores_rng=False)

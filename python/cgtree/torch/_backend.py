@@ -56,8 +56,7 @@ import torch
 from .. import _torch_ext as _ext
 from . import _install
 
-from ._graphs import (_DL, ARG_TENSOR, ARG_TENSOR_STATIC, describe, draws_random_numbers, mutated_inputs,
-                      plan_inputs, restores_random_state, span)
+from ._graphs import _DL, ARG_TENSOR, ARG_TENSOR_STATIC, describe, mutated_inputs, plan_inputs, random_use, span
 from ._rng import RandomDraws
 
 _counter = itertools.count(1)
@@ -173,8 +172,8 @@ def inner_compile(gm, example_inputs, **kwargs):
     the graph becomes a Segment unless it must run plainly."""
     from torch._inductor.compile_fx import compile_fx_inner
 
-    rng = draws_random_numbers(gm)  # before Inductor's passes rewrite gm
-    why, device = _plain_reason(example_inputs, kwargs, restores_random_state(gm))
+    rng, restores_rng = random_use(gm)  # before Inductor's passes rewrite gm
+    why, device = _plain_reason(example_inputs, kwargs, restores_rng)
     backward = bool(kwargs.get("is_backward"))
     forward_training = not backward and not kwargs.get("is_inference", False)
     saved_from, saved_inputs, grad_inputs = None, None, ()

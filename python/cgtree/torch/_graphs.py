@@ -104,34 +104,29 @@ def _draws(node):
     return True
 
 
-def draws_random_numbers(gm):
-    """True if an operator of the graph (or of a graph nested in it) carries
-    PyTorch's nondeterministic_seeded tag and this call of it draws (rand*,
-    dropout in training, bernoulli, multinomial, normal_, SDPA with a
-    nonzero dropout_p...). An operator without schema tags (a higher-order
-    op) whose name speaks of its random state counts too."""
+def random_use(gm):
+    """(draws, restores), from one walk of the graph and the graphs nested in
+    it. restores: the graph saves or restores the generator's state, a
+    higher-order operator whose name speaks of it (run_with_rng_state,
+    run_and_save_rng_state: activation checkpointing); a replay cannot set
+    the generator's state, so such graphs run plainly. draws: restores, or
+    an operator carries PyTorch's nondeterministic_seeded tag and this call
+    of it draws (rand*, dropout in training, bernoulli, multinomial,
+    normal_, SDPA with a nonzero dropout_p...)."""
     tag = getattr(torch.Tag, "nondeterministic_seeded", None)
+    draws = restores = False
     for g in _graph_modules(gm):
         for n in g.graph.nodes:
             if n.op != "call_function":
                 continue
+            if isinstance(n.target, torch._ops.HigherOrderOperator) and "rng" in n.target.name():
+                restores = True
             tags = getattr(n.target, "tags", None)
-            if tags is not None and tag in tags and _draws(n):
-                return True
-    return restores_random_state(gm)
-
-
-def restores_random_state(gm):
-    """True if the graph saves or restores the generator's state: a
-    higher-order operator whose name speaks of it (run_with_rng_state,
-    run_and_save_rng_state: activation checkpointing). A replay cannot
-    set the generator's state, so such graphs run plainly."""
-    for g in _graph_modules(gm):
-        for n in g.graph.nodes:
-            if (n.op == "call_function" and isinstance(n.target, torch._ops.HigherOrderOperator)
-                    and "rng" in n.target.name()):
-                return True
-    return False
+            if not draws and tags is not None and tag in tags and _draws(n):
+                draws = True
+            if draws and restores:
+                return True, True
+    return draws or restores, restores
 
 
 def plan_inputs(example_inputs, static_idxs, mutated):
