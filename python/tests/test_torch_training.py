@@ -54,14 +54,26 @@ def assert_same_params(m1, m2):
             assert same(p.grad, q.grad), "gradient of %s differs from Inductor's" % n
 
 
-def train(cf, model, xs, opt_cls=torch.optim.AdamW, set_to_none=True, **opt_kw):
-    opt = opt_cls(model.parameters(), lr=1e-3, **opt_kw)
+def train(cf, model, xs, opt_cls=torch.optim.AdamW, set_to_none=True, lr=1e-3, autocast=None, scaler=False,
+          **opt_kw):
+    """Training steps of cf (model's parameters) on xs; the losses. autocast:
+    a dtype to run the forward under; scaler: a GradScaler scales the loss
+    and steps the optimizer (its check for infs is a host sync between
+    graphs)."""
+    opt = opt_cls(model.parameters(), lr=lr, **opt_kw)
+    grad_scaler = torch.amp.GradScaler("cuda") if scaler else None
     losses = []
     for x in xs:
         opt.zero_grad(set_to_none=set_to_none)
-        loss = cf(x).square().mean()
-        loss.backward()
-        opt.step()
+        with torch.autocast("cuda", dtype=autocast, enabled=autocast is not None):
+            loss = cf(x).float().square().mean()
+        if grad_scaler:
+            grad_scaler.scale(loss).backward()
+            grad_scaler.step(opt)
+            grad_scaler.update()
+        else:
+            loss.backward()
+            opt.step()
         losses.append(loss.detach().clone())
     return torch.stack(losses)
 
@@ -236,19 +248,8 @@ def test_a_model_with_a_host_branch_trains_on_both_paths():
 def test_bf16_autocast_training_matches_inductor():
     cf, model, rf, ref = pair(mlp())
     xs = batches(6)
-    res = []
-    for m, f in ((model, cf), (ref, rf)):
-        opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
-        losses = []
-        for x in xs:
-            opt.zero_grad()
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = f(x).float().square().mean()
-            loss.backward()
-            opt.step()
-            losses.append(loss.detach().clone())
-        res.append(torch.stack(losses))
-    assert torch.equal(res[0], res[1])
+    got = train(cf, model, xs, autocast=torch.bfloat16)
+    assert torch.equal(got, train(rf, ref, xs, autocast=torch.bfloat16))
     assert_same_params(model, ref)
 
 
@@ -284,21 +285,6 @@ def test_a_backward_runs_on_the_tree_of_the_thread_that_called_it():
     assert want.isfinite().all()
 
 
-def amp_fp16_losses(m, f, xs):
-    opt = torch.optim.SGD(m.parameters(), lr=1e-2)
-    scaler = torch.amp.GradScaler("cuda")
-    losses = []
-    for x in xs:
-        opt.zero_grad()
-        with torch.autocast("cuda", dtype=torch.float16):
-            loss = f(x).float().square().mean()
-        scaler.scale(loss).backward()
-        scaler.step(opt)  # its check for infs is a host sync between graphs
-        scaler.update()
-        losses.append(loss.detach().clone())
-    return torch.stack(losses)
-
-
 def test_amp_fp16_with_grad_scaler_matches_inductor():
     """Inductor compiles a float16-autocast training forward to different
     bits with AOTAutograd's cache on and off (measured on an H200: plain
@@ -307,9 +293,10 @@ def test_amp_fp16_with_grad_scaler_matches_inductor():
     the reference is plain Inductor compiled as cgtree compiles, cache off."""
     cf, model, rf, ref = pair(mlp())
     xs = batches(6)
-    got = amp_fp16_losses(model, cf, xs)
+    fp16 = dict(opt_cls=torch.optim.SGD, lr=1e-2, autocast=torch.float16, scaler=True)
+    got = train(cf, model, xs, **fp16)
     with torch._functorch.config.patch(enable_autograd_cache=False):
-        want = amp_fp16_losses(ref, rf, xs)
+        want = train(rf, ref, xs, **fp16)
     assert torch.equal(got, want)
     assert_same_params(model, ref)
 
