@@ -201,6 +201,7 @@ typedef struct tx_py {
   uint64_t tree_epoch;       /* moves at each set_tree_getter: per-thread caches of trees are dropped */
   PyObject *mark_step_cls;   /* torch._inductor.cudagraph_trees.MarkStepBox, or NULL */
   PyObject *str_data_ptr, *str_generation, *str_untyped_storage, *str_cdata, *str_mark_step;
+  PyObject *str_grad, *str_is_leaf, *str_requires_grad, *str_clone, *str_set; /* gradients (stale.c) */
 } tx_py;
 extern tx_py TX;
 

@@ -798,6 +798,11 @@ PyMODINIT_FUNC PyInit__torch_ext(void) {
   TX.str_untyped_storage = PyUnicode_InternFromString("untyped_storage");
   TX.str_cdata = PyUnicode_InternFromString("_cdata");
   TX.str_mark_step = PyUnicode_InternFromString("mark_step_counter");
+  TX.str_grad = PyUnicode_InternFromString("grad");
+  TX.str_is_leaf = PyUnicode_InternFromString("is_leaf");
+  TX.str_requires_grad = PyUnicode_InternFromString("requires_grad");
+  TX.str_clone = PyUnicode_InternFromString("clone");
+  TX.str_set = PyUnicode_InternFromString("set_");
   TxError = PyErr_NewExceptionWithDoc("cgtree._torch_ext.CgtreeError",
                                       "cgtree's torch.compile backend could not do what was asked.", PyExc_RuntimeError,
                                       NULL);
@@ -805,7 +810,9 @@ PyMODINIT_FUNC PyInit__torch_ext(void) {
       "cgtree._torch_ext.StaleTensorError",
       "An output of an earlier step was passed to a compiled graph: its memory may hold newer outputs.", TxError,
       NULL);
-  if (!TX.str_data_ptr || !TX.str_generation || !TX.str_untyped_storage || !TX.str_cdata || !TX.str_mark_step || !TxError || !TxStaleError ||
+  if (!TX.str_data_ptr || !TX.str_generation || !TX.str_untyped_storage || !TX.str_cdata || !TX.str_mark_step ||
+      !TX.str_grad || !TX.str_is_leaf || !TX.str_requires_grad || !TX.str_clone || !TX.str_set || !TxError ||
+      !TxStaleError ||
       PyModule_AddObjectRef(m, "CgtreeError", TxError) < 0 ||
       PyModule_AddObjectRef(m, "StaleTensorError", TxStaleError) < 0 ||
       PyModule_AddObjectRef(m, "Tree", (PyObject *)&TreeType) < 0 ||

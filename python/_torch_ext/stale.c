@@ -63,14 +63,21 @@
 /* The word the marks carry, by which tx_stale_translate knows them. */
 static const char STALE_WORD[] = "cgtree.torch.StaleTensorError";
 
+/* t's storage's key, as TX.storage_mark takes it (a new reference), or
+ * NULL with an exception set. */
+static PyObject *storage_key(PyObject *t) {
+  PyObject *sto = PyObject_CallMethodNoArgs(t, TX.str_untyped_storage);
+  if (!sto)
+    return NULL;
+  PyObject *key = PyObject_GetAttr(sto, TX.str_cdata);
+  Py_DECREF(sto);
+  return key;
+}
+
 int tx_stale_watch(TreeObject *T, tx_out_ref *r, PyObject *t) {
   if (!TX.storage_mark)
     return 0; /* marking is off (the simulator's tests without a stand-in) */
-  PyObject *sto = PyObject_CallMethodNoArgs(t, TX.str_untyped_storage);
-  if (!sto)
-    return -1;
-  r->storage = PyObject_GetAttr(sto, TX.str_cdata);
-  Py_DECREF(sto);
+  r->storage = storage_key(t);
   if (!r->storage)
     return -1;
   r->step_prev = NULL;
@@ -96,13 +103,8 @@ void tx_stale_forget(TreeObject *T, tx_out_ref *r) {
 }
 
 int tx_grad_leaf_note(TreeObject *T, PyObject *o, PyObject *wr) {
-  static PyObject *str_is_leaf, *str_requires_grad;
-  if (!str_is_leaf && !(str_is_leaf = PyUnicode_InternFromString("is_leaf")))
-    return -1;
-  if (!str_requires_grad && !(str_requires_grad = PyUnicode_InternFromString("requires_grad")))
-    return -1;
   int yes = 1;
-  PyObject *names[2] = {str_requires_grad, str_is_leaf};
+  PyObject *names[2] = {TX.str_requires_grad, TX.str_is_leaf};
   for (int i = 0; i < 2 && yes; i++) {
     PyObject *v = PyObject_GetAttr(o, names[i]);
     yes = v ? PyObject_IsTrue(v) : 0;
@@ -148,26 +150,17 @@ int tx_grad_leaf_note(TreeObject *T, PyObject *o, PyObject *wr) {
 /* leaf.grad, if it shares a storage in `kept`, moves to memory of its own:
  * 1 if it moved, 0 if not, -1 with an exception set. */
 static int move_grad(PyObject *leaf, PyObject *kept) {
-  static PyObject *str_grad, *str_clone, *str_set;
-  if (!str_grad && !(str_grad = PyUnicode_InternFromString("grad")))
-    return -1;
-  if (!str_clone && !(str_clone = PyUnicode_InternFromString("clone")))
-    return -1;
-  if (!str_set && !(str_set = PyUnicode_InternFromString("set_")))
-    return -1;
-  PyObject *g = PyObject_GetAttr(leaf, str_grad);
+  PyObject *g = PyObject_GetAttr(leaf, TX.str_grad);
   if (!g)
     return -1;
   int moved = 0;
   if (g != Py_None) {
-    PyObject *sto = PyObject_CallMethodNoArgs(g, TX.str_untyped_storage);
-    PyObject *key = sto ? PyObject_GetAttr(sto, TX.str_cdata) : NULL;
-    Py_XDECREF(sto);
+    PyObject *key = storage_key(g);
     moved = key ? PyDict_Contains(kept, key) : -1;
     Py_XDECREF(key);
     if (moved == 1) {
-      PyObject *copy = PyObject_CallMethodNoArgs(g, str_clone);
-      PyObject *res = copy ? PyObject_CallMethodOneArg(g, str_set, copy) : NULL;
+      PyObject *copy = PyObject_CallMethodNoArgs(g, TX.str_clone);
+      PyObject *res = copy ? PyObject_CallMethodOneArg(g, TX.str_set, copy) : NULL;
       Py_XDECREF(copy);
       Py_XDECREF(res);
       if (!res)
