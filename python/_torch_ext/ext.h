@@ -214,6 +214,12 @@ int tx_tree_step_begin(TreeObject *T);
 /* The current stream of the tree's device, where the caller enqueues
  * (segment.c); -1 with an exception set. */
 int tx_caller_stream(TreeObject *T, void **out);
+/* Work on `caller` needs events to be ordered with T's stream: the legacy
+ * default stream (NULL) is ordered with a blocking tree stream by CUDA
+ * itself, and the tree's stream with itself. */
+static inline int tx_caller_needs_events(const TreeObject *T, void *caller) {
+  return (caller || !T->blocking) && caller != T->stream;
+}
 void tx_tree_drain(TreeObject *T);
 PyObject *tx_status_error(TreeObject *T, cgt_status st, const char *what);
 int tx_blas_clear(void); /* drop cuBLAS's workspaces (segment.c); -1 with an exception set */

@@ -1028,18 +1028,16 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
       variant = mix(variant, bits);
     }
   }
-  /* The caller's stream: the legacy default stream (0) is ordered with a
-   * blocking tree stream by CUDA itself; any other needs events. */
   if (!statics_same && s->static_idx)
     s->static_known = statics_noted && !fast; /* every STATIC pointer was read, and noted, just now */
   if (s->n_grad_pos && note_grad_leaves(r, args) < 0)
     return NULL;
   uint64_t t_args = tx_now_ns();
-  void *caller;
+  void *caller; /* the caller's stream: tx_caller_needs_events says when it needs events */
   if (tx_caller_stream(T, &caller) < 0)
     return NULL;
   if (!s->outputs_known) { /* runs on the caller's stream: wait for the tree's outputs */
-    if ((caller || !T->blocking) && caller != T->stream)
+    if (tx_caller_needs_events(T, caller))
       tx_stream_wait(caller, T->stream, T->ev_out);
     PyObject *plain = first_call(s, args, n, variant);
     if (!plain || !s->outputs_known || s->bypass_reason)
@@ -1055,7 +1053,7 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
   } else if (!r->registered && run_register(r) < 0) { /* a tree of another thread ran it first */
     return NULL;
   }
-  if ((caller || !T->blocking) && caller != T->stream)
+  if (tx_caller_needs_events(T, caller))
     tx_stream_wait(T->stream, caller, T->ev_in);
 
   r->cur = args;
@@ -1134,7 +1132,7 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
     snprintf(why, sizeof why, "its capture failed (%s)", cgt_tree_last_error(T->tree));
     go_plain(s, why);
   }
-  if ((caller || !T->blocking) && caller != T->stream)
+  if (tx_caller_needs_events(T, caller))
     tx_stream_wait(caller, T->stream, T->ev_out);
   variant_tmpl *t = tmpl_find(s, variant);
   if (!t) {

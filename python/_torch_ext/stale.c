@@ -211,7 +211,7 @@ static int move_kept_grads(TreeObject *T) {
     void *caller;
     if (tx_caller_stream(T, &caller) < 0)
       return -1;
-    if ((caller || !T->blocking) && caller != T->stream)
+    if (tx_caller_needs_events(T, caller))
       tx_stream_wait(T->stream, caller, T->ev_in);
   }
   return rc;
