@@ -122,14 +122,18 @@ def _plain_reason(example_inputs, kwargs, restores_rng):
 _saved_by_graph = {}
 
 
+def _fw_metadata():
+    """AOTAutograd's metadata of the forward being compiled, or None."""
+    ctx = torch._guards.TracingContext.try_get()
+    return getattr(ctx, "fw_metadata", None) if ctx is not None else None
+
+
 def _saved_activations(gm):
     """(saved_from, inputs): the index of a training forward's first saved
     activation among its results, from AOTAutograd's metadata (0 where it
     is unknown: then every result counts), and for each saved tensor the
     index of the forward's input it is, or None (None for all: unknown)."""
-    ctx = torch._guards.TracingContext.try_get()
-    meta = getattr(ctx, "fw_metadata", None) if ctx is not None else None
-    saved_from = getattr(meta, "num_forward", None)
+    saved_from = getattr(_fw_metadata(), "num_forward", None)
     outs = torch._inductor.utils.output_node(gm).args[0]
     outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
     if not isinstance(saved_from, int) or not 0 <= saved_from <= len(outs):
@@ -147,8 +151,7 @@ def _grad_inputs(example_inputs):
     """The positions of a training forward's inputs that may get a gradient:
     those AOTAutograd's metadata says require grad, or every tensor where
     the metadata does not match the graph's inputs."""
-    ctx = torch._guards.TracingContext.try_get()
-    info = getattr(getattr(ctx, "fw_metadata", None), "input_info", None) if ctx is not None else None
+    info = getattr(_fw_metadata(), "input_info", None)
     tensors = [i for i, x in enumerate(example_inputs) if isinstance(x, torch.Tensor)]
     if info is None or len(info) != len(example_inputs):
         return tuple(tensors)
