@@ -2,7 +2,8 @@
 """Training steps on cgtree, side by side with PyTorch (issue: training).
 
     python3 bench/torch_train.py [--models mlp,branch,gpt2,gpt2drop] [--modes eager,inductor,reduce-overhead,cgtree]
-                                 [--optimizer eager|compiled|compiled-none] [--rounds 3] [--profile MODES] [--out results.jsonl]
+                                 [--optimizer eager|compiled|compiled-none] [--rounds 3] [--profile MODES]
+                                 [--trace MODES] [--cpus 2,3] [--out results.jsonl]
 
 Each (model, mode) runs in a fresh process (cgtree's allocator must be
 installed before CUDA starts; PyTorch's trees refuse a swapped allocator).
@@ -41,7 +42,14 @@ figures and every round's ms/step; eager and Inductor run once. A second
 table splits the median round's step into host time per part (zero_grad,
 forward and loss, backward, optimizer step; medians over the steps, no
 sync). --profile MODES runs those modes once more under cProfile and prints
-their 30 costliest functions (cProfile's own cost inflates those figures).
+their 30 costliest functions (cProfile's own cost inflates those figures);
+--trace MODES adds 20 steps under torch.profiler after the first round's
+timed steps, which sees every thread (autograd runs a CUDA backward on its
+own thread, where cProfile does not look), and prints the ops and Python
+functions with the most self time per step. Before the timed steps each
+process collects and freezes Python's garbage (gc.freeze), so that no full
+collection lands in one mode's timed steps only; --cpus pins every process
+to the given cores.
 
 Models:
   mlp     3 hidden layers of 1024 (ReLU), batch 64, MSE loss.
@@ -55,6 +63,7 @@ Models:
           drawing Inductor's numbers.
 """
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -118,7 +127,9 @@ MODELS = {"mlp": lambda t, d: make_mlp(t, d), "branch": lambda t, d: make_mlp(t,
           "gpt2": make_gpt2, "gpt2drop": lambda t, d: make_gpt2(t, d, dropout=0.1)}
 
 
-def child(name, mode, out_dir, warm, timed, optimizer="eager", profile=False):
+def child(name, mode, out_dir, warm, timed, optimizer="eager", profile=False, trace=False, cpus=""):
+    if cpus:  # before torch starts its threads (autograd's device thread among them): they inherit it
+        os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
     ct = None
     if mode == "cgtree":
         import cgtree.torch as ct  # before CUDA starts: installs the allocator
@@ -184,6 +195,10 @@ def child(name, mode, out_dir, warm, timed, optimizer="eager", profile=False):
     else:
         torch.cuda.reset_peak_memory_stats()
     times = []
+    # Whatever the warm-up left for Python's collector goes now and is frozen: a full collection
+    # (tens of ms with torch and Inductor loaded) must not land in one mode's timed steps only.
+    gc.collect()
+    gc.freeze()
     prof = None
     if profile:  # cProfile over the timed steps (slows them: its figures are not the table's)
         import cProfile
@@ -196,6 +211,9 @@ def child(name, mode, out_dir, warm, timed, optimizer="eager", profile=False):
         times.append(time.perf_counter() - s0)
     torch.cuda.synchronize()
     total = time.perf_counter() - t0
+    gc.unfreeze()
+    if trace:
+        print_trace(torch, step, name, mode, out_dir, warm + timed)
     if prof:
         import pstats
         prof.disable()
@@ -225,13 +243,69 @@ def child(name, mode, out_dir, warm, timed, optimizer="eager", profile=False):
         s = ct.stats()
         res.update(recordings=s.get("recordings", 0), recordings_after_warmup=s.get("recordings", 0) - rec0,
                    replays=s.get("replays", 0), graphs=s["graphs"], graphs_plain=s["graphs_plain"],
-                   steps_deferred=s.get("steps_deferred", 0),
+                   steps_deferred=s.get("steps_deferred", 0), gradients_moved=s.get("gradients_moved", 0),
+                   steps_kept_for_gradients=s.get("steps_kept_for_gradients", 0),
                    plain_reasons=sorted({sg.info["plain_reason"] for sg in __import__(
                        "cgtree.torch._backend", fromlist=["_segments"])._segments if sg.info["plain_reason"]}))
     torch.save({"losses": torch.stack(losses).float().cpu(),
                 "weights": [p.detach().float().cpu() for p in model.parameters()]},
                os.path.join(out_dir, "%s-%s-%s.pt" % (name, mode, optimizer)))
     print("RESULT " + json.dumps(res), flush=True)
+
+
+def print_trace(torch, step, name, mode, out_dir, first, steps=20):
+    """torch.profiler over `steps` more steps, CPU only, every thread (autograd runs a CUDA backward
+    on its device thread): the ops and Python functions with the most self time, per step, and a
+    Chrome trace in out_dir for reading the timeline."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], with_stack=True) as p:
+        for i in range(first, first + steps):
+            with torch.profiler.record_function("step"):
+                step(i)
+        torch.cuda.synchronize()
+    path = os.path.join(out_dir, "trace-%s-%s.json" % (name, mode))
+    p.export_chrome_trace(path)
+    print("TRACE %s %s (torch.profiler, %d steps, CPU, all threads; per step; its overhead inflates every "
+          "figure; timeline: %s)" % (name, mode, steps, path))
+    print("| self us/step | calls/step | thread | name (op or Python function) |")
+    for (name_, thread), (us, n) in trace_self_times(path, steps)[:45]:
+        print("| %.1f | %.1f | %s | %s |" % (us, n, thread, name_[:110]))
+
+
+def trace_self_times(path, steps):
+    """From a Chrome trace: per (name, thread) the self time (its span less its children's, on the
+    same thread) per step and calls per step, of ops and Python functions, the costliest first;
+    thread 'main' is the one that ran the steps, 'other' any other (autograd's device thread)."""
+    events = [e for e in json.load(open(path))["traceEvents"]
+              if e.get("ph") == "X" and e.get("cat") in ("python_function", "cpu_op", "user_annotation")]
+    marks = [e for e in events if e["name"] == "step"]
+    main_tid = marks[0]["tid"] if marks else None
+    lo = min((e["ts"] for e in marks), default=0)
+    hi = max((e["ts"] + e["dur"] for e in marks), default=float("inf"))
+    by_tid = {}
+    for e in events:
+        if lo <= e["ts"] < hi:  # within the steps: not the profiler's own start and stop
+            by_tid.setdefault(e["tid"], []).append(e)
+    total = {}
+    for tid, evs in by_tid.items():
+        evs.sort(key=lambda e: (e["ts"], -e["dur"]))
+        stack = []  # (end, event, children's time)
+        def close(item):
+            end, e, kids = item
+            key = (e["name"], "main" if tid == main_tid else "other")
+            us, n = total.get(key, (0.0, 0))
+            total[key] = (us + e["dur"] - kids, n + 1)
+        for e in evs:
+            while stack and stack[-1][0] <= e["ts"]:
+                close(stack.pop())
+            if stack:
+                stack[-1][2] += e["dur"]
+            stack.append([e["ts"] + e["dur"], e, 0.0])
+        while stack:
+            close(stack.pop())
+    rows = [(k, (us / steps, n / steps)) for k, (us, n) in total.items() if k[0] != "step"]
+    return sorted(rows, key=lambda r: -r[1][0])
 
 
 def compare(torch, d, name, mode, optimizer):
@@ -262,23 +336,32 @@ def main():
     ap.add_argument("--rounds", type=int, default=3,
                     help="processes per mode for reduce-overhead and cgtree, interleaved; the median is reported")
     ap.add_argument("--profile", default="", help="modes to run once more under cProfile, printing their top")
+    ap.add_argument("--trace", default="", help="modes whose median round also runs 20 steps under torch.profiler "
+                    "(every thread), printing the top ops and functions and writing a Chrome trace to --dir")
+    ap.add_argument("--cpus", default="", help="CPU cores each process runs on (e.g. 2,3; default: any)")
     a = ap.parse_args()
     os.makedirs(a.dir, exist_ok=True)
     if a.child:
         profile = a.child[1] in a.profile.split(",")
-        child(a.child[0], a.child[1], a.dir, a.warm, a.timed, a.optimizer, profile=profile)
+        trace = a.child[1] in a.trace.split(",")
+        child(a.child[0], a.child[1], a.dir, a.warm, a.timed, a.optimizer, profile=profile, trace=trace,
+              cpus=a.cpus)
         return
     import torch
 
-    def run(name, mode, profile=False):
+    def run(name, mode, profile=False, trace=False):
         cmd = [sys.executable, os.path.abspath(__file__), "--child", name, mode, "--dir", a.dir,
-               "--warm", str(a.warm), "--timed", str(a.timed), "--optimizer", a.optimizer]
+               "--warm", str(a.warm), "--timed", str(a.timed), "--optimizer", a.optimizer, "--cpus", a.cpus]
         if profile:
             cmd += ["--profile", mode]
+        elif trace and mode in a.trace.split(","):
+            cmd += ["--trace", mode]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if profile:
             print(p.stdout[p.stdout.find("PROFILE"):], flush=True)
             return None
+        if "TRACE " in p.stdout:
+            print(p.stdout[p.stdout.find("TRACE "):p.stdout.find("RESULT ")], flush=True)
         line = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
         return json.loads(line[-1][7:]) if line else {"model": name, "mode": mode,
                                                       "error": (p.stderr or p.stdout)[-1200:]}
@@ -292,10 +375,10 @@ def main():
         again = [m for m in modes if m in ("reduce-overhead", "cgtree")]
         runs = {m: [] for m in modes}
         for mode in once:
-            runs[mode].append(run(name, mode))
-        for _ in range(max(1, a.rounds)):
+            runs[mode].append(run(name, mode, trace=True))
+        for k in range(max(1, a.rounds)):
             for mode in again:
-                runs[mode].append(run(name, mode))
+                runs[mode].append(run(name, mode, trace=k == 0))
         for mode in modes:
             ok = [r for r in runs[mode] if "error" not in r]
             if not ok:
@@ -316,8 +399,8 @@ def main():
     print()
     print("optimizer: %s" % a.optimizer)
     print("| model | mode | ms/step | rounds | x reduce-overhead | peak MiB | peak reserved MiB | recordings after "
-          "warm-up | vs inductor |")
-    print("| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | --- |")
+          "warm-up | gradients moved | vs inductor |")
+    print("| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |")
     for r in rows:
         if "error" in r:
             print("| %s | %s | error: %s |" % (r["model"], r["mode"], r["error"].strip().splitlines()[-1][:160]))
@@ -327,11 +410,9 @@ def main():
         ratio = "%.2f" % (r["ms_per_step"] / ro["ms_per_step"]) if ro else ""
         rounds = r.get("ms_per_step_rounds", [])
         rounds = " ".join("%.3f" % x for x in rounds) if len(rounds) > 1 else ""
-        print("| %s | %s | %.3f | %s | %s | %.1f | %.1f | %s | %s |" % (r["model"], r["mode"], r["ms_per_step"],
-                                                                      rounds, ratio, r["peak_mib"],
-                                                                      r["reserved_peak_mib"],
-                                                                      r.get("recordings_after_warmup", ""),
-                                                                      r.get("equal", "")))
+        print("| %s | %s | %.3f | %s | %s | %.1f | %.1f | %s | %s | %s |" % (
+            r["model"], r["mode"], r["ms_per_step"], rounds, ratio, r["peak_mib"], r["reserved_peak_mib"],
+            r.get("recordings_after_warmup", ""), r.get("gradients_moved", ""), r.get("equal", "")))
     print()
     print("Bytes in use as each allocator counts them after each part of one more step, MiB (the parameters'")
     print("size, which the gradients take, in brackets); cgtree: where its reserved memory is:")

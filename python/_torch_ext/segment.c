@@ -907,6 +907,43 @@ static int note_grad_leaves(seg_run *r, PyObject *const *args) {
   return 0;
 }
 
+/* A call's arguments, for tx_tree_sync_step's question whether the call
+ * reads gradients of the step. */
+typedef struct call_args {
+  SegmentObject *s;
+  TreeObject *T;
+  PyObject *const *args;
+  size_t n;
+} call_args;
+
+/* 1 when one of the call's tensors lies in a live backward output of the
+ * tree's step: a .grad that AccumulateGrad took over, read by a compiled
+ * optimizer step or gradient clipping (module.c, "The optimizer"). Asked
+ * only at a new compiled call with no backward pending; a loop whose
+ * zero_grad() dropped the gradients pays one walk of the step's outputs. */
+static int reads_step_gradients(void *call) {
+  call_args *c = call;
+  int alive = 0;
+  for (tx_out_ref *o = c->T->step_outputs; o && !alive; o = o->step_next)
+    alive = o->grad && !tx_out_ref_dead(o);
+  if (!alive)
+    return 0;
+  for (size_t i = 0; i < c->n; i++) {
+    void *ptr;
+    if (c->s->arg_kind[i] > ARG_TENSOR_STATIC)
+      continue;
+    if (tx_data_ptr_slow(c->args[i], &ptr) < 0) {
+      PyErr_Clear(); /* a stale output: the call reads it again below, and raises */
+      continue;
+    }
+    for (tx_out_ref *o = c->T->step_outputs; o && ptr; o = o->step_next)
+      if (o->grad && (char *)ptr >= (char *)o->ptr && (size_t)((char *)ptr - (char *)o->ptr) < o->bytes &&
+          !tx_out_ref_dead(o))
+        return 1;
+  }
+  return 0;
+}
+
 static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyObject *kwnames, uint64_t t0);
 
 /* AOTAutograd calls a compiled graph that says `_boxed_call` with one list
@@ -938,7 +975,8 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
   if (!r)
     return NULL;
   TreeObject *T = r->tree;
-  if (tx_tree_sync_step(T) < 0)
+  call_args this_call = {s, T, args, n};
+  if (tx_tree_sync_step(T, reads_step_gradients, &this_call) < 0)
     return NULL;
   tx_out_ref_queue_drain();
   tx_alloc_flush_if_idle(); /* eager blocks freed during the last launch (alloc.c) */

@@ -1592,6 +1592,96 @@ def test_grad_inputs_must_name_tensor_positions(tree):
         X.Segment(tree, "g", g, g, alias, describe, span, bytes((ARG_TENSOR,)), (16,), 0, False, grad_inputs=[0])
 
 
+class StepGraph:
+    """A compiled optimizer step of a parameter w and its gradient g: out = w + g."""
+
+    def __init__(self, tree):
+        self.tree, self.calls = tree, 0
+
+    def __call__(self, w, g):
+        self.calls += 1
+        out = FakeTensor(w.n)
+        X.sim_launch(self.tree.stream, k_add, out.ptr, w.ptr, g.ptr, w.n)
+        return (out,)
+
+
+def optimizer_segment(tree):
+    og = StepGraph(tree)
+    return X.Segment(tree, "opt", og, lambda inputs: og(*inputs), alias, describe, span,
+                     bytes((ARG_TENSOR_STATIC, ARG_TENSOR)), (16, 16), 0, False)
+
+
+def test_a_compiled_optimizer_step_that_reads_the_gradients_goes_on_in_their_step_and_nothing_moves(tree):
+    fw, bw, w, x, t = param_training_pair(tree)
+    opt = optimizer_segment(tree)
+    s0 = tree.stats()
+    for i in range(5):
+        w.grad = None  # zero_grad() before the forward: the next forward reads no gradient and begins a step
+        g_ptr = param_step(fw, bw, w, x, t)
+        step = tree.stats()["step"]
+        (out,) = call(opt, w, w.grad)  # a new compiled call with no backward pending, reading .grad
+        assert out.values() == [2, 3, 4, 5]
+        assert tree.stats()["step"] == step  # the step goes on: the gradients stay where they are
+        assert w.grad.ptr == g_ptr
+    s = tree.stats()
+    assert s["gradients_moved"] == s0["gradients_moved"]
+    assert s["steps_kept_for_gradients"] == s0["steps_kept_for_gradients"] + 5
+    assert s["step"] == s0["step"] + 5 and s["steps_forced"] == s0["steps_forced"]
+    assert s["replays"] > s0["replays"] + 10  # forward, backward and the optimizer's graph replay
+
+
+def test_a_grad_kept_past_the_optimizer_moves_when_the_next_forward_begins_its_step(tree):
+    fw, bw, w, x, t = param_training_pair(tree)
+    opt = optimizer_segment(tree)
+    moved0 = tree.stats()["gradients_moved"]
+    param_step(fw, bw, w, x, t)
+    call(opt, w, w.grad)
+    grad = w.grad
+    param_step(fw, bw, w, x, t)  # zero_grad(set_to_none=False) style: .grad lives into the next step
+    assert tree.stats()["gradients_moved"] == moved0 + 1
+    assert w.grad is grad and grad.values() == [4, 6, 8, 10]
+    (out,) = call(opt, w, w.grad)  # .grad is ordinary memory now: a step begins as for any input
+    assert out.values() == [4, 6, 8, 10]
+
+
+def test_calls_that_only_read_gradients_hold_the_step_at_most_64_then_the_gradients_move_silently(tree):
+    fw, bw, w, x, t = param_training_pair(tree)
+    opt = optimizer_segment(tree)
+    w.grad = None
+    param_step(fw, bw, w, x, t)
+    s0 = tree.stats()
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing went wrong: no warning
+        for _ in range(70):
+            (out,) = call(opt, w, w.grad)
+            assert out.values() == [2, 3, 4, 5]
+    s = tree.stats()
+    assert s["steps_kept_for_gradients"] == s0["steps_kept_for_gradients"] + 64
+    assert s["gradients_moved"] == s0["gradients_moved"] + 1 and s["steps_forced"] == s0["steps_forced"]
+    assert s["step"] > s0["step"]  # the 65th call began a step; from then on .grad is ordinary memory
+
+
+def test_an_explicit_mark_before_the_optimizer_begins_a_step_and_the_gradient_moves_first(tree):
+    fw, bw, w, x, t = param_training_pair(tree)
+    opt = optimizer_segment(tree)
+
+    class MarkStepBox:
+        mark_step_counter = 0
+
+    init_hot_path(mark_step_cls=MarkStepBox)
+    try:
+        w.grad = None
+        g_ptr = param_step(fw, bw, w, x, t)
+        moved0 = tree.stats()["gradients_moved"]
+        MarkStepBox.mark_step_counter -= 1  # torch.compiler.cudagraph_mark_step_begin()
+        (out,) = call(opt, w, w.grad)
+        assert tree.stats()["gradients_moved"] == moved0 + 1 and w.grad.ptr != g_ptr
+        assert out.values() == [2, 3, 4, 5]
+    finally:
+        init_hot_path()
+
+
 def test_an_explicit_mark_begins_a_step_even_with_a_backward_pending_and_the_backward_then_raises(tree):
     fw, bw, x, t = replaying_training_pair(tree)
     class MarkStepBox:
