@@ -49,7 +49,8 @@ own thread, where cProfile does not look), and prints the ops and Python
 functions with the most self time per step. Before the timed steps each
 process collects and freezes Python's garbage (gc.freeze), so that no full
 collection lands in one mode's timed steps only; --cpus pins every process
-to the given cores.
+to the given cores. cgtree rows also give cgtree's own host time per step:
+what segment.c's timers count inside its calls (replays only).
 
 Models:
   mlp     3 hidden layers of 1024 (ReLU), batch 64, MSE loss.
@@ -190,6 +191,9 @@ def child(name, mode, out_dir, warm, timed, optimizer="eager", profile=False, tr
     torch.cuda.synchronize()
     warm_s = time.perf_counter() - t0
     rec0 = ct.stats().get("recordings", 0) if ct else 0
+    segments = __import__("cgtree.torch._backend", fromlist=["_segments"])._segments if ct else []
+    for sg in segments:  # from here on the timers count the timed steps' replays only
+        sg.reset_timers()
     if ct:
         ct.reset_peak()
     else:
@@ -212,6 +216,11 @@ def child(name, mode, out_dir, warm, timed, optimizer="eager", profile=False, tr
     torch.cuda.synchronize()
     total = time.perf_counter() - t0
     gc.unfreeze()
+    # cgtree's own host time: what segment.c's timers counted inside its calls (replays), per step
+    in_calls = [sg.timers() for sg in segments]
+    ours_us = {k: sum(t[k] for t in in_calls) / timed / 1e3 for k in ("ns_in_call", "ns_args", "ns_in_run",
+                                                                      "ns_outputs")}
+    ours_calls = sum(t["replays"] for t in in_calls) / timed
     if trace:
         print_trace(torch, step, name, mode, out_dir, warm + timed)
     if prof:
@@ -239,6 +248,9 @@ def child(name, mode, out_dir, warm, timed, optimizer="eager", profile=False, tr
            "phases_us": {p: sorted(v)[len(v) // 2] / 1e3 for p, v in phases.items()},
            "in_use_mib": marks, "reserved_split": held,
            "params_mib": round(sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20, 1)}
+    if ct:
+        res["cgtree_calls_per_step"] = ours_calls
+        res["cgtree_us_per_step"] = {k[3:]: round(v, 1) for k, v in ours_us.items()}
     if ct:
         s = ct.stats()
         res.update(recordings=s.get("recordings", 0), recordings_after_warmup=s.get("recordings", 0) - rec0,
@@ -387,6 +399,7 @@ def main():
                 ok.sort(key=lambda r: r["ms_per_step"])
                 r = ok[len(ok) // 2]  # the median round: its figures, all of them
                 r["ms_per_step_rounds"] = [x["ms_per_step"] for x in ok]
+                r["phases_us_rounds"] = [x["phases_us"] for x in ok]  # the same order
             if "error" not in r:
                 r["equal"] = "reference" if mode == "inductor" else compare(torch, a.dir, name, mode, a.optimizer)
             rows.append(r)
@@ -422,14 +435,21 @@ def main():
             print("| %s | %s | %s [%s] | %s |" % (r["model"], r["mode"], parts, r["params_mib"],
                                                r.get("reserved_split", "")))
     print()
+    print("cgtree's own host time per timed step (segment.c's timers, inside its calls), us:")
+    for r in rows:
+        if "cgtree_us_per_step" in r:
+            print("| %s | %s | %.1f calls | %s |" % (r["model"], r["mode"], r["cgtree_calls_per_step"], ", ".join(
+                "%s %.1f" % kv for kv in r["cgtree_us_per_step"].items())))
+    print()
     print("Host time per part of a timed step, median us (no sync: where the host waits for the GPU, it shows")
-    print("in the part that waits):")
+    print("in the part that waits), each round:")
     print("| model | mode | " + " | ".join(PHASES) + " |")
     print("| --- | --- |" + " ---: |" * len(PHASES))
     for r in rows:
-        if "phases_us" in r:
-            print("| %s | %s | " % (r["model"], r["mode"]) + " | ".join("%.1f" % r["phases_us"][p] for p in PHASES)
-                  + " |")
+        for k, ph in enumerate(r.get("phases_us_rounds") or [r["phases_us"]] if "phases_us" in r else []):
+            rounds = r.get("ms_per_step_rounds") or [r["ms_per_step"]]
+            print("| %s | %s (%.3f ms%s) | " % (r["model"], r["mode"], rounds[k], ", median" if len(rounds) > 1 and
+                                               ph is r["phases_us"] else "") + " | ".join("%.1f" % ph[p] for p in PHASES) + " |")
 
 
 if __name__ == "__main__":
