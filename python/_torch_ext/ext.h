@@ -173,7 +173,8 @@ typedef struct TreeObject {
   uint64_t saved_alive;
   uint32_t generations_deferred; /* compiled calls since the step began that began none (backwards pending) */
   uint64_t steps_deferred;       /* all such calls */
-  uint64_t steps_kept_for_gradients; /* calls that began no step as they read this step's gradients */
+  uint64_t steps_kept_after_backward; /* calls that began no step as the step's optimizer (module.c) */
+  int backward_this_step;        /* a backward segment ran in this step */
   uint64_t steps_forced;         /* steps begun with backwards pending (PENDING_GENERATIONS_MAX) */
   /* Gradients (stale.c): the leaves that require grad among the inputs of
    * training forwards, where AccumulateGrad may put a backward's output,
@@ -208,11 +209,11 @@ extern tx_py TX;
 
 /* Begins a step when Dynamo entered a new compiled call since the last one
  * (GenerationTracker.generation moved), no backward is pending and the
- * call reads no gradient of this step (reads_gradients(call): 1, 0, or -1
- * with an exception set; asked only then), or when
+ * call is not the step's optimizer (belongs(call): 1, 0, or -1 with an
+ * exception set; asked only then), or when
  * torch.compiler.cudagraph_mark_step_begin() was called; -1 with an
  * exception set. */
-int tx_tree_sync_step(TreeObject *T, int (*reads_gradients)(void *call), void *call);
+int tx_tree_sync_step(TreeObject *T, int (*belongs)(void *call), void *call);
 int tx_tree_step_begin(TreeObject *T);
 /* The current stream of the tree's device, where the caller enqueues
  * (segment.c); -1 with an exception set. */

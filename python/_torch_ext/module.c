@@ -108,17 +108,20 @@ int tx_check_probes(PyObject *probes, Py_ssize_t width, PyTypeObject *t0, PyType
  * begins a step, as in PyTorch's trees.
  *
  * The optimizer. A compiled optimizer.step() (or gradient clipping) is a
- * new compiled call after the backward, with no backward pending, and it
- * reads the gradients: backward outputs of this step that AccumulateGrad
- * made .grad. Beginning a step there would move every gradient out of the
- * pool (see Gradients below): a copy of them all, at every step. So a new
- * call that reads a live backward output of this step goes on in the step,
- * after the backward in the path, as the forward, backward and optimizer
- * of one training step should; the next forward, which reads no gradient,
+ * new compiled call after the backward, with no backward pending. Beginning
+ * a step there would move every gradient out of the pool (see Gradients
+ * below), a copy of them all at every step, and would make the step's
+ * outputs stale while the program still reads them (the loss a compiled
+ * model returned, logged after opt.step()). So after a backward, a new call
+ * goes on in the step when it is the step's optimizer: it is no training
+ * forward and updates an input in place (the parameters, the optimizer's
+ * state), or it reads a live backward output of the step (a .grad). It
+ * follows the backward in the path, as forward, backward and optimizer of
+ * one training step should; the next training forward, or any other call,
  * begins the next step. The same bound holds: such calls, with those that
  * a pending backward kept in the step, begin a step after
  * PENDING_GENERATIONS_MAX in a row (then the gradients move, and stay
- * right).
+ * right; no warning, nothing is lost).
  *
  * Gradients. A backward's outputs are handed out like any other, so
  * AccumulateGrad takes a gradient over as .grad where .grad was None, as
@@ -143,6 +146,7 @@ int tx_tree_step_begin(TreeObject *T) {
   T->overwritable += T->alive_this_step;
   T->alive_this_step = 0;
   T->saved_alive = 0; /* their values went stale with the step */
+  T->backward_this_step = 0;
   T->generations_deferred = 0;
   return 0;
 }
@@ -157,7 +161,7 @@ static int read_counter(PyObject *cls, PyObject *name, long long *out) {
   return *out == -1 && PyErr_Occurred() ? -1 : 0;
 }
 
-int tx_tree_sync_step(TreeObject *T, int (*reads_gradients)(void *call), void *call) {
+int tx_tree_sync_step(TreeObject *T, int (*belongs)(void *call), void *call) {
   long long mark = 0, gen = T->last_generation;
   if (TX.mark_step_cls && read_counter(TX.mark_step_cls, TX.str_mark_step, &mark) < 0)
     return -1;
@@ -170,18 +174,18 @@ int tx_tree_sync_step(TreeObject *T, int (*reads_gradients)(void *call), void *c
   T->last_mark_step = mark;
   if (!marked && T->saved_alive)
     tx_out_ref_queue_drain(); /* activations the backward just freed */
-  int gradients = 0;
-  if (!marked && !T->saved_alive && (gradients = reads_gradients(call)) < 0)
+  int optimizer = 0;
+  if (!marked && !T->saved_alive && (optimizer = belongs(call)) < 0)
     return -1;
-  if (marked || (!T->saved_alive && !gradients))
+  if (marked || (!T->saved_alive && !optimizer))
     return tx_tree_step_begin(T);
   if (T->generations_deferred < PENDING_GENERATIONS_MAX) {
     T->generations_deferred++;
-    T->steps_deferred += (uint64_t)!gradients;
-    T->steps_kept_for_gradients += (uint64_t)gradients;
-    return 0; /* a backward is pending, or the call reads this step's gradients: the step goes on */
+    T->steps_deferred += (uint64_t)!optimizer;
+    T->steps_kept_after_backward += (uint64_t)optimizer;
+    return 0; /* a backward is pending, or the call is the step's optimizer: the step goes on */
   }
-  if (!T->saved_alive) /* only gradients held the step: they move now, and stay right */
+  if (!T->saved_alive) /* only optimizer calls held the step: it ends, gradients move, nothing is lost */
     return tx_tree_step_begin(T);
   T->steps_forced++;
   if (T->steps_forced == 1 &&
@@ -342,7 +346,7 @@ static PyObject *tree_stats(TreeObject *T, PyObject *unused) {
   PUT("outputs_marked_stale", T->marked_stale)
   PUT("saved_activations_alive", T->saved_alive)
   PUT("steps_deferred", T->steps_deferred)
-  PUT("steps_kept_for_gradients", T->steps_kept_for_gradients)
+  PUT("steps_kept_after_backward", T->steps_kept_after_backward)
   PUT("steps_forced", T->steps_forced)
   PUT("gradients_moved", T->grads_moved)
   PUT("gradient_leaves", T->grad_leaves ? PyDict_GET_SIZE(T->grad_leaves) : 0)

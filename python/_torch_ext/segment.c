@@ -180,6 +180,7 @@ struct SegmentObject {
    * become .grad tensors. */
   uint32_t saved_from;
   int backward;
+  int updates_inputs; /* writes into an input in place (an optimizer step): see module.c, "The optimizer" */
   uint32_t *grad_pos, n_grad_pos;
   variant_tmpl *tmpls;
   size_t n_tmpls;
@@ -916,13 +917,19 @@ typedef struct call_args {
   size_t n;
 } call_args;
 
-/* 1 when one of the call's tensors lies in a live backward output of the
- * tree's step: a .grad that AccumulateGrad took over, read by a compiled
- * optimizer step or gradient clipping (module.c, "The optimizer"). Asked
- * only at a new compiled call with no backward pending; a loop whose
- * zero_grad() dropped the gradients pays one walk of the step's outputs. */
-static int reads_step_gradients(void *call) {
+/* 1 when the call belongs to the training step whose backward ran (module.c,
+ * "The optimizer"): it is no training forward and updates an input in place
+ * (an optimizer step), or one of its tensors lies in a live backward
+ * output of the step (a .grad that AccumulateGrad took over, read by
+ * gradient clipping or a norm). Asked only at a new compiled call with no
+ * backward pending; a loop whose zero_grad() dropped the gradients pays one
+ * walk of the step's outputs. */
+static int belongs_to_training_step(void *call) {
   call_args *c = call;
+  if (!c->T->backward_this_step)
+    return 0;
+  if (c->s->updates_inputs && c->s->saved_from == UINT32_MAX)
+    return 1;
   int alive = 0;
   for (tx_out_ref *o = c->T->step_outputs; o && !alive; o = o->step_next)
     alive = o->grad && !tx_out_ref_dead(o);
@@ -976,8 +983,9 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
     return NULL;
   TreeObject *T = r->tree;
   call_args this_call = {s, T, args, n};
-  if (tx_tree_sync_step(T, reads_step_gradients, &this_call) < 0)
+  if (tx_tree_sync_step(T, belongs_to_training_step, &this_call) < 0)
     return NULL;
+  T->backward_this_step |= s->backward;
   tx_out_ref_queue_drain();
   tx_alloc_flush_if_idle(); /* eager blocks freed during the last launch (alloc.c) */
   uint64_t t_step = tx_now_ns();
@@ -1203,18 +1211,18 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
 static int seg_init(SegmentObject *s, PyObject *a, PyObject *kw) {
   static char *kwlist[] = {"tree", "name", "compiled", "launch", "alias", "describe", "span",
                            "kinds", "spans", "flags", "dynamic_spans", "rerun_first", "saved_from", "backward",
-                           "prelaunch", "side_stream", "grad_inputs", NULL};
+                           "prelaunch", "side_stream", "grad_inputs", "updates_inputs", NULL};
   PyObject *tree, *compiled, *launch, *alias, *describe, *span, *spans, *prelaunch = Py_None, *grad_inputs = Py_None;
   const char *name;
   Py_buffer kinds;
   unsigned int flags = 0;
-  int dyn = 0, rerun = 0, backward = 0;
+  int dyn = 0, rerun = 0, backward = 0, updates_inputs = 0;
   unsigned int saved_from = UINT32_MAX;
   unsigned long long side_stream = 0;
-  if (!PyArg_ParseTupleAndKeywords(a, kw, "O!sOOOOOy*O!|IppIpOKO", kwlist, &TreeType, &tree, &name,
+  if (!PyArg_ParseTupleAndKeywords(a, kw, "O!sOOOOOy*O!|IppIpOKOp", kwlist, &TreeType, &tree, &name,
                                    &compiled, &launch, &alias, &describe, &span, &kinds, &PyTuple_Type, &spans,
                                    &flags, &dyn, &rerun, &saved_from, &backward, &prelaunch, &side_stream,
-                                   &grad_inputs))
+                                   &grad_inputs, &updates_inputs))
     return -1;
   if (prelaunch != Py_None && !PyCallable_Check(prelaunch)) {
     PyBuffer_Release(&kinds);
@@ -1301,6 +1309,7 @@ static int seg_init(SegmentObject *s, PyObject *a, PyObject *kw) {
   s->rerun_first = rerun;
   s->saved_from = saved_from;
   s->backward = backward;
+  s->updates_inputs = updates_inputs;
   s->side_stream = (void *)(uintptr_t)side_stream;
   Py_INCREF(tree);
   s->tree = (TreeObject *)tree;

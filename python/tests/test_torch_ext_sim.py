@@ -1625,7 +1625,7 @@ def test_a_compiled_optimizer_step_that_reads_the_gradients_goes_on_in_their_ste
         assert w.grad.ptr == g_ptr
     s = tree.stats()
     assert s["gradients_moved"] == s0["gradients_moved"]
-    assert s["steps_kept_for_gradients"] == s0["steps_kept_for_gradients"] + 5
+    assert s["steps_kept_after_backward"] == s0["steps_kept_after_backward"] + 5
     assert s["step"] == s0["step"] + 5 and s["steps_forced"] == s0["steps_forced"]
     assert s["replays"] > s0["replays"] + 10  # forward, backward and the optimizer's graph replay
 
@@ -1657,9 +1657,62 @@ def test_calls_that_only_read_gradients_hold_the_step_at_most_64_then_the_gradie
             (out,) = call(opt, w, w.grad)
             assert out.values() == [2, 3, 4, 5]
     s = tree.stats()
-    assert s["steps_kept_for_gradients"] == s0["steps_kept_for_gradients"] + 64
+    assert s["steps_kept_after_backward"] == s0["steps_kept_after_backward"] + 64
     assert s["gradients_moved"] == s0["gradients_moved"] + 1 and s["steps_forced"] == s0["steps_forced"]
     assert s["step"] > s0["step"]  # the 65th call began a step; from then on .grad is ordinary memory
+
+
+class CountGraph:
+    """An optimizer's bookkeeping: writes n + 1 into its input n, in place; returns nothing."""
+
+    def __init__(self, tree):
+        self.tree = tree
+
+    def __call__(self, n):
+        X.sim_launch(self.tree.stream, k_affine, n.ptr, n.ptr, n.n, 1.0, 1.0)
+        return ()
+
+
+def counting_segment(tree):
+    cg = CountGraph(tree)
+    return X.Segment(tree, "count", cg, lambda inputs: cg(*inputs), alias, describe, span,
+                     bytes((ARG_TENSOR_STATIC,)), (16,), 0, False, updates_inputs=True)
+
+
+def test_a_call_that_updates_its_inputs_after_a_backward_goes_on_in_the_step_and_the_loss_stays_readable(tree):
+    fw, bw, w, x, t = param_training_pair(tree)
+    count, n = counting_segment(tree), FakeTensor(4).fill([0, 0, 0, 0])
+    s0 = tree.stats()
+    for i in range(4):
+        w.grad = None
+        out, saved = call(fw, x, w)  # out: what a compiled model's loss is, an output of the step
+        (g,) = bw(saved, t)
+        w.accumulate(g)
+        del saved, g
+        step = tree.stats()["step"]
+        call(count, n)  # the optimizer's graph reads no gradient, but writes into its state
+        assert tree.stats()["step"] == step
+        assert out.values() == [1, 2, 3, 4]  # logged after opt.step(): still the step's, not stale
+        assert n.values() == [i + 1] * 4
+    s = tree.stats()
+    assert s["steps_kept_after_backward"] == s0["steps_kept_after_backward"] + 4
+    assert s["gradients_moved"] == s0["gradients_moved"]
+
+
+def test_a_call_that_updates_its_inputs_with_no_backward_in_the_step_begins_a_step_as_any_call(tree):
+    count, n = counting_segment(tree), FakeTensor(4).fill([0, 0, 0, 0])
+    fw, bw, w, x, t = param_training_pair(tree)
+    out, saved = call(fw, x, w)  # a forward whose backward never runs (its saved tensor dies)
+    del saved
+    gc.collect()
+    s0 = tree.stats()
+    assert s0["saved_activations_alive"] == 0
+    for _ in range(3):  # e.g. a decode loop writing its cache: every call a step, as before
+        call(count, n)
+    s = tree.stats()
+    assert s["step"] == s0["step"] + 3 and s["steps_kept_after_backward"] == s0["steps_kept_after_backward"]
+    with pytest.raises(RuntimeError, match="StaleTensorError"):
+        out.values()
 
 
 def test_an_explicit_mark_before_the_optimizer_begins_a_step_and_the_gradient_moves_first(tree):

@@ -229,6 +229,9 @@ def inner_compile(gm, example_inputs, **kwargs):
     if forward_training:
         extra["saved_from"] = saved_from
         extra["grad_inputs"] = tuple(i for i in grad_inputs if kinds[i] in (ARG_TENSOR, ARG_TENSOR_STATIC))
+    # A graph that writes into its inputs (an optimizer step) and runs after a backward goes on in that
+    # backward's step (module.c, "The optimizer").
+    extra["updates_inputs"] = bool(mutated) and not backward
     record["segment"] = name = "graph%d" % next(_counter)  # its nodes' "segment" in cgtree.torch.nodes()
     seg = _ext.Segment(tree, name, plain, launch, alias, describe, span, bytes(kinds),
                        tuple(spans), 0, dynamic, not mutated and not backward and not rng, **extra)
