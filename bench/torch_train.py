@@ -218,7 +218,7 @@ def child(name, mode, out_dir, warm, timed, optimizer="eager", profile=False, tr
     gc.unfreeze()
     # cgtree's own host time: what segment.c's timers counted inside its calls (replays), per step
     in_calls = [sg.timers() for sg in segments]
-    ours_us = {k: sum(t[k] for t in in_calls) / timed / 1e3 for k in ("ns_in_call", "ns_args", "ns_in_run",
+    ours_us = {k: sum(t[k] for t in in_calls) / timed / 1e3 for k in ("ns_in_call", "ns_args", "ns_in_run", "ns_make",
                                                                       "ns_outputs")}
     ours_calls = sum(t["replays"] for t in in_calls) / timed
     if trace:

@@ -158,7 +158,15 @@ void *cgt_torch_alloc(ssize_t size, int device, void *stream) {
   }
   e->ptr = p;
   e->serial = tls_serial;
+  tx_hash_oomed = 0;
   HASH_ADD_PTR(pool_ptrs, ptr, e);
+  if (tx_hash_oomed) { /* out of host memory: the block goes back, PyTorch raises its out-of-memory error */
+    fig.pool_alloc_failures++;
+    pthread_mutex_unlock(&tx_alloc_mu);
+    (void)cgt_launch_free(l, p);
+    free(e);
+    return NULL;
+  }
   fig.pool_allocs++;
   fig.pool_in_use += (size_t)size; /* until segment.c reports the pool's own figure */
   combined_peak_check_locked();

@@ -204,7 +204,12 @@ static front_bin *bin_get_locked(front_key key) {
   if (!bin)
     return NULL;
   bin->key = key;
+  tx_hash_oomed = 0;
   HASH_ADD(hh, bins, key, sizeof key, bin);
+  if (tx_hash_oomed) {
+    free(bin);
+    return NULL;
+  }
   n_bins++;
   return bin;
 }
@@ -357,7 +362,15 @@ static void *alloc_from_driver(size_t size, int device, void *stream) {
   b->bytes = bytes;
   b->device = device;
   b->stream = stream;
+  tx_hash_oomed = 0;
   HASH_ADD_PTR(blocks, ptr, b);
+  if (tx_hash_oomed) { /* out of host memory: the block goes back, PyTorch raises its out-of-memory error */
+    fig.num_ooms++;
+    pthread_mutex_unlock(&tx_alloc_mu);
+    tx_dev_pool_free(p, device, stream);
+    free(b);
+    return NULL;
+  }
   fig.driver_allocations++;
   mark_in_use_locked(b, size);
   pthread_mutex_unlock(&tx_alloc_mu);

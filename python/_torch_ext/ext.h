@@ -29,6 +29,16 @@
 #include <time.h>
 
 #include "cgtree.h"
+/* uthash must never exit(): an insertion that runs out of host memory sets
+ * tx_hash_oomed (this thread's) and leaves the table as it was. Every
+ * insertion clears it first and checks it after; lookups and deletions
+ * never allocate. */
+extern _Thread_local int tx_hash_oomed;
+void *tx_hash_malloc(size_t bytes); /* malloc, which a test can make fail (module.c, _fail_hash_alloc) */
+#define HASH_NONFATAL_OOM 1
+#define uthash_malloc(sz) tx_hash_malloc(sz)
+#define uthash_free(ptr, sz) free(ptr)
+#define uthash_nonfatal_oom(elt) (tx_hash_oomed = 1)
 #include <uthash.h>
 
 /* DLPack: the structs of python/dlpack.h, which the cgtree binding uses too
@@ -147,6 +157,7 @@ void tx_event_wait(void *stream, void *event);   /* stream waits for the event's
 
 /* One tree per CUDA device, shared by every compiled graph on it. */
 typedef struct tx_out_ref tx_out_ref;
+typedef struct tx_page_bucket tx_page_bucket;
 typedef struct TreeObject {
   PyObject_HEAD
   cgt_tree *tree;
@@ -168,6 +179,8 @@ typedef struct TreeObject {
   uint64_t overwritable;       /* summed at each step begin: outputs alive whose memory the new step may reuse */
   uint64_t marked_stale;       /* storages of such outputs made to raise on any access (stale.c) */
   tx_out_ref *step_outputs;    /* this step's outputs whose storage may live: marked when the step ends */
+  tx_page_bucket *step_pages;  /* and their index by address (step_outputs.c) */
+  size_t step_pages_swept;     /* its number of buckets at the last sweep of empty ones */
   /* Training (module.c, "Steps in training"): saved activations of this
    * step's forwards whose tensors live, i.e. backwards still pending. */
   uint64_t saved_alive;
@@ -326,6 +339,20 @@ struct tx_out_ref {
 void tx_out_ref_queue_drain(void);
 int tx_out_ref_dead(tx_out_ref *r); /* its deleter ran (its storage is gone) */
 extern PyTypeObject SegmentType;
+
+/* ------------------------------------------------------------ step_outputs.c */
+
+/* The tree's step list, indexed by address: r (its ptr and bytes set) joins
+ * it, or -1 with MemoryError set and nothing changed. */
+int tx_step_outputs_link(TreeObject *T, tx_out_ref *r);
+void tx_step_outputs_unlink(TreeObject *T, tx_out_ref *r); /* a no-op if r is not on it */
+/* Empties the list and its index; returns the old list, still chained by
+ * step_next, each marked off it (the caller unchains them). */
+tx_out_ref *tx_step_outputs_take(TreeObject *T);
+/* The output on the list whose memory holds [ptr, ptr + span), or NULL. */
+tx_out_ref *tx_step_output_at(TreeObject *T, void *ptr, size_t span);
+void tx_step_outputs_free(TreeObject *T);  /* the index's memory (the list is the caller's) */
+int tx_step_outputs_check(TreeObject *T);  /* 0, or -1 if the list and the index disagree */
 
 /* ------------------------------------------------------------ stale.c */
 

@@ -19,6 +19,8 @@
  * cgtree.torch, and handed to init_hot_path(); this module never imports
  * torch itself, so the allocator can be loaded before torch touches CUDA.
  */
+#include <stdatomic.h>
+
 #include "ext.h"
 
 #include "cgtree_sim.h"
@@ -132,6 +134,26 @@ int tx_check_probes(PyObject *probes, Py_ssize_t width, PyTypeObject *t0, PyType
  * (stale.c), before anything could overwrite it, and from then on
  * AccumulateGrad adds into it in place. */
 enum { PENDING_GENERATIONS_MAX = 64 };
+
+_Thread_local int tx_hash_oomed;
+
+/* Tests: the n-th allocation of a uthash table from now fails (0: none). */
+static _Atomic long hash_fail_in;
+
+void *tx_hash_malloc(size_t bytes) {
+  if (atomic_load(&hash_fail_in) > 0 && atomic_fetch_sub(&hash_fail_in, 1) == 1)
+    return NULL;
+  return malloc(bytes);
+}
+
+static PyObject *m_fail_hash_alloc(PyObject *self, PyObject *arg) {
+  (void)self;
+  long n = PyLong_AsLong(arg);
+  if (n == -1 && PyErr_Occurred())
+    return NULL;
+  hash_fail_in = n < 0 ? 0 : n;
+  Py_RETURN_NONE;
+}
 
 int tx_tree_step_begin(TreeObject *T) {
   tx_out_ref_queue_drain();
@@ -281,6 +303,7 @@ static void tree_dealloc(TreeObject *T) {
    * others until the process ends (output tensors name them). */
   if (T->tree && !T->registry && T->outputs_made == 0)
     cgt_tree_destroy(T->tree);
+  tx_step_outputs_free(T);
   Py_XDECREF(T->device_obj);
   Py_XDECREF(T->grad_leaves);
   Py_TYPE(T)->tp_free((PyObject *)T);
@@ -413,6 +436,10 @@ static PyObject *tree_check(TreeObject *T, PyObject *unused) {
   cgt_status st = cgt_tree_check(T->tree);
   if (st != CGT_OK)
     return tx_status_error(T, st, "cgt_tree_check");
+  if (tx_step_outputs_check(T) < 0) {
+    PyErr_SetString(TxError, "cgtree.torch: the step's outputs and their index by address disagree");
+    return NULL;
+  }
   Py_RETURN_NONE;
 }
 
@@ -452,7 +479,8 @@ static PyMethodDef tree_methods[] = {
     {"stats", (PyCFunction)tree_stats, METH_NOARGS, "cgt_tree_stats as a dict, plus the backend's counters."},
     {"nodes", (PyCFunction)tree_nodes, METH_NOARGS, "cgt_tree_nodes as a list of dicts."},
     {"write_dot", (PyCFunction)tree_dot, METH_O, "Write the tree as Graphviz to a path."},
-    {"check", (PyCFunction)tree_check, METH_NOARGS, "cgt_tree_check: raise if an invariant is broken."},
+    {"check", (PyCFunction)tree_check, METH_NOARGS,
+     "cgt_tree_check, and the step's outputs against their index: raise if an invariant is broken."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -775,6 +803,8 @@ static PyObject *m_sim_launch(PyObject *m, PyObject *args) {
 
 static PyMethodDef module_methods[] = {
     {"sim_launch", m_sim_launch, METH_VARARGS, "tests: enqueue fn(*args) on a simulator stream"},
+    {"_fail_hash_alloc", m_fail_hash_alloc, METH_O,
+     "tests: the n-th allocation of a hash table of the extension from now fails, as out of host memory (0: none)"},
     {"sim_sync", m_sim_sync, METH_O, "tests: synchronise a simulator stream (as .item() does: invalidates a capture)"},
     {"init_hot_path", m_init_hot_path, METH_VARARGS,
      "init_hot_path(torch._C._from_dlpack, torch._C._cuda_getCurrentRawStream, GenerationTracker, torch.Tensor"

@@ -326,8 +326,13 @@ static PyObject *make_output(TreeObject *T, cgt_value v, const out_meta *m, int 
     old->in_registry = 0;
   }
   r->key = t;
-  r->in_registry = 1;
+  tx_hash_oomed = 0;
   HASH_ADD_PTR(T->registry, key, r);
+  if (tx_hash_oomed) {
+    Py_DECREF(t); /* its deleter gives the value back, through the queue */
+    return PyErr_NoMemory();
+  }
+  r->in_registry = 1;
   T->outputs_made++;
   T->alive_this_step++;
   r->counted = 1;
@@ -870,14 +875,6 @@ fail:
   return NULL;
 }
 
-/* The output of this step whose value holds [ptr, ptr + span), or NULL. */
-static tx_out_ref *output_containing(TreeObject *T, void *ptr, size_t span) {
-  for (tx_out_ref *o = T->step_outputs; o; o = o->step_next)
-    if ((char *)ptr >= (char *)o->ptr && span <= o->bytes && (size_t)((char *)ptr - (char *)o->ptr) <= o->bytes - span)
-      return o;
-  return NULL;
-}
-
 /* A training forward's inputs that may get a gradient: the leaves among
  * them are where AccumulateGrad may put a backward's output, and stale.c
  * must find those .grad tensors when their step ends. Each position keeps
@@ -943,10 +940,9 @@ static int belongs_to_training_step(void *call) {
       PyErr_Clear(); /* a stale output: the call reads it again below, and raises */
       continue;
     }
-    for (tx_out_ref *o = c->T->step_outputs; o && ptr; o = o->step_next)
-      if (o->grad && (char *)ptr >= (char *)o->ptr && (size_t)((char *)ptr - (char *)o->ptr) < o->bytes &&
-          !tx_out_ref_dead(o))
-        return 1;
+    tx_out_ref *o = ptr ? tx_step_output_at(c->T, ptr, 1) : NULL;
+    if (o && o->grad && !tx_out_ref_dead(o))
+      return 1;
   }
   return 0;
 }
@@ -1040,7 +1036,7 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
         }
         r->args[k] = cgt_arg_value(ref->value);
         r->offs[k] = 0;
-      } else if (ptr && (ref = output_containing(T, ptr, span)) != NULL) {
+      } else if (ptr && (ref = tx_step_output_at(T, ptr, span)) != NULL) {
         /* A view of this step's output (v = y[1:]), or another tensor
          * object over one (a backward's saved activation, unpacked by
          * autograd): the value it lies in, and its offset in the variant,

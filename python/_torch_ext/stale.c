@@ -80,25 +80,15 @@ int tx_stale_watch(TreeObject *T, tx_out_ref *r, PyObject *t) {
   r->storage = storage_key(t);
   if (!r->storage)
     return -1;
-  r->step_prev = NULL;
-  r->step_next = T->step_outputs;
-  if (T->step_outputs)
-    T->step_outputs->step_prev = r;
-  T->step_outputs = r;
-  r->on_step_list = 1;
+  if (tx_step_outputs_link(T, r) < 0) {
+    Py_CLEAR(r->storage);
+    return -1;
+  }
   return 0;
 }
 
 void tx_stale_forget(TreeObject *T, tx_out_ref *r) {
-  if (r->on_step_list) {
-    if (r->step_prev)
-      r->step_prev->step_next = r->step_next;
-    else
-      T->step_outputs = r->step_next;
-    if (r->step_next)
-      r->step_next->step_prev = r->step_prev;
-    r->on_step_list = 0;
-  }
+  tx_step_outputs_unlink(T, r);
   Py_CLEAR(r->storage);
 }
 
@@ -233,11 +223,9 @@ int tx_stale_mark_step(TreeObject *T) {
     return -1;
   int rc = 0;
   PyObject *type = NULL, *value = NULL, *tb = NULL;
-  tx_out_ref *r = T->step_outputs;
-  T->step_outputs = NULL;
+  tx_out_ref *r = tx_step_outputs_take(T);
   while (r) {
     tx_out_ref *next = r->step_next;
-    r->on_step_list = 0;
     r->step_prev = r->step_next = NULL;
     /* Its deleter may have run on a thread without the GIL since the last
      * drain: then its storage is gone and must not be named. */

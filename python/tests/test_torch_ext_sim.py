@@ -241,6 +241,26 @@ def replaying(tree, a=1.0, b=1.0, fill=(0, 0, 0, 0)):
     return seg, x
 
 
+def test_out_of_host_memory_for_the_output_registry_raises_memory_error_and_loses_nothing(tree):
+    seg, x = replaying(tree, a=2.0, b=1.0, fill=(1, 2, 3, 4))
+    gc.collect()  # no output alive: the next call makes the registry's table again
+    before = tree.stats()
+    X._fail_hash_alloc(1)
+    try:
+        with pytest.raises(MemoryError):
+            call(seg, x)
+    finally:
+        X._fail_hash_alloc(0)
+    (y,) = call(seg, x)  # the value the failed call made went back; the next call works
+    assert y.values() == [3, 5, 7, 9]
+    del y
+    gc.collect()
+    call(seg, x)
+    after = tree.stats()
+    assert after["outputs_alive"] <= before["outputs_alive"] + 1
+    assert after["pool_allocated_bytes"] == before["pool_allocated_bytes"]
+
+
 def test_a_segment_is_probed_warmed_recorded_then_replayed(tree):
     g = Graph(tree, 2.0, 1.0)
     seg = segment(tree, g, spans=(16,))
@@ -695,6 +715,45 @@ def test_a_view_of_an_output_passed_to_the_next_segment_is_its_value_at_an_offse
     s = tree.stats()
     assert s["replays"] - before["replays"] >= 8
     assert s["input_copies"] - before["input_copies"] <= 8  # x only: the views travel as values
+
+
+class ManyGraph:
+    """A graph of x returning k outputs: output j = x + j (x's size)."""
+
+    def __init__(self, tree, k):
+        self.tree, self.k = tree, k
+
+    def __call__(self, x):
+        outs = []
+        for j in range(self.k):
+            o = FakeTensor(x.n)
+            X.sim_launch(self.tree.stream, k_affine, o.ptr, x.ptr, x.n, 1.0, float(j))
+            outs.append(o)
+        return tuple(outs)
+
+
+def test_outputs_over_many_pages_are_found_by_address_from_any_view_and_the_index_follows_them(tree):
+    n = 700_000  # 2.8 MB each: every output spans several 1 MiB pages of the index
+    big = segment(tree, ManyGraph(tree, 3), spans=(4 * n,), name="big")
+    small = segment(tree, ManyGraph(tree, 40), spans=(16,), name="small")
+    reader = segment(tree, Graph(tree, 1.0, 0.5), spans=(8,), name="reader")
+    x, x4 = FakeTensor(n).fill([1.0] * n), FakeTensor(4).fill([1, 2, 3, 4])
+    before = tree.stats()
+    for i in range(6):
+        Generation.generation += 1
+        outs = big(x)
+        many = small(x4)  # 40 small outputs beside the big ones, on the same step list
+        start = 300_000 + i % 2  # in the second page of the output: found through that page
+        (r1,) = reader(outs[2].narrow(start, 2))
+        (r2,) = reader(many[39].narrow(1, 2))
+        assert r1.values() == [3.5, 3.5] and r2.values() == [2 + 39.5, 3 + 39.5]
+        tree.check()  # the step list and its index agree
+        del outs, many, r1, r2
+        tree.check()
+    s = tree.stats()
+    assert s["replays"] - before["replays"] >= 6
+    # x and x4 are copied in (DYNAMIC) at each replay; the views travel as values: two copies a step at most
+    assert s["input_copies"] - before["input_copies"] <= 2 * 6
 
 
 def test_an_output_of_an_earlier_step_is_refused_as_stale(tree):
