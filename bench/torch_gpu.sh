@@ -3,7 +3,8 @@
 # package (CUDA), run the torch backend's pytest cases, then the side-by-side
 # benchmark. Logs and results go to $OUT (default /tmp/out).
 #
-#   bash bench/torch_gpu.sh [tests,parts,bench,train,ddp] [EXAMPLES]
+#   bash bench/torch_gpu.sh [tests,memcheck,parts,bench,train,ddp] [EXAMPLES]
+# memcheck: torch GPU tests under compute-sanitizer memcheck (MEMCHECK_TESTS, MEMCHECK_K).
 # parts: bench/torch_segment_parts.py, the GPT-2 segment's time part by part.
 # train: bench/torch_train.py, training steps (models in TRAIN_MODELS, options in TRAIN_ARGS).
 # ddp: bench/torch_ddp.py, DistributedDataParallel on two GPUs (DDP_ARGS: its options).
@@ -54,6 +55,15 @@ if [[ $what == *tests* ]]; then
     ${TEST_FILES:-python/tests/test_torch_backend.py python/tests/test_torch_trust.py python/tests/test_torch_training.py python/tests/test_torch_random.py} \
     > "$OUT/pytest.log" 2>&1
   echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest.log" | tail -15
+fi
+if [[ $what == *memcheck* ]]; then
+  # The torch door's GPU tests under compute-sanitizer memcheck (MEMCHECK_TESTS: pytest node ids or -k
+  # expressions through MEMCHECK_K). PyTorch's own CUDA calls are checked too; --report-api-errors no, as
+  # for the C suites: PyTorch probes the driver with calls that fail by design.
+  timeout ${MEMCHECK_SECONDS:-400} compute-sanitizer --tool memcheck --leak-check no --report-api-errors no \
+    --error-exitcode 3 python3 -m pytest -q -p no:cacheprovider -x \
+    ${MEMCHECK_TESTS:-python/tests/test_torch_training.py} ${MEMCHECK_K:+-k "$MEMCHECK_K"} > "$OUT/memcheck-torch.log" 2>&1
+  echo "memcheck (torch) rc=$?"; grep -E "ERROR SUMMARY|passed|failed" "$OUT/memcheck-torch.log" | tail -4
 fi
 if [[ $what == *parts* ]]; then
   timeout 240 python3 bench/torch_segment_parts.py > "$OUT/parts.log" 2>&1

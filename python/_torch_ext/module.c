@@ -334,16 +334,12 @@ static PyObject *tree_sync(TreeObject *T, PyObject *unused) {
   Py_RETURN_NONE;
 }
 
-static PyObject *tree_stats(TreeObject *T, PyObject *unused) {
-  (void)unused;
-  if (!tree_ready(T))
-    return NULL;
-  tx_out_ref_queue_drain();
-  uint64_t alive = HASH_COUNT(T->registry); /* held by the program */
-  cgt_stats s;
-  cgt_status st = cgt_tree_stats(T->tree, &s);
-  if (st != CGT_OK)
-    return tx_status_error(T, st, "cgt_tree_stats");
+/* The counters of tree T as a dict (s: its C tree's, alive: its outputs the
+ * program holds); T NULL: every counter 0, for a process with no tree yet. */
+static PyObject *stats_dict(const TreeObject *T, const cgt_stats *s, uint64_t alive) {
+  static const TreeObject none;
+  if (!T)
+    T = &none;
   PyObject *d = PyDict_New();
   if (!d)
     return NULL;
@@ -357,8 +353,8 @@ static PyObject *tree_stats(TreeObject *T, PyObject *unused) {
     }                                                                                                             \
     Py_DECREF(x);                                                                                                 \
   } while (0);
-#define U64(f) PUT(#f, s.f)
-#define SIZE(f) PUT(#f, s.f)
+#define U64(f) PUT(#f, s->f)
+#define SIZE(f) PUT(#f, s->f)
   CGT_STATS_FIELDS(U64, SIZE)
 #undef U64
 #undef SIZE
@@ -376,6 +372,25 @@ static PyObject *tree_stats(TreeObject *T, PyObject *unused) {
   PUT("outputs_alive", alive)
 #undef PUT
   return d;
+}
+
+static PyObject *tree_stats(TreeObject *T, PyObject *unused) {
+  (void)unused;
+  if (!tree_ready(T))
+    return NULL;
+  tx_out_ref_queue_drain();
+  cgt_stats s;
+  cgt_status st = cgt_tree_stats(T->tree, &s);
+  if (st != CGT_OK)
+    return tx_status_error(T, st, "cgt_tree_stats");
+  return stats_dict(T, &s, HASH_COUNT(T->registry)); /* outputs held by the program */
+}
+
+static PyObject *m_zero_stats(PyObject *self, PyObject *unused) {
+  (void)self;
+  (void)unused;
+  static const cgt_stats zero;
+  return stats_dict(NULL, &zero, 0);
 }
 
 static PyObject *tree_nodes(TreeObject *T, PyObject *unused) {
@@ -803,6 +818,7 @@ static PyObject *m_sim_launch(PyObject *m, PyObject *args) {
 
 static PyMethodDef module_methods[] = {
     {"sim_launch", m_sim_launch, METH_VARARGS, "tests: enqueue fn(*args) on a simulator stream"},
+    {"zero_stats", m_zero_stats, METH_NOARGS, "the keys of Tree.stats(), every counter 0 (no tree yet)"},
     {"_fail_hash_alloc", m_fail_hash_alloc, METH_O,
      "tests: the n-th allocation of a hash table of the extension from now fails, as out of host memory (0: none)"},
     {"sim_sync", m_sim_sync, METH_O, "tests: synchronise a simulator stream (as .item() does: invalidates a capture)"},

@@ -261,6 +261,11 @@ def test_out_of_host_memory_for_the_output_registry_raises_memory_error_and_lose
     assert after["pool_allocated_bytes"] == before["pool_allocated_bytes"]
 
 
+def test_zero_stats_has_every_key_of_a_trees_stats_each_zero(tree):
+    zero = X.zero_stats()
+    assert set(zero) == set(tree.stats()) and not any(zero.values())
+
+
 def test_a_segment_is_probed_warmed_recorded_then_replayed(tree):
     g = Graph(tree, 2.0, 1.0)
     seg = segment(tree, g, spans=(16,))

@@ -105,15 +105,14 @@ def set_step_mode(mode):
 def stats():
     """cgtree's counters summed over devices (recordings, replays, pool figures...)
     plus the backend's own (outputs made, stale arguments refused, graphs run plainly)."""
+    from .. import _torch_ext
     from ._backend import _segments
 
-    total = {}
+    total = _torch_ext.zero_stats()  # every key, before the first tree too
     for tree in _install.trees():
         for k, v in tree.stats().items():
             total[k] = total.get(k, 0) + v
     if installed():  # which uses of DLPack's C exchange API are on (python/_torch_ext/exchange.c)
-        from .. import _torch_ext
-
         for k, v in _torch_ext.exchange_info().items():
             total["exchange_" + k] = v
     total["graphs"] = len(_segments)
