@@ -18,17 +18,14 @@ import sys
 
 import pytest
 
-torch = pytest.importorskip("torch")
-if not torch.cuda.is_available():
-    pytest.skip("no CUDA device", allow_module_level=True)
+import torch_gpu  # skips the file without a GPU; imports cgtree.torch before CUDA starts
 
-import cgtree.torch as ct  # noqa: E402  (installs the allocator before CUDA starts)
+torch, ct, pytestmark = torch_gpu.torch, torch_gpu.ct, torch_gpu.pytestmark
 from cgtree.torch._graphed import graphs_of  # noqa: E402
 from cgtree.torch._graphs import ARG_TENSOR, ARG_TENSOR_STATIC  # noqa: E402
 
 import graphed_program as prog  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not ct.installed(), reason="unreachable: install() raised at import")
 
 DEV = "cuda"
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -10,16 +10,11 @@ that its allocator is installed before CUDA starts.
 """
 import copy
 
-import pytest
+import torch_gpu  # skips the file without a GPU; imports cgtree.torch before CUDA starts
 
-torch = pytest.importorskip("torch")
-if not torch.cuda.is_available():
-    pytest.skip("no CUDA device", allow_module_level=True)
-
-import cgtree.torch as ct  # noqa: E402  (installs the allocator before CUDA starts)
+torch, ct, pytestmark = torch_gpu.torch, torch_gpu.ct, torch_gpu.pytestmark
 from cgtree.torch import _backend  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not ct.installed(), reason="unreachable: install() raised at import")
 
 DEV = "cuda"
 

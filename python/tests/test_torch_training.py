@@ -12,13 +12,10 @@ import threading
 
 import pytest
 
-torch = pytest.importorskip("torch")
-if not torch.cuda.is_available():
-    pytest.skip("no CUDA device", allow_module_level=True)
+import torch_gpu  # skips the file without a GPU; imports cgtree.torch before CUDA starts
 
-import cgtree.torch as ct  # noqa: E402  (installs the allocator before CUDA starts)
+torch, ct, pytestmark = torch_gpu.torch, torch_gpu.ct, torch_gpu.pytestmark
 
-pytestmark = pytest.mark.skipif(not ct.installed(), reason="unreachable: install() raised at import")
 
 DEV = "cuda"
 
