@@ -199,12 +199,13 @@ class Graph:
         return (out,) + self.extra
 
 
-def segment(tree, graph, kinds=(ARG_TENSOR,), spans=None, name="g"):
+def segment(tree, graph, kinds=(ARG_TENSOR,), spans=None, name="g", **kw):
+    """A Segment of graph; kw: Segment's keywords (saved_from, backward, grad_inputs, updates_inputs...)."""
     def launch(inputs):
         return graph(*inputs)
 
     spans = spans or tuple(0 for _ in kinds)
-    return X.Segment(tree, name, graph, launch, alias, describe, span, bytes(kinds), tuple(spans), 0, False)
+    return X.Segment(tree, name, graph, launch, alias, describe, span, bytes(kinds), tuple(spans), 0, False, **kw)
 
 
 def weighted_segment(tree, n_static, name):
@@ -1477,10 +1478,8 @@ class BackwardGraph:
 
 def training_pair(tree):
     fg, bg = ForwardGraph(tree), BackwardGraph(tree)
-    fw = X.Segment(tree, "fw", fg, lambda inputs: fg(*inputs), alias, describe, span, bytes((ARG_TENSOR,)), (16,),
-                   0, False, saved_from=1)
-    bw = X.Segment(tree, "bw", bg, lambda inputs: bg(*inputs), alias, describe, span,
-                   bytes((ARG_TENSOR, ARG_TENSOR)), (16, 16), 0, False, backward=True)
+    fw = segment(tree, fg, spans=(16,), name="fw", saved_from=1)
+    bw = segment(tree, bg, kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bw", backward=True)
     return fw, bw
 
 
@@ -1567,10 +1566,9 @@ def param_training_pair(tree):
     and BackwardGraph (w's gradient: saved + tangent), a parameter w, an
     input x and a tangent t, after steps enough for both to replay."""
     fg, bg = ParamForwardGraph(tree), BackwardGraph(tree)
-    fw = X.Segment(tree, "fw", fg, lambda inputs: fg(*inputs), alias, describe, span,
-                   bytes((ARG_TENSOR, ARG_TENSOR_STATIC)), (16, 16), 0, False, saved_from=1, grad_inputs=(1,))
-    bw = X.Segment(tree, "bw", bg, lambda inputs: bg(*inputs), alias, describe, span,
-                   bytes((ARG_TENSOR, ARG_TENSOR)), (16, 16), 0, False, backward=True)
+    fw = segment(tree, fg, kinds=(ARG_TENSOR, ARG_TENSOR_STATIC), spans=(16, 16), name="fw", saved_from=1,
+                 grad_inputs=(1,))
+    bw = segment(tree, bg, kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bw", backward=True)
     w, x, t = Leaf(4).fill([0, 0, 0, 0]), FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
     for _ in range(4):
         param_step(fw, bw, w, x, t)
@@ -1632,8 +1630,8 @@ def test_gradient_accumulation_over_two_forwards_keeps_the_first_gradient(tree):
 
 def test_only_leaves_that_require_grad_are_noted_and_dead_ones_are_dropped(tree):
     fg = ParamForwardGraph(tree)
-    fw = X.Segment(tree, "fw", fg, lambda inputs: fg(*inputs), alias, describe, span,
-                   bytes((ARG_TENSOR, ARG_TENSOR_STATIC)), (16, 16), 0, False, saved_from=1, grad_inputs=(0, 1))
+    fw = segment(tree, fg, kinds=(ARG_TENSOR, ARG_TENSOR_STATIC), spans=(16, 16), name="fw", saved_from=1,
+                 grad_inputs=(0, 1))
     x = FakeTensor(4).fill([1, 2, 3, 4])  # no requires_grad: not a leaf autograd gives a .grad
     for _ in range(300):  # a new parameter object each call, each dead by the next
         out, saved = call(fw, x, Leaf(4).fill([0, 0, 0, 0]))
@@ -1670,9 +1668,7 @@ class StepGraph:
 
 
 def optimizer_segment(tree):
-    og = StepGraph(tree)
-    return X.Segment(tree, "opt", og, lambda inputs: og(*inputs), alias, describe, span,
-                     bytes((ARG_TENSOR_STATIC, ARG_TENSOR)), (16, 16), 0, False)
+    return segment(tree, StepGraph(tree), kinds=(ARG_TENSOR_STATIC, ARG_TENSOR), spans=(16, 16), name="opt")
 
 
 def test_a_compiled_optimizer_step_that_reads_the_gradients_goes_on_in_their_step_and_nothing_moves(tree):
@@ -1738,9 +1734,8 @@ class CountGraph:
 
 
 def counting_segment(tree):
-    cg = CountGraph(tree)
-    return X.Segment(tree, "count", cg, lambda inputs: cg(*inputs), alias, describe, span,
-                     bytes((ARG_TENSOR_STATIC,)), (16,), 0, False, updates_inputs=True)
+    return segment(tree, CountGraph(tree), kinds=(ARG_TENSOR_STATIC,), spans=(16,), name="count",
+                   updates_inputs=True)
 
 
 def test_a_call_that_updates_its_inputs_after_a_backward_goes_on_in_the_step_and_the_loss_stays_readable(tree):
