@@ -191,7 +191,7 @@ def child(name, mode, out_dir, warm, timed, optimizer="eager", profile=False, tr
     torch.cuda.synchronize()
     warm_s = time.perf_counter() - t0
     rec0 = ct.stats().get("recordings", 0) if ct else 0
-    segments = __import__("cgtree.torch._backend", fromlist=["_segments"])._segments if ct else []
+    segments = __import__("cgtree.torch._backend", fromlist=["_segments"])._segments if ct else []  # every one made
     for sg in segments:  # from here on the timers count the timed steps' replays only
         sg.reset_timers()
     if ct:
@@ -251,14 +251,12 @@ def child(name, mode, out_dir, warm, timed, optimizer="eager", profile=False, tr
     if ct:
         res["cgtree_calls_per_step"] = ours_calls
         res["cgtree_us_per_step"] = {k[3:]: round(v, 1) for k, v in ours_us.items()}
-    if ct:
         s = ct.stats()
         res.update(recordings=s.get("recordings", 0), recordings_after_warmup=s.get("recordings", 0) - rec0,
                    replays=s.get("replays", 0), graphs=s["graphs"], graphs_plain=s["graphs_plain"],
                    steps_deferred=s.get("steps_deferred", 0), gradients_moved=s.get("gradients_moved", 0),
                    steps_kept_after_backward=s.get("steps_kept_after_backward", 0),
-                   plain_reasons=sorted({sg.info["plain_reason"] for sg in __import__(
-                       "cgtree.torch._backend", fromlist=["_segments"])._segments if sg.info["plain_reason"]}))
+                   plain_reasons=sorted({sg.info["plain_reason"] for sg in segments if sg.info["plain_reason"]}))
     torch.save({"losses": torch.stack(losses).float().cpu(),
                 "weights": [p.detach().float().cpu() for p in model.parameters()]},
                os.path.join(out_dir, "%s-%s-%s.pt" % (name, mode, optimizer)))
@@ -348,7 +346,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3,
                     help="processes per mode for reduce-overhead and cgtree, interleaved; the median is reported")
     ap.add_argument("--profile", default="", help="modes to run once more under cProfile, printing their top")
-    ap.add_argument("--trace", default="", help="modes whose median round also runs 20 steps under torch.profiler "
+    ap.add_argument("--trace", default="", help="modes whose first round also runs 20 steps under torch.profiler "
                     "(every thread), printing the top ops and functions and writing a Chrome trace to --dir")
     ap.add_argument("--cpus", default="", help="CPU cores each process runs on (e.g. 2,3; default: any)")
     a = ap.parse_args()
