@@ -338,6 +338,8 @@ struct tx_out_ref {
 };
 void tx_out_ref_queue_drain(void);
 int tx_out_ref_dead(tx_out_ref *r); /* its deleter ran (its storage is gone) */
+/* r is a backward's output whose storage lives: a .grad may be on it. */
+static inline int tx_out_ref_live_grad(tx_out_ref *r) { return r->grad && !tx_out_ref_dead(r); }
 extern PyTypeObject SegmentType;
 
 /* ------------------------------------------------------------ step_outputs.c */

@@ -929,7 +929,7 @@ static int belongs_to_training_step(void *call) {
     return 1;
   int alive = 0;
   for (tx_out_ref *o = c->T->step_outputs; o && !alive; o = o->step_next)
-    alive = o->grad && !tx_out_ref_dead(o);
+    alive = tx_out_ref_live_grad(o);
   if (!alive)
     return 0;
   for (size_t i = 0; i < c->n; i++) {
@@ -941,7 +941,7 @@ static int belongs_to_training_step(void *call) {
       continue;
     }
     tx_out_ref *o = ptr ? tx_step_output_at(c->T, ptr, 1) : NULL;
-    if (o && o->grad && !tx_out_ref_dead(o))
+    if (o && tx_out_ref_live_grad(o))
       return 1;
   }
   return 0;

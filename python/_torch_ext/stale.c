@@ -168,7 +168,7 @@ static int move_kept_grads(TreeObject *T) {
     return 0;
   PyObject *kept = NULL;
   for (tx_out_ref *r = T->step_outputs; r; r = r->step_next) {
-    if (!r->grad || tx_out_ref_dead(r))
+    if (!tx_out_ref_live_grad(r))
       continue;
     if (!kept && !(kept = PyDict_New()))
       return -1;
