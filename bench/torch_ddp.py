@@ -12,9 +12,9 @@ cgtree's allocator); the others run with PyTorch's allocator
 (CGTREE_TORCH_NO_INSTALL=1 besides).
 
 The model: an MLP of --depth Linear+ReLU layers, --width wide, and a Linear
-head, a class of this file (DDP calls the wrapped module's forward, and
-Dynamo compiles no frame of torch's own files: a torch.nn.Sequential would
-run uncompiled). DDP's bucket_cap_mb (--bucket-cap-mb, at least 1: Dynamo's
+head: the DDP test's model, python/tests/ddp_model.py (a class of a file of
+ours: DDP calls the wrapped module's forward, and Dynamo compiles no frame
+of torch's own files, so a torch.nn.Sequential would run uncompiled). DDP's bucket_cap_mb (--bucket-cap-mb, at least 1: Dynamo's
 DDPOptimizer refuses less) sets the buckets, and DDPOptimizer cuts the
 compiled graph at their boundaries, so each piece is a graph of its own
 (for cgtree, a segment). Each rank has its own batches. A step:
@@ -85,25 +85,17 @@ def worker(a):
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "tests"))
+    from ddp_model import MLP  # the DDP test's model (python/tests/ddp_model.py)
+
     cuda = not a.cpu
     dev = torch.device("cuda", a.rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(dev)
     dist.init_process_group("nccl" if cuda else "gloo", rank=a.rank, world_size=2)
 
-    class MLP(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.layers = torch.nn.ModuleList([torch.nn.Linear(a.width, a.width) for _ in range(a.depth)])
-            self.out = torch.nn.Linear(a.width, a.width)
-
-        def forward(self, x):
-            for layer in self.layers:
-                x = torch.relu(layer(x))
-            return self.out(x)
-
     torch.manual_seed(0)
-    model = MLP().to(dev)
+    model = MLP(a.width, a.depth).to(dev)
     g = torch.Generator().manual_seed(1000 + a.rank)
     data = [(torch.randn(a.batch, a.width, generator=g).to(dev), torch.randn(a.batch, a.width, generator=g).to(dev))
             for _ in range(8)]

@@ -71,29 +71,17 @@ def main():
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    from ddp_model import MLP  # beside this file (sys.path[0])
+
     cuda = a.device == "cuda"
     dev = torch.device("cuda", a.rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(dev)
     dist.init_process_group("nccl" if cuda else "gloo", rank=a.rank, world_size=a.world)
 
-    class MLP(torch.nn.Module):
-        # A class of this file, not torch.nn.Sequential: Dynamo starts no
-        # frame in torch's own files, and DDP's forward calls the module's,
-        # so a wrapped Sequential would run eagerly, uncompiled.
-        def __init__(self):
-            super().__init__()
-            self.layers = torch.nn.ModuleList([torch.nn.Linear(a.width, a.width) for _ in range(a.depth)])
-            self.out = torch.nn.Linear(a.width, a.width)
-
-        def forward(self, x):
-            for layer in self.layers:
-                x = torch.relu(layer(x))
-            return self.out(x)
-
     def make_model():
         torch.manual_seed(0)  # built on the CPU: the same bits in every process
-        return MLP().to(dev)
+        return MLP(a.width, a.depth).to(dev)
 
     g = torch.Generator().manual_seed(1000 + a.rank)  # each rank its own batches
     data = [(torch.randn(a.batch, a.width, generator=g).to(dev), torch.randn(a.batch, a.width, generator=g).to(dev))
