@@ -5,6 +5,7 @@
 #
 #   bash bench/torch_gpu.sh [tests,memcheck,parts,bench,train,ddp] [EXAMPLES]
 # memcheck: torch GPU tests under compute-sanitizer memcheck (MEMCHECK_TESTS, MEMCHECK_K).
+# lifetime: bench/torch_saved_lifetime.py, plainly and under compute-sanitizer (when saved activations die).
 # parts: bench/torch_segment_parts.py, the GPT-2 segment's time part by part.
 # train: bench/torch_train.py, training steps (models in TRAIN_MODELS, options in TRAIN_ARGS).
 # ddp: bench/torch_ddp.py, DistributedDataParallel on two GPUs (DDP_ARGS: its options).
@@ -64,6 +65,13 @@ if [[ $what == *memcheck* ]]; then
     --error-exitcode 3 python3 -m pytest -q -p no:cacheprovider -x \
     ${MEMCHECK_TESTS:-python/tests/test_torch_training.py} ${MEMCHECK_K:+-k "$MEMCHECK_K"} > "$OUT/memcheck-torch.log" 2>&1
   echo "memcheck (torch) rc=$?"; grep -E "ERROR SUMMARY|passed|failed" "$OUT/memcheck-torch.log" | tail -4
+fi
+if [[ $what == *lifetime* ]]; then
+  timeout 120 python3 bench/torch_saved_lifetime.py > "$OUT/lifetime.log" 2>&1
+  echo "lifetime rc=$?"; cat "$OUT/lifetime.log" | grep -v Warning | tail -30
+  timeout ${MEMCHECK_SECONDS:-400} compute-sanitizer --tool memcheck --leak-check no --report-api-errors no \
+    python3 bench/torch_saved_lifetime.py > "$OUT/lifetime-sanitizer.log" 2>&1
+  echo "lifetime (compute-sanitizer) rc=$?"; grep -v Warning "$OUT/lifetime-sanitizer.log" | tail -30
 fi
 if [[ $what == *parts* ]]; then
   timeout 240 python3 bench/torch_segment_parts.py > "$OUT/parts.log" 2>&1

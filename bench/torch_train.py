@@ -433,11 +433,17 @@ def main():
             print("| %s | %s | %s [%s] | %s |" % (r["model"], r["mode"], parts, r["params_mib"],
                                                r.get("reserved_split", "")))
     print()
-    print("cgtree's own host time per timed step (segment.c's timers, inside its calls), us:")
+    print("cgtree's own host time per timed step (segment.c's timers, inside its calls), us; and the step less")
+    print("that time against reduce-overhead's: the ratio a cgtree whose own path cost nothing would reach")
+    print("(the median round's figures):")
     for r in rows:
         if "cgtree_us_per_step" in r:
-            print("| %s | %s | %.1f calls | %s |" % (r["model"], r["mode"], r["cgtree_calls_per_step"], ", ".join(
-                "%s %.1f" % kv for kv in r["cgtree_us_per_step"].items())))
+            ro = next((x for x in rows if x["model"] == r["model"] and x["mode"] == "reduce-overhead"
+                       and "error" not in x), None)
+            less = r["ms_per_step"] - r["cgtree_us_per_step"]["in_call"] / 1e3
+            floor = " | step less it %.3f ms, %.2f x reduce-overhead" % (less, less / ro["ms_per_step"]) if ro else ""
+            print("| %s | %s | %.1f calls | %s%s |" % (r["model"], r["mode"], r["cgtree_calls_per_step"], ", ".join(
+                "%s %.1f" % kv for kv in r["cgtree_us_per_step"].items()), floor))
     print()
     print("Host time per part of a timed step, median us (no sync: where the host waits for the GPU, it shows")
     print("in the part that waits), each round:")
