@@ -936,7 +936,9 @@ static int belongs_to_training_step(void *call) {
     void *ptr;
     if (c->s->arg_kind[i] > ARG_TENSOR_STATIC)
       continue;
-    if (tx_data_ptr_slow(c->args[i], &ptr) < 0) {
+    /* As the argument loop reads it: through the exchange API once the
+     * segment's first call cross-checked it, else through data_ptr(). */
+    if (!(c->s->outputs_known && tx_exchange_data_ptr(c->args[i], &ptr)) && tx_data_ptr_slow(c->args[i], &ptr) < 0) {
       PyErr_Clear(); /* a stale output: the call reads it again below, and raises */
       continue;
     }

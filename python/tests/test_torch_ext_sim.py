@@ -1690,6 +1690,24 @@ def test_a_compiled_optimizer_step_that_reads_the_gradients_goes_on_in_their_ste
     assert s["replays"] > s0["replays"] + 10  # forward, backward and the optimizer's graph replay
 
 
+def test_the_optimizer_rule_reads_pointers_through_the_exchange_api_as_the_argument_loop_does(tree, exchange):
+    keep, good = probes()
+    assert exchange(good)["pointers"]
+    fw, bw, w, x, t = param_training_pair(tree)
+    opt = optimizer_segment(tree)
+    for i in range(5):
+        w.grad = None
+        param_step(fw, bw, w, x, t)
+        step = tree.stats()["step"]
+        g = XTensor(4, ptr=w.grad.ptr, storage=w.grad.storage)  # another object over .grad, of a type the table serves
+        if i == 1:
+            XTensor.reads = 0  # from the optimizer's second call on (its first cross-checks both ways)
+        (out,) = call(opt, w, g)
+        assert out.values() == [2, 3, 4, 5]
+        assert tree.stats()["step"] == step  # found the gradient: the step goes on
+    assert XTensor.reads == 0  # the rule and the argument loop read g through the table, never data_ptr()
+
+
 def test_a_grad_kept_past_the_optimizer_moves_when_the_next_forward_begins_its_step(tree):
     fw, bw, w, x, t = param_training_pair(tree)
     opt = optimizer_segment(tree)
