@@ -141,6 +141,12 @@ typedef struct seg_run {
 struct SegmentObject {
   PyObject_HEAD
   vectorcallfunc vectorcall;
+  /* __dict__, with _boxed_call = True: AOTAutograd may pass the arguments as
+   * one list (seg_vectorcall). An attribute of the instance, not of the
+   * type, so that a wrapper made by functools.wraps (torch._dynamo.disable
+   * wraps every compiled backward) copies it; else AOTAutograd warns at each
+   * backward and passes the arguments one by one. */
+  PyObject *dict;
   TreeObject *tree; /* the tree of the thread that made it: its device, and the simulator tests' only tree */
   seg_run **runs;   /* one per tree it ran in */
   size_t n_runs;
@@ -1217,6 +1223,10 @@ static int seg_init(SegmentObject *s, PyObject *a, PyObject *kw) {
   int dyn = 0, rerun = 0, backward = 0, updates_inputs = 0;
   unsigned int saved_from = UINT32_MAX;
   unsigned long long side_stream = 0;
+  if (!s->dict && !(s->dict = PyDict_New()))
+    return -1;
+  if (PyDict_SetItemString(s->dict, "_boxed_call", Py_True) < 0)
+    return -1;
   if (!PyArg_ParseTupleAndKeywords(a, kw, "O!sOOOOOy*O!|IppIpOKOp", kwlist, &TreeType, &tree, &name,
                                    &compiled, &launch, &alias, &describe, &span, &kinds, &PyTuple_Type, &spans,
                                    &flags, &dyn, &rerun, &saved_from, &backward, &prelaunch, &side_stream,
@@ -1356,6 +1366,7 @@ static void seg_dealloc(SegmentObject *s) {
   Py_XDECREF(s->span_py);
   Py_XDECREF(s->prelaunch_py);
   Py_XDECREF(s->bypass_reason);
+  Py_XDECREF(s->dict);
   Py_TYPE(s)->tp_free((PyObject *)s);
 }
 
@@ -1399,15 +1410,10 @@ static PyMethodDef seg_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static PyObject *seg_get_boxed(SegmentObject *s, void *closure) {
-  (void)s;
-  (void)closure;
-  Py_RETURN_TRUE;
-}
-
 static PyGetSetDef seg_getset[] = {
     {"info", (getter)seg_get_info, NULL, "name, segment id, calls, plain calls and why", NULL},
-    {"_boxed_call", (getter)seg_get_boxed, NULL, "True: AOTAutograd may pass the arguments as one list", NULL},
+    {"__dict__", PyObject_GenericGetDict, NULL, "holds _boxed_call (True: AOTAutograd may pass the arguments as one list)",
+     NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -1426,5 +1432,6 @@ PyTypeObject SegmentType = {
     .tp_new = PyType_GenericNew,
     .tp_dealloc = (destructor)seg_dealloc,
     .tp_getset = seg_getset,
+    .tp_dictoffset = offsetof(SegmentObject, dict),
     .tp_methods = seg_methods,
 };

@@ -1158,6 +1158,26 @@ def test_a_segment_takes_its_arguments_boxed_in_one_list_as_aotautograd_passes_t
     assert tree.stats()["replays"] >= 2
 
 
+def test_a_wrapper_made_by_functools_wraps_says_boxed_too_as_dynamos_disable_makes_around_a_backward(tree):
+    """torch._dynamo.disable wraps every compiled backward with
+    functools.wraps, which copies the instance's __dict__: the wrapper must
+    say _boxed_call too, or AOTAutograd warns at each backward and passes
+    the arguments one by one."""
+    import functools
+    seg = segment(tree, Graph(tree, 2.0, 1.0), spans=(16,))
+
+    def wrapper(*args, **kwargs):
+        return seg(*args, **kwargs)
+
+    wrapped = functools.wraps(seg)(wrapper)
+    assert getattr(wrapped, "_boxed_call", False) is True
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    for _ in range(3):
+        Generation.generation += 1
+        (y,) = wrapped([x])  # as AOTAutograd calls a boxed backward: one list
+        assert y.values() == [3, 5, 7, 9]
+
+
 def test_a_call_with_the_wrong_argument_count_is_a_type_error(tree):
     seg = segment(tree, Graph(tree, 1.0, 0.0), spans=(16,))
     with pytest.raises(TypeError, match="positional arguments"):
