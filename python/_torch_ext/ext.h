@@ -322,6 +322,8 @@ struct tx_out_ref {
   int counted;       /* counted in the tree's alive_this_step (a tensor was made) */
   int saved;         /* a saved activation (counted in the tree's saved_alive while its step lasts) */
   int grad;          /* a backward's output: AccumulateGrad may have made it a .grad (stale.c) */
+  int caller_memory; /* it lies inside a STATIC argument of its run (a forward's saved parameter): not the
+                      * tree's memory, so never on the step's list, never stale, and passed on as caller memory */
   TreeObject *tree;  /* borrowed: trees live as long as the process */
   cgt_value value;
   uint64_t step;

@@ -263,9 +263,23 @@ static void capsule_destructor(PyObject *cap) {
   }
 }
 
+/* 1 if [ptr, ptr + bytes) lies inside a STATIC argument of the run: caller
+ * memory (the tree refuses STATIC memory that overlaps its pools). */
+static int inside_caller_memory(const seg_run *r, const void *ptr, size_t bytes) {
+  uintptr_t p = (uintptr_t)ptr;
+  for (uint32_t k = 0; k < r->s->n_targs; k++) {
+    const cgt_arg *a = &r->args[k];
+    uintptr_t b = (uintptr_t)a->ptr;
+    if (a->kind == CGT_ARG_STATIC && p >= b && p - b <= a->bytes && bytes <= a->bytes - (p - b))
+      return 1;
+  }
+  return 0;
+}
+
 /* A tensor over value v, laid out as m says. Steals v: on failure v is
  * released (through the queue). */
-static PyObject *make_output(TreeObject *T, cgt_value v, const out_meta *m, int saved, int grad, uint64_t *ns_make) {
+static PyObject *make_output(seg_run *run, cgt_value v, const out_meta *m, int saved, int grad, uint64_t *ns_make) {
+  TreeObject *T = run->tree;
   void *ptr = NULL;
   size_t bytes = 0;
   cgt_status st = cgt_value_ptr(T->tree, v, &ptr, &bytes);
@@ -285,6 +299,7 @@ static PyObject *make_output(TreeObject *T, cgt_value v, const out_meta *m, int 
   r->step = T->step;
   r->ptr = ptr;
   r->bytes = bytes;
+  r->caller_memory = inside_caller_memory(run, ptr, bytes);
   DLTensor *dl = TXE.outputs ? &r->mv.dl_tensor : &r->m.dl_tensor;
   dl->data = ptr;
   dl->device.device_type = kDLCUDA;
@@ -345,6 +360,8 @@ static PyObject *make_output(TreeObject *T, cgt_value v, const out_meta *m, int 
   r->saved = saved;
   r->grad = grad;
   T->saved_alive += (uint64_t)saved;
+  if (r->caller_memory) /* a view of the caller's memory (a parameter a forward saves): no step reuses it */
+    return t;
   if (tx_stale_watch(T, r, t) < 0) { /* an output we could not protect is not handed out */
     Py_DECREF(t);
     return NULL;
@@ -860,7 +877,7 @@ static PyObject *build_result(seg_run *r, variant_tmpl *t) {
   for (uint32_t i = 0; i < t->n_res; i++) {
     PyObject *item;
     if (t->is_tensor[i]) {
-      item = make_output(r->tree, r->outs[k], &t->outs[k], i >= s->saved_from, s->backward, &r->ns_made);
+      item = make_output(r, r->outs[k], &t->outs[k], i >= s->saved_from, s->backward, &r->ns_made);
       k++;
       if (!item)
         goto fail;
@@ -1032,6 +1049,14 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
       tx_out_ref *ref = NULL;
       if (Py_TYPE(o) == (PyTypeObject *)TX.tensor_type) /* outputs are plain tensors; a Parameter never is one */
         HASH_FIND_PTR(T->registry, &o, ref);
+      /* An output that is a view of caller memory (a parameter a forward
+       * saved for its backward) is passed as that memory, by its kind, as
+       * the parameter itself would be: as a VALUE outside the graph pool it
+       * would be copied into a placeholder, and a graph that writes it (an
+       * optimizer step) would write the copy. tx_step_output_at never finds
+       * one: they are not on the step's list. */
+      if (ref && ref->caller_memory)
+        ref = NULL;
       if (ref && ref->ptr == ptr) {
         if (ref->step != T->step) {
           T->stale_refused++;

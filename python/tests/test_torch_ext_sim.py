@@ -1728,6 +1728,80 @@ def test_the_optimizer_rule_reads_pointers_through_the_exchange_api_as_the_argum
     assert XTensor.reads == 0  # the rule and the argument loop read g through the table, never data_ptr()
 
 
+class SavesParamGraph:
+    """A training forward of x and a parameter w: out = x + w, saving x (a
+    copy) and w itself, as AOTAutograd's forwards return the parameters
+    their backward reads (an output that is the STATIC input)."""
+
+    def __init__(self, tree):
+        self.tree = tree
+
+    def __call__(self, x, w):
+        out, saved = FakeTensor(x.n), FakeTensor(x.n)
+        X.sim_launch(self.tree.stream, k_add, out.ptr, x.ptr, w.ptr, x.n)
+        X.sim_launch(self.tree.stream, k_affine, saved.ptr, x.ptr, x.n, 1.0, 0.0)
+        return (out, saved, w)
+
+
+class UsesParamBackwardGraph:
+    """Its backward, reading the saved x and w: grad = saved + tangent."""
+
+    def __init__(self, tree):
+        self.tree = tree
+
+    def __call__(self, saved, w, tangent):
+        grad = FakeTensor(saved.n)
+        X.sim_launch(self.tree.stream, k_add, grad.ptr, saved.ptr, tangent.ptr, saved.n)
+        return (grad,)
+
+
+class SGDGraph:
+    """A compiled optimizer step that updates the parameter in place: w += g."""
+
+    def __init__(self, tree):
+        self.tree = tree
+
+    def __call__(self, w, g):
+        X.sim_launch(self.tree.stream, k_add, w.ptr, w.ptr, g.ptr, w.n)
+        return ()
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["activations_die", "activations_kept"])
+def test_a_saved_parameter_is_passed_on_as_the_parameter_so_an_optimizer_step_updates_it_in_place(tree, keep):
+    """The forward returns w itself for its backward: an output over caller
+    memory. While it lives (kept here, as a retained graph or a program
+    holding saved tensors keeps it), later calls in the step that take w
+    must still get w's own memory: as a VALUE outside the pool it would go
+    through a placeholder, and the optimizer's update would land in the copy."""
+    fw = segment(tree, SavesParamGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR_STATIC), spans=(16, 16), name="fw",
+                 saved_from=1, grad_inputs=(1,))
+    bw = segment(tree, UsesParamBackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR_STATIC, ARG_TENSOR),
+                 spans=(16, 16, 16), name="bw", backward=True)
+    opt = segment(tree, SGDGraph(tree), kinds=(ARG_TENSOR_STATIC, ARG_TENSOR), spans=(16, 16), name="opt",
+                  updates_inputs=True)
+    w, x, t = Leaf(4).fill([0, 0, 0, 0]), FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
+    kept, want_w = [], [0, 0, 0, 0]
+    for i in range(8):
+        w.grad = None
+        out, saved, w_saved = call(fw, x, w)
+        assert out.values() == [a + b for a, b in zip([1, 2, 3, 4], want_w)], i
+        assert w_saved.ptr == w.ptr  # the saved parameter is the parameter's memory
+        if keep:
+            kept += [saved, w_saved]
+        (g,) = bw(saved, w_saved, t)
+        del saved, w_saved
+        w.accumulate(g)
+        del g
+        call(opt, w, w.grad)
+        want_w = [a + b for a, b in zip(want_w, [2, 3, 4, 5])]
+        assert w.values() == want_w, i
+    s = tree.stats()
+    assert (s["steps_deferred"] > 0) == keep  # kept activations hold the step: every call a new node in it
+    if not keep:
+        assert s["replays"] > 0
+    assert [v.values() for v in kept[1::2]] == [want_w] * len(kept[1::2])  # a kept saved w reads w, never stale
+
+
 def test_a_grad_kept_past_the_optimizer_moves_when_the_next_forward_begins_its_step(tree):
     fw, bw, w, x, t = param_training_pair(tree)
     opt = optimizer_segment(tree)

@@ -369,6 +369,80 @@ def test_a_compiled_optimizer_step_keeps_its_state_across_steps_and_matches_indu
     assert after["graphs_plain"] == before["graphs_plain"]
 
 
+def saved_tensors_of(loss):
+    """New tensor objects over every tensor the backward of loss will read
+    (the autograd nodes' saved tensors): holding them keeps those
+    activations alive past their backward."""
+    out, seen, todo = [], set(), [loss.grad_fn]
+    while todo:
+        fn = todo.pop()
+        if fn is None or id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        try:
+            out += [t for t in fn.saved_tensors if isinstance(t, torch.Tensor)]
+        except (AttributeError, RuntimeError):
+            pass
+        todo.extend(f for f, _ in fn.next_functions)
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(COMPILED_OPTIMIZERS))
+def test_compiled_optimizer_steps_match_inductor_while_the_program_keeps_saved_activations_alive(name):
+    """A program that keeps its forwards' saved activations alive past their
+    backward (here by holding them; compute-sanitizer does it by keeping
+    kernel launch frames alive) keeps a backward pending, so no step begins:
+    every call goes on in one step, a new node each, until the bound of 64
+    forces a step. Results stay Inductor's all along."""
+    _, model, _, ref = pair(mlp(width=128))
+    xs = batches(12, width=128)
+    res = []
+    for m, backend in ((model, "cgtree"), (ref, "inductor")):
+        opt = COMPILED_OPTIMIZERS[name](m.parameters())
+        step = torch.compile(opt.step, backend=backend)
+        loss_of = torch.compile(lambda x: m(x).square().mean(), backend=backend)
+        kept, losses = [], []
+        for x in xs:
+            opt.zero_grad()
+            loss = loss_of(x)
+            kept += saved_tensors_of(loss)
+            loss.backward()
+            step()
+            losses.append(loss.detach().clone())
+        res.append(torch.stack(losses))
+        if backend == "cgtree":
+            assert ct.stats()["saved_activations_alive"] > 0, "the kept activations should count as alive"
+        del kept
+    assert torch.equal(res[0], res[1]), (res[0], res[1])
+    assert_same_params(model, ref)
+
+
+def test_a_compiled_optimizer_step_after_a_backward_with_retain_graph_updates_the_parameters_in_place():
+    """A graph retained past the optimizer keeps its saved tensors, among
+    them the parameters themselves (the forward saves them for its
+    backward): the compiled step must still write the parameters, not a
+    copy of them."""
+    with torch._functorch.config.patch(donated_buffer=False):
+        _, model, _, ref = pair(mlp(width=128))
+        xs = batches(8, width=128)
+        res = []
+        for m, backend in ((model, "cgtree"), (ref, "inductor")):
+            opt = torch.optim.SGD(m.parameters(), lr=1e-2, momentum=0.9)
+            step = torch.compile(opt.step, backend=backend)
+            loss_of = torch.compile(lambda x: m(x).square().mean(), backend=backend)
+            losses = []
+            for x in xs:
+                opt.zero_grad()
+                loss = loss_of(x)
+                loss.backward(retain_graph=True)  # the graph, and its saved tensors, live on with `loss`
+                step()
+                losses.append(loss.detach().clone())
+            res.append(torch.stack(losses))
+            del loss
+    assert torch.equal(res[0], res[1]), (res[0], res[1])
+    assert_same_params(model, ref)
+
+
 def test_a_compiled_adamw_step_goes_on_in_the_backwards_step_reading_the_gradients_in_the_pool():
     _, model, _, ref = pair(mlp(width=256))
     xs = batches(12, width=256)
