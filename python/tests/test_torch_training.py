@@ -16,6 +16,7 @@ import pytest
 import torch_gpu  # skips the file without a GPU; imports cgtree.torch before CUDA starts
 
 torch, ct, pytestmark = torch_gpu.torch, torch_gpu.ct, torch_gpu.pytestmark
+STEPS_END = not torch_gpu.UNDER_SANITIZER  # where steps end, the step, replay and move counts are checked too
 
 
 DEV = "cuda"
@@ -89,12 +90,13 @@ def test_a_training_loop_replays_forward_and_backward_and_matches_inductor_bit_f
     assert torch.equal(got, want)
     assert_same_params(model, ref)
     after = ct.stats()
-    assert after["replays"] - before.get("replays", 0) >= 2 * 8, "forward and backward should replay"
     from cgtree.torch._backend import decisions
     assert {"forward", "backward"} <= {d["graph"] for d in decisions if d["plain_reason"] is None}
     rec = ct.stats()["recordings"]
     train(cf, model, batches(6, seed=2))
-    assert ct.stats()["recordings"] == rec, "steady state must not record again"
+    if STEPS_END:
+        assert after["replays"] - before.get("replays", 0) >= 2 * 8, "forward and backward should replay"
+        assert ct.stats()["recordings"] == rec, "steady state must not record again"
 
 
 def test_gradients_are_ordinary_memory_that_survives_the_next_step():
@@ -137,6 +139,8 @@ def test_a_grad_kept_past_its_step_moves_out_of_the_pool_once_and_a_kept_view_of
             f(x).square().mean().backward()
             opt.step()
     assert_same_params(model, ref)
+    if not STEPS_END:
+        return  # what follows is about steps that end
     n = len(list(model.parameters()))
     assert ct.stats()["gradients_moved"] - moved0 == n  # each once; ordinary memory from then on
     for i in range(4):  # an input's gradient is kept too: a graph of its own, warmed up and recorded first
@@ -364,9 +368,10 @@ def test_a_compiled_optimizer_step_keeps_its_state_across_steps_and_matches_indu
         assert sorted(mine) == sorted(theirs) and mine
         for key in mine:
             assert torch.equal(mine[key], theirs[key]), "optimizer state %s differs from Inductor's" % key
-    assert after["recordings"] == before["recordings"], "steady state must not record again"
-    assert after["replays"] - before["replays"] >= 3 * (len(xs) - warm)
     assert after["graphs_plain"] == before["graphs_plain"]
+    if STEPS_END:
+        assert after["recordings"] == before["recordings"], "steady state must not record again"
+        assert after["replays"] - before["replays"] >= 3 * (len(xs) - warm)
 
 
 def saved_tensors_of(loss):
@@ -468,7 +473,8 @@ def test_a_compiled_adamw_step_goes_on_in_the_backwards_step_reading_the_gradien
     assert_same_params(model, ref)
     steps = len(xs) - warm
     assert after["gradients_moved"] == before["gradients_moved"], "the optimizer step copied the gradients"
-    assert after["steps_kept_after_backward"] - before["steps_kept_after_backward"] == steps
-    assert after["recordings"] == before["recordings"], "steady state must not record again"
-    assert after["replays"] - before["replays"] >= 3 * steps, "forward, backward and the step should replay"
     assert after["graphs_plain"] == before["graphs_plain"]
+    if STEPS_END:
+        assert after["steps_kept_after_backward"] - before["steps_kept_after_backward"] == steps
+        assert after["recordings"] == before["recordings"], "steady state must not record again"
+        assert after["replays"] - before["replays"] >= 3 * steps, "forward, backward and the step should replay"
