@@ -21,24 +21,13 @@ import cgtree.torch as ct  # before CUDA starts
 import torch
 from cgtree import _torch_ext as ext
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "tests"))
+from saved_tensors import saved_tensors_of  # noqa: E402  (the walk the training tests use)
+
 
 def saved_of(loss):
-    """(node name, data_ptr, nbytes) of each tensor the backward nodes of loss saved."""
-    out, seen, todo = [], set(), [loss.grad_fn]
-    while todo:
-        fn = todo.pop()
-        if fn is None or id(fn) in seen:
-            continue
-        seen.add(id(fn))
-        try:
-            ts = fn.saved_tensors
-        except (AttributeError, RuntimeError):
-            ts = ()
-        for t in ts or ():
-            if isinstance(t, torch.Tensor) and t.is_cuda:
-                out.append((type(fn).__name__, t.data_ptr(), t.untyped_storage().nbytes()))
-        todo.extend(f for f, _ in fn.next_functions)
-    return out
+    """(node name, data_ptr, nbytes) of each CUDA tensor the backward nodes of loss saved."""
+    return [(name, t.data_ptr(), t.untyped_storage().nbytes()) for name, t in saved_tensors_of(loss) if t.is_cuda]
 
 
 def holders(ptr):

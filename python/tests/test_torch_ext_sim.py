@@ -1728,31 +1728,20 @@ def test_the_optimizer_rule_reads_pointers_through_the_exchange_api_as_the_argum
     assert XTensor.reads == 0  # the rule and the argument loop read g through the table, never data_ptr()
 
 
-class SavesParamGraph:
-    """A training forward of x and a parameter w: out = x + w, saving x (a
-    copy) and w itself, as AOTAutograd's forwards return the parameters
-    their backward reads (an output that is the STATIC input)."""
-
-    def __init__(self, tree):
-        self.tree = tree
+class SavesParamGraph(ParamForwardGraph):
+    """ParamForwardGraph that also returns w itself, as AOTAutograd's
+    forwards return the parameters their backward reads (an output that is
+    the STATIC input)."""
 
     def __call__(self, x, w):
-        out, saved = FakeTensor(x.n), FakeTensor(x.n)
-        X.sim_launch(self.tree.stream, k_add, out.ptr, x.ptr, w.ptr, x.n)
-        X.sim_launch(self.tree.stream, k_affine, saved.ptr, x.ptr, x.n, 1.0, 0.0)
-        return (out, saved, w)
+        return super().__call__(x, w) + (w,)
 
 
-class UsesParamBackwardGraph:
-    """Its backward, reading the saved x and w: grad = saved + tangent."""
-
-    def __init__(self, tree):
-        self.tree = tree
+class UsesParamBackwardGraph(BackwardGraph):
+    """BackwardGraph taking the saved w too (and not needing it)."""
 
     def __call__(self, saved, w, tangent):
-        grad = FakeTensor(saved.n)
-        X.sim_launch(self.tree.stream, k_add, grad.ptr, saved.ptr, tangent.ptr, saved.n)
-        return (grad,)
+        return super().__call__(saved, tangent)
 
 
 class SGDGraph:

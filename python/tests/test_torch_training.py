@@ -16,6 +16,7 @@ import pytest
 import torch_gpu  # skips the file without a GPU; imports cgtree.torch before CUDA starts
 
 torch, ct, pytestmark = torch_gpu.torch, torch_gpu.ct, torch_gpu.pytestmark
+from saved_tensors import saved_tensors_of  # noqa: E402  (after torch_gpu: it imports torch)
 STEPS_END = not torch_gpu.UNDER_SANITIZER  # where steps end, the step, replay and move counts are checked too
 
 
@@ -374,24 +375,6 @@ def test_a_compiled_optimizer_step_keeps_its_state_across_steps_and_matches_indu
         assert after["replays"] - before["replays"] >= 3 * (len(xs) - warm)
 
 
-def saved_tensors_of(loss):
-    """New tensor objects over every tensor the backward of loss will read
-    (the autograd nodes' saved tensors): holding them keeps those
-    activations alive past their backward."""
-    out, seen, todo = [], set(), [loss.grad_fn]
-    while todo:
-        fn = todo.pop()
-        if fn is None or id(fn) in seen:
-            continue
-        seen.add(id(fn))
-        try:
-            out += [t for t in fn.saved_tensors if isinstance(t, torch.Tensor)]
-        except (AttributeError, RuntimeError):
-            pass
-        todo.extend(f for f, _ in fn.next_functions)
-    return out
-
-
 @pytest.mark.parametrize("name", sorted(COMPILED_OPTIMIZERS))
 def test_compiled_optimizer_steps_match_inductor_while_the_program_keeps_saved_activations_alive(name):
     """A program that keeps its forwards' saved activations alive past their
@@ -410,7 +393,7 @@ def test_compiled_optimizer_steps_match_inductor_while_the_program_keeps_saved_a
         for x in xs:
             opt.zero_grad()
             loss = loss_of(x)
-            kept += saved_tensors_of(loss)
+            kept += [t for _, t in saved_tensors_of(loss)]
             loss.backward()
             step()
             losses.append(loss.detach().clone())
