@@ -246,7 +246,7 @@ void tx_out_ref_queue_drain(void) {
       HASH_DEL(T->registry, r);
     if (r->step == T->step && !r->released) { /* values of ended steps are stale already */
       (void)cgt_value_release(T->tree, r->value);
-      T->alive_this_step -= (uint64_t)r->counted;
+      T->alive_this_step -= (uint64_t)(r->counted && !r->caller_memory);
       T->saved_alive -= (uint64_t)(r->counted && r->saved);
     }
     tx_stale_forget(T, r);
@@ -355,7 +355,7 @@ static PyObject *make_output(seg_run *run, cgt_value v, const out_meta *m, int s
   }
   r->in_registry = 1;
   T->outputs_made++;
-  T->alive_this_step++;
+  T->alive_this_step += (uint64_t)!r->caller_memory; /* caller memory: no step overwrites it */
   r->counted = 1;
   r->saved = saved;
   r->grad = grad;
