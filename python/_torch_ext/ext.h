@@ -344,6 +344,12 @@ int tx_out_ref_dead(tx_out_ref *r); /* its deleter ran (its storage is gone) */
 static inline int tx_out_ref_live_grad(tx_out_ref *r) { return r->grad && !tx_out_ref_dead(r); }
 extern PyTypeObject SegmentType;
 
+/* 1 if [p, p + n) lies inside [base, base + base_bytes) (no overflow). */
+static inline int tx_range_inside(const void *p, size_t n, const void *base, size_t base_bytes) {
+  uintptr_t a = (uintptr_t)p, b = (uintptr_t)base;
+  return a >= b && a - b <= base_bytes && n <= base_bytes - (a - b);
+}
+
 /* ------------------------------------------------------------ step_outputs.c */
 
 /* The tree's step list, indexed by address: r (its ptr and bytes set) joins

@@ -266,13 +266,9 @@ static void capsule_destructor(PyObject *cap) {
 /* 1 if [ptr, ptr + bytes) lies inside a STATIC argument of the run: caller
  * memory (the tree refuses STATIC memory that overlaps its pools). */
 static int inside_caller_memory(const seg_run *r, const void *ptr, size_t bytes) {
-  uintptr_t p = (uintptr_t)ptr;
-  for (uint32_t k = 0; k < r->s->n_targs; k++) {
-    const cgt_arg *a = &r->args[k];
-    uintptr_t b = (uintptr_t)a->ptr;
-    if (a->kind == CGT_ARG_STATIC && p >= b && p - b <= a->bytes && bytes <= a->bytes - (p - b))
+  for (uint32_t k = 0; k < r->s->n_targs; k++)
+    if (r->args[k].kind == CGT_ARG_STATIC && tx_range_inside(ptr, bytes, r->args[k].ptr, r->args[k].bytes))
       return 1;
-  }
   return 0;
 }
 

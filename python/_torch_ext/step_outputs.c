@@ -4,7 +4,8 @@
  * segment.c hands out every output of a step as a tensor over a value of
  * the pool, and keeps those whose storage may still live on the tree's
  * step list: stale.c marks them when the step ends, and moves a .grad that
- * took one over. Each tensor argument of a call must also be looked up
+ * took one over. (An output over caller memory, a parameter a forward
+ * saves, is never on it: no step reuses that memory.) Each tensor argument of a call must also be looked up
  * here by address: a tensor that lies in a live output of this step (a
  * saved activation unpacked by autograd, a view y[1:], a .grad read by the
  * optimizer) is passed to cgt_run as that value, never as caller memory.
@@ -151,7 +152,7 @@ tx_out_ref *tx_step_output_at(TreeObject *T, void *ptr, size_t span) {
   HASH_FIND(hh, T->step_pages, &p, sizeof p, b);
   for (uint32_t i = 0; b && i < b->n; i++) {
     tx_out_ref *o = b->refs[i];
-    if ((char *)ptr >= (char *)o->ptr && span <= o->bytes && (size_t)((char *)ptr - (char *)o->ptr) <= o->bytes - span)
+    if (tx_range_inside(ptr, span, o->ptr, o->bytes))
       return o;
   }
   return NULL;
