@@ -30,8 +30,8 @@ def saved_of(loss):
     return [(name, t.data_ptr(), t.untyped_storage().nbytes()) for name, t in saved_tensors_of(loss) if t.is_cuda]
 
 
-def holders(ptr):
-    """Python tensors alive over ptr, each with the types of its referrers."""
+def tensors_over(ptr):
+    """The CUDA tensors Python holds whose storage holds ptr."""
     found = []
     for o in gc.get_objects():
         if isinstance(o, torch.Tensor) and o.is_cuda:
@@ -42,9 +42,14 @@ def holders(ptr):
             except Exception:
                 continue
             if lo <= ptr < hi:
-                refs = [type(r).__name__ for r in gc.get_referrers(o) if r is not found]
-                found.append((tuple(o.shape), refs[:6]))
+                found.append(o)
     return found
+
+
+def holders(ptr):
+    """Python tensors alive over ptr, each with the types of its referrers."""
+    found = tensors_over(ptr)
+    return [(tuple(o.shape), [type(r).__name__ for r in gc.get_referrers(o) if r is not found][:6]) for o in found]
 
 
 def who_holds_frames(ptr):
@@ -52,17 +57,10 @@ def who_holds_frames(ptr):
     frame (function, file:line), what refers to the frame, and up the chain
     (a traceback, its exception: type, text, and what holds the exception)."""
     import types
-    for o in gc.get_objects():
-        if not (isinstance(o, torch.Tensor) and o.is_cuda):
-            continue
-        try:
-            st = o.untyped_storage()
-            if not st.data_ptr() <= ptr < st.data_ptr() + st.nbytes():
-                continue
-        except Exception:
-            continue
+    found = tensors_over(ptr)
+    for o in found:
         frames = [r for r in gc.get_referrers(o) if isinstance(r, types.FrameType)]
-        lists = [r for r in gc.get_referrers(o) if isinstance(r, list)]
+        lists = [r for r in gc.get_referrers(o) if isinstance(r, list) and r is not found]
         for li in lists:
             frames += [r for r in gc.get_referrers(li) if isinstance(r, types.FrameType)]
         ours = (list, type(iter([])))  # the probe's own lists of frames and its loop over them

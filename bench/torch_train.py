@@ -407,6 +407,10 @@ def main():
                     f.write(json.dumps(r) + "\n")
         for mode in a.profile.split(",") if a.profile else ():
             run(name, mode, profile=True)
+    def ro_row(r):  # reduce-overhead's row of r's model, the ratios' reference, or None
+        return next((x for x in rows if x["model"] == r["model"] and x["mode"] == "reduce-overhead"
+                     and "error" not in x), None)
+
     print()
     print("optimizer: %s" % a.optimizer)
     print("| model | mode | ms/step | rounds | x reduce-overhead | peak MiB | peak reserved MiB | recordings after "
@@ -416,8 +420,7 @@ def main():
         if "error" in r:
             print("| %s | %s | error: %s |" % (r["model"], r["mode"], r["error"].strip().splitlines()[-1][:160]))
             continue
-        ro = next((x for x in rows if x["model"] == r["model"] and x["mode"] == "reduce-overhead"
-                   and "error" not in x), None)
+        ro = ro_row(r)
         ratio = "%.2f" % (r["ms_per_step"] / ro["ms_per_step"]) if ro else ""
         rounds = r.get("ms_per_step_rounds", [])
         rounds = " ".join("%.3f" % x for x in rounds) if len(rounds) > 1 else ""
@@ -438,8 +441,7 @@ def main():
     print("(the median round's figures):")
     for r in rows:
         if "cgtree_us_per_step" in r:
-            ro = next((x for x in rows if x["model"] == r["model"] and x["mode"] == "reduce-overhead"
-                       and "error" not in x), None)
+            ro = ro_row(r)
             less = r["ms_per_step"] - r["cgtree_us_per_step"]["in_call"] / 1e3
             floor = " | step less it %.3f ms, %.2f x reduce-overhead" % (less, less / ro["ms_per_step"]) if ro else ""
             print("| %s | %s | %.1f calls | %s%s |" % (r["model"], r["mode"], r["cgtree_calls_per_step"], ", ".join(
