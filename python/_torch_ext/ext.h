@@ -173,6 +173,7 @@ typedef struct TreeObject {
   uint64_t outputs_made, stale_refused;
   uint64_t replays_seen; /* the tree's replay count after the last cgt_run of segment.c (its timers) */
   uint64_t capture_failures_seen; /* and its capture failures (a failure turns the segment plain) */
+  uint64_t eager_runs_seen; /* and its eager runs (their outputs lie in the side pool) */
   int warned_evicting;   /* the budget's first eviction was reported */
   uint64_t launch_ns_seen; /* and its launch_host_ns (with time_launches) */
   uint64_t alive_this_step;    /* outputs of the current step whose tensors live */
@@ -324,6 +325,8 @@ struct tx_out_ref {
   int grad;          /* a backward's output: AccumulateGrad may have made it a .grad (stale.c) */
   int caller_memory; /* it lies inside a STATIC argument of its run (a forward's saved parameter): not the
                       * tree's memory, so never on the step's list, never stale, and passed on as caller memory */
+  int side_pool;     /* made by an eager run of the tree (a failed capture, a node past the rerecord limit): it
+                      * lies in the tree's side pool, which cgt_run copies into a placeholder when passed on */
   TreeObject *tree;  /* borrowed: trees live as long as the process */
   cgt_value value;
   uint64_t step;

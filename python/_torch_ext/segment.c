@@ -136,6 +136,7 @@ typedef struct seg_run {
   uint64_t ns_made; /* this call's share of ns_make, so far */
   void *fill_stream; /* where this run's prelaunch writes the generator's state (NULL: the legacy stream) */
   PyObject **grad_seen; /* a weak reference to the object last seen at each of the segment's grad_pos */
+  int outs_side_pool; /* the run at hand was eager: its outputs lie in the tree's side pool */
 } seg_run;
 
 struct SegmentObject {
@@ -167,6 +168,11 @@ struct SegmentObject {
   uint32_t n_args, n_targs, n_outputs;
   uint8_t *arg_kind;
   size_t *arg_span;
+  /* 1 at each input the graph writes into (Inductor's mutated_input_idxs),
+   * else 0; NULL when it writes none. Such an input that is an output of an
+   * eager run of the tree is not passed through cgt_run (writes_side_value). */
+  uint8_t *arg_written;
+  int warned_side_write; /* the first such call was reported */
   /* The STATIC inputs' data pointers of the last call: in C by position
    * (static_ptr), and as PyTorch's check wants them, a list of n_args ints
    * (static_ptrs) and the list of STATIC positions (static_idx, NULL when
@@ -296,6 +302,7 @@ static PyObject *make_output(seg_run *run, cgt_value v, const out_meta *m, int s
   r->ptr = ptr;
   r->bytes = bytes;
   r->caller_memory = inside_caller_memory(run, ptr, bytes);
+  r->side_pool = run->outs_side_pool;
   DLTensor *dl = TXE.outputs ? &r->mv.dl_tensor : &r->m.dl_tensor;
   dl->data = ptr;
   dl->device.device_type = kDLCUDA;
@@ -698,6 +705,31 @@ static void go_plain(SegmentObject *s, const char *why) {
   PyErr_Clear(); /* a warning turned error must not break the call */
 }
 
+/* A call whose graph writes into an output of an eager run of the tree (a
+ * failed capture's, or a node's past the rerecord limit). That output lies
+ * in the tree's side pool, and cgt_run passes such a VALUE through a
+ * placeholder copy (docs/api.md, cgt_run), so the graph would write the copy
+ * and the caller's tensor would keep its old numbers. This call runs as the
+ * plain graph instead, on the tensors themselves, after the tree's work; the
+ * segment stays a segment, and the first such call says so. */
+static PyObject *call_plain_writing_side_value(SegmentObject *s, TreeObject *T, PyObject *const *args, size_t n) {
+  void *caller;
+  if (tx_caller_stream(T, &caller) < 0)
+    return NULL;
+  if (tx_caller_needs_events(T, caller))
+    tx_stream_wait(caller, T->stream, T->ev_out);
+  if (!s->warned_side_write) {
+    s->warned_side_write = 1;
+    PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
+                     "cgtree.torch: graph '%s' writes into an output of a run cgtree made eagerly (a graph whose "
+                     "capture failed, or a node past the rerecord limit); such calls run as the plain graph, so "
+                     "that the write lands in that output",
+                     s->name);
+    PyErr_Clear(); /* a warning turned error must not break the call */
+  }
+  return call_plain(s, args, n);
+}
+
 /* The first call: the compiled graph runs plainly (outside the pool), and
  * its outputs tell us what to register.
  *
@@ -1013,6 +1045,7 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
    * check of PyTorch's may vouch for the STATIC ones (static_ptrs_unchanged). */
   int fast = TXE.ptrs;
   int statics_same = !fast && static_ptrs_unchanged(s, args, n), statics_noted = 1;
+  int writes_side_value = 0;
   for (size_t i = 0; i < n; i++) {
     PyObject *o = args[i];
     uint8_t kind = s->arg_kind[i];
@@ -1084,6 +1117,8 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
         r->offs[k] = 0;
         r->args[k] = kind == ARG_TENSOR_STATIC ? cgt_arg_static(ptr, span) : cgt_arg_dynamic(ptr, span);
       }
+      if (r->args[k].kind == CGT_ARG_VALUE && ref->side_pool && s->arg_written && s->arg_written[i])
+        writes_side_value = 1;
       k++;
     } else if (kind == ARG_INT) {
       long long x = PyLong_AsLongLong(o);
@@ -1101,6 +1136,8 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
   }
   if (!statics_same && s->static_idx)
     s->static_known = statics_noted && !fast; /* every STATIC pointer was read, and noted, just now */
+  if (writes_side_value && s->outputs_known)
+    return call_plain_writing_side_value(s, T, args, n);
   if (s->n_grad_pos && note_grad_leaves(r, args) < 0)
     return NULL;
   uint64_t t_args = tx_now_ns();
@@ -1154,6 +1191,8 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
   T->launch_ns_seen = after.launch_host_ns;
   int capture_failed = after.capture_failures > T->capture_failures_seen;
   T->capture_failures_seen = after.capture_failures;
+  r->outs_side_pool = after.eager_runs > T->eager_runs_seen; /* a failed capture's run counts here too */
+  T->eager_runs_seen = after.eager_runs;
   if (after.evictions && !T->warned_evicting) { /* the budget began to evict: say which graph grew past it, once */
     T->warned_evicting = 1;
     PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
@@ -1233,11 +1272,43 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
 
 /* ------------------------------------------------------- the type */
 
+/* Reads positions, a tuple of tensor argument positions or None, into a new
+ * array (*out NULL and *n 0 for None or an empty tuple). */
+static int read_positions(const SegmentObject *s, PyObject *positions, const char *what, uint32_t **out, uint32_t *n) {
+  *out = NULL;
+  *n = 0;
+  if (positions == Py_None || PyTuple_GET_SIZE(positions) == 0)
+    return 0;
+  Py_ssize_t count = PyTuple_GET_SIZE(positions);
+  uint32_t *pos = malloc((size_t)count * sizeof *pos);
+  if (!pos) {
+    PyErr_NoMemory();
+    return -1;
+  }
+  for (Py_ssize_t j = 0; j < count; j++) {
+    long i = PyLong_AsLong(PyTuple_GET_ITEM(positions, j));
+    if (i == -1 && PyErr_Occurred()) {
+      free(pos);
+      return -1;
+    }
+    if (i < 0 || (unsigned long)i >= s->n_args || s->arg_kind[i] > ARG_TENSOR_STATIC) {
+      PyErr_Format(PyExc_ValueError, "%s: %ld is not the position of a tensor argument", what, i);
+      free(pos);
+      return -1;
+    }
+    pos[j] = (uint32_t)i;
+  }
+  *out = pos;
+  *n = (uint32_t)count;
+  return 0;
+}
+
 static int seg_init(SegmentObject *s, PyObject *a, PyObject *kw) {
   static char *kwlist[] = {"tree", "name", "compiled", "launch", "alias", "describe", "span",
                            "kinds", "spans", "flags", "dynamic_spans", "rerun_first", "saved_from", "backward",
-                           "prelaunch", "side_stream", "grad_inputs", "updates_inputs", NULL};
+                           "prelaunch", "side_stream", "grad_inputs", "updates_inputs", "written_inputs", NULL};
   PyObject *tree, *compiled, *launch, *alias, *describe, *span, *spans, *prelaunch = Py_None, *grad_inputs = Py_None;
+  PyObject *written_inputs = Py_None;
   const char *name;
   Py_buffer kinds;
   unsigned int flags = 0;
@@ -1248,19 +1319,20 @@ static int seg_init(SegmentObject *s, PyObject *a, PyObject *kw) {
     return -1;
   if (PyDict_SetItemString(s->dict, "_boxed_call", Py_True) < 0)
     return -1;
-  if (!PyArg_ParseTupleAndKeywords(a, kw, "O!sOOOOOy*O!|IppIpOKOp", kwlist, &TreeType, &tree, &name,
+  if (!PyArg_ParseTupleAndKeywords(a, kw, "O!sOOOOOy*O!|IppIpOKOpO", kwlist, &TreeType, &tree, &name,
                                    &compiled, &launch, &alias, &describe, &span, &kinds, &PyTuple_Type, &spans,
                                    &flags, &dyn, &rerun, &saved_from, &backward, &prelaunch, &side_stream,
-                                   &grad_inputs, &updates_inputs))
+                                   &grad_inputs, &updates_inputs, &written_inputs))
     return -1;
   if (prelaunch != Py_None && !PyCallable_Check(prelaunch)) {
     PyBuffer_Release(&kinds);
     PyErr_SetString(PyExc_TypeError, "prelaunch is a callable or None");
     return -1;
   }
-  if (grad_inputs != Py_None && !PyTuple_Check(grad_inputs)) {
+  if ((grad_inputs != Py_None && !PyTuple_Check(grad_inputs)) ||
+      (written_inputs != Py_None && !PyTuple_Check(written_inputs))) {
     PyBuffer_Release(&kinds);
-    PyErr_SetString(PyExc_TypeError, "grad_inputs is a tuple of argument positions or None");
+    PyErr_SetString(PyExc_TypeError, "grad_inputs and written_inputs are tuples of argument positions or None");
     return -1;
   }
   if (PyTuple_GET_SIZE(spans) != kinds.len) {
@@ -1286,24 +1358,19 @@ static int seg_init(SegmentObject *s, PyObject *a, PyObject *kw) {
   }
   if (PyErr_Occurred())
     return -1;
-  if (grad_inputs != Py_None && PyTuple_GET_SIZE(grad_inputs)) {
-    Py_ssize_t n = PyTuple_GET_SIZE(grad_inputs);
-    if (!(s->grad_pos = malloc((size_t)n * sizeof *s->grad_pos))) {
-      PyErr_NoMemory();
-      return -1;
-    }
-    for (Py_ssize_t j = 0; j < n; j++) {
-      long i = PyLong_AsLong(PyTuple_GET_ITEM(grad_inputs, j));
-      if (i == -1 && PyErr_Occurred())
-        return -1;
-      if (i < 0 || (unsigned long)i >= s->n_args || s->arg_kind[i] > ARG_TENSOR_STATIC) {
-        PyErr_Format(PyExc_ValueError, "grad_inputs: %ld is not the position of a tensor argument", i);
-        return -1;
-      }
-      s->grad_pos[j] = (uint32_t)i;
-    }
-    s->n_grad_pos = (uint32_t)n;
+  if (read_positions(s, grad_inputs, "grad_inputs", &s->grad_pos, &s->n_grad_pos) < 0)
+    return -1;
+  uint32_t *written = NULL, n_written = 0;
+  if (read_positions(s, written_inputs, "written_inputs", &written, &n_written) < 0)
+    return -1;
+  if (n_written && !(s->arg_written = calloc(s->n_args, 1))) {
+    free(written);
+    PyErr_NoMemory();
+    return -1;
   }
+  for (uint32_t j = 0; j < n_written; j++)
+    s->arg_written[written[j]] = 1;
+  free(written);
   s->static_ptr = calloc(s->n_args + 1, sizeof *s->static_ptr);
   s->static_ptrs = PyList_New(s->n_args);
   if (!s->static_ptr || !s->static_ptrs) {
@@ -1365,6 +1432,7 @@ static void seg_dealloc(SegmentObject *s) {
   free(s->arg_span);
   free(s->static_ptr);
   free(s->grad_pos);
+  free(s->arg_written);
   Py_XDECREF(s->static_ptrs);
   Py_XDECREF(s->static_idx);
   for (size_t i = 0; i < s->n_runs; i++) { /* only runs never registered: a registered one holds s */

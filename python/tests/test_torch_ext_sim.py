@@ -11,6 +11,7 @@ stale outputs, and the allocator's routing into the pool.
 """
 import ctypes
 import gc
+import warnings
 import weakref
 
 import pytest
@@ -1021,6 +1022,57 @@ def test_a_graph_whose_capture_fails_runs_as_the_plain_graph_from_then_on(tree):
     assert seg.info["plain_calls"] >= 6
 
 
+class DoublesInPlace:
+    """A compiled graph that writes its input in place (y *= 2), as a graph
+    of `y.mul_(2)` after a graph break does, and returns nothing."""
+
+    def __init__(self, tree):
+        self.tree = tree
+
+    def __call__(self, y):
+        X.sim_launch(self.tree.stream, k_affine, y.ptr, y.ptr, y.n, 2.0, 0.0)
+        return ()
+
+
+@pytest.mark.parametrize("route", ["capture_fails", "past_the_rerecord_limit"])
+def test_a_graph_that_writes_an_output_of_an_eager_run_writes_that_output_itself(route):
+    """An output of a run cgtree made eagerly (a capture that failed, or a
+    node past the rerecord limit) lies in the tree's side pool, and the tree
+    copies such a VALUE into a placeholder. A later graph of the step that
+    writes into it would write the copy, and the caller's tensor would keep
+    the old numbers: the call runs as the plain graph instead, on the tensor
+    itself."""
+    t = X.Tree(0, backend="sim", rerecord_limit=1)
+    if route == "capture_fails":
+        g = Graph(t, 2.0, 1.0)
+
+        def syncing(x, w):  # a host sync under capture, as torch.cond's device predicate makes
+            X.sim_sync(t.stream)
+            return g(x)
+
+        make = segment(t, syncing, kinds=(ARG_TENSOR, ARG_TENSOR_STATIC), spans=(16, 16), name="syncs")
+    else:
+        make = segment(t, Graph(t, 2.0, 1.0), kinds=(ARG_TENSOR, ARG_TENSOR_STATIC), spans=(16, 16), name="new_w")
+    write = segment(t, DoublesInPlace(t), kinds=(ARG_TENSOR_STATIC,), spans=(16,), name="doubles",
+                    written_inputs=(0,))
+    x, w, ws = FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4), []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(8):
+            if route == "past_the_rerecord_limit":
+                w = FakeTensor(4)  # a new STATIC address each step: a new key under the same parent
+                ws.append(w)  # kept, so no address comes back
+            (y,) = call(make, x, w)
+            assert y.values() == [3, 5, 7, 9], i
+            assert write(y) == ()  # in the same step, as a graph after a graph break is
+            assert y.values() == [6, 10, 14, 18], i  # the write landed in y, not in a copy of it
+    assert t.stats()["eager_runs"] > 0  # some y lay in the side pool
+    said = [str(c.message) for c in caught if "writes into an output of a run cgtree made eagerly" in str(c.message)]
+    assert len(said) == 1 and "'doubles'" in said[0]  # said once, naming the graph
+    assert write.info["plain_calls"] >= 2  # its first call, and the calls on a side-pool y
+    t.check()
+
+
 def k_fill(dst, n, v):
     d = (ctypes.c_float * n).from_address(dst)
     for i in range(n):
@@ -1664,14 +1716,17 @@ def test_only_leaves_that_require_grad_are_noted_and_dead_ones_are_dropped(tree)
     assert tree.stats()["gradient_leaves"] <= n + 1
 
 
-def test_grad_inputs_must_name_tensor_positions(tree):
+@pytest.mark.parametrize("keyword", ["grad_inputs", "written_inputs"])
+def test_grad_and_written_inputs_must_name_tensor_positions(tree, keyword):
     g = Graph(tree, 1.0, 0.0)
-    for bad in ((2,), (-1,), (1,)):  # past the end, negative, an int argument
-        with pytest.raises(ValueError, match="grad_inputs"):
+    for bad in ((2,), (-1,), (1,), (0, 1)):  # past the end, negative, an int argument, one bad of two
+        with pytest.raises(ValueError, match=keyword):
             X.Segment(tree, "g", g, g, alias, describe, span, bytes((ARG_TENSOR, ARG_INT)), (16, 0), 0, False,
-                      grad_inputs=bad)
-    with pytest.raises(TypeError, match="grad_inputs"):
-        X.Segment(tree, "g", g, g, alias, describe, span, bytes((ARG_TENSOR,)), (16,), 0, False, grad_inputs=[0])
+                      **{keyword: bad})
+    with pytest.raises(TypeError, match=keyword):
+        X.Segment(tree, "g", g, g, alias, describe, span, bytes((ARG_TENSOR,)), (16,), 0, False, **{keyword: [0]})
+    X.Segment(tree, "g", g, g, alias, describe, span, bytes((ARG_TENSOR, ARG_INT)), (16, 0), 0, False,
+              **{keyword: (0,)})  # a tensor position is taken
 
 
 class StepGraph:

@@ -11,12 +11,14 @@ import subprocess
 import sys
 import textwrap
 import threading
+import warnings
 
 import pytest
 
 import torch_gpu  # skips the file without a GPU; imports cgtree.torch before CUDA starts
 
 torch, ct, pytestmark = torch_gpu.torch, torch_gpu.ct, torch_gpu.pytestmark
+from cgtree.torch import _backend  # noqa: E402
 
 
 DEV = "cuda"
@@ -417,6 +419,31 @@ def test_torch_cond_with_a_device_predicate_matches_inductor():
     for i in range(6):
         x = torch.randn(1024, device=DEV) + (1 if i % 2 else -1)
         torch.testing.assert_close(cg(x), ref(x))
+
+
+def test_a_graph_that_writes_an_output_of_a_graph_whose_capture_failed_writes_that_output_itself():
+    """torch.cond's device predicate is a host sync, so its graph's capture
+    fails, and that one run's output lies in cgtree's side pool, which the
+    tree passes on through a copy. The next graph writes the output in place
+    (y.mul_(2)): the write must land in y, as in eager, not in the copy."""
+    def f(x):
+        y = torch.cond(x.sum() > 0, lambda t: t.sin(), lambda t: t.cos(), (x,))
+        torch._dynamo.graph_break()
+        y.mul_(2)
+        return y
+
+    fresh()
+    first = len(_backend._segments)
+    cg = torch.compile(f, backend="cgtree")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(6):
+            x = torch.randn(1024, device=DEV) + (1 if i % 2 else -1)
+            torch.testing.assert_close(cg(x), f(x.clone()), msg="call %d" % i)
+    reasons = [s.info["plain_reason"] or "" for s in _backend._segments[first:]]
+    assert any("capture failed" in r for r in reasons), reasons  # the case this test is about did happen
+    said = [str(c.message) for c in caught if "writes into an output of a run cgtree made eagerly" in str(c.message)]
+    assert len(said) == 1, [str(c.message) for c in caught]
 
 
 def test_dynamic_shapes_record_once_per_shape_and_a_budget_bounds_them():
