@@ -308,30 +308,71 @@ def test_amp_fp16_with_grad_scaler_matches_inductor():
     assert_same_params(model, ref)
 
 
-def test_a_compiled_adamw_step_matches_inductor():
-    cf, model, rf, ref = pair(mlp())
-    xs = batches(10)
-    res = []
-    for m, f, backend in ((model, cf, "cgtree"), (ref, rf, "inductor")):
-        opt = torch.optim.AdamW(m.parameters(), lr=1e-3, capturable=True)
-        step = torch.compile(opt.step, backend=backend)
-        losses = []
-        for x in xs:
-            opt.zero_grad(set_to_none=False)
-            loss = f(x).square().mean()
-            loss.backward()
-            step()
-            losses.append(loss.detach().clone())
-        res.append(torch.stack(losses))
-    assert torch.equal(res[0], res[1])
-    assert_same_params(model, ref)
-
-
 COMPILED_OPTIMIZERS = {
     "adam": lambda ps: torch.optim.Adam(ps, lr=1e-3, capturable=True),
     "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-3, capturable=True),
     "sgd_momentum": lambda ps: torch.optim.SGD(ps, lr=1e-2, momentum=0.9),  # its first step makes the buffers
 }
+
+
+def train_with_compiled_step(make_opt, width=128, steps=12, warm=None, compiled="loss", set_to_none=True,
+                             keep_saved=False, retain_graph=False, clip=None):
+    """The compiled-optimizer loop, under cgtree and then under Inductor, on
+    copies of one MLP: zero_grad, a forward (compiled="loss": the loss is a
+    compiled graph's output; "model": the model is compiled and the loss
+    eager), backward, and the optimizer's step() compiled like the model
+    (with clip, a compiled step that first clips the gradients' norm to
+    clip). keep_saved: the forwards' saved tensors are held to the end;
+    retain_graph: backward(retain_graph=True). Asserts that losses and
+    parameters equal Inductor's bit for bit. Returns the two optimizers
+    (cgtree's first) and cgtree.torch.stats() before step `warm` and at the
+    end (None and None without warm)."""
+    _, model, _, ref = pair(mlp(width=width))
+    xs = batches(steps, width=width)
+    res, opts, before, after = [], [], None, None
+    for m, backend in ((model, "cgtree"), (ref, "inductor")):
+        opt = make_opt(m.parameters())
+        opts.append(opt)
+        if clip is None:
+            step = torch.compile(opt.step, backend=backend)
+        else:
+            params = list(m.parameters())
+
+            def clipped_step():
+                torch.nn.utils.clip_grad_norm_(params, clip)
+                opt.step()
+
+            step = torch.compile(clipped_step, backend=backend)
+        if compiled == "loss":
+            loss_of = torch.compile(lambda x: m(x).square().mean(), backend=backend)
+        else:
+            cm = torch.compile(m, backend=backend)
+            loss_of = lambda x: cm(x).square().mean()  # noqa: E731
+        kept, losses = [], []
+        for i, x in enumerate(xs):
+            if i == warm and backend == "cgtree":
+                before = ct.stats()
+            opt.zero_grad(set_to_none=set_to_none)
+            loss = loss_of(x)
+            if keep_saved:
+                kept += [t for _, t in saved_tensors_of(loss)]
+            loss.backward(retain_graph=retain_graph)
+            step()
+            losses.append(loss.detach().clone())  # the loss, read after the step, is still the step's
+        res.append(torch.stack(losses))
+        if backend == "cgtree":
+            after = ct.stats() if warm is not None else None
+            if keep_saved:
+                assert ct.stats()["saved_activations_alive"] > 0, "the kept activations should count as alive"
+        del kept, loss
+    assert torch.equal(res[0], res[1]), (res[0], res[1])
+    assert_same_params(model, ref)
+    return opts, before, after
+
+
+def test_a_compiled_adamw_step_matches_inductor():
+    train_with_compiled_step(lambda ps: torch.optim.AdamW(ps, lr=1e-3, capturable=True), width=64, steps=10,
+                             compiled="model", set_to_none=False)
 
 
 @pytest.mark.parametrize("name", sorted(COMPILED_OPTIMIZERS))
@@ -341,30 +382,9 @@ def test_a_compiled_optimizer_step_keeps_its_state_across_steps_and_matches_indu
     momentum buffers that SGD's first step makes) stays right across steps,
     the loss read after the step is the step's, and the run ends in steady
     state: no recording, everything replays."""
-    _, model, _, ref = pair(mlp(width=128))
-    xs = batches(12, width=128)
-    warm = 5
-    res, opts = [], []
-    for m, backend in ((model, "cgtree"), (ref, "inductor")):
-        opt = COMPILED_OPTIMIZERS[name](m.parameters())
-        opts.append(opt)
-        step = torch.compile(opt.step, backend=backend)
-        loss_of = torch.compile(lambda x: m(x).square().mean(), backend=backend)
-        losses = []
-        for i, x in enumerate(xs):
-            if i == warm and backend == "cgtree":
-                before = ct.stats()
-            opt.zero_grad()
-            loss = loss_of(x)
-            loss.backward()
-            step()
-            losses.append(loss.detach().clone())
-        res.append(torch.stack(losses))
-        if backend == "cgtree":
-            after = ct.stats()
-    assert torch.equal(res[0], res[1])
-    assert_same_params(model, ref)
-    for p, q in zip(model.parameters(), ref.parameters()):
+    steps, warm = 12, 5
+    opts, before, after = train_with_compiled_step(COMPILED_OPTIMIZERS[name], steps=steps, warm=warm)
+    for p, q in zip(opts[0].param_groups[0]["params"], opts[1].param_groups[0]["params"]):
         mine, theirs = opts[0].state[p], opts[1].state[q]
         assert sorted(mine) == sorted(theirs) and mine
         for key in mine:
@@ -372,7 +392,7 @@ def test_a_compiled_optimizer_step_keeps_its_state_across_steps_and_matches_indu
     assert after["graphs_plain"] == before["graphs_plain"]
     if STEPS_END:
         assert after["recordings"] == before["recordings"], "steady state must not record again"
-        assert after["replays"] - before["replays"] >= 3 * (len(xs) - warm)
+        assert after["replays"] - before["replays"] >= 3 * (steps - warm)
 
 
 @pytest.mark.parametrize("name", sorted(COMPILED_OPTIMIZERS))
@@ -382,27 +402,7 @@ def test_compiled_optimizer_steps_match_inductor_while_the_program_keeps_saved_a
     kernel launch frames alive) keeps a backward pending, so no step begins:
     every call goes on in one step, a new node each, until the bound of 64
     forces a step. Results stay Inductor's all along."""
-    _, model, _, ref = pair(mlp(width=128))
-    xs = batches(12, width=128)
-    res = []
-    for m, backend in ((model, "cgtree"), (ref, "inductor")):
-        opt = COMPILED_OPTIMIZERS[name](m.parameters())
-        step = torch.compile(opt.step, backend=backend)
-        loss_of = torch.compile(lambda x: m(x).square().mean(), backend=backend)
-        kept, losses = [], []
-        for x in xs:
-            opt.zero_grad()
-            loss = loss_of(x)
-            kept += [t for _, t in saved_tensors_of(loss)]
-            loss.backward()
-            step()
-            losses.append(loss.detach().clone())
-        res.append(torch.stack(losses))
-        if backend == "cgtree":
-            assert ct.stats()["saved_activations_alive"] > 0, "the kept activations should count as alive"
-        del kept
-    assert torch.equal(res[0], res[1]), (res[0], res[1])
-    assert_same_params(model, ref)
+    train_with_compiled_step(COMPILED_OPTIMIZERS[name], keep_saved=True)
 
 
 def test_a_compiled_optimizer_step_after_a_backward_with_retain_graph_updates_the_parameters_in_place():
@@ -411,50 +411,31 @@ def test_a_compiled_optimizer_step_after_a_backward_with_retain_graph_updates_th
     backward): the compiled step must still write the parameters, not a
     copy of them."""
     with torch._functorch.config.patch(donated_buffer=False):
-        _, model, _, ref = pair(mlp(width=128))
-        xs = batches(8, width=128)
-        res = []
-        for m, backend in ((model, "cgtree"), (ref, "inductor")):
-            opt = torch.optim.SGD(m.parameters(), lr=1e-2, momentum=0.9)
-            step = torch.compile(opt.step, backend=backend)
-            loss_of = torch.compile(lambda x: m(x).square().mean(), backend=backend)
-            losses = []
-            for x in xs:
-                opt.zero_grad()
-                loss = loss_of(x)
-                loss.backward(retain_graph=True)  # the graph, and its saved tensors, live on with `loss`
-                step()
-                losses.append(loss.detach().clone())
-            res.append(torch.stack(losses))
-            del loss
-    assert torch.equal(res[0], res[1]), (res[0], res[1])
-    assert_same_params(model, ref)
+        train_with_compiled_step(COMPILED_OPTIMIZERS["sgd_momentum"], steps=8, retain_graph=True)
+
+
+def test_a_compiled_step_that_clips_the_gradients_in_place_then_steps_matches_inductor():
+    """clip_grad_norm_ and AdamW's step compiled together: the graph scales
+    the gradients in place (backward outputs, values of the pool, read and
+    written where they are) before the update. A norm bound well below the
+    gradients' norm makes every step clip."""
+    steps, warm = 12, 5
+    _, before, after = train_with_compiled_step(COMPILED_OPTIMIZERS["adamw"], steps=steps, warm=warm, clip=1e-3)
+    assert after["gradients_moved"] == before["gradients_moved"], "the clip or the step copied the gradients"
+    assert after["graphs_plain"] == before["graphs_plain"]
+    if STEPS_END:
+        assert after["recordings"] == before["recordings"], "steady state must not record again"
+        assert after["replays"] - before["replays"] >= 3 * (steps - warm)
 
 
 def test_a_compiled_adamw_step_goes_on_in_the_backwards_step_reading_the_gradients_in_the_pool():
-    _, model, _, ref = pair(mlp(width=256))
-    xs = batches(12, width=256)
-    warm = 4
-    res = []
-    for m, backend in ((model, "cgtree"), (ref, "inductor")):
-        opt = torch.optim.AdamW(m.parameters(), lr=1e-3, capturable=True)
-        step = torch.compile(opt.step, backend=backend)
-        loss_of = torch.compile(lambda x: m(x).square().mean(), backend=backend)  # the loss: a graph's output
-        losses = []
-        for i, x in enumerate(xs):
-            if i == warm and backend == "cgtree":
-                before = ct.stats()
-            opt.zero_grad()  # set_to_none: the next forward reads no gradient and begins a step
-            loss = loss_of(x)
-            loss.backward()
-            step()  # updates the parameters, reading the gradients, backward outputs still in the pool
-            losses.append(loss.detach().clone())  # the loss, read after the step, is still the step's
-        res.append(torch.stack(losses))
-        if backend == "cgtree":
-            after = ct.stats()
-    assert torch.equal(res[0], res[1])
-    assert_same_params(model, ref)
-    steps = len(xs) - warm
+    """zero_grad(set_to_none=True) leaves the next forward no gradient to
+    read, so it begins a step; the compiled step() after the backward
+    updates the parameters reading the gradients where the backward left
+    them, in the pool, and goes on in the backward's step."""
+    steps, warm = 12, 4
+    _, before, after = train_with_compiled_step(COMPILED_OPTIMIZERS["adamw"], width=256, steps=steps, warm=warm)
+    steps -= warm
     assert after["gradients_moved"] == before["gradients_moved"], "the optimizer step copied the gradients"
     assert after["graphs_plain"] == before["graphs_plain"]
     if STEPS_END:
