@@ -252,6 +252,57 @@ def test_a_model_with_a_host_branch_trains_on_both_paths():
     assert_same_params(model, ref)
 
 
+def assert_same_buffers(m1, m2):
+    for (n, b), (_, c) in zip(m1.named_buffers(), m2.named_buffers()):
+        assert same(b, c), "buffer %s differs from Inductor's" % n
+
+
+def test_batchnorm_updates_its_running_statistics_in_place_as_inductor_does():
+    """BatchNorm in training mode writes its buffers (running mean and
+    variance, the batch count) in every forward: inputs the forward graph
+    mutates, read and written where they are. Evaluation then normalizes
+    with those statistics."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.BatchNorm1d(64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 1)).to(DEV)
+    cf, model, rf, ref = pair(model)
+    xs = batches(10)
+    got = train(cf, model, xs)
+    want = train(rf, ref, xs)
+    assert torch.equal(got, want)
+    assert_same_params(model, ref)
+    assert_same_buffers(model, ref)
+    assert int(model[1].num_batches_tracked) == len(xs)
+    model.eval(), ref.eval()
+    with torch.no_grad():
+        assert torch.equal(cf(xs[0]), rf(xs[0]))
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static_shapes", "dynamic_shapes"])
+def test_a_smaller_last_batch_trains_right_and_later_epochs_replay_both_shapes(dynamic):
+    """Epochs whose last batch is smaller: the new shape gets graphs of its
+    own (static shapes: a graph per batch size; dynamic: one graph, a
+    recording per size), warms up and records in the epochs it first
+    appears in; from then on every epoch replays both shapes, and every
+    loss is Inductor's. Both sides compile with the same `dynamic`, so they
+    run the same kernels (Dynamo's automatic dynamic shapes would otherwise
+    depend on which model met the second size first)."""
+    model = mlp()
+    torch._dynamo.reset()
+    ref = copy.deepcopy(model)
+    cf = torch.compile(model, backend="cgtree", dynamic=dynamic)
+    rf = torch.compile(ref, dynamic=dynamic)
+    epoch = batches(5) + [batches(1, batch=5, seed=4)[0]]
+    for i in range(4):
+        if i == 3:
+            rec = ct.stats()["recordings"]
+        got, want = train(cf, model, epoch), train(rf, ref, epoch)
+        assert torch.equal(got, want), "epoch %d: %r against Inductor's %r" % (i, got.tolist(), want.tolist())
+    assert_same_params(model, ref)
+    if STEPS_END:
+        assert ct.stats()["recordings"] == rec, "the fourth epoch should replay both shapes"
+
+
 def test_bf16_autocast_training_matches_inductor():
     cf, model, rf, ref = pair(mlp())
     xs = batches(6)
