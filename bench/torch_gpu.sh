@@ -5,6 +5,7 @@
 #
 #   bash bench/torch_gpu.sh [tests,memcheck,parts,bench,train,ddp] [EXAMPLES]
 # memcheck: torch GPU tests under compute-sanitizer memcheck (MEMCHECK_TESTS, MEMCHECK_K).
+# autograd: bench/torch_compiled_autograd.py, each order in a process with empty caches (is the graph reproducible?).
 # lifetime: bench/torch_saved_lifetime.py, plainly and under compute-sanitizer (when saved activations die).
 # parts: bench/torch_segment_parts.py, the GPT-2 segment's time part by part.
 # train: bench/torch_train.py, training steps (models in TRAIN_MODELS, options in TRAIN_ARGS).
@@ -72,6 +73,16 @@ if [[ $what == *lifetime* ]]; then
   timeout ${MEMCHECK_SECONDS:-400} compute-sanitizer --tool memcheck --leak-check no --report-api-errors no \
     python3 bench/torch_saved_lifetime.py > "$OUT/lifetime-sanitizer.log" 2>&1
   echo "lifetime (compute-sanitizer) rc=$?"; grep -v Warning "$OUT/lifetime-sanitizer.log" | tail -30
+fi
+if [[ $what == *autograd* ]]; then
+  for order in inductor,inductor cgtree,inductor; do
+    for run in 1 2; do
+      c=$(mktemp -d)
+      TORCHINDUCTOR_CACHE_DIR=$c/inductor TRITON_CACHE_DIR=$c/triton PROBE_ORDER=$order timeout 120 \
+        python3 bench/torch_compiled_autograd.py 2>&1 | grep -v "Warning\|warn(\|^W11" | tail -7
+      rm -rf "$c"
+    done
+  done
 fi
 if [[ $what == *parts* ]]; then
   timeout 240 python3 bench/torch_segment_parts.py > "$OUT/parts.log" 2>&1

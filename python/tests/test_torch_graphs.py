@@ -228,6 +228,38 @@ def test_a_training_forward_says_where_its_saved_activations_begin_and_its_backw
     assert all(p.grad is not None for p in m.parameters())
 
 
+def test_compiled_autograds_graph_of_the_backward_is_told_apart_as_a_backward():
+    """With compiled autograd, a compiled step's backward() is traced by
+    Dynamo into a graph of its own, which AOTAutograd compiles as an
+    inference graph; its CompileId names it a compiled-autograd graph, and
+    the backend makes it a backward (its outputs become .grad). Nothing
+    else is taken for one: the forward stays a forward, the optimizer an
+    inference graph."""
+    torch.manual_seed(0)
+    _backend.decisions.clear()
+    torch._dynamo.reset()
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+
+    def step(x):
+        opt.zero_grad()
+        loss = m(x).square().mean()
+        loss.backward()
+        opt.step()
+        return loss
+
+    with torch._dynamo.config.patch(compiled_autograd=True):
+        torch.compile(step, backend=_backend.compile_graph)(torch.randn(4, 8))
+    kinds = [d["graph"] for d in _backend.decisions]
+    assert kinds == ["forward", "compiled_autograd", "inference"], kinds
+    assert _backend.decisions[2]["mutated_input_idxs"]  # the optimizer writes the parameters
+    assert all(p.grad is not None for p in m.parameters())
+    _backend.decisions.clear()
+    torch._dynamo.reset()
+    torch.compile(step, backend=_backend.compile_graph)(torch.randn(4, 8))  # compiled autograd off
+    assert "compiled_autograd" not in [d["graph"] for d in _backend.decisions]
+
+
 def test_a_backward_without_its_forwards_record_copies_every_saved_tensor():
     """Where the forward's compile left nothing under the backward's graph_id,
     no saved tensor is STATIC (each is copied unless it is a pool value)."""

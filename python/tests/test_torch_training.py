@@ -303,6 +303,61 @@ def test_a_smaller_last_batch_trains_right_and_later_epochs_replay_both_shapes(d
         assert ct.stats()["recordings"] == rec, "the fourth epoch should replay both shapes"
 
 
+@pytest.mark.parametrize("set_to_none", [True, False], ids=["grads_set_to_none", "grads_zeroed"])
+@pytest.mark.parametrize("autograd", ["graph_break", "compiled_autograd"])
+def test_a_whole_training_step_compiled_as_one_function_matches_inductor(autograd, set_to_none):
+    """zero_grad, forward, backward and the optimizer's step in one compiled
+    function, the whole iteration: Dynamo breaks the graph at backward() (or,
+    with compiled autograd, traces the backward into a graph of its own,
+    which cgtree takes for the backward it is: its outputs become .grad and
+    outlive the step where zero_grad keeps them), and every graph is a
+    segment of the tree. The loss it returns is read after the step;
+    results are Inductor's, and after warm-up nothing records.
+
+    Bit for bit with graph breaks. Compiled autograd's graph is not
+    deterministic from one compile to the next, even between two plain
+    Inductor compiles in one process (on a fresh machine its gradient
+    reductions differed in the last bit: bench/torch_compiled_autograd.py),
+    so there the results must agree to 1e-5, relative; a value read from
+    memory a replay overwrote would be off by far more."""
+    _, model, _, ref = pair(mlp(width=128))
+    xs = batches(12, width=128)
+    warm = 6
+    res = []
+    with torch._dynamo.config.patch(compiled_autograd=autograd == "compiled_autograd"):
+        for m, backend in ((model, "cgtree"), (ref, "inductor")):
+            torch._dynamo.reset()  # compiled autograd's cache of graphs too: the other backend's are not reused
+            opt = torch.optim.AdamW(m.parameters(), lr=1e-3, capturable=True)
+
+            def train_step(x):
+                opt.zero_grad(set_to_none=set_to_none)
+                loss = m(x).square().mean()
+                loss.backward()
+                opt.step()
+                return loss
+
+            step = torch.compile(train_step, backend=backend)
+            losses = []
+            for i, x in enumerate(xs):
+                if i == warm and backend == "cgtree":
+                    before = ct.stats()
+                losses.append(step(x).detach().clone())
+            if backend == "cgtree":
+                after = ct.stats()
+            res.append(torch.stack(losses))
+    if autograd == "graph_break":
+        assert torch.equal(res[0], res[1]), (res[0], res[1])
+        assert_same_params(model, ref)
+    else:
+        torch.testing.assert_close(res[0], res[1], rtol=1e-5, atol=0)
+        for p, q in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7)
+    assert after["graphs_plain"] == before["graphs_plain"]
+    if STEPS_END:
+        assert after["recordings"] == before["recordings"], "steady state must not record again"
+        assert after["replays"] - before["replays"] >= 3 * (len(xs) - warm)
+
+
 def test_bf16_autocast_training_matches_inductor():
     cf, model, rf, ref = pair(mlp())
     xs = batches(6)

@@ -147,6 +147,14 @@ def _saved_activations(gm):
     return saved_from, inputs
 
 
+def _compiled_autograd_graph():
+    """True while Dynamo compiles a graph of compiled autograd (the backward
+    it traces when torch._dynamo.config.compiled_autograd is on): the
+    compile's CompileId names a compiled-autograd graph."""
+    cid = torch._guards.CompileContext.current_compile_id()
+    return getattr(cid, "compiled_autograd_id", None) is not None
+
+
 def _grad_inputs(example_inputs):
     """The positions of a training forward's inputs that may get a gradient:
     those AOTAutograd's metadata says require grad, or every tensor where
@@ -178,7 +186,10 @@ def inner_compile(gm, example_inputs, **kwargs):
     rng, restores_rng = random_use(gm)  # before Inductor's passes rewrite gm
     why, device = _plain_reason(example_inputs, kwargs, restores_rng)
     backward = bool(kwargs.get("is_backward"))
-    forward_training = not backward and not kwargs.get("is_inference", False)
+    # Compiled autograd traces the whole backward into a graph AOTAutograd compiles as inference: to the
+    # tree it is a backward all the same (its outputs become .grad, the optimizer goes on in its step).
+    autograd_graph = not backward and _compiled_autograd_graph()
+    forward_training = not backward and not autograd_graph and not kwargs.get("is_inference", False)
     saved_from, saved_inputs, grad_inputs = None, None, ()
     if forward_training:  # before Inductor, whose passes rewrite gm
         saved_from, saved_inputs = _saved_activations(gm)
@@ -194,7 +205,8 @@ def inner_compile(gm, example_inputs, **kwargs):
                                                [i is not None and i in statics for i in saved_inputs])
     record = {"static_input_idxs": static_idxs, "mutated_input_idxs": sorted(mutated),
               "mutations_known": known, "random": rng, "plain_reason": why,
-              "graph": "backward" if backward else "forward" if forward_training else "inference"}
+              "graph": ("backward" if backward else "compiled_autograd" if autograd_graph else
+                        "forward" if forward_training else "inference")}
     if forward_training:
         record["saved_from"] = saved_from
     decisions.append(record)
@@ -208,7 +220,7 @@ def inner_compile(gm, example_inputs, **kwargs):
     if _install.blas_clear() is None:
         _install.prewarm_blas(index)  # an old PyTorch: the workspace outside the pool
     plain = _boxed(compiled)
-    extra = {"backward": backward}
+    extra = {"backward": backward or autograd_graph}
     run = plain
     if rng:  # a replay must draw fresh numbers: the generator's state per launch (_rng.py)
         draws = RandomDraws(index, lambda: _install.tree_for(index)[1])
@@ -231,13 +243,13 @@ def inner_compile(gm, example_inputs, **kwargs):
         extra["grad_inputs"] = tuple(i for i in grad_inputs if kinds[i] in (ARG_TENSOR, ARG_TENSOR_STATIC))
     # A graph that writes into its inputs (an optimizer step) and runs after a backward goes on in that
     # backward's step (module.c, "The optimizer").
-    extra["updates_inputs"] = bool(mutated) and not backward
+    extra["updates_inputs"] = bool(mutated) and not extra["backward"]
     # A write into an output of a run cgtree made eagerly must reach that output (segment.c,
     # call_plain_writing_side_value): the segment needs to know which inputs the graph writes.
     extra["written_inputs"] = tuple(i for i in sorted(mutated) if kinds[i] in (ARG_TENSOR, ARG_TENSOR_STATIC))
     record["segment"] = name = "graph%d" % next(_counter)  # its nodes' "segment" in cgtree.torch.nodes()
     seg = _ext.Segment(tree, name, plain, launch, alias, describe, span, bytes(kinds),
-                       tuple(spans), 0, dynamic, not mutated and not backward and not rng, **extra)
+                       tuple(spans), 0, dynamic, not mutated and not extra["backward"] and not rng, **extra)
     _segments.append(seg)
     return seg
 
