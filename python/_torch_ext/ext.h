@@ -222,12 +222,12 @@ typedef struct tx_py {
 extern tx_py TX;
 
 /* Begins a step when Dynamo entered a new compiled call since the last one
- * (GenerationTracker.generation moved), no backward is pending and the
- * call is not the step's optimizer (belongs(call): 1, 0, or -1 with an
- * exception set; asked only then), or when
- * torch.compiler.cudagraph_mark_step_begin() was called; -1 with an
+ * (GenerationTracker.generation moved), the call is no backward, no
+ * backward is pending and the call is not the step's optimizer
+ * (belongs(call): 1, 0, or -1 with an exception set; asked only then), or
+ * when torch.compiler.cudagraph_mark_step_begin() was called; -1 with an
  * exception set. */
-int tx_tree_sync_step(TreeObject *T, int (*belongs)(void *call), void *call);
+int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), void *call);
 int tx_tree_step_begin(TreeObject *T);
 /* The current stream of the tree's device, where the caller enqueues
  * (segment.c); -1 with an exception set. */

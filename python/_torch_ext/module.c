@@ -107,7 +107,10 @@ int tx_check_probes(PyObject *probes, Py_ssize_t width, PyTypeObject *t0, PyType
  * PENDING_GENERATIONS_MAX such calls the step begins anyway, with a warning
  * once, and those activations raise StaleTensorError if a backward comes.
  * An explicit mark (cudagraph_mark_step_begin(), step_begin()) always
- * begins a step, as in PyTorch's trees.
+ * begins a step, as in PyTorch's trees. A backward never begins a step but
+ * at such a mark: with compiled autograd Dynamo does enter a frame for it
+ * (a new generation), and it still belongs to its forwards' step, whose
+ * activations it reads.
  *
  * The optimizer. A compiled optimizer.step() (or gradient clipping) is a
  * new compiled call after the backward, with no backward pending. Beginning
@@ -183,7 +186,7 @@ static int read_counter(PyObject *cls, PyObject *name, long long *out) {
   return *out == -1 && PyErr_Occurred() ? -1 : 0;
 }
 
-int tx_tree_sync_step(TreeObject *T, int (*belongs)(void *call), void *call) {
+int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), void *call) {
   long long mark = 0, gen = T->last_generation;
   if (TX.mark_step_cls && read_counter(TX.mark_step_cls, TX.str_mark_step, &mark) < 0)
     return -1;
@@ -194,6 +197,8 @@ int tx_tree_sync_step(TreeObject *T, int (*belongs)(void *call), void *call) {
   int marked = mark != T->last_mark_step;
   T->last_generation = gen;
   T->last_mark_step = mark;
+  if (backward && !marked)
+    return 0; /* a backward belongs to its forwards' step, even where Dynamo entered a frame for it */
   if (!marked && T->saved_alive)
     tx_out_ref_queue_drain(); /* activations the backward just freed */
   int optimizer = 0;

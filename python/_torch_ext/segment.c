@@ -1032,7 +1032,7 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
     return NULL;
   TreeObject *T = r->tree;
   call_args this_call = {s, T, args, n};
-  if (tx_tree_sync_step(T, belongs_to_training_step, &this_call) < 0)
+  if (tx_tree_sync_step(T, s->backward, belongs_to_training_step, &this_call) < 0)
     return NULL;
   T->backward_this_step |= s->backward;
   tx_out_ref_queue_drain();

@@ -1633,6 +1633,27 @@ class ParamForwardGraph:
         return (out, saved)
 
 
+def test_a_backward_called_as_a_compiled_call_of_its_own_goes_on_in_its_forwards_step(tree):
+    """With compiled autograd, Dynamo enters a frame for the backward (a new
+    generation), while its forward's activations are alive. The backward
+    still belongs to that step: it begins no step, and does not count
+    toward the bound of deferred calls, so activations a program keeps
+    cannot have a forced step land on a backward and make its activations
+    stale."""
+    fw, bw, x, t = replaying_training_pair(tree)
+    s0 = tree.stats()
+    kept = []
+    for i in range(10):
+        out, saved = call(fw, x)
+        kept.append(saved)  # alive, as a program (or compute-sanitizer) may keep them
+        (grad,) = call(bw, saved, t)  # a new generation, as a compiled-autograd backward is
+        assert grad.values() == [4, 7, 10, 13], i
+    s = tree.stats()
+    assert s["steps_deferred"] - s0["steps_deferred"] == 9  # the forwards after the first; no backward
+    assert s["step"] == s0["step"] + 1 and s["steps_forced"] == s0["steps_forced"]
+    assert [k.values() for k in kept] == [[3, 6, 9, 12]] * 10  # every kept activation is still its step's
+
+
 def param_training_pair(tree):
     """Segments of ParamForwardGraph (w, its argument 1, may get a gradient)
     and BackwardGraph (w's gradient: saved + tangent), a parameter w, an
