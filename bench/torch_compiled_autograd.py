@@ -11,9 +11,13 @@ last bit of a gradient, so test_torch_training.py compares cgtree with
 Inductor there to a stated tolerance, not bit for bit."""
 import copy
 import os
+import sys
 
 import cgtree.torch as ct
 import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "tests"))
+from whole_step import compiled_whole_step  # noqa: E402  (the GPU test's step: python/tests/whole_step.py)
 
 torch._dynamo.config.compiled_autograd = True
 torch.manual_seed(0)
@@ -25,15 +29,7 @@ runs = []
 for backend in order:
     m = copy.deepcopy(model)
     torch._dynamo.reset()
-    opt = torch.optim.AdamW(m.parameters(), lr=1e-3, capturable=True)
-
-    def train_step(x):
-        opt.zero_grad(set_to_none=True)
-        loss = m(x).square().mean()
-        loss.backward()
-        opt.step()
-        return loss
-    step = torch.compile(train_step, backend=backend)
+    step, _ = compiled_whole_step(m, backend)
     out = []
     for x in xs:
         loss = step(x).detach().clone()

@@ -17,6 +17,7 @@ import torch_gpu  # skips the file without a GPU; imports cgtree.torch before CU
 
 torch, ct, pytestmark = torch_gpu.torch, torch_gpu.ct, torch_gpu.pytestmark
 from saved_tensors import saved_tensors_of  # noqa: E402  (after torch_gpu: it imports torch)
+from whole_step import compiled_whole_step  # noqa: E402
 STEPS_END = not torch_gpu.UNDER_SANITIZER  # where steps end, the step, replay and move counts are checked too
 
 
@@ -327,16 +328,7 @@ def test_a_whole_training_step_compiled_as_one_function_matches_inductor(autogra
     with torch._dynamo.config.patch(compiled_autograd=autograd == "compiled_autograd"):
         for m, backend in ((model, "cgtree"), (ref, "inductor")):
             torch._dynamo.reset()  # compiled autograd's cache of graphs too: the other backend's are not reused
-            opt = torch.optim.AdamW(m.parameters(), lr=1e-3, capturable=True)
-
-            def train_step(x):
-                opt.zero_grad(set_to_none=set_to_none)
-                loss = m(x).square().mean()
-                loss.backward()
-                opt.step()
-                return loss
-
-            step = torch.compile(train_step, backend=backend)
+            step, _ = compiled_whole_step(m, backend, set_to_none)
             losses = []
             for i, x in enumerate(xs):
                 if i == warm and backend == "cgtree":
