@@ -25,6 +25,10 @@
  * compiler calls static and inputs the graph mutates are STATIC (their
  * address keys the node, the graph reads and writes them in place); every
  * other tensor is DYNAMIC (copied into a pool placeholder inside the graph).
+ * An output of an eager run of the tree (a failed capture's, a node's past
+ * the rerecord limit) lies in the tree's side pool, and cgt_run copies such
+ * a VALUE into a placeholder too: a call whose graph writes into one runs
+ * as the plain graph, so that the write lands in the output itself.
  * Ints and floats are hashed into the variant, the caller's key for
  * everything host-side that changes what the graph enqueues.
  *
@@ -169,8 +173,9 @@ struct SegmentObject {
   uint8_t *arg_kind;
   size_t *arg_span;
   /* 1 at each input the graph writes into (Inductor's mutated_input_idxs),
-   * else 0; NULL when it writes none. Such an input that is an output of an
-   * eager run of the tree is not passed through cgt_run (writes_side_value). */
+   * else 0; NULL when it writes none. A call where such an input is an
+   * output of an eager run of the tree does not go through cgt_run
+   * (call_plain_writing_side_value). */
   uint8_t *arg_written;
   int warned_side_write; /* the first such call was reported */
   /* The STATIC inputs' data pointers of the last call: in C by position

@@ -35,7 +35,10 @@ shares. A backward runs on the tree of the thread that called backward()
 gradients over as ``.grad`` as in eager, and a ``.grad`` that outlives its
 step is moved out of the pool when the step ends (stale.c). For that the
 forward tells segment.c which of its inputs may get a gradient
-(``fw_metadata.input_info``).
+(``fw_metadata.input_info``). With compiled autograd, Dynamo traces the
+backward into a graph of its own, which AOTAutograd compiles as inference;
+its CompileId names it (``compiled_autograd_id``), and it becomes a
+backward segment all the same.
 
 Random graphs. A graph that draws random numbers is recorded too: its
 recording reads the CUDA generator's seed and offset from device memory,
