@@ -5,10 +5,11 @@
  * the pool, and keeps those whose storage may still live on the tree's
  * step list: stale.c marks them when the step ends, and moves a .grad that
  * took one over. (An output over caller memory, a parameter a forward
- * saves, is never on it: no step reuses that memory.) Each tensor argument of a call must also be looked up
- * here by address: a tensor that lies in a live output of this step (a
- * saved activation unpacked by autograd, a view y[1:], a .grad read by the
- * optimizer) is passed to cgt_run as that value, never as caller memory.
+ * saves, is never on it: no step reuses that memory.) Each tensor argument
+ * of a call must also be looked up here by address: a tensor that lies in
+ * a live output of this step (a saved activation unpacked by autograd, a
+ * view y[1:], a .grad read by the optimizer) is passed to cgt_run as that
+ * value, never as caller memory.
  *
  * A walk of the list per argument costs arguments x outputs, and a
  * training step has many of both: a compiled AdamW step of a model with
