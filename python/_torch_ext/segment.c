@@ -197,7 +197,8 @@ struct SegmentObject {
    * become .grad tensors. */
   uint32_t saved_from;
   int backward;
-  int updates_inputs; /* writes into an input in place (an optimizer step): see module.c, "The optimizer" */
+  int updates_inputs; /* a forward that writes into an input in place (an optimizer step): written_inputs
+                       * names some and it is no backward; see module.c, "The optimizer" */
   uint32_t *grad_pos, n_grad_pos;
   variant_tmpl *tmpls;
   size_t n_tmpls;
@@ -1311,23 +1312,23 @@ static int read_positions(const SegmentObject *s, PyObject *positions, const cha
 static int seg_init(SegmentObject *s, PyObject *a, PyObject *kw) {
   static char *kwlist[] = {"tree", "name", "compiled", "launch", "alias", "describe", "span",
                            "kinds", "spans", "flags", "dynamic_spans", "rerun_first", "saved_from", "backward",
-                           "prelaunch", "side_stream", "grad_inputs", "updates_inputs", "written_inputs", NULL};
+                           "prelaunch", "side_stream", "grad_inputs", "written_inputs", NULL};
   PyObject *tree, *compiled, *launch, *alias, *describe, *span, *spans, *prelaunch = Py_None, *grad_inputs = Py_None;
   PyObject *written_inputs = Py_None;
   const char *name;
   Py_buffer kinds;
   unsigned int flags = 0;
-  int dyn = 0, rerun = 0, backward = 0, updates_inputs = 0;
+  int dyn = 0, rerun = 0, backward = 0;
   unsigned int saved_from = UINT32_MAX;
   unsigned long long side_stream = 0;
   if (!s->dict && !(s->dict = PyDict_New()))
     return -1;
   if (PyDict_SetItemString(s->dict, "_boxed_call", Py_True) < 0)
     return -1;
-  if (!PyArg_ParseTupleAndKeywords(a, kw, "O!sOOOOOy*O!|IppIpOKOpO", kwlist, &TreeType, &tree, &name,
+  if (!PyArg_ParseTupleAndKeywords(a, kw, "O!sOOOOOy*O!|IppIpOKOO", kwlist, &TreeType, &tree, &name,
                                    &compiled, &launch, &alias, &describe, &span, &kinds, &PyTuple_Type, &spans,
                                    &flags, &dyn, &rerun, &saved_from, &backward, &prelaunch, &side_stream,
-                                   &grad_inputs, &updates_inputs, &written_inputs))
+                                   &grad_inputs, &written_inputs))
     return -1;
   if (prelaunch != Py_None && !PyCallable_Check(prelaunch)) {
     PyBuffer_Release(&kinds);
@@ -1410,7 +1411,7 @@ static int seg_init(SegmentObject *s, PyObject *a, PyObject *kw) {
   s->rerun_first = rerun;
   s->saved_from = saved_from;
   s->backward = backward;
-  s->updates_inputs = updates_inputs;
+  s->updates_inputs = n_written > 0 && !backward;
   s->side_stream = (void *)(uintptr_t)side_stream;
   Py_INCREF(tree);
   s->tree = (TreeObject *)tree;

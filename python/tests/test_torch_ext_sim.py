@@ -201,7 +201,7 @@ class Graph:
 
 
 def segment(tree, graph, kinds=(ARG_TENSOR,), spans=None, name="g", **kw):
-    """A Segment of graph; kw: Segment's keywords (saved_from, backward, grad_inputs, updates_inputs...)."""
+    """A Segment of graph; kw: Segment's keywords (saved_from, backward, grad_inputs, written_inputs...)."""
     def launch(inputs):
         return graph(*inputs)
 
@@ -1845,7 +1845,7 @@ def test_a_saved_parameter_is_passed_on_as_the_parameter_so_an_optimizer_step_up
     bw = segment(tree, UsesParamBackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR_STATIC, ARG_TENSOR),
                  spans=(16, 16, 16), name="bw", backward=True)
     opt = segment(tree, SGDGraph(tree), kinds=(ARG_TENSOR_STATIC, ARG_TENSOR), spans=(16, 16), name="opt",
-                  updates_inputs=True)
+                  written_inputs=(0,))
     w, x, t = Leaf(4).fill([0, 0, 0, 0]), FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
     kept, want_w = [], [0, 0, 0, 0]
     for i in range(8):
@@ -1914,7 +1914,7 @@ class CountGraph:
 
 def counting_segment(tree):
     return segment(tree, CountGraph(tree), kinds=(ARG_TENSOR_STATIC,), spans=(16,), name="count",
-                   updates_inputs=True)
+                   written_inputs=(0,))
 
 
 def test_a_call_that_updates_its_inputs_after_a_backward_goes_on_in_the_step_and_the_loss_stays_readable(tree):

@@ -244,11 +244,9 @@ def inner_compile(gm, example_inputs, **kwargs):
     if forward_training:
         extra["saved_from"] = saved_from
         extra["grad_inputs"] = tuple(i for i in grad_inputs if kinds[i] in (ARG_TENSOR, ARG_TENSOR_STATIC))
-    # A graph that writes into its inputs (an optimizer step) and runs after a backward goes on in that
-    # backward's step (module.c, "The optimizer").
-    extra["updates_inputs"] = bool(mutated) and not extra["backward"]
-    # A write into an output of a run cgtree made eagerly must reach that output (segment.c,
-    # call_plain_writing_side_value): the segment needs to know which inputs the graph writes.
+    # The inputs the graph writes in place. A forward that writes some (an optimizer step) and runs after a
+    # backward goes on in that backward's step (module.c, "The optimizer"); a write into an output of a run
+    # cgtree made eagerly must reach that output (segment.c, call_plain_writing_side_value).
     extra["written_inputs"] = tuple(i for i in sorted(mutated) if kinds[i] in (ARG_TENSOR, ARG_TENSOR_STATIC))
     record["segment"] = name = "graph%d" % next(_counter)  # its nodes' "segment" in cgtree.torch.nodes()
     seg = _ext.Segment(tree, name, plain, launch, alias, describe, span, bytes(kinds),
