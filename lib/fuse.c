@@ -34,6 +34,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <utlist.h>
 
 #include "tree_internal.h"
 
@@ -52,8 +53,8 @@ struct fuse_span {
   int unfusable;     /* fusing failed once: node by node for good */
   uint32_t n_copies; /* the DYNAMIC copies of the span's nodes, in path order */
   fuse_copy *copies;
-  fuse_span *next_on_node; /* B's list */
-  fuse_span *lru_prev, *lru_next;
+  fuse_span *next_on_node;        /* B's list */
+  fuse_span *lru_prev, *lru_next; /* the LRU list (below) */
 };
 
 void fuse__init(cgt_tree *t) {
@@ -79,27 +80,16 @@ int fuse__enabled(const cgt_tree *t) { return t->fuse.enabled; }
 
 /* ------------------------------------------------------------ the cache */
 
+/* The spans, most recently flushed first, are a doubly linked list of
+ * utlist.h (uthash's list macros), whose head's lru_prev is its tail. */
 static void lru_unlink(fuse_state *q, fuse_span *s) {
-  if (s->lru_prev)
-    s->lru_prev->lru_next = s->lru_next;
-  else
-    q->lru_first = s->lru_next;
-  if (s->lru_next)
-    s->lru_next->lru_prev = s->lru_prev;
-  else
-    q->lru_last = s->lru_prev;
+  DL_DELETE2(q->lru_first, s, lru_prev, lru_next);
   s->lru_prev = s->lru_next = NULL;
 }
 
-static void lru_push_front(fuse_state *q, fuse_span *s) {
-  s->lru_prev = NULL;
-  s->lru_next = q->lru_first;
-  if (q->lru_first)
-    q->lru_first->lru_prev = s;
-  else
-    q->lru_last = s;
-  q->lru_first = s;
-}
+static void lru_push_front(fuse_state *q, fuse_span *s) { DL_PREPEND2(q->lru_first, s, lru_prev, lru_next); }
+
+static fuse_span *lru_tail(const fuse_state *q) { return q->lru_first ? q->lru_first->lru_prev : NULL; }
 
 /* Gives the span's fused executable back; the span stays remembered. */
 static void span_drop_exec(cgt_tree *t, fuse_span *s) {
@@ -147,8 +137,8 @@ static fuse_span *span_get(cgt_tree *t, node *a, node *b, uint32_t n) {
   q->n_spans++;
   /* Remembering spans is bounded too; the oldest goes first. */
   uint64_t span_cap = (uint64_t)q->exec_cap * FUSE_SPANS_PER_EXEC;
-  while (q->n_spans > span_cap && q->lru_last != s)
-    span_free(t, q->lru_last);
+  while (q->n_spans > span_cap && lru_tail(q) != s)
+    span_free(t, lru_tail(q));
   return s;
 }
 
@@ -156,7 +146,7 @@ static fuse_span *span_get(cgt_tree *t, node *a, node *b, uint32_t n) {
  * used ones other than keep. */
 static void evict_execs(cgt_tree *t, const fuse_span *keep) {
   fuse_state *q = &t->fuse;
-  for (fuse_span *s = q->lru_last; s && q->n_execs > q->exec_cap; s = s->lru_prev)
+  for (fuse_span *s = lru_tail(q); s && q->n_execs > q->exec_cap; s = s == q->lru_first ? NULL : s->lru_prev)
     if (s != keep && s->fused) {
       tree__log(t, CGT_LOG_DEBUG, "fused span %u..%u evicted (cap %u)", s->first->id, s->last->id, q->exec_cap);
       span_drop_exec(t, s);
@@ -358,7 +348,8 @@ cgt_status fuse__check(cgt_tree *t) {
   for (const fuse_span *s = q->lru_first; s; s = s->lru_next) {
     spans++;
     execs += s->fused != NULL;
-    CHECK(s->lru_next || s == q->lru_last, "the LRU list of fused spans does not end at its tail");
+    CHECK(s->lru_next ? s->lru_next->lru_prev == s : s == lru_tail(q),
+          "the LRU list of fused spans is broken at span %u..%u", s->first->id, s->last->id);
     CHECK(!s->fused || !s->unfusable, "span %u..%u is both fused and unfusable", s->first->id, s->last->id);
     uint32_t length = 1;
     const node *a = s->last;

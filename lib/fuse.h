@@ -29,8 +29,8 @@ typedef struct fuse_state {
   node **held;
   uint32_t n_held;
   uint32_t held_cap;
-  /* Every remembered span, most recently flushed first. */
-  fuse_span *lru_first, *lru_last;
+  /* Every remembered span, most recently flushed first (fuse.c). */
+  fuse_span *lru_first;
   uint32_t n_spans;
   uint32_t n_execs;  /* spans holding a fused executable */
   uint32_t exec_cap; /* the LRU cap on fused executables */

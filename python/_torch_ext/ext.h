@@ -335,7 +335,7 @@ struct tx_out_ref {
   PyObject *key;     /* the tensor object, never dereferenced: registry key only */
   int in_registry;
   PyObject *storage; /* its storage's key for TX.storage_mark (an int), or NULL */
-  tx_out_ref *step_prev, *step_next; /* on the tree's step_outputs list while linked */
+  tx_out_ref *step_prev, *step_next; /* on the tree's step_outputs list while linked (utlist.h) */
   int on_step_list;
   tx_out_ref *next_dead;
   UT_hash_handle hh;

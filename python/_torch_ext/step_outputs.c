@@ -27,7 +27,10 @@
  * empty buckets are swept when their number has doubled since the last
  * sweep, so a pool that moves through address space leaves no garbage.
  * Out of host memory an output cannot be indexed: linking it fails with
- * MemoryError and nothing changes. */
+ * MemoryError and nothing changes. The list itself is utlist.h's (uthash's
+ * list macros): doubly linked, its head's step_prev the tail. */
+#include <utlist.h>
+
 #include "ext.h"
 
 enum { PAGE_SHIFT = 20 }; /* 1 MiB pages */
@@ -112,11 +115,7 @@ int tx_step_outputs_link(TreeObject *T, tx_out_ref *r) {
     }
     b->refs[b->n++] = r;
   }
-  r->step_prev = NULL;
-  r->step_next = T->step_outputs;
-  if (T->step_outputs)
-    T->step_outputs->step_prev = r;
-  T->step_outputs = r;
+  DL_PREPEND2(T->step_outputs, r, step_prev, step_next);
   r->on_step_list = 1;
   return 0;
 }
@@ -125,12 +124,7 @@ void tx_step_outputs_unlink(TreeObject *T, tx_out_ref *r) {
   if (!r->on_step_list)
     return;
   unindex(T, r, first_page(r), last_page(r));
-  if (r->step_prev)
-    r->step_prev->step_next = r->step_next;
-  else
-    T->step_outputs = r->step_next;
-  if (r->step_next)
-    r->step_next->step_prev = r->step_prev;
+  DL_DELETE2(T->step_outputs, r, step_prev, step_next);
   r->step_prev = r->step_next = NULL;
   r->on_step_list = 0;
 }
@@ -172,7 +166,7 @@ void tx_step_outputs_free(TreeObject *T) {
 int tx_step_outputs_check(TreeObject *T) {
   size_t linked = 0;
   for (tx_out_ref *r = T->step_outputs; r; r = r->step_next) {
-    if (!r->on_step_list || (r->step_next && r->step_next->step_prev != r))
+    if (!r->on_step_list || (r->step_next ? r->step_next->step_prev != r : T->step_outputs->step_prev != r))
       return -1;
     for (uintptr_t p = first_page(r); p <= last_page(r); p++) {
       tx_page_bucket *b;
