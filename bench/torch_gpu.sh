@@ -3,9 +3,10 @@
 # package (CUDA), run the torch backend's pytest cases, then the side-by-side
 # benchmark. Logs and results go to $OUT (default /tmp/out).
 #
-#   bash bench/torch_gpu.sh [tests,memcheck,parts,bench,train,ddp] [EXAMPLES]
+#   bash bench/torch_gpu.sh [tests,memcheck,cold,parts,bench,train,ddp] [EXAMPLES]
 # memcheck: torch GPU tests under compute-sanitizer memcheck (MEMCHECK_TESTS, MEMCHECK_K).
 # autograd: bench/torch_compiled_autograd.py, each order in a process with empty caches (is the graph reproducible?).
+# cold: the backward-thread test with empty Inductor and Triton caches, COLD_RUNS times, a process each.
 # lifetime: bench/torch_saved_lifetime.py, plainly and under compute-sanitizer (when saved activations die).
 # parts: bench/torch_segment_parts.py, the GPT-2 segment's time part by part.
 # train: bench/torch_train.py, training steps (models in TRAIN_MODELS, options in TRAIN_ARGS).
@@ -66,6 +67,21 @@ if [[ $what == *memcheck* ]]; then
     --error-exitcode 3 python3 -m pytest -q -p no:cacheprovider -x \
     ${MEMCHECK_TESTS:-python/tests/test_torch_training.py} ${MEMCHECK_K:+-k "$MEMCHECK_K"} > "$OUT/memcheck-torch.log" 2>&1
   echo "memcheck (torch) rc=$?"; grep -E "ERROR SUMMARY|passed|failed" "$OUT/memcheck-torch.log" | tail -4
+fi
+if [[ $what == *cold* ]]; then
+  # A training thread that exits before the main thread trains: the thread's trees must keep every reference
+  # (_install._stash_in_tls). With cold caches the freed memory was reused at once: KeyError or a crash.
+  : > "$OUT/cold.log"
+  for i in $(seq "${COLD_RUNS:-4}"); do
+    c=$(mktemp -d)
+    TORCHINDUCTOR_CACHE_DIR=$c/i TRITON_CACHE_DIR=$c/t timeout 120 python3 -X faulthandler -m pytest -q \
+      -p no:cacheprovider --tb=native python/tests/test_torch_training.py python/tests/test_torch_threads.py \
+      -k "thread" > "$c/log" 2>&1
+    rc=$?
+    echo "cold run $i rc=$rc $(grep -hE '^[A-Za-z]*Error|Fatal Python|passed|failed' "$c/log" | tr '\n' ' ' | cut -c1-300)" |
+      tee -a "$OUT/cold.log"
+    rm -rf "$c"
+  done
 fi
 if [[ $what == *lifetime* ]]; then
   timeout 120 python3 bench/torch_saved_lifetime.py > "$OUT/lifetime.log" 2>&1

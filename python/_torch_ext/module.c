@@ -570,6 +570,14 @@ static PyObject *m_set_tree_getter(PyObject *m, PyObject *fn) {
   Py_RETURN_NONE;
 }
 
+/* One more reference to o, which nothing here releases: for a holder that
+ * releases a reference it was never given (_install.py, _stash_in_tls). */
+static PyObject *m_give_reference(PyObject *m, PyObject *o) {
+  (void)m;
+  Py_INCREF(o);
+  Py_RETURN_NONE;
+}
+
 /* One figure of alloc_figures: its key and its value. */
 typedef struct figure {
   const char *key;
@@ -833,6 +841,8 @@ static PyMethodDef module_methods[] = {
      "torch._C._set_storage_data_ptr_access_error_msg, torch._inductor.cudagraph_trees.MarkStepBox])"},
     {"alloc_figures", m_alloc_figures, METH_VARARGS,
      "alloc_figures([device]): the allocator's own memory figures (device_* and the eager counters: that device)"},
+    {"give_reference", m_give_reference, METH_O,
+     "give_reference(o): one more reference to o, for a holder that releases one it was never given"},
     {"set_tree_getter", m_set_tree_getter, METH_O,
      "set_tree_getter(fn): segments run on fn(device), the calling thread's tree (cached per thread); None: on "
      "the tree each segment was made with"},

@@ -7,6 +7,7 @@ it at once (when a GPU is present), and ``install()`` can be called
 explicitly; both must come before the first CUDA tensor.
 """
 import os
+import sys
 import threading
 
 import torch
@@ -245,8 +246,25 @@ def _thread_trees():
     if torch._C._is_key_in_tls(_TLS_KEY):
         return torch._C._get_obj_in_tls(_TLS_KEY)
     trees = _local.trees = {}
-    torch._C._stash_obj_in_tls(_TLS_KEY, trees)
+    _stash_in_tls(_TLS_KEY, trees)
     return trees
+
+
+def _stash_in_tls(key, obj):
+    """torch._C._stash_obj_in_tls(key, obj) for a key this thread has not
+    stashed, with the reference the stash keeps. The stash holds obj in a
+    c10::SafePyObject, which releases one reference when the thread's state
+    goes at its exit, but PyTorch (2.11 at least) passes it a borrowed
+    pointer: without this, a thread's exit took a reference from its trees
+    that nobody had given, freed them while the thread's own holder still
+    counted, and the released memory's next owner was corrupted (a dict
+    lost its keys in the thread test of test_torch_training.py, with
+    Inductor's caches cold). A PyTorch whose stash takes its own reference
+    gets none from us."""
+    before = sys.getrefcount(obj)
+    torch._C._stash_obj_in_tls(key, obj)
+    if sys.getrefcount(obj) == before:
+        _ext.give_reference(obj)
 
 
 def tree_for(device):

@@ -1,0 +1,85 @@
+"""A thread's trees and PyTorch's thread-local stash, on the CPU.
+
+A backward runs on autograd's device thread, and finds the trees of the
+thread that called backward() through torch._C._stash_obj_in_tls, which
+PyTorch copies into that thread for each backward (_install.py,
+_thread_trees). The stash holds its object in a c10::SafePyObject, which
+releases a reference when the stashing thread exits. No GPU is needed:
+making a thread's trees dict touches no device."""
+import os
+import sys
+import threading
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from cgtree import _torch_ext as _ext  # noqa: E402
+from cgtree.torch import _install  # noqa: E402
+
+
+def join_until_gone(t, seconds=5.0):
+    """Joins t, then waits until its OS thread is gone: join() returns
+    before the thread's C++ thread-locals (the stash) are destroyed."""
+    t.join()
+    task = "/proc/self/task/%d" % t.native_id
+    if not os.path.isdir("/proc/self/task"):
+        pytest.skip("needs Linux's /proc to see a thread end")
+    deadline = time.monotonic() + seconds
+    while os.path.exists(task) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not os.path.exists(task), "thread %d still runs" % t.native_id
+
+
+def references(holder):
+    """The references to holder[0] its holders count. (holder, not the
+    object, is the parameter: a parameter would count too.)"""
+    return sys.getrefcount(holder[0]) - 1  # less getrefcount's own
+
+
+def mend(obj, got, want):
+    """Gives obj the references it lost, so that a failure here is not a crash later."""
+    for _ in range(want - got):
+        _ext.give_reference(obj)
+
+
+def test_a_threads_trees_keep_every_reference_their_holders_count_after_the_thread_exits():
+    """The thread's trees are held twice here; after the thread exits (its
+    threading.local and its stash gone) they must still count both. PyTorch
+    2.11's stash releases a reference it was never given: the trees then
+    count one, and were freed under a live holder (heap corruption, seen on
+    the GPU as a KeyError in an unrelated dict after the thread test)."""
+    held = []
+
+    def work():
+        trees = _install._thread_trees()
+        held.extend([trees, trees])
+
+    t = threading.Thread(target=work)
+    t.start()
+    join_until_gone(t)
+    want = 2  # held's
+    got = references(held)
+    mend(held[0], got, want)
+    assert got == want, "the trees count %d reference(s) after their thread exited, not %d" % (got, want)
+
+
+def test_the_stash_helper_gives_a_reference_only_where_the_stash_takes_none():
+    """_stash_in_tls: after the stashing thread exits, the object counts
+    exactly its real holders, whether or not PyTorch's stash took a
+    reference of its own."""
+    obj, held = object(), []
+    held.extend([obj, obj])
+    del obj
+
+    def work():
+        _install._stash_in_tls("cgtree_test_stash_helper", held[0])
+
+    t = threading.Thread(target=work)
+    t.start()
+    join_until_gone(t)
+    want = 2
+    got = references(held)
+    mend(held[0], got, want)
+    assert got == want
