@@ -83,3 +83,31 @@ def test_the_stash_helper_gives_a_reference_only_where_the_stash_takes_none():
     got = references(held)
     mend(held[0], got, want)
     assert got == want
+
+
+def test_a_backwards_trees_are_its_callers_even_where_autograds_thread_once_made_its_own():
+    """Autograd's device thread runs each backward with the stash of the
+    thread that called backward(). Once a backward whose caller had no
+    trees made trees of that thread's own, a later backward of another
+    thread must still find its caller's trees (where its forward's saved
+    activations live), not those. Simulated here: a thread makes trees of
+    its own, then gets a caller's stash as PyTorch copies it in."""
+    caller, found = [], []
+
+    def calling_thread():
+        caller.append(_install._thread_trees())
+
+    t = threading.Thread(target=calling_thread)
+    t.start()
+    t.join()
+
+    def autograds_thread():
+        own = _install._thread_trees()  # a backward whose caller had no trees
+        _install._stash_in_tls(_install._TLS_KEY, caller[0])  # the next backward: its caller's stash
+        found.append((own, _install._thread_trees()))
+
+    t = threading.Thread(target=autograds_thread)
+    t.start()
+    join_until_gone(t)
+    own, trees = found[0]
+    assert trees is caller[0] and trees is not own

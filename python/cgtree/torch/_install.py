@@ -239,20 +239,25 @@ def _thread_trees():
     objects stashed with torch._C._stash_obj_in_tls into it for the
     duration of each backward (PyTorch's CUDAGraph Trees stash their tree
     managers the same way), so a backward runs on the trees of the thread
-    that called backward(), where its forward's saved activations live."""
+    that called backward(), where its forward's saved activations live.
+    The stash is read first: in a thread that made trees it is its own
+    (the same dict as _local.trees), and in autograd's thread it is the
+    caller's, even where a backward whose caller had no trees once made
+    trees of autograd's thread's own (then later backwards of other
+    threads would have run there, away from their forwards' trees)."""
+    if torch._C._is_key_in_tls(_TLS_KEY):
+        return torch._C._get_obj_in_tls(_TLS_KEY)
     trees = getattr(_local, "trees", None)
     if trees is not None:
         return trees
-    if torch._C._is_key_in_tls(_TLS_KEY):
-        return torch._C._get_obj_in_tls(_TLS_KEY)
     trees = _local.trees = {}
     _stash_in_tls(_TLS_KEY, trees)
     return trees
 
 
 def _stash_in_tls(key, obj):
-    """torch._C._stash_obj_in_tls(key, obj) for a key this thread has not
-    stashed, with the reference the stash keeps. The stash holds obj in a
+    """torch._C._stash_obj_in_tls(key, obj), where this thread's stash does
+    not hold obj under key already, with the reference the stash keeps. The stash holds obj in a
     c10::SafePyObject, which releases one reference when the thread's state
     goes at its exit, but PyTorch (2.11 at least) passes it a borrowed
     pointer: without this, a thread's exit took a reference from its trees
