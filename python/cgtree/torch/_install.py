@@ -256,16 +256,16 @@ def _thread_trees():
 
 
 def _stash_in_tls(key, obj):
-    """torch._C._stash_obj_in_tls(key, obj), where this thread's stash does
-    not hold obj under key already, with the reference the stash keeps. The stash holds obj in a
-    c10::SafePyObject, which releases one reference when the thread's state
-    goes at its exit, but PyTorch (2.11 at least) passes it a borrowed
-    pointer: without this, a thread's exit took a reference from its trees
-    that nobody had given, freed them while the thread's own holder still
-    counted, and the released memory's next owner was corrupted (a dict
-    lost its keys in the thread test of test_torch_training.py, with
-    Inductor's caches cold). A PyTorch whose stash takes its own reference
-    gets none from us."""
+    """torch._C._stash_obj_in_tls(key, obj), with the reference the stash
+    keeps, where this thread's stash does not hold obj under key already.
+    The stash holds obj in a c10::SafePyObject, which releases a reference
+    when the thread's state goes at its exit, but PyTorch (2.11 at least)
+    hands it a borrowed pointer. Without this, a thread's exit took from
+    its trees a reference nobody had given: they were freed while still
+    held, and the freed memory's next owner was corrupted (a dict lost its
+    keys after the thread test of test_torch_training.py, with Inductor's
+    caches cold). A PyTorch whose stash takes its own reference gets none
+    from us."""
     before = sys.getrefcount(obj)
     torch._C._stash_obj_in_tls(key, obj)
     if sys.getrefcount(obj) == before:
