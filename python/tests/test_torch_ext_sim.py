@@ -2001,3 +2001,13 @@ def test_a_forward_whose_backward_never_comes_holds_the_step_at_most_64_calls_th
             kept.append(call(fw, x))
     s = tree.stats()
     assert s["steps_forced"] == 1 and s["step"] == step0 + 1
+
+
+def test_give_reference_adds_exactly_one_reference():
+    """_install._stash_in_tls gives PyTorch's thread-local stash the one
+    reference it releases at the thread's exit (test_torch_threads.py)."""
+    import sys
+    held = [object()]
+    before = sys.getrefcount(held[0])
+    X.give_reference(held[0])
+    assert sys.getrefcount(held[0]) == before + 1  # the object is leaked on purpose: nothing releases it
