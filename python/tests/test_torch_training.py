@@ -253,6 +253,16 @@ def test_a_model_with_a_host_branch_trains_on_both_paths():
     assert_same_params(model, ref)
 
 
+def assert_steady_state(before, after, replays):
+    """Between the ct.stats() before and after: no graph turned plain, and
+    where steps end (not under compute-sanitizer), nothing recorded again
+    and at least `replays` replays ran."""
+    assert after["graphs_plain"] == before["graphs_plain"]
+    if STEPS_END:
+        assert after["recordings"] == before["recordings"], "steady state must not record again"
+        assert after["replays"] - before["replays"] >= replays, "the graphs should replay"
+
+
 def assert_same_buffers(m1, m2):
     for (n, b), (_, c) in zip(m1.named_buffers(), m2.named_buffers()):
         assert same(b, c), "buffer %s differs from Inductor's" % n
@@ -344,10 +354,7 @@ def test_a_whole_training_step_compiled_as_one_function_matches_inductor(autogra
         torch.testing.assert_close(res[0], res[1], rtol=1e-5, atol=0)
         for p, q in zip(model.parameters(), ref.parameters()):
             torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7)
-    assert after["graphs_plain"] == before["graphs_plain"]
-    if STEPS_END:
-        assert after["recordings"] == before["recordings"], "steady state must not record again"
-        assert after["replays"] - before["replays"] >= 3 * (len(xs) - warm)
+    assert_steady_state(before, after, 3 * (len(xs) - warm))
 
 
 def test_bf16_autocast_training_matches_inductor():
@@ -487,10 +494,7 @@ def test_a_compiled_optimizer_step_keeps_its_state_across_steps_and_matches_indu
         assert sorted(mine) == sorted(theirs) and mine
         for key in mine:
             assert torch.equal(mine[key], theirs[key]), "optimizer state %s differs from Inductor's" % key
-    assert after["graphs_plain"] == before["graphs_plain"]
-    if STEPS_END:
-        assert after["recordings"] == before["recordings"], "steady state must not record again"
-        assert after["replays"] - before["replays"] >= 3 * (steps - warm)
+    assert_steady_state(before, after, 3 * (steps - warm))
 
 
 @pytest.mark.parametrize("name", sorted(COMPILED_OPTIMIZERS))
@@ -520,10 +524,7 @@ def test_a_compiled_step_that_clips_the_gradients_in_place_then_steps_matches_in
     steps, warm = 12, 5
     _, before, after = train_with_compiled_step(COMPILED_OPTIMIZERS["adamw"], steps=steps, warm=warm, clip=1e-3)
     assert after["gradients_moved"] == before["gradients_moved"], "the clip or the step copied the gradients"
-    assert after["graphs_plain"] == before["graphs_plain"]
-    if STEPS_END:
-        assert after["recordings"] == before["recordings"], "steady state must not record again"
-        assert after["replays"] - before["replays"] >= 3 * (steps - warm)
+    assert_steady_state(before, after, 3 * (steps - warm))
 
 
 def test_a_compiled_adamw_step_goes_on_in_the_backwards_step_reading_the_gradients_in_the_pool():
@@ -535,8 +536,6 @@ def test_a_compiled_adamw_step_goes_on_in_the_backwards_step_reading_the_gradien
     _, before, after = train_with_compiled_step(COMPILED_OPTIMIZERS["adamw"], width=256, steps=steps, warm=warm)
     steps -= warm
     assert after["gradients_moved"] == before["gradients_moved"], "the optimizer step copied the gradients"
-    assert after["graphs_plain"] == before["graphs_plain"]
+    assert_steady_state(before, after, 3 * steps)
     if STEPS_END:
         assert after["steps_kept_after_backward"] - before["steps_kept_after_backward"] == steps
-        assert after["recordings"] == before["recordings"], "steady state must not record again"
-        assert after["replays"] - before["replays"] >= 3 * steps, "forward, backward and the step should replay"
