@@ -50,6 +50,15 @@ bench() {
     >> "$OUT/bench.log" 2>&1
   echo "bench $1 rc=$?"; sed -n '/^| example/,$p' "$OUT/bench.log" | grep -v "^| example\|^| ---" | grep "^| $1 " || true
 }
+# Runs a command with empty Inductor and Triton caches of its own (a cold compile), removed after it; its status.
+with_empty_caches() {
+  local c rc
+  c=$(mktemp -d)
+  TORCHINDUCTOR_CACHE_DIR=$c/inductor TRITON_CACHE_DIR=$c/triton "$@"
+  rc=$?
+  rm -rf "$c"
+  return $rc
+}
 IFS=, read -ra EX <<< "$examples"
 if [[ $what == *bench* ]]; then bench "${EX[0]}"; fi
 if [[ $what == *tests* ]]; then
@@ -73,15 +82,13 @@ if [[ $what == *cold* ]]; then
   # (_install._stash_in_tls). With cold caches the freed memory was reused at once: KeyError or a crash.
   : > "$OUT/cold.log"
   for i in $(seq "${COLD_RUNS:-4}"); do
-    c=$(mktemp -d)
-    TORCHINDUCTOR_CACHE_DIR=$c/i TRITON_CACHE_DIR=$c/t timeout 120 python3 -X faulthandler -m pytest -q \
-      -p no:cacheprovider --tb=native python/tests/test_torch_training.py python/tests/test_torch_threads.py \
-      -k "thread" > "$c/log" 2>&1
+    with_empty_caches timeout 120 python3 -X faulthandler -m pytest -q -p no:cacheprovider --tb=native \
+      python/tests/test_torch_training.py python/tests/test_torch_threads.py -k "thread" > "$OUT/cold-run.log" 2>&1
     rc=$?
-    echo "cold run $i rc=$rc $(grep -hE '^[A-Za-z]*Error|Fatal Python|passed|failed' "$c/log" | tr '\n' ' ' | cut -c1-300)" |
-      tee -a "$OUT/cold.log"
-    rm -rf "$c"
+    echo "cold run $i rc=$rc $(grep -hE '^[A-Za-z]*Error|Fatal Python|passed|failed' "$OUT/cold-run.log" |
+      tr '\n' ' ' | cut -c1-300)" | tee -a "$OUT/cold.log"
   done
+  rm -f "$OUT/cold-run.log"
 fi
 if [[ $what == *lifetime* ]]; then
   timeout 120 python3 bench/torch_saved_lifetime.py > "$OUT/lifetime.log" 2>&1
@@ -93,10 +100,8 @@ fi
 if [[ $what == *autograd* ]]; then
   for order in inductor,inductor cgtree,inductor; do
     for run in 1 2; do
-      c=$(mktemp -d)
-      TORCHINDUCTOR_CACHE_DIR=$c/inductor TRITON_CACHE_DIR=$c/triton PROBE_ORDER=$order timeout 120 \
-        python3 bench/torch_compiled_autograd.py 2>&1 | grep -v "Warning\|warn(\|^W11" | tail -7
-      rm -rf "$c"
+      PROBE_ORDER=$order with_empty_caches timeout 120 python3 bench/torch_compiled_autograd.py 2>&1 |
+        grep -v "Warning\|warn(\|^W11" | tail -7
     done
   done
 fi
