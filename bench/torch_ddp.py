@@ -14,7 +14,8 @@ cgtree's allocator); the others run with PyTorch's allocator
 The model: an MLP of --depth Linear+ReLU layers, --width wide, and a Linear
 head: the DDP test's model, python/tests/ddp_model.py (a class of a file of
 ours: DDP calls the wrapped module's forward, and Dynamo compiles no frame
-of torch's own files, so a torch.nn.Sequential would run uncompiled). DDP's bucket_cap_mb (--bucket-cap-mb, at least 1: Dynamo's
+of torch's own files, so a torch.nn.Sequential would run uncompiled).
+DDP's bucket_cap_mb (--bucket-cap-mb, at least 1: Dynamo's
 DDPOptimizer refuses less) sets the buckets, and DDPOptimizer cuts the
 compiled graph at their boundaries, so each piece is a graph of its own
 (for cgtree, a segment). Each rank has its own batches. A step:
