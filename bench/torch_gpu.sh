@@ -7,7 +7,7 @@
 # memcheck: torch GPU tests under compute-sanitizer memcheck (MEMCHECK_TESTS, MEMCHECK_K).
 # autograd: bench/torch_compiled_autograd.py, each order in a process with empty caches (is the graph reproducible?).
 # cold: the backward-thread test with empty Inductor and Triton caches, COLD_RUNS times, a process each.
-# lifetime: bench/torch_saved_lifetime.py, plainly and under compute-sanitizer (when saved activations die).
+# lifetime: bench/torch_saved_lifetime.py, plainly and under compute-sanitizer with and without host backtraces (when saved activations die).
 # parts: bench/torch_segment_parts.py, the GPT-2 segment's time part by part.
 # train: bench/torch_train.py, training steps (models in TRAIN_MODELS, options in TRAIN_ARGS).
 # ddp: bench/torch_ddp.py, DistributedDataParallel on two GPUs (DDP_ARGS: its options).
@@ -71,9 +71,11 @@ fi
 if [[ $what == *memcheck* ]]; then
   # The torch door's GPU tests under compute-sanitizer memcheck (MEMCHECK_TESTS: pytest node ids or -k
   # expressions through MEMCHECK_K). PyTorch's own CUDA calls are checked too; --report-api-errors no, as
-  # for the C suites: PyTorch probes the driver with calls that fail by design.
+  # for the C suites: PyTorch probes the driver with calls that fail by design. --show-backtrace device: the
+  # host backtraces it takes at each launch keep the launching Python frames alive, and through Inductor's
+  # frames a forward's saved activations, so no step would end (the lifetime stage shows it).
   timeout ${MEMCHECK_SECONDS:-400} compute-sanitizer --tool memcheck --leak-check no --report-api-errors no \
-    --error-exitcode 3 python3 -m pytest -q -p no:cacheprovider -x \
+    --show-backtrace device --error-exitcode 3 python3 -m pytest -q -p no:cacheprovider -x \
     ${MEMCHECK_TESTS:-python/tests/test_torch_training.py} ${MEMCHECK_K:+-k "$MEMCHECK_K"} > "$OUT/memcheck-torch.log" 2>&1
   echo "memcheck (torch) rc=$?"; grep -E "ERROR SUMMARY|passed|failed" "$OUT/memcheck-torch.log" | tail -4
 fi
@@ -92,10 +94,13 @@ if [[ $what == *cold* ]]; then
 fi
 if [[ $what == *lifetime* ]]; then
   timeout 120 python3 bench/torch_saved_lifetime.py > "$OUT/lifetime.log" 2>&1
-  echo "lifetime rc=$?"; cat "$OUT/lifetime.log" | grep -v Warning | tail -30
-  timeout ${MEMCHECK_SECONDS:-400} compute-sanitizer --tool memcheck --leak-check no --report-api-errors no \
-    python3 bench/torch_saved_lifetime.py > "$OUT/lifetime-sanitizer.log" 2>&1
-  echo "lifetime (compute-sanitizer) rc=$?"; grep -v Warning "$OUT/lifetime-sanitizer.log" | tail -30
+  echo "lifetime rc=$?"; grep -v Warning "$OUT/lifetime.log" | tail -30
+  # The sanitizer with its default host backtraces, then with device backtraces only (as the memcheck stage runs).
+  for bt in yes device; do
+    timeout ${MEMCHECK_SECONDS:-400} compute-sanitizer --tool memcheck --leak-check no --report-api-errors no \
+      --show-backtrace $bt python3 bench/torch_saved_lifetime.py > "$OUT/lifetime-sanitizer-$bt.log" 2>&1
+    echo "lifetime (compute-sanitizer --show-backtrace $bt) rc=$?"; grep -v Warning "$OUT/lifetime-sanitizer-$bt.log" | tail -30
+  done
 fi
 if [[ $what == *autograd* ]]; then
   for order in inductor,inductor cgtree,inductor; do

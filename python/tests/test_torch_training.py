@@ -8,6 +8,7 @@ Needs a CUDA GPU (skips without one) and imports cgtree.torch first, so
 that its allocator is installed before CUDA starts.
 """
 import copy
+import os
 import threading
 import warnings
 
@@ -18,10 +19,20 @@ import torch_gpu  # skips the file without a GPU; imports cgtree.torch before CU
 torch, ct, pytestmark = torch_gpu.torch, torch_gpu.ct, torch_gpu.pytestmark
 from saved_tensors import saved_tensors_of  # noqa: E402  (after torch_gpu: it imports torch)
 from whole_step import compiled_whole_step  # noqa: E402
-STEPS_END = not torch_gpu.UNDER_SANITIZER  # where steps end, the step, replay and move counts are checked too
+STEPS_END = not torch_gpu.LAUNCH_FRAMES_KEPT  # where steps end, the step, replay and move counts are checked too
 
 
 DEV = "cuda"
+
+
+def test_the_step_counts_are_checked_wherever_no_sanitizer_keeps_launch_frames():
+    """STEPS_END is off only where a tool keeps the frames of Triton's
+    launches alive (torch_gpu.LAUNCH_FRAMES_KEPT), never by accident: outside
+    compute-sanitizer nothing does, and neither does compute-sanitizer with
+    --show-backtrace device, as bench/torch_gpu.sh memcheck runs it."""
+    if any(k.startswith("NV_SANITIZER_") for k in os.environ):
+        pytest.skip("under compute-sanitizer: its options decide (bench/torch_gpu.sh lifetime)")
+    assert STEPS_END
 
 
 def mlp(width=64, depth=3, seed=0):

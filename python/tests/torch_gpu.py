@@ -9,7 +9,8 @@ raises then).
     import torch_gpu
     torch, ct, pytestmark = torch_gpu.torch, torch_gpu.ct, torch_gpu.pytestmark
 """
-import os
+import gc
+import weakref
 
 import pytest
 
@@ -19,11 +20,45 @@ if not torch.cuda.is_available():
 
 import cgtree.torch as ct  # noqa: E402  (installs the allocator before CUDA starts)
 
+import triton  # noqa: E402  (Inductor's kernels are Triton's; it comes with torch's CUDA builds)
+import triton.language as tl  # noqa: E402
+
 pytestmark = pytest.mark.skipif(not ct.installed(), reason="unreachable: install() raised at import")
 
-# compute-sanitizer keeps the Python frames of kernel launches alive, and
-# through them a forward's saved activations (bench/torch_saved_lifetime.py):
-# under it a backward stays pending for good, no step ends, and figures that
-# count steps, replays or moved gradients cannot hold. Tests check results
+# Something outside Python may keep the frames of calls that launched a
+# kernel alive after they return: compute-sanitizer does, with its default
+# host backtraces (--show-backtrace yes); bench/torch_saved_lifetime.py
+# shows it, and bench/torch_gpu.sh memcheck turns them off. Through such a
+# frame Inductor's generated code keeps a forward's saved activations, so a
+# backward stays pending for good and no step ends: figures that count
+# steps, replays or moved gradients cannot hold. Tests check results
 # everywhere, and those figures only where steps end.
-UNDER_SANITIZER = any(k.startswith("NV_SANITIZER_") for k in os.environ)
+
+
+@triton.jit
+def _add_one(x_ptr, n: tl.constexpr):
+    i = tl.arange(0, n)
+    tl.store(x_ptr + i, tl.load(x_ptr + i) + 1)
+
+
+def _launch_frames_kept():
+    """True where the frame of a function that launched a Triton kernel (as
+    Inductor's generated code does) outlives its call: its local is still
+    alive after it returned. compute-sanitizer's host backtraces keep the
+    frames of Triton's launches (its driver API calls), not those of
+    PyTorch's eager kernels."""
+    class Local:
+        pass
+
+    def launch():
+        local = Local()
+        _add_one[(1,)](torch.zeros(16, device="cuda"), 16)
+        return weakref.ref(local)
+
+    ref = launch()
+    torch.cuda.synchronize()
+    gc.collect()
+    return ref() is not None
+
+
+LAUNCH_FRAMES_KEPT = ct.installed() and _launch_frames_kept()
