@@ -3,7 +3,10 @@ without compute-sanitizer (bench/torch_gpu.sh lifetime).
 
 Under compute-sanitizer memcheck, a training loop's saved activations were
 seen to outlive their backward (cgtree's saved_activations_alive grew by 7
-a step), so no step began. This script runs the same loop (an MLP, SGD,
+a step), so no step began. The cause: the host backtraces the sanitizer
+takes by default keep the Python frames of Triton's launches alive, and up
+their callers Inductor's generated code with its buffers; with
+--show-backtrace device they die as without the sanitizer. This script runs the same loop (an MLP, SGD,
 set_to_none) a few steps and prints, after each: cgtree's counts, which
 graphs run plainly and why, the exchange API's state, and for every
 tensor the forward saved (read from the autograd node before backward) who

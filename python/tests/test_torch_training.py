@@ -266,7 +266,7 @@ def test_a_model_with_a_host_branch_trains_on_both_paths():
 
 def assert_steady_state(before, after, replays):
     """Between the ct.stats() before and after: no graph turned plain, and
-    where steps end (not under compute-sanitizer), nothing recorded again
+    where steps end (not where a tool keeps launch frames), nothing recorded again
     and at least `replays` replays ran."""
     assert after["graphs_plain"] == before["graphs_plain"]
     if STEPS_END:
@@ -511,8 +511,8 @@ def test_a_compiled_optimizer_step_keeps_its_state_across_steps_and_matches_indu
 @pytest.mark.parametrize("name", sorted(COMPILED_OPTIMIZERS))
 def test_compiled_optimizer_steps_match_inductor_while_the_program_keeps_saved_activations_alive(name):
     """A program that keeps its forwards' saved activations alive past their
-    backward (here by holding them; compute-sanitizer does it by keeping
-    kernel launch frames alive) keeps a backward pending, so no step begins:
+    backward (here by holding them; compute-sanitizer's host backtraces do it
+    by keeping kernel launch frames alive) keeps a backward pending, so no step begins:
     every call goes on in one step, a new node each, until the bound of 64
     forces a step. Results stay Inductor's all along."""
     train_with_compiled_step(COMPILED_OPTIMIZERS[name], keep_saved=True)
