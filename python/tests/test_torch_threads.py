@@ -44,6 +44,18 @@ def mend(obj, got, want):
         _ext.give_reference(obj)
 
 
+def references_after_thread(work, held):
+    """Runs work in a thread of its own, waits until the thread is gone, and
+    returns the references held[0] counts then. Mends any it lost against
+    len(held), its real holders, before returning."""
+    t = threading.Thread(target=work)
+    t.start()
+    join_until_gone(t)
+    got = references(held)
+    mend(held[0], got, len(held))
+    return got
+
+
 def test_a_threads_trees_keep_every_reference_their_holders_count_after_the_thread_exits():
     """The thread's trees are held twice here; after the thread exits (its
     threading.local and its stash gone) they must still count both. PyTorch
@@ -56,13 +68,8 @@ def test_a_threads_trees_keep_every_reference_their_holders_count_after_the_thre
         trees = _install._thread_trees()
         held.extend([trees, trees])
 
-    t = threading.Thread(target=work)
-    t.start()
-    join_until_gone(t)
-    want = 2  # held's
-    got = references(held)
-    mend(held[0], got, want)
-    assert got == want, "the trees count %d reference(s) after their thread exited, not %d" % (got, want)
+    got = references_after_thread(work, held)
+    assert got == len(held), "the trees count %d reference(s) after their thread exited, not %d" % (got, len(held))
 
 
 def test_the_stash_helper_gives_a_reference_only_where_the_stash_takes_none():
@@ -76,13 +83,7 @@ def test_the_stash_helper_gives_a_reference_only_where_the_stash_takes_none():
     def work():
         _install._stash_in_tls("cgtree_test_stash_helper", held[0])
 
-    t = threading.Thread(target=work)
-    t.start()
-    join_until_gone(t)
-    want = 2
-    got = references(held)
-    mend(held[0], got, want)
-    assert got == want
+    assert references_after_thread(work, held) == len(held)
 
 
 def test_a_backwards_trees_are_its_callers_even_where_autograds_thread_once_made_its_own():
