@@ -103,7 +103,9 @@ int tx_check_probes(PyObject *probes, Py_ssize_t width, PyTypeObject *t0, PyType
  * (unless retain_graph) or when the graph dies unused. A count, not a flag:
  * two forwards then two backwards keep one step until both ran. A forward
  * whose graph a program keeps without ever running its backward would keep
- * the step open for good, and the path would grow by a node per call: after
+ * the step open for good (so would activations something else keeps alive
+ * after their backward: a kept frame, compute-sanitizer's host backtraces
+ * of Triton's launches), and the path would grow by a node per call: after
  * PENDING_GENERATIONS_MAX such calls the step begins anyway, with a warning
  * once, and those activations raise StaleTensorError if a backward comes.
  * An explicit mark (cudagraph_mark_step_begin(), step_begin()) always
@@ -218,10 +220,11 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
   if (T->steps_forced == 1 &&
       PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
                        "cgtree.torch: %u calls of compiled models in a row began no step because saved "
-                       "activations of earlier forwards are alive and their backward never ran; a step begins "
-                       "now, and a later backward of those forwards raises StaleTensorError. Run forwards whose "
-                       "backward you do not need under torch.no_grad(), or mark steps with "
-                       "torch.compiler.cudagraph_mark_step_begin().",
+                       "activations of earlier forwards are alive: their backward never ran, or something keeps "
+                       "them (a kept exception or frame; compute-sanitizer's host backtraces, which "
+                       "--show-backtrace device turns off). A step begins now, and a later backward of those "
+                       "forwards raises StaleTensorError. Run forwards whose backward you do not need under "
+                       "torch.no_grad(), or mark steps with torch.compiler.cudagraph_mark_step_begin().",
                        (unsigned)PENDING_GENERATIONS_MAX) < 0)
     PyErr_Clear(); /* a warning turned error must not break the call */
   return tx_tree_step_begin(T);
