@@ -173,9 +173,11 @@ struct SegmentObject {
   uint8_t *arg_kind;
   size_t *arg_span;
   /* 1 at each input the graph writes into (Inductor's mutated_input_idxs),
-   * else 0; NULL when it writes none. A call where such an input is an
-   * output of an eager run of the tree does not go through cgt_run
-   * (call_plain_writing_side_value). */
+   * else 0; NULL when it writes none. A forward that writes some (an
+   * optimizer step) may go on in its backward's step
+   * (belongs_to_training_step; module.c, "The optimizer"). A call where
+   * such an input is an output of an eager run of the tree does not go
+   * through cgt_run (call_plain_writing_side_value). */
   uint8_t *arg_written;
   int warned_side_write; /* the first such call was reported */
   /* The STATIC inputs' data pointers of the last call: in C by position
@@ -197,8 +199,6 @@ struct SegmentObject {
    * become .grad tensors. */
   uint32_t saved_from;
   int backward;
-  int updates_inputs; /* a forward that writes into an input in place (an optimizer step): written_inputs
-                       * names some and it is no backward; see module.c, "The optimizer" */
   uint32_t *grad_pos, n_grad_pos;
   variant_tmpl *tmpls;
   size_t n_tmpls;
@@ -982,8 +982,8 @@ static int belongs_to_training_step(void *call) {
   call_args *c = call;
   if (!c->T->backward_this_step)
     return 0;
-  if (c->s->updates_inputs && c->s->saved_from == UINT32_MAX)
-    return 1;
+  if (c->s->arg_written && !c->s->backward && c->s->saved_from == UINT32_MAX)
+    return 1; /* no backward, no training forward, and it writes an input in place */
   int alive = 0;
   for (tx_out_ref *o = c->T->step_outputs; o && !alive; o = o->step_next)
     alive = tx_out_ref_live_grad(o);
@@ -1411,7 +1411,6 @@ static int seg_init(SegmentObject *s, PyObject *a, PyObject *kw) {
   s->rerun_first = rerun;
   s->saved_from = saved_from;
   s->backward = backward;
-  s->updates_inputs = n_written > 0 && !backward;
   s->side_stream = (void *)(uintptr_t)side_stream;
   Py_INCREF(tree);
   s->tree = (TreeObject *)tree;
