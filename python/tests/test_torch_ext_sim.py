@@ -11,6 +11,7 @@ stale outputs, and the allocator's routing into the pool.
 """
 import ctypes
 import gc
+import sys
 import warnings
 import weakref
 
@@ -2006,7 +2007,6 @@ def test_a_forward_whose_backward_never_comes_holds_the_step_at_most_64_calls_th
 def test_give_reference_adds_exactly_one_reference():
     """_install._stash_in_tls gives PyTorch's thread-local stash the one
     reference it releases at the thread's exit (test_torch_threads.py)."""
-    import sys
     held = [object()]
     before = sys.getrefcount(held[0])
     X.give_reference(held[0])
