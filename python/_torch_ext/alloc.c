@@ -6,8 +6,10 @@
  * pool can hand the block to the next kernel as an eager program would. The
  * only door PyTorch offers to every allocation is a process-wide
  * CUDAPluggableAllocator, installed with change_current_allocator before CUDA
- * is first used; it calls the two functions exported at the bottom of this
- * file (their names are fixed in python/cgtree/torch/_install.py).
+ * is first used; it calls cgt_torch_free, at the bottom of this file, and
+ * oom.cc's cgt_torch_alloc_or_throw, which calls cgt_torch_alloc here and
+ * turns its refusal into PyTorch's out-of-memory error (their names are
+ * fixed in module.c's ALLOC_FN and FREE_FN).
  *
  * This file only routes. While segment.c runs a launch function (warmup or
  * recording of a node), this thread's current launch is set, and every
@@ -32,10 +34,24 @@
  * hold (cgt_tree_stats' pool_allocated_bytes): segment.c reports that figure
  * after every cgt_run (tx_alloc_note_pool_in_use), and allocations inside a
  * launch add to it until then.
+ *
+ * Out of memory. The tree's pool and the driver's pool (eager.c) share the
+ * device, but not their free memory: what eager code freed stays cached in
+ * the driver's pool, where PyTorch's single caching allocator would have
+ * reused it for a compiled graph. So when the pool cannot grow in a warmup,
+ * the driver's pool gives its cache back to the device and the pool tries
+ * again (launch_alloc; pool_alloc_retries), the counterpart of eager.c's
+ * retry. A recording cannot do that (its capture forbids synchronising),
+ * and makes the warmup's allocations again, in memory the warmup already
+ * took. A refusal is counted per thread (tx_alloc_refusals), so that
+ * segment.c can tell an out-of-memory error from a graph's own error.
  */
 #include "ext.h"
 
+#include "alloc_entry.h"
+
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 typedef struct pool_ptr {
@@ -51,6 +67,10 @@ static uint64_t next_serial = 1;
 
 static _Thread_local cgt_launch *tls_launch;
 static _Thread_local uint64_t tls_serial;
+/* This thread's refusals: how many so far, and the last one's request. */
+static _Thread_local uint64_t tls_refusals;
+static _Thread_local size_t tls_refused_bytes;
+static _Thread_local int tls_refused_device, tls_refused_in_pool;
 /* Runs of cgt_run under way now, on every thread. While one is, a capture
  * may be open: from before its launch function is called until after it
  * returned (cgtree ends the capture then, and dropping the graph's outputs
@@ -130,24 +150,78 @@ void tx_alloc_reset_peak(void) {
   pthread_mutex_unlock(&tx_alloc_mu);
 }
 
-/* The two functions CUDAPluggableAllocator loads from this .so by name. */
+/* CUDAPluggableAllocator loads cgt_torch_free and oom.cc's
+ * cgt_torch_alloc_or_throw from this .so by name; tests call
+ * cgt_torch_alloc, which returns NULL where that one throws. */
 __attribute__((visibility("default"))) void *cgt_torch_alloc(ssize_t size, int device, void *stream);
 __attribute__((visibility("default"))) void cgt_torch_free(void *ptr, ssize_t size, int device, void *stream);
+
+/* A refusal: counted, and described for oom.cc's exception. */
+static void *refused(size_t size, int device, int in_pool) {
+  tls_refusals++;
+  tls_refused_bytes = size;
+  tls_refused_device = device;
+  tls_refused_in_pool = in_pool;
+  return NULL;
+}
+
+uint64_t tx_alloc_refusals(void) { return tls_refusals; }
+
+void tx_alloc_refusal_text(char *buf, size_t cap) {
+  int gib = tls_refused_bytes >= ((size_t)1 << 30);
+  snprintf(buf, cap,
+           "CUDA out of memory. Tried to allocate %.2f %s on device %d (cgtree.torch: %s). Free tensors you no "
+           "longer need, or call cgtree.torch.empty_cache().",
+           (double)tls_refused_bytes / (double)((size_t)1 << (gib ? 30 : 20)), gib ? "GiB" : "MiB",
+           tls_refused_device,
+           tls_refused_in_pool ? "a compiled graph's memory pool could not grow"
+                               : "the CUDA driver's stream-ordered pool refused it, after giving back what it "
+                                 "kept cached");
+}
+
+/* Whether this launch may wait for the device: no capture is open on any
+ * thread (this run is the only one under way, and its stream is not
+ * capturing: a warmup, not a recording). */
+static int launch_may_sync(cgt_launch *l, int device) {
+  return atomic_load(&runs_under_way) == 1 && !tx_dev_stream_capturing(device, cgt_launch_stream(l));
+}
+
+/* Pool memory for the launch. When the device is full, memory that eager
+ * code freed may still sit in the driver's stream-ordered pool (eager.c
+ * keeps up to CGTREE_TORCH_CACHE_BYTES cached there, and its front cache
+ * more), where the tree's pool cannot reach it, though PyTorch's one
+ * caching allocator would reuse it. So a pool that cannot grow first has
+ * that memory given back to the device and tries once more, when it may
+ * wait for the device (a warmup; a recording may not: synchronising would
+ * invalidate its capture). */
+static cgt_status launch_alloc(cgt_launch *l, size_t size, int device, void **p) {
+  cgt_status st = cgt_launch_alloc(l, size, p);
+  if (st != CGT_ERR_OUT_OF_MEMORY || !launch_may_sync(l, device))
+    return st;
+  tx_eager_flush();      /* blocks set aside during runs: no capture is open now */
+  tx_eager_trim(device); /* the front cache, then the driver's pool, back to the device */
+  pthread_mutex_lock(&tx_alloc_mu);
+  fig.pool_alloc_retries++;
+  pthread_mutex_unlock(&tx_alloc_mu);
+  return cgt_launch_alloc(l, size, p);
+}
 
 void *cgt_torch_alloc(ssize_t size, int device, void *stream) {
   if (size <= 0)
     return NULL;
   cgt_launch *l = tls_launch;
-  if (!l)
-    return eager_alloc((size_t)size, device, stream);
+  if (!l) {
+    void *p = eager_alloc((size_t)size, device, stream);
+    return p ? p : refused((size_t)size, device, 0);
+  }
   void *p = NULL;
   pool_ptr *e = malloc(sizeof *e);
-  if (!e || cgt_launch_alloc(l, (size_t)size, &p) != CGT_OK) {
+  if (!e || launch_alloc(l, (size_t)size, device, &p) != CGT_OK) {
     free(e);
     pthread_mutex_lock(&tx_alloc_mu);
     fig.pool_alloc_failures++;
     pthread_mutex_unlock(&tx_alloc_mu);
-    return NULL; /* PyTorch raises its out-of-memory error */
+    return refused((size_t)size, device, 1);
   }
   pthread_mutex_lock(&tx_alloc_mu);
   pool_ptr *old = NULL;
@@ -160,12 +234,12 @@ void *cgt_torch_alloc(ssize_t size, int device, void *stream) {
   e->serial = tls_serial;
   tx_hash_oomed = 0;
   HASH_ADD_PTR(pool_ptrs, ptr, e);
-  if (tx_hash_oomed) { /* out of host memory: the block goes back, PyTorch raises its out-of-memory error */
+  if (tx_hash_oomed) { /* out of host memory: the block goes back, and the allocation is refused */
     fig.pool_alloc_failures++;
     pthread_mutex_unlock(&tx_alloc_mu);
     (void)cgt_launch_free(l, p);
     free(e);
-    return NULL;
+    return refused((size_t)size, device, 1);
   }
   fig.pool_allocs++;
   fig.pool_in_use += (size_t)size; /* until segment.c reports the pool's own figure */

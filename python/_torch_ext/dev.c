@@ -138,6 +138,22 @@ void tx_dev_pool_trim(int device) {
 #endif
 }
 
+int tx_dev_stream_capturing(int device, void *stream) {
+#ifdef CGT_HAVE_CUDA
+  if (device >= 0) {
+    enum cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing((cudaStream_t)stream, &status) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 1; /* cannot tell: as if it were */
+    }
+    return status != cudaStreamCaptureStatusNone;
+  }
+#endif
+  (void)device;
+  (void)stream;
+  return 0;
+}
+
 int tx_dev_pool_figures(int device, size_t *reserved, size_t *reserved_peak) {
 #ifdef CGT_HAVE_CUDA
   if (device >= 0 && device < MAX_POOL_DEVICES && pools[device]) {

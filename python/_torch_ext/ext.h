@@ -58,10 +58,14 @@ void tx_alloc_run_leave(void);
 /* Gives back eager blocks freed during runs, if no run is under way now
  * (segment.c calls it at every call, outside cgt_run). */
 void tx_alloc_flush_if_idle(void);
+/* The allocations this thread was refused so far (out of device or host
+ * memory; alloc_entry.h's tx_alloc_refusal_text describes the last). */
+uint64_t tx_alloc_refusals(void);
 
 typedef struct tx_alloc_figures {
   size_t eager_in_use, eager_peak; /* outside the pool, counted as PyTorch counts memory_allocated */
   uint64_t pool_allocs, pool_frees_in_launch, pool_frees_ignored, pool_alloc_failures;
+  uint64_t pool_alloc_retries; /* pool allocations tried again after the driver's pools gave their cache back */
   size_t pool_in_use;   /* the trees' pool bytes in use, as last reported (tx_alloc_note_pool_in_use) */
   size_t combined_peak; /* the most of eager_in_use + pool_in_use at one moment */
 } tx_alloc_figures;
@@ -146,6 +150,7 @@ void *tx_event_create(void);                 /* NULL without CUDA */
 void *tx_dev_pool_alloc(size_t bytes, int device, void *stream, uint64_t keep_bytes);
 void tx_dev_pool_free(void *p, int device, void *stream); /* ordered after the work on stream */
 void tx_dev_pool_trim(int device);          /* synchronise, then give every cached byte back */
+int tx_dev_stream_capturing(int device, void *stream); /* 1 if a capture is open on stream; 0 for device -1 */
 int tx_dev_pool_figures(int device, size_t *reserved, size_t *reserved_peak); /* 0 if unknown */
 void tx_dev_pool_reset_peaks(void); /* each pool's reserved high-water mark restarts from what it holds now */
 void tx_dev_stream_after(void *waiter, void *signaller, int device); /* waiter waits for signaller's work so far */
@@ -216,6 +221,7 @@ typedef struct tx_py {
   PyObject *tree_for;        /* cgtree.torch's tree of the calling thread for a device, or NULL: one tree */
   uint64_t tree_epoch;       /* moves at each set_tree_getter: per-thread caches of trees are dropped */
   PyObject *mark_step_cls;   /* torch._inductor.cudagraph_trees.MarkStepBox, or NULL */
+  PyObject *oom_error;       /* torch.OutOfMemoryError, or NULL: what a compiled graph's refused allocation raises */
   PyObject *str_data_ptr, *str_generation, *str_untyped_storage, *str_cdata, *str_mark_step;
   PyObject *str_grad, *str_is_leaf, *str_requires_grad, *str_clone, *str_set; /* gradients (stale.c) */
 } tx_py;

@@ -496,6 +496,19 @@ static int tree_set_explicit(TreeObject *T, PyObject *v, void *c) {
   return 0;
 }
 
+/* Tests: the simulator's device holds at most `limit` bytes (SIZE_MAX: no limit). */
+static PyObject *tree_sim_set_device_limit(TreeObject *T, PyObject *arg) {
+  if (!tree_ready(T))
+    return NULL;
+  size_t limit = PyLong_AsSize_t(arg);
+  if (limit == (size_t)-1 && PyErr_Occurred())
+    return NULL;
+  cgt_status st = cgt_sim_set_device_limit(T->tree, limit);
+  if (st != CGT_OK)
+    return tx_status_error(T, st, "cgt_sim_set_device_limit");
+  Py_RETURN_NONE;
+}
+
 static PyMethodDef tree_methods[] = {
     {"step_begin", (PyCFunction)tree_step_begin, METH_NOARGS, "End the step: outputs still alive become stale."},
     {"sync", (PyCFunction)tree_sync, METH_NOARGS, "Wait for the tree's stream."},
@@ -504,6 +517,8 @@ static PyMethodDef tree_methods[] = {
     {"write_dot", (PyCFunction)tree_dot, METH_O, "Write the tree as Graphviz to a path."},
     {"check", (PyCFunction)tree_check, METH_NOARGS,
      "cgt_tree_check, and the step's outputs against their index: raise if an invariant is broken."},
+    {"sim_set_device_limit", (PyCFunction)tree_sim_set_device_limit, METH_O,
+     "tests: the simulator's device holds at most this many bytes (2**64 - 1: no limit); a CUDA tree refuses"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -534,10 +549,18 @@ PyTypeObject TreeType = {
 static PyObject *m_init_hot_path(PyObject *m, PyObject *args) {
   (void)m;
   PyObject *from_dlpack, *raw_stream, *gen_cls, *tensor_type, *data_ptr = Py_None, *blas_clear = Py_None,
-           *ptrs_equal = Py_None, *storage_mark = Py_None, *mark_step_cls = Py_None;
-  if (!PyArg_ParseTuple(args, "OOOO|OOOOO", &from_dlpack, &raw_stream, &gen_cls, &tensor_type, &data_ptr,
-                        &blas_clear, &ptrs_equal, &storage_mark, &mark_step_cls))
+           *ptrs_equal = Py_None, *storage_mark = Py_None, *mark_step_cls = Py_None, *oom_error = Py_None;
+  if (!PyArg_ParseTuple(args, "OOOO|OOOOOO", &from_dlpack, &raw_stream, &gen_cls, &tensor_type, &data_ptr,
+                        &blas_clear, &ptrs_equal, &storage_mark, &mark_step_cls, &oom_error))
     return NULL;
+  if (oom_error != Py_None && !(PyType_Check(oom_error) && PyType_IsSubtype((PyTypeObject *)oom_error,
+                                                                            (PyTypeObject *)PyExc_Exception))) {
+    PyErr_SetString(PyExc_TypeError, "init_hot_path: oom_error must be an exception class (torch.OutOfMemoryError)");
+    return NULL;
+  }
+  Py_CLEAR(TX.oom_error);
+  if (oom_error != Py_None)
+    TX.oom_error = Py_NewRef(oom_error);
   Py_CLEAR(TX.mark_step_cls);
   if (mark_step_cls != Py_None)
     TX.mark_step_cls = Py_NewRef(mark_step_cls);
@@ -605,6 +628,7 @@ static PyObject *m_alloc_figures(PyObject *m, PyObject *args) {
       {"pool_frees_in_launch", f.pool_frees_in_launch},
       {"pool_frees_ignored", f.pool_frees_ignored},
       {"pool_alloc_failures", f.pool_alloc_failures},
+      {"pool_alloc_retries", f.pool_alloc_retries},
       {"device_in_use", e.in_use},
       {"device_reserved", e.reserved},
       {"device_reserved_peak", e.reserved_peak},
@@ -841,7 +865,8 @@ static PyMethodDef module_methods[] = {
     {"init_hot_path", m_init_hot_path, METH_VARARGS,
      "init_hot_path(torch._C._from_dlpack, torch._C._cuda_getCurrentRawStream, GenerationTracker, torch.Tensor"
      "[, torch.Tensor.data_ptr, torch._C._cuda_clearCublasWorkspaces, torch._C._tensors_data_ptrs_at_indices_equal, "
-     "torch._C._set_storage_data_ptr_access_error_msg, torch._inductor.cudagraph_trees.MarkStepBox])"},
+     "torch._C._set_storage_data_ptr_access_error_msg, torch._inductor.cudagraph_trees.MarkStepBox, "
+     "torch.OutOfMemoryError])"},
     {"alloc_figures", m_alloc_figures, METH_VARARGS,
      "alloc_figures([device]): the allocator's own memory figures (device_* and the eager counters: that device)"},
     {"give_reference", m_give_reference, METH_O,
@@ -905,7 +930,7 @@ PyMODINIT_FUNC PyInit__torch_ext(void) {
       PyModule_AddObjectRef(m, "StaleTensorError", TxStaleError) < 0 ||
       PyModule_AddObjectRef(m, "Tree", (PyObject *)&TreeType) < 0 ||
       PyModule_AddObjectRef(m, "Segment", (PyObject *)&SegmentType) < 0 ||
-      PyModule_AddStringConstant(m, "ALLOC_FN", "cgt_torch_alloc") < 0 ||
+      PyModule_AddStringConstant(m, "ALLOC_FN", "cgt_torch_alloc_or_throw") < 0 ||
       PyModule_AddStringConstant(m, "FREE_FN", "cgt_torch_free") < 0 ||
       PyModule_AddFunctions(m, tx_exchange_methods) < 0) {
     Py_DECREF(m);

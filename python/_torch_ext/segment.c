@@ -203,6 +203,7 @@ struct SegmentObject {
   variant_tmpl *tmpls;
   size_t n_tmpls;
   uint64_t calls, plain_calls;
+  uint64_t out_of_memory; /* calls that raised because an allocation of theirs was refused */
   /* Replays only, what bench/torch_compare.py reports: the whole call, and its
    * parts: arguments (data pointers, registry, variant), streams (the raw
    * stream getter and events), cgt_run (the graph launch included), and the
@@ -1008,6 +1009,37 @@ static int belongs_to_training_step(void *call) {
 
 static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyObject *kwnames, uint64_t t0);
 
+/* The call raised, and an allocation of this thread was refused during it:
+ * the error becomes torch.OutOfMemoryError (TX.oom_error) with the same
+ * text, the original as its cause, unless it already is one. Whether it
+ * came from a warmup, a recording or a plain call, the graph stays what
+ * it was, and a later call runs it as before: out of memory is the
+ * device's state, not the graph's. */
+static void out_of_memory_error(SegmentObject *s) {
+  s->out_of_memory++;
+  if (!TX.oom_error || !PyErr_Occurred() || PyErr_ExceptionMatches(TX.oom_error))
+    return;
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  PyErr_NormalizeException(&type, &value, &tb);
+  if (tb)
+    (void)PyException_SetTraceback(value, tb);
+  PyObject *text = value ? PyObject_Str(value) : NULL;
+  PyObject *oom = text ? PyObject_CallOneArg(TX.oom_error, text) : NULL;
+  Py_XDECREF(text);
+  if (!oom) { /* keep the original */
+    PyErr_Clear();
+    PyErr_Restore(type, value, tb);
+    return;
+  }
+  PyException_SetCause(oom, Py_NewRef(value));
+  PyException_SetContext(oom, value); /* steals value */
+  Py_XDECREF(type);
+  Py_XDECREF(tb);
+  PyErr_SetObject((PyObject *)Py_TYPE(oom), oom);
+  Py_DECREF(oom);
+}
+
 /* AOTAutograd calls a compiled graph that says `_boxed_call` with one list
  * of its arguments (no argument of a graph is ever a list); anything else
  * positionally. */
@@ -1015,13 +1047,18 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
   SegmentObject *s = (SegmentObject *)self;
   size_t n = PyVectorcall_NARGS(nargsf);
   uint64_t t0 = tx_now_ns();
+  uint64_t refusals = tx_alloc_refusals();
+  PyObject *res;
   if (n == 1 && !kwnames && PyList_CheckExact(args[0])) {
     PyObject *list = Py_NewRef(args[0]); /* nobody changes it while we run: the caller waits for us */
-    PyObject *res = seg_call(s, PySequence_Fast_ITEMS(list), (size_t)PyList_GET_SIZE(list), NULL, t0);
+    res = seg_call(s, PySequence_Fast_ITEMS(list), (size_t)PyList_GET_SIZE(list), NULL, t0);
     Py_DECREF(list);
-    return res;
+  } else {
+    res = seg_call(s, args, n, kwnames, t0);
   }
-  return seg_call(s, args, n, kwnames, t0);
+  if (!res && tx_alloc_refusals() != refusals)
+    out_of_memory_error(s);
+  return res;
 }
 
 static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyObject *kwnames, uint64_t t0) {
@@ -1183,6 +1220,7 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
      * tree), else on the tree's stream (_rng.py, RandomDraws.prelaunch). */
     r->fill_stream = caller == NULL && T->blocking ? NULL : T->stream;
   }
+  uint64_t refusals = tx_alloc_refusals();
   tx_alloc_run_enter(); /* a capture may run until cgt_run returns: eager frees wait (alloc.c) */
   cgt_status st = cgt_run(T->tree, r->seg, variant, r->args, s->n_targs, r->outs, s->n_outputs);
   tx_alloc_run_leave();
@@ -1208,11 +1246,31 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
     PyErr_Clear(); /* a warning turned error must not break the call */
   }
   if (st != CGT_OK) {
+    if (r->exc_type && tx_alloc_refusals() != refusals) {
+      /* Out of memory while cgtree warmed the graph up or recorded it (the
+       * pool could not grow, even after the driver's pools gave their cache
+       * back: alloc.c). The run changed nothing; the error reaches the
+       * caller as it would from the plain graph, and the graph stays a
+       * segment. It is not run plainly instead: a warmup's kernels ran up
+       * to the refusal, and a graph that writes its inputs must not run
+       * twice. */
+      PyErr_Restore(r->exc_type, r->exc_value, r->exc_tb);
+      r->exc_type = r->exc_value = r->exc_tb = NULL;
+      return NULL;
+    }
+    if (st == CGT_ERR_OUT_OF_MEMORY && !r->exc_type) { /* the tree's own pool allocations, outside a launch */
+      PyErr_Format(TX.oom_error ? TX.oom_error : PyExc_MemoryError,
+                   "CUDA out of memory in cgtree.torch's pool, running graph '%s': %s", s->name,
+                   cgt_tree_last_error(T->tree));
+      s->out_of_memory++;
+      return NULL;
+    }
     if (r->exc_type) {
-      /* The graph raised while cgtree warmed it up or recorded it. Whatever
-       * the cause (a call PyTorch refuses under capture, the pool out of
-       * memory, or the graph's own error), the graph runs plainly from now
-       * on; a genuine error then reaches the caller from the plain call. */
+      /* The graph raised while cgtree warmed it up or recorded it, and no
+       * allocation was refused. Whatever the cause (a call PyTorch refuses
+       * under capture, or the graph's own error), the graph runs plainly
+       * from now on; a genuine error then reaches the caller from the plain
+       * call. */
       PyObject *text = r->exc_value ? PyObject_Repr(r->exc_value) : NULL;
       const char *t = text ? PyUnicode_AsUTF8(text) : NULL;
       PyErr_Clear();
@@ -1469,11 +1527,12 @@ static PyObject *seg_get_info(SegmentObject *s, void *closure) {
   int registered = 0;
   for (size_t i = 0; i < s->n_runs; i++)
     registered += s->runs[i]->registered;
-  return Py_BuildValue("{s:s,s:I,s:O,s:i,s:K,s:K,s:I,s:I,s:O}", "name", s->name, "segment",
+  return Py_BuildValue("{s:s,s:I,s:O,s:i,s:K,s:K,s:K,s:I,s:I,s:O}", "name", s->name, "segment",
                        s->n_runs ? (unsigned)s->runs[0]->seg : 0u, "registered", registered ? Py_True : Py_False,
                        "trees", registered, "calls", (unsigned long long)s->calls,
-                       "plain_calls", (unsigned long long)s->plain_calls, "inputs", s->n_targs, "outputs",
-                       s->n_outputs, "plain_reason", s->bypass_reason ? s->bypass_reason : Py_None);
+                       "plain_calls", (unsigned long long)s->plain_calls, "out_of_memory",
+                       (unsigned long long)s->out_of_memory, "inputs", s->n_targs, "outputs", s->n_outputs,
+                       "plain_reason", s->bypass_reason ? s->bypass_reason : Py_None);
 }
 
 static PyObject *seg_timers(SegmentObject *s, PyObject *unused) {

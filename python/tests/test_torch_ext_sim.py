@@ -99,6 +99,8 @@ class FakeTensor:
         owned = None
         if ptr is None:
             ptr = _lib.cgt_torch_alloc(self.nbytes, -1, None)
+            if ptr is None:  # refused: PyTorch raises what oom.cc throws
+                raise RuntimeError("CUDA out of memory. Tried to allocate %d bytes (the simulator)" % self.nbytes)
             owned = (ptr, self.nbytes)
         self.ptr = ptr
         self.storage = storage or FakeStorage(managed, owned)  # managed: (address of the DLManagedTensor, its deleter)
@@ -147,9 +149,13 @@ def fake_from_dlpack(cap):
     return t
 
 
+class FakeOutOfMemoryError(RuntimeError):
+    """torch.OutOfMemoryError's stand-in."""
+
+
 def init_hot_path(ptrs_equal=None, mark_step_cls=None):
     X.init_hot_path(fake_from_dlpack, lambda device: 0, Generation, FakeTensor, None, None, ptrs_equal, fake_mark,
-                    mark_step_cls)
+                    mark_step_cls, FakeOutOfMemoryError)
 
 
 init_hot_path()
@@ -1122,6 +1128,84 @@ def test_a_prelaunch_function_runs_before_each_launch_of_a_recording_and_its_wor
         assert y.values() == [1 + k, 2 + k, 3 + k, 4 + k]
     assert gen.variants == [0] * 5
     assert tree.stats()["recordings"] == 1 and tree.stats()["replays"] == 4
+
+
+NO_LIMIT = 2**64 - 1
+
+
+def test_an_allocation_refused_in_a_warmup_raises_out_of_memory_and_the_graph_stays_a_segment(tree):
+    seg = segment(tree, Graph(tree, 2.0, 1.0), kinds=(ARG_TENSOR_STATIC,), spans=(16,))
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    call(seg, x)  # its first call runs plainly, outside the pool
+    p = eager_alloc(4096, S1)
+    eager_free(p, 4096, S1)  # a freed eager block the front cache keeps
+    f0, s0 = eager_figures(), tree.stats()
+    assert f0["front_cache_blocks"] >= 1
+    tree.sim_set_device_limit(0)  # the pool cannot grow
+    with pytest.raises(FakeOutOfMemoryError, match="CUDA out of memory") as e:
+        call(seg, x)  # the warmup's allocation is refused
+    assert isinstance(e.value.__cause__, RuntimeError)  # what the allocation raised, kept as the cause
+    f1 = eager_figures()
+    assert f1["pool_alloc_retries"] - f0["pool_alloc_retries"] == 1  # tried again once...
+    assert f1["front_cache_blocks"] == 0  # ...after the eager caches went back to the device
+    assert seg.info["out_of_memory"] == 1 and seg.info["plain_reason"] is None
+    s1 = tree.stats()
+    assert s1["recordings"] == s0["recordings"] and s1["pool_allocated_bytes"] == s0["pool_allocated_bytes"]
+    tree.check()
+    tree.sim_set_device_limit(NO_LIMIT)  # memory is back: the graph warms up, records and replays
+    for _ in range(4):
+        (y,) = call(seg, x)
+        assert y.values() == [3, 5, 7, 9]
+    assert tree.stats()["replays"] - s0["replays"] >= 1
+    assert seg.info["plain_reason"] is None and seg.info["plain_calls"] == 1  # only the first call
+
+
+def test_a_placeholder_the_pool_cannot_hold_raises_out_of_memory_naming_the_graph(tree):
+    seg = segment(tree, Graph(tree, 2.0, 1.0), spans=(16,), name="needs_room")  # a DYNAMIC input: a placeholder
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    call(seg, x)  # plainly
+    tree.sim_set_device_limit(0)
+    with pytest.raises(FakeOutOfMemoryError, match="out of memory.*'needs_room'"):
+        call(seg, x)  # the warmup needs a placeholder for x in the pool first
+    assert seg.info["out_of_memory"] == 1 and seg.info["plain_reason"] is None
+    tree.check()
+    tree.sim_set_device_limit(NO_LIMIT)
+    for _ in range(3):
+        (y,) = call(seg, x)
+        assert y.values() == [3, 5, 7, 9]
+
+
+class AddsOneThenNeedsMemory:
+    """A graph that writes its input (x += 1), then allocates a temporary."""
+
+    def __init__(self, tree):
+        self.tree = tree
+
+    def __call__(self, x):
+        X.sim_launch(self.tree.stream, k_affine, x.ptr, x.ptr, x.n, 1.0, 1.0)
+        tmp = FakeTensor(x.n)
+        del tmp
+        return ()
+
+
+def test_a_graph_that_writes_its_input_and_runs_out_of_memory_in_a_warmup_is_not_run_again(tree):
+    """Its warmup's kernels ran up to the refusal, as Inductor's would: running
+    it again plainly would add one twice."""
+    seg = segment(tree, AddsOneThenNeedsMemory(tree), kinds=(ARG_TENSOR_STATIC,), spans=(16,), written_inputs=(0,))
+    x = FakeTensor(4).fill([0, 0, 0, 0])
+    call(seg, x)  # plainly (a graph that writes its input runs once at its first call)
+    assert x.values() == [1, 1, 1, 1]
+    tree.sim_set_device_limit(0)
+    with pytest.raises(FakeOutOfMemoryError):
+        call(seg, x)  # the warmup added one, then its temporary was refused
+    X.sim_sync(tree.stream)
+    assert x.values() == [2, 2, 2, 2]
+    assert seg.info["plain_reason"] is None
+    tree.sim_set_device_limit(NO_LIMIT)
+    for i in range(4):
+        call(seg, x)
+        X.sim_sync(tree.stream)
+        assert x.values() == [3 + i] * 4
 
 
 def test_a_prelaunch_function_that_raises_makes_the_graph_plain_and_the_call_still_right(tree):

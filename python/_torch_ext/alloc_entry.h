@@ -1,0 +1,28 @@
+/* alloc_entry.h — the allocator's entry points, shared by alloc.c (C) and
+ * oom.cc (C++), the one file PyTorch calls (see oom.cc for why it is C++).
+ */
+#ifndef CGT_TORCH_ALLOC_ENTRY_H
+#define CGT_TORCH_ALLOC_ENTRY_H
+
+#include <stddef.h>
+#include <sys/types.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* size bytes on device for stream: pool memory inside a launch of ours,
+ * else eager memory (eager.c). NULL when refused, out of device or host
+ * memory: then tx_alloc_refusal_text describes the refusal. Size 0 (or
+ * less) is NULL too, and no refusal. */
+void *cgt_torch_alloc(ssize_t size, int device, void *stream);
+void cgt_torch_free(void *ptr, ssize_t size, int device, void *stream);
+/* The message of this thread's last refusal, in PyTorch's words ("CUDA out
+ * of memory. Tried to allocate ..."), into buf (cap bytes, NUL-terminated). */
+void tx_alloc_refusal_text(char *buf, size_t cap);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
