@@ -225,6 +225,19 @@ CGT_API cgt_status cgt_segment_register(cgt_tree *t, const cgt_segment_desc *d, 
 typedef cgt_status (*cgt_prelaunch_fn)(void *user, void *stream, uint64_t variant);
 CGT_API cgt_status cgt_segment_set_prelaunch(cgt_tree *t, cgt_segment s, cgt_prelaunch_fn fn, void *user);
 
+/* Extension: a function the tree calls when the device refuses a chunk one
+ * of its pools needs (not when pool_limit_bytes does), before the
+ * allocation fails. It may give device memory held elsewhere in the process
+ * back to the device (another allocator's cache) and return nonzero: the
+ * chunk is then asked for once more; 0 says nothing was given back. It gets
+ * the chunk's size. It runs on the thread whose call needed the chunk,
+ * possibly inside a launch function or while the tree's stream captures a
+ * recording: it must not synchronise a capturing stream or the device then,
+ * and must not call the tree. fn NULL removes it. CGT_ERR_INVALID_ARGUMENT
+ * for a NULL tree; CGT_ERR_STATE inside a launch or prelaunch function. */
+typedef int (*cgt_reclaim_fn)(void *user, size_t bytes);
+CGT_API cgt_status cgt_tree_set_reclaim(cgt_tree *t, cgt_reclaim_fn fn, void *user);
+
 /* A launch function must enqueue the same work, with the same allocations in
  * the same order, every time it is called with the same input addresses and
  * variant: it is called for warmup and for recording, never for replay. It

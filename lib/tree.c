@@ -150,7 +150,10 @@ void tree__device_leave(cgt_tree *t, int saved) {
  * point into it. A chunk that would pass the limit is refused exactly as a
  * full device refuses it, and the pool then fails the allocation with
  * CGT_ERR_OUT_OF_MEMORY, changing nothing. The chunk table grows before the
- * device allocation, so a failure leaves both unchanged. */
+ * device allocation, so a failure leaves both unchanged. A chunk the device
+ * refuses is asked for once more if the caller's reclaim function (the one
+ * place every pool's growth passes) says it gave memory back: another
+ * allocator in the process may cache what the tree needs. */
 static cgt_status pool_chunk_alloc(void *ctx, size_t bytes, void **ptr) {
   cgt_tree *t = ctx;
   size_t limit = t->opt.pool_limit_bytes;
@@ -165,6 +168,8 @@ static cgt_status pool_chunk_alloc(void *ctx, size_t bytes, void **ptr) {
     return CGT_ERR_OUT_OF_MEMORY;
   }
   cgt_status st = t->dev.ops->mem_alloc(&t->dev, bytes, ptr);
+  if (st == CGT_ERR_OUT_OF_MEMORY && t->reclaim && t->reclaim(t->reclaim_user, bytes))
+    st = t->dev.ops->mem_alloc(&t->dev, bytes, ptr);
   if (st != CGT_OK)
     return st;
   t->pool_held_bytes += bytes;
@@ -483,6 +488,16 @@ cgt_status cgt_segment_set_prelaunch(cgt_tree *t, cgt_segment seg, cgt_prelaunch
   segment_rec *s = &t->segments[seg - 1];
   s->prelaunch = fn;
   s->prelaunch_user = fn ? user : NULL;
+  return CGT_OK;
+}
+
+cgt_status cgt_tree_set_reclaim(cgt_tree *t, cgt_reclaim_fn fn, void *user) {
+  if (!t)
+    return CGT_ERR_INVALID_ARGUMENT;
+  if (t->launch.active)
+    return tree__fail(t, CGT_ERR_STATE, "cgt_tree_set_reclaim: not allowed inside a launch function");
+  t->reclaim = fn;
+  t->reclaim_user = fn ? user : NULL;
   return CGT_OK;
 }
 

@@ -167,6 +167,8 @@ struct cgt_tree {
    * pools; placeholders live in them), as chunks taken from the backend and
    * not yet given back. pool_limit_bytes caps it. */
   size_t pool_held_bytes;
+  cgt_reclaim_fn reclaim; /* NULL: none (cgt_tree_set_reclaim) */
+  void *reclaim_user;
   /* Test hook shared by the tree and all its pools (tree_hooks.h). */
   pool_fail_hook host_fail;
   uint64_t path_hash; /* cgt_tree_path_hash: (segment, variant) of this step's runs */

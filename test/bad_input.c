@@ -736,6 +736,7 @@ static cgt_status launch_careless(cgt_launch *l, void *user) {
     IN_LAUNCH_EXPECT(u, CGT_ERR_STATE, cgt_sync(t));
     IN_LAUNCH_EXPECT(u, CGT_ERR_STATE, cgt_segment_register(t, &d, &id));
     IN_LAUNCH_EXPECT(u, CGT_ERR_STATE, cgt_value_copy_out(t, u->live, host, sizeof host));
+    IN_LAUNCH_EXPECT(u, CGT_ERR_STATE, cgt_tree_set_reclaim(t, NULL, NULL));
     IN_LAUNCH_TRUE(u, v.bits == 111 && id == 77);
   }
   st = test_kernels()->affine(cgt_launch_stream(l), x, 2.0f, 1.0f, out, N);
@@ -1352,6 +1353,99 @@ static void test_out_of_device_memory_at_the_first_warmup_changes_nothing(void *
   }
 }
 
+/* A reclaim function's record: its calls, the bytes of the last, and what
+ * it does (give the simulator's memory back, or nothing). */
+typedef struct reclaimer {
+  cgt_tree *tree;
+  int calls, gives_back;
+  size_t bytes;
+} reclaimer;
+
+static int reclaim_by_lifting_the_limit(void *user, size_t bytes) {
+  reclaimer *r = user;
+  r->calls++;
+  r->bytes = bytes;
+  if (!r->gives_back)
+    return 0;
+  /* As another allocator giving its cache back would: the device has room again. */
+  return cgt_sim_set_device_limit(r->tree, SIZE_MAX) == CGT_OK;
+}
+
+static void test_a_chunk_the_device_refuses_is_asked_for_again_after_the_reclaim_function_gave_memory_back(
+    void **state) {
+  (void)state;
+  skip_unless_simulator();
+  for (size_t m = 0; m < N_MODES; m++) {
+    cgt_tree *t = test_tree_new(all_modes[m], NULL);
+    reclaimer r = {.tree = t, .gives_back = 1};
+    CHECK_OK(t, cgt_tree_set_reclaim(t, reclaim_by_lifting_the_limit, &r));
+    test_affine u = {.a = 2, .b = 1, .n = N};
+    cgt_segment s = test_register_affine(t, "aff", &u);
+    float x[N] = {0};
+    float *buf = test_dev_floats(x, N);
+    cgt_arg a = cgt_arg_static(buf, sizeof x);
+    cgt_value out;
+    CHECK_OK(t, cgt_sim_set_device_limit(t, 0));
+    CHECK_OK(t, cgt_run(t, s, 0, &a, 1, &out, 1));
+    assert_int_equal(r.calls, 1);
+    assert_true(r.bytes > 0 && test_stats(t).pool_reserved_bytes >= r.bytes);
+    CHECK_TREE(t);
+    assert_true(test_read_first(t, out) == 1.0f);
+    test_dev_free(buf);
+    test_tree_free(t);
+  }
+}
+
+static void test_a_reclaim_function_that_gives_nothing_back_leaves_out_of_memory_and_nothing_changed(void **state) {
+  (void)state;
+  skip_unless_simulator();
+  cgt_tree *t = test_tree_new(CGT_MODE_TREE, NULL);
+  reclaimer r = {.tree = t};
+  CHECK_OK(t, cgt_tree_set_reclaim(t, reclaim_by_lifting_the_limit, &r));
+  test_affine u = {.a = 2, .b = 1, .n = N};
+  cgt_segment s = test_register_affine(t, "aff", &u);
+  float x[N] = {0};
+  float *buf = test_dev_floats(x, N);
+  cgt_arg a = cgt_arg_static(buf, sizeof x);
+  cgt_value out = {111};
+  CHECK_OK(t, cgt_sim_set_device_limit(t, 0));
+  EXPECT_REFUSED(t, CGT_ERR_OUT_OF_MEMORY, cgt_run(t, s, 0, &a, 1, &out, 1));
+  assert_int_equal(r.calls, 1);
+  assert_int_equal(out.bits, 111);
+  assert_int_equal(test_stats(t).pool_reserved_bytes, 0);
+  /* Removed, it is called no more. */
+  CHECK_OK(t, cgt_tree_set_reclaim(t, NULL, &r));
+  EXPECT_REFUSED(t, CGT_ERR_OUT_OF_MEMORY, cgt_run(t, s, 0, &a, 1, &out, 1));
+  assert_int_equal(r.calls, 1);
+  assert_int_equal(cgt_tree_set_reclaim(NULL, reclaim_by_lifting_the_limit, &r), CGT_ERR_INVALID_ARGUMENT);
+  CHECK_OK(t, cgt_sim_set_device_limit(t, SIZE_MAX));
+  CHECK_OK(t, cgt_run(t, s, 0, &a, 1, &out, 1));
+  CHECK_TREE(t);
+  test_dev_free(buf);
+  test_tree_free(t);
+}
+
+static void test_pool_limit_bytes_refuses_a_chunk_without_calling_the_reclaim_function(void **state) {
+  (void)state;
+  skip_unless_simulator();
+  cgt_options o;
+  cgt_options_init(&o);
+  o.pool_limit_bytes = 1; /* less than any chunk */
+  cgt_tree *t = test_tree_new(CGT_MODE_TREE, &o);
+  reclaimer r = {.tree = t, .gives_back = 1};
+  CHECK_OK(t, cgt_tree_set_reclaim(t, reclaim_by_lifting_the_limit, &r));
+  test_affine u = {.a = 2, .b = 1, .n = N};
+  cgt_segment s = test_register_affine(t, "aff", &u);
+  float x[N] = {0};
+  float *buf = test_dev_floats(x, N);
+  cgt_arg a = cgt_arg_static(buf, sizeof x);
+  cgt_value out;
+  EXPECT_REFUSED(t, CGT_ERR_OUT_OF_MEMORY, cgt_run(t, s, 0, &a, 1, &out, 1));
+  assert_int_equal(r.calls, 0);
+  test_dev_free(buf);
+  test_tree_free(t);
+}
+
 /* One value fills one chunk: a second value needs a second chunk. */
 #define BIG_FLOATS 256
 #define CHUNK_BYTES (BIG_FLOATS * sizeof(float))
@@ -1686,6 +1780,9 @@ const struct CMUnitTest bad_input_tests[] = {
     T(test_launch_that_leaves_an_output_unset_or_freed_fails_the_run),
     T(test_inspection_calls_refuse_null_results),
     T(test_out_of_device_memory_at_the_first_warmup_changes_nothing),
+    T(test_a_chunk_the_device_refuses_is_asked_for_again_after_the_reclaim_function_gave_memory_back),
+    T(test_a_reclaim_function_that_gives_nothing_back_leaves_out_of_memory_and_nothing_changed),
+    T(test_pool_limit_bytes_refuses_a_chunk_without_calling_the_reclaim_function),
     T(test_out_of_device_memory_while_recording_changes_nothing),
     T(test_out_of_device_memory_for_a_new_chunk_changes_nothing),
     T(test_pool_limit_refuses_the_first_warmup_and_changes_nothing),

@@ -75,6 +75,7 @@ static cgt_status prelaunch_reentrant(void *user, void *stream, uint64_t variant
   g->refused[3] = cgt_flush(g->tree);
   g->refused[4] = cgt_segment_register(g->tree, &d, &s);
   g->refused[5] = cgt_segment_set_prelaunch(g->tree, g->seg, NULL, NULL);
+  g->refused[6] = cgt_tree_set_reclaim(g->tree, NULL, NULL);
   return prelaunch_draw(user, stream, variant);
 }
 
@@ -220,7 +221,7 @@ static void test_inside_a_prelaunch_the_tree_refuses_what_it_refuses_inside_a_la
   CHECK_OK(f.t, cgt_run(f.t, f.s, 0, &f.a, 1, &v, 1)); /* records at once: the prelaunch runs */
   CHECK_TREE(f.t);
   assert_int_equal(f.g.calls, 1);
-  for (int i = 0; i < 6; i++)
+  for (int i = 0; i < 7; i++)
     if (f.g.refused[i] != CGT_ERR_STATE)
       fail_msg("call %d inside the prelaunch function returned %s, not CGT_ERR_STATE", i,
                cgt_status_name(f.g.refused[i]));

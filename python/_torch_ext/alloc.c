@@ -37,14 +37,15 @@
  *
  * Out of memory. The tree's pool and the driver's pool (eager.c) share the
  * device, but not their free memory: what eager code freed stays cached in
- * the driver's pool, where PyTorch's single caching allocator would have
- * reused it for a compiled graph. So when the pool cannot grow in a warmup,
- * the driver's pool gives its cache back to the device and the pool tries
- * again (launch_alloc; pool_alloc_retries), the counterpart of eager.c's
- * retry. A recording cannot do that (its capture forbids synchronising),
- * and makes the warmup's allocations again, in memory the warmup already
- * took. A refusal is counted per thread (tx_alloc_refusals), so that
- * segment.c can tell an out-of-memory error from a graph's own error.
+ * the front cache and the driver's pool, where PyTorch's single caching
+ * allocator would have reused it for a compiled graph. So when the device
+ * refuses the pool a chunk, the eager caches give their memory back and
+ * the tree asks again (tx_alloc_reclaim, the tree's reclaim function;
+ * pool_alloc_retries), the counterpart of eager.c's retry. A recording
+ * cannot do that (its capture forbids synchronising), and makes the
+ * warmup's allocations again, in memory the warmup already took. A refusal
+ * is counted per thread (tx_alloc_refusals), so that segment.c can tell an
+ * out-of-memory error from a graph's own error.
  */
 #include "ext.h"
 
@@ -179,31 +180,26 @@ void tx_alloc_refusal_text(char *buf, size_t cap) {
                                  "kept cached");
 }
 
-/* Whether this launch may wait for the device: no capture is open on any
- * thread (this run is the only one under way, and its stream is not
- * capturing: a warmup, not a recording). */
-static int launch_may_sync(cgt_launch *l, int device) {
-  return atomic_load(&runs_under_way) == 1 && !tx_dev_stream_capturing(device, cgt_launch_stream(l));
-}
-
-/* Pool memory for the launch. When the device is full, memory that eager
- * code freed may still sit in the driver's stream-ordered pool (eager.c
- * keeps up to CGTREE_TORCH_CACHE_BYTES cached there, and its front cache
- * more), where the tree's pool cannot reach it, though PyTorch's one
- * caching allocator would reuse it. So a pool that cannot grow first has
- * that memory given back to the device and tries once more, when it may
- * wait for the device (a warmup; a recording may not: synchronising would
- * invalidate its capture). */
-static cgt_status launch_alloc(cgt_launch *l, size_t size, int device, void **p) {
-  cgt_status st = cgt_launch_alloc(l, size, p);
-  if (st != CGT_ERR_OUT_OF_MEMORY || !launch_may_sync(l, device))
-    return st;
-  tx_eager_flush();      /* blocks set aside during runs: no capture is open now */
-  tx_eager_trim(device); /* the front cache, then the driver's pool, back to the device */
+/* The reclaim function of every tree (module.c sets it: cgt_tree_set_reclaim).
+ * The tree calls it when the device refuses a chunk one of its pools needs:
+ * memory eager code freed may still sit in the front cache (which the
+ * driver sees in use) or in the driver's stream-ordered pool, where the
+ * tree's pool cannot reach it, though PyTorch's one caching allocator would
+ * reuse it. Both give it back to the device, and the tree asks once more;
+ * only when no capture is open on any thread (no other run under way, and
+ * the tree's stream not capturing: a warmup or a placeholder, not a
+ * recording), since it synchronises the device. */
+int tx_alloc_reclaim(void *tree_object, size_t bytes) {
+  TreeObject *T = tree_object;
+  (void)bytes;
+  if (atomic_load(&runs_under_way) > 1 || (!T->on_simulator && tx_dev_stream_capturing(T->device, T->stream)))
+    return 0;
+  tx_eager_flush();                                /* blocks set aside during runs: no capture is open now */
+  tx_eager_trim(T->on_simulator ? -1 : T->device); /* the front cache, then the driver's pool */
   pthread_mutex_lock(&tx_alloc_mu);
   fig.pool_alloc_retries++;
   pthread_mutex_unlock(&tx_alloc_mu);
-  return cgt_launch_alloc(l, size, p);
+  return 1;
 }
 
 void *cgt_torch_alloc(ssize_t size, int device, void *stream) {
@@ -216,7 +212,7 @@ void *cgt_torch_alloc(ssize_t size, int device, void *stream) {
   }
   void *p = NULL;
   pool_ptr *e = malloc(sizeof *e);
-  if (!e || launch_alloc(l, (size_t)size, device, &p) != CGT_OK) {
+  if (!e || cgt_launch_alloc(l, (size_t)size, &p) != CGT_OK) {
     free(e);
     pthread_mutex_lock(&tx_alloc_mu);
     fig.pool_alloc_failures++;

@@ -61,11 +61,15 @@ void tx_alloc_flush_if_idle(void);
 /* The allocations this thread was refused so far (out of device or host
  * memory; alloc_entry.h's tx_alloc_refusal_text describes the last). */
 uint64_t tx_alloc_refusals(void);
+/* Every tree's reclaim function (cgt_tree_set_reclaim; user: its TreeObject):
+ * the eager caches give their memory back to the device, unless a capture
+ * may be open; nonzero if they did. */
+int tx_alloc_reclaim(void *tree_object, size_t bytes);
 
 typedef struct tx_alloc_figures {
   size_t eager_in_use, eager_peak; /* outside the pool, counted as PyTorch counts memory_allocated */
   uint64_t pool_allocs, pool_frees_in_launch, pool_frees_ignored, pool_alloc_failures;
-  uint64_t pool_alloc_retries; /* pool allocations tried again after the driver's pools gave their cache back */
+  uint64_t pool_alloc_retries; /* pool chunks asked for again after the eager caches gave their memory back */
   size_t pool_in_use;   /* the trees' pool bytes in use, as last reported (tx_alloc_note_pool_in_use) */
   size_t combined_peak; /* the most of eager_in_use + pool_in_use at one moment */
 } tx_alloc_figures;
@@ -167,6 +171,7 @@ typedef struct TreeObject {
   PyObject_HEAD
   cgt_tree *tree;
   int device;
+  int on_simulator;      /* a test's tree: its eager memory is device -1's (host memory) */
   void *stream;          /* the tree's stream */
   int blocking;          /* it is a blocking stream: the legacy default stream orders with it by itself */
   PyObject *device_obj;  /* device as a Python int, for the raw stream getter */

@@ -286,6 +286,8 @@ static int tree_init(TreeObject *T, PyObject *a, PyObject *kw) {
     return -1;
   }
   T->device = device;
+  T->on_simulator = sim;
+  (void)cgt_tree_set_reclaim(T->tree, tx_alloc_reclaim, T); /* refused only inside a launch */
   T->device_obj = PyLong_FromLong(device);
   if (!T->device_obj)
     return -1;

@@ -39,20 +39,25 @@ def eager():
     return {"raised": err, "after": y.sum().item(), "num_ooms": ct.memory_stats()["num_ooms"]}
 
 
-class CountsAndDoubles(torch.nn.Module):
-    """x * 2 + 1 of a 256 MiB buffer, counting its calls in another. Its
-    buffers are static inputs (no placeholder in the pool), and it writes
-    one: its first call runs plainly only, and the second warms it up in
-    the pool, whose only allocation is the output, inside the launch."""
+def counts_and_doubles(x, calls):
+    """x * 2 + 1, counting its calls. It writes an input: its first call
+    runs plainly only, and the second warms it up in the pool."""
+    calls.add_(1)
+    return x * 2 + 1
 
-    def __init__(self):
+
+class CountsAndDoubles(torch.nn.Module):
+    """counts_and_doubles of two buffers: static inputs, so the warmup's
+    only pool allocation is the output, inside the launch (DYNAMIC inputs
+    first get placeholders in the pool, before it)."""
+
+    def __init__(self, x, calls):
         super().__init__()
-        self.register_buffer("x", torch.ones(1 << 26, device="cuda"))
-        self.register_buffer("calls", torch.zeros(1, device="cuda"))
+        self.register_buffer("x", x)
+        self.register_buffer("calls", calls)
 
     def forward(self):
-        self.calls.add_(1)
-        return self.x * 2 + 1
+        return counts_and_doubles(self.x, self.calls)
 
 
 def graph_state():
@@ -63,16 +68,25 @@ def graph_state():
             "pool_alloc_retries": ct.memory_stats()["pool_alloc_retries"]}
 
 
-def compiled(empty_first):
-    """A compiled graph with a 256 MiB output. Its first call runs plainly;
-    then the device fills up until 128 MiB stay free, and the second call
-    warms the graph up in the pool, which must grow by 256 MiB. Before the
-    device fills, eager code frees 240 MiB in blocks of 8 MiB, which the
+def compiled(empty_first, static):
+    """A compiled graph of a 64 MiB input and output. Its first call runs
+    plainly; then the device fills up until 32 MiB stay free, and the second
+    call warms the graph up in the pool, which must grow by 64 MiB for the
+    output (static: the module's buffers) or by 64 MiB for the input's
+    placeholder and 64 MiB for the output (a function of two tensors).
+    Before the device fills, eager code frees 240 MiB in blocks of 8 MiB, which the
     front cache keeps (the driver sees them in use, so only cgtree can give
     them back), as PyTorch's caching allocator would keep them for reuse.
     empty_first: the eager caches are emptied before the device fills, so
     nothing can make room (a true out of memory)."""
-    f = torch.compile(CountsAndDoubles(), backend="cgtree")
+    x, calls = torch.ones(1 << 24, device="cuda"), torch.zeros(1, device="cuda")
+    if static:
+        f = torch.compile(CountsAndDoubles(x, calls), backend="cgtree")
+    else:
+        fn = torch.compile(counts_and_doubles, backend="cgtree")
+
+        def f():
+            return fn(x, calls)
     y = f()
     first = y[:2].tolist()
     del y
@@ -83,7 +97,7 @@ def compiled(empty_first):
     if empty_first:
         ct.empty_cache()
     front = ct.memory_stats()["front_cache_bytes"]
-    give_back = fill_device(128 * MiB)
+    give_back = fill_device(32 * MiB)
     err = raised(f)
     when_full = graph_state()
     when_full["front_cache_mib_before"] = front >> 20
@@ -99,8 +113,9 @@ def compiled(empty_first):
 
 SCENARIOS = {
     "eager": eager,
-    "compiled_true_oom": lambda: compiled(True),
-    "compiled_cache_holds_room": lambda: compiled(False),
+    "compiled_true_oom": lambda: compiled(True, True),
+    "compiled_cache_holds_room": lambda: compiled(False, True),
+    "compiled_cache_holds_room_for_a_placeholder": lambda: compiled(False, False),
 }
 
 if __name__ == "__main__":

@@ -1146,7 +1146,7 @@ def test_an_allocation_refused_in_a_warmup_raises_out_of_memory_and_the_graph_st
         call(seg, x)  # the warmup's allocation is refused
     assert isinstance(e.value.__cause__, RuntimeError)  # what the allocation raised, kept as the cause
     f1 = eager_figures()
-    assert f1["pool_alloc_retries"] - f0["pool_alloc_retries"] == 1  # tried again once...
+    assert f1["pool_alloc_retries"] - f0["pool_alloc_retries"] == 1  # the chunk asked for again once...
     assert f1["front_cache_blocks"] == 0  # ...after the eager caches went back to the device
     assert seg.info["out_of_memory"] == 1 and seg.info["plain_reason"] is None
     s1 = tree.stats()
@@ -1164,9 +1164,11 @@ def test_a_placeholder_the_pool_cannot_hold_raises_out_of_memory_naming_the_grap
     seg = segment(tree, Graph(tree, 2.0, 1.0), spans=(16,), name="needs_room")  # a DYNAMIC input: a placeholder
     x = FakeTensor(4).fill([1, 2, 3, 4])
     call(seg, x)  # plainly
+    f0 = eager_figures()
     tree.sim_set_device_limit(0)
     with pytest.raises(FakeOutOfMemoryError, match="out of memory.*'needs_room'"):
         call(seg, x)  # the warmup needs a placeholder for x in the pool first
+    assert eager_figures()["pool_alloc_retries"] - f0["pool_alloc_retries"] == 1  # asked again, after a reclaim
     assert seg.info["out_of_memory"] == 1 and seg.info["plain_reason"] is None
     tree.check()
     tree.sim_set_device_limit(NO_LIMIT)
