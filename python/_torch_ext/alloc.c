@@ -153,9 +153,8 @@ void tx_alloc_reset_peak(void) {
 
 /* CUDAPluggableAllocator loads cgt_torch_free and oom.cc's
  * cgt_torch_alloc_or_throw from this .so by name; tests call
- * cgt_torch_alloc, which returns NULL where that one throws. */
-__attribute__((visibility("default"))) void *cgt_torch_alloc(ssize_t size, int device, void *stream);
-__attribute__((visibility("default"))) void cgt_torch_free(void *ptr, ssize_t size, int device, void *stream);
+ * cgt_torch_alloc (alloc_entry.h), which returns NULL where that one
+ * throws. */
 
 /* A refusal: counted, and described for oom.cc's exception. */
 static void *refused(size_t size, int device, int in_pool) {

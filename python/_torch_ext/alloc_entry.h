@@ -15,8 +15,8 @@ extern "C" {
  * else eager memory (eager.c). NULL when refused, out of device or host
  * memory: then tx_alloc_refusal_text describes the refusal. Size 0 (or
  * less) is NULL too, and no refusal. */
-void *cgt_torch_alloc(ssize_t size, int device, void *stream);
-void cgt_torch_free(void *ptr, ssize_t size, int device, void *stream);
+__attribute__((visibility("default"))) void *cgt_torch_alloc(ssize_t size, int device, void *stream);
+__attribute__((visibility("default"))) void cgt_torch_free(void *ptr, ssize_t size, int device, void *stream);
 /* The message of this thread's last refusal, in PyTorch's words ("CUDA out
  * of memory. Tried to allocate ..."), into buf (cap bytes, NUL-terminated). */
 void tx_alloc_refusal_text(char *buf, size_t cap);

@@ -88,7 +88,7 @@ def install():
         _ext.init_hot_path(from_dlpack, torch._C._cuda_getCurrentRawStream, GenerationTracker, torch.Tensor,
                            torch.Tensor.data_ptr, blas_clear(),
                            getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None), mark, _mark_step_box(),
-                           getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError)
+                           torch.OutOfMemoryError)
         _ext.set_tree_getter(_tree_of_this_thread)
         _wrap_record_stream()
         _state["allocator"] = alloc  # PyTorch holds it too; keep ours for clarity
