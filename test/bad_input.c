@@ -1371,58 +1371,70 @@ static int reclaim_by_lifting_the_limit(void *user, size_t bytes) {
   return cgt_sim_set_device_limit(r->tree, SIZE_MAX) == CGT_OK;
 }
 
+/* A tree with a reclaimer, and aff(buf) ready to run on it. */
+typedef struct reclaim_case {
+  cgt_tree *t;
+  reclaimer r;
+  test_affine u;
+  cgt_segment s;
+  float *buf;
+  cgt_arg a;
+} reclaim_case;
+
+static void reclaim_case_open(reclaim_case *c, cgt_mode mode, const cgt_options *o, int gives_back) {
+  c->t = test_tree_new(mode, o);
+  c->r = (reclaimer){.tree = c->t, .gives_back = gives_back};
+  CHECK_OK(c->t, cgt_tree_set_reclaim(c->t, reclaim_by_lifting_the_limit, &c->r));
+  c->u = (test_affine){.a = 2, .b = 1, .n = N};
+  c->s = test_register_affine(c->t, "aff", &c->u);
+  float x[N] = {0};
+  c->buf = test_dev_floats(x, N);
+  c->a = cgt_arg_static(c->buf, sizeof x);
+}
+
+static void reclaim_case_close(reclaim_case *c) {
+  test_dev_free(c->buf);
+  test_tree_free(c->t);
+}
+
 static void test_a_chunk_the_device_refuses_is_asked_for_again_after_the_reclaim_function_gave_memory_back(
     void **state) {
   (void)state;
   skip_unless_simulator();
   for (size_t m = 0; m < N_MODES; m++) {
-    cgt_tree *t = test_tree_new(all_modes[m], NULL);
-    reclaimer r = {.tree = t, .gives_back = 1};
-    CHECK_OK(t, cgt_tree_set_reclaim(t, reclaim_by_lifting_the_limit, &r));
-    test_affine u = {.a = 2, .b = 1, .n = N};
-    cgt_segment s = test_register_affine(t, "aff", &u);
-    float x[N] = {0};
-    float *buf = test_dev_floats(x, N);
-    cgt_arg a = cgt_arg_static(buf, sizeof x);
+    reclaim_case c;
+    reclaim_case_open(&c, all_modes[m], NULL, 1);
     cgt_value out;
-    CHECK_OK(t, cgt_sim_set_device_limit(t, 0));
-    CHECK_OK(t, cgt_run(t, s, 0, &a, 1, &out, 1));
-    assert_int_equal(r.calls, 1);
-    assert_true(r.bytes > 0 && test_stats(t).pool_reserved_bytes >= r.bytes);
-    CHECK_TREE(t);
-    assert_true(test_read_first(t, out) == 1.0f);
-    test_dev_free(buf);
-    test_tree_free(t);
+    CHECK_OK(c.t, cgt_sim_set_device_limit(c.t, 0));
+    CHECK_OK(c.t, cgt_run(c.t, c.s, 0, &c.a, 1, &out, 1));
+    assert_int_equal(c.r.calls, 1);
+    assert_true(c.r.bytes > 0 && test_stats(c.t).pool_reserved_bytes >= c.r.bytes);
+    CHECK_TREE(c.t);
+    assert_true(test_read_first(c.t, out) == 1.0f);
+    reclaim_case_close(&c);
   }
 }
 
 static void test_a_reclaim_function_that_gives_nothing_back_leaves_out_of_memory_and_nothing_changed(void **state) {
   (void)state;
   skip_unless_simulator();
-  cgt_tree *t = test_tree_new(CGT_MODE_TREE, NULL);
-  reclaimer r = {.tree = t};
-  CHECK_OK(t, cgt_tree_set_reclaim(t, reclaim_by_lifting_the_limit, &r));
-  test_affine u = {.a = 2, .b = 1, .n = N};
-  cgt_segment s = test_register_affine(t, "aff", &u);
-  float x[N] = {0};
-  float *buf = test_dev_floats(x, N);
-  cgt_arg a = cgt_arg_static(buf, sizeof x);
+  reclaim_case c;
+  reclaim_case_open(&c, CGT_MODE_TREE, NULL, 0);
   cgt_value out = {111};
-  CHECK_OK(t, cgt_sim_set_device_limit(t, 0));
-  EXPECT_REFUSED(t, CGT_ERR_OUT_OF_MEMORY, cgt_run(t, s, 0, &a, 1, &out, 1));
-  assert_int_equal(r.calls, 1);
+  CHECK_OK(c.t, cgt_sim_set_device_limit(c.t, 0));
+  EXPECT_REFUSED(c.t, CGT_ERR_OUT_OF_MEMORY, cgt_run(c.t, c.s, 0, &c.a, 1, &out, 1));
+  assert_int_equal(c.r.calls, 1);
   assert_int_equal(out.bits, 111);
-  assert_int_equal(test_stats(t).pool_reserved_bytes, 0);
+  assert_int_equal(test_stats(c.t).pool_reserved_bytes, 0);
   /* Removed, it is called no more. */
-  CHECK_OK(t, cgt_tree_set_reclaim(t, NULL, &r));
-  EXPECT_REFUSED(t, CGT_ERR_OUT_OF_MEMORY, cgt_run(t, s, 0, &a, 1, &out, 1));
-  assert_int_equal(r.calls, 1);
-  assert_int_equal(cgt_tree_set_reclaim(NULL, reclaim_by_lifting_the_limit, &r), CGT_ERR_INVALID_ARGUMENT);
-  CHECK_OK(t, cgt_sim_set_device_limit(t, SIZE_MAX));
-  CHECK_OK(t, cgt_run(t, s, 0, &a, 1, &out, 1));
-  CHECK_TREE(t);
-  test_dev_free(buf);
-  test_tree_free(t);
+  CHECK_OK(c.t, cgt_tree_set_reclaim(c.t, NULL, &c.r));
+  EXPECT_REFUSED(c.t, CGT_ERR_OUT_OF_MEMORY, cgt_run(c.t, c.s, 0, &c.a, 1, &out, 1));
+  assert_int_equal(c.r.calls, 1);
+  assert_int_equal(cgt_tree_set_reclaim(NULL, reclaim_by_lifting_the_limit, &c.r), CGT_ERR_INVALID_ARGUMENT);
+  CHECK_OK(c.t, cgt_sim_set_device_limit(c.t, SIZE_MAX));
+  CHECK_OK(c.t, cgt_run(c.t, c.s, 0, &c.a, 1, &out, 1));
+  CHECK_TREE(c.t);
+  reclaim_case_close(&c);
 }
 
 static void test_pool_limit_bytes_refuses_a_chunk_without_calling_the_reclaim_function(void **state) {
@@ -1431,19 +1443,12 @@ static void test_pool_limit_bytes_refuses_a_chunk_without_calling_the_reclaim_fu
   cgt_options o;
   cgt_options_init(&o);
   o.pool_limit_bytes = 1; /* less than any chunk */
-  cgt_tree *t = test_tree_new(CGT_MODE_TREE, &o);
-  reclaimer r = {.tree = t, .gives_back = 1};
-  CHECK_OK(t, cgt_tree_set_reclaim(t, reclaim_by_lifting_the_limit, &r));
-  test_affine u = {.a = 2, .b = 1, .n = N};
-  cgt_segment s = test_register_affine(t, "aff", &u);
-  float x[N] = {0};
-  float *buf = test_dev_floats(x, N);
-  cgt_arg a = cgt_arg_static(buf, sizeof x);
+  reclaim_case c;
+  reclaim_case_open(&c, CGT_MODE_TREE, &o, 1);
   cgt_value out;
-  EXPECT_REFUSED(t, CGT_ERR_OUT_OF_MEMORY, cgt_run(t, s, 0, &a, 1, &out, 1));
-  assert_int_equal(r.calls, 0);
-  test_dev_free(buf);
-  test_tree_free(t);
+  EXPECT_REFUSED(c.t, CGT_ERR_OUT_OF_MEMORY, cgt_run(c.t, c.s, 0, &c.a, 1, &out, 1));
+  assert_int_equal(c.r.calls, 0);
+  reclaim_case_close(&c);
 }
 
 /* One value fills one chunk: a second value needs a second chunk. */
