@@ -105,21 +105,20 @@ static void combined_peak_check_locked(void) {
     fig.combined_peak = now;
 }
 
-/* Each device's tree reports its own figure; fig.pool_in_use becomes their
- * sum (what launches added since is in the new report). */
-enum { MAX_DEVICES = 64 };
-static size_t pool_in_use_by_device[MAX_DEVICES], pool_in_use_reported;
+/* Each tree reports its own figure; fig.pool_in_use is their sum (what
+ * launches added since is in the next report). */
+static size_t pool_in_use_reported;
 
-void tx_alloc_note_pool_in_use(int device, size_t bytes) {
-  if (device < 0 || device >= MAX_DEVICES)
-    device = 0; /* the simulator's tests: one tree */
+void tx_alloc_note_pool_in_use(size_t *reported, size_t bytes) {
   pthread_mutex_lock(&tx_alloc_mu);
-  pool_in_use_reported += bytes - pool_in_use_by_device[device]; /* modulo 2^n: exact */
-  pool_in_use_by_device[device] = bytes;
+  pool_in_use_reported += bytes - *reported; /* modulo 2^n: exact */
+  *reported = bytes;
   fig.pool_in_use = pool_in_use_reported;
   combined_peak_check_locked();
   pthread_mutex_unlock(&tx_alloc_mu);
 }
+
+int tx_alloc_idle(void) { return atomic_load(&runs_under_way) == 0; }
 
 void tx_alloc_eager_took_locked(size_t bytes) {
   fig.eager_in_use += bytes;

@@ -29,6 +29,15 @@ void *tx_event_create(void) {
 #endif
 }
 
+void tx_event_destroy(void *event) {
+#ifdef CGT_HAVE_CUDA
+  if (event)
+    cudaEventDestroy((cudaEvent_t)event);
+#else
+  (void)event;
+#endif
+}
+
 void tx_event_record(void *event, void *stream) {
 #ifdef CGT_HAVE_CUDA
   if (event)

@@ -523,6 +523,47 @@ void tx_eager_figures_get(int device, tx_eager_figures *out) {
   (void)tx_dev_pool_figures(device, &out->reserved, &out->reserved_peak);
 }
 
+/* Blocks of a stream about to go (a freed tree's, tree_close.c). Its work
+ * is done (the tree synchronised it), so the front-cached blocks of it go
+ * back to the driver on it while it still exists, and a live block of it
+ * (a tensor allocated on it outside any launch and still held) has its
+ * free ordered on the legacy default stream instead: whatever reads it
+ * from now on runs on some other stream, as for any block whose stream's
+ * work is over. A recorded use of the stream is dropped the same way. */
+void tx_eager_retire_stream(int device, void *stream) {
+  eager_block *out = NULL;
+  size_t rehomed = 0;
+  pthread_mutex_lock(&tx_alloc_mu);
+  eager_block *b, *tmp;
+  HASH_ITER(hh, blocks, b, tmp) {
+    if (b->device != device)
+      continue;
+    for (size_t i = 0; i < b->n_used;)
+      if (b->used_on[i] == stream)
+        b->used_on[i] = b->used_on[--b->n_used];
+      else
+        i++;
+    if (b->stream != stream)
+      continue;
+    if (b->bin) {
+      front_unlink_locked(b);
+      HASH_DEL(blocks, b);
+      b->next_out = out;
+      out = b;
+      fig.front_returns++;
+    } else {
+      b->stream = NULL;
+      rehomed++;
+    }
+  }
+  for (b = pending; b; b = b->next_out) /* set aside during a run, given back at the next flush */
+    if (b->device == device && b->stream == stream)
+      b->stream = NULL;
+  fig.blocks_rehomed += rehomed;
+  pthread_mutex_unlock(&tx_alloc_mu);
+  tx_eager_give_back(out);
+}
+
 void tx_eager_trim(int device) {
   tx_eager_give_back(front_drain(device));
   tx_dev_pool_trim(device);

@@ -75,7 +75,11 @@ typedef struct tx_alloc_figures {
 } tx_alloc_figures;
 void tx_alloc_figures_get(tx_alloc_figures *out);
 void tx_alloc_reset_peak(void);                /* eager_peak and combined_peak restart from now */
-void tx_alloc_note_pool_in_use(int device, size_t bytes); /* a device's tree: its pool bytes in use now */
+/* A tree's pool bytes in use now; *reported is what that tree reported last
+ * (its own slot, so that trees of several threads on one device add up). */
+void tx_alloc_note_pool_in_use(size_t *reported, size_t bytes);
+/* No cgt_run is under way on any thread: no capture of ours is open. */
+int tx_alloc_idle(void);
 /* One lock for alloc.c's figures and eager.c's blocks, so that a free or
  * an allocation served without the driver takes it once. */
 extern pthread_mutex_t tx_alloc_mu;
@@ -90,6 +94,7 @@ typedef struct tx_eager_figures {
   uint64_t allocations, frees, num_alloc_retries, num_ooms, recorded_streams, deferred_frees;
   uint64_t driver_allocations, driver_frees; /* blocks taken from and given back to the driver's pools */
   uint64_t front_hits, front_returns; /* allocations the front cache served; its blocks given back (bound, drain) */
+  uint64_t blocks_rehomed; /* live blocks whose stream was retired: freed on the legacy stream since */
   size_t in_use;          /* of one device, counted as PyTorch counts memory_allocated */
   size_t live_blocks;     /* of every device */
   size_t front_bytes, front_blocks; /* of one device: freed blocks the front cache keeps (still the driver's) */
@@ -119,6 +124,11 @@ void tx_eager_figures_get(int device, tx_eager_figures *out);
 /* Gives the device's front-cached blocks back, then synchronises and gives
  * every byte its pool caches back to the device. */
 void tx_eager_trim(int device);
+/* The stream is about to be destroyed, its work done: its front-cached
+ * blocks go back to the driver now, and live blocks allocated on it (or
+ * recorded on it) are freed on the legacy default stream from now on.
+ * Only where no capture may run (tx_alloc_idle). */
+void tx_eager_retire_stream(int device, void *stream);
 void tx_eager_set_cache_bytes(uint64_t bytes); /* the pools' release threshold, for devices not used yet */
 /* The front cache's bound per device (0 turns it off); blocks over it are
  * set aside, to be given back at the next tx_eager_flush. */
@@ -148,6 +158,7 @@ static inline PyObject *tx_weakref_get(PyObject *w) {
 /* ------------------------------------------------------------- dev.c */
 
 void *tx_event_create(void);                 /* NULL without CUDA */
+void tx_event_destroy(void *event);          /* no-op for NULL */
 /* The device's stream-ordered pool: memory usable on `stream` in stream
  * order; NULL when out of memory (no error left behind). keep_bytes: what
  * the pool keeps cached when the device synchronises (set at first use). */
@@ -167,6 +178,7 @@ void tx_event_wait(void *stream, void *event);   /* stream waits for the event's
 /* One tree per CUDA device, shared by every compiled graph on it. */
 typedef struct tx_out_ref tx_out_ref;
 typedef struct tx_page_bucket tx_page_bucket;
+struct seg_run;
 typedef struct TreeObject {
   PyObject_HEAD
   cgt_tree *tree;
@@ -207,6 +219,14 @@ typedef struct TreeObject {
   PyObject *grad_leaves;
   Py_ssize_t grad_leaves_pruned;
   uint64_t grads_moved;
+  /* Lifetime (tree_close.c). */
+  int orphaned;            /* its thread exited: no call will come but a backward of outputs still alive */
+  int closed;              /* its C tree and pools are gone; a husk that reports last_stats */
+  uint64_t out_refs;       /* output records (tx_out_ref) not yet freed: tensors that may name the tree */
+  struct seg_run **runs;   /* the segments' runs in this tree (segment.c), dropped at its close */
+  size_t n_runs, cap_runs;
+  size_t pool_in_use_reported; /* what it last told alloc.c (tx_alloc_note_pool_in_use) */
+  cgt_stats last_stats;    /* its C tree's counters at its close */
 } TreeObject;
 
 extern PyTypeObject TreeType;
@@ -250,6 +270,22 @@ static inline int tx_caller_needs_events(const TreeObject *T, void *caller) {
   return (caller || !T->blocking) && caller != T->stream;
 }
 void tx_tree_drain(TreeObject *T);
+
+/* ------------------------------------------------------- tree_close.c */
+
+/* The thread of T exited (cgtree.torch's per-thread dict of trees died):
+ * T is freed once no output of it lives, at a moment no capture is open.
+ * Holds a reference to T until then; -1 with an exception set. */
+int tx_tree_orphan(TreeObject *T);
+/* Frees the orphaned trees that no output names any more, if no cgt_run is
+ * under way. Cheap when there are none: segment.c calls it at every call. */
+void tx_trees_close_pending(void);
+extern size_t tx_trees_orphaned; /* orphaned, not yet closed */
+static inline void tx_trees_close_if_any(void) {
+  if (tx_trees_orphaned)
+    tx_trees_close_pending();
+}
+uint64_t tx_trees_closed(void); /* trees freed so far */
 PyObject *tx_status_error(TreeObject *T, cgt_status st, const char *what);
 int tx_blas_clear(void); /* drop cuBLAS's workspaces (segment.c); -1 with an exception set */
 
@@ -338,7 +374,7 @@ struct tx_out_ref {
                       * tree's memory, so never on the step's list, never stale, and passed on as caller memory */
   int side_pool;     /* made by an eager run of the tree (a failed capture, a node past the rerecord limit): it
                       * lies in the tree's side pool, which cgt_run copies into a placeholder when passed on */
-  TreeObject *tree;  /* borrowed: trees live as long as the process */
+  TreeObject *tree;  /* borrowed: counted in tree->out_refs, which keeps a tree from closing until it is freed */
   cgt_value value;
   uint64_t step;
   void *ptr;
@@ -354,6 +390,10 @@ struct tx_out_ref {
 };
 void tx_out_ref_queue_drain(void);
 int tx_out_ref_dead(tx_out_ref *r); /* its deleter ran (its storage is gone) */
+/* T's segment runs: r joins T's list (-1 with MemoryError set), and, at
+ * T's close, every run leaves its segment and is freed. */
+int tx_tree_run_add(TreeObject *T, struct seg_run *r);
+void tx_tree_runs_drop(TreeObject *T);
 /* r is a backward's output whose storage lives: a .grad may be on it. */
 static inline int tx_out_ref_live_grad(tx_out_ref *r) { return r->grad && !tx_out_ref_dead(r); }
 extern PyTypeObject SegmentType;

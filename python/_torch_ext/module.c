@@ -2,9 +2,9 @@
  *
  * One tree per CUDA device and thread serves every graph that thread runs on
  * that device, so a thread's recordings share one pool (python/cgtree/torch
- * keeps the trees; they live until the process ends, because tensors handed
- * out may die at any time, even during interpreter shutdown, and their
- * deleters name a tree).
+ * keeps the trees). A tree lives while its thread does, and after it for as
+ * long as an output of it lives: tensors handed out may die at any time,
+ * and their deleters name the tree (tree_close.c frees it after both).
  *
  * Steps follow PyTorch's inference heuristic: Dynamo bumps
  * torch._dynamo.mutation_guard.GenerationTracker.generation each time a
@@ -309,10 +309,14 @@ static int tree_init(TreeObject *T, PyObject *a, PyObject *kw) {
 }
 
 static void tree_dealloc(TreeObject *T) {
-  /* Only a tree that failed to initialise gets here: cgtree.torch keeps the
-   * others until the process ends (output tensors name them). */
-  if (T->tree && !T->registry && T->outputs_made == 0)
+  /* A closed tree's husk, a tree that failed to initialise, or a test's
+   * tree that made no output get here: a segment's run holds the tree it
+   * runs in, and an output's record keeps it open (T->out_refs). */
+  if (T->tree && !T->registry && T->outputs_made == 0) {
+    tx_alloc_note_pool_in_use(&T->pool_in_use_reported, 0);
     cgt_tree_destroy(T->tree);
+  }
+  free(T->runs);
   tx_step_outputs_free(T);
   Py_XDECREF(T->device_obj);
   Py_XDECREF(T->grad_leaves);
@@ -321,7 +325,10 @@ static void tree_dealloc(TreeObject *T) {
 
 static int tree_ready(TreeObject *T) {
   if (!T->tree) {
-    PyErr_SetString(PyExc_RuntimeError, "Tree is not initialised");
+    if (T->closed)
+      PyErr_SetString(TxError, "cgtree.torch: this tree was freed (its thread exited)");
+    else
+      PyErr_SetString(PyExc_RuntimeError, "Tree is not initialised");
     return 0;
   }
   return 1;
@@ -386,6 +393,12 @@ static PyObject *stats_dict(const TreeObject *T, const cgt_stats *s, uint64_t al
 
 static PyObject *tree_stats(TreeObject *T, PyObject *unused) {
   (void)unused;
+  if (T->closed) { /* its counters at its close; what it held then is gone */
+    cgt_stats s = T->last_stats;
+    s.nodes = s.graphs = 0;
+    s.pool_reserved_bytes = s.pool_allocated_bytes = s.graph_bytes = 0;
+    return stats_dict(T, &s, 0);
+  }
   if (!tree_ready(T))
     return NULL;
   tx_out_ref_queue_drain();
@@ -498,6 +511,27 @@ static int tree_set_explicit(TreeObject *T, PyObject *v, void *c) {
   return 0;
 }
 
+static PyObject *tree_orphan(TreeObject *T, PyObject *unused) {
+  (void)unused;
+  if (!T->tree && !T->closed) {
+    PyErr_SetString(PyExc_RuntimeError, "Tree is not initialised");
+    return NULL;
+  }
+  if (tx_tree_orphan(T) < 0)
+    return NULL;
+  Py_RETURN_NONE;
+}
+
+static PyObject *tree_get_closed(TreeObject *T, void *c) {
+  (void)c;
+  return PyBool_FromLong(T->closed);
+}
+
+static PyObject *tree_get_orphaned(TreeObject *T, void *c) {
+  (void)c;
+  return PyBool_FromLong(T->orphaned);
+}
+
 /* Tests: the simulator's device holds at most `limit` bytes (SIZE_MAX: no limit). */
 static PyObject *tree_sim_set_device_limit(TreeObject *T, PyObject *arg) {
   if (!tree_ready(T))
@@ -519,6 +553,9 @@ static PyMethodDef tree_methods[] = {
     {"write_dot", (PyCFunction)tree_dot, METH_O, "Write the tree as Graphviz to a path."},
     {"check", (PyCFunction)tree_check, METH_NOARGS,
      "cgt_tree_check, and the step's outputs against their index: raise if an invariant is broken."},
+    {"orphan", (PyCFunction)tree_orphan, METH_NOARGS,
+     "Its thread exited: free the tree (graphs, pools, stream) once no output of it lives and no capture is "
+     "open (tree_close.c). No call may come to it afterwards."},
     {"sim_set_device_limit", (PyCFunction)tree_sim_set_device_limit, METH_O,
      "tests: the simulator's device holds at most this many bytes (2**64 - 1: no limit); a CUDA tree refuses"},
     {NULL, NULL, 0, NULL},
@@ -528,6 +565,9 @@ static PyGetSetDef tree_getset[] = {
     {"stream", (getter)tree_get_stream, NULL, "the tree's cudaStream_t as an int", NULL},
     {"device", (getter)tree_get_device, NULL, "CUDA device ordinal", NULL},
     {"step", (getter)tree_get_step, NULL, "steps begun so far", NULL},
+    {"closed", (getter)tree_get_closed, NULL, "True once the tree was freed (orphan()); stats() then gives its "
+     "counters at that moment", NULL},
+    {"orphaned", (getter)tree_get_orphaned, NULL, "True once orphan() was called", NULL},
     {"explicit_steps", (getter)tree_get_explicit, (setter)tree_set_explicit,
      "False: a step begins at every call of a compiled model (Dynamo's counter moved); True: only at step_begin() "
      "and torch.compiler.cudagraph_mark_step_begin()", NULL},
@@ -648,6 +688,8 @@ static PyObject *m_alloc_figures(PyObject *m, PyObject *args) {
       {"num_ooms", e.num_ooms},
       {"recorded_streams", e.recorded_streams},
       {"deferred_frees", e.deferred_frees},
+      {"blocks_rehomed", e.blocks_rehomed},
+      {"trees_freed", tx_trees_closed()},
   };
   PyObject *out = PyDict_New();
   for (size_t i = 0; out && i < sizeof figures / sizeof figures[0]; i++) {
@@ -704,6 +746,7 @@ static PyObject *m_empty_cache(PyObject *m, PyObject *args) {
   int device = 0;
   if (!PyArg_ParseTuple(args, "i", &device))
     return NULL;
+  tx_trees_close_pending(); /* trees of exited threads that nothing names any more */
   tx_eager_trim(device);
   Py_RETURN_NONE;
 }
@@ -883,8 +926,9 @@ static PyMethodDef module_methods[] = {
     {"reset_peak", m_reset_peak, METH_NOARGS, "eager_peak := eager_in_use; combined_peak := eager_in_use + pool_in_use; the driver pools' "
      "reserved high-water marks := what they hold"},
     {"empty_cache", m_empty_cache, METH_VARARGS,
-     "empty_cache(device): give the device's front-cached blocks to its stream-ordered pool, synchronise the "
-     "device and give the pool's cached memory back"},
+     "empty_cache(device): free the trees of exited threads that nothing names any more, give the device's "
+     "front-cached blocks to its stream-ordered pool, synchronise the device and give the pool's cached memory "
+     "back"},
     {"record_stream", m_record_stream, METH_VARARGS,
      "record_stream(ptr, stream): the eager block at ptr is used on stream too; its free waits for that stream. "
      "True if ptr is an eager block of ours"},

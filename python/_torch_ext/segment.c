@@ -16,6 +16,7 @@
  * needs in each tree it ran in (seg_run: its registration, and everything a
  * call holds across a call into Python, where another thread may run the
  * same segment). Shapes and output templates are the segment's, shared.
+ * When a tree is freed (its thread exited: tree_close.c) its runs go with it.
  *
  * Inputs. A tensor we handed out earlier in this step (found by object in the
  * tree's registry, at the same data pointer) is a VALUE; a view of one (a
@@ -263,6 +264,7 @@ void tx_out_ref_queue_drain(void) {
       T->saved_alive -= (uint64_t)(r->counted && r->saved);
     }
     tx_stale_forget(T, r);
+    T->out_refs--;
     free(r);
     r = next;
   }
@@ -304,6 +306,7 @@ static PyObject *make_output(seg_run *run, cgt_value v, const out_meta *m, int s
   if (nd)
     memcpy(r->dims, m->dims, 2 * (size_t)nd * sizeof(int64_t));
   r->tree = T;
+  T->out_refs++; /* until the drain frees r: T stays open (tree_close.c) */
   r->value = v;
   r->step = T->step;
   r->ptr = ptr;
@@ -340,6 +343,7 @@ static PyObject *make_output(seg_run *run, cgt_value v, const out_meta *m, int s
     PyObject *cap = PyCapsule_New(&r->m, "dltensor", capsule_destructor);
     if (!cap) {
       (void)cgt_value_release(T->tree, v);
+      T->out_refs--;
       free(r);
       return NULL;
     }
@@ -833,13 +837,14 @@ static int run_register(seg_run *r) {
 /* The tree of the calling thread for the segment's device: the tree the
  * segment was made with where no per-thread trees are kept (TX.tree_for
  * unset: the simulator tests), else cgtree.torch's tree of this thread,
- * cached per thread (trees live as long as the process). */
+ * cached per thread (a thread's trees live at least as long as it does). */
 enum { TLS_DEVICES = 64 };
 static _Thread_local TreeObject *tls_trees[TLS_DEVICES];
 static _Thread_local uint64_t tls_epoch; /* TX.tree_epoch when tls_trees was filled */
 
 /* What cgtree.torch's getter says is the calling thread's tree for s's
- * device (borrowed: cgtree.torch keeps every tree until the process ends). */
+ * device (borrowed: cgtree.torch keeps a thread's trees while the thread
+ * lives, and a tree is freed only after its thread exited). */
 static TreeObject *tree_from_getter(SegmentObject *s) {
   PyObject *got = PyObject_CallOneArg(TX.tree_for, s->tree->device_obj);
   if (!got)
@@ -862,7 +867,7 @@ static TreeObject *current_tree(SegmentObject *s) {
     memset(tls_trees, 0, sizeof tls_trees);
     tls_epoch = TX.tree_epoch;
   }
-  if (!tls_trees[dev])
+  if (!tls_trees[dev] || tls_trees[dev]->closed) /* closed: autograd's thread ran a backward of a thread gone */
     tls_trees[dev] = tree_from_getter(s);
   return tls_trees[dev];
 }
@@ -872,6 +877,10 @@ static seg_run *run_for(SegmentObject *s) {
   TreeObject *T = current_tree(s);
   if (!T)
     return NULL;
+  if (T->closed) { /* only a test's tree, passed by hand, can be both closed and current */
+    PyErr_SetString(TxError, "cgtree.torch: this tree was freed (its thread exited)");
+    return NULL;
+  }
   for (size_t i = 0; i < s->n_runs; i++)
     if (s->runs[i]->tree == T)
       return s->runs[i];
@@ -891,11 +900,78 @@ static seg_run *run_for(SegmentObject *s) {
     PyErr_NoMemory();
     return NULL;
   }
+  s->runs = grown;
+  if (tx_tree_run_add(T, r) < 0) {
+    free(r->args), free(r->ptrs), free(r->offs);
+    free(r);
+    return NULL;
+  }
   r->s = s;
   r->tree = (TreeObject *)Py_NewRef((PyObject *)T);
-  s->runs = grown;
   s->runs[s->n_runs++] = r;
   return r;
+}
+
+/* Frees a run's own memory and references, but for its segment's
+ * reference (which a registered run holds for the tree). */
+static void run_free(seg_run *r) {
+  SegmentObject *s = r->s;
+  free(r->args), free(r->ptrs), free(r->offs), free(r->outs);
+  for (uint32_t j = 0; r->grad_seen && j < s->n_grad_pos; j++)
+    Py_XDECREF(r->grad_seen[j]);
+  free(r->grad_seen);
+  Py_XDECREF(r->exc_type), Py_XDECREF(r->exc_value), Py_XDECREF(r->exc_tb);
+  Py_XDECREF(r->tree);
+  free(r);
+}
+
+int tx_tree_run_add(TreeObject *T, seg_run *r) {
+  if (T->n_runs == T->cap_runs) {
+    size_t cap = T->cap_runs ? 2 * T->cap_runs : 8;
+    seg_run **grown = realloc(T->runs, cap * sizeof *grown);
+    if (!grown) {
+      PyErr_NoMemory();
+      return -1;
+    }
+    T->runs = grown;
+    T->cap_runs = cap;
+  }
+  T->runs[T->n_runs++] = r;
+  return 0;
+}
+
+/* r leaves T's list (r is freed without T closing: a segment that dies). */
+static void tree_run_forget(TreeObject *T, seg_run *r) {
+  for (size_t i = 0; i < T->n_runs; i++)
+    if (T->runs[i] == r) {
+      T->runs[i] = T->runs[--T->n_runs];
+      return;
+    }
+}
+
+/* T closes (tree_close.c): its C tree, which calls back into these runs,
+ * is about to go, so each run leaves its segment, and a registered run
+ * gives back the reference the tree held to its segment. The caller holds
+ * a reference to T. */
+void tx_tree_runs_drop(TreeObject *T) {
+  seg_run **runs = T->runs;
+  size_t n = T->n_runs;
+  T->runs = NULL;
+  T->n_runs = T->cap_runs = 0;
+  for (size_t i = 0; i < n; i++) {
+    seg_run *r = runs[i];
+    SegmentObject *s = r->s;
+    for (size_t j = 0; j < s->n_runs; j++)
+      if (s->runs[j] == r) {
+        s->runs[j] = s->runs[--s->n_runs];
+        break;
+      }
+    int registered = r->registered;
+    run_free(r);
+    if (registered)
+      Py_DECREF(s); /* may free s: r is off its list already */
+  }
+  free(runs);
 }
 
 static inline uint64_t mix(uint64_t h, uint64_t x) {
@@ -1063,6 +1139,7 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
 
 static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyObject *kwnames, uint64_t t0) {
   s->calls++;
+  tx_trees_close_if_any(); /* trees of exited threads that nothing names any more (tree_close.c) */
   if (s->bypass_reason)
     return call_plain(s, args, n);
   if (kwnames || n != s->n_args) {
@@ -1228,7 +1305,7 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
   r->cur = NULL;
   cgt_stats after;
   cgt_tree_stats(T->tree, &after);
-  tx_alloc_note_pool_in_use(T->device, after.pool_allocated_bytes);
+  tx_alloc_note_pool_in_use(&T->pool_in_use_reported, after.pool_allocated_bytes);
   int replayed = after.replays > T->replays_seen; /* only segment.c runs this tree */
   T->replays_seen = after.replays;
   uint64_t launch_ns = after.launch_host_ns - T->launch_ns_seen;
@@ -1500,13 +1577,8 @@ static void seg_dealloc(SegmentObject *s) {
   Py_XDECREF(s->static_idx);
   for (size_t i = 0; i < s->n_runs; i++) { /* only runs never registered: a registered one holds s */
     seg_run *r = s->runs[i];
-    free(r->args), free(r->ptrs), free(r->offs), free(r->outs);
-    for (uint32_t j = 0; r->grad_seen && j < s->n_grad_pos; j++)
-      Py_XDECREF(r->grad_seen[j]);
-    free(r->grad_seen);
-    Py_XDECREF(r->tree);
-    Py_XDECREF(r->exc_type), Py_XDECREF(r->exc_value), Py_XDECREF(r->exc_tb);
-    free(r);
+    tree_run_forget(r->tree, r);
+    run_free(r);
   }
   free(s->runs);
   free(s->name);

@@ -897,6 +897,128 @@ def test_two_threads_run_one_segment_on_their_own_trees_with_correct_results(tre
         t.check()
 
 
+class ThreadTrees:
+    """A tree getter of one tree per thread, as cgtree.torch's: the trees
+    made, in order."""
+
+    def __init__(self):
+        import threading
+
+        self.local, self.made = threading.local(), []
+
+    def __call__(self, device):
+        if not hasattr(self.local, "tree"):
+            self.local.tree = X.Tree(0, backend="sim")
+            self.made.append(self.local.tree)
+        return self.local.tree
+
+
+def in_a_thread(work):
+    import threading
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+
+
+def test_an_exited_threads_tree_is_freed_once_its_last_output_dies_and_the_segment_runs_on(tree):
+    """A tree orphaned at its thread's exit (cgtree.torch's per-thread dict
+    does it: test_torch_threads.py) stays while an output of it lives, and
+    that output reads right; at the next call after it died the tree is
+    freed (its C tree, pool and graphs, and the segment's run in it, which
+    held a reference to the segment) with its counters kept; the segment
+    runs on in the other trees."""
+    trees = ThreadTrees()
+    seg = segment(tree, Graph(tree, 2.0, 1.0, stream=lambda: trees(0).stream), spans=(16,), name="exits")
+    X.set_tree_getter(trees)
+    kept = []
+
+    def work():
+        x = FakeTensor(4).fill([1, 2, 3, 4])
+        for _ in range(4):  # plain first call, warmup, recording, replay
+            (y,) = call(seg, x)
+        kept.append(y)
+
+    try:
+        in_a_thread(work)
+        (dead,) = trees.made
+        assert dead.stats()["recordings"] == 1 and dead.stats()["pool_reserved_bytes"] > 0
+        freed = X.alloc_figures()["trees_freed"]
+        dead.orphan()
+        assert dead.orphaned and not dead.closed  # kept[0] is its output
+        x = FakeTensor(4).fill([0, 1, 2, 3])
+        (z,) = call(seg, x)  # on the main thread's tree
+        assert not dead.closed and kept[0].values() == [3, 5, 7, 9]
+        refs = sys.getrefcount(seg)  # a reference from each tree it is registered with
+        del kept[:]
+        gc.collect()
+        assert not dead.closed  # freed at a call, not inside a deleter
+        (z,) = call(seg, x)
+        assert dead.closed and X.alloc_figures()["trees_freed"] == freed + 1
+        s = dead.stats()
+        assert s["recordings"] == 1 and s["replays"] == 1  # its counters stay
+        assert s["pool_reserved_bytes"] == s["nodes"] == s["graphs"] == s["outputs_alive"] == 0
+        assert sys.getrefcount(seg) == refs - 1  # the reference its registered run held
+        assert seg.info["trees"] == 1  # the main thread's
+        with pytest.raises(X.CgtreeError, match="freed"):
+            dead.check()
+        for _ in range(3):
+            (z,) = call(seg, x)
+            assert z.values() == [1, 3, 5, 7]
+        assert trees.made[1].stats()["replays"] >= 1
+        trees.made[1].check()
+    finally:
+        X.set_tree_getter(None)
+
+
+def test_an_orphan_is_freed_only_when_no_run_is_under_way():
+    """Freeing a tree while a capture is open on any thread would break the
+    capture: an orphan whose last output dies inside another tree's launch
+    (here: the launch drops it, then asks for the orphans to be freed) is
+    freed at the next call, after that run."""
+    trees = ThreadTrees()
+    kept, seen = [], []
+    main = X.Tree(0, backend="sim")
+
+    def graph(x):
+        if kept:  # not in the plain first call: in the warmup, a launch of cgt_run
+            del kept[:]  # the orphan's last output dies inside this launch
+            gc.collect()
+            X.empty_cache(-1)  # asks for the orphans to be freed
+            seen.append(trees.made[0].closed)
+        out = FakeTensor(x.n)
+        X.sim_launch(trees(0).stream, k_affine, out.ptr, x.ptr, x.n, 1.0, 1.0)
+        return (out,)
+
+    seg = segment(main, graph, spans=(16,), name="orphan_in_launch")
+    plain = segment(main, Graph(main, 1.0, 0.0, stream=lambda: trees(0).stream), spans=(16,), name="plain")
+    X.set_tree_getter(trees)
+    try:
+        def work():
+            x = FakeTensor(4).fill([1, 2, 3, 4])
+            for _ in range(3):
+                (y,) = call(plain, x)
+            kept.append(y)
+
+        in_a_thread(work)
+        dead = trees.made[0]
+        dead.orphan()
+        assert not dead.closed
+        x = FakeTensor(4).fill([1, 1, 1, 1])
+        plain_first = kept[:]
+        del kept[:]
+        call(seg, x)  # the plain first call, outside cgt_run
+        kept.extend(plain_first)
+        del plain_first
+        call(seg, x)  # a warmup: the output dies inside its launch
+        assert seen == [False]  # not freed inside the run
+        assert not dead.closed
+        call(plain, x)  # the next call frees it
+        assert dead.closed
+    finally:
+        X.set_tree_getter(None)
+
+
 def test_cudagraph_mark_step_begin_begins_a_step_in_explicit_mode(tree):
     class MarkStepBox:
         mark_step_counter = 0

@@ -112,3 +112,64 @@ def test_a_backwards_trees_are_its_callers_even_where_autograds_thread_once_made
     join_until_gone(t)
     own, trees = found[0]
     assert trees is caller[0] and trees is not own
+
+
+class FakeTree:
+    """What the per-thread dict asks of a tree: orphan(), closed, stats()."""
+
+    def __init__(self, recordings):
+        self.orphans, self.closed, self.recordings = 0, False, recordings
+
+    def orphan(self):
+        self.orphans += 1
+
+    def stats(self):
+        return {"recordings": self.recordings, "pool_reserved_bytes": 0}
+
+
+class FakeStream:
+    cuda_stream = 12345
+
+
+def test_a_threads_trees_are_orphaned_when_the_thread_exits_and_only_then():
+    """The dict of a thread's trees orphans each of them when the thread
+    exits (its threading.local and PyTorch's stash let go of it), so that
+    the C side frees them once no output of theirs lives; while the thread
+    runs, nothing is orphaned."""
+    tree, running, go = FakeTree(1), threading.Event(), threading.Event()
+
+    def work():
+        _install._thread_trees()[0] = (tree, FakeStream())
+        running.set()
+        go.wait(5)
+
+    t = threading.Thread(target=work)
+    t.start()
+    assert running.wait(5)
+    assert tree.orphans == 0  # the thread lives
+    go.set()
+    join_until_gone(t)
+    deadline = time.monotonic() + 5
+    while tree.orphans == 0 and time.monotonic() < deadline:  # the stash goes with the OS thread
+        time.sleep(0.01)
+    assert tree.orphans == 1
+
+
+def test_freed_trees_leave_the_list_of_trees_and_their_counters_stay_in_the_sums():
+    """_install.trees() drops a tree once it is closed (freed), adding its
+    counters to freed_stats(), which cgtree.torch.stats() adds in."""
+    live, freed = FakeTree(2), FakeTree(3)
+    before = _install.freed_stats().get("recordings", 0)
+    with _install._lock:
+        _install._all_trees.extend([(live, FakeStream()), (freed, FakeStream())])
+    try:
+        assert live in _install.trees() and freed in _install.trees()
+        freed.closed = True
+        listed = _install.trees()
+        assert live in listed and freed not in listed
+        assert _install.freed_stats()["recordings"] == before + 3
+        assert _install.freed_stats()["recordings"] == before + 3  # once
+    finally:
+        with _install._lock:
+            _install._all_trees[:] = [e for e in _install._all_trees if e[0] is not live and e[0] is not freed]
+            _install._freed["recordings"] -= 3

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 import warnings
 
 import pytest
@@ -406,7 +407,76 @@ def test_two_threads_calling_compiled_models_at_once_get_correct_results():
     for t in threads:
         t.join()
     assert errors == []
-    assert len(ct._install.trees()) >= 2
+    s = ct.stats()
+    assert s["trees"] + s["trees_freed"] >= 2  # the threads' trees, freed or not yet
+
+
+def trees_freed_after_empty_cache(want, seconds=10.0):
+    """stats()["trees_freed"] once it reaches want, calling empty_cache()
+    (which frees the trees of exited threads nothing names) until then: a
+    thread's trees are orphaned when its OS thread is gone, which comes a
+    little after join()."""
+    deadline = time.monotonic() + seconds
+    while True:
+        ct.empty_cache()
+        got = ct.stats()["trees_freed"]
+        if got >= want or time.monotonic() > deadline:
+            return got
+        time.sleep(0.01)
+
+
+def test_a_thread_per_request_keeps_only_live_threads_trees_and_an_output_it_handed_back_reads_right():
+    """A server that runs a compiled model on a new thread per request: each
+    thread's tree (pool, graphs, stream) is freed once the thread exited and
+    no output of it lives. An output a thread handed back reads right until
+    it dies, and keeps its tree until then; after 12 requests the device
+    memory cgtree holds is what it held after 2."""
+    fresh()
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256)).to(DEV)
+    model.eval()
+    cg = torch.compile(model, backend="cgtree")
+    x = torch.randn(64, 256, device=DEV)
+    with torch.no_grad():
+        want = model(x)
+    handed = []
+
+    def request():
+        with torch.no_grad():
+            for _ in range(4):  # warm-up, recording, replays
+                y = cg(x)
+        handed.append(y)
+
+    def serve():
+        t = threading.Thread(target=request)
+        t.start()
+        t.join()
+        return handed.pop()
+
+    freed = ct.stats()["trees_freed"]
+    kept = serve()
+    time.sleep(0.2)  # the thread is gone: its tree is orphaned, and kept names it
+    ct.empty_cache()
+    assert ct.stats()["trees_freed"] == freed
+    torch.testing.assert_close(kept, want, rtol=0, atol=0)
+    del kept
+    assert trees_freed_after_empty_cache(freed + 1) == freed + 1
+    serve()  # its output dies at once
+    assert trees_freed_after_empty_cache(freed + 2) == freed + 2
+    torch.cuda.synchronize()
+    live_after_2 = ct.stats()["trees"]
+    held_after_2 = ct.memory_stats()["reserved_bytes.all.current"]
+    free_after_2 = torch.cuda.mem_get_info()[0]
+    for _ in range(10):
+        y = serve()
+        torch.testing.assert_close(y, want, rtol=0, atol=0)
+        del y
+    assert trees_freed_after_empty_cache(freed + 12) == freed + 12
+    torch.cuda.synchronize()
+    s = ct.stats()
+    assert s["recordings"] >= 12 and s["trees"] == live_after_2
+    assert all(not t.orphaned for t in ct._install.trees())
+    assert ct.memory_stats()["reserved_bytes.all.current"] <= held_after_2
+    assert torch.cuda.mem_get_info()[0] >= free_after_2 - (8 << 20)  # 10 leaked pools would be far more
 
 
 def test_torch_cond_with_a_device_predicate_matches_inductor():

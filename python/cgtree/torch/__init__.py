@@ -54,6 +54,10 @@ except ImportError as _e:  # a build without CUDA has no cgtree._torch_ext
         thread_trees = trees
 
         @staticmethod
+        def freed_stats():
+            return {}
+
+        @staticmethod
         def set_explicit_steps(on):
             install()
 
@@ -103,15 +107,24 @@ def set_step_mode(mode):
 
 
 def stats():
-    """cgtree's counters summed over devices (recordings, replays, pool figures...)
-    plus the backend's own (outputs made, stale arguments refused, graphs run plainly)."""
+    """cgtree's counters summed over devices and threads (recordings,
+    replays, pool figures...) plus the backend's own (outputs made, stale
+    arguments refused, graphs run plainly). Trees of threads that exited
+    are freed once none of their outputs lives: their counters stay in the
+    sums, and what they held (pool, graphs, nodes) leaves them; ``trees``
+    counts the trees alive, ``trees_freed`` those freed."""
     from .. import _torch_ext
     from ._backend import _segments
 
     total = _torch_ext.zero_stats()  # every key, before the first tree too
-    for tree in _install.trees():
+    for k, v in _install.freed_stats().items():
+        total[k] = total.get(k, 0) + v
+    live = _install.trees()
+    for tree in live:
         for k, v in tree.stats().items():
             total[k] = total.get(k, 0) + v
+    total["trees"] = len(live)
+    total["trees_freed"] = _torch_ext.alloc_figures()["trees_freed"] if installed() else 0
     if installed():  # which uses of DLPack's C exchange API are on (python/_torch_ext/exchange.c)
         for k, v in _torch_ext.exchange_info().items():
             total["exchange_" + k] = v
@@ -168,7 +181,8 @@ def memory_stats(device=None):
     elif isinstance(device, _t.device):
         device = device.index if device.index is not None else _t.cuda.current_device()
     f = _torch_ext.alloc_figures(int(device))
-    pool_peak = pool_reserved = 0
+    freed = _install.freed_stats()  # a freed tree's peak still bounds the peak at one moment
+    pool_peak, pool_reserved = freed.get("pool_peak_bytes", 0) + freed.get("side_pool_peak_bytes", 0), 0
     for tree in _install.trees():
         s = tree.stats()
         pool_peak += s["pool_peak_bytes"] + s["side_pool_peak_bytes"]
@@ -185,10 +199,12 @@ def memory_stats(device=None):
 
 
 def empty_cache():
-    """Give the front cache's blocks back to the driver's stream-ordered
-    pools, and the memory those pools keep cached back to the device, on
-    every device in use (torch.cuda.empty_cache's job; the trees' pools keep
-    their chunks: recorded graphs point into them)."""
+    """Free the trees of threads that exited whose outputs all died (they
+    are freed at the next compiled call anyway), then give the front
+    cache's blocks back to the driver's stream-ordered pools, and the
+    memory those pools keep cached back to the device, on every device in
+    use (torch.cuda.empty_cache's job; the live trees' pools keep their
+    chunks: recorded graphs point into them)."""
     import torch as _t
     from .. import _torch_ext
 

@@ -20,7 +20,8 @@ StaleTensorError = _ext.StaleTensorError
 _lock = threading.Lock()
 _state = {"installed": False, "allocator": None, "error": None, "exchange": None, "exchange_stream": None}
 _local = threading.local()  # per thread: .trees {device: (Tree, torch stream over its stream)}, .explicit
-_all_trees = []  # every (Tree, stream) made, in every thread: the process keeps them (outputs name them)
+_all_trees = []  # every (Tree, stream) of every thread not freed yet (_prune_freed_locked drops the freed)
+_freed = {}  # the counters of freed trees (Tree.stats() at their close), summed
 _blas_ready = set()  # tree streams that have their cuBLAS workspace (prewarm_blas)
 
 
@@ -251,9 +252,28 @@ def _thread_trees():
     trees = getattr(_local, "trees", None)
     if trees is not None:
         return trees
-    trees = _local.trees = {}
+    trees = _local.trees = _ThreadTrees()
     _stash_in_tls(_TLS_KEY, trees)
     return trees
+
+
+class _ThreadTrees(dict):
+    """A thread's trees by device: {device: (Tree, torch stream)}. Only the
+    thread's threading.local and PyTorch's thread-local stash hold it, and
+    both let go when the thread exits: then each tree is orphaned, and
+    freed, graphs, pool and stream, once no output of it lives and no
+    capture is open (python/_torch_ext/tree_close.c). A program that runs
+    compiled models on threads that come and go keeps only the trees of
+    live threads and of outputs it still holds."""
+
+    def __del__(self):
+        if sys.is_finalizing():  # the process ends: CUDA may be gone, nothing is worth freeing
+            return
+        for tree, _ in self.values():
+            try:
+                tree.orphan()
+            except Exception:  # noqa: BLE001 - out of host memory: the tree stays, as before
+                pass
 
 
 def _stash_in_tls(key, obj):
@@ -303,6 +323,7 @@ def tree_for(device):
                 _state["exchange_stream"] = _setup_or_off(lambda: check_exchange_stream(device, stream),
                                                           lambda: None)
             entry = (tree, stream)
+            _prune_freed_locked()
             _all_trees.append(entry)
         trees[device] = entry
     return entry
@@ -348,7 +369,31 @@ def blas_ready(device):
     return tree_for(device)[1].cuda_stream in _blas_ready
 
 
+def _prune_freed_locked():
+    """Drops the trees freed since (their threads exited, their outputs
+    died), their counters added to _freed, their streams to _blas_ready."""
+    kept = []
+    for entry in _all_trees:
+        tree, stream = entry
+        if not tree.closed:
+            kept.append(entry)
+            continue
+        for k, v in tree.stats().items():
+            _freed[k] = _freed.get(k, 0) + v
+        _blas_ready.discard(stream.cuda_stream)
+    _all_trees[:] = kept
+
+
 def trees():
-    """Every tree of every thread."""
+    """Every tree of every thread that is not freed."""
     with _lock:
+        _prune_freed_locked()
         return [t for t, _ in _all_trees]
+
+
+def freed_stats():
+    """The counters of the trees freed so far, summed (their figures of
+    memory held now are 0)."""
+    with _lock:
+        _prune_freed_locked()
+        return dict(_freed)
