@@ -530,6 +530,15 @@ void tx_eager_figures_get(int device, tx_eager_figures *out) {
  * free ordered on the legacy default stream instead: whatever reads it
  * from now on runs on some other stream, as for any block whose stream's
  * work is over. A recorded use of the stream is dropped the same way. */
+/* b's recorded uses of stream go (its work is over). */
+static void forget_stream_locked(eager_block *b, void *stream) {
+  for (size_t i = 0; i < b->n_used;)
+    if (b->used_on[i] == stream)
+      b->used_on[i] = b->used_on[--b->n_used];
+    else
+      i++;
+}
+
 void tx_eager_retire_stream(int device, void *stream) {
   eager_block *out = NULL;
   size_t rehomed = 0;
@@ -538,11 +547,7 @@ void tx_eager_retire_stream(int device, void *stream) {
   HASH_ITER(hh, blocks, b, tmp) {
     if (b->device != device)
       continue;
-    for (size_t i = 0; i < b->n_used;)
-      if (b->used_on[i] == stream)
-        b->used_on[i] = b->used_on[--b->n_used];
-      else
-        i++;
+    forget_stream_locked(b, stream);
     if (b->stream != stream)
       continue;
     if (b->bin) {
@@ -556,9 +561,13 @@ void tx_eager_retire_stream(int device, void *stream) {
       rehomed++;
     }
   }
-  for (b = pending; b; b = b->next_out) /* set aside during a run, given back at the next flush */
-    if (b->device == device && b->stream == stream)
+  for (b = pending; b; b = b->next_out) { /* set aside during a run, given back at the next flush */
+    if (b->device != device)
+      continue;
+    forget_stream_locked(b, stream);
+    if (b->stream == stream)
       b->stream = NULL;
+  }
   fig.blocks_rehomed += rehomed;
   pthread_mutex_unlock(&tx_alloc_mu);
   tx_eager_give_back(out);

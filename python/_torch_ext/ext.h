@@ -390,10 +390,13 @@ struct tx_out_ref {
 };
 void tx_out_ref_queue_drain(void);
 int tx_out_ref_dead(tx_out_ref *r); /* its deleter ran (its storage is gone) */
-/* T's segment runs: r joins T's list (-1 with MemoryError set), and, at
- * T's close, every run leaves its segment and is freed. */
+/* T's segment runs: r joins T's list (-1 with MemoryError set). At T's
+ * close every run leaves its segment and T's list, running no Python
+ * (detach), and once T's C tree is gone they are freed (free; Python may
+ * run then). */
 int tx_tree_run_add(TreeObject *T, struct seg_run *r);
-void tx_tree_runs_drop(TreeObject *T);
+struct seg_run **tx_tree_runs_detach(TreeObject *T, size_t *n);
+void tx_tree_runs_free(struct seg_run **runs, size_t n);
 /* r is a backward's output whose storage lives: a .grad may be on it. */
 static inline int tx_out_ref_live_grad(tx_out_ref *r) { return r->grad && !tx_out_ref_dead(r); }
 extern PyTypeObject SegmentType;

@@ -141,6 +141,7 @@ typedef struct seg_run {
   uint64_t ns_made; /* this call's share of ns_make, so far */
   void *fill_stream; /* where this run's prelaunch writes the generator's state (NULL: the legacy stream) */
   PyObject **grad_seen; /* a weak reference to the object last seen at each of the segment's grad_pos */
+  uint32_t n_grad_seen; /* its length (the segment's n_grad_pos), so that freeing a run needs no segment */
   int outs_side_pool; /* the run at hand was eager: its outputs lie in the tree's side pool */
 } seg_run;
 
@@ -863,11 +864,11 @@ static TreeObject *current_tree(SegmentObject *s) {
     return s->tree;
   if (s->backward) /* autograd's device thread serves every thread's backward: ask each time */
     return tree_from_getter(s);
-  if (tls_epoch != TX.tree_epoch) { /* another getter since: forget its trees */
+  if (tls_epoch != TX.tree_epoch) { /* another getter since, or a tree orphaned (tree_close.c): forget */
     memset(tls_trees, 0, sizeof tls_trees);
     tls_epoch = TX.tree_epoch;
   }
-  if (!tls_trees[dev] || tls_trees[dev]->closed) /* closed: autograd's thread ran a backward of a thread gone */
+  if (!tls_trees[dev])
     tls_trees[dev] = tree_from_getter(s);
   return tls_trees[dev];
 }
@@ -913,11 +914,11 @@ static seg_run *run_for(SegmentObject *s) {
 }
 
 /* Frees a run's own memory and references, but for its segment's
- * reference (which a registered run holds for the tree). */
+ * reference (which a registered run holds for the tree); reads nothing of
+ * the segment, which may be gone. */
 static void run_free(seg_run *r) {
-  SegmentObject *s = r->s;
   free(r->args), free(r->ptrs), free(r->offs), free(r->outs);
-  for (uint32_t j = 0; r->grad_seen && j < s->n_grad_pos; j++)
+  for (uint32_t j = 0; r->grad_seen && j < r->n_grad_seen; j++)
     Py_XDECREF(r->grad_seen[j]);
   free(r->grad_seen);
   Py_XDECREF(r->exc_type), Py_XDECREF(r->exc_value), Py_XDECREF(r->exc_tb);
@@ -950,26 +951,34 @@ static void tree_run_forget(TreeObject *T, seg_run *r) {
 }
 
 /* T closes (tree_close.c): its C tree, which calls back into these runs,
- * is about to go, so each run leaves its segment, and a registered run
- * gives back the reference the tree held to its segment. The caller holds
- * a reference to T. */
-void tx_tree_runs_drop(TreeObject *T) {
+ * is about to go. First, running no Python: each run leaves its segment
+ * (so no segment, should it die, frees it), and T's list; the runs come
+ * back to the caller. */
+struct seg_run **tx_tree_runs_detach(TreeObject *T, size_t *n) {
   seg_run **runs = T->runs;
-  size_t n = T->n_runs;
+  *n = T->n_runs;
   T->runs = NULL;
   T->n_runs = T->cap_runs = 0;
-  for (size_t i = 0; i < n; i++) {
-    seg_run *r = runs[i];
-    SegmentObject *s = r->s;
+  for (size_t i = 0; i < *n; i++) {
+    SegmentObject *s = runs[i]->s;
     for (size_t j = 0; j < s->n_runs; j++)
-      if (s->runs[j] == r) {
+      if (s->runs[j] == runs[i]) {
         s->runs[j] = s->runs[--s->n_runs];
         break;
       }
-    int registered = r->registered;
+  }
+  return runs;
+}
+
+/* Then, the C tree gone, each run is freed, and a registered run gives
+ * back the reference the tree held to its segment (which kept the segment
+ * alive until here). Python may run. */
+void tx_tree_runs_free(struct seg_run **runs, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    seg_run *r = runs[i];
+    SegmentObject *s = r->registered ? r->s : NULL;
     run_free(r);
-    if (registered)
-      Py_DECREF(s); /* may free s: r is off its list already */
+    Py_XDECREF(s);
   }
   free(runs);
 }
@@ -1016,9 +1025,12 @@ fail:
  * parameters as the last costs one comparison per position. */
 static int note_grad_leaves(seg_run *r, PyObject *const *args) {
   SegmentObject *s = r->s;
-  if (!r->grad_seen && !(r->grad_seen = calloc(s->n_grad_pos, sizeof *r->grad_seen))) {
-    PyErr_NoMemory();
-    return -1;
+  if (!r->grad_seen) {
+    if (!(r->grad_seen = calloc(s->n_grad_pos, sizeof *r->grad_seen))) {
+      PyErr_NoMemory();
+      return -1;
+    }
+    r->n_grad_seen = s->n_grad_pos;
   }
   for (uint32_t j = 0; j < s->n_grad_pos; j++) {
     PyObject *o = args[s->grad_pos[j]];

@@ -14,12 +14,17 @@
  *      tree (tx_tree_orphan). No call comes to an orphan again: the tree
  *      getter hands out the calling thread's trees, and autograd's device
  *      thread runs a backward on the trees of the thread that called
- *      backward(), which is alive while it waits for it.
+ *      backward(), which is alive while it waits for it. A thread's cache
+ *      of trees (segment.c) may hold another thread's (a forward run under
+ *      a backward's copied stash), so orphaning one moves the getter's
+ *      epoch: every thread asks the getter again before its next call.
  *   2. No output of the tree lives. An output tensor's deleter names its tree
  *      (its tx_out_ref), and so may a backward of the thread's forwards (its
  *      saved activations are outputs), so the tree stays while any record of
  *      an output is unfreed (T->out_refs, counted down by the drain of dead
- *      outputs, segment.c).
+ *      outputs, segment.c). An output whose tensor PyTorch failed to make
+ *      keeps its record, and so its tree, for good: PyTorch may or may not
+ *      have taken it.
  *   3. No capture is open: freeing graphs, pools and the stream while some
  *      thread's stream captures would invalidate that capture (CUDA refuses
  *      such calls during a global-mode capture). Every capture of ours
@@ -32,19 +37,28 @@
  * never where the orphaning happens: that is a thread's exit or a
  * finaliser, at any moment of any thread, where freeing device memory could
  * meet a capture that is not ours (torch.cuda.graph in another thread).
- * Closing a tree synchronises its stream, drops
- * every segment's run in it (each run leaves its segment, and a registered
- * segment loses the reference the tree held on it), retires its stream in
- * eager.c (blocks allocated on it outside the pool are freed on the legacy
- * stream from then on), keeps its counters, and destroys the C tree: its
- * graphs, its pools' memory, its stream. What is left is a husk of a few
- * hundred bytes that reports the counters at its close; cgtree.torch drops
- * it from its list of trees, folding its counters into the process's
- * totals.
+ * Closing a tree takes every segment's run in it
+ * out of its segment, running no Python; synchronises its stream; retires
+ * that stream in eager.c if the tree made it (blocks allocated on it
+ * outside the pool are freed on the legacy stream from then on; a stream
+ * handed in, in explicit mode, is PyTorch's and stays); keeps its counters;
+ * and destroys the C tree: its graphs, its pools' memory, its stream. Only
+ * then are the runs freed, each registered segment losing the reference
+ * the tree held on it; that may run Python (a segment dies, and with it
+ * what it held), where another thread may take the GIL, so the next orphan
+ * is freed only after asking again whether a run is under way. What is
+ * left is a husk of a few hundred bytes that reports the counters at its
+ * close; cgtree.torch drops it from its list of trees, folding its
+ * counters into the process's totals. The synchronisation and the frees
+ * happen under the GIL, in the call that found the orphan, once per
+ * exited thread.
  *
- * Tests: test_torch_ext_sim.py ("exited thread") on the simulator,
- * test_torch_threads.py (the dict orphans its trees at the thread's exit)
- * and test_torch_backend.py on the GPU.
+ * Tests: test_torch_ext_sim.py (an exited thread's tree, an orphan while a
+ * run is under way, runs whose segments hold each other, a thread that
+ * cached another's tree, the stream retired and the pool's bytes in use)
+ * on the simulator, test_torch_threads.py (the dict orphans its trees at
+ * the thread's exit), test_torch_trust.py (a thread per request) on the
+ * GPU.
  */
 #include "ext.h"
 
@@ -57,9 +71,11 @@ static int closing; /* a close under way: dropping a segment may run Python, whi
 uint64_t tx_trees_closed(void) { return closed_count; }
 
 static void tree_close(TreeObject *T) {
+  size_t n_runs = 0;
+  struct seg_run **runs = tx_tree_runs_detach(T, &n_runs); /* no Python runs until the C tree is gone */
   (void)cgt_sync(T->tree); /* its stream's work is over: its blocks may be retired */
-  tx_tree_runs_drop(T);
-  tx_eager_retire_stream(T->on_simulator ? -1 : T->device, T->stream);
+  if (T->blocking) /* a stream the tree made, which it destroys; one handed in (explicit mode) stays */
+    tx_eager_retire_stream(T->on_simulator ? -1 : T->device, T->stream);
   (void)cgt_tree_stats(T->tree, &T->last_stats);
   tx_alloc_note_pool_in_use(&T->pool_in_use_reported, 0);
   cgt_tree_destroy(T->tree);
@@ -68,17 +84,22 @@ static void tree_close(TreeObject *T) {
   tx_event_destroy(T->ev_out);
   T->ev_in = T->ev_out = NULL;
   tx_step_outputs_free(T);
-  Py_CLEAR(T->grad_leaves);
+  PyObject *leaves = T->grad_leaves;
+  T->grad_leaves = NULL;
   T->closed = 1;
   closed_count++;
+  tx_tree_runs_free(runs, n_runs); /* Python may run from here on */
+  Py_XDECREF(leaves);
 }
 
 void tx_trees_close_pending(void) {
-  if (closing || !tx_alloc_idle())
+  if (closing)
     return;
   closing = 1;
   tx_out_ref_queue_drain(); /* outputs that died since the last drain */
-  for (size_t i = 0; i < tx_trees_orphaned;) {
+  /* Asked again before each tree: freeing one runs Python, where another
+   * thread may take the GIL and begin a run. */
+  for (size_t i = 0; i < tx_trees_orphaned && tx_alloc_idle();) {
     TreeObject *T = orphans[i];
     if (T->out_refs) {
       i++;
@@ -106,5 +127,6 @@ int tx_tree_orphan(TreeObject *T) {
   }
   T->orphaned = 1;
   orphans[tx_trees_orphaned++] = (TreeObject *)Py_NewRef((PyObject *)T);
+  TX.tree_epoch++; /* every thread asks the getter again: no cached pointer to T outlives this */
   return 0; /* freed later, from a call of ours: not from a thread's exit or a finaliser */
 }

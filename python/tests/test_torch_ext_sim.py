@@ -1019,6 +1019,159 @@ def test_an_orphan_is_freed_only_when_no_run_is_under_way():
         X.set_tree_getter(None)
 
 
+def test_freeing_a_tree_frees_its_segments_runs_even_where_one_segment_holds_the_other(tree):
+    """A tree's runs are freed after its C tree, in an order where dropping
+    one segment (the tree held it) may free another whose run is in the
+    same tree: here s2, whose first call failed (a run never registered),
+    dies with s1's graph. Neither is freed twice nor read once freed."""
+    trees = ThreadTrees()
+
+    class Raising:
+        def __call__(self, x):
+            raise ValueError("its first call fails")
+
+    g1 = Graph(tree, 2.0, 1.0, stream=lambda: trees(0).stream)
+    s1 = segment(tree, g1, spans=(16,), name="holder")
+    s2 = segment(tree, Raising(), spans=(16,), name="held")
+    g1.keep = s2  # s2 dies with s1
+    gone = weakref.ref(g1)
+    X.set_tree_getter(trees)
+    try:
+        def work():
+            x = FakeTensor(4).fill([1, 2, 3, 4])
+            for _ in range(3):
+                call(s1, x)  # registered in the thread's tree
+            with pytest.raises(ValueError):
+                call(s2, x)  # a run that never registered, in the same tree
+
+        in_a_thread(work)
+        (dead,) = trees.made
+        del s1, s2, g1  # only the thread's tree holds s1 now
+        gc.collect()
+        assert gone() is not None
+        dead.orphan()
+        X.empty_cache(-1)
+        assert dead.closed
+        gc.collect()
+        assert gone() is None  # s1 went with the tree, and s2 with it
+    finally:
+        X.set_tree_getter(None)
+
+
+def test_a_thread_that_cached_another_threads_tree_asks_again_once_that_tree_is_orphaned(tree):
+    """A forward run on a thread from another thread's trees (autograd's
+    thread under a backward's copied stash) leaves that tree in the
+    thread's cache of trees. Once that tree is orphaned (and freed, its
+    memory free to become another tree) the thread must ask the getter
+    again, not run on what the cache points at."""
+    import queue
+    import threading
+
+    work_q, done_q = queue.Queue(), queue.Queue()
+
+    def worker():
+        while True:
+            f = work_q.get()
+            if f is None:
+                return
+            try:
+                done_q.put(("ok", f()))
+            except BaseException as e:  # noqa: BLE001 - handed to the test
+                done_q.put(("error", e))
+
+    def on_worker(f):
+        work_q.put(f)
+        kind, got = done_q.get(timeout=30)
+        if kind == "error":
+            raise got
+        return got
+
+    w = threading.Thread(target=worker, daemon=True)
+    w.start()
+    stash, local = {"tree": None}, threading.local()
+
+    def getter(device):
+        if threading.current_thread() is w:
+            return stash["tree"]
+        if not hasattr(local, "tree"):
+            local.tree = X.Tree(0, backend="sim")
+        return local.tree
+
+    seg = segment(tree, Graph(tree, 2.0, 1.0, stream=lambda: getter(0).stream), spans=(16,), name="cached")
+    X.set_tree_getter(getter)
+    try:
+        made = []
+
+        def thread_a():
+            a = getter(0)
+            made.append(a)
+            x = FakeTensor(4).fill([1, 2, 3, 4])
+            for _ in range(3):
+                call(seg, x)
+            stash["tree"] = a  # the worker runs under A's trees
+            on_worker(lambda: call(seg, FakeTensor(4).fill([1, 1, 1, 1]))[0].values())
+
+        in_a_thread(thread_a)
+        a = made.pop()
+        a.orphan()
+        X.empty_cache(-1)
+        assert a.closed
+        stash["tree"] = None
+        del a  # its memory is free: the next tree made may lie where it lay
+        gc.collect()
+        other = X.Tree(0, backend="sim")
+        b = X.Tree(0, backend="sim")
+        stash["tree"] = b  # what the worker's getter says now
+        got = on_worker(lambda: call(seg, FakeTensor(4).fill([1, 1, 1, 1]))[0].values())
+        assert got == [3, 3, 3, 3]
+        assert b.stats()["runs"] >= 1 and other.stats()["runs"] == 0  # it asked, and ran on b
+    finally:
+        X.set_tree_getter(None)
+        work_q.put(None)
+
+
+def test_freeing_a_tree_retires_its_stream_and_takes_its_pool_out_of_the_bytes_in_use(tree):
+    """Eager blocks allocated on a freed tree's stream (outside any launch):
+    a cached one goes back to the driver before the stream goes, a live one
+    is freed on the legacy stream from then on (it then serves allocations
+    there); and alloc.c's count of pool bytes in use loses the tree's."""
+    trees = ThreadTrees()
+    seg = segment(tree, Graph(tree, 2.0, 1.0, stream=lambda: trees(0).stream), spans=(16,), name="retire")
+    X.set_tree_getter(trees)
+    blocks = {}
+    try:
+        def work():
+            x = FakeTensor(4).fill([1, 2, 3, 4])
+            for _ in range(3):
+                (blocks["y"],) = call(seg, x)  # alive: in the pool bytes the tree reported after its run
+            stream = trees(0).stream
+            blocks["live"] = _lib.cgt_torch_alloc(4096, -1, stream)
+            cached = _lib.cgt_torch_alloc(4096, -1, stream)
+            _lib.cgt_torch_free(cached, 4096, -1, stream)  # into the front cache, under the tree's stream
+            blocks["cached"] = cached
+
+        in_a_thread(work)
+        (dead,) = trees.made
+        in_use = dead.stats()["pool_allocated_bytes"]  # what its last run reported
+        assert in_use > 0
+        del blocks["y"]
+        gc.collect()
+        f0 = X.alloc_figures(-1)
+        dead.orphan()
+        X.empty_cache(-1)  # frees the tree first, then drains what is left of the front cache
+        f1 = X.alloc_figures(-1)
+        assert dead.closed
+        assert f1["blocks_rehomed"] == f0["blocks_rehomed"] + 1
+        assert f0["pool_in_use"] - f1["pool_in_use"] == in_use
+        live = blocks["live"]
+        _lib.cgt_torch_free(live, 4096, -1, None)  # its free now goes to the legacy stream's cache
+        again = _lib.cgt_torch_alloc(4096, -1, None)
+        assert again == live  # served from the front cache under (host, legacy stream, 4096)
+        _lib.cgt_torch_free(again, 4096, -1, None)
+    finally:
+        X.set_tree_getter(None)
+
+
 def test_cudagraph_mark_step_begin_begins_a_step_in_explicit_mode(tree):
     class MarkStepBox:
         mark_step_counter = 0

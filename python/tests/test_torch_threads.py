@@ -157,9 +157,9 @@ def test_a_threads_trees_are_orphaned_when_the_thread_exits_and_only_then():
 
 def test_freed_trees_leave_the_list_of_trees_and_their_counters_stay_in_the_sums():
     """_install.trees() drops a tree once it is closed (freed), adding its
-    counters to freed_stats(), which cgtree.torch.stats() adds in."""
+    counters to the freed trees' sums, which cgtree.torch.stats() adds in."""
     live, freed = FakeTree(2), FakeTree(3)
-    before = _install.freed_stats().get("recordings", 0)
+    before = _install.trees_and_freed_stats()[1].get("recordings", 0)
     with _install._lock:
         _install._all_trees.extend([(live, FakeStream()), (freed, FakeStream())])
     try:
@@ -167,8 +167,8 @@ def test_freed_trees_leave_the_list_of_trees_and_their_counters_stay_in_the_sums
         freed.closed = True
         listed = _install.trees()
         assert live in listed and freed not in listed
-        assert _install.freed_stats()["recordings"] == before + 3
-        assert _install.freed_stats()["recordings"] == before + 3  # once
+        assert _install.trees_and_freed_stats()[1]["recordings"] == before + 3
+        assert _install.trees_and_freed_stats()[1]["recordings"] == before + 3  # once
     finally:
         with _install._lock:
             _install._all_trees[:] = [e for e in _install._all_trees if e[0] is not live and e[0] is not freed]

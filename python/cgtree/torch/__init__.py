@@ -54,8 +54,8 @@ except ImportError as _e:  # a build without CUDA has no cgtree._torch_ext
         thread_trees = trees
 
         @staticmethod
-        def freed_stats():
-            return {}
+        def trees_and_freed_stats():
+            return [], {}
 
         @staticmethod
         def set_explicit_steps(on):
@@ -117,10 +117,10 @@ def stats():
     from ._backend import _segments
 
     total = _torch_ext.zero_stats()  # every key, before the first tree too
-    for k, v in _install.freed_stats().items():
+    live, freed = _install.trees_and_freed_stats()
+    for k, v in freed.items():
         total[k] = total.get(k, 0) + v
-    live = _install.trees()
-    for tree in live:
+    for tree in live:  # one freed since gives its counters at its close
         for k, v in tree.stats().items():
             total[k] = total.get(k, 0) + v
     total["trees"] = len(live)
@@ -137,7 +137,13 @@ def nodes():
     """Every node of every tree: id, parent, segment, state, replays..."""
     out = []
     for tree in _install.trees():
-        for n in tree.nodes():
+        try:
+            nodes = tree.nodes()
+        except CgtreeError:
+            if tree.closed:  # freed since (its thread exited): it has no nodes
+                continue
+            raise
+        for n in nodes:
             n["device"] = tree.device
             out.append(n)
     return out
@@ -169,10 +175,11 @@ def memory_stats(device=None):
     given back to the driver's pools.
 
     cgtree's own figures keep their names: eager_* for memory outside the
-    pool (parameters, inputs, eager ops), pool_* for the trees' pools,
+    pool (parameters, inputs, eager ops), pool_* for the pools of the
+    trees alive (a freed tree's, of a thread that exited, hold nothing),
     peak_bytes (= allocated_bytes.all.peak) and peak_bytes_bound =
     eager_peak + pool_peak (two peaks that may come at different moments:
-    an upper bound)."""
+    an upper bound while no tree was freed)."""
     import torch as _t
     from .. import _torch_ext
 
@@ -181,9 +188,8 @@ def memory_stats(device=None):
     elif isinstance(device, _t.device):
         device = device.index if device.index is not None else _t.cuda.current_device()
     f = _torch_ext.alloc_figures(int(device))
-    freed = _install.freed_stats()  # a freed tree's peak still bounds the peak at one moment
-    pool_peak, pool_reserved = freed.get("pool_peak_bytes", 0) + freed.get("side_pool_peak_bytes", 0), 0
-    for tree in _install.trees():
+    pool_peak = pool_reserved = 0
+    for tree in _install.trees():  # trees alive (a freed tree holds nothing)
         s = tree.stats()
         pool_peak += s["pool_peak_bytes"] + s["side_pool_peak_bytes"]
         pool_reserved += s["pool_reserved_bytes"]

@@ -391,9 +391,10 @@ def trees():
         return [t for t, _ in _all_trees]
 
 
-def freed_stats():
-    """The counters of the trees freed so far, summed (their figures of
-    memory held now are 0)."""
+def trees_and_freed_stats():
+    """The trees not freed, and the counters of those freed so far, summed
+    (their figures of memory held now are 0), at one moment: a tree freed
+    meanwhile is in one or the other, never both or neither."""
     with _lock:
         _prune_freed_locked()
-        return dict(_freed)
+        return [t for t, _ in _all_trees], dict(_freed)
