@@ -3,13 +3,14 @@
 # package (CUDA), run the torch backend's pytest cases, then the side-by-side
 # benchmark. Logs and results go to $OUT (default /tmp/out).
 #
-#   bash bench/torch_gpu.sh [tests,memcheck,cold,parts,bench,train,ddp] [EXAMPLES]
+#   bash bench/torch_gpu.sh [tests,memcheck,cold,parts,bench,train,churn,ddp] [EXAMPLES]
 # memcheck: torch GPU tests under compute-sanitizer memcheck (MEMCHECK_TESTS, MEMCHECK_K).
 # autograd: bench/torch_compiled_autograd.py, each order in a process with empty caches (is the graph reproducible?).
 # cold: the backward-thread test with empty Inductor and Triton caches, COLD_RUNS times, a process each.
 # lifetime: bench/torch_saved_lifetime.py, plainly and under compute-sanitizer with and without host backtraces (when saved activations die).
 # parts: bench/torch_segment_parts.py, the GPT-2 segment's time part by part.
 # train: bench/torch_train.py, training steps (models in TRAIN_MODELS, options in TRAIN_ARGS).
+# churn: bench/torch_thread_churn.py, a thread per request, trees freed and trees kept (CHURN_REQUESTS).
 # ddp: bench/torch_ddp.py, DistributedDataParallel on two GPUs (DDP_ARGS: its options).
 # tests: TEST_FILES picks the pytest files, e.g. TEST_FILES=python/tests/test_torch_ddp.py (two GPUs).
 # meson-python is not needed: the build tree's extensions are copied beside
@@ -116,6 +117,15 @@ if [[ $what == *parts* ]]; then
 fi
 if [[ $what == *bench* ]]; then
   for e in "${EX[@]:1}"; do bench "$e"; done
+fi
+if [[ $what == *churn* ]]; then
+  # bench/torch_thread_churn.py: a thread per request; each mode in a process of its own
+  for keep in "" "--keep"; do
+    timeout 200 python3 bench/torch_thread_churn.py --requests "${CHURN_REQUESTS:-40}" $keep \
+      --out "$OUT/torch_churn.jsonl" >> "$OUT/churn.log" 2>&1
+    echo "churn ${keep:-free} rc=$?"
+  done
+  grep -E "^\||trees|largest" "$OUT/churn.log"
 fi
 if [[ $what == *train* ]]; then
   # bench/torch_train.py: training steps, eager / Inductor / reduce-overhead / cgtree (TRAIN_MODELS)
