@@ -740,6 +740,51 @@ static void test_segment_declared_uncapturable_runs_eagerly_from_its_first_run(v
     }
 }
 
+/* docs/api.md, cgt_launch_input: a DYNAMIC argument is a placeholder in the
+ * pool in warmups and recordings, and the caller's own memory in an eager
+ * run (CGT_MODE_EAGER, a node that runs eagerly). So is a VALUE of the side
+ * pool, which counts as DYNAMIC. */
+static void test_a_dynamic_argument_is_a_placeholder_in_warmups_and_recordings_and_itself_in_eager_runs(void **state) {
+  (void)state;
+  float h[N], e[N];
+  for (int i = 0; i < N; i++)
+    h[i] = (float)i;
+  affine_host(h, 2, 1, e, N);
+  float *x = test_dev_floats(h, N);
+  const cgt_arg dyn = cgt_arg_dynamic(x, N * sizeof(float));
+  for (int m = 0; m < 2; m++) {
+    cgt_tree *t = test_tree_new(m ? CGT_MODE_EAGER : CGT_MODE_TREE, NULL);
+    test_affine u = {.a = 2, .b = 1, .n = N}, eager = {.a = 1, .b = 0, .n = N};
+    cgt_segment s = test_register_affine(t, "dyn", &u);
+    cgt_segment se = test_register_affine_flags(t, "eager", &eager, CGT_SEGMENT_NO_CAPTURE);
+    for (int step = 0; step < 2; step++) { /* a warmup, then a recording (tree mode) */
+      CHECK_OK(t, cgt_step_begin(t));
+      expect_floats(t, run1(t, s, 0, dyn), e, N);
+      if (m)
+        assert_ptr_equal(u.input, x);
+      else
+        assert_ptr_not_equal(u.input, x);
+      cgt_value v = run1(t, se, 0, dyn); /* an eager node (tree mode) or an eager run */
+      assert_ptr_equal(eager.input, x);
+      expect_floats(t, v, h, N);
+      /* v lies in the side pool in tree mode: passed on, it counts as DYNAMIC */
+      cgt_value w = run1(t, s, 1, cgt_arg_value(v));
+      expect_floats(t, w, e, N);
+      void *vp = NULL;
+      size_t vb = 0;
+      CHECK_OK(t, cgt_value_ptr(t, v, &vp, &vb));
+      if (m)
+        assert_ptr_equal(u.input, vp);
+      else
+        assert_ptr_not_equal(u.input, vp);
+    }
+    assert_int_equal(test_stats(t).recordings, m ? 0 : 2);
+    CHECK_OK(t, cgt_sync(t));
+    test_tree_free(t);
+  }
+  test_dev_free(x);
+}
+
 /* ---------------------------------------------------- zero means default */
 
 static void zero_options_program(cgt_tree *t, float *x[3]) {
@@ -1300,6 +1345,7 @@ const struct CMUnitTest scenario_tests[] = {
     cmocka_unit_test(test_segment_that_returns_the_error_of_its_illegal_call_becomes_eager_and_children_record),
     cmocka_unit_test(test_fresh_tree_after_a_failed_capture_records_and_replays),
     cmocka_unit_test(test_segment_declared_uncapturable_runs_eagerly_from_its_first_run),
+    cmocka_unit_test(test_a_dynamic_argument_is_a_placeholder_in_warmups_and_recordings_and_itself_in_eager_runs),
     cmocka_unit_test(test_all_zero_options_behave_like_the_defaults_except_warmup),
     cmocka_unit_test(test_outputs_that_alias_inputs_replay_with_the_right_data),
     cmocka_unit_test(test_warmup_runs_zero_records_at_the_first_visit),

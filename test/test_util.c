@@ -104,6 +104,7 @@ static cgt_status do_illegal(cgt_launch *l, const test_affine *u, float *scratch
 static cgt_status launch_affine(cgt_launch *l, void *user) {
   test_affine *u = user;
   u->calls++;
+  u->input = cgt_launch_input(l, 0);
   void *out;
   cgt_status st = cgt_launch_alloc(l, u->n * sizeof(float), &out);
   if (st != CGT_OK)

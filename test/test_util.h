@@ -57,6 +57,7 @@ typedef struct test_affine {
   int illegal;         /* 1..4: call the kernel table's illegal_* op (1 stream sync, 2 malloc, 3 memcpy, 4 device sync) */
   int check_illegal;   /* return the illegal op's error, as careful code does, instead of ignoring it */
   int calls;           /* how often the launch function ran (warmup, record, eager) */
+  const void *input;   /* affine: cgt_launch_input(l, 0) at its last call */
 } test_affine;
 
 cgt_segment test_register_affine(cgt_tree *t, const char *name, test_affine *u);
