@@ -220,8 +220,8 @@ typedef struct TreeObject {
   Py_ssize_t grad_leaves_pruned;
   uint64_t grads_moved;
   /* Lifetime (tree_close.c). */
-  int orphaned;            /* its thread exited: no call will come but a backward of outputs still alive */
-  int closed;              /* its C tree and pools are gone; a husk that reports last_stats */
+  char orphaned;           /* its thread exited: no call will come but a backward of outputs still alive */
+  char closed;             /* its C tree and pools are gone; a husk that reports last_stats (both: T_BOOL members) */
   uint64_t out_refs;       /* output records (tx_out_ref) not yet freed: tensors that may name the tree */
   struct seg_run **runs;   /* the segments' runs in this tree (segment.c), dropped at its close */
   size_t n_runs, cap_runs;

@@ -25,6 +25,8 @@
 
 #include "cgtree_sim.h"
 
+#include <structmember.h>
+
 tx_py TX;
 PyObject *TxError, *TxStaleError;
 
@@ -485,10 +487,6 @@ static PyObject *tree_get_stream(TreeObject *T, void *c) {
   (void)c;
   return PyLong_FromVoidPtr(T->stream);
 }
-static PyObject *tree_get_device(TreeObject *T, void *c) {
-  (void)c;
-  return PyLong_FromLong(T->device);
-}
 static PyObject *tree_get_step(TreeObject *T, void *c) {
   (void)c;
   return PyLong_FromUnsignedLongLong(T->step);
@@ -522,16 +520,6 @@ static PyObject *tree_orphan(TreeObject *T, PyObject *unused) {
   Py_RETURN_NONE;
 }
 
-static PyObject *tree_get_closed(TreeObject *T, void *c) {
-  (void)c;
-  return PyBool_FromLong(T->closed);
-}
-
-static PyObject *tree_get_orphaned(TreeObject *T, void *c) {
-  (void)c;
-  return PyBool_FromLong(T->orphaned);
-}
-
 /* Tests: the simulator's device holds at most `limit` bytes (SIZE_MAX: no limit). */
 static PyObject *tree_sim_set_device_limit(TreeObject *T, PyObject *arg) {
   if (!tree_ready(T))
@@ -563,15 +551,20 @@ static PyMethodDef tree_methods[] = {
 
 static PyGetSetDef tree_getset[] = {
     {"stream", (getter)tree_get_stream, NULL, "the tree's cudaStream_t as an int", NULL},
-    {"device", (getter)tree_get_device, NULL, "CUDA device ordinal", NULL},
     {"step", (getter)tree_get_step, NULL, "steps begun so far", NULL},
-    {"closed", (getter)tree_get_closed, NULL, "True once the tree was freed (orphan()); stats() then gives its "
-     "counters at that moment", NULL},
-    {"orphaned", (getter)tree_get_orphaned, NULL, "True once orphan() was called", NULL},
     {"explicit_steps", (getter)tree_get_explicit, (setter)tree_set_explicit,
      "False: a step begins at every call of a compiled model (Dynamo's counter moved); True: only at step_begin() "
      "and torch.compiler.cudagraph_mark_step_begin()", NULL},
     {NULL, NULL, NULL, NULL, NULL},
+};
+
+/* Plain fields, read only. */
+static PyMemberDef tree_members[] = {
+    {"device", T_INT, offsetof(TreeObject, device), READONLY, "CUDA device ordinal"},
+    {"closed", T_BOOL, offsetof(TreeObject, closed), READONLY,
+     "True once the tree was freed (orphan()); stats() then gives its counters at that moment"},
+    {"orphaned", T_BOOL, offsetof(TreeObject, orphaned), READONLY, "True once orphan() was called"},
+    {NULL, 0, 0, 0, NULL},
 };
 
 PyTypeObject TreeType = {
@@ -584,6 +577,7 @@ PyTypeObject TreeType = {
     .tp_dealloc = (destructor)tree_dealloc,
     .tp_methods = tree_methods,
     .tp_getset = tree_getset,
+    .tp_members = tree_members,
 };
 
 /* ------------------------------------------------------- functions */

@@ -873,6 +873,19 @@ static TreeObject *current_tree(SegmentObject *s) {
   return tls_trees[dev];
 }
 
+/* Frees a run's own memory and references, but for its segment's
+ * reference (which a registered run holds for the tree); reads nothing of
+ * the segment, which may be gone. */
+static void run_free(seg_run *r) {
+  free(r->args), free(r->ptrs), free(r->offs), free(r->outs);
+  for (uint32_t j = 0; r->grad_seen && j < r->n_grad_seen; j++)
+    Py_XDECREF(r->grad_seen[j]);
+  free(r->grad_seen);
+  Py_XDECREF(r->exc_type), Py_XDECREF(r->exc_value), Py_XDECREF(r->exc_tb);
+  Py_XDECREF(r->tree);
+  free(r);
+}
+
 /* The segment's run in the calling thread's tree, made at its first use. */
 static seg_run *run_for(SegmentObject *s) {
   TreeObject *T = current_tree(s);
@@ -887,43 +900,23 @@ static seg_run *run_for(SegmentObject *s) {
       return s->runs[i];
   seg_run *r = calloc(1, sizeof *r);
   seg_run **grown = r ? realloc(s->runs, (s->n_runs + 1) * sizeof *grown) : NULL;
+  if (grown)
+    s->runs = grown; /* one slot more than used: harmless if r fails below */
   if (r) {
     r->args = calloc(s->n_args + 1, sizeof *r->args);
     r->ptrs = calloc(s->n_args + 1, sizeof *r->ptrs);
     r->offs = calloc(s->n_args + 1, sizeof *r->offs);
   }
-  if (!r || !grown || !r->args || !r->ptrs || !r->offs) {
-    if (grown)
-      s->runs = grown;
+  if (!r || !grown || !r->args || !r->ptrs || !r->offs || tx_tree_run_add(T, r) < 0) {
     if (r)
-      free(r->args), free(r->ptrs), free(r->offs);
-    free(r);
+      run_free(r); /* nothing but its arrays yet: no tree, no reference */
     PyErr_NoMemory();
-    return NULL;
-  }
-  s->runs = grown;
-  if (tx_tree_run_add(T, r) < 0) {
-    free(r->args), free(r->ptrs), free(r->offs);
-    free(r);
     return NULL;
   }
   r->s = s;
   r->tree = (TreeObject *)Py_NewRef((PyObject *)T);
   s->runs[s->n_runs++] = r;
   return r;
-}
-
-/* Frees a run's own memory and references, but for its segment's
- * reference (which a registered run holds for the tree); reads nothing of
- * the segment, which may be gone. */
-static void run_free(seg_run *r) {
-  free(r->args), free(r->ptrs), free(r->offs), free(r->outs);
-  for (uint32_t j = 0; r->grad_seen && j < r->n_grad_seen; j++)
-    Py_XDECREF(r->grad_seen[j]);
-  free(r->grad_seen);
-  Py_XDECREF(r->exc_type), Py_XDECREF(r->exc_value), Py_XDECREF(r->exc_tb);
-  Py_XDECREF(r->tree);
-  free(r);
 }
 
 int tx_tree_run_add(TreeObject *T, seg_run *r) {

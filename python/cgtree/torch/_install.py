@@ -371,7 +371,8 @@ def blas_ready(device):
 
 def _prune_freed_locked():
     """Drops the trees freed since (their threads exited, their outputs
-    died), their counters added to _freed, their streams to _blas_ready."""
+    died): their counters are added to _freed, their streams leave
+    _blas_ready."""
     kept = []
     for entry in _all_trees:
         tree, stream = entry
