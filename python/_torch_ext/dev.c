@@ -10,11 +10,16 @@
  */
 #include "ext.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #ifdef CGT_HAVE_CUDA
 #include <cuda_runtime.h>
 #endif
+
+static atomic_size_t events_live; /* the free path makes and destroys events without the GIL */
+
+size_t tx_events_live(void) { return atomic_load_explicit(&events_live, memory_order_relaxed); }
 
 void *tx_event_create(void) {
 #ifdef CGT_HAVE_CUDA
@@ -23,6 +28,7 @@ void *tx_event_create(void) {
     (void)cudaGetLastError();
     return NULL;
   }
+  atomic_fetch_add_explicit(&events_live, 1, memory_order_relaxed);
   return e;
 #else
   return NULL;
@@ -31,8 +37,10 @@ void *tx_event_create(void) {
 
 void tx_event_destroy(void *event) {
 #ifdef CGT_HAVE_CUDA
-  if (event)
+  if (event) {
     cudaEventDestroy((cudaEvent_t)event);
+    atomic_fetch_sub_explicit(&events_live, 1, memory_order_relaxed);
+  }
 #else
   (void)event;
 #endif
@@ -201,7 +209,7 @@ void tx_dev_stream_after(void *waiter, void *signaller, int device) {
     void *e = tx_event_create();
     if (e) {
       tx_stream_wait(waiter, signaller, e);
-      cudaEventDestroy((cudaEvent_t)e); /* released once the wait is done */
+      tx_event_destroy(e); /* released once the wait is done */
     } else {
       cudaStreamSynchronize((cudaStream_t)signaller); /* no event: the slow way, still ordered */
     }

@@ -157,6 +157,7 @@ static inline PyObject *tx_weakref_get(PyObject *w) {
 
 /* ------------------------------------------------------------- dev.c */
 
+size_t tx_events_live(void);                 /* events made and not yet destroyed */
 void *tx_event_create(void);                 /* NULL without CUDA */
 void tx_event_destroy(void *event);          /* no-op for NULL */
 /* The device's stream-ordered pool: memory usable on `stream` in stream

@@ -318,6 +318,8 @@ static void tree_dealloc(TreeObject *T) {
     tx_alloc_note_pool_in_use(&T->pool_in_use_reported, 0);
     cgt_tree_destroy(T->tree);
   }
+  tx_event_destroy(T->ev_in); /* NULL once closed */
+  tx_event_destroy(T->ev_out);
   free(T->runs);
   tx_step_outputs_free(T);
   Py_XDECREF(T->device_obj);
@@ -683,6 +685,7 @@ static PyObject *m_alloc_figures(PyObject *m, PyObject *args) {
       {"recorded_streams", e.recorded_streams},
       {"deferred_frees", e.deferred_frees},
       {"blocks_rehomed", e.blocks_rehomed},
+      {"events_live", tx_events_live()},
       {"trees_freed", tx_trees_closed()},
   };
   PyObject *out = PyDict_New();

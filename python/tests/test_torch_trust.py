@@ -19,6 +19,7 @@ import pytest
 import torch_gpu  # skips the file without a GPU; imports cgtree.torch before CUDA starts
 
 torch, ct, pytestmark = torch_gpu.torch, torch_gpu.ct, torch_gpu.pytestmark
+from cgtree import _torch_ext as _ext  # noqa: E402
 from cgtree.torch import _backend  # noqa: E402
 
 
@@ -471,6 +472,7 @@ def test_a_thread_per_request_keeps_only_live_threads_trees_and_an_output_it_han
     live_after_2, freed_after_2 = ct.stats()["trees"], ct.stats()["trees_freed"]
     held_after_2 = ct.memory_stats()["reserved_bytes.all.current"]
     free_after_2 = torch.cuda.mem_get_info()[0]
+    events_after_2 = _ext.alloc_figures(0)["events_live"]
     later = []
     for _ in range(10):
         y, tree = serve()
@@ -486,6 +488,17 @@ def test_a_thread_per_request_keeps_only_live_threads_trees_and_an_output_it_han
     assert not any(t in ct._install.trees() for t in [first, second] + later)
     assert ct.memory_stats()["reserved_bytes.all.current"] <= held_after_2
     assert torch.cuda.mem_get_info()[0] >= free_after_2 - (8 << 20)  # 10 pools of 2 MiB or more, were they kept
+    assert _ext.alloc_figures(0)["events_live"] == events_after_2  # a freed tree's two CUDA events went with it
+
+
+def test_a_tree_dropped_without_being_closed_gives_back_its_cuda_events():
+    """A tree that never ran (a test's, or one whose thread made none) is
+    deallocated without being closed: its two CUDA events go with it."""
+    before = _ext.alloc_figures(0)["events_live"]
+    trees = [_ext.Tree(0) for _ in range(4)]
+    assert _ext.alloc_figures(0)["events_live"] == before + 8
+    del trees
+    assert _ext.alloc_figures(0)["events_live"] == before
 
 
 def test_torch_cond_with_a_device_predicate_matches_inductor():
