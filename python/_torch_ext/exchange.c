@@ -152,7 +152,7 @@ static PyObject *setup_exchange(PyObject *m, PyObject *args) {
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(probes) && ptrs; i++) {
       PyObject *p = PyList_GET_ITEM(probes, i);
       void *want = PyLong_AsVoidPtr(PyTuple_GET_ITEM(p, 1)), *got = NULL; /* fits: tx_check_probes */
-      if (!tx_exchange_read(api, PyTuple_GET_ITEM(p, 0), &got) || got != want) {
+      if (!tx_exchange_read(api, PyTuple_GET_ITEM(p, 0), &got, NULL) || got != want) {
         snprintf(why, sizeof why, "probe %zd: the table says %p, data_ptr() says %p", i, got, want);
         ptrs = 0;
       }
@@ -210,7 +210,7 @@ int tx_exchange_stream(int device, void **out) {
 int tx_exchange_cross_check(PyObject *o, void *ptr) {
   void *fast;
   /* An empty tensor has no data to point at; the hot path keys it apart. */
-  if (!ptr || !tx_exchange_data_ptr(o, &fast) || fast == ptr)
+  if (!ptr || !tx_exchange_data_ptr(o, &fast, NULL) || fast == ptr)
     return 0;
   TXE.ptrs = 0;
   TXE.disagreements++;
@@ -376,6 +376,21 @@ static int stand_in_read(void *py_object, DLTensor *out) {
   Py_DECREF(p);
   if (PyErr_Occurred())
     return -1;
+  /* Its device: `dl_device` (type, id) where the object has one, else CUDA 0. */
+  out->device.device_type = kDLCUDA;
+  out->device.device_id = 0;
+  PyObject *d = PyObject_GetAttrString((PyObject *)py_object, "dl_device");
+  if (!d) {
+    PyErr_Clear();
+  } else {
+    int type = 0, id = 0;
+    int ok = PyArg_ParseTuple(d, "ii", &type, &id);
+    Py_DECREF(d);
+    if (!ok)
+      return -1;
+    out->device.device_type = (DLDeviceType)type;
+    out->device.device_id = id;
+  }
   /* An object with `split` set is described as PyTorch may describe a view:
    * a base address and a byte offset from it. */
   if (PyObject_HasAttrString((PyObject *)py_object, "split")) {

@@ -250,6 +250,7 @@ typedef struct tx_py {
   PyObject *oom_error;       /* torch.OutOfMemoryError, or NULL: what a compiled graph's refused allocation raises */
   PyObject *str_data_ptr, *str_generation, *str_untyped_storage, *str_cdata, *str_mark_step;
   PyObject *str_grad, *str_is_leaf, *str_requires_grad, *str_clone, *str_set; /* gradients (stale.c) */
+  PyObject *str_is_cuda, *str_get_device; /* an input's device, where the exchange API does not give it */
 } tx_py;
 extern tx_py TX;
 
@@ -327,8 +328,9 @@ typedef struct tx_exchange {
 extern tx_exchange TXE;
 extern PyMethodDef tx_exchange_methods[];
 
-/* 1 and *out: o's data pointer, read through api; 0 if the table refused. */
-static inline int tx_exchange_read(const DLPackExchangeAPI *api, PyObject *o, void **out) {
+/* 1 and *out: o's data pointer, read through api (and *dev its device,
+ * where dev is not NULL); 0 if the table refused. */
+static inline int tx_exchange_read(const DLPackExchangeAPI *api, PyObject *o, void **out, DLDevice *dev) {
   DLTensor dl;
   memset(&dl, 0, sizeof dl);
   if (api->dltensor_from_py_object_no_sync(o, &dl) != 0) {
@@ -336,15 +338,18 @@ static inline int tx_exchange_read(const DLPackExchangeAPI *api, PyObject *o, vo
     return 0;
   }
   *out = (char *)dl.data + dl.byte_offset;
+  if (dev)
+    *dev = dl.device;
   return 1;
 }
-/* 1 and *out: o's data pointer, read through the table; 0: read it through
- * data_ptr() (off, or o is not of a type it serves, or the table refused). */
-static inline int tx_exchange_data_ptr(PyObject *o, void **out) {
+/* 1 and *out: o's data pointer, read through the table (and *dev as
+ * tx_exchange_read gives it); 0: read it through data_ptr() (off, or o is
+ * not of a type it serves, or the table refused). */
+static inline int tx_exchange_data_ptr(PyObject *o, void **out, DLDevice *dev) {
   PyTypeObject *tp = Py_TYPE(o);
   if (!TXE.ptrs || (tp != TXE.types[0] && tp != TXE.types[1]))
     return 0;
-  return tx_exchange_read(TXE.api, o, out);
+  return tx_exchange_read(TXE.api, o, out, dev);
 }
 /* 1 and *out: the current stream of a CUDA device, through the table. */
 int tx_exchange_stream(int device, void **out);

@@ -478,6 +478,8 @@ static void stash_exception(seg_run *r) {
   PyErr_Fetch(&r->exc_type, &r->exc_value, &r->exc_tb);
 }
 
+static void go_plain(SegmentObject *s, const char *why);
+
 static cgt_status set_outputs(seg_run *r, cgt_launch *l, PyObject *res) {
   SegmentObject *s = r->s;
   PyObject *desc = PyObject_CallOneArg(s->describe_py, res);
@@ -485,7 +487,11 @@ static cgt_status set_outputs(seg_run *r, cgt_launch *l, PyObject *res) {
     stash_exception(r);
     return CGT_ERR_SEGMENT_FAILED;
   }
-  if (desc == Py_None) { /* describe() found an output a recording cannot carry */
+  if (!PyTuple_Check(desc)) { /* describe() found an output a recording cannot carry, and says which */
+    const char *why = PyUnicode_Check(desc) ? PyUnicode_AsUTF8(desc) : NULL;
+    PyErr_Clear();
+    if (why)
+      go_plain(s, why);
     Py_DECREF(desc);
     r->want_bypass = 1;
     return CGT_ERR_SEGMENT_FAILED;
@@ -769,9 +775,11 @@ static PyObject *first_call(SegmentObject *s, PyObject *const *args, size_t n, u
     Py_DECREF(res);
     return NULL;
   }
-  if (desc == Py_None) {
+  if (!PyTuple_Check(desc)) { /* describe() says why a recording cannot carry these outputs */
+    const char *why = PyUnicode_Check(desc) ? PyUnicode_AsUTF8(desc) : NULL;
+    PyErr_Clear();
+    go_plain(s, why ? why : "an output is not a CUDA tensor on the graph's device");
     Py_DECREF(desc);
-    go_plain(s, "an output is not a CUDA tensor on the graph's device");
     return res;
   }
   uint32_t n_out = 0;
@@ -1077,7 +1085,8 @@ static int belongs_to_training_step(void *call) {
       continue;
     /* As the argument loop reads it: through the exchange API once the
      * segment's first call cross-checked it, else through data_ptr(). */
-    if (!(c->s->outputs_known && tx_exchange_data_ptr(c->args[i], &ptr)) && tx_data_ptr_slow(c->args[i], &ptr) < 0) {
+    if (!(c->s->outputs_known && tx_exchange_data_ptr(c->args[i], &ptr, NULL)) &&
+        tx_data_ptr_slow(c->args[i], &ptr) < 0) {
       PyErr_Clear(); /* a stale output: the call reads it again below, and raises */
       continue;
     }
@@ -1089,6 +1098,65 @@ static int belongs_to_training_step(void *call) {
 }
 
 static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyObject *kwnames, uint64_t t0);
+
+/* A call of a segment that runs as the plain graph from now on. cgtree runs
+ * nothing for it, but the call still marks where the program's steps go
+ * (module.c, "Steps in training", "The optimizer"): a plain forward begins
+ * its step where a recorded one would, and a plain backward tells the
+ * compiled optimizer step after it that it goes on in the backward's step.
+ * Without that, a loop whose forward and backward went plain (their first
+ * calls showed what a recording cannot carry) and whose optimizer step is a
+ * segment would see a backward in every step and no forward: each optimizer
+ * call would go on in one endless step, a new node each, never replayed. */
+static PyObject *call_bypassed(SegmentObject *s, PyObject *const *args, size_t n, PyObject *kwnames) {
+  if (!kwnames && n == s->n_args) { /* else call_plain's own call says what is wrong */
+    seg_run *r = run_for(s);
+    if (!r)
+      return NULL;
+    call_args this_call = {s, r->tree, args, n};
+    if (tx_tree_sync_step(r->tree, s->backward, belongs_to_training_step, &this_call) < 0)
+      return NULL;
+    r->tree->backward_this_step |= s->backward;
+  }
+  return call_plain(s, args, n);
+}
+
+/* 1 if o, a tensor argument, lies on `device`, read through PyTorch's
+ * is_cuda and get_device(); 0 if not; -1 with an exception set. */
+static int on_device_slow(PyObject *o, int device) {
+  PyObject *c = PyObject_GetAttr(o, TX.str_is_cuda);
+  if (!c)
+    return -1;
+  int cuda = PyObject_IsTrue(c);
+  Py_DECREF(c);
+  if (cuda <= 0)
+    return cuda;
+  PyObject *d = PyObject_CallMethodNoArgs(o, TX.str_get_device);
+  if (!d)
+    return -1;
+  long index = PyLong_AsLong(d);
+  Py_DECREF(d);
+  if (index == -1 && PyErr_Occurred())
+    return -1;
+  return index == device;
+}
+
+/* Argument i of the call is not a CUDA tensor of the tree's device, though
+ * the compile saw one there: the graph runs plainly from now on. A compile
+ * sees PyTorch's fake tensors, and a fake kernel may put an output on
+ * another device than the real one does: memory-efficient attention returns
+ * its random seed and offset as CPU tensors outside a capture, where its
+ * fake kernel says they lie on the GPU, and a backward receives them. Their
+ * host addresses must never be taken for device memory. */
+static PyObject *call_off_device(SegmentObject *s, TreeObject *T, PyObject *const *args, size_t n, size_t i) {
+  char why[300];
+  snprintf(why, sizeof why,
+           "argument %zu is not a CUDA tensor of device %d when it runs, though the compile saw one there (as "
+           "memory-efficient attention's random seed and offset: CPU tensors outside a capture)",
+           i, T->device);
+  go_plain(s, why);
+  return call_plain(s, args, n);
+}
 
 /* The call raised, and an allocation of this thread was refused during it:
  * the error becomes torch.OutOfMemoryError (TX.oom_error) with the same
@@ -1146,7 +1214,7 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
   s->calls++;
   tx_trees_close_if_any(); /* trees of exited threads that nothing names any more (tree_close.c) */
   if (s->bypass_reason)
-    return call_plain(s, args, n);
+    return call_bypassed(s, args, n, kwnames);
   if (kwnames || n != s->n_args) {
     PyErr_Format(PyExc_TypeError, "cgtree.torch: graph '%s' takes %u positional arguments, got %zd%s", s->name,
                  s->n_args, n, kwnames ? " and keywords" : "");
@@ -1176,14 +1244,20 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
     uint8_t kind = s->arg_kind[i];
     if (kind <= ARG_TENSOR_STATIC) {
       void *ptr;
+      DLDevice dev = {kDLCUDA, T->device}; /* a STATIC pointer PyTorch vouched unchanged keeps its device */
       if (kind == ARG_TENSOR_STATIC && statics_same) {
         ptr = s->static_ptr[i];
-      } else if (!(fast && s->outputs_known && tx_exchange_data_ptr(o, &ptr))) {
+      } else if (!(fast && s->outputs_known && tx_exchange_data_ptr(o, &ptr, &dev))) {
         if (tx_data_ptr_slow(o, &ptr) < 0) {
           tx_stale_translate(s->name, i); /* a stale output's storage raises on any access */
           T->stale_refused += (uint64_t)PyErr_ExceptionMatches(TxStaleError);
           return NULL;
         }
+        int on = on_device_slow(o, T->device);
+        if (on < 0)
+          return NULL;
+        if (!on)
+          dev.device_type = kDLCPU; /* anywhere but the tree's device */
         /* A segment's first call reads each input both ways: the exchange
          * API is trusted only where it agreed with data_ptr() (exchange.c). */
         if (fast && !s->outputs_known && tx_exchange_cross_check(o, ptr) < 0)
@@ -1191,6 +1265,8 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
         if (kind == ARG_TENSOR_STATIC && s->static_idx && !fast)
           statics_noted &= static_ptr_note(s, i, ptr);
       }
+      if (dev.device_type != kDLCUDA || dev.device_id != T->device)
+        return call_off_device(s, T, args, n, i);
       size_t span = s->arg_span[i];
       if (s->dynamic_spans) {
         PyObject *sp = PyObject_CallOneArg(s->span_py, o);
@@ -1452,9 +1528,9 @@ static int read_positions(const SegmentObject *s, PyObject *positions, const cha
 static int seg_init(SegmentObject *s, PyObject *a, PyObject *kw) {
   static char *kwlist[] = {"tree", "name", "compiled", "launch", "alias", "describe", "span",
                            "kinds", "spans", "flags", "dynamic_spans", "rerun_first", "saved_from", "backward",
-                           "prelaunch", "side_stream", "grad_inputs", "written_inputs", NULL};
+                           "prelaunch", "side_stream", "grad_inputs", "written_inputs", "plain_reason", NULL};
   PyObject *tree, *compiled, *launch, *alias, *describe, *span, *spans, *prelaunch = Py_None, *grad_inputs = Py_None;
-  PyObject *written_inputs = Py_None;
+  PyObject *written_inputs = Py_None, *plain_reason = Py_None;
   const char *name;
   Py_buffer kinds;
   unsigned int flags = 0;
@@ -1465,11 +1541,16 @@ static int seg_init(SegmentObject *s, PyObject *a, PyObject *kw) {
     return -1;
   if (PyDict_SetItemString(s->dict, "_boxed_call", Py_True) < 0)
     return -1;
-  if (!PyArg_ParseTupleAndKeywords(a, kw, "O!sOOOOOy*O!|IppIpOKOO", kwlist, &TreeType, &tree, &name,
+  if (!PyArg_ParseTupleAndKeywords(a, kw, "O!sOOOOOy*O!|IppIpOKOOO", kwlist, &TreeType, &tree, &name,
                                    &compiled, &launch, &alias, &describe, &span, &kinds, &PyTuple_Type, &spans,
                                    &flags, &dyn, &rerun, &saved_from, &backward, &prelaunch, &side_stream,
-                                   &grad_inputs, &written_inputs))
+                                   &grad_inputs, &written_inputs, &plain_reason))
     return -1;
+  if (plain_reason != Py_None && !PyUnicode_Check(plain_reason)) {
+    PyBuffer_Release(&kinds);
+    PyErr_SetString(PyExc_TypeError, "plain_reason is a str (why the graph runs plainly from the start) or None");
+    return -1;
+  }
   if (prelaunch != Py_None && !PyCallable_Check(prelaunch)) {
     PyBuffer_Release(&kinds);
     PyErr_SetString(PyExc_TypeError, "prelaunch is a callable or None");
@@ -1562,6 +1643,8 @@ static int seg_init(SegmentObject *s, PyObject *a, PyObject *kw) {
   KEEP(span_py, span);
   if (prelaunch != Py_None)
     KEEP(prelaunch_py, prelaunch);
+  if (plain_reason != Py_None) /* plain from the start: its calls still mark steps (call_bypassed) */
+    KEEP(bypass_reason, plain_reason);
 #undef KEEP
   s->vectorcall = seg_vectorcall;
   return 0;

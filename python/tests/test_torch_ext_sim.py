@@ -89,7 +89,15 @@ def fake_mark(cdata, msg):
 
 
 class FakeTensor:
-    """n float32s of simulator memory; allocated through cgt_torch_alloc unless ptr is given."""
+    """n float32s of simulator memory; allocated through cgt_torch_alloc unless ptr is given.
+    To cgtree it lies on CUDA device 0, the sim trees' device (is_cuda,
+    get_device(), and dl_device for the stand-in exchange table)."""
+    is_cuda = True
+    dl_device = (2, 0)  # kDLCUDA, 0
+
+    def get_device(self):
+        return 0
+
 
     def __init__(self, n, ptr=None, managed=None, storage=None):
         self.n, self.nbytes = n, 4 * n
@@ -162,6 +170,9 @@ init_hot_path()
 
 
 def describe(res):
+    for i, o in enumerate(res):
+        if isinstance(o, FakeTensor) and not o.is_cuda:  # as cgtree.torch's describe says of a CPU tensor
+            return "output %d is a tensor on cpu (a recording returns CUDA tensors only)" % i
     metas = tuple((o.ptr, o.nbytes, (o.n,), (1,), 2, 32) if isinstance(o, FakeTensor) else None for o in res)
     consts = tuple(None if isinstance(o, FakeTensor) else o for o in res)
     return isinstance(res, list), metas, consts
@@ -1563,6 +1574,24 @@ def test_outputs_a_recording_cannot_carry_make_the_segment_plain(tree):
     assert seg.info["plain_calls"] >= 3
 
 
+def test_a_segment_made_plain_from_the_start_runs_plainly_and_its_calls_still_begin_steps(tree):
+    """A graph the compile decided must run plainly (it restores the
+    generator's state, say) is a Segment all the same, so that its calls mark
+    steps: cgtree runs nothing for it."""
+    why = "it saves or restores the random generator's state (a replay cannot)"
+    seg = segment(tree, Graph(tree, 2.0, 1.0), spans=(16,), name="plain", plain_reason=why)
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    s0 = tree.stats()
+    for _ in range(3):
+        (y,) = call(seg, x)
+        assert y.values() == [3, 5, 7, 9]
+    s = tree.stats()
+    assert s["runs"] == s0["runs"] and s["step"] == s0["step"] + 3
+    assert seg.info["plain_reason"] == why and seg.info["plain_calls"] == 3 and not seg.info["registered"]
+    with pytest.raises(TypeError, match="plain_reason"):
+        segment(tree, Graph(tree, 2.0, 1.0), spans=(16,), plain_reason=3)
+
+
 def test_a_segment_takes_its_arguments_boxed_in_one_list_as_aotautograd_passes_them(tree):
     seg = segment(tree, Graph(tree, 2.0, 1.0), spans=(16,))
     assert seg._boxed_call is True
@@ -1702,6 +1731,35 @@ def test_replays_read_pointers_and_make_outputs_through_the_exchange_api(tree, e
     call(seg, x, *ws)
     assert tree.stats()["recordings"] == 2
     assert tree.stats()["pool_allocated_bytes"] <= before
+
+
+@pytest.mark.parametrize("when", ["first_call", "replay_through_the_exchange_api"])
+def test_a_tensor_argument_off_the_trees_device_makes_the_graph_plain_and_its_call_right(tree, exchange, when):
+    """A compile sees PyTorch's fake tensors, which may put on the GPU a
+    tensor that really is on the CPU (memory-efficient attention's random
+    seed and offset, outside a capture). Such an argument is never taken for
+    device memory: the graph runs plainly from then on, and the call is
+    right. The first call reads it through PyTorch (is_cuda), a replay through
+    the exchange API (the DLTensor's device): each case sets only what its
+    way reads."""
+    _, good = probes()
+    assert exchange(good)["pointers"]
+    seg = segment(tree, Graph(tree, 2.0, 1.0), spans=(16,), name="offdev")
+    off = XTensor(4).fill([1, 2, 3, 4])
+    if when == "first_call":
+        off.is_cuda = False
+    else:
+        x = XTensor(4).fill([0, 0, 0, 0])
+        for _ in range(4):
+            call(seg, x)
+        assert tree.stats()["replays"] >= 1
+        off.dl_device = (1, 0)  # kDLCPU
+    runs = tree.stats()["runs"]
+    with pytest.warns(RuntimeWarning, match="argument 0 is not a CUDA tensor of device 0 when it runs"):
+        (y,) = call(seg, off)
+    assert y.values() == [3, 5, 7, 9]
+    assert "argument 0 is not a CUDA tensor" in seg.info["plain_reason"]
+    assert tree.stats()["runs"] == runs  # cgtree ran nothing for it
 
 
 def test_a_pointer_that_differs_from_data_ptr_turns_the_exchange_pointers_off_for_good(tree, exchange):
@@ -2297,6 +2355,46 @@ def test_a_call_that_updates_its_inputs_after_a_backward_goes_on_in_the_step_and
     s = tree.stats()
     assert s["steps_kept_after_backward"] == s0["steps_kept_after_backward"] + 4
     assert s["gradients_moved"] == s0["gradients_moved"]
+
+
+def test_a_forward_and_backward_that_run_plainly_still_mark_steps_so_the_optimizer_step_after_them_replays(tree):
+    """As a model whose attention saves CPU tensors for its backward: the
+    forward goes plain at its first call (an output on the CPU) and so does
+    its backward (that output is its argument); the compiled optimizer step
+    after them stays a segment. Plain calls still mark steps: each forward
+    begins its step and each backward makes the optimizer go on in it, so
+    the optimizer's graph replays at one node, instead of going on in one
+    endless step with a new node at every call."""
+    class CpuSavingForwardGraph(ForwardGraph):
+        def __call__(self, x):
+            out, saved = ForwardGraph.__call__(self, x)
+            saved.is_cuda, saved.dl_device = False, (1, 0)
+            return (out, saved)
+
+    fw = segment(tree, CpuSavingForwardGraph(tree), spans=(16,), name="fw", saved_from=1)
+    bw = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bw",
+                 backward=True)
+    count, n = counting_segment(tree), FakeTensor(4).fill([0, 0, 0, 0])
+    x, t = FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
+    s0 = tree.stats()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(8):
+            out, saved = call(fw, x)
+            (g,) = bw(saved, t)
+            assert out.values() == [2, 4, 6, 8] and g.values() == [4, 7, 10, 13]
+            step = tree.stats()["step"]
+            call(count, n)
+            assert tree.stats()["step"] == step  # the optimizer goes on in the backward's step
+            assert n.values() == [i + 1] * 4
+    reasons = [str(w.message) for w in caught]
+    assert any("graph 'fw'" in r and "output 1 is a tensor on cpu" in r for r in reasons), reasons
+    assert any("graph 'bw'" in r and "argument 0 is not a CUDA tensor" in r for r in reasons), reasons
+    s = tree.stats()
+    assert s["step"] - s0["step"] == 8  # each plain forward began its step
+    assert s["steps_kept_after_backward"] - s0["steps_kept_after_backward"] == 8
+    assert s["replays"] - s0["replays"] >= 5 and s["recordings"] - s0["recordings"] == 1
+    assert [nd["segment"] for nd in tree.nodes()] == ["count"]  # one node, below the root
 
 
 def test_a_call_that_updates_its_inputs_with_no_backward_in_the_step_begins_a_step_as_any_call(tree):

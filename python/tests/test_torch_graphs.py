@@ -179,8 +179,8 @@ def test_span_covers_strided_views_and_empty_tensors():
 
 
 def test_describe_refuses_cpu_outputs_and_keeps_constants():
-    assert B.describe([torch.zeros(2)]) is None
-    assert B.describe(torch.zeros(2)) is None
+    assert B.describe([1, torch.zeros(2)]) == "output 1 is a tensor on cpu (a recording returns CUDA tensors only)"
+    assert B.describe(torch.zeros(2)) == "the graph returned a Tensor, not a list or tuple"
     assert B.describe((3, None)) == (False, (None, None), (3, None))
 
 

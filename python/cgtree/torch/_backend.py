@@ -104,7 +104,8 @@ decisions = []
 
 def _plain_reason(example_inputs, kwargs, restores_rng):
     """Why this graph must run as the plain Inductor graph, or None; and the
-    device of its CUDA tensors."""
+    device of its CUDA tensors where they all lie on one (None: no tree can
+    hold the graph, not even as a plain one)."""
     tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
     cuda = [x for x in tensors if x.device.type == "cuda"]
     if not cuda:
@@ -113,9 +114,9 @@ def _plain_reason(example_inputs, kwargs, restores_rng):
     if any(x.device != device for x in tensors):
         return "inputs on several devices (or the CPU)", None
     if any(x.dtype not in _DL for x in tensors):
-        return "an input dtype DLPack cannot describe", None
+        return "an input dtype DLPack cannot describe", device
     if restores_rng:
-        return "it saves or restores the random generator's state (a replay cannot)", None
+        return "it saves or restores the random generator's state (a replay cannot)", device
     return None, device
 
 
@@ -215,7 +216,9 @@ def inner_compile(gm, example_inputs, **kwargs):
     decisions.append(record)
     if why is not None:
         _warn_once(why, "a graph runs as a plain Inductor graph: %s" % why)
-        return compiled
+        if device is None:  # on no device, or on several: no tree's steps to mark
+            return compiled
+        rng = False  # it runs plainly: no generator state to hand a replay
     kinds, spans, dynamic = plan_inputs(example_inputs, static_idxs, mutated)
     record["kinds"] = kinds
     index = device.index
@@ -249,6 +252,10 @@ def inner_compile(gm, example_inputs, **kwargs):
     # cgtree made eagerly must reach that output (segment.c, call_plain_writing_side_value).
     extra["written_inputs"] = tuple(i for i in sorted(mutated) if kinds[i] in (ARG_TENSOR, ARG_TENSOR_STATIC))
     record["segment"] = name = "graph%d" % next(_counter)  # its nodes' "segment" in cgtree.torch.nodes()
+    # A graph that must run plainly is a Segment all the same, plain from the start: its calls mark the
+    # steps of its device's tree as a recorded graph's would (segment.c, call_bypassed), so that the
+    # compiled optimizer step after a plain forward and backward knows where its step begins.
+    extra["plain_reason"] = why
     seg = _ext.Segment(tree, name, plain, launch, alias, describe, span, bytes(kinds),
                        tuple(spans), 0, dynamic, not mutated and not extra["backward"] and not rng, **extra)
     _segments.append(seg)

@@ -36,17 +36,21 @@ def _symbolic(t):
 
 
 def describe(res):
-    """(as_list, metas, consts) for segment.c, or None if a recording cannot
-    carry these outputs (not a list/tuple, a CPU tensor, an unknown dtype)."""
+    """(as_list, metas, consts) for segment.c, or a sentence saying why a
+    recording cannot carry these outputs (not a list or tuple, a tensor off
+    the GPU, an unknown dtype, a tensor subclass)."""
     if not isinstance(res, (list, tuple)):
-        return None
+        return "the graph returned a %s, not a list or tuple" % type(res).__name__
     metas, consts = [], []
-    for x in res:
+    for i, x in enumerate(res):
         if isinstance(x, torch.Tensor):
             dl = _DL.get(x.dtype)
-            if x.device.type != "cuda" or dl is None or type(x) is not torch.Tensor and not isinstance(
-                    x, torch.nn.Parameter):
-                return None
+            if x.device.type != "cuda":
+                return "output %d is a tensor on %s (a recording returns CUDA tensors only)" % (i, x.device)
+            if dl is None:
+                return "output %d is a tensor of %s, a dtype DLPack cannot describe" % (i, x.dtype)
+            if type(x) is not torch.Tensor and not isinstance(x, torch.nn.Parameter):
+                return "output %d is a %s, a tensor subclass" % (i, type(x).__name__)
             metas.append((x.data_ptr(), span(x), tuple(x.shape), tuple(x.stride()), dl[0], dl[1]))
             consts.append(None)
         else:
