@@ -70,9 +70,13 @@
  *
  * Anything a graph does that a recording cannot carry (an output on the CPU,
  * an output in memory that is neither the pool nor an input, a capture that
- * fails: a host sync such as torch.cond's device predicate) turns the
+ * fails: a host sync such as torch.cond's device predicate, a tensor
+ * argument that is not on the tree's device when it runs) turns the
  * segment into a plain call of the compiled graph for good, with a warning:
- * it then runs at Inductor's speed.
+ * it then runs at Inductor's speed. A segment may also be plain from the
+ * start (`plain_reason`: the backend decided so at compile time). A plain
+ * segment's calls still mark steps (call_bypassed): a step that begins or
+ * goes on around them must not depend on whether a graph was recorded.
  *
  * cuBLAS's workspace. PyTorch gives cuBLAS a workspace per (handle, stream),
  * allocated through the current allocator at the first matmul on a stream

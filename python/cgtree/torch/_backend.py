@@ -48,7 +48,10 @@ each launch, so replays draw Inductor's numbers (_rng.py).
 Graphs cgtree does not record run as the plain Inductor graph, at
 Inductor's speed, with a warning naming the reason once: graphs with no
 CUDA tensor, graphs that save or restore the generator's state, inputs on
-several devices, dtypes DLPack cannot describe.
+several devices, dtypes DLPack cannot describe. Where their tensors lie on
+one GPU they are Segments all the same, plain from the start, so that
+their calls mark the steps of that device's tree (segment.c,
+call_bypassed).
 """
 import functools
 import itertools
