@@ -1592,6 +1592,24 @@ def test_a_segment_made_plain_from_the_start_runs_plainly_and_its_calls_still_be
         segment(tree, Graph(tree, 2.0, 1.0), spans=(16,), plain_reason=3)
 
 
+def test_an_output_of_an_earlier_step_passed_to_a_plain_segment_raises_when_read(tree):
+    """A plain segment's call is a new compiled call like any other: it
+    begins a step, so an output of the step before, passed to it, raises
+    when the plain graph reads it, as it would passed to a recorded graph."""
+    class Reads(Graph):
+        def __call__(self, t):
+            t.data_ptr()  # Inductor's kernels read their inputs' data
+            return Graph.__call__(self, t)
+
+    seg, x = replaying(tree, a=2.0, b=1.0, fill=(1, 2, 3, 4))
+    (y,) = call(seg, x)
+    plain = segment(tree, Reads(tree, 1.0, 0.0), spans=(16,), name="plain", plain_reason="decided at compile time")
+    with pytest.raises(RuntimeError, match="StaleTensorError"):
+        call(plain, y)
+    (z,) = call(plain, x)  # what is not stale runs
+    assert z.values() == [1, 2, 3, 4]
+
+
 def test_a_segment_takes_its_arguments_boxed_in_one_list_as_aotautograd_passes_them(tree):
     seg = segment(tree, Graph(tree, 2.0, 1.0), spans=(16,))
     assert seg._boxed_call is True
