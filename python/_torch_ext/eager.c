@@ -523,13 +523,6 @@ void tx_eager_figures_get(int device, tx_eager_figures *out) {
   (void)tx_dev_pool_figures(device, &out->reserved, &out->reserved_peak);
 }
 
-/* Blocks of a stream about to go (a freed tree's, tree_close.c). Its work
- * is done (the tree synchronised it), so the front-cached blocks of it go
- * back to the driver on it while it still exists, and a live block of it
- * (a tensor allocated on it outside any launch and still held) has its
- * free ordered on the legacy default stream instead: whatever reads it
- * from now on runs on some other stream, as for any block whose stream's
- * work is over. A recorded use of the stream is dropped the same way. */
 /* b's recorded uses of stream go (its work is over). */
 static void forget_stream_locked(eager_block *b, void *stream) {
   for (size_t i = 0; i < b->n_used;)
@@ -539,6 +532,13 @@ static void forget_stream_locked(eager_block *b, void *stream) {
       i++;
 }
 
+/* Blocks of a stream about to go (a freed tree's, tree_close.c). Its work
+ * is done (the tree synchronised it), so the front-cached blocks of it go
+ * back to the driver on it while it still exists, and a live block of it
+ * (a tensor allocated on it outside any launch and still held) has its
+ * free ordered on the legacy default stream instead: whatever reads it
+ * from now on runs on some other stream, as for any block whose stream's
+ * work is over. A recorded use of the stream is dropped the same way. */
 void tx_eager_retire_stream(int device, void *stream) {
   eager_block *out = NULL;
   size_t rehomed = 0;

@@ -969,8 +969,8 @@ PyMODINIT_FUNC PyInit__torch_ext(void) {
       "An output of an earlier step was passed to a compiled graph: its memory may hold newer outputs.", TxError,
       NULL);
   if (!TX.str_data_ptr || !TX.str_generation || !TX.str_untyped_storage || !TX.str_cdata || !TX.str_mark_step ||
-      !TX.str_grad || !TX.str_is_leaf || !TX.str_requires_grad || !TX.str_clone || !TX.str_set || !TX.str_is_cuda || !TX.str_get_device || !TxError ||
-      !TxStaleError ||
+      !TX.str_grad || !TX.str_is_leaf || !TX.str_requires_grad || !TX.str_clone || !TX.str_set || !TX.str_is_cuda ||
+      !TX.str_get_device || !TxError || !TxStaleError ||
       PyModule_AddObjectRef(m, "CgtreeError", TxError) < 0 ||
       PyModule_AddObjectRef(m, "StaleTensorError", TxStaleError) < 0 ||
       PyModule_AddObjectRef(m, "Tree", (PyObject *)&TreeType) < 0 ||

@@ -484,6 +484,16 @@ static void stash_exception(seg_run *r) {
 
 static void go_plain(SegmentObject *s, const char *why);
 
+/* describe() gave no tuple: a recording cannot carry the outputs. The
+ * segment goes plain with the sentence it gave instead, or with `fallback`
+ * where it gave none (NULL: the caller goes plain later, saying why). */
+static void go_plain_described(SegmentObject *s, PyObject *desc, const char *fallback) {
+  const char *why = PyUnicode_Check(desc) ? PyUnicode_AsUTF8(desc) : NULL;
+  PyErr_Clear();
+  if (why || fallback)
+    go_plain(s, why ? why : fallback);
+}
+
 static cgt_status set_outputs(seg_run *r, cgt_launch *l, PyObject *res) {
   SegmentObject *s = r->s;
   PyObject *desc = PyObject_CallOneArg(s->describe_py, res);
@@ -492,10 +502,7 @@ static cgt_status set_outputs(seg_run *r, cgt_launch *l, PyObject *res) {
     return CGT_ERR_SEGMENT_FAILED;
   }
   if (!PyTuple_Check(desc)) { /* describe() found an output a recording cannot carry, and says which */
-    const char *why = PyUnicode_Check(desc) ? PyUnicode_AsUTF8(desc) : NULL;
-    PyErr_Clear();
-    if (why)
-      go_plain(s, why);
+    go_plain_described(s, desc, NULL);
     Py_DECREF(desc);
     r->want_bypass = 1;
     return CGT_ERR_SEGMENT_FAILED;
@@ -780,9 +787,7 @@ static PyObject *first_call(SegmentObject *s, PyObject *const *args, size_t n, u
     return NULL;
   }
   if (!PyTuple_Check(desc)) { /* describe() says why a recording cannot carry these outputs */
-    const char *why = PyUnicode_Check(desc) ? PyUnicode_AsUTF8(desc) : NULL;
-    PyErr_Clear();
-    go_plain(s, why ? why : "an output is not a CUDA tensor on the graph's device");
+    go_plain_described(s, desc, "an output is not a CUDA tensor on the graph's device");
     Py_DECREF(desc);
     return res;
   }
@@ -1103,6 +1108,20 @@ static int belongs_to_training_step(void *call) {
 
 static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyObject *kwnames, uint64_t t0);
 
+/* The segment's run in the calling thread's tree, that tree's step brought
+ * up to this call (module.c, "Steps"): every call of a segment, recorded or
+ * plain, marks steps here. NULL with an exception set. */
+static seg_run *run_in_step(SegmentObject *s, PyObject *const *args, size_t n) {
+  seg_run *r = run_for(s);
+  if (!r)
+    return NULL;
+  call_args this_call = {s, r->tree, args, n};
+  if (tx_tree_sync_step(r->tree, s->backward, belongs_to_training_step, &this_call) < 0)
+    return NULL;
+  r->tree->backward_this_step |= s->backward;
+  return r;
+}
+
 /* A call of a segment that runs as the plain graph from now on. cgtree runs
  * nothing for it, but the call still marks where the program's steps go
  * (module.c, "Steps in training", "The optimizer"): a plain forward begins
@@ -1113,15 +1132,8 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
  * segment would see a backward in every step and no forward: each optimizer
  * call would go on in one endless step, a new node each, never replayed. */
 static PyObject *call_bypassed(SegmentObject *s, PyObject *const *args, size_t n, PyObject *kwnames) {
-  if (!kwnames && n == s->n_args) { /* else call_plain's own call says what is wrong */
-    seg_run *r = run_for(s);
-    if (!r)
-      return NULL;
-    call_args this_call = {s, r->tree, args, n};
-    if (tx_tree_sync_step(r->tree, s->backward, belongs_to_training_step, &this_call) < 0)
-      return NULL;
-    r->tree->backward_this_step |= s->backward;
-  }
+  if (!kwnames && n == s->n_args && !run_in_step(s, args, n)) /* else call_plain's own call says what is wrong */
+    return NULL;
   return call_plain(s, args, n);
 }
 
@@ -1224,14 +1236,10 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
                  s->n_args, n, kwnames ? " and keywords" : "");
     return NULL;
   }
-  seg_run *r = run_for(s);
+  seg_run *r = run_in_step(s, args, n);
   if (!r)
     return NULL;
   TreeObject *T = r->tree;
-  call_args this_call = {s, T, args, n};
-  if (tx_tree_sync_step(T, s->backward, belongs_to_training_step, &this_call) < 0)
-    return NULL;
-  T->backward_this_step |= s->backward;
   tx_out_ref_queue_drain();
   tx_alloc_flush_if_idle(); /* eager blocks freed during the last launch (alloc.c) */
   uint64_t t_step = tx_now_ns();
