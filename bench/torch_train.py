@@ -62,6 +62,9 @@ Models:
   gpt2drop  the same with GPT-2's own dropout (0.1 on embeddings,
           attention and residuals): random graphs, recorded, replays
           drawing Inductor's numbers.
+  gpt2fp32  gpt2 without autocast: in fp32 the attention takes PyTorch's
+          memory-efficient kernel, whose forward saves its random seed and
+          offset (CPU tensors outside a capture) for the backward.
 """
 import argparse
 import gc
@@ -107,7 +110,7 @@ def make_mlp(torch, dev, branch=False):
     return model, loss_fn, False
 
 
-def make_gpt2(torch, dev, dropout=0.0):
+def make_gpt2(torch, dev, dropout=0.0, autocast=True):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
@@ -121,11 +124,12 @@ def make_gpt2(torch, dev, dropout=0.0):
         ids = data[i % len(data)]
         return f(input_ids=ids, labels=ids).loss
 
-    return model, loss_fn, True
+    return model, loss_fn, autocast
 
 
 MODELS = {"mlp": lambda t, d: make_mlp(t, d), "branch": lambda t, d: make_mlp(t, d, branch=True),
-          "gpt2": make_gpt2, "gpt2drop": lambda t, d: make_gpt2(t, d, dropout=0.1)}
+          "gpt2": make_gpt2, "gpt2drop": lambda t, d: make_gpt2(t, d, dropout=0.1),
+          "gpt2fp32": lambda t, d: make_gpt2(t, d, autocast=False)}
 
 
 def child(name, mode, out_dir, warm, timed, optimizer="eager", profile=False, trace=False, cpus=""):

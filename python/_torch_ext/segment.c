@@ -1162,7 +1162,9 @@ static int on_device_slow(PyObject *o, int device) {
  * sees PyTorch's fake tensors, and a fake kernel may put an output on
  * another device than the real one does: memory-efficient attention returns
  * its random seed and offset as CPU tensors outside a capture, where its
- * fake kernel says they lie on the GPU, and a backward receives them. Their
+ * fake kernel says they lie on the GPU, and a backward receives them (the
+ * backend copies them onto the GPU where the forward draws no random
+ * numbers, _graphs.onto_device; with dropout they stay on the CPU). Their
  * host addresses must never be taken for device memory. */
 static PyObject *call_off_device(SegmentObject *s, TreeObject *T, PyObject *const *args, size_t n, size_t i) {
   char why[300];

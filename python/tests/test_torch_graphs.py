@@ -184,6 +184,51 @@ def test_describe_refuses_cpu_outputs_and_keeps_constants():
     assert B.describe((3, None)) == (False, (None, None), (3, None))
 
 
+def test_only_saved_tensors_the_compile_saw_on_the_gpu_are_marked_for_copying_from_the_cpu():
+    """A training forward's results: its output, then what its backward
+    needs. The compile's fake tensors say where each lies; a user's output
+    is never marked, nor a saved tensor the compile itself put on the CPU,
+    nor a saved SymInt."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    out = g.call_function(torch.relu, (x,))
+    seed = g.call_function(torch.ops.aten.clone.default, (x,))
+    host = g.call_function(torch.ops.aten.clone.default, (x,))
+    size = g.call_function(torch.ops.aten.sym_size.int, (x, 0))
+    lse = g.call_function(torch.ops.aten.clone.default, (x,))
+    g.output((out, seed, host, size, lse))
+    with FakeTensorMode():
+        out.meta["val"] = torch.empty(2, device="cuda")
+        seed.meta["val"] = torch.empty((), dtype=torch.int64, device="cuda")
+        host.meta["val"] = torch.empty(2)
+        lse.meta["val"] = torch.empty(4, device="cuda")
+    size.meta["val"] = 2
+    gm = torch.fx.GraphModule({}, g)
+    assert B.saved_on_cuda(gm, 1) == (1, 4)
+    assert B.saved_on_cuda(gm, 2) == (4,)
+    assert B.saved_on_cuda(gm, 5) == ()
+
+
+def test_a_saved_tensor_left_on_the_cpu_is_copied_to_the_device_with_its_values_and_nothing_else_moves():
+    """onto_device copies, at the marked positions only, the tensors a run
+    left on the CPU (the "device" here is meta, which a CPU machine has);
+    it keeps a list a list and a tuple a tuple, hands back the very object
+    where nothing moved, and copies nothing inside a capture."""
+    out, seed, lse = torch.ones(2), torch.tensor(7), torch.zeros(3).to("meta")
+    res = [out, seed, 5, lse]
+    moved = B.onto_device(res, (1, 2, 3), "meta", lambda: False)
+    assert isinstance(moved, list) and moved is not res and res[1] is seed
+    assert moved[0] is out and moved[2] == 5 and moved[3] is lse
+    assert moved[1].device.type == "meta" and moved[1].dtype == torch.int64 and moved[1].shape == ()
+    as_tuple = B.onto_device(tuple(res), (1,), "meta", lambda: False)
+    assert isinstance(as_tuple, tuple) and as_tuple[1].device.type == "meta"
+    assert B.onto_device(res, (0,), "meta", lambda: True) is res  # in a capture: describe() refuses it
+    assert B.onto_device(res, (2, 3), "meta", lambda: False) is res  # nothing on the CPU there
+    assert B.onto_device(res, (), "meta", lambda: False) is res
+
+
 def test_graphs_without_cuda_tensors_run_as_plain_inductor_graphs_with_the_reason_recorded():
     _backend.decisions.clear()
     torch._dynamo.reset()

@@ -376,6 +376,65 @@ def test_bf16_autocast_training_matches_inductor():
     assert_same_params(model, ref)
 
 
+class Attention(torch.nn.Module):
+    """One causal self-attention layer through PyTorch's fused SDPA, and a head."""
+
+    def __init__(self, width=64, heads=4):
+        super().__init__()
+        self.qkv = torch.nn.Linear(width, 3 * width)
+        self.head = torch.nn.Linear(width, 1)
+        self.heads = heads
+
+    def forward(self, x):
+        b, s, w = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, self.heads, w // self.heads).permute(2, 0, 3, 1, 4)
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.head(a.transpose(1, 2).reshape(b, s, w))
+
+
+def rng_state_saved(loss):
+    """The devices of the 0-d int64 tensors loss's backward will read
+    (attention's saved seed and offset)."""
+    return {t.device.type for _, t in saved_tensors_of(loss) if t.dim() == 0 and t.dtype == torch.int64}
+
+
+def test_fp32_attention_training_records_forward_and_backward_and_matches_inductor():
+    """In fp32, scaled-dot-product attention runs its memory-efficient
+    kernel, which returns its random seed and offset as CPU tensors outside
+    a capture (on the GPU inside one, where the compile's fake kernel puts
+    them), and the forward saves them for the backward. cgtree copies a
+    warmup's onto the GPU (the backward, with dropout 0, never reads them),
+    so forward and backward record and replay, where they used to run as
+    plain Inductor graphs; the numbers are Inductor's."""
+    from cgtree.torch._backend import _segments
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q = torch.randn(2, 4, 16, 16, device=DEV)
+    seed = torch.ops.aten._scaled_dot_product_efficient_attention(q, q, q, None, True)[2]
+    assert seed.device.type == "cpu", "the case at hand: a CPU seed outside a capture"
+    torch.manual_seed(0)
+    cf, model, rf, ref = pair(Attention().to(DEV))
+    first = len(_segments)
+    g = torch.Generator().manual_seed(4)
+    xs = [torch.randn(4, 16, 64, generator=g).to(DEV) for _ in range(10)]
+    sgd = dict(opt_cls=torch.optim.SGD, lr=1e-2, momentum=0.9)
+    with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+        got = train(cf, model, xs[:6], **sgd)
+        before = ct.stats()
+        got = torch.cat([got, train(cf, model, xs[6:], **sgd)])
+        after = ct.stats()
+        want = torch.cat([train(rf, ref, xs[:6], **sgd), train(rf, ref, xs[6:], **sgd)])
+        assert rng_state_saved(cf(xs[0]).sum()) == {"cuda"}
+        assert rng_state_saved(rf(xs[0]).sum()) == {"cpu"}, "plain Inductor's backward reads a CPU seed"
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+    for (n, p), (_, r) in zip(model.named_parameters(), ref.named_parameters()):
+        torch.testing.assert_close(p, r, rtol=1e-5, atol=1e-7, msg=lambda m: "parameter %s: %s" % (n, m))
+    plain = [s.info["plain_reason"] for s in _segments[first:] if s.info["plain_reason"]]
+    assert not plain, "graphs ran plainly: %s" % plain
+    assert len(_segments) - first >= 2, "the forward and the backward are segments"
+    assert_steady_state(before, after, 2 * 4)
+
+
 def test_an_explicit_step_mark_with_a_pending_backward_makes_that_backward_raise_not_compute_wrong():
     cf, model, _, _ = pair(mlp())
     xs = batches(6)

@@ -45,6 +45,16 @@ recording reads the CUDA generator's seed and offset from device memory,
 and a prelaunch function writes them and advances the generator before
 each launch, so replays draw Inductor's numbers (_rng.py).
 
+Tensors a forward saves on the CPU, where the compile saw them on the GPU.
+A compile sees fake tensors, and scaled-dot-product attention's
+memory-efficient kernel (fp32) returns its random seed and offset as CPU
+tensors outside a capture, on the GPU inside one, as its fake kernel says.
+A warmup's would make the forward unrecordable and hand its backward CPU
+tensors it was compiled to get on the GPU; so a forward that draws no
+random numbers copies such saved tensors onto the GPU (_graphs.onto_device;
+with dropout 0 the backward never reads them). With dropout the backward
+reads a CPU seed's bytes on the host, and such forwards still run plainly.
+
 Graphs cgtree does not record run as the plain Inductor graph, at
 Inductor's speed, with a warning naming the reason once: graphs with no
 CUDA tensor, graphs that save or restore the generator's state, inputs on
@@ -62,7 +72,8 @@ import torch
 from .. import _torch_ext as _ext
 from . import _install
 
-from ._graphs import _DL, ARG_TENSOR, ARG_TENSOR_STATIC, describe, mutated_inputs, plan_inputs, random_use, span
+from ._graphs import (_DL, ARG_TENSOR, ARG_TENSOR_STATIC, describe, mutated_inputs, onto_device, plan_inputs,
+                      random_use, saved_on_cuda, span)
 from ._rng import RandomDraws
 
 _counter = itertools.count(1)
@@ -91,13 +102,18 @@ def _warn_once(key, msg):
         warnings.warn("cgtree.torch: " + msg, RuntimeWarning, stacklevel=3)
 
 
-def _boxed(compiled):
+def _boxed(compiled, saved_cpu=(), device=None):
     """Inductor's compiled graph takes its arguments as one list (and may
-    empty it); segment.c calls the plain graph positionally."""
+    empty it); segment.c calls the plain graph positionally. saved_cpu: the
+    positions of saved tensors a run may leave on the CPU though the compile
+    saw them on `device`; they are copied there (_graphs.onto_device)."""
     def plain(*args):
         return compiled(list(args))
 
-    return plain
+    def plain_onto_device(*args):
+        return onto_device(compiled(list(args)), saved_cpu, device, torch.cuda.is_current_stream_capturing)
+
+    return plain_onto_device if saved_cpu else plain
 
 
 # What the last compiles decided, for tests and `cgtree.torch.explain()`:
@@ -197,10 +213,12 @@ def inner_compile(gm, example_inputs, **kwargs):
     # tree it is a backward all the same (its outputs become .grad, the optimizer goes on in its step).
     autograd_graph = not backward and _compiled_autograd_graph()
     forward_training = not backward and not autograd_graph and not kwargs.get("is_inference", False)
-    saved_from, saved_inputs, grad_inputs = None, None, ()
+    saved_from, saved_inputs, grad_inputs, saved_cuda = None, None, (), ()
     if forward_training:  # before Inductor, whose passes rewrite gm
         saved_from, saved_inputs = _saved_activations(gm)
         grad_inputs = _grad_inputs(example_inputs)
+        if saved_inputs is not None:  # where the saved tensors begin is known: never a user's output
+            saved_cuda = saved_on_cuda(gm, saved_from)
     compiled = compile_fx_inner(gm, example_inputs, **kwargs)
     static_idxs = tuple(kwargs.get("static_input_idxs") or ())
     mutated, known = mutated_inputs(compiled, len(example_inputs))
@@ -228,7 +246,12 @@ def inner_compile(gm, example_inputs, **kwargs):
     tree, _ = _install.tree_for(index)
     if _install.blas_clear() is None:
         _install.prewarm_blas(index)  # an old PyTorch: the workspace outside the pool
-    plain = _boxed(compiled)
+    # A forward that draws no random numbers may save tensors its eager run leaves on the CPU where the
+    # compile, and so its backward and a recording, put them on the GPU (attention's seed and offset): the
+    # plain graph copies them there, so the forward records and its backward too (_graphs.onto_device).
+    saved_cpu = saved_cuda if why is None and not rng else ()
+    record["saved_copied_if_on_cpu"] = saved_cpu
+    plain = _boxed(compiled, saved_cpu, device)
     extra = {"backward": backward or autograd_graph}
     run = plain
     if rng:  # a replay must draw fresh numbers: the generator's state per launch (_rng.py)

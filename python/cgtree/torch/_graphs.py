@@ -59,6 +59,49 @@ def describe(res):
     return isinstance(res, list), tuple(metas), tuple(consts)
 
 
+def saved_on_cuda(gm, saved_from):
+    """Positions, among a training forward's results, of the saved tensors
+    (from saved_from on) that the compile saw on a CUDA device."""
+    outs = torch._inductor.utils.output_node(gm).args[0]
+    outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+    found = []
+    for i in range(saved_from, len(outs)):
+        val = outs[i].meta.get("val") if isinstance(outs[i], torch.fx.Node) else None
+        if isinstance(val, torch.Tensor) and val.device.type == "cuda":
+            found.append(i)
+    return tuple(found)
+
+
+def onto_device(res, positions, device, capturing):
+    """res, with each tensor at `positions` that this run left on the CPU
+    copied onto `device` (the same values; a list or tuple as res was).
+
+    A compile sees PyTorch's fake tensors, and a fake kernel may say GPU
+    where the real kernel, run outside a capture, returns CPU tensors:
+    scaled-dot-product attention's memory-efficient and flash kernels
+    return their random seed and offset so (on the GPU inside a capture).
+    A training forward saves them for its backward, which was compiled for
+    GPU tensors there, and a recording carries GPU tensors only: so a
+    warmup's, or a first call's, are copied. Only for forwards that draw
+    no random numbers (the backend's choice): with dropout 0 the backward
+    never reads them, where with dropout it would read a CPU seed's bytes
+    on the host outside a capture. Inside a capture (`capturing()`) a copy
+    from host memory cannot be recorded: nothing is copied, and describe()
+    then names the output a recording cannot carry."""
+    moved = None
+    for i in positions:
+        x = res[i]
+        if isinstance(x, torch.Tensor) and x.device.type == "cpu":
+            if capturing():
+                return res
+            if moved is None:
+                moved = list(res)
+            moved[i] = x.to(device)
+    if moved is None:
+        return res
+    return moved if isinstance(res, list) else type(res)(moved)
+
+
 def mutated_inputs(compiled, n_inputs):
     """Indices of the inputs the compiled graph writes, as Inductor says
     (CompiledFxGraph.mutated_input_idxs), or every index when the compiled
