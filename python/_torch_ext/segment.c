@@ -101,7 +101,13 @@
 #include <time.h>
 
 
-enum { ARG_TENSOR = 0, ARG_TENSOR_STATIC = 1, ARG_INT = 2, ARG_FLOAT = 3, ARG_OTHER = 4 };
+/* The kinds of a segment's arguments (python/cgtree/torch/_graphs.py names
+ * them too). ARG_GENERATOR: a torch.Generator the graph draws from (the
+ * graph-safe random state AOTAutograd passes for activation checkpointing);
+ * a recording reads that generator's device-side seed and offset, so its
+ * identity keys the variant. The backend keeps every such generator alive
+ * (_rng.py, anchor_generators), so that no other object takes its address. */
+enum { ARG_TENSOR = 0, ARG_TENSOR_STATIC = 1, ARG_INT = 2, ARG_FLOAT = 3, ARG_OTHER = 4, ARG_GENERATOR = 5 };
 
 /* PyTorch's pointer check costs about a microsecond whatever it checks
  * (pybind11's argument handling), a data_ptr() call about 0.15 us: a graph
@@ -1347,6 +1353,8 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
       uint64_t bits;
       memcpy(&bits, &x, sizeof bits);
       variant = mix(variant, bits);
+    } else if (kind == ARG_GENERATOR) {
+      variant = mix(variant, (uint64_t)(uintptr_t)o ^ 0x67656eull);
     }
   }
   if (!statics_same && s->static_idx)
@@ -1592,6 +1600,12 @@ static int seg_init(SegmentObject *s, PyObject *a, PyObject *kw) {
   }
   memcpy(s->arg_kind, kinds.buf, kinds.len);
   PyBuffer_Release(&kinds);
+  for (uint32_t i = 0; i < s->n_args; i++)
+    if (s->arg_kind[i] > ARG_GENERATOR) {
+      PyErr_Format(PyExc_ValueError, "kinds: %u at position %u is no argument kind (0 to %d)",
+                   (unsigned)s->arg_kind[i], i, ARG_GENERATOR);
+      return -1;
+    }
   for (uint32_t i = 0; i < s->n_args; i++) {
     s->arg_span[i] = PyLong_AsSize_t(PyTuple_GET_ITEM(spans, i));
     if (s->arg_kind[i] <= ARG_TENSOR_STATIC)

@@ -1262,6 +1262,28 @@ def test_int_arguments_key_the_variant(tree):
     assert tree.stats()["recordings"] == 2
 
 
+def test_generator_arguments_key_the_variant_by_identity(tree):
+    """A generator argument (activation checkpointing's random state): a
+    recording reads that generator's device state, so another generator
+    object is another variant, recorded apart; the same one replays."""
+    ARG_GENERATOR = 5
+    g = Graph(tree, 2.0, 1.0)
+    seg = segment(tree, lambda x, gen: g(x), kinds=(ARG_TENSOR, ARG_GENERATOR), spans=(16, 0))
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    first, second = object(), object()
+    for i in range(8):
+        (y,) = call(seg, x, first)
+        assert y.values() == [3.0, 5.0, 7.0, 9.0]
+    recordings = tree.stats()["recordings"]
+    assert recordings == 1
+    for i in range(6):
+        (y,) = call(seg, x, second if i % 2 else first)
+        assert y.values() == [3.0, 5.0, 7.0, 9.0]
+    assert tree.stats()["recordings"] == 2  # the second generator's variant, once
+    with pytest.raises(ValueError, match="no argument kind"):
+        segment(tree, g, kinds=(ARG_TENSOR, 6), spans=(16, 0))
+
+
 def test_a_budget_of_graphs_evicts_variants_and_warns_once_and_results_stay_right():
     t = X.Tree(0, backend="sim", max_graphs=2)
     g = Graph(t, 1.0, 0.0)

@@ -157,6 +157,32 @@ def test_graphs_that_save_or_restore_the_generator_state_are_told_apart_from_pla
     assert why is None
 
 
+def test_activation_checkpointings_graph_safe_form_is_a_random_graph_that_records_and_its_generators_key_variants():
+    """AOTAutograd's graph-safe checkpointing (graphsafe_run_with_rng_state,
+    its default on CUDA) passes the generators as graph arguments: a
+    recording registers them (_rng.py), so the graph draws and restores
+    nothing on the host; the host-side form still restores. Each generator
+    argument is planned as ARG_GENERATOR, whose identity keys the variant."""
+    from torch._prims.rng_prims import graphsafe_run_with_rng_state, run_with_rng_state
+
+    def graph(host_side_too):
+        g = torch.fx.Graph()
+        a, gen = g.placeholder("a"), g.placeholder("fwd_rng_state_0")
+        r = g.call_function(graphsafe_run_with_rng_state, (torch.ops.aten.rand.default, [3]), {"rng_state": gen})
+        out = g.call_function(torch.ops.aten.add.Tensor, (a, r))
+        if host_side_too:
+            state = g.placeholder("state")
+            out = g.call_function(torch.ops.aten.add.Tensor,
+                                  (out, g.call_function(run_with_rng_state, (state, torch.ops.aten.rand.default, [3]))))
+        g.output((out,))
+        return torch.fx.GraphModule({}, g)
+
+    assert B.random_use(graph(False)) == (True, False)
+    assert B.random_use(graph(True)) == (True, True)
+    kinds, spans, _ = B.plan_inputs([torch.ones(2), torch.Generator(), 3], (), set())
+    assert kinds == [B.ARG_TENSOR, B.ARG_GENERATOR, B.ARG_INT] and spans[1] == 0
+
+
 class _FakeCuda(torch.Tensor):
     """Stands for a CUDA tensor where only its device and dtype are read."""
 

@@ -201,6 +201,62 @@ def test_training_with_dropout_gives_inductors_losses_and_weights():
         assert torch.equal(p, q), "weight %s differs from Inductor's" % n
 
 
+class CheckpointedDropout(torch.nn.Module):
+    """A block recomputed in the backward (torch.utils.checkpoint) that draws
+    a dropout mask: its recompute must draw the forward's mask again."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.head = torch.nn.Linear(64, 128), torch.nn.Linear(128, 128), torch.nn.Linear(128, 1)
+
+    def block(self, x):
+        return torch.nn.functional.dropout(torch.relu(self.b(torch.relu(self.a(x)))), 0.3, training=self.training)
+
+    def forward(self, x):
+        return self.head(torch.utils.checkpoint.checkpoint(self.block, x, use_reentrant=False))
+
+
+def test_activation_checkpointing_with_dropout_records_and_its_recompute_draws_the_forwards_mask():
+    """AOTAutograd's graph-safe checkpointing passes a generator pair per
+    recomputed random operator to the forward and the backward; cgtree
+    registers them with its recordings, so both graphs record and replay,
+    and the backward's recompute draws the forward's mask: losses and
+    weights equal Inductor's bit for bit (a wrong mask changes gradients)."""
+    from cgtree.torch._graphs import ARG_GENERATOR
+
+    torch.manual_seed(0)
+    model = CheckpointedDropout().to(DEV)
+    ref_model = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(1)
+    xs = [torch.randn(32, 64, generator=g).to(DEV) for _ in range(12)]
+
+    def train(m, cf):
+        opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+        torch.manual_seed(11)
+        losses = []
+        for x in xs:
+            loss = cf(x).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss.detach().clone())
+        return losses
+
+    torch._dynamo.reset()
+    want = train(ref_model, torch.compile(ref_model))
+    torch._dynamo.reset()
+    first = len(_backend.decisions)
+    with Replays() as r:
+        got = train(model, torch.compile(model, backend="cgtree"))
+    mine = _backend.decisions[first:]
+    assert {d["graph"] for d in mine if ARG_GENERATOR in d.get("kinds", ())} == {"forward", "backward"}, mine
+    assert r.plain == [] and r.replays >= 2 * 8, vars(r)  # the forward and the backward replay
+    for i, (a, b) in enumerate(zip(want, got)):
+        assert torch.equal(a, b), "loss %d: %r vs Inductor's %r" % (i, b.item(), a.item())
+    for (n, p), (_, q) in zip(model.named_parameters(), ref_model.named_parameters()):
+        assert torch.equal(p, q), "weight %s differs from Inductor's" % n
+
+
 def test_a_random_graph_called_on_a_side_stream_draws_inductors_numbers():
     """The caller's stream is not the legacy default stream: the generator's
     writes go on the tree's stream, ordered by events."""

@@ -19,10 +19,9 @@ warm-up, every graph that is a segment replayed at every step, and the tree
 no bigger than one node per graph (a step that never ended would add one per
 call).
 
-Graphs that run as plain Inductor graphs, and why (docs/torch.md, "What runs
-as the plain Inductor graph"): gradient checkpointing saves and restores the
-generator's state (torch.utils.checkpoint's preserve_rng_state), which a
-replay cannot. Every other graph records: in fp32 too, where PyTorch's
+Every graph records: with gradient checkpointing too (AOTAutograd's
+graph-safe form passes generators to the forward and the backward, which
+cgtree registers with its recordings), and in fp32, where PyTorch's
 scaled-dot-product attention takes its memory-efficient kernel, which
 returns its random seed and offset as CPU tensors outside a capture (cgtree
 copies a warmup's onto the GPU, where the compile put them).
@@ -75,8 +74,7 @@ def t5():
 
 # name: (make, autocast dtype, the reasons graphs may give for running plainly)
 MODELS = {"llama": (llama, None, ()), "llama_bf16": (llama, torch.bfloat16, ()),
-          "llama_checkpointing": (lambda: llama(checkpointing=True), torch.bfloat16,
-                                  ("saves or restores the random generator's state",)),
+          "llama_checkpointing": (lambda: llama(checkpointing=True), torch.bfloat16, ()),
           "bert": (bert, None, ()), "t5": (t5, None, ())}
 
 

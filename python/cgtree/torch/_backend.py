@@ -43,7 +43,10 @@ backward segment all the same.
 Random graphs. A graph that draws random numbers is recorded too: its
 recording reads the CUDA generator's seed and offset from device memory,
 and a prelaunch function writes them and advances the generator before
-each launch, so replays draw Inductor's numbers (_rng.py).
+each launch, so replays draw Inductor's numbers (_rng.py). So is
+activation checkpointing in AOTAutograd's graph-safe form, whose
+generators are arguments of the forward and the backward: they are
+registered with the recording too, and key its variant by identity.
 
 Tensors a forward saves on the CPU, where the compile saw them on the GPU.
 A compile sees fake tensors, and scaled-dot-product attention's
@@ -72,9 +75,9 @@ import torch
 from .. import _torch_ext as _ext
 from . import _install
 
-from ._graphs import (_DL, ARG_TENSOR, ARG_TENSOR_STATIC, describe, mutated_inputs, onto_device, plan_inputs,
+from ._graphs import (_DL, ARG_GENERATOR, ARG_TENSOR, ARG_TENSOR_STATIC, describe, mutated_inputs, onto_device, plan_inputs,
                       random_use, saved_on_cuda, span)
-from ._rng import RandomDraws
+from ._rng import RandomDraws, anchoring
 
 _counter = itertools.count(1)
 _segments = []  # every Segment made, for stats()
@@ -259,6 +262,8 @@ def inner_compile(gm, example_inputs, **kwargs):
         run = functools.partial(draws.run, plain)
         extra["prelaunch"] = draws.prelaunch
         extra["side_stream"] = draws.side.cuda_stream
+        if ARG_GENERATOR in kinds:  # activation checkpointing's generators: given their device state at plain calls
+            plain = anchoring(plain, index)
 
     def launch(inputs):  # warmups and recordings only, on the calling thread's tree's stream
         with torch.cuda.stream(_install.tree_for(index)[1]):

@@ -13,7 +13,16 @@ the compiler says nothing, we assume the worst: every tensor input mutated.
 """
 import torch
 
-ARG_TENSOR, ARG_TENSOR_STATIC, ARG_INT, ARG_FLOAT, ARG_OTHER = range(5)
+# ARG_GENERATOR: a torch.Generator the graph draws from (activation
+# checkpointing's graph-safe random state); its identity keys the variant.
+ARG_TENSOR, ARG_TENSOR_STATIC, ARG_INT, ARG_FLOAT, ARG_OTHER, ARG_GENERATOR = range(6)
+
+# The one operator that swaps the generator's state in a way a capture can
+# carry: AOTAutograd's graph-safe form of activation checkpointing, whose
+# generators are arguments of the graph (_rng.py registers them with the
+# recording). Every other operator that saves or restores the state reads
+# or writes it on the host, which a replay cannot do.
+GRAPHSAFE_RNG = "graphsafe_run_with_rng_state"
 
 # DLPack type codes: 0 int, 1 uint, 2 float, 4 bfloat, 6 bool.
 _DL = {
@@ -153,20 +162,25 @@ def _draws(node):
 
 def random_use(gm):
     """(draws, restores), from one walk of the graph and the graphs nested in
-    it. restores: the graph saves or restores the generator's state, a
-    higher-order operator whose name speaks of it (run_with_rng_state,
-    run_and_save_rng_state: activation checkpointing); a replay cannot set
-    the generator's state, so such graphs run plainly. draws: restores, or
-    an operator carries PyTorch's nondeterministic_seeded tag and this call
-    of it draws (rand*, dropout in training, bernoulli, multinomial,
-    normal_, SDPA with a nonzero dropout_p...)."""
+    it. restores: the graph saves or restores the generator's state on the
+    host, a higher-order operator whose name speaks of it (run_with_rng_state,
+    run_and_save_rng_state: activation checkpointing where AOTAutograd does
+    not use its graph-safe form); a replay cannot set the generator's state,
+    so such graphs run plainly. draws: restores, or the graph-safe form
+    (graphsafe_run_with_rng_state, whose generators are the graph's
+    arguments: a recording registers them), or an operator carries
+    PyTorch's nondeterministic_seeded tag and this call of it draws (rand*,
+    dropout in training, bernoulli, multinomial, normal_, SDPA with a
+    nonzero dropout_p...)."""
     tag = getattr(torch.Tag, "nondeterministic_seeded", None)
     draws = restores = False
     for g in _graph_modules(gm):
         for n in g.graph.nodes:
             if n.op != "call_function":
                 continue
-            if isinstance(n.target, torch._ops.HigherOrderOperator) and "rng" in n.target.name():
+            if isinstance(n.target, torch._ops.HigherOrderOperator) and n.target.name() == GRAPHSAFE_RNG:
+                draws = True
+            elif isinstance(n.target, torch._ops.HigherOrderOperator) and "rng" in n.target.name():
                 restores = True
             tags = getattr(n.target, "tags", None)
             if not draws and tags is not None and tag in tags and _draws(n):
@@ -180,7 +194,8 @@ def plan_inputs(example_inputs, static_idxs, mutated):
     """(kinds, spans, dynamic) for segment.c: STATIC for inputs the
     compiler calls static and inputs the graph writes (a DYNAMIC input is
     copied into a placeholder, so a write to it would be lost); DYNAMIC for
-    other tensors; ints key the variant; dynamic is True when spans must be
+    other tensors; ints and generators (by identity) key the variant;
+    dynamic is True when spans must be
     measured at every call (symbolic sizes, or int arguments)."""
     kinds, spans, dynamic = [], [], False
     static_idxs = set(static_idxs)
@@ -199,6 +214,9 @@ def plan_inputs(example_inputs, static_idxs, mutated):
             dynamic = True
         elif isinstance(x, (float, torch.SymFloat)):
             kinds.append(ARG_FLOAT)
+            spans.append(0)
+        elif isinstance(x, torch.Generator):
+            kinds.append(ARG_GENERATOR)
             spans.append(0)
         else:
             kinds.append(ARG_OTHER)

@@ -49,12 +49,30 @@ device stays registered with the generator for the process's life, so that
 the generator's two device tensors are allocated once, eagerly, and never
 inside a launch, where every allocation goes to the pool.
 
+Activation checkpointing. AOTAutograd recomputes a checkpointed region's
+random operators in the backward from the state they drew from in the
+forward. Its graph-safe form (``graphsafe_run_with_rng_state``, its
+default for CUDA) gives each such operator a pair of generators of its
+own, passed as arguments of the forward and the backward graphs, and
+swaps the default generator's state for theirs around the operator.
+Such generators are registered with the empty graph too (PyTorch's
+``CUDAGraph.register_generator_state``, as CUDAGraph Trees do with them),
+so that a capture counts their offsets and each replay writes and
+advances them as it does the default generator. A generator registered
+with its first graph gets its two device tensors then: ``anchor_generators``
+does that once per generator, on the graph's plain calls (its first call
+among them), outside any launch, with an empty graph kept for the
+process's life; it also keeps the generator alive, since segment.c keys
+variants by its address. A capture that meets a generator its graph's
+first call did not see raises, and the graph runs plainly from then on.
+
 Limits. The generator's capture mode is one flag per generator: random
 graphs are recorded one at a time per process (a lock), and an eager
 random op on another thread while a random graph is being recorded fails
 as it would under ``torch.cuda.graph``. Graphs that save or restore the
-generator's state (activation checkpointing's ``run_with_rng_state``) stay
-plain. A PyTorch whose generator keys its capture state by capture id (its
+generator's state on the host (activation checkpointing's
+``run_with_rng_state``, where AOTAutograd does not take its graph-safe
+form: random operators on the CPU, or on several GPUs) stay plain. A PyTorch whose generator keys its capture state by capture id (its
 main branch at the time of writing) refuses the offset counting of a
 capture it did not begin; the recording then raises, and the graph runs as
 the plain Inductor graph from then on, with a warning.
@@ -69,11 +87,53 @@ _anchors_lock = threading.Lock()
 _capture_lock = threading.Lock()  # the generator's capture mode is one flag
 
 
-def _empty_capture_begin(side):
+_anchored = {}  # id(generator) -> (generator, an empty CUDAGraph registered with it), for the process's life
+
+
+def _empty_capture_begin(side, generators=()):
     g = torch.cuda.CUDAGraph(keep_graph=True)
-    with torch.cuda.stream(side):
+    with torch.cuda.stream(side):  # registering refuses a capturing current stream: the tree's may be one
+        for gen in generators:
+            g.register_generator_state(gen)
         g.capture_begin(capture_error_mode="relaxed")
     return g
+
+
+def generators_of(inputs):
+    return [x for x in inputs if isinstance(x, torch.Generator)]
+
+
+def _anchored_already(gen):
+    kept = _anchored.get(id(gen))
+    return kept is not None and kept[0] is gen
+
+
+def anchor_generators(inputs, device_index):
+    """Registers each torch.Generator among inputs, once, with an empty graph
+    kept for the process's life: its device-side seed and offset are
+    allocated here, outside any launch (inside one, every allocation goes
+    to the tree's pool, which reuses it), and the generator stays alive
+    (segment.c keys variants by its address). Never call it inside a
+    launch."""
+    gens = [g for g in generators_of(inputs) if not _anchored_already(g)]
+    if not gens:
+        return
+    with _anchors_lock, _real_tensors(), torch.cuda.device(device_index):
+        for gen in gens:
+            if not _anchored_already(gen):
+                anchor = torch.cuda.CUDAGraph(keep_graph=True)
+                anchor.register_generator_state(gen)
+                _anchored[id(gen)] = (gen, anchor)
+
+
+def anchoring(plain, device_index):
+    """plain, anchoring the generators it is passed first (the Segment's
+    plain calls: its first call, and every call once it runs plainly)."""
+    def call(*inputs):
+        anchor_generators(inputs, device_index)
+        return plain(*inputs)
+
+    return call
 
 
 def _empty_capture_end(g, side):
@@ -127,8 +187,12 @@ class RandomDraws:
         self.recorded.bracket = None
         if not torch.cuda.is_current_stream_capturing():
             return plain(*inputs)
+        gens = generators_of(inputs)
+        if not all(_anchored_already(g) for g in gens):
+            raise RuntimeError("cgtree.torch: a random graph is passed a generator its first call did not see; "
+                               "its device state cannot be allocated inside a recording")
         with _capture_lock:
-            bracket = _empty_capture_begin(self.side)
+            bracket = _empty_capture_begin(self.side, gens)
             try:
                 out = plain(*inputs)
             finally:
