@@ -216,31 +216,48 @@ class CheckpointedDropout(torch.nn.Module):
         return self.head(torch.utils.checkpoint.checkpoint(self.block, x, use_reentrant=False))
 
 
-def test_activation_checkpointing_with_dropout_records_and_its_recompute_draws_the_forwards_mask():
-    """AOTAutograd's graph-safe checkpointing passes a generator pair per
-    recomputed random operator to the forward and the backward; cgtree
-    registers them with its recordings, so both graphs record and replay,
-    and the backward's recompute draws the forward's mask: losses and
-    weights equal Inductor's bit for bit (a wrong mask changes gradients)."""
-    from cgtree.torch._graphs import ARG_GENERATOR
+class CheckpointedAttention(torch.nn.Module):
+    """Self-attention with dropout, recomputed in the backward: the fused
+    kernel draws its mask inside, so AOTAutograd cannot seed it as Inductor
+    seeds a dropout; it swaps in a generator of its own (its graph-safe
+    checkpointing)."""
 
+    def __init__(self, width=64, heads=2):
+        super().__init__()
+        self.qkv, self.head, self.heads = torch.nn.Linear(width, 3 * width), torch.nn.Linear(width, 1), heads
+
+    def block(self, x):
+        b, s, w = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, self.heads, w // self.heads).permute(2, 0, 3, 1, 4)
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=0.3 if self.training else 0.0)
+        return a.transpose(1, 2).reshape(b, s, w)
+
+    def forward(self, x):
+        return self.head(torch.utils.checkpoint.checkpoint(self.block, x, use_reentrant=False))
+
+
+def train_both(make, shape, autocast=None):
+    """The model trained by plain Inductor and, from the same seeds, by
+    cgtree: (Inductor's losses and model, cgtree's, what cgtree's graphs
+    did, the backend's decisions for them)."""
     torch.manual_seed(0)
-    model = CheckpointedDropout().to(DEV)
+    model = make().to(DEV)
     ref_model = copy.deepcopy(model)
     g = torch.Generator().manual_seed(1)
-    xs = [torch.randn(32, 64, generator=g).to(DEV) for _ in range(12)]
+    xs = [torch.randn(*shape, generator=g).to(DEV) for _ in range(12)]
 
     def train(m, cf):
         opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
-        torch.manual_seed(11)
+        torch.manual_seed(11)  # also seeds the generators AOTAutograd makes at the first call
         losses = []
         for x in xs:
-            loss = cf(x).square().mean()
+            with torch.autocast("cuda", dtype=autocast or torch.float32, enabled=autocast is not None):
+                loss = cf(x).float().square().mean()
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
             losses.append(loss.detach().clone())
-        return losses
+        return torch.stack(losses)
 
     torch._dynamo.reset()
     want = train(ref_model, torch.compile(ref_model))
@@ -248,13 +265,38 @@ def test_activation_checkpointing_with_dropout_records_and_its_recompute_draws_t
     first = len(_backend.decisions)
     with Replays() as r:
         got = train(model, torch.compile(model, backend="cgtree"))
-    mine = _backend.decisions[first:]
-    assert {d["graph"] for d in mine if ARG_GENERATOR in d.get("kinds", ())} == {"forward", "backward"}, mine
+    return (want, ref_model), (got, model), r, _backend.decisions[first:]
+
+
+def test_activation_checkpointing_with_dropout_records_and_its_recompute_draws_the_forwards_mask():
+    """Inductor seeds a checkpointed dropout itself (the forward draws the
+    seeds and saves them; the backward's recompute reads them): the forward
+    is a random graph, recorded, and the recompute draws the forward's
+    mask: losses and weights equal Inductor's bit for bit."""
+    (want, ref_model), (got, model), r, _ = train_both(CheckpointedDropout, (32, 64))
     assert r.plain == [] and r.replays >= 2 * 8, vars(r)  # the forward and the backward replay
-    for i, (a, b) in enumerate(zip(want, got)):
-        assert torch.equal(a, b), "loss %d: %r vs Inductor's %r" % (i, b.item(), a.item())
+    assert torch.equal(got, want), "losses %s, Inductor's %s" % (got.tolist(), want.tolist())
     for (n, p), (_, q) in zip(model.named_parameters(), ref_model.named_parameters()):
         assert torch.equal(p, q), "weight %s differs from Inductor's" % n
+
+
+def test_checkpointed_attention_with_dropout_records_with_autograds_generators_and_recomputes_the_mask():
+    """AOTAutograd's graph-safe checkpointing passes a generator pair per
+    recomputed random operator (here flash attention with dropout, under
+    bf16 autocast) to the forward and the backward; cgtree registers them
+    with its recordings, so both graphs record and replay, and the
+    backward's recompute draws the forward's mask. Losses and weights match
+    Inductor's within the spread of the attention backward's atomics (1e-5;
+    a mask drawn anew moves a weight by about 1e-3); the tenth session ran
+    these graphs plainly."""
+    from cgtree.torch._graphs import ARG_GENERATOR
+
+    (want, ref_model), (got, model), r, mine = train_both(CheckpointedAttention, (4, 64, 64), torch.bfloat16)
+    assert {d["graph"] for d in mine if ARG_GENERATOR in d.get("kinds", ())} == {"forward", "backward"}, mine
+    assert r.plain == [] and r.replays >= 2 * 8, vars(r)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+    for (n, p), (_, q) in zip(model.named_parameters(), ref_model.named_parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=lambda m: "weight %s: %s" % (n, m))
 
 
 def test_a_random_graph_called_on_a_side_stream_draws_inductors_numbers():
