@@ -65,6 +65,9 @@ Models:
   gpt2fp32  gpt2 without autocast: in fp32 the attention takes PyTorch's
           memory-efficient kernel, whose forward saves its random seed and
           offset (CPU tensors outside a capture) for the backward.
+  gpt2ckpt  gpt2 with gradient checkpointing (transformers'
+          gradient_checkpointing_enable, non-reentrant): AOTAutograd
+          passes its graph-safe generators to forward and backward.
 """
 import argparse
 import gc
@@ -110,13 +113,15 @@ def make_mlp(torch, dev, branch=False):
     return model, loss_fn, False
 
 
-def make_gpt2(torch, dev, dropout=0.0, autocast=True):
+def make_gpt2(torch, dev, dropout=0.0, autocast=True, checkpointing=False):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
     cfg = GPT2Config(n_layer=4, n_embd=256, n_head=4, n_positions=128, vocab_size=8192,
                      resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout)
     model = GPT2LMHeadModel(cfg).to(dev)
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     g = torch.Generator().manual_seed(1)
     data = [torch.randint(0, cfg.vocab_size, (8, 128), generator=g).to(dev) for _ in range(4)]
 
@@ -129,7 +134,8 @@ def make_gpt2(torch, dev, dropout=0.0, autocast=True):
 
 MODELS = {"mlp": lambda t, d: make_mlp(t, d), "branch": lambda t, d: make_mlp(t, d, branch=True),
           "gpt2": make_gpt2, "gpt2drop": lambda t, d: make_gpt2(t, d, dropout=0.1),
-          "gpt2fp32": lambda t, d: make_gpt2(t, d, autocast=False)}
+          "gpt2fp32": lambda t, d: make_gpt2(t, d, autocast=False),
+          "gpt2ckpt": lambda t, d: make_gpt2(t, d, checkpointing=True)}
 
 
 def child(name, mode, out_dir, warm, timed, optimizer="eager", profile=False, trace=False, cpus=""):
