@@ -75,8 +75,8 @@ import torch
 from .. import _torch_ext as _ext
 from . import _install
 
-from ._graphs import (_DL, ARG_GENERATOR, ARG_TENSOR, ARG_TENSOR_STATIC, describe, mutated_inputs, onto_device, plan_inputs,
-                      random_use, saved_on_cuda, span)
+from ._graphs import (_DL, ARG_GENERATOR, ARG_TENSOR, ARG_TENSOR_STATIC, describe, mutated_inputs, onto_device,
+                      plan_inputs, random_use, saved_on_cuda, span)
 from ._rng import RandomDraws, anchoring
 
 _counter = itertools.count(1)

@@ -87,8 +87,8 @@ def onto_device(res, positions, device, capturing):
 
     A compile sees PyTorch's fake tensors, and a fake kernel may say GPU
     where the real kernel, run outside a capture, returns CPU tensors:
-    scaled-dot-product attention's memory-efficient and flash kernels
-    return their random seed and offset so (on the GPU inside a capture).
+    scaled-dot-product attention's memory-efficient kernel returns its
+    random seed and offset so (on the GPU inside a capture).
     A training forward saves them for its backward, which was compiled for
     GPU tensors there, and a recording carries GPU tensors only: so a
     warmup's, or a first call's, are copied. Only for forwards that draw
@@ -195,8 +195,8 @@ def plan_inputs(example_inputs, static_idxs, mutated):
     compiler calls static and inputs the graph writes (a DYNAMIC input is
     copied into a placeholder, so a write to it would be lost); DYNAMIC for
     other tensors; ints and generators (by identity) key the variant;
-    dynamic is True when spans must be
-    measured at every call (symbolic sizes, or int arguments)."""
+    dynamic is True when spans must be measured at every call (symbolic
+    sizes, or int arguments)."""
     kinds, spans, dynamic = [], [], False
     static_idxs = set(static_idxs)
     for i, x in enumerate(example_inputs):

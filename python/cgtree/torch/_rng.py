@@ -72,10 +72,11 @@ random op on another thread while a random graph is being recorded fails
 as it would under ``torch.cuda.graph``. Graphs that save or restore the
 generator's state on the host (activation checkpointing's
 ``run_with_rng_state``, where AOTAutograd does not take its graph-safe
-form: random operators on the CPU, or on several GPUs) stay plain. A PyTorch whose generator keys its capture state by capture id (its
-main branch at the time of writing) refuses the offset counting of a
-capture it did not begin; the recording then raises, and the graph runs as
-the plain Inductor graph from then on, with a warning.
+form: random operators on the CPU, or on several GPUs) stay plain. A
+PyTorch whose generator keys its capture state by capture id (its main
+branch at the time of writing) refuses the offset counting of a capture it
+did not begin; the recording then raises, and the graph runs as the plain
+Inductor graph from then on, with a warning.
 """
 import threading
 import warnings
