@@ -383,8 +383,12 @@ def main():
         if "TRACE " in p.stdout:
             print(p.stdout[p.stdout.find("TRACE "):p.stdout.find("RESULT ")], flush=True)
         line = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
-        return json.loads(line[-1][7:]) if line else {"model": name, "mode": mode,
-                                                      "error": (p.stderr or p.stdout)[-1200:]}
+        res = json.loads(line[-1][7:]) if line else {"model": name, "mode": mode,
+                                                     "error": (p.stderr or p.stdout)[-1200:]}
+        # One line per process as it ends: a run its time limit stops still shows the rounds it finished.
+        print("ROUND %s %s %s" % (name, mode, "%.3f ms/step" % res["ms_per_step"] if "ms_per_step" in res
+                                  else "failed"), flush=True)
+        return res
 
     rows = []
     modes = a.modes.split(",")
