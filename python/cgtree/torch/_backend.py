@@ -75,8 +75,8 @@ import torch
 from .. import _torch_ext as _ext
 from . import _install
 
-from ._graphs import (_DL, ARG_GENERATOR, ARG_TENSOR, ARG_TENSOR_STATIC, describe, mutated_inputs, onto_device,
-                      plan_inputs, random_use, saved_on_cuda, span)
+from ._graphs import (_DL, ARG_GENERATOR, ARG_TENSOR, ARG_TENSOR_STATIC, describe, graph_outputs, mutated_inputs,
+                      onto_device, plan_inputs, random_use, saved_on_cuda, span)
 from ._rng import RandomDraws, anchoring
 
 _counter = itertools.count(1)
@@ -160,8 +160,7 @@ def _saved_activations(gm):
     is unknown: then every result counts), and for each saved tensor the
     index of the forward's input it is, or None (None for all: unknown)."""
     saved_from = getattr(_fw_metadata(), "num_forward", None)
-    outs = torch._inductor.utils.output_node(gm).args[0]
-    outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+    outs = graph_outputs(gm)
     if not isinstance(saved_from, int) or not 0 <= saved_from <= len(outs):
         return 0, None
     places = [n for n in gm.graph.nodes if n.op == "placeholder"]

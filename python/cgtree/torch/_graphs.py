@@ -68,11 +68,16 @@ def describe(res):
     return isinstance(res, list), tuple(metas), tuple(consts)
 
 
+def graph_outputs(gm):
+    """The nodes (or constants) gm returns, as a list."""
+    outs = torch._inductor.utils.output_node(gm).args[0]
+    return list(outs) if isinstance(outs, (list, tuple)) else [outs]
+
+
 def saved_on_cuda(gm, saved_from):
     """Positions, among a training forward's results, of the saved tensors
     (from saved_from on) that the compile saw on a CUDA device."""
-    outs = torch._inductor.utils.output_node(gm).args[0]
-    outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+    outs = graph_outputs(gm)
     found = []
     for i in range(saved_from, len(outs)):
         val = outs[i].meta.get("val") if isinstance(outs[i], torch.fx.Node) else None
