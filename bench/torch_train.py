@@ -65,6 +65,9 @@ Models:
   gpt2fp32  gpt2 without autocast: in fp32 the attention takes PyTorch's
           memory-efficient kernel, whose forward saves its random seed and
           offset (CPU tensors outside a capture) for the backward.
+  gpt2dropfp32  gpt2drop without autocast: the memory-efficient attention
+          with dropout, whose backward reads the saved seed and offset on
+          the host outside a capture (through device pointers inside one).
   gpt2ckpt  gpt2 with gradient checkpointing (transformers'
           gradient_checkpointing_enable, non-reentrant): AOTAutograd
           passes its graph-safe generators to forward and backward.
@@ -135,7 +138,8 @@ def make_gpt2(torch, dev, dropout=0.0, autocast=True, checkpointing=False):
 MODELS = {"mlp": lambda t, d: make_mlp(t, d), "branch": lambda t, d: make_mlp(t, d, branch=True),
           "gpt2": make_gpt2, "gpt2drop": lambda t, d: make_gpt2(t, d, dropout=0.1),
           "gpt2fp32": lambda t, d: make_gpt2(t, d, autocast=False),
-          "gpt2ckpt": lambda t, d: make_gpt2(t, d, checkpointing=True)}
+          "gpt2ckpt": lambda t, d: make_gpt2(t, d, checkpointing=True),
+          "gpt2dropfp32": lambda t, d: make_gpt2(t, d, dropout=0.1, autocast=False)}
 
 
 def child(name, mode, out_dir, warm, timed, optimizer="eager", profile=False, trace=False, cpus=""):

@@ -1169,9 +1169,9 @@ static int on_device_slow(PyObject *o, int device) {
  * another device than the real one does: memory-efficient attention returns
  * its random seed and offset as CPU tensors outside a capture, where its
  * fake kernel says they lie on the GPU, and a backward receives them (the
- * backend copies them onto the GPU where the forward draws no random
- * numbers, _graphs.onto_device; with dropout they stay on the CPU). Their
- * host addresses must never be taken for device memory. */
+ * backend copies them onto the GPU, _graphs.onto_device, but not where the
+ * forward itself runs plainly). Their host addresses must never be taken
+ * for device memory. */
 static PyObject *call_off_device(SegmentObject *s, TreeObject *T, PyObject *const *args, size_t n, size_t i) {
   char why[300];
   snprintf(why, sizeof why,

@@ -255,6 +255,49 @@ def test_a_saved_tensor_left_on_the_cpu_is_copied_to_the_device_with_its_values_
     assert B.onto_device(res, (), "meta", lambda: False) is res
 
 
+def attention_backward_graph(op, dropout_p):
+    """A backward's graph: placeholders, then one attention backward that
+    takes the seed and offset among them."""
+    g = torch.fx.Graph()
+    grad, q, lse, out, seed, offset = (g.placeholder(n) for n in ("grad", "q", "lse", "out", "seed", "offset"))
+    if op == "efficient":
+        call = g.call_function(torch.ops.aten._scaled_dot_product_efficient_attention_backward.default,
+                               (grad, q, q, q, None, out, lse, seed, offset, dropout_p, [True, True, True, False]))
+    elif op == "efficient_kwargs":
+        call = g.call_function(torch.ops.aten._efficient_attention_backward.default,
+                               (grad, q, q, q, None, out, None, None, 16, 16, lse),
+                               {"dropout_p": dropout_p, "philox_seed": seed, "philox_offset": offset,
+                                "custom_mask_type": 0, "bias_requires_grad": False})
+    else:
+        call = g.call_function(torch.ops.aten._scaled_dot_product_flash_attention_backward.default,
+                               (grad, q, q, q, out, lse, None, None, 16, 16, dropout_p, False, seed, offset))
+    g.output((call,))
+    return torch.fx.GraphModule({}, g)
+
+
+def test_the_seed_and_offset_memory_efficient_attentions_backward_reads_on_the_host_are_found_where_it_draws():
+    """Memory-efficient attention's backward reads its philox seed and
+    offset on the host outside a capture when it draws (dropout_p not 0):
+    those inputs of the graph (positions 4 and 5) are the ones a plain run
+    must get on the CPU, passed positionally or by keyword. With dropout 0
+    it reads neither, and flash attention's backward is not on the list."""
+    assert B.host_read_seeds(attention_backward_graph("efficient", 0.1)) == (4, 5)
+    assert B.host_read_seeds(attention_backward_graph("efficient_kwargs", 0.2)) == (4, 5)
+    assert B.host_read_seeds(attention_backward_graph("efficient", 0.0)) == ()
+    assert B.host_read_seeds(attention_backward_graph("flash", 0.1)) == ()
+
+
+def test_onto_host_leaves_cpu_tensors_and_everything_in_a_capture_as_they_are():
+    """onto_host copies only CUDA tensors (the GPU suite's fp32 attention
+    with dropout copies real ones): a CPU tensor, a number, or anything at
+    all inside a capture is handed on untouched, in the very list given."""
+    seed, offset = torch.tensor(7), torch.tensor(9)
+    args = [torch.ones(2), seed, offset, 3]
+    assert B.onto_host(args, (1, 2, 3), lambda: False) is args
+    assert args[1] is seed and args[2] is offset and args[3] == 3
+    assert B.onto_host(args, (1, 2), lambda: True) is args and args[1] is seed
+
+
 def test_graphs_without_cuda_tensors_run_as_plain_inductor_graphs_with_the_reason_recorded():
     _backend.decisions.clear()
     torch._dynamo.reset()

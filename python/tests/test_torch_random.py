@@ -236,6 +236,14 @@ class CheckpointedAttention(torch.nn.Module):
         return self.head(torch.utils.checkpoint.checkpoint(self.block, x, use_reentrant=False))
 
 
+class AttentionWithDropout(CheckpointedAttention):
+    """The same attention with dropout, not recomputed: the forward saves the
+    kernel's random seed and offset for the backward."""
+
+    def forward(self, x):
+        return self.head(self.block(x))
+
+
 def train_both(make, shape, autocast=None):
     """The model trained by plain Inductor and, from the same seeds, by
     cgtree: (Inductor's losses and model, cgtree's, what cgtree's graphs
@@ -297,6 +305,32 @@ def test_checkpointed_attention_with_dropout_records_with_autograds_generators_a
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
     for (n, p), (_, q) in zip(model.named_parameters(), ref_model.named_parameters()):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=lambda m: "weight %s: %s" % (n, m))
+
+
+def test_fp32_attention_with_dropout_records_and_its_backward_reads_the_forwards_seed_in_and_out_of_captures():
+    """In fp32, attention takes the memory-efficient kernel. Outside a
+    capture its forward returns its random seed and offset as CPU tensors
+    and its backward reads them on the host; inside one, both go through
+    device pointers. cgtree copies a forward's onto the GPU, where the
+    compile put them, and hands them back on the CPU to every run of the
+    backward outside a capture, so both graphs record and replay, and each
+    backward, replayed or run, applies the mask of the forward it follows:
+    losses and weights are Inductor's within rtol 1e-5 (a mask drawn anew,
+    or a seed read from the wrong memory, changes the gradients themselves).
+    Before, both graphs ran plainly."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q = torch.randn(2, 2, 16, 32, device=DEV)
+    seed = torch.ops.aten._scaled_dot_product_efficient_attention(q, q, q, None, True, 0.3)[2]
+    assert seed.device.type == "cpu", "the case at hand: a CPU seed outside a capture"
+    with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+        (want, ref_model), (got, model), r, mine = train_both(AttentionWithDropout, (4, 64, 64))
+    assert any(d["saved_copied_if_on_cpu"] for d in mine if d["graph"] == "forward"), mine
+    assert any(d["host_read_seeds"] for d in mine if d["graph"] == "backward"), mine
+    assert r.plain == [] and r.replays >= 2 * 8, vars(r)  # the forward and the backward replay
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+    for (n, p), (_, q) in zip(model.named_parameters(), ref_model.named_parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7, msg=lambda m: "weight %s: %s" % (n, m))
 
 
 def test_a_random_graph_called_on_a_side_stream_draws_inductors_numbers():

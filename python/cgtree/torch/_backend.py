@@ -53,10 +53,13 @@ A compile sees fake tensors, and scaled-dot-product attention's
 memory-efficient kernel (fp32) returns its random seed and offset as CPU
 tensors outside a capture, on the GPU inside one, as its fake kernel says.
 A warmup's would make the forward unrecordable and hand its backward CPU
-tensors it was compiled to get on the GPU; so a forward that draws no
-random numbers copies such saved tensors onto the GPU (_graphs.onto_device;
-with dropout 0 the backward never reads them). With dropout the backward
-reads a CPU seed's bytes on the host, and such forwards still run plainly.
+tensors it was compiled to get on the GPU; so a forward copies such saved
+tensors onto the GPU (_graphs.onto_device). With dropout 0 the backward
+never reads them. With dropout its kernel reads them on the host outside a
+capture and through device pointers inside one: so a graph that passes
+them to that kernel gets them back on the CPU in every run outside a
+capture (_graphs.host_read_seeds, onto_host), and on the GPU, where the
+recorded forward's replays write them, inside one.
 
 Graphs cgtree does not record run as the plain Inductor graph, at
 Inductor's speed, with a warning naming the reason once: graphs with no
@@ -75,8 +78,8 @@ import torch
 from .. import _torch_ext as _ext
 from . import _install
 
-from ._graphs import (_DL, ARG_GENERATOR, ARG_TENSOR, ARG_TENSOR_STATIC, describe, graph_outputs, mutated_inputs,
-                      onto_device, plan_inputs, random_use, saved_on_cuda, span)
+from ._graphs import (_DL, ARG_GENERATOR, ARG_TENSOR, ARG_TENSOR_STATIC, describe, graph_outputs, host_read_seeds,
+                      mutated_inputs, onto_device, onto_host, plan_inputs, random_use, saved_on_cuda, span)
 from ._rng import RandomDraws, anchoring
 
 _counter = itertools.count(1)
@@ -105,18 +108,31 @@ def _warn_once(key, msg):
         warnings.warn("cgtree.torch: " + msg, RuntimeWarning, stacklevel=3)
 
 
-def _boxed(compiled, saved_cpu=(), device=None):
+def _boxed(compiled, saved_cpu=(), device=None, host_seeds=()):
     """Inductor's compiled graph takes its arguments as one list (and may
     empty it); segment.c calls the plain graph positionally. saved_cpu: the
     positions of saved tensors a run may leave on the CPU though the compile
-    saw them on `device`; they are copied there (_graphs.onto_device)."""
+    saw them on `device`; they are copied there (_graphs.onto_device).
+    host_seeds: the positions of arguments the graph reads on the host
+    outside a capture; a run outside one gets them on the CPU
+    (_graphs.onto_host)."""
+    capturing = torch.cuda.is_current_stream_capturing
+
     def plain(*args):
         return compiled(list(args))
 
     def plain_onto_device(*args):
-        return onto_device(compiled(list(args)), saved_cpu, device, torch.cuda.is_current_stream_capturing)
+        return onto_device(compiled(list(args)), saved_cpu, device, capturing)
 
-    return plain_onto_device if saved_cpu else plain
+    def plain_onto_host(*args):
+        return compiled(onto_host(list(args), host_seeds, capturing))
+
+    def plain_both(*args):
+        return onto_device(compiled(onto_host(list(args), host_seeds, capturing)), saved_cpu, device, capturing)
+
+    if saved_cpu and host_seeds:
+        return plain_both
+    return plain_onto_device if saved_cpu else plain_onto_host if host_seeds else plain
 
 
 # What the last compiles decided, for tests and `cgtree.torch.explain()`:
@@ -209,6 +225,7 @@ def inner_compile(gm, example_inputs, **kwargs):
     from torch._inductor.compile_fx import compile_fx_inner
 
     rng, restores_rng = random_use(gm)  # before Inductor's passes rewrite gm
+    host_seeds = host_read_seeds(gm)
     why, device = _plain_reason(example_inputs, kwargs, restores_rng)
     backward = bool(kwargs.get("is_backward"))
     # Compiled autograd traces the whole backward into a graph AOTAutograd compiles as inference: to the
@@ -248,12 +265,14 @@ def inner_compile(gm, example_inputs, **kwargs):
     tree, _ = _install.tree_for(index)
     if _install.blas_clear() is None:
         _install.prewarm_blas(index)  # an old PyTorch: the workspace outside the pool
-    # A forward that draws no random numbers may save tensors its eager run leaves on the CPU where the
-    # compile, and so its backward and a recording, put them on the GPU (attention's seed and offset): the
-    # plain graph copies them there, so the forward records and its backward too (_graphs.onto_device).
-    saved_cpu = saved_cuda if why is None and not rng else ()
+    # A forward may save tensors its eager run leaves on the CPU where the compile, and so its backward and
+    # a recording, put them on the GPU (attention's seed and offset): the plain graph copies them there, so
+    # the forward records and its backward too (_graphs.onto_device). A graph whose kernel reads them on
+    # the host outside a capture (attention's backward with dropout) gets them back on the CPU there.
+    saved_cpu = saved_cuda if why is None else ()
     record["saved_copied_if_on_cpu"] = saved_cpu
-    plain = _boxed(compiled, saved_cpu, device)
+    record["host_read_seeds"] = host_seeds
+    plain = _boxed(compiled, saved_cpu, device, host_seeds)
     extra = {"backward": backward or autograd_graph}
     run = plain
     if rng:  # a replay must draw fresh numbers: the generator's state per launch (_rng.py)

@@ -86,6 +86,44 @@ def saved_on_cuda(gm, saved_from):
     return tuple(found)
 
 
+# Operators that, run outside a capture, read the random seed and offset
+# they are given on the host (``*philox_seed.data_ptr<int64_t>()``) and,
+# inside one, through device pointers: memory-efficient attention's
+# backward, whose forward returns them so (CPU tensors outside a capture).
+HOST_READ_SEEDS = ("aten::_scaled_dot_product_efficient_attention_backward", "aten::_efficient_attention_backward")
+
+
+def host_read_seeds(gm):
+    """Positions of gm's inputs that an operator of HOST_READ_SEEDS reads as
+    its philox_seed or philox_offset in a call that draws (dropout_p not 0):
+    the tensors a plain run of gm must be given on the CPU."""
+    places = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    found = set()
+    for n in gm.graph.nodes:
+        schema = getattr(n.target, "_schema", None) if n.op == "call_function" else None
+        if schema is None or schema.name not in HOST_READ_SEEDS or not _draws(n):
+            continue
+        for name in ("philox_seed", "philox_offset"):
+            value, _ = _argument(n, name)
+            if isinstance(value, torch.fx.Node) and value.op == "placeholder":
+                found.add(places.index(value))
+    return tuple(sorted(found))
+
+
+def onto_host(args, positions, capturing):
+    """args (a list), with each CUDA tensor at `positions` copied to the CPU,
+    unless `capturing()`: what a plain run of a graph whose operators read
+    those tensors on the host must be given (host_read_seeds). The copy
+    waits for the current stream, which wrote them."""
+    if capturing():
+        return args
+    for i in positions:
+        x = args[i]
+        if isinstance(x, torch.Tensor) and x.device.type == "cuda":
+            args[i] = x.cpu()
+    return args
+
+
 def onto_device(res, positions, device, capturing):
     """res, with each tensor at `positions` that this run left on the CPU
     copied onto `device` (the same values; a list or tuple as res was).
@@ -96,12 +134,12 @@ def onto_device(res, positions, device, capturing):
     random seed and offset so (on the GPU inside a capture).
     A training forward saves them for its backward, which was compiled for
     GPU tensors there, and a recording carries GPU tensors only: so a
-    warmup's, or a first call's, are copied. Only for forwards that draw
-    no random numbers (the backend's choice): with dropout 0 the backward
-    never reads them, where with dropout it would read a CPU seed's bytes
-    on the host outside a capture. Inside a capture (`capturing()`) a copy
-    from host memory cannot be recorded: nothing is copied, and describe()
-    then names the output a recording cannot carry."""
+    warmup's, or a first call's, are copied. With dropout 0 the backward
+    never reads them; with dropout it reads them on the host outside a
+    capture, and its plain runs copy them back (onto_host). Inside a
+    capture (`capturing()`) a copy from host memory cannot be recorded:
+    nothing is copied, and describe() then names the output a recording
+    cannot carry."""
     moved = None
     for i in positions:
         x = res[i]
