@@ -232,8 +232,13 @@ def child(name, mode, out_dir, warm, timed, optimizer="eager", profile=False, tr
     gc.unfreeze()
     # cgtree's own host time: what segment.c's timers counted inside its calls (replays), per step
     in_calls = [sg.timers() for sg in segments]
-    ours_us = {k: sum(t[k] for t in in_calls) / timed / 1e3 for k in ("ns_in_call", "ns_args", "ns_in_run", "ns_make",
-                                                                      "ns_outputs")}
+    ours_us = {k: sum(t[k] for t in in_calls) / timed / 1e3 for k in ("ns_in_call", "ns_args", "ns_in_run", "ns_launch",
+                                                                      "ns_make", "ns_outputs")}
+    # The same per graph (forward, backward, optimizer...): replays per step and us per step
+    per_graph = [dict({"graph": sg.info["name"], "calls": round(t["replays"] / timed, 2)},
+                      **{k[3:]: round(t[k] / timed / 1e3, 1) for k in ("ns_in_call", "ns_args", "ns_in_run", "ns_launch",
+                                                                       "ns_outputs")})
+                 for sg, t in zip(segments, in_calls) if t["replays"]]
     ours_calls = sum(t["replays"] for t in in_calls) / timed
     if trace:
         print_trace(torch, step, name, mode, out_dir, warm + timed)
@@ -265,6 +270,7 @@ def child(name, mode, out_dir, warm, timed, optimizer="eager", profile=False, tr
     if ct:
         res["cgtree_calls_per_step"] = ours_calls
         res["cgtree_us_per_step"] = {k[3:]: round(v, 1) for k, v in ours_us.items()}
+        res["cgtree_us_per_graph"] = per_graph
         s = ct.stats()
         res.update(recordings=s.get("recordings", 0), recordings_after_warmup=s.get("recordings", 0) - rec0,
                    replays=s.get("replays", 0), graphs=s["graphs"], graphs_plain=s["graphs_plain"],
@@ -464,6 +470,9 @@ def main():
             floor = " | step less it %.3f ms, %.2f x reduce-overhead" % (less, less / ro["ms_per_step"]) if ro else ""
             print("| %s | %s | %.1f calls | %s%s |" % (r["model"], r["mode"], r["cgtree_calls_per_step"], ", ".join(
                 "%s %.1f" % kv for kv in r["cgtree_us_per_step"].items()), floor))
+            for g in r.get("cgtree_us_per_graph", ()):  # launch: 0 unless CGTREE_TORCH_TIME_LAUNCHES=1
+                print("|   | %s | %.2f calls | %s |" % (g["graph"], g["calls"], ", ".join(
+                    "%s %.1f" % (k, v) for k, v in g.items() if k not in ("graph", "calls"))))
     print()
     print("Host time per part of a timed step, median us (no sync: where the host waits for the GPU, it shows")
     print("in the part that waits), each round:")

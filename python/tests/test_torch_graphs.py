@@ -5,6 +5,7 @@ operators' tags), never from names. Needs torch, not a GPU: graphs of CPU
 tensors go through the same inner_compile hook and are recorded in
 cgtree.torch._backend.decisions before they run as plain Inductor graphs."""
 import json
+import operator
 import os
 import subprocess
 import sys
@@ -256,20 +257,38 @@ def test_a_saved_tensor_left_on_the_cpu_is_copied_to_the_device_with_its_values_
 
 
 def attention_backward_graph(op, dropout_p):
-    """A backward's graph: placeholders, then one attention backward that
-    takes the seed and offset among them."""
+    """A backward's graph: placeholders (with the compile's fake values),
+    then one attention backward whose seed and offset come from them, or
+    from a forward recomputed inside the graph ("recompute")."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    aten = torch.ops.aten
     g = torch.fx.Graph()
-    grad, q, lse, out, seed, offset = (g.placeholder(n) for n in ("grad", "q", "lse", "out", "seed", "offset"))
-    if op == "efficient":
-        call = g.call_function(torch.ops.aten._scaled_dot_product_efficient_attention_backward.default,
-                               (grad, q, q, q, None, out, lse, seed, offset, dropout_p, [True, True, True, False]))
+    names = ("grad", "q", "lse", "out", "seed", "offset", "step")
+    grad, q, lse, out, seed, offset, step = (g.placeholder(n) for n in names)
+    with FakeTensorMode():
+        for node in (grad, q, lse, out):
+            node.meta["val"] = torch.empty(2, 2, 16, 32, device="cuda")
+        for node in (seed, offset, step):  # step: a 0-d int64 input that is no seed
+            node.meta["val"] = torch.empty((), dtype=torch.int64, device="cuda")
+    mask = [True, True, True, False]
+    if op == "efficient_alias":  # the seed through a view of the input
+        seed = g.call_function(aten.alias.default, (seed,))
+    if op == "recompute":  # an activation checkpoint: the forward runs again inside the backward
+        scaled = g.call_function(aten.mul.Tensor, (q, step))
+        fwd = g.call_function(aten._scaled_dot_product_efficient_attention.default,
+                              (scaled, q, q, None, True, dropout_p))
+        seed, offset = (g.call_function(operator.getitem, (fwd, i)) for i in (2, 3))
+    if op in ("efficient", "efficient_alias", "recompute"):
+        call = g.call_function(aten._scaled_dot_product_efficient_attention_backward.default,
+                               (grad, q, q, q, None, out, lse, seed, offset, dropout_p, mask))
     elif op == "efficient_kwargs":
-        call = g.call_function(torch.ops.aten._efficient_attention_backward.default,
-                               (grad, q, q, q, None, out, None, None, 16, 16, lse),
+        call = g.call_function(aten._efficient_attention_backward.default, (grad, q, q, q, None, out, None, None, 16,
+                                                                            16, lse),
                                {"dropout_p": dropout_p, "philox_seed": seed, "philox_offset": offset,
                                 "custom_mask_type": 0, "bias_requires_grad": False})
     else:
-        call = g.call_function(torch.ops.aten._scaled_dot_product_flash_attention_backward.default,
+        call = g.call_function(aten._scaled_dot_product_flash_attention_backward.default,
                                (grad, q, q, q, out, lse, None, None, 16, 16, dropout_p, False, seed, offset))
     g.output((call,))
     return torch.fx.GraphModule({}, g)
@@ -279,10 +298,15 @@ def test_the_seed_and_offset_memory_efficient_attentions_backward_reads_on_the_h
     """Memory-efficient attention's backward reads its philox seed and
     offset on the host outside a capture when it draws (dropout_p not 0):
     those inputs of the graph (positions 4 and 5) are the ones a plain run
-    must get on the CPU, passed positionally or by keyword. With dropout 0
-    it reads neither, and flash attention's backward is not on the list."""
+    must get on the CPU, passed positionally or by keyword, or through a
+    view. Seeds a forward recomputed inside the graph makes are not inputs,
+    nor is an int64 input that feeds that forward;
+    with dropout 0 the backward reads neither, and flash attention's
+    backward is not on the list."""
     assert B.host_read_seeds(attention_backward_graph("efficient", 0.1)) == (4, 5)
     assert B.host_read_seeds(attention_backward_graph("efficient_kwargs", 0.2)) == (4, 5)
+    assert B.host_read_seeds(attention_backward_graph("efficient_alias", 0.1)) == (4, 5)
+    assert B.host_read_seeds(attention_backward_graph("recompute", 0.1)) == ()
     assert B.host_read_seeds(attention_backward_graph("efficient", 0.0)) == ()
     assert B.host_read_seeds(attention_backward_graph("flash", 0.1)) == ()
 

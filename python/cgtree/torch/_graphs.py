@@ -91,22 +91,53 @@ def saved_on_cuda(gm, saved_from):
 # inside one, through device pointers: memory-efficient attention's
 # backward, whose forward returns them so (CPU tensors outside a capture).
 HOST_READ_SEEDS = ("aten::_scaled_dot_product_efficient_attention_backward", "aten::_efficient_attention_backward")
+SEED_MAKERS = ("aten::_scaled_dot_product_efficient_attention", "aten::_efficient_attention_forward")
+
+
+def _schema_name(node):
+    schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+    return schema.name if schema is not None else None
+
+
+def _is_seed_tensor(node):
+    val = node.meta.get("val")
+    return isinstance(val, torch.Tensor) and val.dtype == torch.int64 and val.dim() == 0
+
+
+def _seed_inputs(node):
+    """The graph inputs a seed argument is made from: the argument itself
+    where it is one, else every 0-d int64 input among its ancestors (a view
+    or copy of an input follows that input's device), up to the forward
+    kernel that makes seeds inside the graph (an activation checkpoint's
+    recompute), whose seeds lie where that run needs them."""
+    seen, stack, found = set(), [node], []
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op == "placeholder":
+            if n is node or _is_seed_tensor(n):
+                found.append(n)
+        elif _schema_name(n) not in SEED_MAKERS:
+            stack.extend(n.all_input_nodes)
+    return found
 
 
 def host_read_seeds(gm):
     """Positions of gm's inputs that an operator of HOST_READ_SEEDS reads as
-    its philox_seed or philox_offset in a call that draws (dropout_p not 0):
-    the tensors a plain run of gm must be given on the CPU."""
+    its philox_seed or philox_offset, directly or through a view or copy, in
+    a call that draws (dropout_p not 0): the tensors a plain run of gm must
+    be given on the CPU."""
     places = [n for n in gm.graph.nodes if n.op == "placeholder"]
     found = set()
     for n in gm.graph.nodes:
-        schema = getattr(n.target, "_schema", None) if n.op == "call_function" else None
-        if schema is None or schema.name not in HOST_READ_SEEDS or not _draws(n):
+        if _schema_name(n) not in HOST_READ_SEEDS or not _draws(n):
             continue
         for name in ("philox_seed", "philox_offset"):
             value, _ = _argument(n, name)
-            if isinstance(value, torch.fx.Node) and value.op == "placeholder":
-                found.add(places.index(value))
+            if isinstance(value, torch.fx.Node):
+                found.update(places.index(p) for p in _seed_inputs(value))
     return tuple(sorted(found))
 
 
