@@ -119,20 +119,11 @@ def _boxed(compiled, saved_cpu=(), device=None, host_seeds=()):
     capturing = torch.cuda.is_current_stream_capturing
 
     def plain(*args):
-        return compiled(list(args))
+        args = onto_host(list(args), host_seeds, capturing) if host_seeds else list(args)
+        res = compiled(args)
+        return onto_device(res, saved_cpu, device, capturing) if saved_cpu else res
 
-    def plain_onto_device(*args):
-        return onto_device(compiled(list(args)), saved_cpu, device, capturing)
-
-    def plain_onto_host(*args):
-        return compiled(onto_host(list(args), host_seeds, capturing))
-
-    def plain_both(*args):
-        return onto_device(compiled(onto_host(list(args), host_seeds, capturing)), saved_cpu, device, capturing)
-
-    if saved_cpu and host_seeds:
-        return plain_both
-    return plain_onto_device if saved_cpu else plain_onto_host if host_seeds else plain
+    return plain
 
 
 # What the last compiles decided, for tests and `cgtree.torch.explain()`:
