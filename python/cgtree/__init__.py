@@ -47,6 +47,7 @@ from ._cgtree import (
     static,
     status_name,
 )
+from . import _view
 from ._view import ValueView, dtype_info, host_array
 
 _cgtree._set_view_impl(_view.view)

@@ -158,7 +158,7 @@ def print_result(r):
     print(f"{r['workload']}: {r['description']}")
     runs = len(WORKLOADS[r["workload"]][1](0))
     if not r["outputs_equal"]:
-        print(f"  wrong output: a step disagreed with numpy (stopped there)")
+        print("  wrong output: a step disagreed with numpy (stopped there)")
         return
     s = r["stats"]
     print(f"  {r['steps']} steps, {runs} segment runs each, every output checked against numpy: all equal")
