@@ -322,6 +322,30 @@ def test_onto_host_leaves_cpu_tensors_and_everything_in_a_capture_as_they_are():
     assert B.onto_host(args, (1, 2), lambda: True) is args and args[1] is seed
 
 
+def test_a_plain_run_hands_the_graph_its_arguments_as_one_list_and_copies_only_where_told():
+    """_boxed's plain call: the compiled graph gets the arguments as one new
+    list (Inductor empties it), host-read seeds that lie on the CPU already
+    are passed as they are, and a saved tensor left on the CPU is copied to
+    the device after the run ("meta" here); with nothing to copy the
+    graph's own result is handed back."""
+    seen = []
+
+    def compiled(args):
+        seen.append(list(args))
+        out = [args[1] * 2, torch.tensor(5)]
+        args.clear()
+        return out
+
+    seed, x = torch.tensor(3), torch.ones(2)
+    res = _backend._boxed(compiled, saved_cpu=(1,), device="meta", host_seeds=(0,), capturing=lambda: False)(seed, x)
+    assert seen[-1][0] is seed and seen[-1][1] is x
+    assert torch.equal(res[0], torch.full((2,), 2.0)) and res[1].device.type == "meta"
+    out = _backend._boxed(compiled, capturing=lambda: False)(torch.ones(2), x)
+    assert out[1].device.type == "cpu"
+    inside = _backend._boxed(compiled, saved_cpu=(1,), device="meta", capturing=lambda: True)(seed, x)
+    assert inside[1].device.type == "cpu", "inside a capture nothing is copied (describe() refuses it)"
+
+
 def test_graphs_without_cuda_tensors_run_as_plain_inductor_graphs_with_the_reason_recorded():
     _backend.decisions.clear()
     torch._dynamo.reset()

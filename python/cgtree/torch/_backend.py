@@ -108,16 +108,15 @@ def _warn_once(key, msg):
         warnings.warn("cgtree.torch: " + msg, RuntimeWarning, stacklevel=3)
 
 
-def _boxed(compiled, saved_cpu=(), device=None, host_seeds=()):
+def _boxed(compiled, saved_cpu=(), device=None, host_seeds=(), capturing=torch.cuda.is_current_stream_capturing):
     """Inductor's compiled graph takes its arguments as one list (and may
     empty it); segment.c calls the plain graph positionally. saved_cpu: the
     positions of saved tensors a run may leave on the CPU though the compile
     saw them on `device`; they are copied there (_graphs.onto_device).
     host_seeds: the positions of arguments the graph reads on the host
     outside a capture; a run outside one gets them on the CPU
-    (_graphs.onto_host)."""
-    capturing = torch.cuda.is_current_stream_capturing
-
+    (_graphs.onto_host). capturing: whether the current stream captures
+    (a test without CUDA passes its own)."""
     def plain(*args):
         args = onto_host(list(args), host_seeds, capturing) if host_seeds else list(args)
         res = compiled(args)

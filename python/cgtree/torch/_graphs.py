@@ -146,11 +146,11 @@ def onto_host(args, positions, capturing):
     unless `capturing()`: what a plain run of a graph whose operators read
     those tensors on the host must be given (host_read_seeds). The copy
     waits for the current stream, which wrote them."""
-    if capturing():
-        return args
     for i in positions:
         x = args[i]
         if isinstance(x, torch.Tensor) and x.device.type == "cuda":
+            if capturing():
+                return args
             args[i] = x.cpu()
     return args
 
