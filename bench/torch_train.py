@@ -232,12 +232,11 @@ def child(name, mode, out_dir, warm, timed, optimizer="eager", profile=False, tr
     gc.unfreeze()
     # cgtree's own host time: what segment.c's timers counted inside its calls (replays), per step
     in_calls = [sg.timers() for sg in segments]
-    ours_us = {k: sum(t[k] for t in in_calls) / timed / 1e3 for k in ("ns_in_call", "ns_args", "ns_in_run", "ns_launch",
-                                                                      "ns_make", "ns_outputs")}
+    timers = ("ns_in_call", "ns_args", "ns_in_run", "ns_launch", "ns_make", "ns_outputs")
+    ours_us = {k: sum(t[k] for t in in_calls) / timed / 1e3 for k in timers}
     # The same per graph (forward, backward, optimizer...): replays per step and us per step
     per_graph = [dict({"graph": sg.info["name"], "calls": round(t["replays"] / timed, 2)},
-                      **{k[3:]: round(t[k] / timed / 1e3, 1) for k in ("ns_in_call", "ns_args", "ns_in_run", "ns_launch",
-                                                                       "ns_outputs")})
+                      **{k[3:]: round(t[k] / timed / 1e3, 1) for k in timers if k != "ns_make"})
                  for sg, t in zip(segments, in_calls) if t["replays"]]
     ours_calls = sum(t["replays"] for t in in_calls) / timed
     if trace:

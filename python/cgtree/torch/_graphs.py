@@ -141,18 +141,31 @@ def host_read_seeds(gm):
     return tuple(sorted(found))
 
 
-def onto_host(args, positions, capturing):
-    """args (a list), with each CUDA tensor at `positions` copied to the CPU,
-    unless `capturing()`: what a plain run of a graph whose operators read
-    those tensors on the host must be given (host_read_seeds). The copy
-    waits for the current stream, which wrote them."""
+def _moved(seq, positions, on, to, capturing):
+    """seq, with each tensor at `positions` that lies on a device of type
+    `on` copied to `to` (a new list or tuple, as seq was; seq itself where
+    nothing moved, and always inside a capture, which cannot record such a
+    copy). The copy is ordered on the current stream."""
+    moved = None
     for i in positions:
-        x = args[i]
-        if isinstance(x, torch.Tensor) and x.device.type == "cuda":
+        x = seq[i]
+        if isinstance(x, torch.Tensor) and x.device.type == on:
             if capturing():
-                return args
-            args[i] = x.cpu()
-    return args
+                return seq
+            if moved is None:
+                moved = list(seq)
+            moved[i] = x.to(to)
+    if moved is None:
+        return seq
+    return moved if isinstance(seq, list) else type(seq)(moved)
+
+
+def onto_host(args, positions, capturing):
+    """args, with each CUDA tensor at `positions` copied to the CPU, unless
+    `capturing()`: what a plain run of a graph whose operators read those
+    tensors on the host must be given (host_read_seeds). The copy waits
+    for the current stream, which wrote them."""
+    return _moved(args, positions, "cuda", "cpu", capturing)
 
 
 def onto_device(res, positions, device, capturing):
@@ -171,18 +184,7 @@ def onto_device(res, positions, device, capturing):
     capture (`capturing()`) a copy from host memory cannot be recorded:
     nothing is copied, and describe() then names the output a recording
     cannot carry."""
-    moved = None
-    for i in positions:
-        x = res[i]
-        if isinstance(x, torch.Tensor) and x.device.type == "cpu":
-            if capturing():
-                return res
-            if moved is None:
-                moved = list(res)
-            moved[i] = x.to(device)
-    if moved is None:
-        return res
-    return moved if isinstance(res, list) else type(res)(moved)
+    return _moved(res, positions, "cpu", device, capturing)
 
 
 def mutated_inputs(compiled, n_inputs):
