@@ -28,7 +28,10 @@ last warmup, recording or restore left: a replay's outputs are not in
 them), peak reserved memory (the device memory the allocators hold at
 their highest: PyTorch's torch.cuda.max_memory_reserved, private pools of
 CUDA graphs included; cgtree's reserved_bytes.all.peak, its driver pool's
-high-water mark plus the trees' pools), recordings made
+high-water mark plus the trees' pools), the device memory
+the whole process holds (cudaMemGetInfo's total less free, read after
+each part of one more step: the figure nvidia-smi shows, the same for
+every mode), recordings made
 after the warm-up (0 in steady state), and the losses and final weights
 compared bit for bit with Inductor without CUDA graphs (the parent
 compares; weights and data are built on the CPU from fixed seeds, so every
@@ -50,7 +53,11 @@ functions with the most self time per step. Before the timed steps each
 process collects and freezes Python's garbage (gc.freeze), so that no full
 collection lands in one mode's timed steps only; --cpus pins every process
 to the given cores. cgtree rows also give cgtree's own host time per step:
-what segment.c's timers count inside its calls (replays only).
+what segment.c's timers count inside its calls (replays only). After the
+timed steps every process runs 20 more under torch.profiler's CUDA
+activity: the GPU's busy time per step (the union of its kernels', copies'
+and fills' spans). Where it nears the step's time the step waits for the
+GPU, and a faster host path cannot make it shorter.
 
 Models:
   mlp     3 hidden layers of 1024 (ReLU), batch 64, MSE loss.
@@ -173,8 +180,13 @@ def child(name, mode, out_dir, warm, timed, optimizer="eager", profile=False, tr
     def in_use_mib():  # bytes in use as each mode's allocator counts them
         return (ct.memory_stats()["allocated_bytes.all.current"] if ct else torch.cuda.memory_allocated()) / 2**20
 
-    def step(i, record=False, marks=None):
-        mark = (lambda k: marks.__setitem__(k, round(in_use_mib(), 1))) if marks is not None else (lambda k: None)
+    def device_used_mib():
+        torch.cuda.synchronize()
+        free, total = torch.cuda.mem_get_info()
+        return (total - free) / 2**20
+
+    def step(i, record=False, marks=None, read=in_use_mib):
+        mark = (lambda k: marks.__setitem__(k, round(read(), 1))) if marks is not None else (lambda k: None)
         t0 = time.perf_counter_ns()
         if compiled_opt:  # three compiled calls per step: reduce-overhead needs the step marked
             torch.compiler.cudagraph_mark_step_begin()
@@ -241,6 +253,10 @@ def child(name, mode, out_dir, warm, timed, optimizer="eager", profile=False, tr
     ours_calls = sum(t["replays"] for t in in_calls) / timed
     if trace:
         print_trace(torch, step, name, mode, out_dir, warm + timed)
+    try:
+        gpu = gpu_busy(torch, step, out_dir, name, mode, warm + timed)
+    except Exception as e:  # the profiler is a probe: its failure must not cost the round's figures
+        gpu = {"error": repr(e)[:200]}
     if prof:
         import pstats
         prof.disable()
@@ -258,13 +274,19 @@ def child(name, mode, out_dir, warm, timed, optimizer="eager", profile=False, tr
     # of the gradients (the parameters' size) while they live
     marks = {}
     losses.append(step(warm + timed, marks=marks))
+    # The device memory the whole process holds (what nvidia-smi shows: allocators' caches, private pools,
+    # the CUDA context and libraries' workspaces), read after each part of one more step: one figure for
+    # every mode, whatever its allocator counts
+    used = {}
+    losses.append(step(warm + timed + 1, marks=used, read=device_used_mib))
     torch.cuda.synchronize()
     res = {"model": name, "mode": mode, "ms_per_step": total * 1e3 / timed, "warm_s": warm_s,
            "peak_mib": peak / 2**20, "reserved_peak_mib": reserved / 2**20,
            "device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "steps": warm + timed, "optimizer": optimizer,
            "phases_us": {p: sorted(v)[len(v) // 2] / 1e3 for p, v in phases.items()},
-           "in_use_mib": marks, "reserved_split": held,
+           "in_use_mib": marks, "reserved_split": held, "gpu": gpu,
+           "device_used_mib": max(used.values()), "device_used_by_part": used,
            "params_mib": round(sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20, 1)}
     if ct:
         res["cgtree_calls_per_step"] = ours_calls
@@ -300,6 +322,37 @@ def print_trace(torch, step, name, mode, out_dir, first, steps=20):
     print("| self us/step | calls/step | thread | name (op or Python function) |")
     for (name_, thread), (us, n) in trace_self_times(path, steps)[:45]:
         print("| %.1f | %.1f | %s | %s |" % (us, n, thread, name_[:110]))
+
+
+def gpu_busy(torch, step, out_dir, name, mode, first, steps=20):
+    """The GPU's side of a step: torch.profiler (CUDA activity only) over `steps` more steps; per step the
+    time the GPU was busy (the union of its kernels', copies' and fills' spans), the kernels it ran, and
+    the span from the first one's start to the last one's end. Busy time close to the host's ms/step
+    means the step waits for the GPU, and no runtime's host path can make it faster."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as p:
+        for i in range(first, first + steps):
+            step(i)
+        torch.cuda.synchronize()
+    path = os.path.join(out_dir, "gpu-%s-%s.json" % (name, mode))
+    p.export_chrome_trace(path)
+    spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in json.load(open(path))["traceEvents"]
+                   if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+    os.remove(path)
+    busy, end = 0.0, None
+    for a, b in spans:
+        if end is None or a > end:
+            busy += b - a
+            end = b
+        elif b > end:
+            busy += b - end
+            end = b
+    if not spans:
+        return {}
+    return {"busy_us": round(busy / steps, 1), "kernels": round(len(spans) / steps, 1),
+            "span_us": round((spans[-1][1] - spans[0][0]) / steps, 1)}
 
 
 def trace_self_times(path, steps):
@@ -436,9 +489,9 @@ def main():
 
     print()
     print("optimizer: %s" % a.optimizer)
-    print("| model | mode | ms/step | rounds | x reduce-overhead | peak MiB | peak reserved MiB | recordings after "
-          "warm-up | gradients moved | vs inductor |")
-    print("| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |")
+    print("| model | mode | ms/step | rounds | x reduce-overhead | peak MiB | peak reserved MiB | device used MiB | "
+          "recordings after warm-up | gradients moved | vs inductor |")
+    print("| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     for r in rows:
         if "error" in r:
             print("| %s | %s | error: %s |" % (r["model"], r["mode"], r["error"].strip().splitlines()[-1][:160]))
@@ -447,8 +500,9 @@ def main():
         ratio = "%.2f" % (r["ms_per_step"] / ro["ms_per_step"]) if ro else ""
         rounds = r.get("ms_per_step_rounds", [])
         rounds = " ".join("%.3f" % x for x in rounds) if len(rounds) > 1 else ""
-        print("| %s | %s | %.3f | %s | %s | %.1f | %.1f | %s | %s | %s |" % (
+        print("| %s | %s | %.3f | %s | %s | %.1f | %.1f | %.0f | %s | %s | %s |" % (
             r["model"], r["mode"], r["ms_per_step"], rounds, ratio, r["peak_mib"], r["reserved_peak_mib"],
+            r["device_used_mib"],
             r.get("recordings_after_warmup", ""), r.get("gradients_moved", ""), r.get("equal", "")))
     print()
     print("Bytes in use as each allocator counts them after each part of one more step, MiB (the parameters'")
@@ -458,6 +512,13 @@ def main():
             parts = ", ".join("%s %s" % kv for kv in r["in_use_mib"].items())
             print("| %s | %s | %s [%s] | %s |" % (r["model"], r["mode"], parts, r["params_mib"],
                                                r.get("reserved_split", "")))
+    print()
+    print("Device memory the whole process holds (total less free, cudaMemGetInfo; the CUDA context and")
+    print("libraries' workspaces included, as nvidia-smi shows it), after each part of one more step, MiB; max:")
+    for r in rows:
+        if "device_used_by_part" in r:
+            print("| %s | %s | %.0f | %s |" % (r["model"], r["mode"], r["device_used_mib"], ", ".join(
+                "%s %.0f" % kv for kv in r["device_used_by_part"].items())))
     print()
     print("cgtree's own host time per timed step (segment.c's timers, inside its calls), us; and the step less")
     print("that time against reduce-overhead's: the ratio a cgtree whose own path cost nothing would reach")
@@ -472,6 +533,16 @@ def main():
             for g in r.get("cgtree_us_per_graph", ()):  # launch: 0 unless CGTREE_TORCH_TIME_LAUNCHES=1
                 print("|   | %s | %.2f calls | %s |" % (g["graph"], g["calls"], ", ".join(
                     "%s %.1f" % (k, v) for k, v in g.items() if k not in ("graph", "calls"))))
+    print()
+    print("The GPU's side of a step (torch.profiler, CUDA activity, 20 steps after the timed ones): busy us per")
+    print("step (the union of kernels, copies and fills), kernels per step, and busy against the host's ms/step:")
+    for r in rows:
+        g = r.get("gpu") or {}
+        if "error" in g:
+            print("| %s | %s | the profiler failed: %s |" % (r["model"], r["mode"], g["error"]))
+        elif g:
+            print("| %s | %s | busy %.1f us | %.1f kernels | span %.1f us | busy %.2f of the step |" % (
+                r["model"], r["mode"], g["busy_us"], g["kernels"], g["span_us"], g["busy_us"] / 1e3 / r["ms_per_step"]))
     print()
     print("Host time per part of a timed step, median us (no sync: where the host waits for the GPU, it shows")
     print("in the part that waits), each round:")
