@@ -77,7 +77,7 @@ if [[ $what == *memcheck* ]]; then
   # frames a forward's saved activations, so no step would end (the lifetime stage shows it).
   # TORCHINDUCTOR_COMPILE_THREADS=1 (unless set): Inductor compiles in the test process, not in a pool of
   # workers the sanitizer would follow. With cold caches and the workers, the sanitizer itself crashed in 5
-  # of 6 runs of the random-number file on an H100; without them 5 of 5 cold runs passed, 4 on H200s and 1
+  # of 6 runs of the random-number file on an H100; without them 6 of 6 cold runs passed, 5 on H200s and 1
   # on an H100 (RESULTS.md, twelfth and thirteenth sessions). The workers only compile: every kernel runs,
   # and is checked, in the test process.
   TORCHINDUCTOR_COMPILE_THREADS=${TORCHINDUCTOR_COMPILE_THREADS:-1} \
