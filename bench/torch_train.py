@@ -185,8 +185,11 @@ def child(name, mode, out_dir, warm, timed, optimizer="eager", profile=False, tr
         free, total = torch.cuda.mem_get_info()
         return (total - free) / 2**20
 
-    def step(i, record=False, marks=None, read=in_use_mib):
-        mark = (lambda k: marks.__setitem__(k, round(read(), 1))) if marks is not None else (lambda k: None)
+    def step(i, record=False, marks=None, used=None):
+        def mark(k):  # after each part: the bytes in use (marks) and what the process holds (used)
+            if marks is not None:
+                marks[k] = round(in_use_mib(), 1)
+                used[k] = round(device_used_mib(), 1)
         t0 = time.perf_counter_ns()
         if compiled_opt:  # three compiled calls per step: reduce-overhead needs the step marked
             torch.compiler.cudagraph_mark_step_begin()
@@ -270,15 +273,12 @@ def child(name, mode, out_dir, warm, timed, optimizer="eager", profile=False, tr
     reserved = m["reserved_bytes.all.peak"] if ct else torch.cuda.max_memory_reserved()
     held = ({"driver_pool_peak_mib": m["device_reserved_peak"] / 2**20, "trees_pools_mib": m["pool_reserved"] / 2**20,
              "front_cache_mib": m["front_cache_bytes"] / 2**20} if ct else {})
-    # One more step, reading the bytes in use after each part: what each allocator's count shows
-    # of the gradients (the parameters' size) while they live
-    marks = {}
-    losses.append(step(warm + timed, marks=marks))
-    # The device memory the whole process holds (what nvidia-smi shows: allocators' caches, private pools,
-    # the CUDA context and libraries' workspaces), read after each part of one more step: one figure for
-    # every mode, whatever its allocator counts
-    used = {}
-    losses.append(step(warm + timed + 1, marks=used, read=device_used_mib))
+    # One more step, reading after each part the bytes in use, what each allocator's count shows of the
+    # gradients (the parameters' size) while they live; and the device memory the whole process holds
+    # (what nvidia-smi shows: allocators' caches, private pools, the CUDA context and libraries'
+    # workspaces), one figure for every mode, whatever its allocator counts
+    marks, used = {}, {}
+    losses.append(step(warm + timed, marks=marks, used=used))
     torch.cuda.synchronize()
     res = {"model": name, "mode": mode, "ms_per_step": total * 1e3 / timed, "warm_s": warm_s,
            "peak_mib": peak / 2**20, "reserved_peak_mib": reserved / 2**20,
@@ -341,6 +341,8 @@ def gpu_busy(torch, step, out_dir, name, mode, first, steps=20):
     spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in json.load(open(path))["traceEvents"]
                    if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
     os.remove(path)
+    if not spans:
+        return {}
     busy, end = 0.0, None
     for a, b in spans:
         if end is None or a > end:
@@ -349,8 +351,6 @@ def gpu_busy(torch, step, out_dir, name, mode, first, steps=20):
         elif b > end:
             busy += b - end
             end = b
-    if not spans:
-        return {}
     return {"busy_us": round(busy / steps, 1), "kernels": round(len(spans) / steps, 1),
             "span_us": round((spans[-1][1] - spans[0][0]) / steps, 1)}
 
