@@ -8,6 +8,7 @@ Needs a CUDA GPU (skips without one) and imports cgtree.torch first, so
 that its allocator is installed before CUDA starts.
 """
 import copy
+import io
 import os
 import threading
 import warnings
@@ -609,3 +610,124 @@ def test_a_compiled_adamw_step_goes_on_in_the_backwards_step_reading_the_gradien
     assert_steady_state(before, after, 3 * after_warm)
     if STEPS_END:
         assert after["steps_kept_after_backward"] - before["steps_kept_after_backward"] == after_warm
+
+
+def compiled_training(m, backend, opt):
+    """A function that trains m on a list of batches with the given
+    optimizer, the loss and opt.step() compiled with `backend`, and returns
+    the losses."""
+    step = torch.compile(opt.step, backend=backend)
+    loss_of = torch.compile(lambda x: m(x).square().mean(), backend=backend)
+
+    def train_on(xs):
+        losses = []
+        for x in xs:
+            opt.zero_grad(set_to_none=True)
+            loss = loss_of(x)
+            loss.backward()
+            step()
+            losses.append(loss.detach().clone())
+        return torch.stack(losses)
+
+    return train_on
+
+
+def test_training_resumed_from_a_checkpoint_repeats_the_steps_after_it_and_matches_inductor():
+    """A checkpoint of the model and a compiled AdamW (their state_dicts
+    through torch.save and torch.load) taken mid-training, then loaded back
+    into the same model and optimizer: load_state_dict copies the parameters
+    in place but replaces the optimizer's state with the loaded tensors, at
+    new addresses, and the old state's memory is freed (here filled with NaN
+    by whatever takes it next). The recorded step must read the loaded state:
+    the steps after the resume repeat the steps after the save bit for bit,
+    and equal Inductor's."""
+    width, ck_at = 128, 5
+    _, model, _, ref = pair(mlp(width=width))
+    xs = batches(10, width=width)
+    runs = []
+    for m, backend in ((model, "cgtree"), (ref, "inductor")):
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3, capturable=True)
+        train_on = compiled_training(m, backend, opt)
+        train_on(xs[:ck_at])
+        buf = io.BytesIO()
+        torch.save({"model": m.state_dict(), "opt": opt.state_dict()}, buf)
+        first = train_on(xs[ck_at:])
+        params_first = [p.detach().clone() for p in m.parameters()]
+        if backend == "cgtree":
+            made = ct.stats()["recordings"] + ct.stats()["updates"]
+            graphs = ct.stats()["graphs"]
+        buf.seek(0)
+        ck = torch.load(buf)
+        shapes = [t.shape for s in opt.state.values() for t in s.values()]
+        old = {t.data_ptr() for s in opt.state.values() for t in s.values()}
+        m.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["opt"])
+        del ck
+        assert not old & {t.data_ptr() for s in opt.state.values() for t in s.values()}, \
+            "the loaded state should lie at new addresses"
+        junk = [torch.full(s, float("nan"), device=DEV) for s in shapes]  # takes the old state's memory
+        again = train_on(xs[ck_at:])
+        assert torch.equal(first, again), "%s: the resumed steps differ from the steps after the save" % backend
+        for p, q in zip(m.parameters(), params_first):
+            assert torch.equal(p, q), "%s: the resumed parameters differ" % backend
+        runs.append((again, opt))
+        del junk
+    assert torch.equal(runs[0][0], runs[1][0])
+    assert_same_params(model, ref)
+    # Dynamo's guards name the optimizer's state tensors (mark_static_address(guard=True)): the step over
+    # the loaded state is a graph of its own, recorded anew
+    assert ct.stats()["graphs"] > graphs, "Dynamo should compile the step over the loaded state anew"
+    if STEPS_END:
+        assert ct.stats()["recordings"] + ct.stats()["updates"] > made, "the step over the loaded state was not recorded anew"
+
+
+@pytest.mark.parametrize("lr_device", ["cuda", "cpu"])
+def test_an_lr_scheduler_sets_the_rate_of_every_step_and_every_replay_uses_it(lr_device):
+    """PyTorch's recipe for a compiled optimizer with an LR scheduler: the
+    rate as a tensor (a float would recompile at every change), and
+    opt.step() and sched.step() compiled together; LinearLR writes the rate
+    in place after every step. A rate on the GPU is an input of the recorded
+    step, read afresh by every replay; the recipe's own rate on the CPU makes
+    the step's graph read a CPU tensor, and it runs as the plain Inductor
+    graph (reduce-overhead's trees skip it too). Either way every step uses
+    the rate the scheduler set: losses, rates, parameters and the optimizer's
+    state equal Inductor's bit for bit, and the rates do change."""
+    width, steps = 128, 12
+    _, model, _, ref = pair(mlp(width=width))
+    xs = batches(steps, width=width)
+    from cgtree.torch._backend import decisions
+    first_decision = len(decisions)
+    runs = []
+    for m, backend in ((model, "cgtree"), (ref, "inductor")):
+        opt = torch.optim.AdamW(m.parameters(), lr=torch.tensor(1e-2, device=lr_device), capturable=True)
+        sched = torch.optim.lr_scheduler.LinearLR(opt, start_factor=1.0, end_factor=0.05, total_iters=steps)
+
+        def step_and_schedule():
+            opt.step()
+            sched.step()
+
+        step = torch.compile(step_and_schedule, backend=backend)
+        loss_of = torch.compile(lambda x: m(x).square().mean(), backend=backend)
+        losses, rates = [], []
+        for x in xs:
+            opt.zero_grad(set_to_none=True)
+            loss = loss_of(x)
+            loss.backward()
+            step()
+            losses.append(loss.detach().clone())
+            rates.append(opt.param_groups[0]["lr"].item())
+        runs.append((torch.stack(losses), rates, opt))
+    (got, got_rates, opt), (want, want_rates, ref_opt) = runs
+    plain = [d["plain_reason"] for d in decisions[first_decision:]  # of graphs with CUDA tensors
+             if d["plain_reason"] not in (None, "no CUDA tensor")]
+    if lr_device == "cuda":
+        assert not plain, "every graph should be recorded: %s" % plain
+    else:
+        assert any("several devices" in why for why in plain), plain
+    assert len(set(got_rates)) == steps, "the scheduler should change the rate at every step"
+    assert got_rates == want_rates
+    assert torch.equal(got, want)
+    assert_same_params(model, ref)
+    for p, q in zip(opt.param_groups[0]["params"], ref_opt.param_groups[0]["params"]):
+        for key in opt.state[p]:
+            assert torch.equal(opt.state[p][key], ref_opt.state[q][key]), "optimizer state %s differs" % key
