@@ -2,7 +2,8 @@
 """Training steps on cgtree, side by side with PyTorch (issue: training).
 
     python3 bench/torch_train.py [--models mlp,branch,gpt2,gpt2drop] [--modes eager,inductor,reduce-overhead,cgtree]
-                                 [--optimizer eager|compiled|compiled-none] [--rounds 3] [--profile MODES]
+                                 [--optimizer eager|compiled|compiled-none|compiled-lr-cuda|compiled-lr-cpu]
+                                 [--rounds 3] [--profile MODES]
                                  [--trace MODES] [--cpus 2,3] [--out results.jsonl]
 
 Each (model, mode) runs in a fresh process (cgtree's allocator must be
@@ -16,7 +17,10 @@ same tree; zero_grad(set_to_none=False) then, so that the compiled step
 sees the same gradient tensors every time (--optimizer compiled-none:
 the same with set_to_none=True, as in the eager case; reduce-overhead
 raises on gradients kept across steps, so this is the compiled optimizer
-it can run), and each step begins with
+it can run; --optimizer compiled-lr-cuda and compiled-lr-cpu: the same
+with an LR scheduler as PyTorch's recipe has it, the rate a tensor on that
+device, LinearLR changing it at every step, opt.step() and sched.step()
+compiled together), and each step begins with
 torch.compiler.cudagraph_mark_step_begin() in every mode (reduce-overhead
 refuses the three compiled calls of a step without it). Reported: ms per
 step (wall time of the timed steps over their count, synchronised at both
@@ -169,11 +173,20 @@ def child(name, mode, out_dir, warm, timed, optimizer="eager", profile=False, tr
         f = torch.compile(model, backend="cgtree")
     compiled_opt = optimizer.startswith("compiled")
     set_to_none = optimizer != "compiled"
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, capturable=compiled_opt)
-    opt_step = opt.step
+    lr_device = optimizer[len("compiled-lr-"):] if optimizer.startswith("compiled-lr-") else None
+    lr = torch.tensor(1e-4, device=lr_device) if lr_device else 1e-4
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, capturable=compiled_opt)
+    if lr_device:  # a new rate at every step, never constant within the run (a branch change would recompile)
+        sched = torch.optim.lr_scheduler.LinearLR(opt, start_factor=1.0, end_factor=0.05, total_iters=100000)
+
+        def opt_step():
+            opt.step()
+            sched.step()
+    else:
+        opt_step = opt.step
     if compiled_opt and mode != "eager":
         kw = {"inductor": {}, "reduce-overhead": {"mode": "reduce-overhead"}, "cgtree": {"backend": "cgtree"}}[mode]
-        opt_step = torch.compile(opt.step, **kw)
+        opt_step = torch.compile(opt_step, **kw)
 
     phases = {p: [] for p in PHASES}  # host time of each part of a timed step, ns (no sync)
 
@@ -285,6 +298,8 @@ def child(name, mode, out_dir, warm, timed, optimizer="eager", profile=False, tr
            "device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "steps": warm + timed, "optimizer": optimizer,
            "phases_us": {p: sorted(v)[len(v) // 2] / 1e3 for p, v in phases.items()},
+           "step_ms_quantiles": quantiles(times),
+           "phases_p90_us": {p: sorted(v)[int(0.9 * len(v))] / 1e3 for p, v in phases.items()},
            "in_use_mib": marks, "reserved_split": held, "gpu": gpu,
            "device_used_mib": max(used.values()), "device_used_by_part": used,
            "params_mib": round(sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20, 1)}
@@ -390,6 +405,14 @@ def trace_self_times(path, steps):
     return sorted(rows, key=lambda r: -r[1][0])
 
 
+def quantiles(seconds):
+    """p10, p50, p90, p99 and the max of per-step host times, in ms: where the
+    mean lies above the median, a few slow steps carry the difference."""
+    q = sorted(seconds)
+    at = lambda f: round(q[min(len(q) - 1, int(f * len(q)))] * 1e3, 3)  # noqa: E731
+    return {"p10": at(0.1), "p50": at(0.5), "p90": at(0.9), "p99": at(0.99), "max": round(q[-1] * 1e3, 3)}
+
+
 def compare(torch, d, name, mode, optimizer):
     ref, mine = (os.path.join(d, "%s-%s-%s.pt" % (name, m, optimizer)) for m in ("inductor", mode))
     if not (os.path.exists(ref) and os.path.exists(mine)):
@@ -414,7 +437,8 @@ def main():
     ap.add_argument("--child", nargs=2)
     ap.add_argument("--warm", type=int, default=10)
     ap.add_argument("--timed", type=int, default=200)
-    ap.add_argument("--optimizer", choices=("eager", "compiled", "compiled-none"), default="eager")
+    ap.add_argument("--optimizer", choices=("eager", "compiled", "compiled-none", "compiled-lr-cuda", "compiled-lr-cpu"),
+                    default="eager")
     ap.add_argument("--rounds", type=int, default=3,
                     help="processes per mode for reduce-overhead and cgtree, interleaved; the median is reported")
     ap.add_argument("--profile", default="", help="modes to run once more under cProfile, printing their top")
@@ -543,6 +567,13 @@ def main():
         elif g:
             print("| %s | %s | busy %.1f us | %.1f kernels | span %.1f us | busy %.2f of the step |" % (
                 r["model"], r["mode"], g["busy_us"], g["kernels"], g["span_us"], g["busy_us"] / 1e3 / r["ms_per_step"]))
+    print()
+    print("Host time of each timed step (no sync between steps), ms, the median round: quantiles against the mean")
+    for r in rows:
+        if "step_ms_quantiles" in r:
+            print("| %s | %s | mean %.3f | %s | parts' p90 us: %s |" % (
+                r["model"], r["mode"], r["ms_per_step"], ", ".join("%s %.3f" % kv for kv in r["step_ms_quantiles"].items()),
+                ", ".join("%s %.1f" % kv for kv in r["phases_p90_us"].items())))
     print()
     print("Host time per part of a timed step, median us (no sync: where the host waits for the GPU, it shows")
     print("in the part that waits), each round:")
