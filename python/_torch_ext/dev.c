@@ -171,6 +171,50 @@ int tx_dev_stream_capturing(int device, void *stream) {
   return 0;
 }
 
+/* The simulator's captures (device -1): a few streams a test says capture. */
+enum { SIM_CAPTURES = 8 };
+static struct {
+  void *stream;
+  unsigned long long id;
+} sim_captures[SIM_CAPTURES];
+
+int tx_dev_sim_set_capture(void *stream, unsigned long long id) {
+  for (int i = 0; i < SIM_CAPTURES; i++)
+    if (sim_captures[i].stream == stream && sim_captures[i].id) {
+      sim_captures[i].id = id; /* 0 ends it */
+      return 1;
+    }
+  for (int i = 0; id && i < SIM_CAPTURES; i++)
+    if (!sim_captures[i].id) {
+      sim_captures[i].stream = stream;
+      sim_captures[i].id = id;
+      return 1;
+    }
+  return !id;
+}
+
+unsigned long long tx_dev_capture_id(int device, void *stream) {
+  if (!stream)
+    return 0; /* the legacy default stream never captures; asking it during another thread's capture could fail it */
+  if (device < 0) {
+    for (int i = 0; i < SIM_CAPTURES; i++)
+      if (sim_captures[i].id && sim_captures[i].stream == stream)
+        return sim_captures[i].id;
+    return 0;
+  }
+#ifdef CGT_HAVE_CUDA
+  enum cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  unsigned long long id = 0;
+  if (cudaStreamGetCaptureInfo((cudaStream_t)stream, &status, &id, NULL, NULL, NULL, NULL) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return status == cudaStreamCaptureStatusNone ? 0 : (id ? id : 1);
+#else
+  return 0;
+#endif
+}
+
 int tx_dev_pool_figures(int device, size_t *reserved, size_t *reserved_peak) {
 #ifdef CGT_HAVE_CUDA
   if (device >= 0 && device < MAX_POOL_DEVICES && pools[device]) {

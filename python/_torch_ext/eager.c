@@ -78,6 +78,28 @@
  * at the next eager allocation or free outside a cgt_run, or at the next
  * segment call.
  *
+ * Captures that are not ours. Every allocation of the process comes here,
+ * those of a CUDA graph other code captures (torch.cuda.graph,
+ * torch.cuda.make_graphed_callables, a library's own graphs) included, and
+ * PyTorch tells a pluggable allocator nothing of them. Such a graph keeps
+ * writing the memory its capture used at every replay, temporaries it freed
+ * during the capture included. Had the front cache served it a block, or
+ * taken back one it freed, an eager tensor allocated later on that stream
+ * would share the graph's memory, and the graph's next replay would
+ * overwrite it. So we ask the stream (cudaStreamGetCaptureInfo; never the
+ * legacy default stream, which cannot capture): inside a capture, an
+ * allocation takes no front-cached block and comes from the driver, where
+ * the capture makes it a node of the graph, as PyTorch's
+ * backend:cudaMallocAsync does; such a block is marked with its capture
+ * and never enters the front cache, and its free goes to the driver (a
+ * free node of its own capture while that is open; after it, outside any
+ * graph). A give-back to the driver on a stream that captures a capture not
+ * the block's own would join or break that capture, so it is put off to a
+ * later flush. No retry after out of memory inside a capture: trimming
+ * synchronises the device, which a capture forbids. Tests: test_torch_trust.py
+ * (torch.cuda.graph, then eager tensors on its stream; fails with the old
+ * behaviour), test_torch_ext_sim.py (the simulator's captures).
+ *
  * Locking. PyTorch frees from any thread. alloc.c's figures and our blocks
  * share one lock (tx_alloc_mu), so a free and an allocation the front cache
  * serves take it once; the driver calls are made outside it.
@@ -108,6 +130,7 @@ struct eager_block {
   int device;
   void *stream;    /* the stream it was allocated on (its free's stream) */
   uint64_t serial; /* of its allocation, for tx_eager_held */
+  unsigned long long capture; /* the capture (not ours) it was allocated in, or 0: never front-cached */
   void **used_on;  /* streams record_stream named, or NULL */
   size_t n_used, cap_used;
   front_bin *bin;  /* its bin while front-cached, else NULL (in use) */
@@ -217,7 +240,7 @@ static front_bin *bin_get_locked(front_key key) {
 /* Blocks the front cache keeps: no recorded streams (another stream may
  * still read it), not too big, and the cache is on. */
 static int front_accepts(const eager_block *b) {
-  return b->n_used == 0 && b->bytes <= FRONT_MAX_BLOCK && b->bytes <= front_limit;
+  return b->n_used == 0 && !b->capture && b->bytes <= FRONT_MAX_BLOCK && b->bytes <= front_limit;
 }
 
 /* Links b, just freed, as the newest of its bin and of its device; 0 out
@@ -336,15 +359,15 @@ static void *mark_in_use_locked(eager_block *b, size_t size) {
 
 /* A new block from the driver's pool; on failure the device's front
  * cache goes back to the pool, the pool is trimmed, and it is tried once
- * more. */
-static void *alloc_from_driver(size_t size, int device, void *stream) {
+ * more (not inside a capture: capture is the one open on stream, or 0). */
+static void *alloc_from_driver(size_t size, int device, void *stream, unsigned long long capture) {
   eager_block *b = calloc(1, sizeof *b);
   if (!b)
     return NULL;
   size_t bytes = counted_bytes(size);
   void *p = tx_dev_pool_alloc(bytes, device, stream, keep_bytes);
   int retried = 0;
-  if (!p) {
+  if (!p && !capture) {
     tx_eager_give_back(front_drain(device));
     tx_dev_pool_trim(device);
     retried = 1;
@@ -362,6 +385,8 @@ static void *alloc_from_driver(size_t size, int device, void *stream) {
   b->bytes = bytes;
   b->device = device;
   b->stream = stream;
+  b->capture = capture;
+  fig.capture_allocations += (uint64_t)(capture != 0);
   tx_hash_oomed = 0;
   HASH_ADD_PTR(blocks, ptr, b);
   if (tx_hash_oomed) { /* out of host memory: the block goes back, PyTorch raises its out-of-memory error */
@@ -380,6 +405,9 @@ static void *alloc_from_driver(size_t size, int device, void *stream) {
 void *tx_eager_alloc(size_t size, int device, void *stream) {
   if (size > SIZE_MAX - 511)
     return NULL;
+  unsigned long long capture = tx_dev_capture_id(device, stream);
+  if (capture) /* a capture that is not ours: the graph's memory comes from the driver, never the front cache */
+    return alloc_from_driver(size, device, stream, capture);
   pthread_mutex_lock(&tx_alloc_mu);
   eager_block *b = front_take_locked(device, stream, counted_bytes(size));
   if (b) {
@@ -389,7 +417,7 @@ void *tx_eager_alloc(size_t size, int device, void *stream) {
     return p;
   }
   pthread_mutex_unlock(&tx_alloc_mu);
-  return alloc_from_driver(size, device, stream);
+  return alloc_from_driver(size, device, stream, 0);
 }
 
 /* Gives b's memory back to its device's pool, ordered after its stream's
@@ -405,13 +433,31 @@ static void give_back(eager_block *b) {
 void tx_eager_give_back(tx_eager_block *list) {
   if (!list)
     return;
-  size_t n = 0;
-  for (eager_block *b = list, *next; b; b = next, n++) {
+  size_t n = 0, waiting = 0;
+  eager_block *wait = NULL;
+  for (eager_block *b = list, *next; b; b = next) {
     next = b->next_out;
+    unsigned long long open = tx_dev_capture_id(b->device, b->stream);
+    if (open && open != b->capture) { /* a capture not the block's own: a free now would join or break it */
+      b->next_out = wait;
+      wait = b;
+      waiting++;
+      continue;
+    }
     give_back(b);
+    n++;
   }
   pthread_mutex_lock(&tx_alloc_mu);
   fig.driver_frees += n;
+  fig.frees_waiting_capture += waiting;
+  while (wait) {
+    eager_block *next = wait->next_out;
+    wait->next_out = pending;
+    pending = wait;
+    wait = next;
+  }
+  if (waiting)
+    atomic_store(&any_pending, 1);
   pthread_mutex_unlock(&tx_alloc_mu);
 }
 

@@ -95,6 +95,8 @@ typedef struct tx_eager_figures {
   uint64_t driver_allocations, driver_frees; /* blocks taken from and given back to the driver's pools */
   uint64_t front_hits, front_returns; /* allocations the front cache served; its blocks given back (bound, drain) */
   uint64_t blocks_rehomed; /* live blocks whose stream was retired: freed on the legacy stream since */
+  uint64_t capture_allocations; /* made inside a capture cgtree did not begin: never front-cached */
+  uint64_t frees_waiting_capture; /* gives back put off because their stream captured (not their capture) */
   size_t in_use;          /* of one device, counted as PyTorch counts memory_allocated */
   size_t live_blocks;     /* of every device */
   size_t front_bytes, front_blocks; /* of one device: freed blocks the front cache keeps (still the driver's) */
@@ -167,6 +169,11 @@ void *tx_dev_pool_alloc(size_t bytes, int device, void *stream, uint64_t keep_by
 void tx_dev_pool_free(void *p, int device, void *stream); /* ordered after the work on stream */
 void tx_dev_pool_trim(int device);          /* synchronise, then give every cached byte back */
 int tx_dev_stream_capturing(int device, void *stream); /* 1 if a capture is open on stream; 0 for device -1 */
+/* The id of the capture open on stream (cudaStreamGetCaptureInfo), or 0 if
+ * none is: the legacy stream (NULL) is never asked. On the simulator
+ * (device -1), what tx_dev_sim_set_capture last said for the stream. */
+unsigned long long tx_dev_capture_id(int device, void *stream);
+int tx_dev_sim_set_capture(void *stream, unsigned long long id); /* id 0 ends it; 0 if the table is full */
 int tx_dev_pool_figures(int device, size_t *reserved, size_t *reserved_peak); /* 0 if unknown */
 void tx_dev_pool_reset_peaks(void); /* each pool's reserved high-water mark restarts from what it holds now */
 void tx_dev_stream_after(void *waiter, void *signaller, int device); /* waiter waits for signaller's work so far */

@@ -685,6 +685,8 @@ static PyObject *m_alloc_figures(PyObject *m, PyObject *args) {
       {"recorded_streams", e.recorded_streams},
       {"deferred_frees", e.deferred_frees},
       {"blocks_rehomed", e.blocks_rehomed},
+      {"capture_allocations", e.capture_allocations},
+      {"frees_waiting_capture", e.frees_waiting_capture},
       {"events_live", tx_events_live()},
       {"trees_freed", tx_trees_closed()},
   };
@@ -703,6 +705,24 @@ static PyObject *m_reset_peak(PyObject *m, PyObject *unused) {
   (void)unused;
   tx_alloc_reset_peak();
   tx_dev_pool_reset_peaks();
+  Py_RETURN_NONE;
+}
+
+/* The simulator's captures: sim_capture(stream, id) says that stream
+ * captures capture `id` (0: no longer) for device -1. */
+static PyObject *m_sim_capture(PyObject *m, PyObject *args) {
+  (void)m;
+  unsigned long long stream = 0, id = 0;
+  if (!PyArg_ParseTuple(args, "KK", &stream, &id))
+    return NULL;
+  if (!stream) {
+    PyErr_SetString(PyExc_ValueError, "sim_capture: the legacy stream (0) never captures");
+    return NULL;
+  }
+  if (!tx_dev_sim_set_capture((void *)(uintptr_t)stream, id)) {
+    PyErr_SetString(PyExc_RuntimeError, "sim_capture: too many simulated captures at once");
+    return NULL;
+  }
   Py_RETURN_NONE;
 }
 
@@ -917,6 +937,8 @@ static PyMethodDef module_methods[] = {
      "set_tree_getter(fn): segments run on fn(device), the calling thread's tree (cached per thread); None: on "
      "the tree each segment was made with"},
     {"eager_serial", m_eager_serial, METH_NOARGS, "the serial of the last eager allocation (for eager_held)"},
+    {"sim_capture", m_sim_capture, METH_VARARGS,
+     "sim_capture(stream, id): on the simulator (device -1), stream captures capture id (0: no longer)"},
     {"eager_held", m_eager_held, METH_O,
      "eager_held(since): [(bytes, serial, address)] of the eager blocks allocated after serial `since` and "
      "still in use (a debugging aid)"},

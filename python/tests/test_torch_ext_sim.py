@@ -538,6 +538,66 @@ def test_a_block_another_stream_reads_or_over_16_MiB_goes_back_to_the_driver_not
     X.empty_cache(-1)
 
 
+def test_inside_a_capture_not_ours_allocations_skip_the_front_cache_and_their_blocks_never_enter_it():
+    """A graph some other code captures (torch.cuda.graph) keeps writing the
+    memory its capture used, temporaries it freed included: so inside such a
+    capture an allocation takes no front-cached block, and a block allocated
+    there goes back to the driver when freed, in its capture or after it,
+    never to the front cache where an eager tensor could take it."""
+    p = eager_alloc(1000, S1)
+    eager_free(p, 1000, S1)  # a block of S1's size class waits in the front cache
+    f0 = eager_figures()
+    X.sim_capture(S1, 7)
+    try:
+        q = eager_alloc(1000, S1)
+        f1 = eager_figures()
+        assert q != p, "an allocation inside a capture took a front-cached block"
+        assert f1["front_cache_hits"] == f0["front_cache_hits"]
+        assert f1["driver_allocations"] - f0["driver_allocations"] == 1
+        assert f1["capture_allocations"] - f0["capture_allocations"] == 1
+        eager_free(q, 1000, S1)  # a temporary freed inside its own capture: a free of that capture
+        f2 = eager_figures()
+        assert f2["front_cache_blocks"] == f1["front_cache_blocks"]
+        assert f2["driver_frees"] - f1["driver_frees"] == 1
+        kept = eager_alloc(1000, S1)  # the graph's output, freed after the capture
+        assert kept != p
+        assert eager_figures()["front_cache_hits"] == f0["front_cache_hits"]
+    finally:
+        X.sim_capture(S1, 0)
+    f3 = eager_figures()
+    eager_free(kept, 1000, S1)
+    f4 = eager_figures()
+    assert f4["front_cache_blocks"] == f3["front_cache_blocks"], "a capture's block entered the front cache"
+    assert f4["driver_frees"] - f3["driver_frees"] == 1
+    assert eager_alloc(1000, S1) == p  # outside any capture the front cache serves again
+    eager_free(p, 1000, S1)
+    X.empty_cache(-1)
+
+
+def test_a_give_back_on_a_stream_that_captures_another_capture_waits_for_its_end():
+    """A block the driver must take back (over 16 MiB) freed while its
+    stream captures a capture it was not allocated in: a free on that stream
+    now would join or break the capture, so it waits, and goes back at the
+    first flush after the capture ended."""
+    big = eager_alloc((16 << 20) + 1, S1)  # outside any capture
+    f0 = eager_figures()
+    X.sim_capture(S1, 9)
+    try:
+        eager_free(big, (16 << 20) + 1, S1)
+        f1 = eager_figures()
+        assert f1["driver_frees"] == f0["driver_frees"]
+        assert f1["frees_waiting_capture"] - f0["frees_waiting_capture"] == 1
+        p = eager_alloc(1000, S2)  # a flush while the capture is open: it waits again
+        eager_free(p, 1000, S2)
+        assert eager_figures()["driver_frees"] == f0["driver_frees"]
+    finally:
+        X.sim_capture(S1, 0)
+    p = eager_alloc(1000, S2)  # the next flush, the capture over
+    eager_free(p, 1000, S2)
+    assert eager_figures()["driver_frees"] - f0["driver_frees"] == 1
+    X.empty_cache(-1)
+
+
 def test_the_front_cache_keeps_its_bound_and_exact_figures_over_10000_allocations_of_1000_sizes(front_limit):
     import random
 

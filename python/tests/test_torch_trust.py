@@ -564,3 +564,45 @@ def test_dynamic_shapes_record_once_per_shape_and_a_budget_bounds_them():
     evictions, graphs, recordings, replays, warned = map(int, line[0].split()[1:])
     assert evictions > 0 and graphs <= 2 and recordings >= 5 and replays > 0
     assert warned == 1
+
+
+def test_a_graph_captured_with_torch_cuda_graph_keeps_its_memory_from_eager_tensors_made_after_it():
+    """Once cgtree.torch is installed its allocator serves every allocation of
+    the process, those of a CUDA graph some other code captures with
+    torch.cuda.graph included. A temporary that graph freed during its
+    capture is still the graph's: every replay writes it. An eager tensor
+    allocated after the capture, on the capture's stream and of the
+    temporary's size, must not get that memory, or the next replay would
+    overwrite it; and the graph's own output must read right after replays.
+    The capture's stream held a freed block of that size before the
+    capture, which the front cache would hand the graph's temporary."""
+    n = 1 << 18
+    s = torch.cuda.Stream()
+    x = torch.ones(n, device=DEV)
+    with torch.cuda.stream(s):
+        before = torch.empty(n, device=DEV)
+    del before
+    made = ct.memory_stats()["capture_allocations"]
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        tmp = x * 2
+        y = tmp + 1
+        del tmp
+    assert ct.memory_stats()["capture_allocations"] - made >= 2, "the capture's tensors come from the driver"
+    with torch.cuda.stream(s):
+        z = torch.zeros(n, device=DEV)
+        w = torch.zeros(n, device=DEV)
+    torch.cuda.synchronize()
+    for _ in range(2):
+        g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, torch.full_like(y, 3.0))
+    assert torch.equal(z, torch.zeros_like(z)) and torch.equal(w, torch.zeros_like(w)), \
+        "a replay of the graph wrote into an eager tensor made after its capture"
+    del y  # the graph's output, dropped while the graph lives: its replays still write that memory
+    with torch.cuda.stream(s):
+        v = torch.zeros(n, device=DEV)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(v, torch.zeros_like(v)), "a replay wrote into an eager tensor made after its output died"
+    del g

@@ -172,7 +172,11 @@ def memory_stats(device=None):
     driver's pool, over its bound or drained), ``front_cache_limit`` (its
     bound per device, CGTREE_TORCH_FRONT_CACHE_BYTES); and
     ``driver_allocations`` / ``driver_frees``, the blocks taken from and
-    given back to the driver's pools.
+    given back to the driver's pools. ``capture_allocations``: allocations
+    made inside a CUDA graph capture cgtree did not begin
+    (torch.cuda.graph...), which come from the driver and never enter the
+    front cache; ``frees_waiting_capture``: give-backs put off because their
+    stream was capturing a capture not their own.
 
     cgtree's own figures keep their names: eager_* for memory outside the
     pool (parameters, inputs, eager ops), pool_* for the pools of the
