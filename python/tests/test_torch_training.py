@@ -612,11 +612,12 @@ def test_a_compiled_adamw_step_goes_on_in_the_backwards_step_reading_the_gradien
         assert after["steps_kept_after_backward"] - before["steps_kept_after_backward"] == after_warm
 
 
-def compiled_training(m, backend, opt):
+def compiled_training(m, backend, opt, step=None, after_step=None):
     """A function that trains m on a list of batches with the given
-    optimizer, the loss and opt.step() compiled with `backend`, and returns
-    the losses."""
-    step = torch.compile(opt.step, backend=backend)
+    optimizer, the loss and `step` (default: opt.step) compiled with
+    `backend`, calling after_step() after each step, and returns the
+    losses."""
+    step = torch.compile(step or opt.step, backend=backend)
     loss_of = torch.compile(lambda x: m(x).square().mean(), backend=backend)
 
     def train_on(xs):
@@ -627,6 +628,8 @@ def compiled_training(m, backend, opt):
             loss.backward()
             step()
             losses.append(loss.detach().clone())
+            if after_step:
+                after_step()
         return torch.stack(losses)
 
     return train_on
@@ -706,17 +709,10 @@ def test_an_lr_scheduler_sets_the_rate_of_every_step_and_every_replay_uses_it(lr
             opt.step()
             sched.step()
 
-        step = torch.compile(step_and_schedule, backend=backend)
-        loss_of = torch.compile(lambda x: m(x).square().mean(), backend=backend)
-        losses, rates = [], []
-        for x in xs:
-            opt.zero_grad(set_to_none=True)
-            loss = loss_of(x)
-            loss.backward()
-            step()
-            losses.append(loss.detach().clone())
-            rates.append(opt.param_groups[0]["lr"].item())
-        runs.append((torch.stack(losses), rates, opt))
+        rates = []
+        train_on = compiled_training(m, backend, opt, step_and_schedule,
+                                     lambda: rates.append(opt.param_groups[0]["lr"].item()))
+        runs.append((train_on(xs), rates, opt))
     (got, got_rates, opt), (want, want_rates, ref_opt) = runs
     plain = [d["plain_reason"] for d in decisions[first_decision:]  # of graphs with CUDA tensors
              if d["plain_reason"] not in (None, "no CUDA tensor")]
