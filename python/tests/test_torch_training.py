@@ -692,7 +692,7 @@ def test_an_lr_scheduler_sets_the_rate_of_every_step_and_every_replay_uses_it(lr
     in place after every step. A rate on the GPU is an input of the recorded
     step, read afresh by every replay; the recipe's own rate on the CPU makes
     the step's graph read a CPU tensor, and it runs as the plain Inductor
-    graph (reduce-overhead's trees skip it too). Either way every step uses
+    graph (cgtree records whole graphs only). Either way every step uses
     the rate the scheduler set: losses, rates, parameters and the optimizer's
     state equal Inductor's bit for bit, and the rates do change."""
     width, steps = 128, 12
