@@ -16,7 +16,11 @@ the process before CUDA starts):
       per allocation and free, the median of --repeats loops; and the same
       through torch.cuda.caching_allocator_alloc / caching_allocator_delete
       (the current allocator with less of PyTorch's Python and dispatcher
-      around it), where that works;
+      around it), where that works; and `torch.empty` then `del` again
+      on a side stream (torch.cuda.Stream(), current for the loop), where
+      cgtree's allocator asks CUDA whether the stream captures at every
+      allocation (cudaStreamGetCaptureInfo: eager.c, "Captures that are
+      not ours"), which it never asks of the legacy default stream;
   (b) the `cond` example of bench/torch_compare.py (a 256x256 torch.cond on
       a device predicate) compiled with plain torch.compile (Inductor):
       milliseconds per call, the median of --repeats loops, and allocations
@@ -63,7 +67,7 @@ def alloc_figures(torch, mode, ct):
     return torch.cuda.memory_stats()["allocation.all.allocated"], None
 
 
-def bench_empty(torch, mode, iters, repeats):
+def bench_empty(torch, mode, iters, repeats, ct=None):
     dev = torch.device("cuda")
     for n in SIZES:
         def alloc_free():
@@ -85,6 +89,25 @@ def bench_empty(torch, mode, iters, repeats):
             continue
         emit(mode, "raw_alloc_free_us", round(time_loop(raw_alloc_free, iters, repeats) * 1e6, 3), "us", bytes=n)
         torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        for n in SIZES:
+            def side_alloc_free():
+                t = torch.empty(n, dtype=torch.uint8, device=dev)
+                del t
+
+            for _ in range(50):
+                side_alloc_free()
+            side.synchronize()
+            m0 = ct.memory_stats() if ct else None
+            emit(mode, "empty_del_side_stream_us", round(time_loop(side_alloc_free, iters, repeats) * 1e6, 3), "us",
+                 bytes=n)
+            if ct:  # where the side stream's allocations came from
+                m1 = ct.memory_stats()
+                for k in ("front_cache_hits", "driver_allocations", "capture_allocations"):
+                    emit(mode, "side_stream_" + k + "_per_alloc", round((m1[k] - m0[k]) / (iters * repeats), 3),
+                         "allocations", bytes=n)
+    torch.cuda.synchronize()
 
 
 def bench_cond(torch, mode, ct, calls, repeats):
@@ -125,7 +148,7 @@ def child(mode, iters, calls, repeats):
         raise SystemExit("cgtree.torch did not install its allocator")
     torch.cuda.init()
     emit(mode, "device", torch.cuda.get_device_name(), "name")
-    bench_empty(torch, mode, iters, repeats)
+    bench_empty(torch, mode, iters, repeats, ct)
     bench_cond(torch, mode, ct, calls, repeats)
 
 

@@ -44,9 +44,25 @@ Reported, per phase:
   the HOST's arrival: when the rank's Python reached the bucket's all-reduce
   in the backward (under reduce-overhead and cgtree as under eager), not when
   its GPU got there;
-- peak memory per rank over the phase: torch.cuda.max_memory_allocated, and
-  under cgtree (torch.cuda.memory_stats does not work under a pluggable
-  allocator) cgtree.torch.memory_stats()["allocated_bytes.all.peak"];
+- peak memory per rank over the phase, as each mode's allocator counts it:
+  torch.cuda.max_memory_allocated, and under cgtree (torch.cuda.memory_stats
+  does not work under a pluggable allocator)
+  cgtree.torch.memory_stats()["allocated_bytes.all.peak"] (the tree's pool
+  and eager memory in use at one moment; JSON: eager_peak_mib, the eager
+  part's own peak). Neither count sees a replay's outputs: a CUDA graph
+  tree of PyTorch's makes them as storages around pointers into its pool,
+  which its allocator does not count (bench/torch_count_probe.py measures
+  it), and cgtree's pool figure is what its last warmup, recording or
+  restore left (docs/torch.md, memory_stats);
+- memory each rank's allocators hold at their highest over the phase
+  (torch.cuda.max_memory_reserved; cgtree: reserved_bytes.all.peak, its
+  driver pool's high-water mark plus its trees' pools, each part printed
+  apart, with the front cache's bytes, which the driver pool's count
+  includes);
+- device memory the whole process holds after the phase: cudaMemGetInfo's
+  total less free (torch.cuda.mem_get_info, after a synchronize), the one
+  figure every mode shares whatever its allocator counts: allocators'
+  caches, private pools, the CUDA context, NCCL's buffers;
 - cgtree's recordings in the phase (0 in steady state);
 - whether each rank's losses (every step, all phases) are bit-equal to its
   losses under inductor, and whether the final weights are bit-equal across
@@ -171,10 +187,19 @@ def worker(a):
             spinner.join()
         ph = {"step_ns": times}
         if ct is not None:
-            ph["peak_bytes"] = ct.memory_stats(a.rank)["allocated_bytes.all.peak"]
+            m = ct.memory_stats(a.rank)
+            ph["peak_bytes"] = m["allocated_bytes.all.peak"]
+            ph["eager_peak_bytes"] = m["eager_peak"]
+            ph["reserved_peak_bytes"] = m["reserved_bytes.all.peak"]
+            ph["reserved_split_bytes"] = {"driver_pool_peak": m["device_reserved_peak"],
+                                          "trees_pools": m["pool_reserved"], "front_cache": m["front_cache_bytes"]}
             ph["recordings"] = ct.stats().get("recordings", 0) - rec0
         elif cuda:
             ph["peak_bytes"] = torch.cuda.max_memory_allocated()
+            ph["reserved_peak_bytes"] = torch.cuda.max_memory_reserved()
+        if cuda:
+            free, total = torch.cuda.mem_get_info()  # after the phase's last synchronize
+            ph["device_used_bytes"] = total - free
         res["phases"][phase] = ph
     weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     ws = [torch.empty_like(weights) for _ in range(2)]
@@ -265,6 +290,8 @@ def rows_of(mode, ranks, ref):
                "gap_us_p99": pct(gaps, 0.99) if gaps else None, "gaps": len(gaps),
                "buckets_per_step": len(gaps) / max(1, len(ms[0])),
                "peak_mib": [r["phases"][phase].get("peak_bytes", 0) / 2**20 for r in ranks],
+               "reserved_peak_mib": [r["phases"][phase].get("reserved_peak_bytes", 0) / 2**20 for r in ranks],
+               "device_used_mib": [r["phases"][phase].get("device_used_bytes", 0) / 2**20 for r in ranks],
                "recordings": [r["phases"][phase].get("recordings") for r in ranks],
                "weights_equal_across_ranks": all(r["weights_equal_across_ranks"] for r in ranks),
                "warm_s": [r["warm_s"] for r in ranks], "device": ranks[0]["device"], "torch": ranks[0]["torch"]}
@@ -278,6 +305,9 @@ def rows_of(mode, ranks, ref):
             row["vs_inductor"] = "bit-equal" if same else "differs (losses max %.3g)" % diff
         if "cgtree" in ranks[0]:
             row["cgtree"] = [r["cgtree"] for r in ranks]
+            row["eager_peak_mib"] = [r["phases"][phase].get("eager_peak_bytes", 0) / 2**20 for r in ranks]
+            row["reserved_split_mib"] = [{k: v / 2**20 for k, v in r["phases"][phase].get("reserved_split_bytes",
+                                                                                       {}).items()} for r in ranks]
         rows.append(row)
     return rows
 
@@ -348,6 +378,20 @@ def main():
             "%.1f" % r["gap_us_p99"] if r["gap_us_p99"] is not None else "",
             two(r["peak_mib"], "%.1f"), two(r["recordings"], "%d") if None not in r["recordings"] else "",
             r["vs_inductor"]))
+    print()
+    print("Memory per rank (rank 0 / rank 1), MiB: peak in use as each allocator counts it; peak reserved by the")
+    print("allocators; device used by the whole process after the phase (cudaMemGetInfo's total less free).")
+    print()
+    print("| mode | disturbance | peak in use | peak reserved | device used |")
+    print("| --- | --- | ---: | ---: | ---: |")
+    for r in rows:
+        if "error" not in r:
+            print("| %s | %s | %s | %s | %s |" % (r["mode"], r["disturbance"], two(r["peak_mib"], "%.1f"),
+                                              two(r["reserved_peak_mib"], "%.1f"), two(r["device_used_mib"], "%.0f")))
+    for r in rows:
+        if "error" not in r and r.get("reserved_split_mib"):
+            print("%s %s, cgtree's reserved peak, rank 0: %s" % (r["mode"], r["disturbance"], ", ".join(
+                "%s %.1f MiB" % kv for kv in r["reserved_split_mib"][0].items())))
     for r in rows:
         if "error" not in r and not r["weights_equal_across_ranks"]:
             print("WARNING: %s: the final weights differ between the ranks" % r["mode"])

@@ -293,13 +293,14 @@ def child(name, mode, out_dir, warm, timed, optimizer="eager", profile=False, tr
     marks, used = {}, {}
     losses.append(step(warm + timed, marks=marks, used=used))
     torch.cuda.synchronize()
+    phase_q = {p: quantiles([t / 1e9 for t in v], digits=6) for p, v in phases.items()}  # ms, one sort each
     res = {"model": name, "mode": mode, "ms_per_step": total * 1e3 / timed, "warm_s": warm_s,
            "peak_mib": peak / 2**20, "reserved_peak_mib": reserved / 2**20,
            "device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "steps": warm + timed, "optimizer": optimizer,
-           "phases_us": {p: sorted(v)[len(v) // 2] / 1e3 for p, v in phases.items()},
+           "phases_us": {p: q["p50"] * 1e3 for p, q in phase_q.items()},
            "step_ms_quantiles": quantiles(times),
-           "phases_p90_us": {p: sorted(v)[int(0.9 * len(v))] / 1e3 for p, v in phases.items()},
+           "phases_p90_us": {p: q["p90"] * 1e3 for p, q in phase_q.items()},
            "in_use_mib": marks, "reserved_split": held, "gpu": gpu,
            "device_used_mib": max(used.values()), "device_used_by_part": used,
            "params_mib": round(sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20, 1)}
@@ -405,12 +406,12 @@ def trace_self_times(path, steps):
     return sorted(rows, key=lambda r: -r[1][0])
 
 
-def quantiles(seconds):
+def quantiles(seconds, digits=3):
     """p10, p50, p90, p99 and the max of per-step host times, in ms: where the
     mean lies above the median, a few slow steps carry the difference."""
     q = sorted(seconds)
-    at = lambda f: round(q[min(len(q) - 1, int(f * len(q)))] * 1e3, 3)  # noqa: E731
-    return {"p10": at(0.1), "p50": at(0.5), "p90": at(0.9), "p99": at(0.99), "max": round(q[-1] * 1e3, 3)}
+    at = lambda f: round(q[min(len(q) - 1, int(f * len(q)))] * 1e3, digits)  # noqa: E731
+    return {"p10": at(0.1), "p50": at(0.5), "p90": at(0.9), "p99": at(0.99), "max": round(q[-1] * 1e3, digits)}
 
 
 def compare(torch, d, name, mode, optimizer):

@@ -190,7 +190,7 @@ void tx_alloc_refusal_text(char *buf, size_t cap) {
 int tx_alloc_reclaim(void *tree_object, size_t bytes) {
   TreeObject *T = tree_object;
   (void)bytes;
-  if (atomic_load(&runs_under_way) > 1 || (!T->on_simulator && tx_dev_stream_capturing(T->device, T->stream)))
+  if (atomic_load(&runs_under_way) > 1 || (!T->on_simulator && tx_dev_capture_id(T->device, T->stream)))
     return 0;
   tx_eager_flush();                                /* blocks set aside during runs: no capture is open now */
   tx_eager_trim(T->on_simulator ? -1 : T->device); /* the front cache, then the driver's pool */

@@ -155,22 +155,6 @@ void tx_dev_pool_trim(int device) {
 #endif
 }
 
-int tx_dev_stream_capturing(int device, void *stream) {
-#ifdef CGT_HAVE_CUDA
-  if (device >= 0) {
-    enum cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing((cudaStream_t)stream, &status) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return 1; /* cannot tell: as if it were */
-    }
-    return status != cudaStreamCaptureStatusNone;
-  }
-#endif
-  (void)device;
-  (void)stream;
-  return 0;
-}
-
 /* The simulator's captures (device -1): a few streams a test says capture. */
 enum { SIM_CAPTURES = 8 };
 static struct {
@@ -207,9 +191,11 @@ unsigned long long tx_dev_capture_id(int device, void *stream) {
   unsigned long long id = 0;
   if (cudaStreamGetCaptureInfo((cudaStream_t)stream, &status, &id, NULL, NULL, NULL, NULL) != cudaSuccess) {
     (void)cudaGetLastError();
-    return 0;
+    return TX_CAPTURE_UNKNOWN; /* cannot tell: callers take it for a capture, the safe side for each */
   }
-  return status == cudaStreamCaptureStatusNone ? 0 : (id ? id : 1);
+  if (status == cudaStreamCaptureStatusNone)
+    return 0;
+  return id && id != TX_CAPTURE_UNKNOWN ? id : 1;
 #else
   return 0;
 #endif

@@ -87,7 +87,8 @@
  * taken back one it freed, an eager tensor allocated later on that stream
  * would share the graph's memory, and the graph's next replay would
  * overwrite it. So we ask the stream (cudaStreamGetCaptureInfo; never the
- * legacy default stream, which cannot capture): inside a capture, an
+ * legacy default stream, which cannot capture; a stream CUDA cannot tell
+ * about counts as capturing, the safe side): inside a capture, an
  * allocation takes no front-cached block and comes from the driver, where
  * the capture makes it a node of the graph, as PyTorch's
  * backend:cudaMallocAsync does; such a block is marked with its capture
@@ -172,6 +173,22 @@ static eager_block *pending; /* to be given back at the next tx_eager_flush */
 static atomic_int any_pending;
 static uint64_t keep_bytes = 2ull << 30;
 static uint64_t serial;
+
+/* Puts a list of blocks (linked by next_out) on `pending`, to be given back
+ * at the next tx_eager_flush; returns how many. With tx_alloc_mu held. */
+static size_t defer_locked(eager_block *list) {
+  size_t n = 0;
+  while (list) {
+    eager_block *next = list->next_out;
+    list->next_out = pending;
+    pending = list;
+    list = next;
+    n++;
+  }
+  if (n)
+    atomic_store(&any_pending, 1);
+  return n;
+}
 
 /* A request as PyTorch's allocator counts it in memory_allocated: also the
  * size class a block is allocated and front-cached at. */
@@ -335,13 +352,7 @@ void tx_eager_set_front_bytes(size_t bytes) {
   front_limit = bytes;
   for (size_t slot = 0; slot <= MAX_EAGER_DEVICES; slot++)
     front_trim_locked(slot, front_limit, &out);
-  while (out) { /* a capture may run on another thread: no stream call now */
-    eager_block *next = out->next_out;
-    out->next_out = pending;
-    pending = out;
-    atomic_store(&any_pending, 1);
-    out = next;
-  }
+  defer_locked(out); /* a capture may run on another thread: no stream call now */
   pthread_mutex_unlock(&tx_alloc_mu);
 }
 
@@ -433,7 +444,7 @@ static void give_back(eager_block *b) {
 void tx_eager_give_back(tx_eager_block *list) {
   if (!list)
     return;
-  size_t n = 0, waiting = 0;
+  size_t n = 0;
   eager_block *wait = NULL;
   for (eager_block *b = list, *next; b; b = next) {
     next = b->next_out;
@@ -441,7 +452,6 @@ void tx_eager_give_back(tx_eager_block *list) {
     if (open && open != b->capture) { /* a capture not the block's own: a free now would join or break it */
       b->next_out = wait;
       wait = b;
-      waiting++;
       continue;
     }
     give_back(b);
@@ -449,15 +459,7 @@ void tx_eager_give_back(tx_eager_block *list) {
   }
   pthread_mutex_lock(&tx_alloc_mu);
   fig.driver_frees += n;
-  fig.frees_waiting_capture += waiting;
-  while (wait) {
-    eager_block *next = wait->next_out;
-    wait->next_out = pending;
-    pending = wait;
-    wait = next;
-  }
-  if (waiting)
-    atomic_store(&any_pending, 1);
+  fig.frees_waiting_capture += defer_locked(wait);
   pthread_mutex_unlock(&tx_alloc_mu);
 }
 
@@ -479,14 +481,7 @@ tx_eager_block *tx_eager_free_locked(void *p, int later) {
   }
   if (!later || !out)
     return out;
-  while (out) { /* a capture may be under way: no stream call now (see tx_eager_flush) */
-    eager_block *next = out->next_out;
-    out->next_out = pending;
-    pending = out;
-    fig.deferred_frees++;
-    out = next;
-  }
-  atomic_store(&any_pending, 1);
+  fig.deferred_frees += defer_locked(out); /* a capture may be under way: no stream call now (see tx_eager_flush) */
   return NULL;
 }
 

@@ -168,10 +168,13 @@ void tx_event_destroy(void *event);          /* no-op for NULL */
 void *tx_dev_pool_alloc(size_t bytes, int device, void *stream, uint64_t keep_bytes);
 void tx_dev_pool_free(void *p, int device, void *stream); /* ordered after the work on stream */
 void tx_dev_pool_trim(int device);          /* synchronise, then give every cached byte back */
-int tx_dev_stream_capturing(int device, void *stream); /* 1 if a capture is open on stream; 0 for device -1 */
-/* The id of the capture open on stream (cudaStreamGetCaptureInfo), or 0 if
- * none is: the legacy stream (NULL) is never asked. On the simulator
+/* The id of the capture open on stream (cudaStreamGetCaptureInfo), 0 if
+ * none is, TX_CAPTURE_UNKNOWN if CUDA cannot tell (callers treat that as a
+ * capture: no synchronising, no front-cached memory). The legacy stream
+ * (NULL) never captures and is never asked: asking it while another thread
+ * captures in global mode could break that capture. On the simulator
  * (device -1), what tx_dev_sim_set_capture last said for the stream. */
+#define TX_CAPTURE_UNKNOWN (~0ULL)
 unsigned long long tx_dev_capture_id(int device, void *stream);
 int tx_dev_sim_set_capture(void *stream, unsigned long long id); /* id 0 ends it; 0 if the table is full */
 int tx_dev_pool_figures(int device, size_t *reserved, size_t *reserved_peak); /* 0 if unknown */

@@ -726,6 +726,15 @@ static PyObject *m_sim_capture(PyObject *m, PyObject *args) {
   Py_RETURN_NONE;
 }
 
+static PyObject *m_capture_id(PyObject *m, PyObject *args) {
+  (void)m;
+  int device = 0;
+  unsigned long long stream = 0;
+  if (!PyArg_ParseTuple(args, "iK", &device, &stream))
+    return NULL;
+  return PyLong_FromUnsignedLongLong(tx_dev_capture_id(device, (void *)(uintptr_t)stream));
+}
+
 static PyObject *m_eager_serial(PyObject *m, PyObject *unused) {
   (void)m;
   (void)unused;
@@ -937,6 +946,9 @@ static PyMethodDef module_methods[] = {
      "set_tree_getter(fn): segments run on fn(device), the calling thread's tree (cached per thread); None: on "
      "the tree each segment was made with"},
     {"eager_serial", m_eager_serial, METH_NOARGS, "the serial of the last eager allocation (for eager_held)"},
+    {"capture_id", m_capture_id, METH_VARARGS,
+     "capture_id(device, stream): what the eager allocator learns of a stream: the id of the capture open on it, "
+     "0 if none is (the legacy stream, 0, is never asked), 2**64-1 if CUDA cannot tell"},
     {"sim_capture", m_sim_capture, METH_VARARGS,
      "sim_capture(stream, id): on the simulator (device -1), stream captures capture id (0: no longer)"},
     {"eager_held", m_eager_held, METH_O,

@@ -566,6 +566,41 @@ def test_dynamic_shapes_record_once_per_shape_and_a_budget_bounds_them():
     assert warned == 1
 
 
+def test_the_allocator_sees_a_side_streams_capture_only_while_it_is_open_and_front_caches_outside_it():
+    """The eager allocator asks each stream but the legacy one whether it
+    captures. A side stream that captures nothing must read as not capturing
+    (else every allocation on it would skip the front cache and cost a
+    driver call: bench/torch_alloc_cost.py's side-stream figures); inside a
+    torch.cuda.graph on it, as capturing, with the capture's id; after it,
+    not capturing again. The legacy stream is never asked."""
+    s = torch.cuda.Stream()
+    dev = torch.cuda.current_device()
+    assert _ext.capture_id(dev, 0) == 0
+    assert _ext.capture_id(dev, s.cuda_stream) == 0
+    n = 1 << 16
+    with torch.cuda.stream(s):
+        torch.empty(n, device=DEV)  # freed at once: a front-cached block of this size on s
+        m0 = ct.memory_stats()
+        for _ in range(20):
+            t = torch.empty(n, device=DEV)
+            del t
+        m1 = ct.memory_stats()
+    assert m1["front_cache_hits"] - m0["front_cache_hits"] == 20, "a side stream's allocations miss the front cache"
+    assert m1["capture_allocations"] == m0["capture_allocations"]
+    x = torch.ones(n, device=DEV)
+    g = torch.cuda.CUDAGraph()
+    ids = []
+    with torch.cuda.graph(g, stream=s):
+        ids.append(_ext.capture_id(dev, s.cuda_stream))
+        y = x + 1
+    assert ids[0] not in (0, 2**64 - 1), ids
+    assert _ext.capture_id(dev, s.cuda_stream) == 0
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, torch.full_like(y, 2.0))
+    del g, y
+
+
 def test_a_graph_captured_with_torch_cuda_graph_keeps_its_memory_from_eager_tensors_made_after_it():
     """Once cgtree.torch is installed its allocator serves every allocation of
     the process, those of a CUDA graph some other code captures with
