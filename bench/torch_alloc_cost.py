@@ -67,17 +67,26 @@ def alloc_figures(torch, mode, ct):
     return torch.cuda.memory_stats()["allocation.all.allocated"], None
 
 
-def bench_empty(torch, mode, iters, repeats, ct=None):
-    dev = torch.device("cuda")
-    for n in SIZES:
-        def alloc_free():
-            t = torch.empty(n, dtype=torch.uint8, device=dev)
-            del t
+WARM = 50  # untimed allocations before each timed loop
 
-        for _ in range(50):
-            alloc_free()
-        torch.cuda.synchronize()
-        emit(mode, "empty_del_us", round(time_loop(alloc_free, iters, repeats) * 1e6, 3), "us", bytes=n)
+
+def time_empty_del(torch, n, iters, repeats):
+    """Microseconds per torch.empty(n bytes) then del on the current stream, after WARM untimed."""
+    dev = torch.device("cuda")
+
+    def alloc_free():
+        t = torch.empty(n, dtype=torch.uint8, device=dev)
+        del t
+
+    for _ in range(WARM):
+        alloc_free()
+    torch.cuda.synchronize()
+    return round(time_loop(alloc_free, iters, repeats) * 1e6, 3)
+
+
+def bench_empty(torch, mode, iters, repeats, ct=None):
+    for n in SIZES:
+        emit(mode, "empty_del_us", time_empty_del(torch, n, iters, repeats), "us", bytes=n)
 
         def raw_alloc_free():
             torch.cuda.caching_allocator_delete(torch.cuda.caching_allocator_alloc(n))
@@ -89,24 +98,15 @@ def bench_empty(torch, mode, iters, repeats, ct=None):
             continue
         emit(mode, "raw_alloc_free_us", round(time_loop(raw_alloc_free, iters, repeats) * 1e6, 3), "us", bytes=n)
         torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    with torch.cuda.stream(side):
+    with torch.cuda.stream(torch.cuda.Stream()):
         for n in SIZES:
-            def side_alloc_free():
-                t = torch.empty(n, dtype=torch.uint8, device=dev)
-                del t
-
-            for _ in range(50):
-                side_alloc_free()
-            side.synchronize()
             m0 = ct.memory_stats() if ct else None
-            emit(mode, "empty_del_side_stream_us", round(time_loop(side_alloc_free, iters, repeats) * 1e6, 3), "us",
-                 bytes=n)
-            if ct:  # where the side stream's allocations came from
+            emit(mode, "empty_del_side_stream_us", time_empty_del(torch, n, iters, repeats), "us", bytes=n)
+            if ct:  # where the side stream's allocations (the untimed ones too) came from
                 m1 = ct.memory_stats()
                 for k in ("front_cache_hits", "driver_allocations", "capture_allocations"):
-                    emit(mode, "side_stream_" + k + "_per_alloc", round((m1[k] - m0[k]) / (iters * repeats), 3),
-                         "allocations", bytes=n)
+                    emit(mode, "side_stream_" + k + "_per_alloc",
+                         round((m1[k] - m0[k]) / (iters * repeats + WARM), 3), "allocations", bytes=n)
     torch.cuda.synchronize()
 
 
