@@ -390,7 +390,8 @@ struct tx_out_ref {
                       * tree's memory, so never on the step's list, never stale, and passed on as caller memory */
   int side_pool;     /* made by an eager run of the tree (a failed capture, a node past the rerecord limit): it
                       * lies in the tree's side pool, which cgt_run copies into a placeholder when passed on */
-  TreeObject *tree;  /* borrowed: counted in tree->out_refs, which keeps a tree from closing until it is freed */
+  TreeObject *tree;  /* borrowed: counted in tree->out_refs, which keeps a tree from closing until it is freed;
+                      * NULL once detached (its tensor could not be made: make_output) */
   cgt_value value;
   uint64_t step;
   void *ptr;

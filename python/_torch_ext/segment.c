@@ -267,6 +267,11 @@ void tx_out_ref_queue_drain(void) {
   while (r) {
     tx_out_ref *next = r->next_dead;
     TreeObject *T = r->tree;
+    if (!T) { /* detached when its tensor could not be made (make_output): nothing of a tree to undo */
+      free(r);
+      r = next;
+      continue;
+    }
     if (r->in_registry)
       HASH_DEL(T->registry, r);
     if (r->step == T->step && !r->released) { /* values of ended steps are stale already */
@@ -343,9 +348,14 @@ static PyObject *make_output(seg_run *run, cgt_value v, const out_meta *m, int s
     *ns_make += tx_now_ns() - t0;
     if (!t) {
       /* Whether PyTorch ran the deleter or not, the value goes back now,
-       * once; r itself is left to the deleter should it still run. */
+       * once, and r leaves its tree: it was never registered or watched,
+       * so no record of the tree names it, and the tree may close. r
+       * itself is left to the deleter should it run (the drain then frees
+       * it alone); if PyTorch dropped it without, its few bytes leak. */
       (void)cgt_value_release(T->tree, v);
       r->released = 1;
+      r->tree = NULL;
+      T->out_refs--;
       return NULL;
     }
   } else {

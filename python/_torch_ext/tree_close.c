@@ -22,9 +22,12 @@
  *      (its tx_out_ref), and so may a backward of the thread's forwards (its
  *      saved activations are outputs), so the tree stays while any record of
  *      an output is unfreed (T->out_refs, counted down by the drain of dead
- *      outputs, segment.c). An output whose tensor PyTorch failed to make
- *      keeps its record, and so its tree, for good: PyTorch may or may not
- *      have taken it.
+ *      outputs, segment.c). An output whose tensor DLPack's exchange API
+ *      failed to make gives its value back at once and leaves its tree:
+ *      PyTorch may or may not have run its deleter, so its record lives
+ *      on, detached, and the drain frees it alone should the deleter come.
+ *      (Without the exchange API, a capsule torch.from_dlpack consumed
+ *      and then failed on keeps its record, and so its tree, for good.)
  *   3. No capture is open: freeing graphs, pools and the stream while some
  *      thread's stream captures would invalidate that capture (CUDA refuses
  *      such calls during a global-mode capture). Every capture of ours

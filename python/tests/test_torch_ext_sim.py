@@ -1833,6 +1833,61 @@ def test_replays_read_pointers_and_make_outputs_through_the_exchange_api(tree, e
     assert tree.stats()["pool_allocated_bytes"] <= before
 
 
+@pytest.mark.parametrize("deleter", ["ran", "never_runs"])
+def test_an_output_the_exchange_api_fails_to_make_gives_its_value_back_and_leaves_its_tree_free_to_close(
+        tree, exchange, deleter):
+    """DLPack's exchange API may fail to make an output tensor after running
+    the output's deleter or without running it, and cgtree cannot tell
+    which. The call raises, the value goes back to the tree at once, and the
+    output's record leaves the tree, so that the tree of an exited thread is
+    freed all the same (such a record used to keep it for good); a deleter
+    that ran, or comes later, frees only the record."""
+    _, good = probes()
+    fail = []
+
+    def make(addr):
+        if fail:
+            if deleter == "ran":
+                m = DLManagedVersioned.from_address(addr)
+                m.deleter(addr)
+            raise RuntimeError("no tensor today")
+        return make_from_versioned(addr)
+
+    assert X.setup_exchange(X.test_exchange_api(make), (XTensor,), good)["outputs"]
+    trees = ThreadTrees()
+    seg = segment(tree, Graph(tree, 2.0, 1.0, stream=lambda: trees(0).stream), spans=(16,), name="nomake")
+    X.set_tree_getter(trees)
+    errors, alive = [], []
+
+    def work():
+        x = XTensor(4).fill([1, 2, 3, 4])
+        for _ in range(4):  # plain first call, warmup, recording, replay
+            (y,) = call(seg, x)
+        assert y.values() == [3, 5, 7, 9]
+        del y
+        fail.append(1)
+        try:
+            call(seg, x)
+        except RuntimeError as e:
+            errors.append(str(e))
+        alive.append(trees(0).stats()["outputs_alive"])
+
+    try:
+        in_a_thread(work)
+        assert errors and "no tensor today" in errors[0], errors
+        assert alive == [0]  # the value the failed call made went back
+        fail.clear()
+        (dead,) = trees.made
+        freed = X.alloc_figures()["trees_freed"]
+        dead.orphan()
+        x = XTensor(4).fill([0, 1, 2, 3])
+        (z,) = call(seg, x)  # on the main thread's tree; the orphan is freed at a call
+        assert dead.closed and X.alloc_figures()["trees_freed"] == freed + 1
+        assert z.values() == [1, 3, 5, 7]
+    finally:
+        X.set_tree_getter(None)
+
+
 @pytest.mark.parametrize("when", ["first_call", "replay_through_the_exchange_api"])
 def test_a_tensor_argument_off_the_trees_device_makes_the_graph_plain_and_its_call_right(tree, exchange, when):
     """A compile sees PyTorch's fake tensors, which may put on the GPU a
