@@ -491,13 +491,12 @@ def main():
             for mode in again:
                 runs[mode].append(run(name, mode, trace=k == 0))
         for mode in modes:
-            ok = [r for r in runs[mode] if "error" not in r]
+            ok = [r for r in runs[mode] if "error" not in r]  # in the order they ran
             if not ok:
                 r = runs[mode][-1]
             else:
-                ok.sort(key=lambda r: r["ms_per_step"])
-                r = ok[len(ok) // 2]  # the median round: its figures, all of them
-                r["ms_per_step_rounds"] = [x["ms_per_step"] for x in ok]
+                r = sorted(ok, key=lambda r: r["ms_per_step"])[len(ok) // 2]  # the median round: all its figures
+                r["ms_per_step_rounds"] = [x["ms_per_step"] for x in ok]  # in the order they ran
                 r["phases_us_rounds"] = [x["phases_us"] for x in ok]  # the same order
             if "error" not in r:
                 r["equal"] = "reference" if mode == "inductor" else compare(torch, a.dir, name, mode, a.optimizer)
@@ -514,7 +513,7 @@ def main():
 
     print()
     print("optimizer: %s" % a.optimizer)
-    print("| model | mode | ms/step | rounds | x reduce-overhead | peak MiB | peak reserved MiB | device used MiB | "
+    print("| model | mode | ms/step | rounds (in the order they ran) | x reduce-overhead | peak MiB | peak reserved MiB | device used MiB | "
           "recordings after warm-up | gradients moved | vs inductor |")
     print("| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     for r in rows:
@@ -525,10 +524,17 @@ def main():
         ratio = "%.2f" % (r["ms_per_step"] / ro["ms_per_step"]) if ro else ""
         rounds = r.get("ms_per_step_rounds", [])
         rounds = " ".join("%.3f" % x for x in rounds) if len(rounds) > 1 else ""
+        mine, theirs = r.get("ms_per_step_rounds", []), (ro or {}).get("ms_per_step_rounds", [])
+        if r is not ro and len(mine) > 1 and len(mine) == len(theirs):  # round k against reduce-overhead's round k
+            r["pair_ratios"] = [round(c / o, 2) for c, o in zip(mine, theirs)]
         print("| %s | %s | %.3f | %s | %s | %.1f | %.1f | %.0f | %s | %s | %s |" % (
             r["model"], r["mode"], r["ms_per_step"], rounds, ratio, r["peak_mib"], r["reserved_peak_mib"],
             r["device_used_mib"],
             r.get("recordings_after_warmup", ""), r.get("gradients_moved", ""), r.get("equal", "")))
+    for r in rows:
+        if r.get("pair_ratios"):
+            print("%s %s, each round against reduce-overhead's round of the same number (interleaved): %s" % (
+                r["model"], r["mode"], ", ".join("%.2f" % x for x in r["pair_ratios"])))
     print()
     print("Bytes in use as each allocator counts them after each part of one more step, MiB (the parameters'")
     print("size, which the gradients take, in brackets); cgtree: where its reserved memory is:")

@@ -538,16 +538,21 @@ def test_a_block_another_stream_reads_or_over_16_MiB_goes_back_to_the_driver_not
     X.empty_cache(-1)
 
 
-def test_inside_a_capture_not_ours_allocations_skip_the_front_cache_and_their_blocks_never_enter_it():
+CAPTURE_UNKNOWN = 2**64 - 1  # what the allocator's question returns when CUDA cannot tell (ext.h)
+
+
+@pytest.mark.parametrize("capture", [7, CAPTURE_UNKNOWN], ids=["a_capture", "cuda_cannot_tell"])
+def test_inside_a_capture_not_ours_allocations_skip_the_front_cache_and_their_blocks_never_enter_it(capture):
     """A graph some other code captures (torch.cuda.graph) keeps writing the
     memory its capture used, temporaries it freed included: so inside such a
     capture an allocation takes no front-cached block, and a block allocated
     there goes back to the driver when freed, in its capture or after it,
-    never to the front cache where an eager tensor could take it."""
+    never to the front cache where an eager tensor could take it. A stream
+    CUDA cannot tell about is treated the same way, the safe side."""
     p = eager_alloc(1000, S1)
     eager_free(p, 1000, S1)  # a block of S1's size class waits in the front cache
     f0 = eager_figures()
-    X.sim_capture(S1, 7)
+    X.sim_capture(S1, capture)
     try:
         q = eager_alloc(1000, S1)
         f1 = eager_figures()
