@@ -382,7 +382,6 @@ struct tx_out_ref {
     DLManagedTensorVersioned mv;
   };
   int queued;        /* its deleter ran (under the queue's lock) */
-  int released;      /* the value went back already (an exchange call that failed) */
   int counted;       /* counted in the tree's alive_this_step (a tensor was made) */
   int saved;         /* a saved activation (counted in the tree's saved_alive while its step lasts) */
   int grad;          /* a backward's output: AccumulateGrad may have made it a .grad (stale.c) */

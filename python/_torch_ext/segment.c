@@ -274,7 +274,7 @@ void tx_out_ref_queue_drain(void) {
     }
     if (r->in_registry)
       HASH_DEL(T->registry, r);
-    if (r->step == T->step && !r->released) { /* values of ended steps are stale already */
+    if (r->step == T->step) { /* values of ended steps are stale already */
       (void)cgt_value_release(T->tree, r->value);
       T->alive_this_step -= (uint64_t)(r->counted && !r->caller_memory);
       T->saved_alive -= (uint64_t)(r->counted && r->saved);
@@ -353,7 +353,6 @@ static PyObject *make_output(seg_run *run, cgt_value v, const out_meta *m, int s
        * itself is left to the deleter should it run (the drain then frees
        * it alone); if PyTorch dropped it without, its few bytes leak. */
       (void)cgt_value_release(T->tree, v);
-      r->released = 1;
       r->tree = NULL;
       T->out_refs--;
       return NULL;
