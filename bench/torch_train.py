@@ -522,9 +522,8 @@ def main():
             continue
         ro = ro_row(r)
         ratio = "%.2f" % (r["ms_per_step"] / ro["ms_per_step"]) if ro else ""
-        rounds = r.get("ms_per_step_rounds", [])
-        rounds = " ".join("%.3f" % x for x in rounds) if len(rounds) > 1 else ""
         mine, theirs = r.get("ms_per_step_rounds", []), (ro or {}).get("ms_per_step_rounds", [])
+        rounds = " ".join("%.3f" % x for x in mine) if len(mine) > 1 else ""
         if r is not ro and len(mine) > 1 and len(mine) == len(theirs):  # round k against reduce-overhead's round k
             r["pair_ratios"] = [round(c / o, 2) for c, o in zip(mine, theirs)]
         print("| %s | %s | %.3f | %s | %s | %.1f | %.1f | %.0f | %s | %s | %s |" % (
