@@ -10,7 +10,8 @@
  * and the driver's cuStreamIsCapturing and cuStreamGetCaptureInfo; then the
  * same four while another stream of the process captures (relaxed mode, so
  * that the loop itself cannot break that capture). One line per way, in
- * nanoseconds per call.
+ * nanoseconds per call. Last, what the two cudaThreadExchangeStreamCaptureMode
+ * calls cost that cgtree.torch makes around each compiled graph's call.
  */
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -62,6 +63,19 @@ static int drv_capture_info(cudaStream_t s) {
   return st != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
+/* Not a question: the pair of calls around every compiled graph's call
+ * that puts the thread in thread-local capture mode and back
+ * (python/_torch_ext/dev.c, "Other threads' captures"); 0, or 2 if either failed. */
+static int mode_exchange_pair(cudaStream_t s) {
+  (void)s;
+  enum cudaStreamCaptureMode m = cudaStreamCaptureModeThreadLocal;
+  if (cudaThreadExchangeStreamCaptureMode(&m) != cudaSuccess)
+    return (void)cudaGetLastError(), 2;
+  if (cudaThreadExchangeStreamCaptureMode(&m) != cudaSuccess)
+    return (void)cudaGetLastError(), 2;
+  return 0;
+}
+
 static double ns_per_call(int (*ask)(cudaStream_t), cudaStream_t s) {
   double per[LOOPS];
   long said[3] = {0, 0, 0};
@@ -90,7 +104,8 @@ int main(void) {
   } ways[] = {{"cudaStreamIsCapturing", rt_is_capturing},
               {"cudaStreamGetCaptureInfo", rt_capture_info},
               {"cuStreamIsCapturing", drv_is_capturing},
-              {"cuStreamGetCaptureInfo", drv_capture_info}};
+              {"cuStreamGetCaptureInfo", drv_capture_info},
+              {"cudaThreadExchangeStreamCaptureMode, to thread-local and back (two calls)", mode_exchange_pair}};
   int n = sizeof ways / sizeof ways[0];
   char name[256];
   struct cudaDeviceProp p;

@@ -193,7 +193,7 @@ int tx_alloc_reclaim(void *tree_object, size_t bytes) {
   if (atomic_load(&runs_under_way) > 1 || (!T->on_simulator && tx_dev_capture_id(T->device, T->stream)))
     return 0;
   tx_eager_flush();                                /* blocks set aside during runs: no capture is open now */
-  tx_eager_trim(T->on_simulator ? -1 : T->device); /* the front cache, then the driver's pool */
+  tx_eager_trim(T->on_simulator ? -1 : T->device, 1); /* the front cache, then the driver's pool */
   pthread_mutex_lock(&tx_alloc_mu);
   fig.pool_alloc_retries++;
   pthread_mutex_unlock(&tx_alloc_mu);

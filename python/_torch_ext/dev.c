@@ -7,6 +7,27 @@
  * for device -1 (which PyTorch never passes; test_torch_ext_sim.py does, to
  * drive the hot path on the simulator, whose device memory is host memory),
  * memory is malloc'd and there are no events.
+ *
+ * Other threads' captures. torch.cuda.graph captures in CUDA's global mode
+ * unless told otherwise, and while a global capture is open on any thread,
+ * CUDA refuses "potentially unsafe" calls from every other thread that is
+ * itself in global mode (as every thread starts) and invalidates that
+ * capture: synchronising or querying any stream or event, cudaMalloc and
+ * cudaFree, cudaMallocFromPoolAsync and cudaFreeAsync even on an unrelated
+ * stream, destroying a graph, trimming a pool or reading its figures
+ * (bench/foreign_capture_probe.py tries each). A thread running compiled
+ * models beside one that captures would break the capture at its next
+ * cache miss, tree close, empty_cache() or memory_stats(). So the calls
+ * cgtree makes for itself run with the calling thread in thread-local mode
+ * (tx_dev_ignore_other_captures), which CUDA documents as ignoring other
+ * threads' captures and which still forbids those calls inside a capture
+ * of the thread's own; the probe finds every one of them then leaves the
+ * other capture whole. One call stays forbidden in every mode while any
+ * stream of the device captures: synchronising the whole device.
+ * tx_dev_pool_trim does that only when its caller knows of no capture open
+ * (tx_eager_trim says how it knows). What the program itself does on the
+ * host meanwhile is its own: a host read (.item(), print) synchronises,
+ * and breaks the capture under plain PyTorch as well.
  */
 #include "ext.h"
 
@@ -71,6 +92,31 @@ void tx_stream_wait(void *waiter, void *signaller, void *event) {
   tx_event_wait(waiter, event);
 }
 
+int tx_dev_ignore_other_captures(void) {
+#ifdef CGT_HAVE_CUDA
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal;
+  if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return -1;
+  }
+  return (int)mode;
+#else
+  return -1;
+#endif
+}
+
+void tx_dev_heed_other_captures(int saved) {
+#ifdef CGT_HAVE_CUDA
+  if (saved < 0)
+    return;
+  enum cudaStreamCaptureMode mode = (enum cudaStreamCaptureMode)saved;
+  if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess)
+    (void)cudaGetLastError();
+#else
+  (void)saved;
+#endif
+}
+
 /* ------------------------------------------- the stream-ordered pools */
 
 #ifdef CGT_HAVE_CUDA
@@ -116,7 +162,9 @@ void *tx_dev_pool_alloc(size_t bytes, int device, void *stream, uint64_t keep_by
     if (!pool)
       return NULL;
     cudaError_t e = cudaSuccess;
+    int mode = tx_dev_ignore_other_captures();
     WITH_DEVICE(device, e = cudaMallocFromPoolAsync(&p, bytes, pool, (cudaStream_t)stream));
+    tx_dev_heed_other_captures(mode);
     if (e != cudaSuccess) {
       (void)cudaGetLastError(); /* out of memory is not sticky: clear it for PyTorch's own checks */
       return NULL;
@@ -133,7 +181,9 @@ void *tx_dev_pool_alloc(size_t bytes, int device, void *stream, uint64_t keep_by
 void tx_dev_pool_free(void *p, int device, void *stream) {
 #ifdef CGT_HAVE_CUDA
   if (device >= 0) {
+    int mode = tx_dev_ignore_other_captures();
     WITH_DEVICE(device, (void)cudaFreeAsync(p, (cudaStream_t)stream));
+    tx_dev_heed_other_captures(mode);
     return;
   }
 #endif
@@ -142,16 +192,24 @@ void tx_dev_pool_free(void *p, int device, void *stream) {
   free(p);
 }
 
-void tx_dev_pool_trim(int device) {
+void tx_dev_pool_trim(int device, int may_sync) {
 #ifdef CGT_HAVE_CUDA
   if (device >= 0 && device < MAX_POOL_DEVICES && pools[device]) {
     /* Frees enqueued on streams become free pool memory once the work
-     * before them is done: wait for it, then give all of it back. */
-    WITH_DEVICE(device, (void)cudaDeviceSynchronize(); (void)cudaMemPoolTrimTo(pools[device], 0));
+     * before them is done: wait for it, then give all of it back. Without
+     * the wait, what is free already. */
+    int mode = tx_dev_ignore_other_captures();
+    WITH_DEVICE(device, {
+      if (may_sync)
+        (void)cudaDeviceSynchronize();
+      (void)cudaMemPoolTrimTo(pools[device], 0);
+    });
     (void)cudaGetLastError();
+    tx_dev_heed_other_captures(mode);
   }
 #else
   (void)device;
+  (void)may_sync;
 #endif
 }
 
@@ -205,8 +263,11 @@ int tx_dev_pool_figures(int device, size_t *reserved, size_t *reserved_peak) {
 #ifdef CGT_HAVE_CUDA
   if (device >= 0 && device < MAX_POOL_DEVICES && pools[device]) {
     uint64_t r = 0, rp = 0;
-    if (cudaMemPoolGetAttribute(pools[device], cudaMemPoolAttrReservedMemCurrent, &r) != cudaSuccess ||
-        cudaMemPoolGetAttribute(pools[device], cudaMemPoolAttrReservedMemHigh, &rp) != cudaSuccess) {
+    int mode = tx_dev_ignore_other_captures(); /* asking a pool is one of the calls a capture forbids */
+    int ok = cudaMemPoolGetAttribute(pools[device], cudaMemPoolAttrReservedMemCurrent, &r) == cudaSuccess &&
+             cudaMemPoolGetAttribute(pools[device], cudaMemPoolAttrReservedMemHigh, &rp) == cudaSuccess;
+    tx_dev_heed_other_captures(mode);
+    if (!ok) {
       (void)cudaGetLastError();
       return 0;
     }
@@ -223,11 +284,13 @@ int tx_dev_pool_figures(int device, size_t *reserved, size_t *reserved_peak) {
 
 void tx_dev_pool_reset_peaks(void) {
 #ifdef CGT_HAVE_CUDA
+  int mode = tx_dev_ignore_other_captures();
   for (int d = 0; d < MAX_POOL_DEVICES; d++) {
     uint64_t zero = 0; /* the only value CUDA takes: the mark restarts from the current reservation */
     if (pools[d] && cudaMemPoolSetAttribute(pools[d], cudaMemPoolAttrReservedMemHigh, &zero) != cudaSuccess)
       (void)cudaGetLastError();
   }
+  tx_dev_heed_other_captures(mode);
 #endif
 }
 
@@ -235,6 +298,7 @@ void tx_dev_stream_after(void *waiter, void *signaller, int device) {
 #ifdef CGT_HAVE_CUDA
   if (device < 0 || waiter == signaller)
     return;
+  int mode = tx_dev_ignore_other_captures();
   WITH_DEVICE(device, {
     void *e = tx_event_create();
     if (e) {
@@ -244,6 +308,7 @@ void tx_dev_stream_after(void *waiter, void *signaller, int device) {
       cudaStreamSynchronize((cudaStream_t)signaller); /* no event: the slow way, still ordered */
     }
   });
+  tx_dev_heed_other_captures(mode);
 #else
   (void)waiter;
   (void)signaller;

@@ -97,7 +97,12 @@
  * graph). A give-back to the driver on a stream that captures a capture not
  * the block's own would join or break that capture, so it is put off to a
  * later flush. No retry after out of memory inside a capture: trimming
- * synchronises the device, which a capture forbids. Tests: test_torch_trust.py
+ * synchronises the device, which a capture forbids. Nor is the device
+ * synchronised while a capture of ours may run or one not ours is known
+ * open (a block allocated in it lives and its stream still captures):
+ * CUDA forbids that on every thread and in every mode, and breaks the
+ * capture; the trim then gives back only what is free already (dev.c,
+ * "Other threads' captures"). Tests: test_torch_trust.py
  * (torch.cuda.graph, then eager tensors on its stream; fails with the old
  * behaviour), test_torch_ext_sim.py (the simulator's captures).
  *
@@ -379,8 +384,7 @@ static void *alloc_from_driver(size_t size, int device, void *stream, unsigned l
   void *p = tx_dev_pool_alloc(bytes, device, stream, keep_bytes);
   int retried = 0;
   if (!p && !capture) {
-    tx_eager_give_back(front_drain(device));
-    tx_dev_pool_trim(device);
+    tx_eager_trim(device, tx_alloc_idle());
     retried = 1;
     p = tx_dev_pool_alloc(bytes, device, stream, keep_bytes);
   }
@@ -614,7 +618,28 @@ void tx_eager_retire_stream(int device, void *stream) {
   tx_eager_give_back(out);
 }
 
-void tx_eager_trim(int device) {
+/* Is a capture that is not ours known to be open on device? Known: a
+ * block allocated inside it lives, and its stream still captures with its
+ * id (or CUDA cannot tell). A capture that allocated nothing here, or
+ * whose every block it freed, is not known. */
+static int foreign_capture_open(int device) {
+  int open = 0;
+  pthread_mutex_lock(&tx_alloc_mu);
+  eager_block *b, *tmp;
+  HASH_ITER(hh, blocks, b, tmp) {
+    if (!b->capture || b->device != device)
+      continue;
+    unsigned long long id = tx_dev_capture_id(device, b->stream);
+    if (id && (id == b->capture || id == TX_CAPTURE_UNKNOWN)) {
+      open = 1;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&tx_alloc_mu);
+  return open;
+}
+
+void tx_eager_trim(int device, int none_of_ours_open) {
   tx_eager_give_back(front_drain(device));
-  tx_dev_pool_trim(device);
+  tx_dev_pool_trim(device, none_of_ours_open && !foreign_capture_open(device));
 }

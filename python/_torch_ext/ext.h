@@ -123,9 +123,11 @@ void tx_eager_flush(void); /* gives back what tx_eager_free_locked set aside; ne
  * eager block of ours in use, -1 out of host memory. */
 int tx_eager_record_stream(void *p, void *stream);
 void tx_eager_figures_get(int device, tx_eager_figures *out);
-/* Gives the device's front-cached blocks back, then synchronises and gives
- * every byte its pool caches back to the device. */
-void tx_eager_trim(int device);
+/* Gives the device's front-cached blocks back, then gives every byte its
+ * pool caches back to the device, after synchronising it if
+ * none_of_ours_open (the caller knows no capture of ours may be open) and
+ * no capture not ours is known open (eager.c). */
+void tx_eager_trim(int device, int none_of_ours_open);
 /* The stream is about to be destroyed, its work done: its front-cached
  * blocks go back to the driver now, and live blocks allocated on it (or
  * recorded on it) are freed on the legacy default stream from now on.
@@ -167,7 +169,18 @@ void tx_event_destroy(void *event);          /* no-op for NULL */
  * the pool keeps cached when the device synchronises (set at first use). */
 void *tx_dev_pool_alloc(size_t bytes, int device, void *stream, uint64_t keep_bytes);
 void tx_dev_pool_free(void *p, int device, void *stream); /* ordered after the work on stream */
-void tx_dev_pool_trim(int device);          /* synchronise, then give every cached byte back */
+/* Give every cached byte back; may_sync: synchronise the device first, so
+ * that frees still waiting on their streams' work count (only where no
+ * capture may be open on any stream of the device: CUDA forbids it then). */
+void tx_dev_pool_trim(int device, int may_sync);
+/* Puts the calling thread in CUDA's thread-local capture mode, in which
+ * other threads' captures do not forbid its calls (and its calls do not
+ * break them); returns what tx_dev_heed_other_captures puts back (-1:
+ * nothing, without CUDA or a driver). Around the CUDA calls cgtree makes
+ * for itself: a compiled graph's call, a tree's close or sync, the eager
+ * allocator's calls to the driver (dev.c's essay). */
+int tx_dev_ignore_other_captures(void);
+void tx_dev_heed_other_captures(int saved);
 /* The id of the capture open on stream (cudaStreamGetCaptureInfo), 0 if
  * none is, TX_CAPTURE_UNKNOWN if CUDA cannot tell (callers treat that as a
  * capture: no synchronising, no front-cached memory). The legacy stream

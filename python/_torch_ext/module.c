@@ -166,7 +166,9 @@ int tx_tree_step_begin(TreeObject *T) {
   tx_out_ref_queue_drain();
   if (tx_stale_mark_step(T) < 0)
     return -1;
+  int capture_mode = tx_dev_ignore_other_captures(); /* another thread's capture stays whole (dev.c) */
   cgt_status st = cgt_step_begin(T->tree);
+  tx_dev_heed_other_captures(capture_mode);
   if (st != CGT_OK) {
     tx_status_error(T, st, "cgt_step_begin");
     return -1;
@@ -349,7 +351,9 @@ static PyObject *tree_sync(TreeObject *T, PyObject *unused) {
   (void)unused;
   if (!tree_ready(T))
     return NULL;
+  int capture_mode = tx_dev_ignore_other_captures(); /* another thread's capture stays whole (dev.c) */
   cgt_status st = cgt_sync(T->tree);
+  tx_dev_heed_other_captures(capture_mode);
   if (st != CGT_OK)
     return tx_status_error(T, st, "cgt_sync");
   Py_RETURN_NONE;
@@ -773,7 +777,7 @@ static PyObject *m_empty_cache(PyObject *m, PyObject *args) {
   if (!PyArg_ParseTuple(args, "i", &device))
     return NULL;
   tx_trees_close_pending(); /* trees of exited threads that nothing names any more */
-  tx_eager_trim(device);
+  tx_eager_trim(device, tx_alloc_idle());
   Py_RETURN_NONE;
 }
 

@@ -1230,6 +1230,7 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
   size_t n = PyVectorcall_NARGS(nargsf);
   uint64_t t0 = tx_now_ns();
   uint64_t refusals = tx_alloc_refusals();
+  int capture_mode = tx_dev_ignore_other_captures(); /* another thread's capture stays whole (dev.c) */
   PyObject *res;
   if (n == 1 && !kwnames && PyList_CheckExact(args[0])) {
     PyObject *list = Py_NewRef(args[0]); /* nobody changes it while we run: the caller waits for us */
@@ -1238,6 +1239,7 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
   } else {
     res = seg_call(s, args, n, kwnames, t0);
   }
+  tx_dev_heed_other_captures(capture_mode);
   if (!res && tx_alloc_refusals() != refusals)
     out_of_memory_error(s);
   return res;

@@ -74,6 +74,7 @@ static int closing; /* a close under way: dropping a segment may run Python, whi
 uint64_t tx_trees_closed(void) { return closed_count; }
 
 static void tree_close(TreeObject *T) {
+  int capture_mode = tx_dev_ignore_other_captures(); /* another thread's capture stays whole (dev.c) */
   size_t n_runs = 0;
   struct seg_run **runs = tx_tree_runs_detach(T, &n_runs); /* no Python runs until the C tree is gone */
   (void)cgt_sync(T->tree); /* its stream's work is over: its blocks may be retired */
@@ -91,6 +92,7 @@ static void tree_close(TreeObject *T) {
   T->grad_leaves = NULL;
   T->closed = 1;
   closed_count++;
+  tx_dev_heed_other_captures(capture_mode);
   tx_tree_runs_free(runs, n_runs); /* Python may run from here on */
   Py_XDECREF(leaves);
 }

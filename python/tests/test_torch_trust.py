@@ -6,6 +6,7 @@ Needs a CUDA GPU (skips without one) and imports cgtree.torch first, so
 that its allocator is installed before CUDA starts. Run it in a pytest
 process of its own or with test_torch_backend.py.
 """
+import json
 import os
 import subprocess
 import sys
@@ -641,3 +642,30 @@ def test_a_graph_captured_with_torch_cuda_graph_keeps_its_memory_from_eager_tens
     torch.cuda.synchronize()
     assert torch.equal(v, torch.zeros_like(v)), "a replay wrote into an eager tensor made after its output died"
     del g
+
+
+
+def test_another_threads_torch_cuda_graph_capture_survives_this_threads_replays_allocations_tree_close_and_empty_cache():
+    """torch.cuda.graph captures in CUDA's global mode: while it is open,
+    CUDA refuses potentially unsafe calls from every other thread in global
+    mode and breaks the capture (querying or synchronising any stream,
+    cudaMallocAsync and cudaFreeAsync on any stream, destroying a graph,
+    trimming a pool: bench/foreign_capture_probe.py). cgtree makes such
+    calls for itself, so a thread running a compiled model beside one that
+    captures used to break that capture. foreign_capture_program.py, in a
+    process of its own (a broken capture leaves PyTorch's generator
+    believing it captures, which would fail every later test): while thread
+    B's capture is open, the main thread replays a compiled model (its first
+    call closes an exited thread's tree, whose graphs and pool it frees),
+    allocates sizes the front cache never held, small and past the front
+    cache's largest, frees them, and empties cgtree's cache. It reads
+    nothing on the host until the capture ended (a host read synchronises,
+    which breaks any capture in plain PyTorch too)."""
+    program = os.path.join(os.path.dirname(__file__), "foreign_capture_program.py")
+    p = subprocess.run([sys.executable, program], capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    assert r["capture_error"] is None, "this thread broke another thread's capture: " + r["capture_error"]
+    assert r["capture_replays_right"], "the other thread's graph replays other numbers"
+    assert r["replays_right"], "a replay during another thread's capture gave other numbers"
+    assert r["trees_closed_at_the_call"] == 1, "the exited thread's tree was not closed at the call"
