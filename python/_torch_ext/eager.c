@@ -641,5 +641,11 @@ static int foreign_capture_open(int device) {
 
 void tx_eager_trim(int device, int none_of_ours_open) {
   tx_eager_give_back(front_drain(device));
-  tx_dev_pool_trim(device, none_of_ours_open && !foreign_capture_open(device));
+  int may_sync = none_of_ours_open && !foreign_capture_open(device);
+  if (!may_sync) {
+    pthread_mutex_lock(&tx_alloc_mu);
+    fig.trims_without_sync++;
+    pthread_mutex_unlock(&tx_alloc_mu);
+  }
+  tx_dev_pool_trim(device, may_sync);
 }

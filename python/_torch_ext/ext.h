@@ -97,6 +97,7 @@ typedef struct tx_eager_figures {
   uint64_t blocks_rehomed; /* live blocks whose stream was retired: freed on the legacy stream since */
   uint64_t capture_allocations; /* made inside a capture cgtree did not begin: never front-cached */
   uint64_t frees_waiting_capture; /* gives back put off because their stream captured (not their capture) */
+  uint64_t trims_without_sync; /* trims that did not synchronise the device: a capture was or might be open */
   size_t in_use;          /* of one device, counted as PyTorch counts memory_allocated */
   size_t live_blocks;     /* of every device */
   size_t front_bytes, front_blocks; /* of one device: freed blocks the front cache keeps (still the driver's) */

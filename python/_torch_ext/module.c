@@ -691,6 +691,7 @@ static PyObject *m_alloc_figures(PyObject *m, PyObject *args) {
       {"blocks_rehomed", e.blocks_rehomed},
       {"capture_allocations", e.capture_allocations},
       {"frees_waiting_capture", e.frees_waiting_capture},
+      {"trims_without_sync", e.trims_without_sync},
       {"events_live", tx_events_live()},
       {"trees_freed", tx_trees_closed()},
   };

@@ -579,6 +579,39 @@ def test_inside_a_capture_not_ours_allocations_skip_the_front_cache_and_their_bl
     X.empty_cache(-1)
 
 
+@pytest.mark.parametrize("block", ["alive", "freed_in_its_capture"])
+def test_a_trim_synchronises_the_device_only_where_no_capture_not_ours_is_known_open(block):
+    """Synchronising the whole device breaks any capture open on it, in
+    every capture mode, so empty_cache's trim does not synchronise while a
+    capture not ours is known open: a block allocated inside it lives and its
+    stream still captures with its id. Then it gives back what is free
+    already, and counts it (trims_without_sync). A capture whose every block
+    was freed is not known: that trim synchronises, as before."""
+    X.empty_cache(-1)
+    f0 = eager_figures()
+    X.sim_capture(S1, 11)
+    try:
+        q = eager_alloc(1000, S1)
+        if block == "freed_in_its_capture":
+            eager_free(q, 1000, S1)
+        X.empty_cache(-1)
+        f1 = eager_figures()
+        known = block == "alive"
+        assert f1["trims_without_sync"] - f0["trims_without_sync"] == int(known)
+        X.sim_capture(S2, 12)  # another stream's capture, on which nothing was allocated: not known
+        X.empty_cache(-1)
+        assert eager_figures()["trims_without_sync"] - f1["trims_without_sync"] == int(known)
+        X.sim_capture(S2, 0)
+    finally:
+        X.sim_capture(S1, 0)
+    f2 = eager_figures()
+    X.empty_cache(-1)  # the capture ended: its block, if alive, no longer says one is open
+    assert eager_figures()["trims_without_sync"] == f2["trims_without_sync"]
+    if block == "alive":
+        eager_free(q, 1000, S1)
+    X.empty_cache(-1)
+
+
 def test_a_give_back_on_a_stream_that_captures_another_capture_waits_for_its_end():
     """A block the driver must take back (over 16 MiB) freed while its
     stream captures a capture it was not allocated in: a free on that stream

@@ -176,7 +176,10 @@ def memory_stats(device=None):
     made inside a CUDA graph capture cgtree did not begin
     (torch.cuda.graph...), which come from the driver and never enter the
     front cache; ``frees_waiting_capture``: give-backs put off because their
-    stream was capturing a capture not their own.
+    stream was capturing a capture not their own; ``trims_without_sync``:
+    trims (empty_cache, the retry after a refusal) that gave back only what
+    was free already, without synchronising the device, because a recording
+    of cgtree's might run or a capture not its own was known open.
 
     cgtree's own figures keep their names: eager_* for memory outside the
     pool (parameters, inputs, eager ops), pool_* for the pools of the
