@@ -111,29 +111,12 @@ def raw_op(op):
 
 def cgtree_op(op, torch, ct):
     """Sets up cgtree (compiled model warm, an orphaned tree where op needs one)."""
-    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256)).cuda().eval()
-    cg = torch.compile(model, backend="cgtree")
-    x = torch.randn(64, 256, device="cuda")
-    with torch.no_grad():
-        want = model(x)
-        for _ in range(4):
-            torch.allclose(cg(x), want, rtol=1e-3, atol=1e-3)  # the comparison's temporaries, cached
-    if op in ("cgtree_empty_cache", "cgtree_segment_call_closes_orphan"):
-        made = []
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "tests"))
+    from foreign_capture_program import orphan_a_threads_tree, warm_compiled_model  # the GPU test's program
 
-        def request():
-            with torch.no_grad():
-                for _ in range(4):
-                    cg(x)
-            made.extend(ct._install.thread_trees())
-        t = threading.Thread(target=request)
-        t.start()
-        t.join()
-        import time
-        deadline = time.monotonic() + 10
-        while not all(tr.orphaned for tr in made) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert made and all(tr.orphaned for tr in made), "no orphan"
+    cg, x, want = warm_compiled_model()
+    if op in ("cgtree_empty_cache", "cgtree_segment_call_closes_orphan"):
+        orphan_a_threads_tree(cg, x)
         before = ct.stats()["trees_freed"]
 
     def replay():  # compared after the capture: a host read (.item()) synchronises, which breaks any capture

@@ -20,15 +20,23 @@ import torch
 DEV = "cuda"
 
 
-def main():
+def warm_compiled_model():
+    """A small model compiled with cgtree, past its warm-up and recording:
+    (the compiled model, its input, eager's output)."""
     model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256)).to(DEV)
-    model.eval()
-    cg = torch.compile(model, backend="cgtree")
+    cg = torch.compile(model.eval(), backend="cgtree")
     x = torch.randn(64, 256, device=DEV)
     with torch.no_grad():
         want = model(x)
-        for _ in range(4):  # warm-up, recording, replays
+        for _ in range(4):  # warm-up, recording, replays; the comparison's temporaries front-cached
             torch.testing.assert_close(cg(x), want)
+    return cg, x, want
+
+
+def orphan_a_threads_tree(cg, x):
+    """Runs cg on a thread that then exits; returns that thread's trees,
+    once orphaned (once its OS thread is gone): the next compiled call or
+    empty_cache() closes them."""
     gone = []
 
     def request():
@@ -42,8 +50,14 @@ def main():
     t.join()
     deadline = time.monotonic() + 10
     while not all(tr.orphaned for tr in gone) and time.monotonic() < deadline:
-        time.sleep(0.01)  # a thread's trees are orphaned once its OS thread is gone
-    assert gone and all(tr.orphaned for tr in gone)
+        time.sleep(0.01)
+    assert gone and all(tr.orphaned for tr in gone), "the thread's trees were not orphaned"
+    return gone
+
+
+def main():
+    cg, x, want = warm_compiled_model()
+    orphan_a_threads_tree(cg, x)
     freed_before = ct.stats()["trees_freed"]
     a = torch.ones(1 << 16, device=DEV)
     torch.cuda.synchronize()
