@@ -72,6 +72,7 @@ static _Thread_local uint64_t tls_serial;
 static _Thread_local uint64_t tls_refusals;
 static _Thread_local size_t tls_refused_bytes;
 static _Thread_local int tls_refused_device, tls_refused_in_pool;
+static _Thread_local int tls_refused_error; /* the driver's error (dev.c), 0 or TX_ERR_OUT_OF_MEMORY: memory */
 /* Runs of cgt_run under way now, on every thread. While one is, a capture
  * may be open: from before its launch function is called until after it
  * returned (cgtree ends the capture then, and dropping the graph's outputs
@@ -161,13 +162,25 @@ static void *refused(size_t size, int device, int in_pool) {
   tls_refused_bytes = size;
   tls_refused_device = device;
   tls_refused_in_pool = in_pool;
+  tls_refused_error = in_pool ? 0 : tx_dev_pool_error();
   return NULL;
 }
+
+int tx_alloc_refusal_is_oom(void) { return tls_refused_error == 0 || tls_refused_error == TX_ERR_OUT_OF_MEMORY; }
 
 uint64_t tx_alloc_refusals(void) { return tls_refusals; }
 
 void tx_alloc_refusal_text(char *buf, size_t cap) {
   int gib = tls_refused_bytes >= ((size_t)1 << 30);
+  if (!tx_alloc_refusal_is_oom()) { /* not PyTorch's out-of-memory wording: retrying smaller would not help */
+    snprintf(buf, cap,
+             "CUDA error: %s (cgtree.torch: the CUDA driver's stream-ordered pool refused %.2f %s on device %d "
+             "with error %d, which is not out of memory)",
+             tx_dev_error_text(tls_refused_error),
+             (double)tls_refused_bytes / (double)((size_t)1 << (gib ? 30 : 20)), gib ? "GiB" : "MiB",
+             tls_refused_device, tls_refused_error);
+    return;
+  }
   snprintf(buf, cap,
            "CUDA out of memory. Tried to allocate %.2f %s on device %d (cgtree.torch: %s). Free tensors you no "
            "longer need, or call cgtree.torch.empty_cache().",

@@ -18,7 +18,9 @@ extern "C" {
 __attribute__((visibility("default"))) void *cgt_torch_alloc(ssize_t size, int device, void *stream);
 __attribute__((visibility("default"))) void cgt_torch_free(void *ptr, ssize_t size, int device, void *stream);
 /* The message of this thread's last refusal, in PyTorch's words ("CUDA out
- * of memory. Tried to allocate ..."), into buf (cap bytes, NUL-terminated). */
+ * of memory. Tried to allocate ...") when it was for want of memory, else
+ * "CUDA error: ..." naming the driver's error, into buf (cap bytes,
+ * NUL-terminated). */
 void tx_alloc_refusal_text(char *buf, size_t cap);
 
 #ifdef __cplusplus

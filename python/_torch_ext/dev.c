@@ -125,12 +125,14 @@ static cudaMemPool_t pools[MAX_POOL_DEVICES];
 
 /* The device's default pool, its release threshold set once: what the
  * pool keeps cached for reuse when the device synchronises. */
-static cudaMemPool_t pool_of(int device, uint64_t keep_bytes) {
-  if (device < 0 || device >= MAX_POOL_DEVICES)
+static cudaMemPool_t pool_of(int device, uint64_t keep_bytes, cudaError_t *error) {
+  if (device < 0 || device >= MAX_POOL_DEVICES) {
+    *error = cudaErrorInvalidDevice;
     return NULL;
+  }
   if (!pools[device]) {
     cudaMemPool_t p = NULL;
-    if (cudaDeviceGetDefaultMemPool(&p, device) != cudaSuccess) {
+    if ((*error = cudaDeviceGetDefaultMemPool(&p, device)) != cudaSuccess) {
       (void)cudaGetLastError();
       return NULL;
     }
@@ -154,17 +156,46 @@ static cudaMemPool_t pool_of(int device, uint64_t keep_bytes) {
   } while (0)
 #endif
 
+/* Why this thread's last tx_dev_pool_alloc failed (a cudaError_t), 0 if it
+ * did not: out of memory, or something else that must not read as it. */
+static _Thread_local int tls_pool_error;
+#ifdef CGT_HAVE_CUDA
+_Static_assert(cudaErrorMemoryAllocation == TX_ERR_OUT_OF_MEMORY, "ext.h's TX_ERR_OUT_OF_MEMORY is CUDA's own");
+#endif
+/* The simulator's next sim_pool_failures pool allocations fail with
+ * sim_pool_error (a test's, on one thread). */
+static int sim_pool_error, sim_pool_failures;
+
+int tx_dev_pool_error(void) { return tls_pool_error; }
+
+void tx_dev_sim_fail_pool_allocs(int error, int count) {
+  sim_pool_error = error;
+  sim_pool_failures = count;
+}
+
+const char *tx_dev_error_text(int error) {
+#ifdef CGT_HAVE_CUDA
+  return cudaGetErrorString((cudaError_t)error);
+#else
+  (void)error;
+  return "a CUDA error (this build has no CUDA to name it)";
+#endif
+}
+
 void *tx_dev_pool_alloc(size_t bytes, int device, void *stream, uint64_t keep_bytes) {
 #ifdef CGT_HAVE_CUDA
   if (device >= 0) {
-    cudaMemPool_t pool = pool_of(device, keep_bytes);
-    void *p = NULL;
-    if (!pool)
-      return NULL;
     cudaError_t e = cudaSuccess;
+    cudaMemPool_t pool = pool_of(device, keep_bytes, &e);
+    void *p = NULL;
+    if (!pool) {
+      tls_pool_error = (int)e;
+      return NULL;
+    }
     int mode = tx_dev_ignore_other_captures();
     WITH_DEVICE(device, e = cudaMallocFromPoolAsync(&p, bytes, pool, (cudaStream_t)stream));
     tx_dev_heed_other_captures(mode);
+    tls_pool_error = (int)e;
     if (e != cudaSuccess) {
       (void)cudaGetLastError(); /* out of memory is not sticky: clear it for PyTorch's own checks */
       return NULL;
@@ -175,7 +206,14 @@ void *tx_dev_pool_alloc(size_t bytes, int device, void *stream, uint64_t keep_by
   (void)stream;
   (void)keep_bytes;
   (void)device;
-  return malloc(bytes);
+  if (sim_pool_failures > 0) {
+    sim_pool_failures--;
+    tls_pool_error = sim_pool_error;
+    return NULL;
+  }
+  void *p = malloc(bytes);
+  tls_pool_error = p ? 0 : TX_ERR_OUT_OF_MEMORY;
+  return p;
 }
 
 void tx_dev_pool_free(void *p, int device, void *stream) {

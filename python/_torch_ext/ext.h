@@ -61,6 +61,7 @@ void tx_alloc_flush_if_idle(void);
 /* The allocations this thread was refused so far (out of device or host
  * memory; alloc_entry.h's tx_alloc_refusal_text describes the last). */
 uint64_t tx_alloc_refusals(void);
+int tx_alloc_refusal_is_oom(void); /* this thread's last refusal was for want of memory (not another CUDA error) */
 /* Every tree's reclaim function (cgt_tree_set_reclaim; user: its TreeObject):
  * the eager caches give their memory back to the device, unless a capture
  * may be open; nonzero if they did. */
@@ -98,6 +99,7 @@ typedef struct tx_eager_figures {
   uint64_t capture_allocations; /* made inside a capture cgtree did not begin: never front-cached */
   uint64_t frees_waiting_capture; /* gives back put off because their stream captured (not their capture) */
   uint64_t trims_without_sync; /* trims that did not synchronise the device: a capture was or might be open */
+  uint64_t driver_alloc_errors; /* allocations the driver's pool refused for another cause than memory */
   size_t in_use;          /* of one device, counted as PyTorch counts memory_allocated */
   size_t live_blocks;     /* of every device */
   size_t front_bytes, front_blocks; /* of one device: freed blocks the front cache keeps (still the driver's) */
@@ -170,6 +172,14 @@ void tx_event_destroy(void *event);          /* no-op for NULL */
  * the pool keeps cached when the device synchronises (set at first use). */
 void *tx_dev_pool_alloc(size_t bytes, int device, void *stream, uint64_t keep_bytes);
 void tx_dev_pool_free(void *p, int device, void *stream); /* ordered after the work on stream */
+/* Why this thread's last tx_dev_pool_alloc failed: a cudaError_t, 0 if it
+ * did not; TX_ERR_OUT_OF_MEMORY (cudaErrorMemoryAllocation) for want of
+ * memory, anything else (a sticky error after an illegal address, say) for
+ * another cause. tx_dev_error_text names one. */
+#define TX_ERR_OUT_OF_MEMORY 2
+int tx_dev_pool_error(void);
+const char *tx_dev_error_text(int error);
+void tx_dev_sim_fail_pool_allocs(int error, int count); /* device -1's next `count` pool allocations fail so */
 /* Give every cached byte back; may_sync: synchronise the device first, so
  * that frees still waiting on their streams' work count (only where no
  * capture may be open on any stream of the device: CUDA forbids it then). */

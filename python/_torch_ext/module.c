@@ -22,6 +22,7 @@
 #include <stdatomic.h>
 
 #include "ext.h"
+#include "alloc_entry.h"
 
 #include "cgtree_sim.h"
 
@@ -692,6 +693,7 @@ static PyObject *m_alloc_figures(PyObject *m, PyObject *args) {
       {"capture_allocations", e.capture_allocations},
       {"frees_waiting_capture", e.frees_waiting_capture},
       {"trims_without_sync", e.trims_without_sync},
+      {"driver_alloc_errors", e.driver_alloc_errors},
       {"events_live", tx_events_live()},
       {"trees_freed", tx_trees_closed()},
   };
@@ -729,6 +731,26 @@ static PyObject *m_sim_capture(PyObject *m, PyObject *args) {
     return NULL;
   }
   Py_RETURN_NONE;
+}
+
+/* sim_fail_pool_allocs(error, count): device -1's next `count` allocations
+ * from the driver's pool fail with CUDA error `error` (a test's). */
+static PyObject *m_sim_fail_pool_allocs(PyObject *m, PyObject *args) {
+  (void)m;
+  int error = 0, count = 0;
+  if (!PyArg_ParseTuple(args, "ii", &error, &count))
+    return NULL;
+  tx_dev_sim_fail_pool_allocs(error, count);
+  Py_RETURN_NONE;
+}
+
+/* What this thread's last refused allocation raises (oom.cc's text). */
+static PyObject *m_refusal_text(PyObject *m, PyObject *unused) {
+  (void)m;
+  (void)unused;
+  char text[512];
+  tx_alloc_refusal_text(text, sizeof text);
+  return PyUnicode_FromString(text);
 }
 
 static PyObject *m_capture_id(PyObject *m, PyObject *args) {
@@ -954,6 +976,10 @@ static PyMethodDef module_methods[] = {
     {"capture_id", m_capture_id, METH_VARARGS,
      "capture_id(device, stream): what the eager allocator learns of a stream: the id of the capture open on it, "
      "0 if none is (the legacy stream, 0, is never asked), 2**64-1 if CUDA cannot tell"},
+    {"sim_fail_pool_allocs", m_sim_fail_pool_allocs, METH_VARARGS,
+     "sim_fail_pool_allocs(error, count): the simulator's next count driver-pool allocations fail with that CUDA "
+     "error (tests)"},
+    {"refusal_text", m_refusal_text, METH_NOARGS, "what this thread's last refused allocation raises"},
     {"sim_capture", m_sim_capture, METH_VARARGS,
      "sim_capture(stream, id): on the simulator (device -1), stream captures capture id (0: no longer)"},
     {"eager_held", m_eager_held, METH_O,

@@ -14,6 +14,10 @@
  * to allocate ..."). PyTorch turns any std::exception into RuntimeError with
  * that text, which is what code that recovers from out of memory looks for
  * (the text, or RuntimeError; torch.OutOfMemoryError is a RuntimeError).
+ * A refusal for another cause (the driver's pool failing with a sticky
+ * error after an illegal address, say) says "CUDA error: ..." with the
+ * driver's error instead: read as out of memory, it would send such code
+ * retrying smaller in vain and hide the cause.
  * A compiled graph's call turns it into torch.OutOfMemoryError itself
  * (segment.c); an eager operation raises the RuntimeError. PyTorch's own
  * exception class is C++ inside libc10, which this module does not build

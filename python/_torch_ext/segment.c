@@ -1198,6 +1198,8 @@ static PyObject *call_off_device(SegmentObject *s, TreeObject *T, PyObject *cons
  * it was, and a later call runs it as before: out of memory is the
  * device's state, not the graph's. */
 static void out_of_memory_error(SegmentObject *s) {
+  if (!tx_alloc_refusal_is_oom()) /* another CUDA error: it stays a RuntimeError naming it */
+    return;
   s->out_of_memory++;
   if (!TX.oom_error || !PyErr_Occurred() || PyErr_ExceptionMatches(TX.oom_error))
     return;

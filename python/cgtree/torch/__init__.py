@@ -179,7 +179,10 @@ def memory_stats(device=None):
     stream was capturing a capture not their own; ``trims_without_sync``:
     trims (empty_cache, the retry after a refusal) that gave back only what
     was free already, without synchronising the device, because a recording
-    of cgtree's might run or a capture not its own was known open.
+    of cgtree's might run or a capture not its own was known open;
+    ``driver_alloc_errors``: allocations the driver's pool refused for
+    another cause than memory (raised as "CUDA error: ...", not counted in
+    num_ooms).
 
     cgtree's own figures keep their names: eager_* for memory outside the
     pool (parameters, inputs, eager ops), pool_* for the pools of the
