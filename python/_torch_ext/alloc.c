@@ -72,7 +72,7 @@ static _Thread_local uint64_t tls_serial;
 static _Thread_local uint64_t tls_refusals;
 static _Thread_local size_t tls_refused_bytes;
 static _Thread_local int tls_refused_device, tls_refused_in_pool;
-static _Thread_local int tls_refused_error; /* the driver's error (dev.c), 0 or TX_ERR_OUT_OF_MEMORY: memory */
+static _Thread_local int tls_refused_error; /* the driver's error (dev.c; 0 in a pool) */
 /* Runs of cgt_run under way now, on every thread. While one is, a capture
  * may be open: from before its launch function is called until after it
  * returned (cgtree ends the capture then, and dropping the graph's outputs
@@ -166,7 +166,7 @@ static void *refused(size_t size, int device, int in_pool) {
   return NULL;
 }
 
-int tx_alloc_refusal_is_oom(void) { return tls_refused_error == 0 || tls_refused_error == TX_ERR_OUT_OF_MEMORY; }
+int tx_alloc_refusal_is_oom(void) { return tx_dev_error_is_memory(tls_refused_error); }
 
 uint64_t tx_alloc_refusals(void) { return tls_refusals; }
 

@@ -157,7 +157,8 @@ static cudaMemPool_t pool_of(int device, uint64_t keep_bytes, cudaError_t *error
 #endif
 
 /* Why this thread's last tx_dev_pool_alloc failed (a cudaError_t), 0 if it
- * did not: out of memory, or something else that must not read as it. */
+ * did not: out of memory, or a cause that must not read as it
+ * (tx_dev_error_is_memory). */
 static _Thread_local int tls_pool_error;
 #ifdef CGT_HAVE_CUDA
 _Static_assert(cudaErrorMemoryAllocation == TX_ERR_OUT_OF_MEMORY, "ext.h's TX_ERR_OUT_OF_MEMORY is CUDA's own");
@@ -171,6 +172,44 @@ int tx_dev_pool_error(void) { return tls_pool_error; }
 void tx_dev_sim_fail_pool_allocs(int error, int count) {
   sim_pool_error = error;
   sim_pool_failures = count;
+}
+
+/* CUDA's codes (driver_types.h; its ABI): an error names a cause that is
+ * not memory if it is a capture error, one that loses the context (a
+ * kernel's illegal address, assert or launch failure: every later call
+ * fails with it), or a device, driver or stream that is not there. Any
+ * other code reads as out of memory, as every refusal did before: a huge
+ * request may come back with an odd code, and PyTorch calls that out of
+ * memory too. */
+#ifdef CGT_HAVE_CUDA
+_Static_assert(cudaErrorIllegalAddress == 700 && cudaErrorLaunchFailure == 719 &&
+                   cudaErrorInvalidResourceHandle == 400 && cudaErrorStreamCaptureUnsupported == 900 &&
+                   cudaErrorStreamCaptureWrongThread == 908,
+               "CUDA's error codes as tx_dev_error_is_memory reads them");
+#endif
+int tx_dev_error_is_memory(int error) {
+  switch (error) {
+  case 3:   /* cudaErrorInitializationError */
+  case 4:   /* cudaErrorCudartUnloading */
+  case 35:  /* cudaErrorInsufficientDriver */
+  case 100: /* cudaErrorNoDevice */
+  case 101: /* cudaErrorInvalidDevice */
+  case 214: /* cudaErrorECCUncorrectable */
+  case 400: /* cudaErrorInvalidResourceHandle: a stream destroyed under us */
+  case 700: /* cudaErrorIllegalAddress, and below, the other errors that lose the context */
+  case 702:
+  case 709:
+  case 710:
+  case 714:
+  case 715:
+  case 716:
+  case 717:
+  case 718:
+  case 719:
+    return 0;
+  default:
+    return error < 900 || error > 908; /* cudaErrorStreamCaptureUnsupported ... cudaErrorStreamCaptureWrongThread */
+  }
 }
 
 const char *tx_dev_error_text(int error) {

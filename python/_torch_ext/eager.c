@@ -383,7 +383,7 @@ static void *alloc_from_driver(size_t size, int device, void *stream, unsigned l
   size_t bytes = counted_bytes(size);
   void *p = tx_dev_pool_alloc(bytes, device, stream, keep_bytes);
   int retried = 0;
-  if (!p && !capture && tx_dev_pool_error() == TX_ERR_OUT_OF_MEMORY) { /* another error: trimming won't help */
+  if (!p && !capture && tx_dev_error_is_memory(tx_dev_pool_error())) { /* another cause: trimming won't help */
     tx_eager_trim(device, tx_alloc_idle());
     retried = 1;
     p = tx_dev_pool_alloc(bytes, device, stream, keep_bytes);
@@ -391,7 +391,7 @@ static void *alloc_from_driver(size_t size, int device, void *stream, unsigned l
   pthread_mutex_lock(&tx_alloc_mu);
   fig.num_alloc_retries += (uint64_t)retried;
   if (!p) {
-    int memory = tx_dev_pool_error() == TX_ERR_OUT_OF_MEMORY;
+    int memory = tx_dev_error_is_memory(tx_dev_pool_error());
     fig.num_ooms += (uint64_t)memory;
     fig.driver_alloc_errors += (uint64_t)!memory;
     pthread_mutex_unlock(&tx_alloc_mu);

@@ -173,11 +173,14 @@ void tx_event_destroy(void *event);          /* no-op for NULL */
 void *tx_dev_pool_alloc(size_t bytes, int device, void *stream, uint64_t keep_bytes);
 void tx_dev_pool_free(void *p, int device, void *stream); /* ordered after the work on stream */
 /* Why this thread's last tx_dev_pool_alloc failed: a cudaError_t, 0 if it
- * did not; TX_ERR_OUT_OF_MEMORY (cudaErrorMemoryAllocation) for want of
- * memory, anything else (a sticky error after an illegal address, say) for
- * another cause. tx_dev_error_text names one. */
+ * did not (TX_ERR_OUT_OF_MEMORY: cudaErrorMemoryAllocation, the simulator's
+ * malloc failing). tx_dev_error_is_memory: whether an error may be for want
+ * of memory (0 for a capture error, one that lost the context, a device or
+ * stream that is not there; 1 for any other code); tx_dev_error_text names
+ * one. */
 #define TX_ERR_OUT_OF_MEMORY 2
 int tx_dev_pool_error(void);
+int tx_dev_error_is_memory(int error);
 const char *tx_dev_error_text(int error);
 void tx_dev_sim_fail_pool_allocs(int error, int count); /* device -1's next `count` pool allocations fail so */
 /* Give every cached byte back; may_sync: synchronise the device first, so

@@ -695,23 +695,26 @@ def test_an_allocation_the_driver_refuses_first_drains_the_front_cache_then_fail
     assert f1["eager_in_use"] == f0["eager_in_use"]
 
 
-def test_a_refusal_for_another_cause_than_memory_names_cudas_error_and_is_neither_retried_nor_counted_as_oom():
+@pytest.mark.parametrize("error", [700, 900, 400], ids=["illegal_address", "capture_unsupported",
+                                                     "invalid_stream"])
+def test_a_refusal_for_another_cause_than_memory_names_cudas_error_and_is_neither_retried_nor_counted_as_oom(error):
     """After an illegal address every CUDA call fails with that sticky error,
-    the driver's pool included. Such a refusal must not read as out of
-    memory: code that recovers from out of memory would retry smaller in
-    vain, and the cause would be hidden. It is not retried (trimming cannot
-    help), counts in driver_alloc_errors and not in num_ooms, and the text
-    PyTorch raises names CUDA's error. An out-of-memory refusal after it
-    still reads as one."""
+    the driver's pool included; a capture may forbid the call; the stream
+    may be gone. Such a refusal must not read as out of memory: code that
+    recovers from out of memory would retry smaller in vain, and the cause
+    would be hidden. It is not retried (trimming cannot help), counts in
+    driver_alloc_errors and not in num_ooms, and the text PyTorch raises
+    names CUDA's error. An out-of-memory refusal after it still reads as
+    one."""
     f0 = eager_figures()
-    X.sim_fail_pool_allocs(700, 2)  # cudaErrorIllegalAddress, for the first try and any retry
+    X.sim_fail_pool_allocs(error, 2)  # for the first try and any retry
     try:
         assert eager_alloc(3 * 4096 + 512, S1) is None  # a size class never cached: the driver is asked
     finally:
         X.sim_fail_pool_allocs(0, 0)
     f1 = eager_figures()
     text = X.refusal_text()
-    assert text.startswith("CUDA error: ") and "with error 700" in text, text
+    assert text.startswith("CUDA error: ") and "with error %d," % error in text, text
     assert "out of memory." not in text.lower().replace("which is not out of memory", "")
     assert f1["num_ooms"] == f0["num_ooms"] and f1["num_alloc_retries"] == f0["num_alloc_retries"]
     assert f1["driver_alloc_errors"] - f0["driver_alloc_errors"] == 1
@@ -719,6 +722,23 @@ def test_a_refusal_for_another_cause_than_memory_names_cudas_error_and_is_neithe
     assert X.refusal_text().startswith("CUDA out of memory. Tried to allocate")
     f2 = eager_figures()
     assert f2["num_ooms"] - f1["num_ooms"] == 1 and f2["driver_alloc_errors"] == f1["driver_alloc_errors"]
+
+
+def test_a_refusal_with_a_code_that_names_no_other_cause_still_reads_as_out_of_memory():
+    """Only codes that name another cause (a capture, a lost context, a
+    missing device or stream) leave the out-of-memory wording: any other
+    code of a refusal, as a huge request may get, reads as out of memory and
+    is retried after the trim, as every refusal was before."""
+    f0 = eager_figures()
+    X.sim_fail_pool_allocs(1, 2)  # cudaErrorInvalidValue
+    try:
+        assert eager_alloc(5 * 4096 + 512, S1) is None
+    finally:
+        X.sim_fail_pool_allocs(0, 0)
+    assert X.refusal_text().startswith("CUDA out of memory. Tried to allocate")
+    f1 = eager_figures()
+    assert f1["num_ooms"] - f0["num_ooms"] == 1 and f1["num_alloc_retries"] - f0["num_alloc_retries"] == 1
+    assert f1["driver_alloc_errors"] == f0["driver_alloc_errors"]
 
 
 def test_a_free_during_a_launch_enters_the_front_cache_and_only_what_must_reach_the_driver_waits(tree):
