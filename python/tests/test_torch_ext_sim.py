@@ -1177,8 +1177,11 @@ def test_an_orphan_is_freed_only_when_no_run_is_under_way():
 def test_freeing_a_tree_frees_its_segments_runs_even_where_one_segment_holds_the_other(tree):
     """A tree's runs are freed after its C tree, in an order where dropping
     one segment (the tree held it) may free another whose run is in the
-    same tree: here s2, whose first call failed (a run never registered),
-    dies with s1's graph. Neither is freed twice nor read once freed."""
+    same tree: here the held segment, whose first call failed (a run never
+    registered), dies with the holder's graph. Neither is freed twice nor
+    read once freed. (The segments sit in a list the thread reads, which
+    the test empties: pyflakes took a `del` of names a closure reads for an
+    undefined name.)"""
     trees = ThreadTrees()
 
     class Raising:
@@ -1186,29 +1189,30 @@ def test_freeing_a_tree_frees_its_segments_runs_even_where_one_segment_holds_the
             raise ValueError("its first call fails")
 
     g1 = Graph(tree, 2.0, 1.0, stream=lambda: trees(0).stream)
-    s1 = segment(tree, g1, spans=(16,), name="holder")
-    s2 = segment(tree, Raising(), spans=(16,), name="held")
-    g1.keep = s2  # s2 dies with s1
+    segs = [segment(tree, g1, spans=(16,), name="holder"), segment(tree, Raising(), spans=(16,), name="held")]
+    g1.keep = segs[1]  # the held segment dies with the holder
     gone = weakref.ref(g1)
     X.set_tree_getter(trees)
     try:
         def work():
+            holder, held = segs
             x = FakeTensor(4).fill([1, 2, 3, 4])
             for _ in range(3):
-                call(s1, x)  # registered in the thread's tree
+                call(holder, x)  # registered in the thread's tree
             with pytest.raises(ValueError):
-                call(s2, x)  # a run that never registered, in the same tree
+                call(held, x)  # a run that never registered, in the same tree
 
         in_a_thread(work)
         (dead,) = trees.made
-        del s1, s2, g1  # only the thread's tree holds s1 now
+        segs.clear()  # only the thread's tree holds the holder now
+        del g1
         gc.collect()
         assert gone() is not None
         dead.orphan()
         X.empty_cache(-1)
         assert dead.closed
         gc.collect()
-        assert gone() is None  # s1 went with the tree, and s2 with it
+        assert gone() is None  # the holder went with the tree, and the held segment with it
     finally:
         X.set_tree_getter(None)
 
