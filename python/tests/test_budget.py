@@ -45,7 +45,8 @@ def test_update_in_place_can_be_turned_off():
     add = add_segment(t)
     x = np.arange(16, dtype=np.float32)
     for step in range(8):
-        w = np.full(16, 1.0 if step < 6 else 2.0, np.float32) if step in (0, 6) else w
+        if step in (0, 6):  # a new weight at steps 0 and 6, the same array between
+            w = np.full(16, 1.0 if step < 6 else 2.0, np.float32)
         t.step_begin()
         (y,) = t.run(add, (cgtree.dynamic(x), cgtree.static(w)))
         np.testing.assert_array_equal(y.view(np.float32), x + w)

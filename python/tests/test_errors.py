@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import cgtree
-from conftest import f32, scale_segment, snapshot
+from conftest import f32, snapshot
 
 
 def test_every_status_has_a_class_under_cgtree_error():
