@@ -21,7 +21,7 @@
  * cgtree makes for itself run with the calling thread in thread-local mode
  * (tx_dev_ignore_other_captures), which CUDA documents as ignoring other
  * threads' captures and which still forbids those calls inside a capture
- * of the thread's own; the probe finds every one of them then leaves the
+ * of the thread's own (a thread in relaxed mode, looser still, stays so); the probe finds every one of them then leaves the
  * other capture whole. One call stays forbidden in every mode while any
  * stream of the device captures: synchronising the whole device.
  * tx_dev_pool_trim does that only when its caller knows of no capture open
@@ -97,6 +97,11 @@ int tx_dev_ignore_other_captures(void) {
   enum cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal;
   if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess) {
     (void)cudaGetLastError();
+    return -1;
+  }
+  if (mode == cudaStreamCaptureModeRelaxed) { /* looser still (PyTorch's guard around some calls): never tighten it */
+    if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess)
+      (void)cudaGetLastError();
     return -1;
   }
   return (int)mode;

@@ -189,8 +189,9 @@ void tx_dev_sim_fail_pool_allocs(int error, int count); /* device -1's next `cou
 void tx_dev_pool_trim(int device, int may_sync);
 /* Puts the calling thread in CUDA's thread-local capture mode, in which
  * other threads' captures do not forbid its calls (and its calls do not
- * break them); returns what tx_dev_heed_other_captures puts back (-1:
- * nothing, without CUDA or a driver). Around the CUDA calls cgtree makes
+ * break them), unless it is in relaxed mode, which is looser still and
+ * stays; returns what tx_dev_heed_other_captures puts back (-1: nothing,
+ * in relaxed mode, without CUDA or a driver). Around the CUDA calls cgtree makes
  * for itself: a compiled graph's call, a tree's close or sync, the eager
  * allocator's calls to the driver (dev.c's essay). */
 int tx_dev_ignore_other_captures(void);
