@@ -669,3 +669,37 @@ def test_another_threads_torch_cuda_graph_capture_survives_this_threads_replays_
     assert r["capture_replays_right"], "the other thread's graph replays other numbers"
     assert r["replays_right"], "a replay during another thread's capture gave other numbers"
     assert r["trees_closed_at_the_call"] == 1, "the exited thread's tree was not closed at the call"
+
+
+def test_cgtree_leaves_the_threads_capture_mode_as_it_found_it():
+    """cgtree switches the calling thread to CUDA's thread-local capture
+    mode around its own CUDA calls (python/_torch_ext/dev.c) and back; a
+    thread in relaxed mode stays in it. Whatever mode the thread was in, a
+    compiled call, memory_stats() and empty_cache() leave it in that mode."""
+    runtime = pytest.importorskip("cuda.bindings.runtime")
+    modes = runtime.cudaStreamCaptureMode
+    fresh()
+    cg = torch.compile(one_segment, backend="cgtree")
+    x = torch.ones(1024, device=DEV)
+    for _ in range(4):  # warm-up, recording, replays
+        cg(x)
+
+    def mode_now():
+        err, mode = runtime.cudaThreadExchangeStreamCaptureMode(modes.cudaStreamCaptureModeGlobal)
+        assert err == runtime.cudaError_t.cudaSuccess
+        runtime.cudaThreadExchangeStreamCaptureMode(mode)  # put it back
+        return mode
+
+    for mode in (modes.cudaStreamCaptureModeGlobal, modes.cudaStreamCaptureModeThreadLocal,
+                 modes.cudaStreamCaptureModeRelaxed):
+        err, before = runtime.cudaThreadExchangeStreamCaptureMode(mode)
+        assert err == runtime.cudaError_t.cudaSuccess
+        try:
+            y = cg(x)
+            assert mode_now() == mode, "a compiled call changed the thread's capture mode"
+            ct.memory_stats()
+            ct.empty_cache()
+            assert mode_now() == mode, "memory_stats() or empty_cache() changed the thread's capture mode"
+            torch.testing.assert_close(y, one_segment(x))
+        finally:
+            runtime.cudaThreadExchangeStreamCaptureMode(before)
