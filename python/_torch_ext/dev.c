@@ -21,9 +21,12 @@
  * cgtree makes for itself run with the calling thread in thread-local mode
  * (tx_dev_ignore_other_captures), which CUDA documents as ignoring other
  * threads' captures and which still forbids those calls inside a capture
- * of the thread's own (a thread in relaxed mode, looser still, stays so); the probe finds every one of them then leaves the
- * other capture whole. One call stays forbidden in every mode while any
- * stream of the device captures: synchronising the whole device.
+ * of the thread's own (a thread in relaxed mode, looser still, stays so);
+ * the probe finds every one of them then leaves the other capture whole.
+ * The switch sits at the outermost call of ours (a compiled graph's call
+ * covers its step's begin, its cache misses, a tree it closes). One call
+ * stays forbidden in every mode while any stream of the device captures:
+ * synchronising the whole device.
  * tx_dev_pool_trim does that only when its caller knows of no capture open
  * (tx_eager_trim says how it knows). What the program itself does on the
  * host meanwhile is its own: a host read (.item(), print) synchronises,

@@ -623,31 +623,24 @@ void tx_eager_retire_stream(int device, void *stream) {
 /* Is a capture that is not ours known to be open on device? Known: a
  * block allocated inside it lives, and its stream still captures with its
  * id (or CUDA cannot tell). A capture that allocated nothing here, or
- * whose every block it freed, is not known. */
-static int foreign_capture_open(int device) {
-  int open = 0;
-  pthread_mutex_lock(&tx_alloc_mu);
+ * whose every block it freed, is not known. With tx_alloc_mu held. */
+static int foreign_capture_open_locked(int device) {
   eager_block *b, *tmp;
   HASH_ITER(hh, blocks, b, tmp) {
     if (!b->capture || b->device != device)
       continue;
     unsigned long long id = tx_dev_capture_id(device, b->stream);
-    if (id && (id == b->capture || id == TX_CAPTURE_UNKNOWN)) {
-      open = 1;
-      break;
-    }
+    if (id && (id == b->capture || id == TX_CAPTURE_UNKNOWN))
+      return 1;
   }
-  pthread_mutex_unlock(&tx_alloc_mu);
-  return open;
+  return 0;
 }
 
 void tx_eager_trim(int device, int none_of_ours_open) {
   tx_eager_give_back(front_drain(device));
-  int may_sync = none_of_ours_open && !foreign_capture_open(device);
-  if (!may_sync) {
-    pthread_mutex_lock(&tx_alloc_mu);
-    fig.trims_without_sync++;
-    pthread_mutex_unlock(&tx_alloc_mu);
-  }
+  pthread_mutex_lock(&tx_alloc_mu);
+  int may_sync = none_of_ours_open && !foreign_capture_open_locked(device);
+  fig.trims_without_sync += (uint64_t)!may_sync;
+  pthread_mutex_unlock(&tx_alloc_mu);
   tx_dev_pool_trim(device, may_sync);
 }

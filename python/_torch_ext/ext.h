@@ -191,9 +191,10 @@ void tx_dev_pool_trim(int device, int may_sync);
  * other threads' captures do not forbid its calls (and its calls do not
  * break them), unless it is in relaxed mode, which is looser still and
  * stays; returns what tx_dev_heed_other_captures puts back (-1: nothing,
- * in relaxed mode, without CUDA or a driver). Around the CUDA calls cgtree makes
- * for itself: a compiled graph's call, a tree's close or sync, the eager
- * allocator's calls to the driver (dev.c's essay). */
+ * in relaxed mode, without CUDA or a driver). Around the CUDA calls cgtree
+ * makes for itself: a compiled graph's call, a step begun from Python, a
+ * tree's close or sync, the eager allocator's calls to the driver (dev.c's
+ * essay). */
 int tx_dev_ignore_other_captures(void);
 void tx_dev_heed_other_captures(int saved);
 /* The id of the capture open on stream (cudaStreamGetCaptureInfo), 0 if

@@ -167,9 +167,7 @@ int tx_tree_step_begin(TreeObject *T) {
   tx_out_ref_queue_drain();
   if (tx_stale_mark_step(T) < 0)
     return -1;
-  int capture_mode = tx_dev_ignore_other_captures(); /* another thread's capture stays whole (dev.c) */
-  cgt_status st = cgt_step_begin(T->tree);
-  tx_dev_heed_other_captures(capture_mode);
+  cgt_status st = cgt_step_begin(T->tree); /* from a compiled call, inside its switch of capture mode */
   if (st != CGT_OK) {
     tx_status_error(T, st, "cgt_step_begin");
     return -1;
@@ -343,7 +341,12 @@ static int tree_ready(TreeObject *T) {
 
 static PyObject *tree_step_begin(TreeObject *T, PyObject *unused) {
   (void)unused;
-  if (!tree_ready(T) || tx_tree_step_begin(T) < 0)
+  if (!tree_ready(T))
+    return NULL;
+  int capture_mode = tx_dev_ignore_other_captures(); /* another thread's capture stays whole (dev.c) */
+  int rc = tx_tree_step_begin(T);
+  tx_dev_heed_other_captures(capture_mode);
+  if (rc < 0)
     return NULL;
   Py_RETURN_NONE;
 }
