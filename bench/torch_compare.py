@@ -380,7 +380,9 @@ def child(example, mode, out_dir, warm, timed):
             for k in parts:
                 parts[k] += t.get(k, 0)
             ns_run += t["ns_in_run"]
-        if calls:
+        if calls and not ns_call:
+            res["segment_timers"] = "off (CGTREE_TORCH_TIME_LAUNCHES=1 turns them on)"
+        elif calls:
             res["us_per_segment_call"] = ns_call / calls / 1e3
             res["us_per_segment_in_cgt_run"] = ns_run / calls / 1e3
             res["us_per_segment_backend"] = (ns_call - ns_run) / calls / 1e3

@@ -260,7 +260,7 @@ def child(name, mode, out_dir, warm, timed, optimizer="eager", profile=False, tr
     gc.unfreeze()
     # cgtree's own host time: what segment.c's timers counted inside its calls (replays), per step
     in_calls = [sg.timers() for sg in segments]
-    timers = ("ns_in_call", "ns_args", "ns_in_run", "ns_launch", "ns_make", "ns_outputs")
+    timers = ("ns_in_call", "ns_args", "ns_step", "ns_streams", "ns_in_run", "ns_launch", "ns_make", "ns_outputs")
     ours_us = {k: sum(t[k] for t in in_calls) / timed / 1e3 for k in timers}
     # The same per graph (forward, backward, optimizer...): replays per step and us per step
     per_graph = [dict({"graph": sg.info["name"], "calls": round(t["replays"] / timed, 2)},
@@ -560,7 +560,9 @@ def main():
             floor = " | step less it %.3f ms, %.2f x reduce-overhead" % (less, less / ro["ms_per_step"]) if ro else ""
             print("| %s | %s | %.1f calls | %s%s |" % (r["model"], r["mode"], r["cgtree_calls_per_step"], ", ".join(
                 "%s %.1f" % kv for kv in r["cgtree_us_per_step"].items()), floor))
-            for g in r.get("cgtree_us_per_graph", ()):  # launch: 0 unless CGTREE_TORCH_TIME_LAUNCHES=1
+            if not r["cgtree_us_per_step"]["in_call"]:
+                print("|   | (timers off: CGTREE_TORCH_TIME_LAUNCHES=1 turns them on) |")
+            for g in r.get("cgtree_us_per_graph", ()):  # 0 unless CGTREE_TORCH_TIME_LAUNCHES=1
                 print("|   | %s | %.2f calls | %s |" % (g["graph"], g["calls"], ", ".join(
                     "%s %.1f" % (k, v) for k, v in g.items() if k not in ("graph", "calls"))))
     print()

@@ -238,6 +238,7 @@ typedef struct TreeObject {
   uint64_t eager_runs_seen; /* and its eager runs (their outputs lie in the side pool) */
   int warned_evicting;   /* the budget's first eviction was reported */
   uint64_t launch_ns_seen; /* and its launch_host_ns (with time_launches) */
+  int timed;             /* made with time_launches: its segment calls time their parts (segment.c) */
   uint64_t alive_this_step;    /* outputs of the current step whose tensors live */
   uint64_t overwritable;       /* summed at each step begin: outputs alive whose memory the new step may reuse */
   uint64_t marked_stale;       /* storages of such outputs made to raise on any access (stale.c) */
@@ -285,6 +286,7 @@ typedef struct tx_py {
   PyObject *storage_mark;    /* torch._C._set_storage_data_ptr_access_error_msg, or NULL (stale.c) */
   PyObject *tree_for;        /* cgtree.torch's tree of the calling thread for a device, or NULL: one tree */
   uint64_t tree_epoch;       /* moves at each set_tree_getter: per-thread caches of trees are dropped */
+  int any_timed;             /* a tree was made with time_launches: a segment call reads the clock at its start */
   PyObject *mark_step_cls;   /* torch._inductor.cudagraph_trees.MarkStepBox, or NULL */
   PyObject *oom_error;       /* torch.OutOfMemoryError, or NULL: what a compiled graph's refused allocation raises */
   PyObject *str_data_ptr, *str_generation, *str_untyped_storage, *str_cdata, *str_mark_step;

@@ -290,6 +290,8 @@ static int tree_init(TreeObject *T, PyObject *a, PyObject *kw) {
   }
   T->device = device;
   T->on_simulator = sim;
+  T->timed = time_launches != 0;
+  TX.any_timed |= T->timed;
   (void)cgt_tree_set_reclaim(T->tree, tx_alloc_reclaim, T); /* refused only inside a launch */
   T->device_obj = PyLong_FromLong(device);
   if (!T->device_obj)

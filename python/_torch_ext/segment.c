@@ -216,11 +216,13 @@ struct SegmentObject {
   size_t n_tmpls;
   uint64_t calls, plain_calls;
   uint64_t out_of_memory; /* calls that raised because an allocation of theirs was refused */
-  /* Replays only, what bench/torch_compare.py reports: the whole call, and its
-   * parts: arguments (data pointers, registry, variant), streams (the raw
-   * stream getter and events), cgt_run (the graph launch included), and the
-   * output tensors. */
-  uint64_t timed_calls, ns_in_call, ns_args, ns_streams, ns_in_run, ns_outputs;
+  /* Replays, and what the benchmarks report of them where the tree was made
+   * with time_launches (CGTREE_TORCH_TIME_LAUNCHES=1; otherwise the call
+   * reads no clock and these stay 0): the whole call, and its parts:
+   * arguments (data pointers, registry, variant), streams (the raw stream
+   * getter and events), cgt_run (the graph launch included), and the output
+   * tensors. */
+  uint64_t replays, ns_in_call, ns_args, ns_streams, ns_in_run, ns_outputs;
   uint64_t ns_step;  /* of ns_args: the step's start and handing back dead outputs */
   uint64_t ns_launch; /* of ns_in_run: inside the graph launch call (trees made with time_launches) */
   uint64_t ns_make;  /* of ns_outputs: PyTorch making the tensors */
@@ -304,7 +306,8 @@ static int inside_caller_memory(const seg_run *r, const void *ptr, size_t bytes)
 }
 
 /* A tensor over value v, laid out as m says. Steals v: on failure v is
- * released (through the queue). */
+ * released (through the queue). With ns_make (a timed call), PyTorch's
+ * share of the work is added there. */
 static PyObject *make_output(seg_run *run, cgt_value v, const out_meta *m, int saved, int grad, uint64_t *ns_make) {
   TreeObject *T = run->tree;
   void *ptr = NULL;
@@ -343,9 +346,10 @@ static PyObject *make_output(seg_run *run, cgt_value v, const out_meta *m, int s
     r->mv.version.major = 1;
     r->mv.manager_ctx = r;
     r->mv.deleter = out_deleter_versioned;
-    uint64_t t0 = tx_now_ns();
+    uint64_t t0 = ns_make ? tx_now_ns() : 0;
     t = tx_exchange_make_tensor(&r->mv);
-    *ns_make += tx_now_ns() - t0;
+    if (ns_make)
+      *ns_make += tx_now_ns() - t0;
     if (!t) {
       /* Whether PyTorch ran the deleter or not, the value goes back now,
        * once, and r leaves its tree: it was never registered or watched,
@@ -367,9 +371,10 @@ static PyObject *make_output(seg_run *run, cgt_value v, const out_meta *m, int s
       free(r);
       return NULL;
     }
-    uint64_t t0 = tx_now_ns();
+    uint64_t t0 = ns_make ? tx_now_ns() : 0;
     t = PyObject_Vectorcall(TX.from_dlpack, &cap, 1, NULL);
-    *ns_make += tx_now_ns() - t0;
+    if (ns_make)
+      *ns_make += tx_now_ns() - t0;
     Py_DECREF(cap); /* unconsumed: the destructor queued r */
     if (!t)
       return NULL;
@@ -1022,7 +1027,8 @@ static PyObject *build_result(seg_run *r, variant_tmpl *t) {
   for (uint32_t i = 0; i < t->n_res; i++) {
     PyObject *item;
     if (t->is_tensor[i]) {
-      item = make_output(r, r->outs[k], &t->outs[k], i >= s->saved_from, s->backward, &r->ns_made);
+      item = make_output(r, r->outs[k], &t->outs[k], i >= s->saved_from, s->backward,
+                          r->tree->timed ? &r->ns_made : NULL);
       k++;
       if (!item)
         goto fail;
@@ -1230,7 +1236,7 @@ static void out_of_memory_error(SegmentObject *s) {
 static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
   SegmentObject *s = (SegmentObject *)self;
   size_t n = PyVectorcall_NARGS(nargsf);
-  uint64_t t0 = tx_now_ns();
+  uint64_t t0 = TX.any_timed ? tx_now_ns() : 0; /* no clock read in a process that times nothing */
   uint64_t refusals = tx_alloc_refusals();
   int capture_mode = tx_dev_ignore_other_captures(); /* another thread's capture stays whole (dev.c) */
   PyObject *res;
@@ -1247,6 +1253,9 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
   return res;
 }
 
+/* The clock, where a call is timed; 0 otherwise. */
+static inline uint64_t clock_if(int on) { return on ? tx_now_ns() : 0; }
+
 static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyObject *kwnames, uint64_t t0) {
   s->calls++;
   tx_trees_close_if_any(); /* trees of exited threads that nothing names any more (tree_close.c) */
@@ -1261,9 +1270,10 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
   if (!r)
     return NULL;
   TreeObject *T = r->tree;
+  int timed = T->timed && t0; /* the parts of a call are timed in a tree made with time_launches only */
   tx_out_ref_queue_drain();
   tx_alloc_flush_if_idle(); /* eager blocks freed during the last launch (alloc.c) */
-  uint64_t t_step = tx_now_ns();
+  uint64_t t_step = clock_if(timed);
 
   uint64_t variant = 0;
   uint32_t k = 0;
@@ -1376,7 +1386,7 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
     return call_plain_writing_side_value(s, T, args, n);
   if (s->n_grad_pos && note_grad_leaves(r, args) < 0)
     return NULL;
-  uint64_t t_args = tx_now_ns();
+  uint64_t t_args = clock_if(timed);
   void *caller; /* the caller's stream: tx_caller_needs_events says when it needs events */
   if (tx_caller_stream(T, &caller) < 0)
     return NULL;
@@ -1404,7 +1414,7 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
   r->cur_variant = variant;
   r->want_bypass = 0;
   clear_exception(r); /* a capture that failed and then ran eagerly may have left one */
-  uint64_t t1 = tx_now_ns();
+  uint64_t t1 = clock_if(timed);
   if (s->prelaunch_py) {
     if (T->ev_out && !random_done_event(T->device))
       return NULL;
@@ -1417,7 +1427,7 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
   tx_alloc_run_enter(); /* a capture may run until cgt_run returns: eager frees wait (alloc.c) */
   cgt_status st = cgt_run(T->tree, r->seg, variant, r->args, s->n_targs, r->outs, s->n_outputs);
   tx_alloc_run_leave();
-  uint64_t t2 = tx_now_ns();
+  uint64_t t2 = clock_if(timed);
   r->cur = NULL;
   cgt_stats after;
   cgt_tree_stats(T->tree, &after);
@@ -1509,12 +1519,12 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
                  (unsigned long long)variant);
     return NULL;
   }
-  uint64_t t3 = tx_now_ns();
+  uint64_t t3 = clock_if(timed);
   r->ns_made = 0;
   PyObject *result = build_result(r, t);
-  if (replayed) {
+  s->replays += (uint64_t)replayed;
+  if (replayed && timed) {
     uint64_t t4 = tx_now_ns();
-    s->timed_calls++;
     s->ns_args += t_args - t0;
     s->ns_step += t_step - t0;
     s->ns_launch += launch_ns;
@@ -1740,7 +1750,7 @@ static PyObject *seg_timers(SegmentObject *s, PyObject *unused) {
   (void)unused;
   return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "static_checks",
                        (unsigned long long)s->static_checks,
-                       "static_hits", (unsigned long long)s->static_hits, "replays", (unsigned long long)s->timed_calls,
+                       "static_hits", (unsigned long long)s->static_hits, "replays", (unsigned long long)s->replays,
                        "ns_in_call",
                        (unsigned long long)s->ns_in_call, "ns_args", (unsigned long long)s->ns_args, "ns_streams",
                        (unsigned long long)s->ns_streams, "ns_in_run", (unsigned long long)s->ns_in_run,
@@ -1750,16 +1760,16 @@ static PyObject *seg_timers(SegmentObject *s, PyObject *unused) {
 
 static PyObject *seg_reset_timers(SegmentObject *s, PyObject *unused) {
   (void)unused;
-  s->timed_calls = s->ns_in_call = s->ns_args = s->ns_streams = s->ns_in_run = s->ns_outputs = 0;
+  s->replays = s->ns_in_call = s->ns_args = s->ns_streams = s->ns_in_run = s->ns_outputs = 0;
   s->ns_step = s->ns_make = s->ns_launch = 0;
   Py_RETURN_NONE;
 }
 
 static PyMethodDef seg_methods[] = {
     {"timers", (PyCFunction)seg_timers, METH_NOARGS,
-     "replayed calls timed; ns spent in the whole call (C hot path) and in its parts: arguments (of them: the "
-     "step's start), streams, cgt_run (of it: the graph launch call, with time_launches), output tensors (of them: "
-     "PyTorch making them)"},
+     "replayed calls; with a tree made with time_launches, ns spent in their whole call (C hot path) and in its "
+     "parts: arguments (of them: the step's start), streams, cgt_run (of it: the graph launch call), output tensors "
+     "(of them: PyTorch making them); 0 otherwise"},
     {"reset_timers", (PyCFunction)seg_reset_timers, METH_NOARGS, "zero the timers"},
     {NULL, NULL, 0, NULL},
 };

@@ -2186,6 +2186,30 @@ def test_a_tree_made_with_time_launches_splits_the_graph_launch_out_of_cgt_run()
         t.check()
 
 
+def test_only_a_tree_made_with_time_launches_times_the_parts_of_its_calls():
+    """The timers are the benchmarks': a tree made without time_launches
+    (cgtree.torch's, unless CGTREE_TORCH_TIME_LAUNCHES=1) counts its replays
+    and times nothing, even where another tree of the process is timed."""
+    timed_tree = X.Tree(0, backend="sim", time_launches=True)  # the process now reads the clock at each call
+    trees = {False: X.Tree(0, backend="sim"), True: timed_tree}
+    for timed, t in trees.items():
+        seg = segment(t, Graph(t, 2.0, 1.0), spans=(16,), name="parts")
+        x = FakeTensor(4).fill([1, 2, 3, 4])
+        for _ in range(5):
+            (y,) = call(seg, x)
+            assert y.values() == [3, 5, 7, 9]
+        timers = seg.timers()
+        assert timers["replays"] >= 2
+        parts = [timers[k] for k in ("ns_in_call", "ns_args", "ns_in_run", "ns_outputs", "ns_step")]
+        assert all(p > 0 for p in parts) if timed else all(p == 0 for p in parts), (timed, timers)
+        if timed:
+            assert timers["ns_in_call"] >= timers["ns_args"] + timers["ns_in_run"] + timers["ns_outputs"]
+        seg.reset_timers()
+        assert seg.timers()["replays"] == 0 and seg.timers()["ns_in_call"] == 0
+        del y
+        t.check()
+
+
 # ------------------------------------------------------------ training
 
 class ForwardGraph:
