@@ -19,25 +19,7 @@
 // cgtree.torch's eager allocator serves PyTorch), kind Default (what the
 // CUDA backend passes) or DeviceToDevice, with and without 2000 more pool
 // allocations alive. One JSON line per case and way.
-#include <cuda_runtime.h>
-
-#include <stdio.h>
-#include <time.h>
-
-#define CK(x)                                                                              \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                               \
-      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      return 1;                                                                            \
-    }                                                                                      \
-  } while (0)
-
-static double now_us(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
-}
+#include "cuda_check.h"
 
 __global__ void tiny(float *c, int i, const float *in) {
   if (threadIdx.x == 0 && blockIdx.x == 0)

@@ -21,26 +21,9 @@
 // not timed): the host's cost, not the GPU's. Results are checked: every
 // kernel adds 1 to its own counter, so after R launches each counter is R.
 // One JSON line per case.
-#include <cuda_runtime.h>
-
-#include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 
-#define CK(x)                                                                              \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                               \
-      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      return 1;                                                                            \
-    }                                                                                      \
-  } while (0)
-
-static double now_us(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
-}
+#include "cuda_check.h"
 
 __global__ void tiny(float *counters, int i, const float *in) {
   if (threadIdx.x == 0 && blockIdx.x == 0)
