@@ -76,16 +76,7 @@ int main(void) {
       CK(cudaGraphUpload(ex, s));
       cudaGraphNode_t copy_node = NULL;
       if (with_node) {
-        size_t n = 0;
-        cudaGraphNode_t nodes[KERNELS + 1];
-        CK(cudaGraphGetNodes(g, NULL, &n));
-        CK(cudaGraphGetNodes(g, nodes, &n));
-        for (size_t i = 0; i < n; i++) {
-          cudaGraphNodeType ty;
-          CK(cudaGraphNodeGetType(nodes[i], &ty));
-          if (ty == cudaGraphNodeTypeMemcpy)
-            copy_node = nodes[i];
-        }
+        CK(graph_memcpy_node(g, &copy_node));
         if (!copy_node) {
           fprintf(stderr, "%s: the graph has no memcpy node\n", sources);
           return 1;

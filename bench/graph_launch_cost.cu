@@ -89,18 +89,8 @@ int main(void) {
       } else {
         CK(cudaGraphInstantiate(&ex, g, 0));
         CK(cudaGraphUpload(ex, s));
-        if (c == 2) { /* the copy node: the graph's one memcpy node */
-          size_t n = 0;
-          CK(cudaGraphGetNodes(g, NULL, &n));
-          cudaGraphNode_t nodes[MAXK + 1];
-          CK(cudaGraphGetNodes(g, nodes, &n));
-          for (size_t i = 0; i < n; i++) {
-            cudaGraphNodeType ty;
-            CK(cudaGraphNodeGetType(nodes[i], &ty));
-            if (ty == cudaGraphNodeTypeMemcpy)
-              copy_node = nodes[i];
-          }
-        }
+        if (c == 2) /* the copy node: the graph's one memcpy node */
+          CK(graph_memcpy_node(g, &copy_node));
       }
       CK(cudaStreamSynchronize(s));
       double spent = 0, spent_repoint = 0;
