@@ -17,6 +17,8 @@ extern const struct CMUnitTest budget_tests[];
 extern const size_t budget_test_count;
 extern const struct CMUnitTest prelaunch_tests[];
 extern const size_t prelaunch_test_count;
+extern const struct CMUnitTest contract_tests[];
+extern const size_t contract_test_count;
 extern const struct CMUnitTest cuda_specific_tests[];
 extern const size_t cuda_specific_test_count;
 
