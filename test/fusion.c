@@ -428,13 +428,7 @@ static void two_paths_step(cgt_tree *t, two_paths *p, int which) {
 
 static int count_fused_spans_in_dot(cgt_tree *t) {
   char buf[1 << 14];
-  FILE *f = tmpfile();
-  assert_non_null(f);
-  CHECK_OK(t, cgt_tree_write_dot(t, f));
-  rewind(f);
-  size_t used = fread(buf, 1, sizeof buf - 1, f);
-  fclose(f);
-  buf[used] = '\0';
+  test_dot_text(t, buf, sizeof buf);
   int n = 0;
   for (const char *s = buf; (s = strstr(s, "fused span")); s++)
     n++;

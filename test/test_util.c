@@ -82,6 +82,19 @@ cgt_stats test_stats(cgt_tree *t) {
   return s;
 }
 
+void test_dot_text(cgt_tree *t, char *buf, size_t cap) {
+  FILE *f = tmpfile();
+  assert_non_null(f);
+  CHECK_OK(t, cgt_tree_write_dot(t, f));
+  rewind(f);
+  size_t used = fread(buf, 1, cap - 1, f);
+  int more = fgetc(f) != EOF;
+  fclose(f);
+  buf[used] = '\0';
+  if (more)
+    fail_msg("the dot file is longer than %zu bytes", cap - 1);
+}
+
 /* ------------------------------------------------------------- segments */
 
 static cgt_status do_illegal(cgt_launch *l, const test_affine *u, float *scratch) {

@@ -44,6 +44,10 @@ float test_read_first(cgt_tree *t, cgt_value v);
 
 cgt_stats test_stats(cgt_tree *t);
 
+/* The tree's dot file (cgt_tree_write_dot) as text in buf, NUL-terminated;
+ * fails the test if it does not fit in cap - 1 bytes. */
+void test_dot_text(cgt_tree *t, char *buf, size_t cap);
+
 /* Generic segments, parameterised by their user data:
  *   affine:  1 input (n floats)   -> 1 output  out = a*x + b
  *   add2:    2 inputs             -> 1 output  out = x + y
