@@ -6,8 +6,8 @@
  * node key's byte size of a DYNAMIC argument; rerecord_limit counted per
  * (parent, segment, variant), and its default of 32 when the field is 0;
  * cgt_tree_nodes with a cap below the node count; a segment's name copied
- * at registration; cgt_tree_last_error before any failure; the side pool's
- * peak; caller memory that only partly overlaps the tree's pools, or lies
+ * at registration; cgt_tree_last_error before any failure; the labels of
+ * the dot file's boxes; the side pool's peak; caller memory that only partly overlaps the tree's pools, or lies
  * in a released value's memory; a launch's allocations that it neither
  * freed nor handed out, given back when it returns; and held-back replays
  * (defer_launch) enqueued before a run that runs eagerly. Each test states
@@ -332,6 +332,45 @@ static void test_a_segment_name_is_copied_at_registration(void **state) {
   test_dev_free(x);
 }
 
+/* "cgt_tree_write_dot: Graphviz: one box per node with segment, state,
+ * replays": each node's box names its segment, its state and its replay
+ * count as cgt_tree_nodes reports them, for a recorded node that replayed
+ * and an uncapturable one. Fails if a label showed another node's figures
+ * or stale ones. */
+static void test_write_dot_labels_each_node_with_its_segment_state_and_replays(void **state) {
+  (void)state;
+  cgt_tree *t = test_tree_new(CGT_MODE_TREE, NULL);
+  sized ur = {.a = 2}, ue = {.a = 3};
+  cgt_segment sr = register_sized(t, "graphed", &ur, 0);
+  cgt_segment se = register_sized(t, "plain", &ue, CGT_SEGMENT_NO_CAPTURE);
+  float *x = test_dev_floats(NULL, N);
+  for (int step = 0; step < 5; step++) {
+    CHECK_OK(t, cgt_step_begin(t));
+    cgt_value v = run1(t, sr, 0, cgt_arg_static(x, N * sizeof(float)));
+    (void)run1(t, se, 0, cgt_arg_value(v));
+  }
+  char dot[8192];
+  test_dot_text(t, dot, sizeof dot);
+  cgt_node_info info[4];
+  size_t n = 0;
+  CHECK_OK(t, cgt_tree_nodes(t, info, 4, &n));
+  assert_int_equal(n, 2);
+  assert_int_equal(info[0].state, CGT_NODE_RECORDED);
+  assert_int_equal(info[0].replays, 3);
+  assert_int_equal(info[1].state, CGT_NODE_EAGER);
+  for (size_t i = 0; i < n; i++) {
+    char label[256];
+    snprintf(label, sizeof label, "[label=\"#%u %s\\nvariant %llu\\n%s\\nreplays %llu, eager %llu", info[i].id,
+             info[i].segment_name, (unsigned long long)info[i].variant, cgt_node_state_name(info[i].state),
+             (unsigned long long)info[i].replays, (unsigned long long)info[i].eager_runs);
+    if (!strstr(dot, label))
+      fail_msg("no box labelled %s in:\n%s", label, dot);
+  }
+  CHECK_OK(t, cgt_sync(t));
+  test_tree_free(t);
+  test_dev_free(x);
+}
+
 /* "side_pool_peak_bytes — memory of eager nodes, outside the graph pool":
  * 0 in a tree whose nodes all record, and at least an eager node's output
  * once one ran. Fails if eager nodes allocated in the graph pool, or the
@@ -507,6 +546,7 @@ const struct CMUnitTest contract_tests[] = {
     cmocka_unit_test(test_a_zero_rerecord_limit_allows_exactly_32_recordings_at_a_site),
     cmocka_unit_test(test_tree_nodes_writes_at_most_cap_entries_and_counts_them_all),
     cmocka_unit_test(test_a_segment_name_is_copied_at_registration),
+    cmocka_unit_test(test_write_dot_labels_each_node_with_its_segment_state_and_replays),
     cmocka_unit_test(test_side_pool_peak_counts_eager_nodes_memory_only),
     cmocka_unit_test(test_caller_memory_that_only_partly_overlaps_the_pool_or_lies_in_a_released_value_is_refused),
     cmocka_unit_test(test_a_launchs_unfreed_temporaries_are_given_back_when_it_returns),
