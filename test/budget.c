@@ -80,12 +80,6 @@ static cgt_tree *budget_tree(cgt_mode mode, uint32_t max_graphs, size_t max_byte
   return test_tree_new(mode, &o);
 }
 
-static size_t node_count(cgt_tree *t) {
-  size_t count = 0;
-  CHECK_OK(t, cgt_tree_nodes(t, NULL, 0, &count));
-  return count;
-}
-
 /* ------------------------------------------------------ update in place */
 
 /* A chain of three segments, each with its own STATIC weights; x is DYNAMIC. */
@@ -164,7 +158,7 @@ static void test_reloaded_parameters_record_no_new_nodes(void **state) {
   chain3 c;
   int step;
   cgt_tree *t = chain3_settled(0, &c, &step);
-  size_t nodes = node_count(t);
+  size_t nodes = test_node_count(t);
   cgt_node_info before[3], after[3];
   size_t count;
   CHECK_OK(t, cgt_tree_nodes(t, before, 3, &count));
@@ -174,7 +168,7 @@ static void test_reloaded_parameters_record_no_new_nodes(void **state) {
   chain3_load(t, &c, 10); /* new addresses, new values: the replays must read them */
   chain3_step(t, &c, step++);
   cgt_stats s1 = test_stats(t);
-  assert_int_equal(node_count(t), nodes);
+  assert_int_equal(test_node_count(t), nodes);
   assert_int_equal(s1.nodes, s0.nodes);
   assert_int_equal(s1.updates - s0.updates, 3);
   assert_int_equal(s1.update_fallbacks, 0);
@@ -239,7 +233,7 @@ static void test_weights_that_alternate_between_two_buffers_get_a_node_each(void
     fill(expected, (float)(1 + step % 2), 1);
     expect_floats(t, v, expected, N, "double buffered", step);
   }
-  assert_int_equal(node_count(t), 2);
+  assert_int_equal(test_node_count(t), 2);
   assert_int_equal(test_stats(t).updates, 0);
   CHECK_OK(t, cgt_sync(t));
   test_dev_free(x);
@@ -255,7 +249,7 @@ static void test_no_update_in_place_records_a_new_node_for_moved_weights(void **
   cgt_tree *t = chain3_settled(1, &c, &step);
   chain3_load(t, &c, 3);
   chain3_step(t, &c, step++);
-  assert_int_equal(node_count(t), 6);
+  assert_int_equal(test_node_count(t), 6);
   assert_int_equal(test_stats(t).updates, 0);
   chain3_close(t, &c);
   test_tree_free(t);
@@ -333,7 +327,7 @@ static void test_an_update_with_each_host_allocation_failing_changes_nothing(voi
   }
   assert_true(k > 0);
   assert_int_equal(test_stats(t).updates, 1);
-  assert_int_equal(node_count(t), 3);
+  assert_int_equal(test_node_count(t), 3);
   chain3_close(t, &c);
   test_tree_free(t);
 }
@@ -388,7 +382,7 @@ static void test_reloaded_gemm_weights_update_in_place_and_match_eager(void **st
       test_dev_free(w);
       w = fresh;
       if (step == QUIET)
-        nodes = node_count(t[0]);
+        nodes = test_node_count(t[0]);
     }
     float got[2][GEMM_B * GEMM_H];
     for (int m = 0; m < 2; m++) {
@@ -399,7 +393,7 @@ static void test_reloaded_gemm_weights_update_in_place_and_match_eager(void **st
     if (memcmp(got[0], got[1], sizeof got[0]))
       fail_msg("step %d: the tree's gemm differs from the eager one", step);
   }
-  assert_int_equal(node_count(t[0]), nodes);
+  assert_int_equal(test_node_count(t[0]), nodes);
   assert_int_equal(test_stats(t[0]).updates, 1);
   for (int m = 0; m < 2; m++) {
     CHECK_OK(t[m], cgt_sync(t[m]));
@@ -467,7 +461,7 @@ static void budget_program(cgt_mode mode, uint32_t max_graphs, size_t max_bytes,
       assert_true(s.graphs <= max_graphs); /* the path (2 nodes) fits, so the budget holds */
   }
   *final = test_stats(t);
-  size_t count = node_count(t);
+  size_t count = test_node_count(t);
   cgt_node_info *info = calloc(count, sizeof *info);
   assert_non_null(info);
   CHECK_OK(t, cgt_tree_nodes(t, info, count, &count));

@@ -57,13 +57,6 @@ static cgt_segment register_sized(cgt_tree *t, const char *name, sized *u, uint3
   return s;
 }
 
-static cgt_value run1(cgt_tree *t, cgt_segment s, uint64_t variant, cgt_arg a) {
-  cgt_value out = {0};
-  CHECK_OK(t, cgt_run(t, s, variant, &a, 1, &out, 1));
-  CHECK_TREE(t);
-  return out;
-}
-
 /* v must hold a*h[i] + b for its first n floats. */
 static void expect_affine(cgt_tree *t, cgt_value v, const float *h, size_t n, float a, float b) {
   float got[2 * N];
@@ -72,12 +65,6 @@ static void expect_affine(cgt_tree *t, cgt_value v, const float *h, size_t n, fl
   for (size_t i = 0; i < n; i++)
     if (got[i] != a * h[i] + b)
       fail_msg("element %zu: got %g, expected %g", i, (double)got[i], (double)(a * h[i] + b));
-}
-
-static size_t node_count(cgt_tree *t) {
-  size_t n = 0;
-  CHECK_OK(t, cgt_tree_nodes(t, NULL, 0, &n));
-  return n;
 }
 
 /* How many nodes of segment s are in state st. */
@@ -140,7 +127,7 @@ static void test_a_tree_made_with_no_options_has_the_defaults(void **state) {
   float *x = test_dev_floats(h, N);
   for (int step = 0; step < 3; step++) {
     CHECK_OK(t, cgt_step_begin(t));
-    expect_affine(t, run1(t, s, 0, cgt_arg_static(x, N * sizeof(float))), h, N, 2, 1);
+    expect_affine(t, test_run1(t, s, 0, cgt_arg_static(x, N * sizeof(float))), h, N, 2, 1);
   }
   cgt_stats st = test_stats(t);
   assert_int_equal(st.warmups, 1);
@@ -160,7 +147,7 @@ static void test_last_error_is_empty_until_something_fails(void **state) {
   sized u = {.a = 1};
   cgt_segment s = register_sized(t, "ok", &u, 0);
   float *x = test_dev_floats(NULL, N);
-  (void)run1(t, s, 0, cgt_arg_static(x, N * sizeof(float)));
+  (void)test_run1(t, s, 0, cgt_arg_static(x, N * sizeof(float)));
   assert_string_equal(cgt_tree_last_error(t), "");
   CHECK_STATUS(t, CGT_ERR_INVALID_ARGUMENT, cgt_run(t, s + 1, 0, NULL, 0, NULL, 0));
   assert_true(cgt_tree_last_error(t)[0] != '\0');
@@ -189,10 +176,10 @@ static void test_a_dynamic_arguments_byte_size_is_part_of_the_node_key(void **st
     CHECK_OK(t, cgt_sync(t));
     test_dev_upload(x, h, 2 * N);
     CHECK_OK(t, cgt_step_begin(t));
-    expect_affine(t, run1(t, s, 0, cgt_arg_dynamic(x, n * sizeof(float))), h, n, 3, -1);
+    expect_affine(t, test_run1(t, s, 0, cgt_arg_dynamic(x, n * sizeof(float))), h, n, 3, -1);
   }
   cgt_stats st = test_stats(t);
-  assert_int_equal(node_count(t), 2);
+  assert_int_equal(test_node_count(t), 2);
   assert_int_equal(st.recordings, 2);
   /* warmup_runs counts runs of (segment, variant): the second size records
    * at its first visit, after the first size's warmup. */
@@ -207,7 +194,7 @@ static void test_a_dynamic_arguments_byte_size_is_part_of_the_node_key(void **st
 static void run_at_addresses(cgt_tree *t, cgt_segment s, uint64_t variant, float **bufs, int n_bufs, const float *h) {
   for (int i = 0; i < n_bufs; i++) {
     CHECK_OK(t, cgt_step_begin(t));
-    expect_affine(t, run1(t, s, variant, cgt_arg_static(bufs[i], N * sizeof(float))), h, N, 2, 1 + (float)variant);
+    expect_affine(t, test_run1(t, s, variant, cgt_arg_static(bufs[i], N * sizeof(float))), h, N, 2, 1 + (float)variant);
   }
 }
 
@@ -265,7 +252,7 @@ static void test_a_zero_rerecord_limit_allows_exactly_32_recordings_at_a_site(vo
   assert_int_equal(st.recordings, 32);
   assert_int_equal(nodes_in_state(t, s, CGT_NODE_RECORDED), 32);
   assert_int_equal(nodes_in_state(t, s, CGT_NODE_EAGER), 1);
-  assert_int_equal(node_count(t), 33);
+  assert_int_equal(test_node_count(t), 33);
   CHECK_OK(t, cgt_sync(t));
   test_tree_free(t);
   for (int i = 0; i < BUFS; i++)
@@ -288,9 +275,9 @@ static void test_tree_nodes_writes_at_most_cap_entries_and_counts_them_all(void 
     u[i] = (sized){.a = 1, .b = (float)i};
     s[i] = register_sized(t, name, &u[i], 0);
   }
-  cgt_value v = run1(t, s[0], 0, cgt_arg_static(x, N * sizeof(float)));
+  cgt_value v = test_run1(t, s[0], 0, cgt_arg_static(x, N * sizeof(float)));
   for (int i = 1; i < 5; i++)
-    v = run1(t, s[i], 0, cgt_arg_value(v));
+    v = test_run1(t, s[i], 0, cgt_arg_value(v));
   cgt_node_info out[3], sentinel;
   memset(out, 0xab, sizeof out);
   memset(&sentinel, 0xab, sizeof sentinel);
@@ -317,7 +304,7 @@ static void test_a_segment_name_is_copied_at_registration(void **state) {
   cgt_segment s = register_sized(t, name, &u, 0);
   memset(name, 'X', sizeof name - 1);
   float *x = test_dev_floats(NULL, N);
-  (void)run1(t, s, 0, cgt_arg_static(x, N * sizeof(float)));
+  (void)test_run1(t, s, 0, cgt_arg_static(x, N * sizeof(float)));
   cgt_node_info info;
   size_t count = 0;
   CHECK_OK(t, cgt_tree_nodes(t, &info, 1, &count));
@@ -346,8 +333,8 @@ static void test_write_dot_labels_each_node_with_its_segment_state_and_replays(v
   float *x = test_dev_floats(NULL, N);
   for (int step = 0; step < 5; step++) {
     CHECK_OK(t, cgt_step_begin(t));
-    cgt_value v = run1(t, sr, 0, cgt_arg_static(x, N * sizeof(float)));
-    (void)run1(t, se, 0, cgt_arg_value(v));
+    cgt_value v = test_run1(t, sr, 0, cgt_arg_static(x, N * sizeof(float)));
+    (void)test_run1(t, se, 0, cgt_arg_value(v));
   }
   char dot[8192];
   test_dot_text(t, dot, sizeof dot);
@@ -386,14 +373,14 @@ static void test_side_pool_peak_counts_eager_nodes_memory_only(void **state) {
   float *x = test_dev_floats(h, N);
   for (int step = 0; step < 3; step++) {
     CHECK_OK(t, cgt_step_begin(t));
-    expect_affine(t, run1(t, sr, 0, cgt_arg_static(x, N * sizeof(float))), h, N, 2, 0);
+    expect_affine(t, test_run1(t, sr, 0, cgt_arg_static(x, N * sizeof(float))), h, N, 2, 0);
   }
   assert_int_equal(test_stats(t).side_pool_peak_bytes, 0);
   size_t graph_peak = test_stats(t).pool_peak_bytes;
   for (int step = 0; step < 3; step++) {
     CHECK_OK(t, cgt_step_begin(t));
-    cgt_value v = run1(t, sr, 0, cgt_arg_static(x, N * sizeof(float)));
-    cgt_value w = run1(t, se, 0, cgt_arg_value(v));
+    cgt_value v = test_run1(t, sr, 0, cgt_arg_static(x, N * sizeof(float)));
+    cgt_value w = test_run1(t, se, 0, cgt_arg_value(v));
     float y[N];
     for (int i = 0; i < N; i++)
       y[i] = 2 * h[i];
@@ -422,8 +409,8 @@ static void test_caller_memory_that_only_partly_overlaps_the_pool_or_lies_in_a_r
     sized u = {.a = 1};
     cgt_segment s = register_sized(t, "pool", &u, 0);
     float *x = test_dev_floats(NULL, N);
-    cgt_value keep = run1(t, s, 0, cgt_arg_static(x, N * sizeof(float)));
-    cgt_value gone = run1(t, s, 0, cgt_arg_value(keep));
+    cgt_value keep = test_run1(t, s, 0, cgt_arg_static(x, N * sizeof(float)));
+    cgt_value gone = test_run1(t, s, 0, cgt_arg_value(keep));
     void *kp = NULL, *gp = NULL;
     size_t kb = 0, gb = 0;
     CHECK_OK(t, cgt_value_ptr(t, keep, &kp, &kb));
@@ -435,7 +422,7 @@ static void test_caller_memory_that_only_partly_overlaps_the_pool_or_lies_in_a_r
         cgt_arg_static((char *)kp + kb - 8, 64),
     };
     cgt_stats before = test_stats(t);
-    size_t nodes = node_count(t);
+    size_t nodes = test_node_count(t);
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
       cgt_value out = {0};
       CHECK_STATUS(t, CGT_ERR_INVALID_ARGUMENT, cgt_run(t, s, 0, &bad[i], 1, &out, 1));
@@ -444,7 +431,7 @@ static void test_caller_memory_that_only_partly_overlaps_the_pool_or_lies_in_a_r
     cgt_stats after = test_stats(t);
     assert_int_equal(after.runs, before.runs);
     assert_int_equal(after.pool_allocated_bytes, before.pool_allocated_bytes);
-    assert_int_equal(node_count(t), nodes);
+    assert_int_equal(test_node_count(t), nodes);
     CHECK_TREE(t);
     CHECK_OK(t, cgt_sync(t));
     test_tree_free(t);
@@ -479,7 +466,7 @@ static void test_a_launchs_unfreed_temporaries_are_given_back_when_it_returns(vo
       cgt_stats after3 = {0};
       for (int step = 0; step < 33; step++) {
         CHECK_OK(t, cgt_step_begin(t));
-        expect_affine(t, run1(t, s, 0, cgt_arg_static(x, N * sizeof(float))), h, N, 2, 1);
+        expect_affine(t, test_run1(t, s, 0, cgt_arg_static(x, N * sizeof(float))), h, N, 2, 1);
         CHECK_OK(t, cgt_sync(t));
         if (step == 2)
           after3 = test_stats(t);
@@ -524,9 +511,9 @@ static void test_deferred_replays_are_enqueued_before_a_run_that_runs_eagerly(vo
     CHECK_OK(t, cgt_sync(t));
     test_dev_upload(x, h, N);
     CHECK_OK(t, cgt_step_begin(t));
-    cgt_value va = run1(t, sa, 0, cgt_arg_dynamic(x, N * sizeof(float)));
-    cgt_value vb = run1(t, sb, 0, cgt_arg_value(va));
-    cgt_value vc = run1(t, sc, 0, cgt_arg_value(vb));
+    cgt_value va = test_run1(t, sa, 0, cgt_arg_dynamic(x, N * sizeof(float)));
+    cgt_value vb = test_run1(t, sb, 0, cgt_arg_value(va));
+    cgt_value vc = test_run1(t, sc, 0, cgt_arg_value(vb));
     expect_affine(t, vc, y, N, 1, 5);
   }
   cgt_stats st = test_stats(t);

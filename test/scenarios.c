@@ -16,13 +16,6 @@
 
 #define N 64
 
-static cgt_value run1(cgt_tree *t, cgt_segment s, uint64_t variant, cgt_arg a) {
-  cgt_value out = {0};
-  CHECK_OK(t, cgt_run(t, s, variant, &a, 1, &out, 1));
-  CHECK_TREE(t);
-  return out;
-}
-
 static void expect_floats(cgt_tree *t, cgt_value v, const float *expected, size_t n) {
   float got[N];
   assert_true(n <= N);
@@ -40,12 +33,6 @@ static void affine_host(const float *x, float a, float b, float *out, size_t n) 
 static int ranges_overlap(const void *a, size_t an, const void *b, size_t bn) {
   uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
   return x < y + bn && y < x + an;
-}
-
-static size_t node_count(cgt_tree *t) {
-  size_t n = 0;
-  CHECK_OK(t, cgt_tree_nodes(t, NULL, 0, &n));
-  return n;
 }
 
 static cgt_node_info node_info(cgt_tree *t, uint32_t id) {
@@ -87,13 +74,13 @@ static float branchy_step(cgt_tree *t, branchy *b, int step, cgt_value *y_out, c
   CHECK_OK(t, cgt_sync(t));
   test_dev_upload(b->x, x, N);
   CHECK_OK(t, cgt_step_begin(t));
-  cgt_value vy = run1(t, b->s1, 0, cgt_arg_dynamic(b->x, N * sizeof(float)));
+  cgt_value vy = test_run1(t, b->s1, 0, cgt_arg_dynamic(b->x, N * sizeof(float)));
   affine_host(x, 2, 1, y, N);
   int take_two = test_read_first(t, vy) > 0; /* host logic on device data */
   assert_int_equal(take_two, y[0] > 0);
-  cgt_value vz = run1(t, take_two ? b->s2 : b->s3, 0, cgt_arg_value(vy));
+  cgt_value vz = test_run1(t, take_two ? b->s2 : b->s3, 0, cgt_arg_value(vy));
   affine_host(y, take_two ? 3 : -1, take_two ? 0 : 5, z, N);
-  cgt_value vw = run1(t, b->s4, 0, cgt_arg_value(vz));
+  cgt_value vw = test_run1(t, b->s4, 0, cgt_arg_value(vz));
   affine_host(z, 1, 1, w, N);
   expect_floats(t, vw, w, N);
   expect_floats(t, vy, y, N); /* node 1's output survived whatever ran after it */
@@ -118,7 +105,7 @@ static void test_alternating_branches_record_five_nodes_then_only_replay(void **
   }
   cgt_stats s = test_stats(t);
   assert_int_equal(s.recordings, 5);
-  assert_int_equal(node_count(t), 5);
+  assert_int_equal(test_node_count(t), 5);
   for (uint32_t id = 1; id <= 5; id++)
     assert_int_equal(node_info(t, id).state, CGT_NODE_RECORDED);
   /* The shape: 1 is the only root; 2 and 3 under 1; a 4 under each. */
@@ -189,9 +176,9 @@ static void test_second_branch_records_after_checkpoint_restore(void **state) {
 
 static void chain_step(cgt_tree *t, cgt_segment *segs, const float *x, float *result) {
   CHECK_OK(t, cgt_step_begin(t));
-  cgt_value v = run1(t, segs[0], 0, cgt_arg_static(x, N * sizeof(float)));
+  cgt_value v = test_run1(t, segs[0], 0, cgt_arg_static(x, N * sizeof(float)));
   for (int i = 1; i < CHAIN; i++) {
-    cgt_value next = run1(t, segs[i], 0, cgt_arg_value(v));
+    cgt_value next = test_run1(t, segs[i], 0, cgt_arg_value(v));
     CHECK_OK(t, cgt_value_release(t, v)); /* dead as soon as its consumer ran */
     CHECK_TREE(t);
     v = next;
@@ -268,11 +255,11 @@ static void live3_step(cgt_tree *t, live3 *l, int release_a) {
   affine_host(ha, 1, 3, hb, N);
   affine_host(hb, -1, 0, hc, N);
   CHECK_OK(t, cgt_step_begin(t));
-  cgt_value a = run1(t, l->a, 0, cgt_arg_static(l->x, N * sizeof(float)));
-  cgt_value b = run1(t, l->b, 0, cgt_arg_value(a));
+  cgt_value a = test_run1(t, l->a, 0, cgt_arg_static(l->x, N * sizeof(float)));
+  cgt_value b = test_run1(t, l->b, 0, cgt_arg_value(a));
   if (release_a)
     CHECK_OK(t, cgt_value_release(t, a));
-  cgt_value c = run1(t, l->c, 0, cgt_arg_value(b));
+  cgt_value c = test_run1(t, l->c, 0, cgt_arg_value(b));
   expect_floats(t, c, hc, N);
   if (!release_a) {
     expect_floats(t, a, ha, N); /* C's memory never overlapped live a */
@@ -298,7 +285,7 @@ static void test_node_recorded_while_a_value_was_dead_rerecords_when_it_is_live(
   cgt_stats s = test_stats(t);
   assert_int_equal(s.rerecords, 1);
   assert_int_equal(s.recordings, 4);
-  assert_int_equal(node_count(t), 4);
+  assert_int_equal(test_node_count(t), 4);
   cgt_node_info c1 = node_info(t, 3), c2 = node_info(t, 4);
   assert_int_equal(c1.segment, l.c);
   assert_int_equal(c2.segment, l.c);
@@ -362,11 +349,11 @@ static void test_releasing_a_value_outside_the_graph_pool_needs_no_rerecord(void
   for (int step = 0; step < 8; step++) {
     int release_a = step < 4 || step % 2;
     CHECK_OK(t, cgt_step_begin(t));
-    cgt_value a = run1(t, sa, 0, cgt_arg_static(x, N * sizeof(float)));
-    cgt_value b = run1(t, sb, 0, cgt_arg_value(a));
+    cgt_value a = test_run1(t, sa, 0, cgt_arg_static(x, N * sizeof(float)));
+    cgt_value b = test_run1(t, sb, 0, cgt_arg_value(a));
     if (release_a)
       CHECK_OK(t, cgt_value_release(t, a));
-    cgt_value c = run1(t, sc, 0, cgt_arg_value(b));
+    cgt_value c = test_run1(t, sc, 0, cgt_arg_value(b));
     expect_floats(t, c, hc, N);
     if (!release_a)
       expect_floats(t, a, ha, N);
@@ -407,8 +394,8 @@ static void test_released_and_previous_step_values_are_stale_everywhere(void **s
     float *x = test_dev_floats(NULL, N);
     for (int step = 0; step < 4; step++) { /* warmup, record, replay, replay */
       CHECK_OK(t, cgt_step_begin(t));
-      cgt_value a = run1(t, s, 0, cgt_arg_static(x, N * sizeof(float)));
-      cgt_value b = run1(t, s, 0, cgt_arg_value(a));
+      cgt_value a = test_run1(t, s, 0, cgt_arg_static(x, N * sizeof(float)));
+      cgt_value b = test_run1(t, s, 0, cgt_arg_value(a));
       CHECK_OK(t, cgt_value_release(t, a));
       expect_stale_everywhere(t, s, a);
       CHECK_OK(t, cgt_step_begin(t));
@@ -435,18 +422,18 @@ static void test_static_address_change_records_a_new_node_and_the_old_one_still_
   float *x1 = test_dev_floats(h1, N), *x2 = test_dev_floats(h2, N);
   for (int step = 0; step < 3; step++) {
     CHECK_OK(t, cgt_step_begin(t));
-    expect_floats(t, run1(t, s, 0, cgt_arg_static(x1, N * sizeof(float))), e1, N);
+    expect_floats(t, test_run1(t, s, 0, cgt_arg_static(x1, N * sizeof(float))), e1, N);
   }
-  assert_int_equal(node_count(t), 1);
+  assert_int_equal(test_node_count(t), 1);
   assert_int_equal(node_info(t, 1).replays, 1);
   CHECK_OK(t, cgt_step_begin(t));
-  expect_floats(t, run1(t, s, 0, cgt_arg_static(x2, N * sizeof(float))), e2, N);
-  assert_int_equal(node_count(t), 2);
+  expect_floats(t, test_run1(t, s, 0, cgt_arg_static(x2, N * sizeof(float))), e2, N);
+  assert_int_equal(test_node_count(t), 2);
   assert_int_equal(node_info(t, 2).state, CGT_NODE_RECORDED); /* warm already: records at once */
   for (int step = 0; step < 4; step++) {
     CHECK_OK(t, cgt_step_begin(t));
     float *x = step % 2 ? x2 : x1;
-    expect_floats(t, run1(t, s, 0, cgt_arg_static(x, N * sizeof(float))), step % 2 ? e2 : e1, N);
+    expect_floats(t, test_run1(t, s, 0, cgt_arg_static(x, N * sizeof(float))), step % 2 ? e2 : e1, N);
   }
   assert_int_equal(node_info(t, 1).replays, 3);
   assert_int_equal(node_info(t, 2).replays, 2);
@@ -474,10 +461,10 @@ static void test_dynamic_arguments_at_changing_addresses_replay_one_node(void **
     CHECK_OK(t, cgt_sync(t));
     test_dev_upload(x, h, N);
     CHECK_OK(t, cgt_step_begin(t));
-    expect_floats(t, run1(t, s, 0, cgt_arg_dynamic(x, N * sizeof(float))), e, N);
+    expect_floats(t, test_run1(t, s, 0, cgt_arg_dynamic(x, N * sizeof(float))), e, N);
   }
   cgt_stats st = test_stats(t);
-  assert_int_equal(node_count(t), 1);
+  assert_int_equal(test_node_count(t), 1);
   assert_int_equal(st.recordings, 1);
   assert_int_equal(st.replays, 7);
   /* One copy into the placeholder at warmup, recording and every replay:
@@ -511,8 +498,8 @@ static void test_static_argument_that_moves_every_step_stops_growing_the_tree(vo
   /* A compiler marked a buffer that moves every step as STATIC. */
   for (int step = 0; step < BUFS; step++) {
     CHECK_OK(t, cgt_step_begin(t));
-    cgt_value v = run1(t, s, 0, cgt_arg_static(bufs[step], N * sizeof(float)));
-    expect_floats(t, run1(t, s2, 0, cgt_arg_value(v)), e2, N);
+    cgt_value v = test_run1(t, s, 0, cgt_arg_static(bufs[step], N * sizeof(float)));
+    expect_floats(t, test_run1(t, s2, 0, cgt_arg_value(v)), e2, N);
     expect_floats(t, v, e, N);
   }
   cgt_stats st = test_stats(t);
@@ -520,7 +507,7 @@ static void test_static_argument_that_moves_every_step_stops_growing_the_tree(vo
    * limit) and "after" under each; step 4 makes the overflow node and records
    * "after" under it; every later step runs there and replays "after". */
   assert_int_equal(st.recordings, 3 + 3 + 1);
-  size_t nodes = node_count(t);
+  size_t nodes = test_node_count(t);
   assert_int_equal(nodes, 2 + 6 + 2);
   assert_int_equal(st.replays, BUFS - 5);
   int overflow_nodes = 0;
@@ -564,9 +551,9 @@ static void test_variants_make_distinct_nodes(void **state) {
     float e[N];
     affine_host(h, 1, (float)variant, e, N);
     CHECK_OK(t, cgt_step_begin(t));
-    expect_floats(t, run1(t, s, variant, cgt_arg_static(x, N * sizeof(float))), e, N);
+    expect_floats(t, test_run1(t, s, variant, cgt_arg_static(x, N * sizeof(float))), e, N);
   }
-  assert_int_equal(node_count(t), 2);
+  assert_int_equal(test_node_count(t), 2);
   cgt_node_info a = node_info(t, 1), b = node_info(t, 2);
   assert_true(a.variant != b.variant);
   assert_int_equal(a.state, CGT_NODE_RECORDED);
@@ -595,8 +582,8 @@ static void capture_failure_scenario(int illegal, int check) {
   float *x = test_dev_floats(h, N);
   for (int step = 0; step < 5; step++) {
     CHECK_OK(t, cgt_step_begin(t));
-    cgt_value v1 = run1(t, sb, 0, cgt_arg_static(x, N * sizeof(float)));
-    cgt_value v2 = run1(t, sg, 0, cgt_arg_value(v1));
+    cgt_value v1 = test_run1(t, sb, 0, cgt_arg_static(x, N * sizeof(float)));
+    cgt_value v2 = test_run1(t, sg, 0, cgt_arg_value(v1));
     expect_floats(t, v1, e1, N);
     expect_floats(t, v2, e2, N);
   }
@@ -610,7 +597,7 @@ static void capture_failure_scenario(int illegal, int check) {
    * first step stays behind, unused: the EAGER node's output moved to the
    * side pool, so it is now a DYNAMIC argument with another key. */
   int recorded_children = 0;
-  for (uint32_t id = 2; id <= node_count(t); id++) {
+  for (uint32_t id = 2; id <= test_node_count(t); id++) {
     cgt_node_info n = node_info(t, id);
     assert_int_equal(n.parent, 1);
     if (n.state == CGT_NODE_RECORDED) {
@@ -665,7 +652,7 @@ static void test_fresh_tree_after_a_failed_capture_records_and_replays(void **st
   float *x = test_dev_floats(h, N);
   for (int step = 0; step < 2; step++) {
     CHECK_OK(t, cgt_step_begin(t));
-    expect_floats(t, run1(t, sb, 0, cgt_arg_static(x, N * sizeof(float))), e, N);
+    expect_floats(t, test_run1(t, sb, 0, cgt_arg_static(x, N * sizeof(float))), e, N);
   }
   assert_int_equal(test_stats(t).capture_failures, 1);
   CHECK_OK(t, cgt_sync(t));
@@ -677,7 +664,7 @@ static void test_fresh_tree_after_a_failed_capture_records_and_replays(void **st
   affine_host(h, 1, 3, e, N);
   for (int step = 0; step < 4; step++) {
     CHECK_OK(fresh, cgt_step_begin(fresh));
-    expect_floats(fresh, run1(fresh, sg, 0, cgt_arg_static(x, N * sizeof(float))), e, N);
+    expect_floats(fresh, test_run1(fresh, sg, 0, cgt_arg_static(x, N * sizeof(float))), e, N);
   }
   cgt_stats s = test_stats(fresh);
   assert_int_equal(s.capture_failures, 0);
@@ -713,8 +700,8 @@ static void test_segment_declared_uncapturable_runs_eagerly_from_its_first_run(v
       const int steps = 6;
       for (int step = 0; step < steps; step++) {
         CHECK_OK(t, cgt_step_begin(t));
-        cgt_value v1 = run1(t, su, 0, cgt_arg_static(x[step % 2], N * sizeof(float)));
-        cgt_value v2 = run1(t, sa, 0, cgt_arg_value(v1));
+        cgt_value v1 = test_run1(t, su, 0, cgt_arg_static(x[step % 2], N * sizeof(float)));
+        cgt_value v2 = test_run1(t, sa, 0, cgt_arg_value(v1));
         expect_floats(t, v1, e1, N);
         expect_floats(t, v2, e2, N);
       }
@@ -730,7 +717,7 @@ static void test_segment_declared_uncapturable_runs_eagerly_from_its_first_run(v
       assert_string_equal(n1.reason, "declared uncapturable");
       assert_int_equal(n1.eager_runs, steps);
       size_t uncapturable_nodes = 0;
-      for (uint32_t id = 1; id <= node_count(t); id++)
+      for (uint32_t id = 1; id <= test_node_count(t); id++)
         uncapturable_nodes += node_info(t, id).segment == su;
       assert_int_equal(uncapturable_nodes, 1);
       CHECK_OK(t, cgt_sync(t));
@@ -759,16 +746,16 @@ static void test_a_dynamic_argument_is_a_placeholder_in_warmups_and_recordings_a
     cgt_segment se = test_register_affine_flags(t, "eager", &eager, CGT_SEGMENT_NO_CAPTURE);
     for (int step = 0; step < 2; step++) { /* a warmup, then a recording (tree mode) */
       CHECK_OK(t, cgt_step_begin(t));
-      expect_floats(t, run1(t, s, 0, dyn), e, N);
+      expect_floats(t, test_run1(t, s, 0, dyn), e, N);
       if (m)
         assert_ptr_equal(u.input, x);
       else
         assert_ptr_not_equal(u.input, x);
-      cgt_value v = run1(t, se, 0, dyn); /* an eager node (tree mode) or an eager run */
+      cgt_value v = test_run1(t, se, 0, dyn); /* an eager node (tree mode) or an eager run */
       assert_ptr_equal(eager.input, x);
       expect_floats(t, v, h, N);
       /* v lies in the side pool in tree mode: passed on, it counts as DYNAMIC */
-      cgt_value w = run1(t, s, 1, cgt_arg_value(v));
+      cgt_value w = test_run1(t, s, 1, cgt_arg_value(v));
       expect_floats(t, w, e, N);
       void *vp = NULL;
       size_t vb = 0;
@@ -797,7 +784,7 @@ static void zero_options_program(cgt_tree *t, float *x[3]) {
   /* Three STATIC addresses under one parent: three recordings. */
   for (int step = 0; step < 6; step++) {
     CHECK_OK(t, cgt_step_begin(t));
-    expect_floats(t, run1(t, s, 0, cgt_arg_static(x[step % 3], N * sizeof(float))), e, N);
+    expect_floats(t, test_run1(t, s, 0, cgt_arg_static(x[step % 3], N * sizeof(float))), e, N);
   }
 }
 
@@ -838,8 +825,8 @@ static void test_all_zero_options_behave_like_the_defaults_except_warmup(void **
 #define SAME(f) assert_int_equal(zero.f, dflt.f);
   CGT_STATS_FIELDS(SAME, SAME)
 #undef SAME
-  assert_int_equal(node_count(trees[0]), node_count(trees[1]));
-  for (uint32_t id = 1; id <= node_count(trees[0]); id++) {
+  assert_int_equal(test_node_count(trees[0]), test_node_count(trees[1]));
+  for (uint32_t id = 1; id <= test_node_count(trees[0]); id++) {
     assert_int_equal(node_info(trees[0], id).state, CGT_NODE_RECORDED);
     assert_int_equal(node_info(trees[1], id).state, CGT_NODE_RECORDED);
   }
@@ -871,9 +858,9 @@ static void test_outputs_that_alias_inputs_replay_with_the_right_data(void **sta
     test_dev_upload(d, h, N);
     CHECK_OK(t, cgt_step_begin(t));
     /* A view of a DYNAMIC input is a view of its placeholder once recorded. */
-    cgt_value v = run1(t, view, 0, cgt_arg_dynamic(d, N * sizeof(float)));
-    cgt_value w = run1(t, dbl, 0, cgt_arg_value(v));
-    cgt_value w2 = run1(t, view, 0, cgt_arg_value(w)); /* a view of a pool value */
+    cgt_value v = test_run1(t, view, 0, cgt_arg_dynamic(d, N * sizeof(float)));
+    cgt_value w = test_run1(t, dbl, 0, cgt_arg_value(v));
+    cgt_value w2 = test_run1(t, view, 0, cgt_arg_value(w)); /* a view of a pool value */
     CHECK_OK(t, cgt_value_release(t, w));
     expect_floats(t, v, h, N);
     expect_floats(t, w2, e, N);
@@ -896,7 +883,7 @@ static void test_warmup_runs_zero_records_at_the_first_visit(void **state) {
   cgt_segment s = test_register_affine(t, "s", &u);
   float *x = test_dev_floats(NULL, N);
   CHECK_OK(t, cgt_step_begin(t));
-  run1(t, s, 0, cgt_arg_static(x, N * sizeof(float)));
+  test_run1(t, s, 0, cgt_arg_static(x, N * sizeof(float)));
   assert_int_equal(test_stats(t).recordings, 1);
   assert_int_equal(test_stats(t).warmups, 0);
   CHECK_OK(t, cgt_sync(t));
@@ -915,7 +902,7 @@ static void test_cgt_mode_environment_variable_overrides_the_mode(void **state) 
   float *x = test_dev_floats(NULL, N);
   for (int i = 0; i < 3; i++) {
     CHECK_OK(t, cgt_step_begin(t));
-    run1(t, s, 0, cgt_arg_static(x, N * sizeof(float)));
+    test_run1(t, s, 0, cgt_arg_static(x, N * sizeof(float)));
   }
   assert_int_equal(test_stats(t).recordings, 0);
   assert_int_equal(test_stats(t).eager_runs, 3);
@@ -1043,11 +1030,11 @@ static void test_a_view_of_a_released_value_keeps_its_memory_and_pool_memory_as_
     for (int step = 0; step < 5; step++) {
       if (step)
         CHECK_OK(t, cgt_step_begin(t));
-      cgt_value v = run1(t, sa, 0, cgt_arg_static(buf, sizeof x));
-      cgt_value view = run1(t, sv, 0, cgt_arg_value(v));
+      cgt_value v = test_run1(t, sa, 0, cgt_arg_static(buf, sizeof x));
+      cgt_value view = test_run1(t, sv, 0, cgt_arg_value(v));
       CHECK_OK(t, cgt_value_release(t, v));
       CHECK_TREE(t);
-      cgt_value b = run1(t, sb, 0, cgt_arg_static(buf, sizeof x));
+      cgt_value b = test_run1(t, sb, 0, cgt_arg_static(buf, sizeof x));
       void *pv, *pb;
       size_t nv, nb;
       CHECK_OK(t, cgt_value_ptr(t, view, &pv, &nv));
@@ -1056,7 +1043,7 @@ static void test_a_view_of_a_released_value_keeps_its_memory_and_pool_memory_as_
       expect_floats(t, view, expect_view, N);
       expect_floats(t, b, expect_b, N);
       /* An EAGER node's output lives in the side pool: still the tree's. */
-      cgt_value e = run1(t, se, 0, cgt_arg_static(buf, sizeof x));
+      cgt_value e = test_run1(t, se, 0, cgt_arg_static(buf, sizeof x));
       void *pe;
       CHECK_OK(t, cgt_value_ptr(t, e, &pe, NULL));
       cgt_arg as_static = cgt_arg_static(pe, sizeof x), as_dynamic = cgt_arg_dynamic(pv, sizeof(float));
@@ -1099,8 +1086,8 @@ static void test_a_value_dead_at_recording_far_back_in_a_long_path_forces_a_rere
     if (step)
       CHECK_OK(t, cgt_step_begin(t));
     int keep = step >= 3 && step < 6;
-    cgt_value first = run1(t, s0, 0, cgt_arg_static(buf, sizeof x));
-    cgt_value prev = run1(t, sc, 0, cgt_arg_value(first));
+    cgt_value first = test_run1(t, s0, 0, cgt_arg_static(buf, sizeof x));
+    cgt_value prev = test_run1(t, sc, 0, cgt_arg_value(first));
     for (int i = 1; i < LONG_CHAIN; i++) {
       cgt_arg a = cgt_arg_value(prev);
       cgt_value next = {0};
@@ -1110,7 +1097,7 @@ static void test_a_value_dead_at_recording_far_back_in_a_long_path_forces_a_rere
       if (i == 10 && !keep)
         CHECK_OK(t, cgt_value_release(t, first));
     }
-    cgt_value xv = run1(t, sx, 0, cgt_arg_value(prev));
+    cgt_value xv = test_run1(t, sx, 0, cgt_arg_value(prev));
     expect_floats(t, xv, expect_x, N);
     if (keep)
       expect_floats(t, first, expect_first, N);
@@ -1125,7 +1112,7 @@ static void test_a_value_dead_at_recording_far_back_in_a_long_path_forces_a_rere
 
 /* Node info by id, or NULL if no such node exists (any number of nodes). */
 static int find_node(cgt_tree *t, uint32_t id, cgt_node_info *out) {
-  size_t n = node_count(t);
+  size_t n = test_node_count(t);
   cgt_node_info *all = calloc(n + 1, sizeof *all);
   assert_non_null(all);
   CHECK_OK(t, cgt_tree_nodes(t, all, n, &n));
@@ -1167,11 +1154,11 @@ static void test_warmup_nodes_of_layouts_that_never_recur_are_pruned_and_the_res
       if (step)
         CHECK_OK(t, cgt_step_begin(t));
       CHECK_TREE(t);
-      cgt_value r = run1(t, sr, 0, cgt_arg_static(buf, sizeof x));
-      cgt_value v = run1(t, sn, (uint64_t)step, cgt_arg_value(r));
-      cgt_value c = run1(t, sc, 0, cgt_arg_value(v));
+      cgt_value r = test_run1(t, sr, 0, cgt_arg_static(buf, sizeof x));
+      cgt_value v = test_run1(t, sn, (uint64_t)step, cgt_arg_value(r));
+      cgt_value c = test_run1(t, sc, 0, cgt_arg_value(v));
       assert_true(test_read_first(t, c) == 6.0f); /* (1 + 1) * 2 + 2; the variant only keys the node */
-      size_t n = node_count(t);
+      size_t n = test_node_count(t);
       if (n > most)
         most = n;
     }
@@ -1179,7 +1166,7 @@ static void test_warmup_nodes_of_layouts_that_never_recur_are_pruned_and_the_res
     /* Two nodes a step are made; at most 1.5 * PRUNE steps' worth stay. */
     assert_true(s.nodes_pruned > 2 * (STEPS - 2 * PRUNE));
     assert_true(most <= 1 + 2 * (PRUNE + PRUNE / 2 + 1));
-    assert_int_equal(node_count(t), s.nodes);
+    assert_int_equal(test_node_count(t), s.nodes);
     cgt_node_info root;
     assert_true(find_node(t, 1, &root));
     assert_int_equal(root.segment, sr);
@@ -1213,8 +1200,8 @@ static void test_a_warmup_child_orphaned_by_its_parent_turning_eager_is_pruned(v
   for (int step = 0; step < 4 * PRUNE; step++) {
     if (step)
       CHECK_OK(t, cgt_step_begin(t));
-    cgt_value e = run1(t, se, 0, cgt_arg_static(buf, sizeof x));
-    cgt_value c = run1(t, sc, 0, cgt_arg_value(e));
+    cgt_value e = test_run1(t, se, 0, cgt_arg_static(buf, sizeof x));
+    cgt_value c = test_run1(t, sc, 0, cgt_arg_value(e));
     assert_true(test_read_first(t, c) == 9.0f);
     if (step == 0) {
       orphan = node_info(t, 2).id;
@@ -1226,7 +1213,7 @@ static void test_a_warmup_child_orphaned_by_its_parent_turning_eager_is_pruned(v
   assert_true(info.state == CGT_NODE_EAGER);
   assert_false(find_node(t, orphan, &info));
   assert_true(test_stats(t).nodes_pruned == 1);
-  assert_int_equal(node_count(t), 2);
+  assert_int_equal(test_node_count(t), 2);
   CHECK_OK(t, cgt_sync(t));
   test_dev_free(buf);
   test_tree_free(t);
@@ -1287,31 +1274,31 @@ static void test_path_hash_follows_every_successful_run_of_the_step_and_nothing_
   cgt_arg ax = cgt_arg_static(x, N * sizeof(float));
 
   uint64_t empty = path_hash(t);
-  run1(t, sa, 0, ax);
+  test_run1(t, sa, 0, ax);
   uint64_t a = path_hash(t);
-  run1(t, sb, 0, ax);
+  test_run1(t, sb, 0, ax);
   uint64_t ab = path_hash(t);
   assert_true(a != empty && ab != a && ab != empty);
 
   CHECK_OK(t, cgt_step_begin(t));
   assert_true(path_hash(t) == empty);
-  run1(t, sb, 0, ax);
+  test_run1(t, sb, 0, ax);
   uint64_t b = path_hash(t);
-  run1(t, sa, 0, ax);
+  test_run1(t, sa, 0, ax);
   assert_true(b != a);               /* which segment */
   assert_true(path_hash(t) != ab);   /* the order of the runs */
 
   CHECK_OK(t, cgt_step_begin(t));
-  run1(t, sa, 7, ax);
+  test_run1(t, sa, 7, ax);
   assert_true(path_hash(t) != a);    /* the variant */
 
   /* A run that fails changes nothing, the hash included. */
   CHECK_OK(t, cgt_step_begin(t));
-  run1(t, sa, 0, ax);
+  test_run1(t, sa, 0, ax);
   cgt_value out = {0};
   CHECK_STATUS(t, CGT_ERR_INVALID_ARGUMENT, cgt_run(t, sb, 0, NULL, 0, &out, 1));
   assert_true(path_hash(t) == a);
-  run1(t, sb, 0, ax);
+  test_run1(t, sb, 0, ax);
   assert_true(path_hash(t) == ab);   /* recorded now, warmed up then: the same path, the same hash */
 
   uint64_t h = 42;

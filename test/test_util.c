@@ -82,6 +82,19 @@ cgt_stats test_stats(cgt_tree *t) {
   return s;
 }
 
+cgt_value test_run1(cgt_tree *t, cgt_segment s, uint64_t variant, cgt_arg a) {
+  cgt_value out = {0};
+  CHECK_OK(t, cgt_run(t, s, variant, &a, 1, &out, 1));
+  CHECK_TREE(t);
+  return out;
+}
+
+size_t test_node_count(cgt_tree *t) {
+  size_t n = 0;
+  CHECK_OK(t, cgt_tree_nodes(t, NULL, 0, &n));
+  return n;
+}
+
 void test_dot_text(cgt_tree *t, char *buf, size_t cap) {
   FILE *f = tmpfile();
   assert_non_null(f);

@@ -44,6 +44,12 @@ float test_read_first(cgt_tree *t, cgt_value v);
 
 cgt_stats test_stats(cgt_tree *t);
 
+/* One run of a segment with one input and one output: its output value.
+ * Fails the test unless the run succeeds and cgt_tree_check passes. */
+cgt_value test_run1(cgt_tree *t, cgt_segment s, uint64_t variant, cgt_arg a);
+/* How many nodes the tree has (cgt_tree_nodes with cap 0). */
+size_t test_node_count(cgt_tree *t);
+
 /* The tree's dot file (cgt_tree_write_dot) as text in buf, NUL-terminated;
  * fails the test if it does not fit in cap - 1 bytes. */
 void test_dot_text(cgt_tree *t, char *buf, size_t cap);
