@@ -345,17 +345,14 @@ def set_budget(max_graphs=0, max_graph_bytes=0):
     _budget["max_graphs"], _budget["max_graph_bytes"] = max_graphs, max_graph_bytes
 
 
-def _tree_of_this_thread(device, _in_tls=torch._C._is_key_in_tls, _from_tls=torch._C._get_obj_in_tls):
+def _tree_of_this_thread(device):
     """The C hot path's getter (set_tree_getter): tree_for(device)'s tree.
     A backward asks at every call (autograd's device thread serves every
-    thread's backward), so the usual case, a tree the stash already holds,
-    is read here directly: what tree_for would return, two Python calls
-    fewer."""
-    if _in_tls(_TLS_KEY):
-        entry = _from_tls(_TLS_KEY).get(device)
-        if entry is not None:
-            return entry[0]
-    return tree_for(device)[0]
+    thread's backward), so the usual case, a tree this thread's trees
+    already hold, is read here directly: what tree_for would return, one
+    Python call fewer."""
+    entry = _thread_trees().get(device)
+    return entry[0] if entry is not None else tree_for(device)[0]
 
 
 def set_explicit_steps(on):
