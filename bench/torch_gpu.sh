@@ -11,7 +11,9 @@
 # parts: bench/torch_segment_parts.py, the GPT-2 segment's time part by part.
 # train: bench/torch_train.py, training steps (models in TRAIN_MODELS, options in TRAIN_ARGS).
 # churn: bench/torch_thread_churn.py, a thread per request, trees freed and trees kept (CHURN_REQUESTS).
-# ddp: bench/torch_ddp.py, DistributedDataParallel on two GPUs (DDP_ARGS: its options).
+# ddp: bench/torch_ddp.py, DistributedDataParallel on two GPUs (DDP_ARGS: its options; default
+#   "--disturb sleep --steps 150", what fits DDP_SECONDS=420: the script's own defaults, three phases
+#   of 200 steps, take longer than one device call; DDP_ARGS= runs them).
 # tests: TEST_FILES picks the pytest files, e.g. TEST_FILES=python/tests/test_torch_ddp.py (two GPUs).
 # meson-python is not needed: the build tree's extensions are copied beside
 # the package sources into /tmp/cgtree_pkg, which goes on PYTHONPATH.
@@ -141,7 +143,7 @@ if [[ $what == *train* ]]; then
 fi
 if [[ $what == *ddp* ]]; then
   # bench/torch_ddp.py: two ranks, eager / Inductor / reduce-overhead / cgtree, quiet and disturbed
-  NCCL_NVLS_ENABLE=0 timeout ${DDP_SECONDS:-420} python3 bench/torch_ddp.py --dir "$OUT/ddp" ${DDP_ARGS:-} \
+  NCCL_NVLS_ENABLE=0 timeout ${DDP_SECONDS:-420} python3 bench/torch_ddp.py --dir "$OUT/ddp" ${DDP_ARGS---disturb sleep --steps 150} \
     --out "$OUT/torch_ddp.jsonl" > "$OUT/ddp.log" 2>&1
   echo "ddp rc=$?"; sed -n '/^Two ranks/,$p' "$OUT/ddp.log"
 fi
