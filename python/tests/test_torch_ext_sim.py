@@ -12,6 +12,7 @@ stale outputs, and the allocator's routing into the pool.
 import ctypes
 import gc
 import sys
+import threading
 import warnings
 import weakref
 
@@ -739,6 +740,52 @@ def test_a_refusal_with_a_code_that_names_no_other_cause_still_reads_as_out_of_m
     f1 = eager_figures()
     assert f1["num_ooms"] - f0["num_ooms"] == 1 and f1["num_alloc_retries"] - f0["num_alloc_retries"] == 1
     assert f1["driver_alloc_errors"] == f0["driver_alloc_errors"]
+
+
+def test_a_retry_after_a_refusal_synchronises_the_device_only_where_no_run_of_ours_is_under_way(tree):
+    """The retry after the driver's pool refused an eager allocation trims
+    the pool, and a trim synchronises the whole device, which would break a
+    recording's capture in every capture mode. So while a run of ours is
+    under way (here another thread allocates eagerly during a recording) it
+    trims without the synchronisation, and counts it; once no run is under
+    way, the same refusal's trim synchronises again."""
+    seen = {}
+
+    def refused_once_on_another_thread(key, n):  # n: a size class the front cache holds none of
+        f0 = eager_figures()
+        X.sim_fail_pool_allocs(2, 1)  # cudaErrorMemoryAllocation, once: the retry succeeds
+        got = []
+        th = threading.Thread(target=lambda: got.append(eager_alloc(n, S2)))
+        th.start()
+        th.join()
+        X.sim_fail_pool_allocs(0, 0)
+        f1 = eager_figures()
+        assert got[0] is not None
+        eager_free(got[0], n, S2)
+        seen[key] = (f1["num_alloc_retries"] - f0["num_alloc_retries"],
+                     f1["trims_without_sync"] - f0["trims_without_sync"])
+
+    def graph(x):
+        out = FakeTensor(x.n)
+        X.sim_launch(tree.stream, k_affine, out.ptr, x.ptr, x.n, 1.0, 0.0)
+        return (out,)
+
+    launches = []
+
+    def launch(inputs):
+        launches.append(1)
+        if len(launches) == 2:  # the recording (the warmup was the first)
+            refused_once_on_another_thread("during", 7 * 4096 + 512)
+        return graph(*inputs)
+
+    seg = X.Segment(tree, "g", graph, launch, alias, describe, span, bytes((ARG_TENSOR,)), (16,), 0, False)
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    for _ in range(4):  # the plain first call, warmup, recording, replay
+        (y,) = call(seg, x)
+        assert y.values() == [1, 2, 3, 4]
+    assert len(launches) == 2 and tree.stats()["recordings"] == 1 and tree.stats()["replays"] == 1
+    refused_once_on_another_thread("after", 9 * 4096 + 512)
+    assert seen == {"during": (1, 1), "after": (1, 0)}
 
 
 def test_a_free_during_a_launch_enters_the_front_cache_and_only_what_must_reach_the_driver_waits(tree):
@@ -2381,6 +2428,24 @@ def test_a_backwards_output_becomes_grad_without_a_copy_and_the_usual_loop_moves
     assert s["gradients_moved"] == moved0 and s["gradient_leaves"] == 1
 
 
+def test_a_gradient_kept_outside_grad_is_an_output_like_any_other_and_raises_after_its_step(tree):
+    """torch.autograd.grad's list: the backward's output, kept by the
+    program, never taken over as a leaf's .grad. It is not moved; the next
+    step marks it, and a read raises."""
+    fw, bw, w, x, t = param_training_pair(tree)
+    s0 = tree.stats()
+    out, saved = call(fw, x, w)
+    (g,) = bw(saved, t)  # no AccumulateGrad: w.grad stays None
+    assert w.grad is None and g.values() == [2, 3, 4, 5]
+    del out, saved
+    gc.collect()
+    call(fw, x, w)  # no saved activation alive: a new step, which may reuse g's memory
+    s = tree.stats()
+    assert s["step"] == s0["step"] + 2 and s["gradients_moved"] == s0["gradients_moved"]
+    with pytest.raises(RuntimeError, match="StaleTensorError"):
+        g.values()
+
+
 def test_a_grad_that_outlives_its_step_moves_to_memory_of_its_own_and_a_kept_view_of_the_old_raises(tree):
     fw, bw, w, x, t = param_training_pair(tree)
     moved0, marked0 = tree.stats()["gradients_moved"], tree.stats()["outputs_marked_stale"]
@@ -2719,8 +2784,8 @@ def test_an_explicit_mark_begins_a_step_even_with_a_backward_pending_and_the_bac
 
 
 def test_a_forward_whose_backward_never_comes_holds_the_step_at_most_64_calls_then_warns(tree):
-    fw, _ = training_pair(tree)
-    x = FakeTensor(4).fill([1, 2, 3, 4])
+    fw, bw = training_pair(tree)
+    x, t = FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
     kept = [call(fw, x) for _ in range(3)]
     step0 = tree.stats()["step"]
     with pytest.warns(RuntimeWarning, match="saved activations"):
@@ -2728,6 +2793,16 @@ def test_a_forward_whose_backward_never_comes_holds_the_step_at_most_64_calls_th
             kept.append(call(fw, x))
     s = tree.stats()
     assert s["steps_forced"] == 1 and s["step"] == step0 + 1
+    # The forced step took the held step's memory: a backward that comes
+    # late for one of its activations raises, and never computes with them.
+    # (kept[0] came from the segment's first call, which runs plainly, on
+    # memory of its own, so it stays valid; kept[-2] is the held step's last.)
+    _, saved = kept[-2]
+    with pytest.raises(X.StaleTensorError):
+        bw(saved, t)
+    with pytest.raises(RuntimeError, match="StaleTensorError"):
+        saved.values()
+    assert kept[0][1].values() == [3, 6, 9, 12]  # the plain first call's: never the pool's
 
 
 def test_give_reference_adds_exactly_one_reference():
