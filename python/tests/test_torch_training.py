@@ -449,13 +449,23 @@ def test_an_explicit_step_mark_with_a_pending_backward_makes_that_backward_raise
 
 
 def test_a_backward_runs_on_the_tree_of_the_thread_that_called_it():
+    """Autograd runs the backward on its own device thread; the backward's
+    graph must still be recorded and replayed in the tree of the thread that
+    called backward(), where its forward's saved activations live: every
+    graph of the model has its nodes, replayed, in the worker's tree."""
+    from cgtree.torch import _install
+    from cgtree.torch._backend import _segments
+
     cf, model, rf, ref = pair(mlp())
+    first = len(_segments)
     xs = batches(6)
-    errors = []
+    errors, replayed_here = [], set()
 
     def work():
         try:
             train(cf, model, xs)
+            for tree, _ in _install._thread_trees().values():  # this thread's own trees
+                replayed_here.update(nd["segment"] for nd in tree.nodes() if nd["replays"] > 0)
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
@@ -463,6 +473,10 @@ def test_a_backward_runs_on_the_tree_of_the_thread_that_called_it():
     t.start()
     t.join()
     assert not errors, errors
+    graphs = {s.info["name"] for s in _segments[first:] if not s.info["plain_reason"]}
+    assert len(graphs) >= 2, "the forward and the backward are segments"
+    assert graphs <= replayed_here, "graphs replayed elsewhere than in the calling thread's tree: %s" % (
+        graphs - replayed_here)
     want = train(rf, ref, xs)
     assert_same_params(model, ref)
     assert want.isfinite().all()
