@@ -8,9 +8,18 @@
  * are exactly the blocks of the live values, none overlapping another. Tests
  * call it after every operation; debug builds call it at every state change.
  */
+#include <errno.h>
 #include <string.h>
 
 #include "tree_internal.h"
+
+/* A query's refusal. The queries take the tree as const: they change
+ * nothing the tree shows. A refusal still leaves its detail where every
+ * call's does (cgt_tree_last_error), so the error text is the one thing a
+ * query may write; the tree itself was allocated writable. */
+static cgt_status refuse(const cgt_tree *t, cgt_status s, const char *detail) {
+  return tree__fail((cgt_tree *)t, s, "%s", detail);
+}
 
 static void add_pool(const pool *p, size_t *reserved, size_t *allocated, size_t *peak, uint64_t *host_allocs) {
   if (!p)
@@ -24,8 +33,10 @@ static void add_pool(const pool *p, size_t *reserved, size_t *allocated, size_t 
 }
 
 cgt_status cgt_tree_stats(const cgt_tree *t, cgt_stats *out) {
-  if (!t || !out)
+  if (!t)
     return CGT_ERR_INVALID_ARGUMENT;
+  if (!out)
+    return refuse(t, CGT_ERR_INVALID_ARGUMENT, "cgt_tree_stats: out is NULL");
   *out = t->stats;
   out->pool_reserved_bytes = out->pool_allocated_bytes = out->pool_peak_bytes = 0;
   size_t side_reserved = 0, side_allocated = 0;
@@ -64,8 +75,11 @@ static void node_info(const cgt_tree *t, const node *n, cgt_node_info *info) {
 }
 
 cgt_status cgt_tree_nodes(const cgt_tree *t, cgt_node_info *out, size_t cap, size_t *count) {
-  if (!t || !count || (cap && !out))
+  if (!t)
     return CGT_ERR_INVALID_ARGUMENT;
+  if (!count || (cap && !out))
+    return refuse(t, CGT_ERR_INVALID_ARGUMENT,
+                  !count ? "cgt_tree_nodes: count is NULL" : "cgt_tree_nodes: out is NULL with a cap above 0");
   for (size_t i = 0; i < cap && i < t->n_nodes; i++)
     node_info(t, t->nodes[i], &out[i]);
   *count = t->n_nodes;
@@ -81,8 +95,11 @@ static void dot_escaped(FILE *f, const char *s) {
 }
 
 cgt_status cgt_tree_write_dot(const cgt_tree *t, FILE *f) {
-  if (!t || !f)
+  if (!t)
     return CGT_ERR_INVALID_ARGUMENT;
+  if (!f)
+    return refuse(t, CGT_ERR_INVALID_ARGUMENT, "cgt_tree_write_dot: f is NULL");
+  errno = 0;
   fprintf(f, "digraph cgtree {\n  rankdir=TB;\n  node [shape=box, fontname=\"monospace\"];\n");
   for (uint32_t i = 0; i < t->n_nodes; i++) {
     const node *n = t->nodes[i];
@@ -117,7 +134,12 @@ cgt_status cgt_tree_write_dot(const cgt_tree *t, FILE *f) {
           first, t->nodes[i]->id, length, (unsigned long long)launches);
   }
   fprintf(f, "}\n");
-  return ferror(f) ? CGT_ERR_BACKEND : CGT_OK;
+  if (!ferror(f))
+    return CGT_OK;
+  char detail[160];
+  snprintf(detail, sizeof detail, "cgt_tree_write_dot: writing to f failed (%s)",
+           errno ? strerror(errno) : "the stream's error flag is set");
+  return refuse(t, CGT_ERR_BACKEND, detail);
 }
 
 /* ---------------------------------------------------------------- checks */

@@ -149,10 +149,12 @@ size_t cgt_launch_input_bytes(cgt_launch *l, uint32_t i) {
 uint64_t cgt_launch_variant(cgt_launch *l) { return launch_usable(l) ? l->variant : 0; }
 
 cgt_status cgt_launch_alloc(cgt_launch *l, size_t bytes, void **ptr) {
-  if (!l || !ptr)
+  if (!l)
     return CGT_ERR_INVALID_ARGUMENT;
   if (!l->active)
     return tree__fail(l->tree, CGT_ERR_STATE, "cgt_launch_alloc: called outside a launch function");
+  if (!ptr)
+    return tree__fail(l->tree, CGT_ERR_INVALID_ARGUMENT, "cgt_launch_alloc: ptr is NULL");
   cgt_tree *t = l->tree;
   if (!tree__grow(t, (void **)&l->allocs, &l->allocs_cap, l->n_allocs + 1, sizeof *l->allocs))
     return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory to track launch allocations");

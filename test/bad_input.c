@@ -686,6 +686,22 @@ static void careless_note(careless *u, int ok, const char *what, cgt_status got)
   } while (0)
 #define IN_LAUNCH_TRUE(u, cond) careless_note((u), (cond), #cond, CGT_OK)
 
+/* A refused launch call: the status, and cgt_tree_last_error naming the
+ * call (the text of expr up to its parenthesis). */
+static int last_error_names(cgt_tree *t, const char *expr) {
+  size_t n = strcspn(expr, "(");
+  const char *e = cgt_tree_last_error(t);
+  for (; *e; e++)
+    if (strncmp(e, expr, n) == 0)
+      return 1;
+  return 0;
+}
+#define IN_LAUNCH_REFUSED(u, expected, expr)                                          \
+  do {                                                                                \
+    cgt_status s_ = (expr);                                                           \
+    careless_note((u), s_ == (expected) && last_error_names((u)->tree, #expr), #expr, s_); \
+  } while (0)
+
 static cgt_status launch_careless(cgt_launch *l, void *user) {
   careless *u = user;
   u->calls++;
@@ -701,24 +717,24 @@ static cgt_status launch_careless(cgt_launch *l, void *user) {
     return st;
   if (u->bad) {
     void *q = &on_stack;
-    IN_LAUNCH_EXPECT(u, CGT_ERR_INVALID_ARGUMENT, cgt_launch_alloc(l, 0, &q));
-    IN_LAUNCH_EXPECT(u, CGT_ERR_INVALID_ARGUMENT, cgt_launch_alloc(l, SIZE_MAX, &q));
-    IN_LAUNCH_EXPECT(u, CGT_ERR_INVALID_ARGUMENT, cgt_launch_alloc(l, 16, NULL));
+    IN_LAUNCH_REFUSED(u, CGT_ERR_INVALID_ARGUMENT, cgt_launch_alloc(l, 16, NULL)); /* first: no earlier text */
+    IN_LAUNCH_REFUSED(u, CGT_ERR_INVALID_ARGUMENT, cgt_launch_alloc(l, 0, &q));
+    IN_LAUNCH_REFUSED(u, CGT_ERR_INVALID_ARGUMENT, cgt_launch_alloc(l, SIZE_MAX, &q));
     IN_LAUNCH_TRUE(u, q == &on_stack);
-    IN_LAUNCH_EXPECT(u, CGT_ERR_INVALID_ARGUMENT, cgt_launch_free(l, NULL));
-    IN_LAUNCH_EXPECT(u, CGT_ERR_INVALID_ARGUMENT, cgt_launch_free(l, &on_stack));
-    IN_LAUNCH_EXPECT(u, CGT_ERR_INVALID_ARGUMENT, cgt_launch_free(l, (void *)x));
-    IN_LAUNCH_EXPECT(u, CGT_ERR_INVALID_ARGUMENT, cgt_launch_free(l, (char *)out + 16));
-    IN_LAUNCH_EXPECT(u, CGT_ERR_INVALID_ARGUMENT, cgt_launch_set_output(l, 1, out, 4));
-    IN_LAUNCH_EXPECT(u, CGT_ERR_INVALID_ARGUMENT, cgt_launch_set_output(l, UINT32_MAX, out, 4));
-    IN_LAUNCH_EXPECT(u, CGT_ERR_INVALID_ARGUMENT, cgt_launch_set_output(l, 0, NULL, 4));
-    IN_LAUNCH_EXPECT(u, CGT_ERR_INVALID_ARGUMENT, cgt_launch_set_output(l, 0, out, 0));
-    IN_LAUNCH_EXPECT(u, CGT_ERR_INVALID_ARGUMENT, cgt_launch_set_output(l, 0, &on_stack, sizeof on_stack));
-    IN_LAUNCH_EXPECT(u, CGT_ERR_INVALID_ARGUMENT, cgt_launch_set_output(l, 0, out, N * sizeof(float) + 1));
-    IN_LAUNCH_EXPECT(u, CGT_ERR_INVALID_ARGUMENT, cgt_launch_set_output(l, 0, (char *)out + 4, N * sizeof(float)));
-    IN_LAUNCH_EXPECT(u, CGT_ERR_INVALID_ARGUMENT, cgt_launch_set_output(l, 0, (char *)out + 4, SIZE_MAX));
-    IN_LAUNCH_EXPECT(u, CGT_ERR_INVALID_ARGUMENT, cgt_launch_set_output(l, 0, (char *)x + 4, in_bytes));
-    IN_LAUNCH_EXPECT(u, CGT_ERR_INVALID_ARGUMENT, cgt_launch_set_output(l, 0, (void *)(UINTPTR_MAX - 3), 8));
+    IN_LAUNCH_REFUSED(u, CGT_ERR_INVALID_ARGUMENT, cgt_launch_free(l, NULL));
+    IN_LAUNCH_REFUSED(u, CGT_ERR_INVALID_ARGUMENT, cgt_launch_free(l, &on_stack));
+    IN_LAUNCH_REFUSED(u, CGT_ERR_INVALID_ARGUMENT, cgt_launch_free(l, (void *)x));
+    IN_LAUNCH_REFUSED(u, CGT_ERR_INVALID_ARGUMENT, cgt_launch_free(l, (char *)out + 16));
+    IN_LAUNCH_REFUSED(u, CGT_ERR_INVALID_ARGUMENT, cgt_launch_set_output(l, 1, out, 4));
+    IN_LAUNCH_REFUSED(u, CGT_ERR_INVALID_ARGUMENT, cgt_launch_set_output(l, UINT32_MAX, out, 4));
+    IN_LAUNCH_REFUSED(u, CGT_ERR_INVALID_ARGUMENT, cgt_launch_set_output(l, 0, NULL, 4));
+    IN_LAUNCH_REFUSED(u, CGT_ERR_INVALID_ARGUMENT, cgt_launch_set_output(l, 0, out, 0));
+    IN_LAUNCH_REFUSED(u, CGT_ERR_INVALID_ARGUMENT, cgt_launch_set_output(l, 0, &on_stack, sizeof on_stack));
+    IN_LAUNCH_REFUSED(u, CGT_ERR_INVALID_ARGUMENT, cgt_launch_set_output(l, 0, out, N * sizeof(float) + 1));
+    IN_LAUNCH_REFUSED(u, CGT_ERR_INVALID_ARGUMENT, cgt_launch_set_output(l, 0, (char *)out + 4, N * sizeof(float)));
+    IN_LAUNCH_REFUSED(u, CGT_ERR_INVALID_ARGUMENT, cgt_launch_set_output(l, 0, (char *)out + 4, SIZE_MAX));
+    IN_LAUNCH_REFUSED(u, CGT_ERR_INVALID_ARGUMENT, cgt_launch_set_output(l, 0, (char *)x + 4, in_bytes));
+    IN_LAUNCH_REFUSED(u, CGT_ERR_INVALID_ARGUMENT, cgt_launch_set_output(l, 0, (void *)(UINTPTR_MAX - 3), 8));
     IN_LAUNCH_TRUE(u, cgt_launch_input(l, 1) == NULL);
     IN_LAUNCH_TRUE(u, cgt_launch_input(l, UINT32_MAX) == NULL);
     IN_LAUNCH_TRUE(u, cgt_launch_input_bytes(l, 1) == 0);
@@ -1054,12 +1070,20 @@ static void test_inspection_calls_refuse_null_results(void **state) {
     cgt_tree *t = w.t;
     cgt_node_info info[2];
     size_t count = 99;
-    assert_int_equal(cgt_tree_stats(t, NULL), CGT_ERR_INVALID_ARGUMENT);
-    assert_int_equal(cgt_tree_nodes(t, info, 2, NULL), CGT_ERR_INVALID_ARGUMENT);
-    assert_int_equal(cgt_tree_nodes(t, NULL, 0, NULL), CGT_ERR_INVALID_ARGUMENT);
-    assert_int_equal(cgt_tree_nodes(t, NULL, 2, &count), CGT_ERR_INVALID_ARGUMENT);
+    /* Each refusal leaves its detail in cgt_tree_last_error and changes nothing. */
+    EXPECT_REFUSED(t, CGT_ERR_INVALID_ARGUMENT, cgt_tree_stats(t, NULL));
+    EXPECT_REFUSED(t, CGT_ERR_INVALID_ARGUMENT, cgt_tree_nodes(t, info, 2, NULL));
+    EXPECT_REFUSED(t, CGT_ERR_INVALID_ARGUMENT, cgt_tree_nodes(t, NULL, 0, NULL));
+    EXPECT_REFUSED(t, CGT_ERR_INVALID_ARGUMENT, cgt_tree_nodes(t, NULL, 2, &count));
     assert_int_equal(count, 99);
-    assert_int_equal(cgt_tree_write_dot(t, NULL), CGT_ERR_INVALID_ARGUMENT);
+    EXPECT_REFUSED(t, CGT_ERR_INVALID_ARGUMENT, cgt_tree_write_dot(t, NULL));
+    assert_non_null(strstr(cgt_tree_last_error(t), "cgt_tree_write_dot"));
+    /* A FILE that refuses the write: CGT_ERR_BACKEND, and the cause. */
+    FILE *ro = fopen("/dev/null", "r");
+    assert_non_null(ro);
+    EXPECT_REFUSED(t, CGT_ERR_BACKEND, cgt_tree_write_dot(t, ro));
+    assert_non_null(strstr(cgt_tree_last_error(t), "writing to f failed"));
+    fclose(ro);
     /* cap = 0 with out = NULL asks for the count. */
     CHECK_OK(t, cgt_tree_nodes(t, NULL, 0, &count));
     assert_int_equal(count, test_stats(t).nodes);
