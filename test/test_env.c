@@ -3,7 +3,9 @@
  * CGT_LOG and CGT_MODE are read at create; a value that is not one of the
  * known words is ignored with a warning through the tree's log (so a typo in
  * a kill switch never goes unnoticed). With no log_fn the log is stderr,
- * filtered by CGT_LOG (default warn). Linked against the shared library.
+ * filtered by CGT_LOG (default warn: info lines show only from info on).
+ * Every CGT_MODE word overrides the options' mode. Linked against the
+ * shared library.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -128,6 +130,104 @@ static void test_without_a_log_function_warnings_go_to_stderr_filtered_by_cgt_lo
   assert_string_equal(text, "");
 }
 
+/* "CGT_MODE=tree|eager|separate (overrides o->mode)": each word, over an
+ * option that says another mode, with no warning. Fails if a word were
+ * ignored (the option's mode would stay). */
+static void test_every_cgt_mode_word_overrides_the_options_mode(void **state) {
+  (void)state;
+  static const struct {
+    const char *word;
+    cgt_mode mode, option;
+  } cases[] = {{"tree", CGT_MODE_TREE, CGT_MODE_EAGER},
+               {"eager", CGT_MODE_EAGER, CGT_MODE_TREE},
+               {"separate", CGT_MODE_SEPARATE, CGT_MODE_TREE}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    log_capture c = {0};
+    cgt_options o;
+    cgt_options_init(&o);
+    o.backend = CGT_BACKEND_SIM;
+    o.mode = cases[i].option;
+    o.log_fn = capture;
+    o.log_user = &c;
+    setenv("CGT_MODE", cases[i].word, 1);
+    cgt_tree *t = NULL;
+    cgt_status st = cgt_tree_create(&o, &t);
+    unsetenv("CGT_MODE");
+    assert_int_equal(st, CGT_OK);
+    assert_int_equal(cgt_tree_mode(t), cases[i].mode);
+    assert_int_equal(c.warnings, 0);
+    cgt_tree_destroy(t);
+  }
+}
+
+/* A launch with no kernel: its output is a fresh allocation. */
+static cgt_status launch_empty(cgt_launch *l, void *user) {
+  (void)user;
+  void *out;
+  cgt_status st = cgt_launch_alloc(l, 256, &out);
+  return st == CGT_OK ? cgt_launch_set_output(l, 0, out, 256) : st;
+}
+
+/* What a tree with no log_fn writes to stderr while it records a node
+ * (an info line: "recorded node ..."), with CGT_LOG set to cgt_log (NULL:
+ * unset), into out. */
+static void stderr_of_a_recording(const char *cgt_log, char *out, size_t cap) {
+  FILE *f = tmpfile();
+  assert_non_null(f);
+  fflush(stderr);
+  int saved = dup(2);
+  assert_true(saved >= 0);
+  assert_true(dup2(fileno(f), 2) >= 0);
+  if (cgt_log)
+    setenv("CGT_LOG", cgt_log, 1);
+  cgt_options o;
+  cgt_options_init(&o);
+  o.backend = CGT_BACKEND_SIM;
+  cgt_tree *t = NULL;
+  cgt_status st = cgt_tree_create(&o, &t);
+  unsetenv("CGT_LOG");
+  cgt_segment s = 0;
+  cgt_segment_desc d = {"quiet_or_not", launch_empty, NULL, 0, 1, 0};
+  if (st == CGT_OK)
+    st = cgt_segment_register(t, &d, &s);
+  for (int step = 0; step < 3 && st == CGT_OK; step++) { /* warmup, recording, replay */
+    cgt_value v;
+    st = cgt_step_begin(t);
+    if (st == CGT_OK)
+      st = cgt_run(t, s, 0, NULL, 0, &v, 1);
+  }
+  cgt_stats stats = {0};
+  if (st == CGT_OK)
+    st = cgt_tree_stats(t, &stats);
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  assert_int_equal(st, CGT_OK);
+  assert_int_equal(stats.recordings, 1);
+  cgt_tree_destroy(t);
+  rewind(f);
+  size_t used = fread(out, 1, cap - 1, f);
+  out[used] = '\0';
+  fclose(f);
+}
+
+/* "CGT_LOG=error|warn|info|debug (default warn)", with no log_fn: an info
+ * line reaches stderr at info and debug, and not at the default or at
+ * warn. Fails if the default were info or debug, or if info were ignored. */
+static void test_without_a_log_function_info_lines_reach_stderr_only_from_cgt_log_info(void **state) {
+  (void)state;
+  char text[4096];
+  static const struct {
+    const char *level;
+    int shown;
+  } cases[] = {{NULL, 0}, {"warn", 0}, {"error", 0}, {"info", 1}, {"debug", 1}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    stderr_of_a_recording(cases[i].level, text, sizeof text);
+    if ((strstr(text, "recorded node") != NULL) != cases[i].shown)
+      fail_msg("CGT_LOG=%s: stderr was \"%s\"", cases[i].level ? cases[i].level : "(unset)", text);
+  }
+}
+
 int main(void) {
   unsetenv("CGT_LOG");
   unsetenv("CGT_MODE");
@@ -137,6 +237,8 @@ int main(void) {
       cmocka_unit_test(test_unknown_cgt_log_value_keeps_the_default_level),
       cmocka_unit_test(test_unknown_cgt_mode_value_is_ignored_with_a_warning),
       cmocka_unit_test(test_without_a_log_function_warnings_go_to_stderr_filtered_by_cgt_log),
+      cmocka_unit_test(test_every_cgt_mode_word_overrides_the_options_mode),
+      cmocka_unit_test(test_without_a_log_function_info_lines_reach_stderr_only_from_cgt_log_info),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
