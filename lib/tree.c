@@ -103,6 +103,13 @@ void cgt__fail_host_alloc_after(cgt_tree *t, long long n, int once) {
 
 long long cgt__host_alloc_failures(const cgt_tree *t) { return t ? t->host_fail.fired : 0; }
 
+void cgt__leftovers_to(cgt_tree *t, char *out, size_t cap) {
+  if (!t)
+    return;
+  t->leftovers_out = cap ? out : NULL;
+  t->leftovers_cap = cap;
+}
+
 char *tree__strdup(cgt_tree *t, const char *s) {
   size_t n = strlen(s) + 1;
   char *d = tree__malloc(t, n);
@@ -390,7 +397,10 @@ void cgt_tree_destroy(cgt_tree *t) {
   pool_destroy(t->pool);
   pool_destroy(t->side_pool);
   if (t->dev.ops) {
+    int sim = t->dev.ops->kind == CGT_BACKEND_SIM;
     t->dev.ops->close(&t->dev);
+    if (sim && t->leftovers_out) /* the simulator's close names what it had to free, else "" */
+      snprintf(t->leftovers_out, t->leftovers_cap, "%s", t->dev.error);
     tree__device_leave(t, saved);
   }
   launch__destroy(t);

@@ -22,4 +22,12 @@ void cgt__fail_host_alloc_after(cgt_tree *t, long long n, int once);
  * armed it (0 after a run that needed no more than n allocations). */
 long long cgt__host_alloc_failures(const cgt_tree *t);
 
+/* "cgt_tree_destroy frees every graph, node, value and pool chunk": on the
+ * simulator, whose device knows what it still holds, destroy writes into
+ * out (cap bytes) what the device had to free itself when the tree closed
+ * (allocations, graphs, executables, an open capture), or "" when the tree
+ * had given everything back first. On another backend out is left as it
+ * was. NULL t is a no-op; cap 0 turns the hook off. */
+void cgt__leftovers_to(cgt_tree *t, char *out, size_t cap);
+
 #endif /* CGT_TREE_HOOKS_H */

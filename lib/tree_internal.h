@@ -171,6 +171,8 @@ struct cgt_tree {
   void *reclaim_user;
   /* Test hook shared by the tree and all its pools (tree_hooks.h). */
   pool_fail_hook host_fail;
+  char *leftovers_out; /* test hook (cgt__leftovers_to): where destroy writes what the simulator freed */
+  size_t leftovers_cap;
   uint64_t path_hash; /* cgt_tree_path_hash: (segment, variant) of this step's runs */
   uint64_t use_clock; /* ticks at every replay and recording: the budget's LRU order (node.last_use) */
 };

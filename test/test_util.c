@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "test_util.h"
+#include "tree_hooks.h"
 
 cgt_backend test_backend = CGT_BACKEND_SIM;
 
@@ -40,9 +41,16 @@ cgt_tree *test_tree_new(cgt_mode mode, const cgt_options *opts) {
   return t;
 }
 
+/* "cgt_tree_destroy frees every graph, node, value and pool chunk": on the
+ * simulator, every tree a test frees must have given back all it held
+ * before its device closed (tree_hooks.h). */
 void test_tree_free(cgt_tree *t) {
   CHECK_TREE(t);
+  char left[256] = "";
+  cgt__leftovers_to(t, left, sizeof left);
   cgt_tree_destroy(t);
+  if (left[0])
+    fail_msg("cgt_tree_destroy left it to the device's close to free: %s", left);
 }
 
 const kernels *test_kernels(void) {
