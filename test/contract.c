@@ -90,6 +90,15 @@ static void fill(float *h, size_t n, float base) {
     h[i] = base + (float)(i % 7);
 }
 
+/* steps steps of s on the STATIC buffer x (N floats, h on the host), each
+ * output checked to be a*h + b. */
+static void steps_on(cgt_tree *t, cgt_segment s, float *x, const float *h, int steps, float a, float b) {
+  for (int step = 0; step < steps; step++) {
+    CHECK_OK(t, cgt_step_begin(t));
+    expect_affine(t, test_run1(t, s, 0, cgt_arg_static(x, N * sizeof(float))), h, N, a, b);
+  }
+}
+
 /* --------------------------------------------------------------- options */
 
 /* "cgt_options_init: defaults above": each default as API.md states it. */
@@ -130,10 +139,7 @@ static void test_a_tree_made_with_no_options_has_the_defaults(void **state) {
   float h[N];
   fill(h, N, 1);
   float *x = test_dev_floats(h, N);
-  for (int step = 0; step < 3; step++) {
-    CHECK_OK(t, cgt_step_begin(t));
-    expect_affine(t, test_run1(t, s, 0, cgt_arg_static(x, N * sizeof(float))), h, N, 2, 1);
-  }
+  steps_on(t, s, x, h, 3, 2, 1);
   cgt_stats st = test_stats(t);
   assert_int_equal(st.warmups, 1);
   assert_int_equal(st.recordings, 1);
@@ -163,6 +169,24 @@ static void test_last_error_is_empty_until_something_fails(void **state) {
 
 /* ------------------------------------------------------------ node keys */
 
+/* Eight steps of one segment on x (2N floats of device memory) passed as
+ * kind (STATIC or DYNAMIC) with N floats in even steps and 2N in odd ones,
+ * new contents each step; each output checked to be 3x - 1 over its size. */
+static void alternate_sizes(cgt_tree *t, float *x, cgt_arg_kind kind) {
+  sized u = {.a = 3, .b = -1}; /* the tree calls back only inside this function's runs */
+  cgt_segment s = register_sized(t, "sized", &u, 0);
+  float h[2 * N];
+  for (int step = 0; step < 8; step++) {
+    size_t n = step % 2 ? 2 * N : N;
+    fill(h, 2 * N, (float)step);
+    CHECK_OK(t, cgt_sync(t));
+    test_dev_upload(x, h, 2 * N); /* a STATIC buffer's contents may change between steps too */
+    CHECK_OK(t, cgt_step_begin(t));
+    cgt_arg a = kind == CGT_ARG_STATIC ? cgt_arg_static(x, n * sizeof(float)) : cgt_arg_dynamic(x, n * sizeof(float));
+    expect_affine(t, test_run1(t, s, 0, a), h, n, 3, -1);
+  }
+}
+
 /* "A node's key under its parent is (..., the byte size of every DYNAMIC
  * argument)": the same site with a DYNAMIC argument of 64 and of 128 floats
  * makes two nodes, each replayed with its own size, at one address. Fails
@@ -171,18 +195,8 @@ static void test_last_error_is_empty_until_something_fails(void **state) {
 static void test_a_dynamic_arguments_byte_size_is_part_of_the_node_key(void **state) {
   (void)state;
   cgt_tree *t = test_tree_new(CGT_MODE_TREE, NULL);
-  sized u = {.a = 3, .b = -1};
-  cgt_segment s = register_sized(t, "sized", &u, 0);
-  float h[2 * N];
   float *x = test_dev_floats(NULL, 2 * N);
-  for (int step = 0; step < 8; step++) {
-    size_t n = step % 2 ? 2 * N : N;
-    fill(h, 2 * N, (float)step);
-    CHECK_OK(t, cgt_sync(t));
-    test_dev_upload(x, h, 2 * N);
-    CHECK_OK(t, cgt_step_begin(t));
-    expect_affine(t, test_run1(t, s, 0, cgt_arg_dynamic(x, n * sizeof(float))), h, n, 3, -1);
-  }
+  alternate_sizes(t, x, CGT_ARG_DYNAMIC);
   cgt_stats st = test_stats(t);
   assert_int_equal(test_node_count(t), 2);
   assert_int_equal(st.recordings, 2);
@@ -376,10 +390,7 @@ static void test_side_pool_peak_counts_eager_nodes_memory_only(void **state) {
   float h[N];
   fill(h, N, 1);
   float *x = test_dev_floats(h, N);
-  for (int step = 0; step < 3; step++) {
-    CHECK_OK(t, cgt_step_begin(t));
-    expect_affine(t, test_run1(t, sr, 0, cgt_arg_static(x, N * sizeof(float))), h, N, 2, 0);
-  }
+  steps_on(t, sr, x, h, 3, 2, 0);
   assert_int_equal(test_stats(t).side_pool_peak_bytes, 0);
   size_t graph_peak = test_stats(t).pool_peak_bytes;
   for (int step = 0; step < 3; step++) {
@@ -572,10 +583,7 @@ static void test_a_temporary_freed_inside_a_launch_is_handed_out_again_within_it
     float h[N];
     fill(h, N, 1);
     float *x = test_dev_floats(h, N);
-    for (int step = 0; step < 3; step++) { /* TREE: warmup, recording, replay */
-      CHECK_OK(t, cgt_step_begin(t));
-      expect_affine(t, test_run1(t, s, 0, cgt_arg_static(x, N * sizeof(float))), h, N, 2, 1);
-    }
+    steps_on(t, s, x, h, 3, 2, 1); /* TREE: warmup, recording, replay */
     assert_int_equal(u.calls, modes[m] == CGT_MODE_TREE ? 2 : 3);
     cgt_stats st = test_stats(t);
     if (st.pool_peak_bytes < ((size_t)1 << 20) || st.pool_peak_bytes >= ((size_t)2 << 20))
@@ -636,18 +644,8 @@ static void test_pool_bytes_live_is_the_pool_allocated_at_the_nodes_checkpoint(v
 static void test_a_static_arguments_byte_size_is_part_of_the_node_key(void **state) {
   (void)state;
   cgt_tree *t = test_tree_new(CGT_MODE_TREE, NULL);
-  sized u = {.a = -2, .b = 4};
-  cgt_segment s = register_sized(t, "sized", &u, 0);
-  float h[2 * N];
   float *x = test_dev_floats(NULL, 2 * N);
-  for (int step = 0; step < 8; step++) {
-    size_t n = step % 2 ? 2 * N : N;
-    fill(h, 2 * N, (float)step);
-    CHECK_OK(t, cgt_sync(t));
-    test_dev_upload(x, h, 2 * N); /* a STATIC buffer's contents may change between steps */
-    CHECK_OK(t, cgt_step_begin(t));
-    expect_affine(t, test_run1(t, s, 0, cgt_arg_static(x, n * sizeof(float))), h, n, -2, 4);
-  }
+  alternate_sizes(t, x, CGT_ARG_STATIC);
   assert_int_equal(test_node_count(t), 2);
   assert_int_equal(test_stats(t).recordings, 2);
   CHECK_OK(t, cgt_sync(t));
@@ -727,10 +725,7 @@ static void test_a_failed_capture_is_reported_once_in_the_log_naming_its_segment
   float h[N];
   fill(h, N, 1);
   float *x = test_dev_floats(h, N);
-  for (int step = 0; step < 6; step++) {
-    CHECK_OK(t, cgt_step_begin(t));
-    expect_affine(t, test_run1(t, s, 0, cgt_arg_static(x, N * sizeof(float))), h, N, 2, 0);
-  }
+  steps_on(t, s, x, h, 6, 2, 0);
   assert_int_equal(test_stats(t).capture_failures, 1);
   assert_int_equal(nodes_in_state(t, s, CGT_NODE_EAGER), 1);
   assert_int_equal(w.count, 1);

@@ -87,15 +87,38 @@ static void test_unknown_cgt_mode_value_is_ignored_with_a_warning(void **state) 
   cgt_tree_destroy(t);
 }
 
+/* stderr, sent to a temporary file between stderr_capture_begin and
+ * stderr_capture_end, which puts it back and copies what was written into
+ * out (cap bytes, NUL-terminated). */
+typedef struct stderr_capture {
+  FILE *f;
+  int saved;
+} stderr_capture;
+
+static stderr_capture stderr_capture_begin(void) {
+  stderr_capture c = {tmpfile(), -1};
+  assert_non_null(c.f);
+  fflush(stderr);
+  c.saved = dup(2);
+  assert_true(c.saved >= 0);
+  assert_true(dup2(fileno(c.f), 2) >= 0);
+  return c;
+}
+
+static void stderr_capture_end(stderr_capture c, char *out, size_t cap) {
+  fflush(stderr);
+  dup2(c.saved, 2);
+  close(c.saved);
+  rewind(c.f);
+  size_t used = fread(out, 1, cap - 1, c.f);
+  out[used] = '\0';
+  fclose(c.f);
+}
+
 /* What cgt_tree_create writes to stderr with no log_fn, CGT_MODE=fast (a
  * warning) and CGT_LOG set to cgt_log (NULL: unset), into out. */
 static void stderr_of_create(const char *cgt_log, char *out, size_t cap) {
-  FILE *f = tmpfile();
-  assert_non_null(f);
-  fflush(stderr);
-  int saved = dup(2);
-  assert_true(saved >= 0);
-  assert_true(dup2(fileno(f), 2) >= 0);
+  stderr_capture c = stderr_capture_begin();
   if (cgt_log)
     setenv("CGT_LOG", cgt_log, 1);
   setenv("CGT_MODE", "fast", 1);
@@ -104,17 +127,11 @@ static void stderr_of_create(const char *cgt_log, char *out, size_t cap) {
   o.backend = CGT_BACKEND_SIM;
   cgt_tree *t = NULL;
   cgt_status st = cgt_tree_create(&o, &t);
-  fflush(stderr);
-  dup2(saved, 2);
-  close(saved);
+  stderr_capture_end(c, out, cap);
   unsetenv("CGT_LOG");
   unsetenv("CGT_MODE");
   assert_int_equal(st, CGT_OK);
   cgt_tree_destroy(t);
-  rewind(f);
-  size_t used = fread(out, 1, cap - 1, f);
-  out[used] = '\0';
-  fclose(f);
 }
 
 /* "log_fn NULL: stderr, filtered by CGT_LOG" (default warn): the warning
@@ -172,12 +189,7 @@ static cgt_status launch_empty(cgt_launch *l, void *user) {
  * (an info line: "recorded node ..."), with CGT_LOG set to cgt_log (NULL:
  * unset), into out. */
 static void stderr_of_a_recording(const char *cgt_log, char *out, size_t cap) {
-  FILE *f = tmpfile();
-  assert_non_null(f);
-  fflush(stderr);
-  int saved = dup(2);
-  assert_true(saved >= 0);
-  assert_true(dup2(fileno(f), 2) >= 0);
+  stderr_capture c = stderr_capture_begin();
   if (cgt_log)
     setenv("CGT_LOG", cgt_log, 1);
   cgt_options o;
@@ -199,16 +211,10 @@ static void stderr_of_a_recording(const char *cgt_log, char *out, size_t cap) {
   cgt_stats stats = {0};
   if (st == CGT_OK)
     st = cgt_tree_stats(t, &stats);
-  fflush(stderr);
-  dup2(saved, 2);
-  close(saved);
+  stderr_capture_end(c, out, cap);
   assert_int_equal(st, CGT_OK);
   assert_int_equal(stats.recordings, 1);
   cgt_tree_destroy(t);
-  rewind(f);
-  size_t used = fread(out, 1, cap - 1, f);
-  out[used] = '\0';
-  fclose(f);
 }
 
 /* "CGT_LOG=error|warn|info|debug (default warn)", with no log_fn: an info
