@@ -227,6 +227,7 @@ static void test_status_names_and_strings_cover_every_code_and_out_of_range(void
     assert_true(strncmp(name, "CGT_", 4) == 0);
     assert_string_not_equal(name, "CGT_UNKNOWN_STATUS");
     assert_true(strlen(text) > 0);
+    assert_null(strchr(text, '\n')); /* "one-line human description" */
     for (int o = 0; o < s; o++) {
       assert_string_not_equal(name, cgt_status_name((cgt_status)o));
       assert_string_not_equal(text, cgt_status_string((cgt_status)o));
