@@ -124,3 +124,32 @@ def test_a_callable_with_a_graph_break_raises_cgtree_error_naming_it_and_no_modu
     with pytest.raises(ct.CgtreeError, match=r"callables\[1\] \(.*breaks\) cannot be captured as one graph"):
         make((m, breaks), ((torch.randn(4, 8),), (torch.randn(3),)))
     assert "forward" not in vars(m)
+
+
+def test_other_shapes_than_the_samples_compile_again_up_to_dynamos_limit_and_then_raise():
+    """docs/torch.md: other shapes than the samples' compile (and, on a
+    GPU, record) again instead of failing, forward and backward giving
+    eager's numbers; a callable's graphs are bounded by Dynamo's
+    recompile_limit per code object, and past it fullgraph=True raises."""
+    import copy
+
+    torch._dynamo.reset()  # the limit counts per code object, across callables: start from none
+    m = mlp()
+    ref = copy.deepcopy(m)
+    make(m, (torch.randn(4, 8),))
+    limit = torch._dynamo.config.recompile_limit
+    g = torch.Generator().manual_seed(3)
+    for batch in range(4, 4 + limit):  # the sample's shape, then limit - 1 others
+        x = torch.randn(batch, 8, generator=g)
+        for p in (*m.parameters(), *ref.parameters()):
+            p.grad = None
+        y, want = m(x), ref(x)
+        torch.testing.assert_close(y, want)
+        y.square().sum().backward()
+        want.square().sum().backward()
+        for p, q in zip(m.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad)
+    with pytest.raises(torch._dynamo.exc.FailOnRecompileLimitHit):
+        m(torch.randn(4 + limit, 8, generator=g))
+    x = torch.randn(5, 8, generator=g)  # a shape compiled before: its graph still serves
+    torch.testing.assert_close(m(x), ref(x))
