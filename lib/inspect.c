@@ -17,9 +17,7 @@
  * nothing the tree shows. A refusal still leaves its detail where every
  * call's does (cgt_tree_last_error), so the error text is the one thing a
  * query may write; the tree itself was allocated writable. */
-static cgt_status refuse(const cgt_tree *t, cgt_status s, const char *detail) {
-  return tree__fail((cgt_tree *)t, s, "%s", detail);
-}
+#define REFUSE(t, s, ...) tree__fail((cgt_tree *)(t), (s), __VA_ARGS__)
 
 static void add_pool(const pool *p, size_t *reserved, size_t *allocated, size_t *peak, uint64_t *host_allocs) {
   if (!p)
@@ -36,7 +34,7 @@ cgt_status cgt_tree_stats(const cgt_tree *t, cgt_stats *out) {
   if (!t)
     return CGT_ERR_INVALID_ARGUMENT;
   if (!out)
-    return refuse(t, CGT_ERR_INVALID_ARGUMENT, "cgt_tree_stats: out is NULL");
+    return REFUSE(t, CGT_ERR_INVALID_ARGUMENT, "cgt_tree_stats: out is NULL");
   *out = t->stats;
   out->pool_reserved_bytes = out->pool_allocated_bytes = out->pool_peak_bytes = 0;
   size_t side_reserved = 0, side_allocated = 0;
@@ -78,8 +76,8 @@ cgt_status cgt_tree_nodes(const cgt_tree *t, cgt_node_info *out, size_t cap, siz
   if (!t)
     return CGT_ERR_INVALID_ARGUMENT;
   if (!count || (cap && !out))
-    return refuse(t, CGT_ERR_INVALID_ARGUMENT,
-                  !count ? "cgt_tree_nodes: count is NULL" : "cgt_tree_nodes: out is NULL with a cap above 0");
+    return REFUSE(t, CGT_ERR_INVALID_ARGUMENT, "cgt_tree_nodes: %s",
+                  !count ? "count is NULL" : "out is NULL with a cap above 0");
   for (size_t i = 0; i < cap && i < t->n_nodes; i++)
     node_info(t, t->nodes[i], &out[i]);
   *count = t->n_nodes;
@@ -98,7 +96,7 @@ cgt_status cgt_tree_write_dot(const cgt_tree *t, FILE *f) {
   if (!t)
     return CGT_ERR_INVALID_ARGUMENT;
   if (!f)
-    return refuse(t, CGT_ERR_INVALID_ARGUMENT, "cgt_tree_write_dot: f is NULL");
+    return REFUSE(t, CGT_ERR_INVALID_ARGUMENT, "cgt_tree_write_dot: f is NULL");
   errno = 0;
   fprintf(f, "digraph cgtree {\n  rankdir=TB;\n  node [shape=box, fontname=\"monospace\"];\n");
   for (uint32_t i = 0; i < t->n_nodes; i++) {
@@ -136,10 +134,8 @@ cgt_status cgt_tree_write_dot(const cgt_tree *t, FILE *f) {
   fprintf(f, "}\n");
   if (!ferror(f))
     return CGT_OK;
-  char detail[160];
-  snprintf(detail, sizeof detail, "cgt_tree_write_dot: writing to f failed (%s)",
-           errno ? strerror(errno) : "the stream's error flag is set");
-  return refuse(t, CGT_ERR_BACKEND, detail);
+  return REFUSE(t, CGT_ERR_BACKEND, "cgt_tree_write_dot: writing to f failed (%s)",
+                errno ? strerror(errno) : "the stream's error flag is set");
 }
 
 /* ---------------------------------------------------------------- checks */

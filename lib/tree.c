@@ -397,9 +397,8 @@ void cgt_tree_destroy(cgt_tree *t) {
   pool_destroy(t->pool);
   pool_destroy(t->side_pool);
   if (t->dev.ops) {
-    int sim = t->dev.ops->kind == CGT_BACKEND_SIM;
     t->dev.ops->close(&t->dev);
-    if (sim && t->leftovers_out) /* the simulator's close names what it had to free, else "" */
+    if (t->leftovers_out && t->dev.ops->kind == CGT_BACKEND_SIM) /* its close names what it had to free, else "" */
       snprintf(t->leftovers_out, t->leftovers_cap, "%s", t->dev.error);
     tree__device_leave(t, saved);
   }

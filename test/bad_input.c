@@ -690,12 +690,9 @@ static void careless_note(careless *u, int ok, const char *what, cgt_status got)
 /* A refused launch call: the status, and cgt_tree_last_error naming the
  * call (the text of expr up to its parenthesis). */
 static int last_error_names(cgt_tree *t, const char *expr) {
-  size_t n = strcspn(expr, "(");
-  const char *e = cgt_tree_last_error(t);
-  for (; *e; e++)
-    if (strncmp(e, expr, n) == 0)
-      return 1;
-  return 0;
+  char call[64];
+  snprintf(call, sizeof call, "%.*s", (int)strcspn(expr, "("), expr);
+  return strstr(cgt_tree_last_error(t), call) != NULL;
 }
 #define IN_LAUNCH_REFUSED(u, expected, expr)                                          \
   do {                                                                                \
