@@ -17,9 +17,11 @@
  * that every test sees several replays.
  */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cuda_runtime.h>
 
@@ -1048,6 +1050,108 @@ static void test_thousand_steps_alternating_two_branches_equal_eager(void **stat
   branchy_close(&eager);
 }
 
+/* ------------------------------------------ cgt_run does not wait */
+
+/* API.md: "cgt_run returns only after the work is enqueued; it does not
+ * wait for it." A segment whose work starts with a host function that
+ * blocks the stream until the test opens a gate shows it: after cgt_run
+ * returns, in a warmup, a recording and replays alike, the gate is still
+ * shut, the host function has not passed it and the tree's stream is not
+ * done. A cgt_run that waited for its work would wait for the gate: the
+ * host function gives up after GATE_SECONDS, so such a run returns late
+ * with the gate passed, and the test fails instead of hanging. */
+enum { GATE_SECONDS = 10 };
+
+typedef struct gate {
+  atomic_int open;
+  atomic_int passed;    /* host functions that got through */
+  atomic_int timed_out; /* host functions that gave up waiting */
+} gate;
+
+static void CUDART_CB gate_wait(void *user) { /* on CUDA's callback thread: no CUDA calls here */
+  gate *g = user;
+  struct timespec t0, now;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  while (!atomic_load(&g->open)) {
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if (now.tv_sec - t0.tv_sec > GATE_SECONDS) {
+      atomic_fetch_add(&g->timed_out, 1);
+      break;
+    }
+  }
+  atomic_fetch_add(&g->passed, 1);
+}
+
+typedef struct gated_env {
+  env e;
+  gate *g;
+} gated_env;
+
+/* y = 2x + 1, after the gate. */
+static cgt_status seg_gated_affine(cgt_launch *l, void *user) {
+  gated_env *ge = user;
+  cudaStream_t s = (cudaStream_t)cgt_launch_stream(l);
+  float *y = NULL;
+  TRY(cgt_launch_alloc(l, ge->e.n * sizeof(float), (void **)&y));
+  if (cudaLaunchHostFunc(s, gate_wait, ge->g) != cudaSuccess)
+    return CGT_ERR_BACKEND;
+  TRY(ge->e.k->affine(s, cgt_launch_input(l, 0), 2.0f, 1.0f, y, ge->e.n));
+  return cgt_launch_set_output(l, 0, y, ge->e.n * sizeof(float));
+}
+
+static void test_cgt_run_returns_before_its_work_runs_in_warmup_recording_and_replay(void **state) {
+  (void)state;
+  const kernels *k = cuda_kernels_or_skip();
+  const size_t n = 4096;
+  gpu_tree tree;
+  open_tree(&tree, CGT_MODE_TREE, 1, 0, n);
+  warm_kernels(&tree);
+  gate g;
+  atomic_init(&g.open, 1);
+  atomic_init(&g.passed, 0);
+  atomic_init(&g.timed_out, 0);
+  gated_env ge = {tree.e, &g};
+  cgt_segment_desc d = {"gated", seg_gated_affine, &ge, 1, 1, 0};
+  cgt_segment seg = 0;
+  CHECK_TREE(tree.t, cgt_segment_register(tree.t, &d, &seg));
+  float *hx = host_alloc(n * sizeof(float)), *got = host_alloc(n * sizeof(float));
+  for (size_t i = 0; i < n; i++)
+    hx[i] = (float)i - 100.0f;
+  float *x = dev_alloc(k, n * sizeof(float));
+  assert_int_equal(cudaMemcpy(x, hx, n * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  cudaStream_t s = (cudaStream_t)cgt_tree_stream(tree.t);
+  cgt_arg arg = cgt_arg_static(x, n * sizeof(float));
+  const char *what[] = {"warmup", "recording", "replay", "replay"};
+  for (int step = 0; step < 4; step++) {
+    CHECK_TREE(tree.t, cgt_step_begin(tree.t));
+    atomic_store(&g.open, 0);
+    cgt_value y = {0};
+    CHECK_TREE(tree.t, cgt_run(tree.t, seg, 0, &arg, 1, &y, 1));
+    int passed = atomic_load(&g.passed);
+    cudaError_t q = cudaStreamQuery(s);
+    atomic_store(&g.open, 1);
+    if (passed != step || atomic_load(&g.timed_out) != 0)
+      fail_msg("step %d (%s): cgt_run returned after its work had run (host functions passed: %d, gave up: %d)",
+               step, what[step], passed, atomic_load(&g.timed_out));
+    if (q != cudaErrorNotReady)
+      fail_msg("step %d (%s): the tree's stream was %s right after cgt_run, want cudaErrorNotReady", step,
+               what[step], cudaGetErrorName(q));
+    CHECK_TREE(tree.t, cgt_tree_check(tree.t));
+    read_value(&tree, y, got, n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+      if (got[i] != 2.0f * hx[i] + 1.0f)
+        fail_msg("step %d (%s): y[%zu] = %g, want %g", step, what[step], i, (double)got[i],
+                 (double)(2.0f * hx[i] + 1.0f));
+    CHECK_TREE(tree.t, cgt_value_release(tree.t, y));
+  }
+  assert_int_equal(atomic_load(&g.passed), 4);
+  assert_true(best_node(&tree, seg, CGT_NODE_RECORDED, NULL) >= 2); /* steps 3 and 4 replayed the recording */
+  k->dev_free(x);
+  free(hx);
+  free(got);
+  close_tree(&tree);
+}
+
 /* ------------------------------------------------------------- devices */
 
 /* One GPU is enough to see that creating, using and destroying a tree, and
@@ -1093,6 +1197,7 @@ const struct CMUnitTest cuda_specific_tests[] = {
     cmocka_unit_test(test_tree_on_the_legacy_stream_runs_every_segment_eagerly_with_correct_outputs),
     cmocka_unit_test(test_thousand_steps_alternating_two_branches_equal_eager),
     cmocka_unit_test(test_tree_calls_and_a_failed_create_leave_the_current_device_alone),
+    cmocka_unit_test(test_cgt_run_returns_before_its_work_runs_in_warmup_recording_and_replay),
 };
 
 const size_t cuda_specific_test_count = sizeof cuda_specific_tests / sizeof cuda_specific_tests[0];

@@ -66,7 +66,9 @@
  * launch of its recordings (cgt_segment_set_prelaunch): it writes the CUDA
  * generator's seed and offset and advances it (python/cgtree/torch/_rng.py).
  * Here we only keep those writes in order: an event per device, recorded
- * after every run of a random segment, that each writer waits for.
+ * after every run of a random segment, that each writer waits for, and a
+ * lock that keeps each run's wait, writes, launch and record together
+ * across threads (random_mu).
  *
  * Anything a graph does that a recording cannot carry (an output on the CPU,
  * an output in memory that is neither the pool nor an input, a capture that
@@ -564,11 +566,32 @@ static cgt_status set_outputs(seg_run *r, cgt_launch *l, PyObject *res) {
 
 /* Random graphs. All of them, on every tree of a device, read one state
  * of the device's generator, and each launch's prelaunch writes it first:
- * an event recorded after each run of a random segment (under the GIL, so
- * in the order the host enqueued them) lets the next writer wait until
- * every launch before it has read. */
+ * an event recorded after each run of a random segment lets the next
+ * writer wait until every launch before it has read.
+ *
+ * That holds only if no other thread's write, launch or record comes
+ * between a run's wait, write, launch and record, and the GIL does not see
+ * to it: the prelaunch is Python, and CUDAGraph.replay, which writes the
+ * state, releases the GIL. Without more, another thread could wait on the
+ * event this run has not recorded yet, write the state while this run's
+ * launch still has to read it, and both launches would draw the same
+ * numbers (test_torch_random.py's two-thread test did, on an H200). So a
+ * run of a random segment holds random_mu from before cgt_run (whose
+ * prelaunch waits and writes, and whose launch reads) until its event is
+ * recorded. One lock for the process: the runs it orders are host-side
+ * enqueues of microseconds, and recordings of random graphs are one at a
+ * time anyway (_rng.py). A thread waits for it with the GIL released, so
+ * that the holder can take the GIL back after its prelaunch. */
 enum { RANDOM_DEVICES = 64 };
 static void *random_done[RANDOM_DEVICES];
+static pthread_mutex_t random_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void random_lock(void) {
+  if (pthread_mutex_trylock(&random_mu) != 0) {
+    Py_BEGIN_ALLOW_THREADS pthread_mutex_lock(&random_mu);
+    Py_END_ALLOW_THREADS
+  }
+}
 
 /* The event of T's device; NULL on the simulator (its trees have no CUDA
  * events, and their streams are not CUDA streams): nothing to order. */
@@ -1424,9 +1447,15 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
     r->fill_stream = caller == NULL && T->blocking ? NULL : T->stream;
   }
   uint64_t refusals = tx_alloc_refusals();
+  if (s->prelaunch_py)
+    random_lock();
   tx_alloc_run_enter(); /* a capture may run until cgt_run returns: eager frees wait (alloc.c) */
   cgt_status st = cgt_run(T->tree, r->seg, variant, r->args, s->n_targs, r->outs, s->n_outputs);
   tx_alloc_run_leave();
+  if (s->prelaunch_py) { /* every read of the generator's state enqueued so far comes before this */
+    tx_event_record(random_event(T), T->stream);
+    pthread_mutex_unlock(&random_mu);
+  }
   uint64_t t2 = clock_if(timed);
   r->cur = NULL;
   cgt_stats after;
@@ -1498,8 +1527,6 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
     return tx_status_error(T, st, "cgt_run");
   }
   clear_exception(r);
-  if (s->prelaunch_py) /* every read of the generator's state enqueued so far comes before this */
-    tx_event_record(random_event(T), T->stream);
   if (capture_failed) {
     /* The graph cannot be captured (a host sync such as torch.cond's device
      * predicate, a call CUDA refuses under capture): cgtree ran it eagerly

@@ -1633,6 +1633,60 @@ def test_a_prelaunch_function_runs_before_each_launch_of_a_recording_and_its_wor
     assert tree.stats()["recordings"] == 1 and tree.stats()["replays"] == 4
 
 
+def test_a_random_graphs_run_keeps_other_threads_random_runs_out_from_its_write_to_its_launch():
+    """Every random graph of a device, on every thread's tree, reads the
+    one state of the generator, which the prelaunch of each launch writes
+    first; an event after each run makes the next writer wait for the
+    launches before it. The prelaunch is Python and lets other threads run
+    (CUDAGraph.replay releases the GIL), so without a lock another thread
+    could write the state between this run's write and its launch, and the
+    two launches would draw the same numbers: test_torch_random.py's
+    two-thread test saw it on an H200. Here each prelaunch sleeps, which
+    releases the GIL: no other thread's random run may start meanwhile."""
+    import threading
+    import time
+
+    trees = ThreadTrees()
+    inside, overlaps, guard = [0], [], threading.Lock()
+
+    def prelaunch(variant, on_current):
+        with guard:
+            inside[0] += 1
+            if inside[0] > 1:
+                overlaps.append(threading.current_thread().name)
+        time.sleep(0.002)
+        with guard:
+            inside[0] -= 1
+
+    seg = segment(trees(0), Graph(trees(0), 2.0, 1.0, stream=lambda: trees(0).stream), spans=(16,),
+                  name="random_threads", prelaunch=prelaunch)
+    X.set_tree_getter(trees)
+    errors = []
+
+    def work(k):
+        try:
+            trees(0).explicit_steps = True
+            x = FakeTensor(4).fill([k, 1, 2, 3])
+            for _ in range(20):
+                trees(0).step_begin()
+                (y,) = seg(x)
+                assert y.values() == [2 * k + 1, 3, 5, 7]
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    try:
+        threads = [threading.Thread(target=work, args=(k,), name="thread%d" % k) for k in (1, 2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        X.set_tree_getter(None)
+    assert errors == []
+    assert sum(t.stats()["replays"] for t in trees.made[1:]) >= 30  # the prelaunches ran, at each replay
+    assert overlaps == [], "a random run began while another thread's was between its write and its launch"
+
+
 NO_LIMIT = 2**64 - 1
 
 

@@ -9,11 +9,13 @@ Needs a CUDA GPU (skips without one) and imports cgtree.torch first, so
 that its allocator is installed before CUDA starts.
 """
 import copy
+import threading
+import warnings
 
 import torch_gpu  # skips the file without a GPU; imports cgtree.torch before CUDA starts
 
 torch, ct, pytestmark = torch_gpu.torch, torch_gpu.ct, torch_gpu.pytestmark
-from cgtree.torch import _backend  # noqa: E402
+from cgtree.torch import _backend, _rng  # noqa: E402
 
 
 DEV = "cuda"
@@ -389,3 +391,114 @@ def test_a_random_graph_on_a_thread_with_explicit_steps_draws_inductors_numbers(
     r = box["r"]
     assert r.plain == [] and r.replays >= 7, vars(r)
     assert_same_sequence(want, box["got"])
+
+
+def test_random_graphs_replayed_on_two_threads_trees_at_once_draw_each_of_inductors_numbers_once():
+    """Two threads replay one random graph at once, each on its own tree,
+    stream and caller's stream (explicit steps: non-blocking streams). Every
+    tree's launches read the one state of the device's generator, so the
+    writes of that state before a launch must wait until every launch
+    enqueued before it has read it (segment.c's event). A write that
+    overtook a read would make two calls draw the same numbers and skip
+    others, silently. So the draws of all calls, as a multiset, must be
+    Inductor's first ones, each once, and each thread's own draws must come
+    in the sequence's order. fallback_random: the random op (aten's
+    bernoulli) reads the generator's state where it runs, after a matmul it
+    depends on, which leaves another thread's write the widest window."""
+    w = torch.randn(2048, 2048, device=DEV) / 45
+    x = torch.randn(2048, 2048, device=DEV)
+
+    def f(x):
+        return torch.bernoulli(torch.sigmoid((x @ w)[:, :64]))
+
+    warm, each = 3, 16
+    total = 1 + 2 * (warm + each)
+    with torch._inductor.config.patch(fallback_random=True):
+        ref, cg = compiled_pair(f)
+        want = [o[0] for o in run_seeded(lambda i: ref(x), total)]
+        draws, errors = {0: [], 1: []}, []
+        turn = [threading.Event(), threading.Event()]
+        warmed = [threading.Event(), threading.Event()]
+        go = threading.Event()
+
+        def worker(k):
+            try:
+                ct.set_step_mode("explicit")
+                stream = torch.cuda.Stream()
+                with torch.cuda.stream(stream):
+                    def call():
+                        ct.step_begin()
+                        draws[k].append(cg(x).clone())  # kept past its step: cloned, on this thread's stream
+
+                    assert turn[k].wait(120)
+                    for _ in range(warm):  # warmed up and recorded one thread at a time
+                        call()
+                    warmed[k].set()
+                    assert go.wait(120)
+                    for _ in range(each):
+                        call()
+                stream.synchronize()
+            except BaseException as e:  # noqa: BLE001 - reported below
+                errors.append(repr(e))
+                warmed[k].set()
+
+        with Replays() as r:
+            torch.manual_seed(7)
+            first = cg(x).clone()  # compiled here: Dynamo's tracing is not thread-safe
+            torch.cuda.synchronize()
+            threads = [threading.Thread(target=worker, args=(k,)) for k in (0, 1)]
+            for t in threads:
+                t.start()
+            for k in (0, 1):
+                turn[k].set()
+                assert warmed[k].wait(300)
+            with Replays() as at_once:
+                go.set()
+                for t in threads:
+                    t.join()
+    assert errors == [], errors
+    assert r.plain == [], vars(r)
+    assert at_once.recordings == 0 and at_once.replays >= 2 * each, vars(at_once)
+    used = {}
+
+    def index_of(t, who):
+        for j, v in enumerate(want):
+            if j not in used and torch.equal(v, t):
+                used[j] = who
+                return j
+        dup = [used[j] for j, v in enumerate(want) if j in used and torch.equal(v, t)]
+        raise AssertionError("%s drew numbers that are none of Inductor's first %d not drawn already%s"
+                             % (who, total, " (the same as %s)" % dup[0] if dup else ""))
+
+    assert index_of(first, "the first call") == 0
+    for k in (0, 1):
+        got = [index_of(t, "thread %d, call %d" % (k, i)) for i, t in enumerate(draws[k])]
+        assert got[:warm] == list(range(1 + k * warm, 1 + (k + 1) * warm)), (k, got)
+        assert got == sorted(got), "thread %d drew Inductor's numbers out of order: %s" % (k, got)
+    assert len(used) == total
+
+
+def test_a_random_graph_whose_recording_raises_runs_as_inductors_graph_with_a_warning(monkeypatch):
+    """A PyTorch whose generator refuses the offset counting of a capture it
+    did not begin (its main branch keys that state by capture id) makes the
+    recording raise. The graph then runs as the plain Inductor graph from
+    then on, drawing Inductor's numbers, with one warning naming the cause."""
+    def f(x):
+        return x + torch.rand_like(x)
+
+    ref, cg = compiled_pair(f)
+    x = torch.zeros(4096, device=DEV)
+    want = run_seeded(lambda i: ref(x), 8)
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("the generator's capture state is keyed by capture id (simulated)")
+
+    monkeypatch.setattr(_rng, "_empty_capture_begin", refuse)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with Replays() as r:
+            got = run_seeded(lambda i: cg(x), 8)
+    assert_same_sequence(want, got)
+    assert r.replays == 0 and len(r.plain) == 1 and "keyed by capture id" in r.plain[0], vars(r)
+    said = [str(w.message) for w in caught if "runs without CUDA graphs" in str(w.message)]
+    assert len(said) == 1 and "keyed by capture id" in said[0], said

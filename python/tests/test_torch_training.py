@@ -185,16 +185,61 @@ def test_two_forwards_then_two_backwards_keep_both_saved_activations():
 
 
 def test_gradient_accumulation_over_micro_batches_matches_inductor():
+    """Also what it copies: once warmed up, one copy of each parameter's
+    gradient per accumulation cycle. The first micro-batch's backward
+    outputs become .grad; the next forward begins a step while they live,
+    so they move out of the pool, once; AccumulateGrad adds into them in
+    place from then on, until zero_grad() sets them to None."""
     cf, model, rf, ref = pair(mlp())
-    xs = batches(12)
+    xs = batches(18)
+    n = len(list(model.parameters()))
     for m, f in ((model, cf), (ref, rf)):
         opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+        moved = []
         for i in range(0, len(xs), 3):
+            before = ct.stats()["gradients_moved"]
             opt.zero_grad()
             for x in xs[i:i + 3]:
                 (f(x).square().mean() / 3).backward()
             opt.step()
+            moved.append(ct.stats()["gradients_moved"] - before)
+        if m is model and STEPS_END:
+            assert all(k <= n for k in moved) and moved[-3:] == [n] * 3, (
+                "gradients moved per accumulation cycle: %s, want %d once warmed up" % (moved, n))
     assert_same_params(model, ref)
+
+
+def test_a_backward_never_reruns_at_its_first_call():
+    """docs/torch.md: an inference graph that mutates nothing runs a second
+    time at its first call, through the tree, so that its outputs lie in the
+    pool; a backward never does (Inductor may write into the saved
+    activations AOTAutograd donates to it). Its first call runs plainly,
+    once, and leaves no node in the tree; its first run through the tree is
+    its second call's."""
+    from cgtree.torch import _backend
+
+    def graphs_of(kind, since):
+        return [r["segment"] for r in _backend.decisions[since:] if r["graph"] == kind]
+
+    def nodes_of(name):
+        return [n for n in ct.nodes() if n["segment"] == name]
+
+    cf, model, _, _ = pair(mlp())
+    x = batches(1)[0]
+    d0 = len(_backend.decisions)
+    cf(x).square().mean().backward()
+    (bw,) = graphs_of("backward", d0)
+    seg = next(s for s in _backend._segments if s.info["name"] == bw)
+    assert (seg.info["calls"], seg.info["plain_calls"]) == (1, 1), seg.info
+    assert nodes_of(bw) == [], "the backward ran through the tree at its first call"
+    cf(x).square().mean().backward()
+    assert seg.info["calls"] == 2 and sum(n["eager_runs"] for n in nodes_of(bw)) == 1, nodes_of(bw)
+    with torch.no_grad():  # the contrast: an inference graph's first call reruns through the tree
+        cf.eval()
+        d1 = len(_backend.decisions)
+        cf(x)
+        (inf,) = graphs_of("inference", d1)
+        assert sum(n["eager_runs"] for n in nodes_of(inf)) == 1, nodes_of(inf)
 
 
 def test_retain_graph_runs_the_backward_twice_on_the_same_activations():

@@ -21,7 +21,7 @@ import torch_gpu  # skips the file without a GPU; imports cgtree.torch before CU
 
 torch, ct, pytestmark = torch_gpu.torch, torch_gpu.ct, torch_gpu.pytestmark
 from cgtree import _torch_ext as _ext  # noqa: E402
-from cgtree.torch import _backend  # noqa: E402
+from cgtree.torch import _backend, _install  # noqa: E402
 
 
 DEV = "cuda"
@@ -383,14 +383,31 @@ def test_tensors_on_two_devices_never_share_a_block_and_each_device_counts_its_o
             torch.testing.assert_close(cg(x), m1(x))
 
 
+def stream_is_non_blocking(handle):
+    """cuStreamGetFlags of a raw stream handle (the driver's, always there
+    beside a GPU): CU_STREAM_NON_BLOCKING is 1."""
+    import ctypes
+
+    flags = ctypes.c_uint(0)
+    rc = ctypes.CDLL("libcuda.so.1").cuStreamGetFlags(ctypes.c_void_p(handle), ctypes.byref(flags))
+    assert rc == 0, "cuStreamGetFlags returned %d" % rc
+    return bool(flags.value & 1)
+
+
 def test_two_threads_calling_compiled_models_at_once_get_correct_results():
+    """Each thread in explicit step mode gets a tree of its own, in explicit
+    mode, on a non-blocking stream (docs/torch.md, Threads and explicit
+    steps); the main thread's tree, in the default mode, is on a blocking
+    one."""
     fresh()
     models = [torch.nn.Sequential(torch.nn.Linear(128, 128), torch.nn.ReLU()).to(DEV).eval() for _ in range(2)]
     compiled = [torch.compile(m, backend="cgtree") for m in models]
     with torch.no_grad():  # compiled here: Dynamo's tracing is not thread-safe (FX's tracing flag is global)
         for m in compiled:
             m(torch.randn(32, 128, device=DEV))
-    errors = []
+    errors, trees = [], {}
+    main_tree = _install.tree_for(0)[0]
+    assert not main_tree.explicit_steps and not stream_is_non_blocking(main_tree.stream)
 
     def work(k):
         try:
@@ -403,6 +420,8 @@ def test_two_threads_calling_compiled_models_at_once_get_correct_results():
                     y = compiled[k](x)
                     a = y + 0  # reads it before this thread's next step
                     torch.testing.assert_close(a, want)
+            tree = _install.tree_for(0)[0]
+            trees[k] = (tree, tree.explicit_steps, stream_is_non_blocking(tree.stream))
         except Exception as e:  # noqa: BLE001
             errors.append(repr(e))
 
@@ -412,6 +431,8 @@ def test_two_threads_calling_compiled_models_at_once_get_correct_results():
     for t in threads:
         t.join()
     assert errors == []
+    assert trees[0][0] is not trees[1][0] and main_tree not in (trees[0][0], trees[1][0])
+    assert [trees[k][1:] for k in (0, 1)] == [(True, True), (True, True)], "explicit steps, non-blocking streams"
     s = ct.stats()
     assert s["trees"] + s["trees_freed"] >= 2  # the threads' trees, freed or not yet
 

@@ -35,7 +35,11 @@ it. segment.c records an event after each run of a random segment and
 makes every writer wait for it: the stream of a prelaunch's writes, and
 the side stream before a launch function (beginning the empty capture
 writes the seed and a zero offset there, eagerly). The writes of the
-first launch of a recording wait for the side stream in turn. Where the
+first launch of a recording wait for the side stream in turn. A lock in
+segment.c keeps each run's wait, writes, launch and event together: the
+prelaunch below lets other threads run (``replay()`` releases the GIL),
+and another thread's writes between this run's and its launch would make
+both launches draw the same numbers. Where the
 caller's stream is the legacy default stream and the tree's stream is
 blocking (the default), CUDA orders the two both ways, and the writes go
 on the caller's stream: switching streams costs more than they do.
