@@ -231,6 +231,14 @@ typedef struct TreeObject {
   uint64_t step;         /* our count of cgt_step_begin calls */
   long long last_generation, last_mark_step;
   int explicit_steps;    /* steps begin only at step_begin() and cudagraph_mark_step_begin() */
+  /* The thread whose tree it is (PyThread_get_thread_ident; the making
+   * thread unless cgtree.torch says otherwise): only that thread keeps it
+   * in its per-thread cache of trees (segment.c, current_tree). */
+  unsigned long owner_thread;
+  /* A cgt_run of segment.c on this tree is under way (on its thread, which
+   * may have let the GIL go inside it): other threads leave the C tree
+   * alone meanwhile (tx_out_ref_queue_drain defers its releases). */
+  int in_run;
   tx_out_ref *registry;  /* output tensors handed out and still alive, keyed by the tensor object */
   uint64_t outputs_made, stale_refused;
   uint64_t replays_seen; /* the tree's replay count after the last cgt_run of segment.c (its timers) */

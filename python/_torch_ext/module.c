@@ -289,6 +289,7 @@ static int tree_init(TreeObject *T, PyObject *a, PyObject *kw) {
     return -1;
   }
   T->device = device;
+  T->owner_thread = PyThread_get_thread_ident();
   T->on_simulator = sim;
   T->timed = time_launches != 0;
   TX.any_timed |= T->timed;
@@ -570,12 +571,15 @@ static PyGetSetDef tree_getset[] = {
     {NULL, NULL, NULL, NULL, NULL},
 };
 
-/* Plain fields, read only. */
+/* Plain fields, read only but owner_thread. */
 static PyMemberDef tree_members[] = {
     {"device", T_INT, offsetof(TreeObject, device), READONLY, "CUDA device ordinal"},
     {"closed", T_BOOL, offsetof(TreeObject, closed), READONLY,
      "True once the tree was freed (orphan()); stats() then gives its counters at that moment"},
     {"orphaned", T_BOOL, offsetof(TreeObject, orphaned), READONLY, "True once orphan() was called"},
+    {"owner_thread", T_ULONG, offsetof(TreeObject, owner_thread), 0,
+     "the thread whose tree it is (threading.get_ident(); the making thread by default): only that thread "
+     "caches it as its tree"},
     {NULL, 0, 0, 0, NULL},
 };
 

@@ -155,6 +155,16 @@ typedef struct seg_run {
   PyObject **grad_seen; /* a weak reference to the object last seen at each of the segment's grad_pos */
   uint32_t n_grad_seen; /* its length (the segment's n_grad_pos), so that freeing a run needs no segment */
   int outs_side_pool; /* the run at hand was eager: its outputs lie in the tree's side pool */
+  /* The STATIC inputs' data pointers of this tree's last call, where the
+   * segment has static_idx: in C by position (static_ptr), and as
+   * PyTorch's check wants them, a list of n_args ints (static_ptrs);
+   * static_known once a call has read them all. A run's, not the
+   * segment's: a call takes them as vouched for, then calls into Python
+   * (span_py), where another thread's call of the segment, on other
+   * weights, would have rewritten a shared copy. */
+  void **static_ptr;
+  PyObject *static_ptrs;
+  int static_known;
 } seg_run;
 
 struct SegmentObject {
@@ -194,14 +204,10 @@ struct SegmentObject {
    * through cgt_run (call_plain_writing_side_value). */
   uint8_t *arg_written;
   int warned_side_write; /* the first such call was reported */
-  /* The STATIC inputs' data pointers of the last call: in C by position
-   * (static_ptr), and as PyTorch's check wants them, a list of n_args ints
-   * (static_ptrs) and the list of STATIC positions (static_idx, NULL when
-   * there are fewer than STATIC_CHECK_MIN: then they are read every call);
-   * static_known once a call has read them all. */
-  void **static_ptr;
-  PyObject *static_ptrs, *static_idx;
-  int static_known;
+  /* The list of STATIC positions, as PyTorch's pointer check wants them
+   * (NULL when there are fewer than STATIC_CHECK_MIN: then they are read
+   * every call). The pointers of the last call are each run's (seg_run). */
+  PyObject *static_idx;
   int dynamic_spans;
   int outputs_known; /* the first call told n_outputs (first_call); runs register with it */
   int rerun_first; /* the graph mutates no input: its first call may run again, in the pool (first_call) */
@@ -214,7 +220,10 @@ struct SegmentObject {
   uint32_t saved_from;
   int backward;
   uint32_t *grad_pos, n_grad_pos;
-  variant_tmpl *tmpls;
+  /* One per (variant) seen, each allocated on its own: a call holds its
+   * template across calls into Python (build_result makes tensors), where
+   * another thread may add one and grow this array. */
+  variant_tmpl **tmpls;
   size_t n_tmpls;
   uint64_t calls, plain_calls;
   uint64_t out_of_memory; /* calls that raised because an allocation of theirs was refused */
@@ -263,9 +272,13 @@ int tx_out_ref_dead(tx_out_ref *r) {
   return dead;
 }
 
+/* Releases the values of the outputs that died, under the GIL. One of a
+ * tree that is inside a cgt_run on its own thread (which may have let the
+ * GIL go in its launch or prelaunch function) waits in the queue: the tree
+ * refuses releases inside a launch, and its thread is using it. */
 void tx_out_ref_queue_drain(void) {
   pthread_mutex_lock(&dead_mu);
-  tx_out_ref *r = dead_head;
+  tx_out_ref *r = dead_head, *later = NULL;
   dead_head = NULL;
   pthread_mutex_unlock(&dead_mu);
   while (r) {
@@ -273,6 +286,12 @@ void tx_out_ref_queue_drain(void) {
     TreeObject *T = r->tree;
     if (!T) { /* detached when its tensor could not be made (make_output): nothing of a tree to undo */
       free(r);
+      r = next;
+      continue;
+    }
+    if (T->in_run) {
+      r->next_dead = later;
+      later = r;
       r = next;
       continue;
     }
@@ -287,6 +306,15 @@ void tx_out_ref_queue_drain(void) {
     T->out_refs--;
     free(r);
     r = next;
+  }
+  if (later) { /* back in the queue, still marked queued: the next drain after that run takes them */
+    pthread_mutex_lock(&dead_mu);
+    tx_out_ref *last = later;
+    while (last->next_dead)
+      last = last->next_dead;
+    last->next_dead = dead_head;
+    dead_head = later;
+    pthread_mutex_unlock(&dead_mu);
   }
 }
 
@@ -414,8 +442,8 @@ static PyObject *make_output(seg_run *run, cgt_value v, const out_meta *m, int s
 
 static variant_tmpl *tmpl_find(SegmentObject *s, uint64_t variant) {
   for (size_t i = 0; i < s->n_tmpls; i++)
-    if (s->tmpls[i].variant == variant)
-      return &s->tmpls[i];
+    if (s->tmpls[i]->variant == variant)
+      return s->tmpls[i];
   return NULL;
 }
 
@@ -477,14 +505,17 @@ static int tmpl_add(SegmentObject *s, uint64_t variant, PyObject *desc, uint32_t
     tmpl_clear(&t);
     return -1;
   }
-  variant_tmpl *grown = realloc(s->tmpls, (s->n_tmpls + 1) * sizeof *grown);
+  variant_tmpl *kept = malloc(sizeof *kept);
+  variant_tmpl **grown = kept ? realloc(s->tmpls, (s->n_tmpls + 1) * sizeof *grown) : NULL;
   if (!grown) {
+    free(kept);
     tmpl_clear(&t);
     PyErr_NoMemory();
     return -1;
   }
+  *kept = t;
   s->tmpls = grown;
-  s->tmpls[s->n_tmpls++] = t;
+  s->tmpls[s->n_tmpls++] = kept;
   *n_tensors = k;
   return 0;
 }
@@ -702,8 +733,9 @@ int tx_blas_clear(void) {
 /* 1 if every STATIC tensor input is where it was at the last call, by one
  * call of PyTorch's check for all of them; 0 if one moved, or if that
  * cannot be told cheaply (then they are read one by one). */
-static int static_ptrs_unchanged(SegmentObject *s, PyObject *const *args, size_t n) {
-  if (!TX.ptrs_equal || !s->static_idx || !s->static_known)
+static int static_ptrs_unchanged(seg_run *r, PyObject *const *args, size_t n) {
+  SegmentObject *s = r->s;
+  if (!TX.ptrs_equal || !s->static_idx || !r->static_known)
     return 0;
   s->static_checks++;
   PyObject *list = PyList_New((Py_ssize_t)n);
@@ -713,31 +745,49 @@ static int static_ptrs_unchanged(SegmentObject *s, PyObject *const *args, size_t
   }
   for (size_t i = 0; i < n; i++)
     PyList_SET_ITEM(list, (Py_ssize_t)i, Py_NewRef(args[i]));
-  PyObject *call[3] = {list, s->static_ptrs, s->static_idx};
-  PyObject *r = PyObject_Vectorcall(TX.ptrs_equal, call, 3, NULL);
+  PyObject *call[3] = {list, r->static_ptrs, s->static_idx};
+  PyObject *res = PyObject_Vectorcall(TX.ptrs_equal, call, 3, NULL);
   Py_DECREF(list);
-  if (!r) {
+  if (!res) {
     PyErr_Clear(); /* read them one by one: that path reports a real error */
     return 0;
   }
-  int same = r == Py_True;
-  Py_DECREF(r);
+  int same = res == Py_True;
+  Py_DECREF(res);
   s->static_hits += (uint64_t)same;
   return same;
 }
 
 /* Remembers STATIC input i's pointer; 0 if there was no memory to. */
-static int static_ptr_note(SegmentObject *s, size_t i, void *ptr) {
-  if (s->static_ptr[i] == ptr && s->static_known)
+static int static_ptr_note(seg_run *r, size_t i, void *ptr) {
+  if (r->static_ptr[i] == ptr && r->static_known)
     return 1;
   PyObject *v = PyLong_FromVoidPtr(ptr);
   if (!v) {
     PyErr_Clear();
     return 0;
   }
-  s->static_ptr[i] = ptr;
-  PyList_SetItem(s->static_ptrs, (Py_ssize_t)i, v); /* steals v */
+  r->static_ptr[i] = ptr;
+  PyList_SetItem(r->static_ptrs, (Py_ssize_t)i, v); /* steals v */
   return 1;
+}
+
+/* The run's STATIC pointer cache, where its segment checks them with
+ * PyTorch's check: a list of n zeros, and their C copy. */
+static int static_cache_make(seg_run *r, size_t n) {
+  r->static_ptr = calloc(n + 1, sizeof *r->static_ptr);
+  r->static_ptrs = PyList_New((Py_ssize_t)n);
+  if (!r->static_ptr || !r->static_ptrs) {
+    PyErr_NoMemory();
+    return -1;
+  }
+  for (size_t i = 0; i < n; i++) {
+    PyObject *zero = PyLong_FromLong(0);
+    if (!zero)
+      return -1;
+    PyList_SET_ITEM(r->static_ptrs, (Py_ssize_t)i, zero);
+  }
+  return 0;
 }
 
 /* ------------------------------------------------------------ calls */
@@ -763,9 +813,18 @@ int tx_caller_stream(TreeObject *T, void **out) {
   return *out == NULL && PyErr_Occurred() ? -1 : 0;
 }
 
+/* The compiled graph, called plainly. A random graph's plain call draws
+ * from the generator eagerly, which PyTorch refuses while another thread
+ * records a random graph (the generator is in capture mode then): it
+ * waits for random_mu, which every such recording holds. */
 static PyObject *call_plain(SegmentObject *s, PyObject *const *args, size_t n) {
   s->plain_calls++;
-  return PyObject_Vectorcall(s->compiled, args, n, NULL);
+  if (!s->prelaunch_py)
+    return PyObject_Vectorcall(s->compiled, args, n, NULL);
+  random_lock();
+  PyObject *res = PyObject_Vectorcall(s->compiled, args, n, NULL);
+  pthread_mutex_unlock(&random_mu);
+  return res;
 }
 
 static void go_plain(SegmentObject *s, const char *why) {
@@ -928,8 +987,17 @@ static TreeObject *current_tree(SegmentObject *s) {
     memset(tls_trees, 0, sizeof tls_trees);
     tls_epoch = TX.tree_epoch;
   }
-  if (!tls_trees[dev])
-    tls_trees[dev] = tree_from_getter(s);
+  if (!tls_trees[dev]) {
+    TreeObject *T = tree_from_getter(s);
+    /* Another thread's tree: autograd's device thread runs a forward
+     * segment too (a checkpointed block's recompute, a compiled optimizer
+     * in a gradient hook), on the tree of the thread that called
+     * backward(), which the next backward's caller may not be. Asked each
+     * time, as for a backward. */
+    if (!T || T->owner_thread != PyThread_get_thread_ident())
+      return T;
+    tls_trees[dev] = T;
+  }
   return tls_trees[dev];
 }
 
@@ -941,6 +1009,8 @@ static void run_free(seg_run *r) {
   for (uint32_t j = 0; r->grad_seen && j < r->n_grad_seen; j++)
     Py_XDECREF(r->grad_seen[j]);
   free(r->grad_seen);
+  free(r->static_ptr);
+  Py_XDECREF(r->static_ptrs);
   Py_XDECREF(r->exc_type), Py_XDECREF(r->exc_value), Py_XDECREF(r->exc_tb);
   Py_XDECREF(r->tree);
   free(r);
@@ -967,7 +1037,8 @@ static seg_run *run_for(SegmentObject *s) {
     r->ptrs = calloc(s->n_args + 1, sizeof *r->ptrs);
     r->offs = calloc(s->n_args + 1, sizeof *r->offs);
   }
-  if (!r || !grown || !r->args || !r->ptrs || !r->offs || tx_tree_run_add(T, r) < 0) {
+  int statics_ok = !r || !s->static_idx || static_cache_make(r, s->n_args) == 0;
+  if (!r || !grown || !r->args || !r->ptrs || !r->offs || !statics_ok || tx_tree_run_add(T, r) < 0) {
     if (r)
       run_free(r); /* nothing but its arrays yet: no tree, no reference */
     PyErr_NoMemory();
@@ -1303,7 +1374,7 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
   /* With the exchange API every pointer is read, cheaply; without it, one
    * check of PyTorch's may vouch for the STATIC ones (static_ptrs_unchanged). */
   int fast = TXE.ptrs;
-  int statics_same = !fast && static_ptrs_unchanged(s, args, n), statics_noted = 1;
+  int statics_same = !fast && static_ptrs_unchanged(r, args, n), statics_noted = 1;
   int writes_side_value = 0;
   for (size_t i = 0; i < n; i++) {
     PyObject *o = args[i];
@@ -1312,7 +1383,7 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
       void *ptr;
       DLDevice dev = {kDLCUDA, T->device}; /* a STATIC pointer PyTorch vouched unchanged keeps its device */
       if (kind == ARG_TENSOR_STATIC && statics_same) {
-        ptr = s->static_ptr[i];
+        ptr = r->static_ptr[i];
       } else if (!(fast && s->outputs_known && tx_exchange_data_ptr(o, &ptr, &dev))) {
         if (tx_data_ptr_slow(o, &ptr) < 0) {
           tx_stale_translate(s->name, i); /* a stale output's storage raises on any access */
@@ -1329,7 +1400,7 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
         if (fast && !s->outputs_known && tx_exchange_cross_check(o, ptr) < 0)
           return NULL;
         if (kind == ARG_TENSOR_STATIC && s->static_idx && !fast)
-          statics_noted &= static_ptr_note(s, i, ptr);
+          statics_noted &= static_ptr_note(r, i, ptr);
       }
       if (dev.device_type != kDLCUDA || dev.device_id != T->device)
         return call_off_device(s, T, args, n, i);
@@ -1404,7 +1475,7 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
     }
   }
   if (!statics_same && s->static_idx)
-    s->static_known = statics_noted && !fast; /* every STATIC pointer was read, and noted, just now */
+    r->static_known = statics_noted && !fast; /* every STATIC pointer was read, and noted, just now */
   if (writes_side_value && s->outputs_known)
     return call_plain_writing_side_value(s, T, args, n);
   if (s->n_grad_pos && note_grad_leaves(r, args) < 0)
@@ -1450,7 +1521,9 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
   if (s->prelaunch_py)
     random_lock();
   tx_alloc_run_enter(); /* a capture may run until cgt_run returns: eager frees wait (alloc.c) */
+  T->in_run++;
   cgt_status st = cgt_run(T->tree, r->seg, variant, r->args, s->n_targs, r->outs, s->n_outputs);
+  T->in_run--;
   tx_alloc_run_leave();
   if (s->prelaunch_py) { /* every read of the generator's state enqueued so far comes before this */
     tx_event_record(random_event(T), T->stream);
@@ -1676,21 +1749,10 @@ static int seg_init(SegmentObject *s, PyObject *a, PyObject *kw) {
   for (uint32_t j = 0; j < n_written; j++)
     s->arg_written[written[j]] = 1;
   free(written);
-  s->static_ptr = calloc(s->n_args + 1, sizeof *s->static_ptr);
-  s->static_ptrs = PyList_New(s->n_args);
-  if (!s->static_ptr || !s->static_ptrs) {
-    PyErr_NoMemory();
-    return -1;
-  }
   PyObject *idx = PyList_New(0);
   if (!idx)
     return -1;
   for (uint32_t i = 0; i < s->n_args; i++) {
-    PyList_SET_ITEM(s->static_ptrs, i, PyLong_FromLong(0));
-    if (!PyList_GET_ITEM(s->static_ptrs, i)) {
-      Py_DECREF(idx);
-      return -1;
-    }
     if (s->arg_kind[i] == ARG_TENSOR_STATIC) {
       PyObject *v = PyLong_FromUnsignedLong(i);
       if (!v || PyList_Append(idx, v) < 0) {
@@ -1731,15 +1793,15 @@ static int seg_init(SegmentObject *s, PyObject *a, PyObject *kw) {
 static void seg_dealloc(SegmentObject *s) {
   /* A registered segment is never freed: the tree holds a reference,
    * because cgtree has no unregister and may call its launch function. */
-  for (size_t i = 0; i < s->n_tmpls; i++)
-    tmpl_clear(&s->tmpls[i]);
+  for (size_t i = 0; i < s->n_tmpls; i++) {
+    tmpl_clear(s->tmpls[i]);
+    free(s->tmpls[i]);
+  }
   free(s->tmpls);
   free(s->arg_kind);
   free(s->arg_span);
-  free(s->static_ptr);
   free(s->grad_pos);
   free(s->arg_written);
-  Py_XDECREF(s->static_ptrs);
   Py_XDECREF(s->static_idx);
   for (size_t i = 0; i < s->n_runs; i++) { /* only runs never registered: a registered one holds s */
     seg_run *r = s->runs[i];

@@ -1687,6 +1687,353 @@ def test_a_random_graphs_run_keeps_other_threads_random_runs_out_from_its_write_
     assert overlaps == [], "a random run began while another thread's was between its write and its launch"
 
 
+def test_a_plain_call_of_a_random_graph_waits_for_another_threads_random_recording():
+    """While a thread records a random graph, PyTorch's generator is in
+    capture mode and refuses eager draws; cgtree's own plain calls of random
+    graphs (a graph's first call, a graph gone plain) wait for the
+    recording instead of failing: they take the lock every random run
+    holds."""
+    import threading
+
+    trees = ThreadTrees()
+    state = {"recording": False, "next_is_recording": False}
+    in_recording, clash = threading.Event(), []
+
+    def graph_a(x):
+        if state["next_is_recording"]:  # the recording's launch: the other thread tries meanwhile
+            state.update(next_is_recording=False, recording=True)
+            in_recording.set()
+            threading.Event().wait(0.2)  # lets the GIL go, as PyTorch's calls do
+            state["recording"] = False
+        return Graph(trees(0), 2.0, 1.0, stream=lambda: trees(0).stream)(x)
+
+    def graph_b(x):  # a random graph's plain call, on the other thread
+        if state["recording"]:
+            clash.append("a plain random call ran during another thread's random recording")
+        return Graph(trees(0), 1.0, 0.0, stream=lambda: trees(0).stream)(x)
+
+    def random_seg(name, fn):
+        return X.Segment(trees(0), name, fn, lambda inputs: fn(*inputs), alias, describe, span,
+                         bytes((ARG_TENSOR,)), (16,), 0, False, False, prelaunch=lambda variant, on_current: None)
+
+    seg_a, seg_b = random_seg("recorded", graph_a), random_seg("plain", graph_b)
+    X.set_tree_getter(trees)
+    errors = []
+
+    def thread_a():
+        try:
+            trees(0).explicit_steps = True
+            x = FakeTensor(4).fill([1, 2, 3, 4])
+            for i in range(3):  # the plain first call, the warmup, then the recording
+                trees(0).step_begin()
+                state["next_is_recording"] = i == 2
+                seg_a(x)
+            assert trees(0).stats()["recordings"] == 1
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+            in_recording.set()
+
+    def thread_b():
+        try:
+            assert in_recording.wait(10)
+            trees(0).explicit_steps = True
+            trees(0).step_begin()
+            (y,) = seg_b(FakeTensor(4).fill([5, 6, 7, 8]))  # its first call: plain
+            assert y.values() == [5, 6, 7, 8]
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    try:
+        ts = [threading.Thread(target=thread_a), threading.Thread(target=thread_b)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+    finally:
+        X.set_tree_getter(None)
+    assert errors == []
+    assert seg_b.info["plain_calls"] == 1
+    assert clash == []
+
+
+def test_a_calls_static_pointers_stay_its_own_when_another_thread_calls_the_segment_meanwhile():
+    """Without DLPack's exchange API a call may take its STATIC inputs'
+    pointers as unchanged since its tree's last call, on PyTorch's word;
+    each tree keeps those pointers of its own. A call that let the GIL go
+    before it read them (here: Python's span of a DYNAMIC input) must not
+    find the pointers of another thread's call on other weights: its node
+    would be theirs, and the output too, silently."""
+    import threading
+
+    n_static = 8
+
+    def ptrs_equal(tensors, ptrs, idx):
+        return all(tensors[i].ptr == ptrs[i] for i in idx)
+
+    init_hot_path(ptrs_equal)
+    local = threading.local()
+
+    def getter(dev):
+        if not hasattr(local, "t"):
+            local.t = X.Tree(0, backend="sim")
+        return local.t
+
+    def add_first_weight(x, *ws):
+        out = FakeTensor(x.n)
+        X.sim_launch(getter(0).stream, k_add, out.ptr, x.ptr, ws[0].ptr, x.n)
+        return [out]
+
+    pause, a_in_span, b_done = [False], threading.Event(), threading.Event()
+
+    def span_of(t):
+        if pause[0] and threading.current_thread().name == "A" and getattr(t, "is_x", False):
+            pause[0] = False
+            a_in_span.set()
+            b_done.wait(10)  # A lets the GIL go here, as Python code may
+        return t.nbytes
+
+    base = X.Tree(0, backend="sim")
+    kinds = (ARG_TENSOR,) + (ARG_TENSOR_STATIC,) * n_static
+    seg = X.Segment(base, "w", add_first_weight, lambda inputs: add_first_weight(*inputs), alias, describe, span_of,
+                    bytes(kinds), (16,) * (n_static + 1), 0, True)
+    wa = [FakeTensor(4).fill([10] * 4) for _ in range(n_static)]
+    wb = [FakeTensor(4).fill([1000] * 4) for _ in range(n_static)]
+    got, errors = {}, []
+
+    def thread_a():
+        try:
+            x = FakeTensor(4).fill([1, 2, 3, 4])
+            x.is_x = True
+            for w in (wb, wa):  # A's tree holds a node for each weight set
+                for _ in range(4):
+                    (y,) = call(seg, x, *w)
+            pause[0] = True
+            (y,) = call(seg, x, *wa)
+            got["a"] = y.values()
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+            a_in_span.set()
+
+    def thread_b():
+        try:
+            assert a_in_span.wait(10)
+            (y,) = call(seg, FakeTensor(4).fill([0] * 4), *wb)
+            got["b"] = y.values()
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+        finally:
+            b_done.set()
+
+    X.set_tree_getter(getter)
+    try:
+        ts = [threading.Thread(target=thread_a, name="A"), threading.Thread(target=thread_b, name="B")]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+    finally:
+        X.set_tree_getter(None)
+        init_hot_path()
+    assert errors == []
+    assert got == {"a": [11.0, 12.0, 13.0, 14.0], "b": [1000.0] * 4}
+
+
+def test_a_forward_segment_on_autograds_thread_runs_on_the_tree_of_each_backwards_caller():
+    """Autograd's device thread runs forward segments too (a checkpointed
+    block's recompute, a compiled optimizer in a gradient hook), each time
+    on the tree of the thread that called backward(), which cgtree.torch's
+    getter gives from PyTorch's stash. That thread must not keep the first
+    caller's tree as its own: only a tree's owner thread caches it."""
+    import queue
+    import threading
+
+    work, done = queue.Queue(), queue.Queue()
+
+    def device_thread():  # autograd's device thread's stand-in
+        while True:
+            f = work.get()
+            if f is None:
+                return
+            try:
+                done.put(("ok", f()))
+            except BaseException as e:  # noqa: BLE001 - handed back
+                done.put(("error", e))
+
+    def on_device_thread(f):
+        work.put(f)
+        kind, v = done.get(timeout=30)
+        if kind == "error":
+            raise v
+        return v
+
+    dt = threading.Thread(target=device_thread, daemon=True)
+    dt.start()
+    stash, local = {"tree": None}, threading.local()
+
+    def getter(dev):
+        if threading.current_thread() is dt:
+            return stash["tree"]  # the backward's caller's trees
+        if not hasattr(local, "tree"):
+            local.tree = X.Tree(0, backend="sim")
+        return local.tree
+
+    base = X.Tree(0, backend="sim")
+    seg = segment(base, Graph(base, 2.0, 1.0, stream=lambda: getter(0).stream), spans=(16,), name="fw")
+    X.set_tree_getter(getter)
+    runs, errors = {}, []
+
+    def caller(name):
+        try:
+            t = getter(0)
+            assert t.owner_thread == threading.get_ident()
+            call(seg, FakeTensor(4).fill([1] * 4))
+            before = t.stats()["runs"]
+            stash["tree"] = t  # this thread's backward
+            (y,) = on_device_thread(lambda: call(seg, FakeTensor(4).fill([1] * 4)))
+            assert y.values() == [3.0] * 4
+            runs[name] = t.stats()["runs"] - before
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    try:
+        for name in ("first", "second"):  # two threads, both alive: the first waits on
+            th = threading.Thread(target=caller, args=(name,))
+            th.start()
+            th.join()
+    finally:
+        X.set_tree_getter(None)
+        work.put(None)
+    assert errors == []
+    assert runs == {"first": 1, "second": 1}, runs
+
+
+def test_an_output_dropped_on_another_thread_during_its_trees_run_is_released_after_that_run():
+    """A tensor one thread's tree made, dropped and drained on another
+    thread while the first is inside a run of its tree (in a launch or
+    prelaunch, which may let the GIL go): the tree refuses releases inside
+    a launch, and its thread is using it. The release waits in the queue
+    for the next drain after that run; it is never lost (the value's pool
+    memory would stay taken until the step ended)."""
+    import threading
+
+    local = threading.local()
+
+    def getter(dev):
+        if not hasattr(local, "t"):
+            local.t = X.Tree(0, backend="sim")
+            local.t.explicit_steps = True
+        return local.t
+
+    base = X.Tree(0, backend="sim")
+    g1 = Graph(base, 2.0, 1.0, stream=lambda: getter(0).stream)
+    seg1 = segment(base, g1, spans=(16,), name="s1")
+    in_launch, go_on, state = threading.Event(), threading.Event(), {"block": False}
+
+    def g2(x):
+        if state["block"] and threading.current_thread().name == "A":
+            state["block"] = False
+            in_launch.set()
+            go_on.wait(10)  # a launch that lets other threads run
+        return g1(x)
+
+    seg2 = X.Segment(base, "s2", g2, lambda inputs: g2(*inputs), alias, describe, span, bytes((ARG_TENSOR,)),
+                     (16,), 0, False)
+    segb = segment(base, Graph(base, 1.0, 0.0, stream=lambda: getter(0).stream), spans=(16,), name="sb")
+    handoff, res, errors = {}, {}, []
+
+    def thread_a():
+        try:
+            T = getter(0)
+            x = FakeTensor(4).fill([1] * 4)
+            T.step_begin()
+            (y0,) = seg1(x)
+            del y0
+            (y,) = seg1(x)
+            handoff["y"] = y
+            del y
+            (z0,) = seg2(x)  # its first call: plain
+            del z0
+            state["block"] = True
+            (z,) = seg2(x)  # its warmup: a launch, during which B drops y and drains
+            del z
+            T.stats()  # drains
+            res["pool"] = T.stats()["pool_allocated_bytes"]
+            res["alive"] = T.stats()["outputs_alive"]
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+            in_launch.set()
+
+    def thread_b():
+        try:
+            assert in_launch.wait(10)
+            handoff.pop("y")
+            segb(FakeTensor(4).fill([0] * 4))  # B's call drains the queue while A's tree is in its run
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+        finally:
+            go_on.set()
+
+    X.set_tree_getter(getter)
+    try:
+        ts = [threading.Thread(target=thread_a, name="A"), threading.Thread(target=thread_b, name="B")]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+    finally:
+        X.set_tree_getter(None)
+    assert errors == []
+    assert res == {"pool": 0, "alive": 0}, res
+
+
+def test_cudagraph_mark_step_begin_is_process_wide_and_begins_a_step_on_every_threads_tree(tree):
+    """docs/torch.md: PyTorch's mark is one counter for the process, so a
+    mark on one thread begins a step on another thread's explicit-mode tree
+    too; threads that run at once use cgtree.torch.step_begin(), which is
+    per thread."""
+    import threading
+
+    class MarkStepBox:
+        mark_step_counter = 0
+
+    init_hot_path(mark_step_cls=MarkStepBox)
+    trees = ThreadTrees()
+    seg = segment(tree, Graph(tree, 2.0, 1.0, stream=lambda: trees(0).stream), spans=(16,), name="marks")
+    X.set_tree_getter(trees)
+    got, marked, go_on = {}, threading.Event(), threading.Event()
+
+    def worker():
+        t = trees(0)
+        t.explicit_steps = True
+        x = FakeTensor(4).fill([1, 2, 3, 4])
+        for _ in range(3):
+            t.step_begin()
+            call(seg, x)
+        steps = t.step
+        call(seg, x)  # no step_begin(): the same step
+        got["same"] = t.step - steps
+        go_on.set()
+        marked.wait(10)
+        call(seg, x)
+        got["marked"] = t.step - steps
+
+    def marker():
+        go_on.wait(10)
+        MarkStepBox.mark_step_counter -= 1  # what torch.compiler.cudagraph_mark_step_begin() does
+        marked.set()
+
+    try:
+        ts = [threading.Thread(target=worker), threading.Thread(target=marker)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+    finally:
+        X.set_tree_getter(None)
+        init_hot_path()
+    assert got == {"same": 0, "marked": 1}
+
+
 NO_LIMIT = 2**64 - 1
 
 

@@ -96,7 +96,9 @@ def set_step_mode(mode):
     step_begin() and torch.compiler.cudagraph_mark_step_begin(). Dynamo's
     call counter is process-wide, so threads that call compiled models
     concurrently should use "explicit" and call step_begin() before each
-    call: another thread's call then cannot end this thread's step. Set it
+    call: another thread's call then cannot end this thread's step. (Not
+    cudagraph_mark_step_begin() there: PyTorch's mark is one counter for
+    the process, and begins a step on every thread's trees.) Set it
     before the thread's first compiled call: the trees a thread makes in
     "explicit" mode run on a non-blocking stream, so that other threads'
     work on the legacy default stream cannot meet their captures (events

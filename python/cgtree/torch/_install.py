@@ -264,7 +264,13 @@ class _ThreadTrees(dict):
     freed, graphs, pool and stream, once no output of it lives and no
     capture is open (python/_torch_ext/tree_close.c). A program that runs
     compiled models on threads that come and go keeps only the trees of
-    live threads and of outputs it still holds."""
+    live threads and of outputs it still holds. ``owner``: the thread's
+    identity, which its trees carry (Tree.owner_thread), so that another
+    thread running on them (autograd's) never takes them for its own."""
+
+    def __init__(self):
+        super().__init__()
+        self.owner = threading.get_ident()
 
     def __del__(self):
         if sys.is_finalizing():  # the process ends: CUDA may be gone, nothing is worth freeing
@@ -318,6 +324,7 @@ def tree_for(device):
             tree = _ext.Tree(device, warmup_runs=warmup, time_launches=timed, **budget)
             stream = torch.cuda.ExternalStream(tree.stream, device=torch.device("cuda", device))
         tree.explicit_steps = explicit
+        tree.owner_thread = trees.owner  # made on autograd's thread for its caller, it is still the caller's
         with _lock:
             if not _ext.exchange_info()["stream"]:
                 _state["exchange_stream"] = _setup_or_off(lambda: check_exchange_stream(device, stream),
