@@ -1264,45 +1264,59 @@ def test_freeing_a_tree_frees_its_segments_runs_even_where_one_segment_holds_the
         X.set_tree_getter(None)
 
 
+class DeviceThread:
+    """Autograd's device thread's stand-in: a thread that runs what it is
+    given (run(f)) with the stash of trees it is told (stash["tree"]), and
+    a tree getter that gives it that stash and every other thread a tree of
+    its own, as cgtree.torch's getter does."""
+
+    def __init__(self):
+        import queue
+        import threading
+
+        self.work, self.done = queue.Queue(), queue.Queue()
+        self.stash, self.local = {"tree": None}, threading.local()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        while True:
+            f = self.work.get()
+            if f is None:
+                return
+            try:
+                self.done.put(("ok", f()))
+            except BaseException as e:  # noqa: BLE001 - handed to the test
+                self.done.put(("error", e))
+
+    def run(self, f):
+        self.work.put(f)
+        kind, got = self.done.get(timeout=30)
+        if kind == "error":
+            raise got
+        return got
+
+    def getter(self, device):
+        import threading
+
+        if threading.current_thread() is self.thread:
+            return self.stash["tree"]
+        if not hasattr(self.local, "tree"):
+            self.local.tree = X.Tree(0, backend="sim")
+        return self.local.tree
+
+    def stop(self):
+        self.work.put(None)
+
+
 def test_a_thread_that_cached_another_threads_tree_asks_again_once_that_tree_is_orphaned(tree):
     """A forward run on a thread from another thread's trees (autograd's
     thread under a backward's copied stash) leaves that tree in the
     thread's cache of trees. Once that tree is orphaned (and freed, its
     memory free to become another tree) the thread must ask the getter
     again, not run on what the cache points at."""
-    import queue
-    import threading
-
-    work_q, done_q = queue.Queue(), queue.Queue()
-
-    def worker():
-        while True:
-            f = work_q.get()
-            if f is None:
-                return
-            try:
-                done_q.put(("ok", f()))
-            except BaseException as e:  # noqa: BLE001 - handed to the test
-                done_q.put(("error", e))
-
-    def on_worker(f):
-        work_q.put(f)
-        kind, got = done_q.get(timeout=30)
-        if kind == "error":
-            raise got
-        return got
-
-    w = threading.Thread(target=worker, daemon=True)
-    w.start()
-    stash, local = {"tree": None}, threading.local()
-
-    def getter(device):
-        if threading.current_thread() is w:
-            return stash["tree"]
-        if not hasattr(local, "tree"):
-            local.tree = X.Tree(0, backend="sim")
-        return local.tree
-
+    dt = DeviceThread()
+    getter, stash, on_worker = dt.getter, dt.stash, dt.run
     seg = segment(tree, Graph(tree, 2.0, 1.0, stream=lambda: getter(0).stream), spans=(16,), name="cached")
     X.set_tree_getter(getter)
     try:
@@ -1333,7 +1347,7 @@ def test_a_thread_that_cached_another_threads_tree_asks_again_once_that_tree_is_
         assert b.stats()["runs"] >= 1 and other.stats()["runs"] == 0  # it asked, and ran on b
     finally:
         X.set_tree_getter(None)
-        work_q.put(None)
+        dt.stop()
 
 
 def test_freeing_a_tree_retires_its_stream_and_takes_its_pool_out_of_the_bytes_in_use(tree):
@@ -1633,6 +1647,23 @@ def test_a_prelaunch_function_runs_before_each_launch_of_a_recording_and_its_wor
     assert tree.stats()["recordings"] == 1 and tree.stats()["replays"] == 4
 
 
+def run_threads(getter, *work):
+    """Runs each function of work on a thread of its own, named A, B, ...
+    in order, with getter as the hot path's tree getter; joins them and
+    takes the getter away again."""
+    import threading
+
+    X.set_tree_getter(getter)
+    try:
+        ts = [threading.Thread(target=w, name="AB"[i]) for i, w in enumerate(work)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+    finally:
+        X.set_tree_getter(None)
+
+
 def test_a_random_graphs_run_keeps_other_threads_random_runs_out_from_its_write_to_its_launch():
     """Every random graph of a device, on every thread's tree, reads the
     one state of the generator, which the prelaunch of each launch writes
@@ -1660,7 +1691,6 @@ def test_a_random_graphs_run_keeps_other_threads_random_runs_out_from_its_write_
 
     seg = segment(trees(0), Graph(trees(0), 2.0, 1.0, stream=lambda: trees(0).stream), spans=(16,),
                   name="random_threads", prelaunch=prelaunch)
-    X.set_tree_getter(trees)
     errors = []
 
     def work(k):
@@ -1674,14 +1704,7 @@ def test_a_random_graphs_run_keeps_other_threads_random_runs_out_from_its_write_
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(repr(e))
 
-    try:
-        threads = [threading.Thread(target=work, args=(k,), name="thread%d" % k) for k in (1, 2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        X.set_tree_getter(None)
+    run_threads(trees, lambda: work(1), lambda: work(2))
     assert errors == []
     assert sum(t.stats()["replays"] for t in trees.made[1:]) >= 30  # the prelaunches ran, at each replay
     assert overlaps == [], "a random run began while another thread's was between its write and its launch"
@@ -1717,7 +1740,6 @@ def test_a_plain_call_of_a_random_graph_waits_for_another_threads_random_recordi
                          bytes((ARG_TENSOR,)), (16,), 0, False, False, prelaunch=lambda variant, on_current: None)
 
     seg_a, seg_b = random_seg("recorded", graph_a), random_seg("plain", graph_b)
-    X.set_tree_getter(trees)
     errors = []
 
     def thread_a():
@@ -1743,14 +1765,7 @@ def test_a_plain_call_of_a_random_graph_waits_for_another_threads_random_recordi
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(repr(e))
 
-    try:
-        ts = [threading.Thread(target=thread_a), threading.Thread(target=thread_b)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
-    finally:
-        X.set_tree_getter(None)
+    run_threads(trees, thread_a, thread_b)
     assert errors == []
     assert seg_b.info["plain_calls"] == 1
     assert clash == []
@@ -1824,15 +1839,9 @@ def test_a_calls_static_pointers_stay_its_own_when_another_thread_calls_the_segm
         finally:
             b_done.set()
 
-    X.set_tree_getter(getter)
     try:
-        ts = [threading.Thread(target=thread_a, name="A"), threading.Thread(target=thread_b, name="B")]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
+        run_threads(getter, thread_a, thread_b)
     finally:
-        X.set_tree_getter(None)
         init_hot_path()
     assert errors == []
     assert got == {"a": [11.0, 12.0, 13.0, 14.0], "b": [1000.0] * 4}
@@ -1844,39 +1853,10 @@ def test_a_forward_segment_on_autograds_thread_runs_on_the_tree_of_each_backward
     on the tree of the thread that called backward(), which cgtree.torch's
     getter gives from PyTorch's stash. That thread must not keep the first
     caller's tree as its own: only a tree's owner thread caches it."""
-    import queue
     import threading
 
-    work, done = queue.Queue(), queue.Queue()
-
-    def device_thread():  # autograd's device thread's stand-in
-        while True:
-            f = work.get()
-            if f is None:
-                return
-            try:
-                done.put(("ok", f()))
-            except BaseException as e:  # noqa: BLE001 - handed back
-                done.put(("error", e))
-
-    def on_device_thread(f):
-        work.put(f)
-        kind, v = done.get(timeout=30)
-        if kind == "error":
-            raise v
-        return v
-
-    dt = threading.Thread(target=device_thread, daemon=True)
-    dt.start()
-    stash, local = {"tree": None}, threading.local()
-
-    def getter(dev):
-        if threading.current_thread() is dt:
-            return stash["tree"]  # the backward's caller's trees
-        if not hasattr(local, "tree"):
-            local.tree = X.Tree(0, backend="sim")
-        return local.tree
-
+    dt = DeviceThread()
+    getter, stash, on_device_thread = dt.getter, dt.stash, dt.run
     base = X.Tree(0, backend="sim")
     seg = segment(base, Graph(base, 2.0, 1.0, stream=lambda: getter(0).stream), spans=(16,), name="fw")
     X.set_tree_getter(getter)
@@ -1902,7 +1882,7 @@ def test_a_forward_segment_on_autograds_thread_runs_on_the_tree_of_each_backward
             th.join()
     finally:
         X.set_tree_getter(None)
-        work.put(None)
+        dt.stop()
     assert errors == []
     assert runs == {"first": 1, "second": 1}, runs
 
@@ -1973,15 +1953,7 @@ def test_an_output_dropped_on_another_thread_during_its_trees_run_is_released_af
         finally:
             go_on.set()
 
-    X.set_tree_getter(getter)
-    try:
-        ts = [threading.Thread(target=thread_a, name="A"), threading.Thread(target=thread_b, name="B")]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
-    finally:
-        X.set_tree_getter(None)
+    run_threads(getter, thread_a, thread_b)
     assert errors == []
     assert res == {"pool": 0, "alive": 0}, res
 
@@ -1999,7 +1971,6 @@ def test_cudagraph_mark_step_begin_is_process_wide_and_begins_a_step_on_every_th
     init_hot_path(mark_step_cls=MarkStepBox)
     trees = ThreadTrees()
     seg = segment(tree, Graph(tree, 2.0, 1.0, stream=lambda: trees(0).stream), spans=(16,), name="marks")
-    X.set_tree_getter(trees)
     got, marked, go_on = {}, threading.Event(), threading.Event()
 
     def worker():
@@ -2023,13 +1994,8 @@ def test_cudagraph_mark_step_begin_is_process_wide_and_begins_a_step_on_every_th
         marked.set()
 
     try:
-        ts = [threading.Thread(target=worker), threading.Thread(target=marker)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
+        run_threads(trees, worker, marker)
     finally:
-        X.set_tree_getter(None)
         init_hot_path()
     assert got == {"same": 0, "marked": 1}
 
