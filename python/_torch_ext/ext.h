@@ -468,6 +468,9 @@ static inline int tx_range_inside(const void *p, size_t n, const void *base, siz
  * it, or -1 with MemoryError set and nothing changed. */
 int tx_step_outputs_link(TreeObject *T, tx_out_ref *r);
 void tx_step_outputs_unlink(TreeObject *T, tx_out_ref *r); /* a no-op if r is not on it */
+/* r, taken off with the list since (tx_step_outputs_take), goes back on
+ * it; allocates nothing, since the buckets it was in are kept. */
+int tx_step_outputs_put_back(TreeObject *T, tx_out_ref *r);
 /* Empties the list and its index; returns the old list, still chained by
  * step_next, each marked off it (the caller unchains them). */
 tx_out_ref *tx_step_outputs_take(TreeObject *T);
@@ -486,7 +489,8 @@ void tx_stale_forget(TreeObject *T, tx_out_ref *r);
 /* The step ends: a .grad that took over an output of it is moved to
  * memory of its own; then every output whose storage still lives is made
  * to raise on any access of its data, through any view. -1 with an
- * exception set (then no output is marked and the step goes on). */
+ * exception set: then the step goes on, and every output that could not
+ * be marked stays on the step list (those marked raise already). */
 int tx_stale_mark_step(TreeObject *T);
 /* o, an input at a position of a training forward that may get a gradient,
  * is remembered if it is a leaf that requires grad (wr: a weak reference to

@@ -191,8 +191,20 @@ static int read_counter(PyObject *cls, PyObject *name, long long *out) {
   return *out == -1 && PyErr_Occurred() ? -1 : 0;
 }
 
+/* tx_tree_step_begin, and if it fails the counters as they were before
+ * this call saw them move: the retried call begins the step (a mark, in
+ * explicit mode, is not lost). */
+static int step_begin_or_unsee(TreeObject *T, long long gen_before, long long mark_before) {
+  if (tx_tree_step_begin(T) == 0)
+    return 0;
+  T->last_generation = gen_before;
+  T->last_mark_step = mark_before;
+  return -1;
+}
+
 int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), void *call) {
   long long mark = 0, gen = T->last_generation;
+  const long long gen_before = T->last_generation, mark_before = T->last_mark_step;
   if (TX.mark_step_cls && read_counter(TX.mark_step_cls, TX.str_mark_step, &mark) < 0)
     return -1;
   if (!T->explicit_steps && read_counter(TX.generation_cls, TX.str_generation, &gen) < 0)
@@ -210,7 +222,7 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
   if (!marked && !T->saved_alive && (optimizer = belongs(call)) < 0)
     return -1;
   if (marked || (!T->saved_alive && !optimizer))
-    return tx_tree_step_begin(T);
+    return step_begin_or_unsee(T, gen_before, mark_before);
   if (T->generations_deferred < PENDING_GENERATIONS_MAX) {
     T->generations_deferred++;
     T->steps_deferred += (uint64_t)!optimizer;
@@ -218,7 +230,7 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
     return 0; /* a backward is pending, or the call is the step's optimizer: the step goes on */
   }
   if (!T->saved_alive) /* only optimizer calls held the step: it ends, gradients move, nothing is lost */
-    return tx_tree_step_begin(T);
+    return step_begin_or_unsee(T, gen_before, mark_before);
   T->steps_forced++;
   if (T->steps_forced == 1 &&
       PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
@@ -230,7 +242,7 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
                        "torch.no_grad(), or mark steps with torch.compiler.cudagraph_mark_step_begin().",
                        (unsigned)PENDING_GENERATIONS_MAX) < 0)
     PyErr_Clear(); /* a warning turned error must not break the call */
-  return tx_tree_step_begin(T);
+  return step_begin_or_unsee(T, gen_before, mark_before);
 }
 
 void tx_tree_drain(TreeObject *T) {

@@ -875,19 +875,38 @@ static PyObject *call_plain_writing_side_value(SegmentObject *s, TreeObject *T, 
  * the tensors, as CUDAGraph Trees do with theirs. That run is the graph's
  * first warmup. A graph that mutates an input cannot run twice: it keeps its
  * plain outputs. */
+/* The first call's plain run is done, and what came after it failed (an
+ * exception is set). A graph that may run again (rerun_first) raises it:
+ * a retry computes the same. One that may not (it wrote an input, it is a
+ * backward over donated buffers, it drew random numbers) must not be run
+ * again by a caller that retries: its result stands, the failure becomes a
+ * warning, and its next call tries again to take it in. */
+static PyObject *ran_then_failed(SegmentObject *s, PyObject *res) {
+  if (s->rerun_first) {
+    Py_DECREF(res);
+    return NULL;
+  }
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  PyErr_NormalizeException(&type, &value, &tb);
+  if (PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
+                       "cgtree.torch: graph '%s' ran plainly at its first call, and then cgtree could not take "
+                       "it in (%S); its result stands, and its next call tries again",
+                       s->name, value ? value : Py_None) < 0)
+    PyErr_Clear(); /* a warning turned error must not break the call */
+  Py_XDECREF(type), Py_XDECREF(value), Py_XDECREF(tb);
+  return res;
+}
+
 static PyObject *first_call(SegmentObject *s, PyObject *const *args, size_t n, uint64_t variant) {
   PyObject *res = call_plain(s, args, n);
   if (!res)
     return NULL;
-  if (tx_blas_clear() < 0) { /* the caller's stream keeps no workspace of ours */
-    Py_DECREF(res);
-    return NULL;
-  }
+  if (tx_blas_clear() < 0) /* the caller's stream keeps no workspace of ours */
+    return ran_then_failed(s, res);
   PyObject *desc = PyObject_CallOneArg(s->describe_py, res);
-  if (!desc) {
-    Py_DECREF(res);
-    return NULL;
-  }
+  if (!desc)
+    return ran_then_failed(s, res);
   if (!PyTuple_Check(desc)) { /* describe() says why a recording cannot carry these outputs */
     go_plain_described(s, desc, "an output is not a CUDA tensor on the graph's device");
     Py_DECREF(desc);
@@ -896,8 +915,7 @@ static PyObject *first_call(SegmentObject *s, PyObject *const *args, size_t n, u
   uint32_t n_out = 0;
   if (tmpl_add(s, variant, desc, &n_out) < 0) {
     Py_DECREF(desc);
-    Py_DECREF(res);
-    return NULL;
+    return ran_then_failed(s, res);
   }
   Py_DECREF(desc);
   s->n_outputs = n_out;
@@ -1169,9 +1187,11 @@ static int note_grad_leaves(seg_run *r, PyObject *const *args) {
       PyErr_Clear();
       continue;
     }
-    r->grad_seen[j] = wr;
-    if (tx_grad_leaf_note(r->tree, o, wr) < 0)
+    if (tx_grad_leaf_note(r->tree, o, wr) < 0) { /* not seen: the next call notes it again */
+      Py_DECREF(wr);
       return -1;
+    }
+    r->grad_seen[j] = wr;
   }
   return 0;
 }
@@ -1490,10 +1510,8 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
     PyObject *plain = first_call(s, args, n, variant);
     if (!plain || !s->outputs_known || s->bypass_reason)
       return plain;
-    if (run_register(r) < 0) {
-      Py_DECREF(plain);
-      return NULL;
-    }
+    if (run_register(r) < 0)
+      return ran_then_failed(s, plain); /* registered at a later call (below) */
     if (!s->rerun_first)
       return plain;
     Py_DECREF(plain); /* its outputs die now: the run below makes them again, in the pool */

@@ -99,8 +99,10 @@ int tx_grad_leaf_note(TreeObject *T, PyObject *o, PyObject *wr) {
     PyObject *v = PyObject_GetAttr(o, names[i]);
     yes = v ? PyObject_IsTrue(v) : 0;
     Py_XDECREF(v);
-    if (yes < 0 || PyErr_Occurred()) { /* not a tensor as autograd sees one: no .grad to look after */
-      PyErr_Clear();
+    if (yes < 0 || PyErr_Occurred()) {
+      if (PyErr_ExceptionMatches(PyExc_MemoryError))
+        return -1; /* out of memory: raised, and the leaf asked about again at the next call */
+      PyErr_Clear(); /* not a tensor as autograd sees one: no .grad to look after */
       yes = 0;
     }
   }
@@ -235,11 +237,18 @@ int tx_stale_mark_step(TreeObject *T) {
       if (res) {
         T->marked_stale++;
         Py_DECREF(res);
-      } else if (rc == 0) { /* the others are still marked; the first error is the one raised */
-        PyErr_Fetch(&type, &value, &tb);
-        rc = -1;
       } else {
-        PyErr_Clear();
+        /* It stays on the step list, to be marked when the step does end:
+         * its memory must not be reused while it lives unmarked. Its pages'
+         * buckets and their room are kept (step_outputs.c), so linking it
+         * again allocates nothing. The others are still marked; the first
+         * error is the one raised. */
+        if (rc == 0)
+          PyErr_Fetch(&type, &value, &tb);
+        else
+          PyErr_Clear();
+        rc = -1;
+        (void)tx_step_outputs_put_back(T, r); /* it allocates nothing: it cannot fail */
       }
     }
     r = next;

@@ -94,8 +94,9 @@ static tx_page_bucket *bucket_get(TreeObject *T, uintptr_t p) {
   return b;
 }
 
-int tx_step_outputs_link(TreeObject *T, tx_out_ref *r) {
-  sweep_if_grown(T);
+/* Puts r on the list and in its pages' buckets, making buckets and room
+ * where there are none. */
+static int link_ref(TreeObject *T, tx_out_ref *r) {
   uintptr_t from = first_page(r), to = last_page(r);
   for (uintptr_t p = from; p <= to; p++) {
     tx_page_bucket *b = bucket_get(T, p);
@@ -118,6 +119,15 @@ int tx_step_outputs_link(TreeObject *T, tx_out_ref *r) {
   DL_PREPEND2(T->step_outputs, r, step_prev, step_next);
   r->on_step_list = 1;
   return 0;
+}
+
+int tx_step_outputs_link(TreeObject *T, tx_out_ref *r) {
+  sweep_if_grown(T);
+  return link_ref(T, r);
+}
+
+int tx_step_outputs_put_back(TreeObject *T, tx_out_ref *r) {
+  return link_ref(T, r); /* no sweep: the buckets r was in, and their room, are still there */
 }
 
 void tx_step_outputs_unlink(TreeObject *T, tx_out_ref *r) {

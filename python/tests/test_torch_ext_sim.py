@@ -3180,3 +3180,159 @@ def test_give_reference_adds_exactly_one_reference():
     X.give_reference(held[0])
     after = sys.getrefcount(held[0])  # read before the assert, whose rewriting holds the object too
     assert after == before + 1  # the object is leaked on purpose: nothing releases it
+
+
+def hot_path_marking_with(mark):
+    """The hot path with `mark` as PyTorch's storage marking."""
+    X.init_hot_path(fake_from_dlpack, lambda device: 0, Generation, FakeTensor, None, None, None, mark, None,
+                    FakeOutOfMemoryError)
+
+
+def test_an_output_whose_stale_mark_failed_stays_watched_and_is_marked_when_the_step_does_end(tree):
+    """A step's end marks every live output of the step. If marking one
+    fails (PyTorch's call raises), the call raises and the step goes on;
+    that output must stay on the step's list, so that the step that does
+    end marks it: otherwise its memory is reused while it still reads,
+    silently."""
+    seg, x = replaying(tree, a=2.0, b=1.0, fill=(1, 2, 3, 4))
+    (y1,) = call(seg, x)
+    (y2,) = seg(x)  # the same step
+    bad = y1.untyped_storage()._cdata
+
+    def mark_failing_for_y1(cdata, msg):
+        if cdata == bad:
+            raise MemoryError("marking y1 failed")
+        fake_mark(cdata, msg)
+
+    hot_path_marking_with(mark_failing_for_y1)
+    try:
+        with pytest.raises(MemoryError):
+            call(seg, x)
+    finally:
+        init_hot_path()
+    assert y1.values() == [3, 5, 7, 9]  # not marked, and its step goes on
+    x.fill([100, 100, 100, 100])
+    (y3,) = call(seg, x)  # the step ends now, and y1 with it
+    assert y3.values() == [201, 201, 201, 201]
+    with pytest.raises(RuntimeError, match="StaleTensorError|stale|cgtree"):
+        y1.values()
+    tree.check()
+
+
+def test_a_mark_of_a_step_is_not_lost_when_the_step_could_not_begin(tree):
+    """In explicit mode a step begins at torch.compiler.cudagraph_mark_step_begin().
+    A call whose step could not begin (marking the old outputs failed)
+    raises; the mark still stands, and the next call begins the step."""
+    class MarkStepBox:
+        mark_step_counter = 0
+
+    tree.explicit_steps = True
+    seg, x = replaying(tree, a=2.0, b=1.0, fill=(1, 2, 3, 4))
+    (y,) = seg(x)
+    steps = tree.step
+
+    def mark_failing(cdata, msg):
+        raise MemoryError("marking failed")
+
+    X.init_hot_path(fake_from_dlpack, lambda device: 0, Generation, FakeTensor, None, None, None, mark_failing,
+                    MarkStepBox, FakeOutOfMemoryError)
+    try:
+        MarkStepBox.mark_step_counter -= 1
+        with pytest.raises(MemoryError):
+            seg(x)
+        X.init_hot_path(fake_from_dlpack, lambda device: 0, Generation, FakeTensor, None, None, None, fake_mark,
+                        MarkStepBox, FakeOutOfMemoryError)
+        seg(x)  # the retry: the mark is still there
+    finally:
+        init_hot_path()
+    assert tree.step == steps + 1
+    tree.check()
+
+
+class WritesItsInput:
+    """A graph that adds one to its input in place and returns x * 2."""
+
+    def __init__(self, tree):
+        self.tree = tree
+
+    def __call__(self, x):
+        X.sim_launch(self.tree.stream, k_affine, x.ptr, x.ptr, x.n, 1.0, 1.0)
+        out = FakeTensor(x.n)
+        X.sim_launch(self.tree.stream, k_affine, out.ptr, x.ptr, x.n, 2.0, 0.0)
+        return (out,)
+
+
+def test_a_first_call_that_wrote_its_input_keeps_its_result_when_cgtree_cannot_take_it_in(tree):
+    """A graph's first call runs plainly; if what cgtree does after it
+    fails (here describing its outputs raises), a graph that wrote an input
+    must not raise: a caller that retries would write it twice. Its result
+    stands, with a warning, and its next call tries again."""
+    fails = [1]
+
+    def describe_once_failing(res):
+        if fails[0]:
+            fails[0] -= 1
+            raise MemoryError("no memory to describe the outputs")
+        return describe(res)
+
+    graph = WritesItsInput(tree)
+    seg = X.Segment(tree, "writes", graph, lambda inputs: graph(*inputs), alias, describe_once_failing, span,
+                    bytes((ARG_TENSOR_STATIC,)), (16,), 0, False, False, written_inputs=(0,))
+    x = FakeTensor(4).fill([0, 0, 0, 0])
+    with pytest.warns(RuntimeWarning, match="its result stands"):
+        (y,) = call(seg, x)
+    assert x.values() == [1, 1, 1, 1] and y.values() == [2, 2, 2, 2]
+    for k in range(2, 6):  # taken in at the next call, then warmed up, recorded, replayed
+        (y,) = call(seg, x)
+        X.sim_sync(tree.stream)
+        assert x.values() == [k] * 4 and y.values() == [2 * k] * 4
+    assert tree.stats()["replays"] >= 1
+    tree.check()
+
+
+def test_a_first_call_of_a_graph_that_writes_nothing_still_raises_when_cgtree_cannot_take_it_in(tree):
+    """The contrast: a graph that may run again raises, and a retry computes
+    the same."""
+    def describe_failing(res):
+        raise MemoryError("no memory to describe the outputs")
+
+    graph = Graph(tree, 2.0, 1.0)
+    seg = X.Segment(tree, "pure", graph, lambda inputs: graph(*inputs), alias, describe_failing, span,
+                    bytes((ARG_TENSOR,)), (16,), 0, False, True)
+    with pytest.raises(MemoryError):
+        call(seg, FakeTensor(4).fill([1, 2, 3, 4]))
+
+
+class LeafOnceOutOfMemory(Leaf):
+    """A parameter whose requires_grad raises MemoryError the first time it
+    is read (no memory to answer)."""
+
+    def __init__(self, n):
+        super().__init__(n)
+        self.fail = True
+
+    @property
+    def requires_grad(self):
+        if self.fail:
+            self.fail = False
+            raise MemoryError("no memory for requires_grad")
+        return True
+
+
+def test_a_parameter_not_noted_for_lack_of_memory_is_noted_at_the_next_call(tree):
+    """A training forward notes the leaves among its inputs, whose .grad a
+    step's end must move rather than mark; a parameter seen at a position
+    is not looked at again while the same object comes back. Out of memory
+    while noting it, the call raises (before anything ran), and the next
+    call notes it: before, it counted as seen, and its .grad was marked
+    stale at every step's end instead of moved."""
+    fw = segment(tree, ParamForwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR_STATIC), spans=(16, 16), name="fw",
+                 saved_from=1, grad_inputs=(1,))
+    w, x = LeafOnceOutOfMemory(4).fill([0, 0, 0, 0]), FakeTensor(4).fill([1, 2, 3, 4])
+    Generation.generation += 1
+    with pytest.raises(MemoryError):
+        fw(x, w)
+    assert tree.stats()["gradient_leaves"] == 0
+    call(fw, x, w)
+    assert tree.stats()["gradient_leaves"] == 1
+    tree.check()
