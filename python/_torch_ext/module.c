@@ -978,6 +978,8 @@ static PyObject *m_sim_launch(PyObject *m, PyObject *args) {
 static PyMethodDef module_methods[] = {
     {"sim_launch", m_sim_launch, METH_VARARGS, "tests: enqueue fn(*args) on a simulator stream"},
     {"zero_stats", m_zero_stats, METH_NOARGS, "the keys of Tree.stats(), every counter 0 (no tree yet)"},
+    {"_set_variant_mask", tx_set_variant_mask, METH_O,
+     "tests: a call's variant is ANDed with this mask (2**64 - 1: all bits), so that different keys collide"},
     {"_fail_hash_alloc", m_fail_hash_alloc, METH_O,
      "tests: the n-th allocation of a hash table of the extension from now fails, as out of host memory (0: none)"},
     {"sim_sync", m_sim_sync, METH_O, "tests: synchronise a simulator stream (as .item() does: invalidates a capture)"},

@@ -124,6 +124,11 @@ typedef struct out_meta {
 
 typedef struct variant_tmpl {
   uint64_t variant;
+  /* What the variant hashes, exactly (a call's key: see key_add), as the
+   * call that made this template had it: a call whose key hashes to the
+   * same variant but differs is not this template's (call_colliding). */
+  uint64_t *key;
+  uint32_t n_key;
   uint32_t n_res;
   int as_list;
   uint8_t *is_tensor;
@@ -155,6 +160,8 @@ typedef struct seg_run {
   PyObject **grad_seen; /* a weak reference to the object last seen at each of the segment's grad_pos */
   uint32_t n_grad_seen; /* its length (the segment's n_grad_pos), so that freeing a run needs no segment */
   int outs_side_pool; /* the run at hand was eager: its outputs lie in the tree's side pool */
+  uint64_t *key;      /* the call at hand's variant key (key_add), 2 entries per argument at most */
+  uint32_t n_key;
   /* The STATIC inputs' data pointers of this tree's last call, where the
    * segment has static_idx: in C by position (static_ptr), and as
    * PyTorch's check wants them, a list of n_args ints (static_ptrs);
@@ -204,6 +211,8 @@ struct SegmentObject {
    * through cgt_run (call_plain_writing_side_value). */
   uint8_t *arg_written;
   int warned_side_write; /* the first such call was reported */
+  int warned_collision;  /* the first call whose variant key collided was reported (call_colliding) */
+  uint64_t collisions;   /* such calls */
   /* The list of STATIC positions, as PyTorch's pointer check wants them
    * (NULL when there are fewer than STATIC_CHECK_MIN: then they are read
    * every call). The pointers of the last call are each run's (seg_run). */
@@ -454,13 +463,14 @@ static void tmpl_clear(variant_tmpl *t) {
     }
   free(t->outs);
   free(t->is_tensor);
+  free(t->key);
   Py_XDECREF(t->consts);
   memset(t, 0, sizeof *t);
 }
 
 /* desc is what python/cgtree/torch/_segment.py's describe() returns:
  * (as_list, metas, consts), metas[i] = None or (ptr, span, shape, strides, code, bits). */
-static int tmpl_add(SegmentObject *s, uint64_t variant, PyObject *desc, uint32_t *n_tensors) {
+static int tmpl_add(SegmentObject *s, const seg_run *r, uint64_t variant, PyObject *desc, uint32_t *n_tensors) {
   PyObject *metas = PyTuple_GET_ITEM(desc, 1), *consts = PyTuple_GET_ITEM(desc, 2);
   uint32_t n_res = (uint32_t)PyTuple_GET_SIZE(metas);
   variant_tmpl t;
@@ -470,7 +480,12 @@ static int tmpl_add(SegmentObject *s, uint64_t variant, PyObject *desc, uint32_t
   t.as_list = PyObject_IsTrue(PyTuple_GET_ITEM(desc, 0));
   t.is_tensor = calloc(n_res ? n_res : 1, 1);
   t.outs = calloc(n_res ? n_res : 1, sizeof *t.outs);
-  if (!t.is_tensor || !t.outs) {
+  t.key = malloc((r->n_key + 1) * sizeof *t.key);
+  if (t.key) {
+    memcpy(t.key, r->key, r->n_key * sizeof *t.key);
+    t.n_key = r->n_key;
+  }
+  if (!t.is_tensor || !t.outs || !t.key) {
     tmpl_clear(&t);
     PyErr_NoMemory();
     return -1;
@@ -564,7 +579,7 @@ static cgt_status set_outputs(seg_run *r, cgt_launch *l, PyObject *res) {
   variant_tmpl *t = tmpl_find(s, r->cur_variant);
   if (!t) {
     uint32_t n = 0;
-    if (tmpl_add(s, r->cur_variant, desc, &n) < 0) {
+    if (tmpl_add(s, r, r->cur_variant, desc, &n) < 0) {
       Py_DECREF(desc);
       stash_exception(r);
       return CGT_ERR_SEGMENT_FAILED;
@@ -843,12 +858,34 @@ static void go_plain(SegmentObject *s, const char *why) {
  * and the caller's tensor would keep its old numbers. This call runs as the
  * plain graph instead, on the tensors themselves, after the tree's work; the
  * segment stays a segment, and the first such call says so. */
-static PyObject *call_plain_writing_side_value(SegmentObject *s, TreeObject *T, PyObject *const *args, size_t n) {
+/* The plain graph, on the caller's stream, after the tree's work. */
+static PyObject *call_plain_after_tree(SegmentObject *s, TreeObject *T, PyObject *const *args, size_t n) {
   void *caller;
   if (tx_caller_stream(T, &caller) < 0)
     return NULL;
   if (tx_caller_needs_events(T, caller))
     tx_stream_wait(caller, T->stream, T->ev_out);
+  return call_plain(s, args, n);
+}
+
+/* A call whose key hashes to the variant of a template made by another
+ * key (a 64-bit collision: not expected in the life of any program, but
+ * a recording of other ints or offsets would give other numbers, silently).
+ * It runs as the plain graph; the first such call says so. */
+static PyObject *call_colliding(SegmentObject *s, TreeObject *T, PyObject *const *args, size_t n) {
+  if (!s->warned_collision) {
+    s->warned_collision = 1;
+    if (PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
+                         "cgtree.torch: graph '%s': two sets of int, float or offset arguments gave the same "
+                         "variant key; calls with the second run as the plain graph",
+                         s->name) < 0)
+      PyErr_Clear(); /* a warning turned error must not break the call */
+  }
+  s->collisions++;
+  return call_plain_after_tree(s, T, args, n);
+}
+
+static PyObject *call_plain_writing_side_value(SegmentObject *s, TreeObject *T, PyObject *const *args, size_t n) {
   if (!s->warned_side_write) {
     s->warned_side_write = 1;
     PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
@@ -858,7 +895,7 @@ static PyObject *call_plain_writing_side_value(SegmentObject *s, TreeObject *T, 
                      s->name);
     PyErr_Clear(); /* a warning turned error must not break the call */
   }
-  return call_plain(s, args, n);
+  return call_plain_after_tree(s, T, args, n);
 }
 
 /* The first call: the compiled graph runs plainly (outside the pool), and
@@ -898,7 +935,7 @@ static PyObject *ran_then_failed(SegmentObject *s, PyObject *res) {
   return res;
 }
 
-static PyObject *first_call(SegmentObject *s, PyObject *const *args, size_t n, uint64_t variant) {
+static PyObject *first_call(SegmentObject *s, const seg_run *r, PyObject *const *args, size_t n, uint64_t variant) {
   PyObject *res = call_plain(s, args, n);
   if (!res)
     return NULL;
@@ -913,7 +950,7 @@ static PyObject *first_call(SegmentObject *s, PyObject *const *args, size_t n, u
     return res;
   }
   uint32_t n_out = 0;
-  if (tmpl_add(s, variant, desc, &n_out) < 0) {
+  if (tmpl_add(s, r, variant, desc, &n_out) < 0) {
     Py_DECREF(desc);
     return ran_then_failed(s, res);
   }
@@ -1023,7 +1060,7 @@ static TreeObject *current_tree(SegmentObject *s) {
  * reference (which a registered run holds for the tree); reads nothing of
  * the segment, which may be gone. */
 static void run_free(seg_run *r) {
-  free(r->args), free(r->ptrs), free(r->offs), free(r->outs);
+  free(r->args), free(r->ptrs), free(r->offs), free(r->outs), free(r->key);
   for (uint32_t j = 0; r->grad_seen && j < r->n_grad_seen; j++)
     Py_XDECREF(r->grad_seen[j]);
   free(r->grad_seen);
@@ -1054,9 +1091,10 @@ static seg_run *run_for(SegmentObject *s) {
     r->args = calloc(s->n_args + 1, sizeof *r->args);
     r->ptrs = calloc(s->n_args + 1, sizeof *r->ptrs);
     r->offs = calloc(s->n_args + 1, sizeof *r->offs);
+    r->key = calloc(2 * (size_t)s->n_args + 1, sizeof *r->key);
   }
   int statics_ok = !r || !s->static_idx || static_cache_make(r, s->n_args) == 0;
-  if (!r || !grown || !r->args || !r->ptrs || !r->offs || !statics_ok || tx_tree_run_add(T, r) < 0) {
+  if (!r || !grown || !r->args || !r->ptrs || !r->offs || !r->key || !statics_ok || tx_tree_run_add(T, r) < 0) {
     if (r)
       run_free(r); /* nothing but its arrays yet: no tree, no reference */
     PyErr_NoMemory();
@@ -1125,9 +1163,38 @@ void tx_tree_runs_free(struct seg_run **runs, size_t n) {
   free(runs);
 }
 
-static inline uint64_t mix(uint64_t h, uint64_t x) {
-  h ^= x + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-  return h;
+/* The variant: a hash of the call's key, everything host-side that changes
+ * what the graph enqueues (its ints and floats, where a VALUE input starts
+ * inside its value, the generators it is passed). Each entry goes through
+ * splitmix64's finaliser, and so does the running hash, so that any change
+ * of any entry changes every bit with even odds (a sum-and-shift mix, as
+ * before, made (0, 62) and (1, 1) the same variant). The key itself is kept
+ * too, in each template, so that a collision, however unlikely, is seen
+ * (call_colliding) and never replays another key's recording. */
+static inline uint64_t fmix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+static uint64_t variant_mask = ~0ull; /* tests: fewer bits, so that keys collide (_set_variant_mask) */
+
+static inline void key_add(seg_run *r, uint64_t *variant, uint64_t x) {
+  r->key[r->n_key++] = x;
+  *variant = fmix64(*variant ^ fmix64(x + 0x9e3779b97f4a7c15ull));
+}
+
+static int key_is(const variant_tmpl *t, const seg_run *r) {
+  return t->n_key == r->n_key && memcmp(t->key, r->key, r->n_key * sizeof *r->key) == 0;
+}
+
+PyObject *tx_set_variant_mask(PyObject *self, PyObject *arg) {
+  (void)self;
+  unsigned long long m = PyLong_AsUnsignedLongLong(arg);
+  if (m == (unsigned long long)-1 && PyErr_Occurred())
+    return NULL;
+  variant_mask = m;
+  Py_RETURN_NONE;
 }
 
 static PyObject *build_result(seg_run *r, variant_tmpl *t) {
@@ -1390,6 +1457,7 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
   uint64_t t_step = clock_if(timed);
 
   uint64_t variant = 0;
+  r->n_key = 0;
   uint32_t k = 0;
   /* With the exchange API every pointer is read, cheaply; without it, one
    * check of PyTorch's may vouch for the STATIC ones (static_ptrs_unchanged). */
@@ -1464,7 +1532,7 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
         r->args[k] = cgt_arg_value(ref->value);
         r->offs[k] = (size_t)((char *)ptr - (char *)ref->ptr);
         if (r->offs[k]) /* at offset 0 it reads what the value itself would */
-          variant = mix(variant, ((uint64_t)k << 40) ^ (uint64_t)r->offs[k] ^ 0x5eedull);
+          key_add(r, &variant, ((uint64_t)k << 40) ^ (uint64_t)r->offs[k] ^ 0x5eedull);
       } else if (ptr == NULL || span == 0) {
         /* An empty tensor has nothing to read; cgtree needs memory, so it is
          * keyed on a byte of ours and the launch passes the tensor itself. */
@@ -1482,20 +1550,26 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
       long long x = PyLong_AsLongLong(o);
       if (x == -1 && PyErr_Occurred())
         return NULL;
-      variant = mix(variant, (uint64_t)x);
+      key_add(r, &variant, (uint64_t)x);
     } else if (kind == ARG_FLOAT) {
       double x = PyFloat_AsDouble(o);
       if (x == -1.0 && PyErr_Occurred())
         return NULL;
       uint64_t bits;
       memcpy(&bits, &x, sizeof bits);
-      variant = mix(variant, bits);
+      key_add(r, &variant, bits);
     } else if (kind == ARG_GENERATOR) {
-      variant = mix(variant, (uint64_t)(uintptr_t)o ^ 0x67656eull);
+      key_add(r, &variant, (uint64_t)(uintptr_t)o ^ 0x67656eull);
     }
   }
   if (!statics_same && s->static_idx)
     r->static_known = statics_noted && !fast; /* every STATIC pointer was read, and noted, just now */
+  variant &= variant_mask;
+  if (s->outputs_known) {
+    variant_tmpl *known = tmpl_find(s, variant);
+    if (known && !key_is(known, r))
+      return call_colliding(s, T, args, n);
+  }
   if (writes_side_value && s->outputs_known)
     return call_plain_writing_side_value(s, T, args, n);
   if (s->n_grad_pos && note_grad_leaves(r, args) < 0)
@@ -1507,7 +1581,7 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
   if (!s->outputs_known) { /* runs on the caller's stream: wait for the tree's outputs */
     if (tx_caller_needs_events(T, caller))
       tx_stream_wait(caller, T->stream, T->ev_out);
-    PyObject *plain = first_call(s, args, n, variant);
+    PyObject *plain = first_call(s, r, args, n, variant);
     if (!plain || !s->outputs_known || s->bypass_reason)
       return plain;
     if (run_register(r) < 0)
@@ -1845,12 +1919,13 @@ static PyObject *seg_get_info(SegmentObject *s, void *closure) {
   int registered = 0;
   for (size_t i = 0; i < s->n_runs; i++)
     registered += s->runs[i]->registered;
-  return Py_BuildValue("{s:s,s:I,s:O,s:i,s:K,s:K,s:K,s:I,s:I,s:O}", "name", s->name, "segment",
+  return Py_BuildValue("{s:s,s:I,s:O,s:i,s:K,s:K,s:K,s:I,s:I,s:O,s:K}", "name", s->name, "segment",
                        s->n_runs ? (unsigned)s->runs[0]->seg : 0u, "registered", registered ? Py_True : Py_False,
                        "trees", registered, "calls", (unsigned long long)s->calls,
                        "plain_calls", (unsigned long long)s->plain_calls, "out_of_memory",
                        (unsigned long long)s->out_of_memory, "inputs", s->n_targs, "outputs", s->n_outputs,
-                       "plain_reason", s->bypass_reason ? s->bypass_reason : Py_None);
+                       "plain_reason", s->bypass_reason ? s->bypass_reason : Py_None, "collisions",
+                       (unsigned long long)s->collisions);
 }
 
 static PyObject *seg_timers(SegmentObject *s, PyObject *unused) {

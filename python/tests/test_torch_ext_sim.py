@@ -3336,3 +3336,63 @@ def test_a_parameter_not_noted_for_lack_of_memory_is_noted_at_the_next_call(tree
     call(fw, x, w)
     assert tree.stats()["gradient_leaves"] == 1
     tree.check()
+
+
+class ScaledByInts:
+    """A graph of x and two ints (a dynamic shape's sizes, say): out = x * a + b."""
+
+    def __init__(self, tree):
+        self.tree = tree
+
+    def __call__(self, x, a, b):
+        out = FakeTensor(x.n)
+        X.sim_launch(self.tree.stream, k_affine, out.ptr, x.ptr, x.n, float(a), float(b))
+        return (out,)
+
+
+def int_segment(tree):
+    g = ScaledByInts(tree)
+    return X.Segment(tree, "ints", g, lambda inputs: g(*inputs), alias, describe, span,
+                     bytes((ARG_TENSOR, ARG_INT, ARG_INT)), (16, 0, 0), 0, False, True)
+
+
+def test_ints_that_a_sum_and_shift_hash_confused_key_variants_of_their_own(tree):
+    """(0, 62) and (1, 1), (8, 100) and (9, 39): the variant hash of an
+    earlier version gave each pair one variant, so the second replayed the
+    first's recording (with a dynamic shape's sizes: the first's output
+    shape and numbers). Each now records and replays its own."""
+    seg = int_segment(tree)
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    for pair in ((0, 62), (1, 1), (8, 100), (9, 39)):
+        for _ in range(4):
+            (y,) = call(seg, x, *pair)
+            a, b = pair
+            assert y.values() == [v * a + b for v in (1, 2, 3, 4)], pair
+    assert seg.info["collisions"] == 0
+    assert tree.stats()["recordings"] == 4
+    tree.check()
+
+
+def test_a_call_whose_variant_collides_with_another_keys_runs_plainly_and_right(tree):
+    """However unlikely a 64-bit collision, a call whose ints hash to the
+    variant of a recording made with other ints must not replay it: it runs
+    as the plain graph, with one warning. Here every variant is 0."""
+    seg = int_segment(tree)
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    X._set_variant_mask(0)
+    try:
+        for _ in range(4):
+            (y,) = call(seg, x, 2, 0)
+        assert y.values() == [2, 4, 6, 8]
+        with pytest.warns(RuntimeWarning, match="same variant key"):
+            (y,) = call(seg, x, 3, 1)
+        assert y.values() == [4, 7, 10, 13]
+        (y,) = call(seg, x, 3, 1)
+        assert y.values() == [4, 7, 10, 13]
+        (y,) = call(seg, x, 2, 0)  # the recording's own key still replays it
+        assert y.values() == [2, 4, 6, 8]
+    finally:
+        X._set_variant_mask(2**64 - 1)
+    assert seg.info["collisions"] == 2
+    assert tree.stats()["recordings"] == 1
+    tree.check()
