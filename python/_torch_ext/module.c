@@ -867,16 +867,23 @@ static void alias_capsule_destructor(PyObject *cap) {
   }
 }
 
-/* alias_capsule(ptr, shape, strides, code, bits, device): a DLPack capsule
- * over memory the caller owns (a pool placeholder during a launch); the
- * tensor torch makes from it frees nothing. */
+/* alias_capsule(ptr, shape, strides, code, bits, device, offset_bytes=0): a
+ * DLPack capsule over memory the caller owns (a pool placeholder during a
+ * launch); the tensor torch makes from it frees nothing. Its data begins at
+ * ptr, its storage offset_bytes before (the caller's tensor's storage
+ * offset, so that the graph sees the layout the plain call would). */
 static PyObject *m_alias_capsule(PyObject *m, PyObject *args) {
   (void)m;
   PyObject *pp, *shape, *strides;
   int code, bits, device;
-  if (!PyArg_ParseTuple(args, "OO!O!iii", &pp, &PyTuple_Type, &shape, &PyTuple_Type, &strides, &code, &bits,
-                        &device))
+  long long offset_bytes = 0;
+  if (!PyArg_ParseTuple(args, "OO!O!iii|L", &pp, &PyTuple_Type, &shape, &PyTuple_Type, &strides, &code, &bits,
+                        &device, &offset_bytes))
     return NULL;
+  if (offset_bytes < 0) {
+    PyErr_SetString(PyExc_ValueError, "offset_bytes is a storage offset in bytes: 0 or more");
+    return NULL;
+  }
   Py_ssize_t nd = PyTuple_GET_SIZE(shape);
   if (PyTuple_GET_SIZE(strides) != nd) {
     PyErr_SetString(PyExc_ValueError, "shape and strides differ in length");
@@ -898,7 +905,8 @@ static PyObject *m_alias_capsule(PyObject *m, PyObject *args) {
     return NULL;
   }
   memset(&mt->dl_tensor, 0, sizeof mt->dl_tensor);
-  mt->dl_tensor.data = ptr;
+  mt->dl_tensor.data = (char *)ptr - offset_bytes;
+  mt->dl_tensor.byte_offset = (uint64_t)offset_bytes;
   mt->dl_tensor.device.device_type = kDLCUDA;
   mt->dl_tensor.device.device_id = device;
   mt->dl_tensor.ndim = (int32_t)nd;

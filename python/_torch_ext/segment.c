@@ -120,6 +120,14 @@ typedef struct out_meta {
   int32_t ndim;
   DLDataType dtype;
   int64_t *dims;  /* shape then strides */
+  /* Its storage offset, in bytes, as the graph's run that made the
+   * template returned it. The tensor made over a value starts its storage
+   * that far before the value's pointer (DLPack's byte_offset), so its
+   * storage_offset() is the plain graph's: AOTAutograd rebuilds an output
+   * that aliases an input or another output from that base with
+   * as_strided(size, stride, storage_offset()) where its view steps are
+   * symbolic, and a 0 there gave x[0:] for x[start:], silently. */
+  int64_t offset_bytes;
 } out_meta;
 
 typedef struct variant_tmpl {
@@ -372,14 +380,14 @@ static PyObject *make_output(seg_run *run, cgt_value v, const out_meta *m, int s
   r->caller_memory = inside_caller_memory(run, ptr, bytes);
   r->side_pool = run->outs_side_pool;
   DLTensor *dl = TXE.outputs ? &r->mv.dl_tensor : &r->m.dl_tensor;
-  dl->data = ptr;
   dl->device.device_type = kDLCUDA;
   dl->device.device_id = T->device;
   dl->ndim = nd;
   dl->dtype = m->dtype;
   dl->shape = r->dims;
   dl->strides = r->dims + nd;
-  dl->byte_offset = 0;
+  dl->data = (char *)ptr - m->offset_bytes; /* the storage begins where the plain graph's did */
+  dl->byte_offset = (uint64_t)m->offset_bytes;
   PyObject *t;
   if (TXE.outputs) { /* no Python call (exchange.c) */
     r->mv.version.major = 1;
@@ -513,6 +521,7 @@ static int tmpl_add(SegmentObject *s, const seg_run *r, uint64_t variant, PyObje
     o->dtype.code = (uint8_t)PyLong_AsLong(PyTuple_GET_ITEM(m, 4));
     o->dtype.bits = (uint8_t)PyLong_AsLong(PyTuple_GET_ITEM(m, 5));
     o->dtype.lanes = 1;
+    o->offset_bytes = PyTuple_GET_SIZE(m) > 6 ? PyLong_AsLongLong(PyTuple_GET_ITEM(m, 6)) : 0;
     t.is_tensor[i] = 1;
     k++;
   }

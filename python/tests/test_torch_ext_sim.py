@@ -121,9 +121,13 @@ class FakeTensor:
         """A new tensor object over the same storage, as y.view(-1) or y[:] is."""
         return FakeTensor(self.n, ptr=self.ptr, storage=self.storage)
 
+    storage_offset_bytes = 0  # where its data begins in its storage (storage_offset() * 4)
+
     def narrow(self, start, length):
         """`length` elements from `start` on, over the same storage, as y[start:start + length] is."""
-        return FakeTensor(length, ptr=self.ptr + 4 * start, storage=self.storage)
+        t = FakeTensor(length, ptr=self.ptr + 4 * start, storage=self.storage)
+        t.storage_offset_bytes = self.storage_offset_bytes + 4 * start
+        return t
 
     def data_ptr(self):
         self.storage.check()
@@ -153,7 +157,8 @@ def fake_from_dlpack(cap):
     n = 1
     for d in range(m.dl.ndim):
         n *= m.dl.shape[d]
-    t = FakeTensor(n, ptr=m.dl.data, managed=(addr, m.deleter))
+    t = FakeTensor(n, ptr=m.dl.data + m.dl.byte_offset, managed=(addr, m.deleter))
+    t.storage_offset_bytes = m.dl.byte_offset  # as torch.from_dlpack makes it: the storage begins at data
     _capsule_rename(cap, _USED)
     return t
 
@@ -174,7 +179,8 @@ def describe(res):
     for i, o in enumerate(res):
         if isinstance(o, FakeTensor) and not o.is_cuda:  # as cgtree.torch's describe says of a CPU tensor
             return "output %d is a tensor on cpu (a recording returns CUDA tensors only)" % i
-    metas = tuple((o.ptr, o.nbytes, (o.n,), (1,), 2, 32) if isinstance(o, FakeTensor) else None for o in res)
+    metas = tuple((o.ptr, o.nbytes, (o.n,), (1,), 2, 32, o.storage_offset_bytes) if isinstance(o, FakeTensor) else None
+                  for o in res)
     consts = tuple(None if isinstance(o, FakeTensor) else o for o in res)
     return isinstance(res, list), metas, consts
 
@@ -2256,7 +2262,8 @@ def make_from_versioned(addr):
     n = 1
     for d in range(m.dl.ndim):
         n *= m.dl.shape[d]
-    t = FakeTensor(n, ptr=m.dl.data, managed=(addr, m.deleter))
+    t = FakeTensor(n, ptr=m.dl.data + m.dl.byte_offset, managed=(addr, m.deleter))
+    t.storage_offset_bytes = m.dl.byte_offset
     made.append(n)
     return t
 
@@ -3396,3 +3403,36 @@ def test_a_call_whose_variant_collides_with_another_keys_runs_plainly_and_right(
     assert seg.info["collisions"] == 2
     assert tree.stats()["recordings"] == 1
     tree.check()
+
+
+class ReturnsAViewAtAnOffset:
+    """y = 2x + 1 and y[start:]: a view of an output at an offset, as a
+    dynamic-shape graph returns x[start:] or y[start:]."""
+
+    def __init__(self, tree, start):
+        self.tree, self.start = tree, start
+
+    def __call__(self, x):
+        y = FakeTensor(x.n)
+        X.sim_launch(self.tree.stream, k_affine, y.ptr, x.ptr, x.n, 2.0, 1.0)
+        return (y, y.narrow(self.start, x.n - self.start))
+
+
+def test_an_output_that_is_a_view_at_an_offset_keeps_the_plain_graphs_storage_offset(tree):
+    """AOTAutograd rebuilds an output that aliases an input or another
+    output from its base with as_strided(size, stride, storage_offset())
+    where the view's steps are symbolic (x[start:] with a dynamic start):
+    each output cgtree makes must have the storage offset the plain graph's
+    had. A tensor made with storage offset 0 gave x[0:] for x[start:],
+    silently."""
+    seg = X.Segment(tree, "view", ReturnsAViewAtAnOffset(tree, 3), lambda inputs: ReturnsAViewAtAnOffset(tree, 3)(*inputs),
+                    alias, describe, span, bytes((ARG_TENSOR,)), (32,), 0, False, True)
+    x = FakeTensor(8).fill([0, 1, 2, 3, 4, 5, 6, 7])
+    for _ in range(4):  # the plain first call, warmup, recording, replay
+        y, v = call(seg, x)
+        assert v.storage_offset_bytes == 12, "the view's storage offset is lost"
+        assert v.ptr == y.ptr + 12 and v.values() == [7, 9, 11, 13, 15]
+        assert y.storage_offset_bytes == 0
+    assert tree.stats()["replays"] >= 1
+    tree.check()
+

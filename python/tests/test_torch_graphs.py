@@ -134,6 +134,32 @@ def test_random_operators_are_found_by_their_tag_also_inside_nested_graphs():
     assert B.random_use(outer) == (True, False)
 
 
+def test_an_operator_tagged_cudagraph_unsafe_is_found_also_inside_nested_graphs():
+    """A custom operator tagged cudagraph_unsafe reads host state each call
+    (here a Python global): its graph must run plainly, never be recorded."""
+    scale = [2.0]
+
+    @torch.library.custom_op("cgtree_test::scaled_by_global", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+    def scaled_by_global(x: torch.Tensor) -> torch.Tensor:
+        return x * scale[0]
+
+    @scaled_by_global.register_fake
+    def _(x):
+        return torch.empty_like(x)
+
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def aten(fn):
+        return make_fx(fn)(torch.ones(3))
+
+    unsafe = aten(lambda a: scaled_by_global(a) + 1)
+    assert B.cudagraph_unsafe_op(unsafe) == "cgtree_test.scaled_by_global.default"
+    plain = aten(lambda a: a * 2)
+    assert B.cudagraph_unsafe_op(plain) is None
+    plain.add_submodule("branch", unsafe)  # as torch.cond keeps its branches
+    assert B.cudagraph_unsafe_op(plain) == "cgtree_test.scaled_by_global.default"
+
+
 def test_graphs_that_save_or_restore_the_generator_state_are_told_apart_from_plain_random_graphs():
     """Random graphs are recorded (the generator's state per launch,
     _rng.py); a graph that saves or restores that state (activation

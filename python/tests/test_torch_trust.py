@@ -724,3 +724,98 @@ def test_cgtree_leaves_the_threads_capture_mode_as_it_found_it():
             torch.testing.assert_close(y, one_segment(x))
         finally:
             runtime.cudaThreadExchangeStreamCaptureMode(before)
+
+
+def replays():
+    return ct.stats()["replays"]
+
+
+def test_dynamic_shapes_whose_sizes_an_old_hash_confused_each_get_their_own_recording():
+    """A dynamic-shape graph gets its sizes as int arguments, hashed into
+    the variant. The hash cgtree used before made (8, 100) and (9, 39), or
+    (2, 150) and (3, 100), one variant: the second shape replayed the
+    first's recording, with its output shape and numbers."""
+    fresh()
+
+    def f(x):
+        return x.sum(1)
+
+    cg = torch.compile(f, backend="cgtree", dynamic=True)
+    r0 = replays()
+    for shape in [(8, 100), (9, 39), (2, 150), (3, 100)] * 4:
+        x = torch.randn(*shape, device=DEV)
+        got = cg(x)
+        assert got.shape == (shape[0],), (shape, tuple(got.shape))
+        torch.testing.assert_close(got, f(x))
+    assert replays() - r0 >= 8
+    assert all(s.info["collisions"] == 0 for s in _backend._segments)
+
+
+def test_a_view_of_an_input_at_a_dynamic_offset_is_the_plain_graphs_view():
+    """AOTAutograd rebuilds an output that aliases an input from the
+    caller's tensor with as_strided(size, stride, storage_offset()) when
+    the view's steps are symbolic: cgtree's outputs must carry the plain
+    graph's storage offset. Before, x[:, start:] came back as x[:, :n - start],
+    silently. Also with an input that has a storage offset of its own."""
+    fresh()
+
+    def f(x, start):
+        return x[:, start:], x.sum()
+
+    cg = torch.compile(f, backend="cgtree", dynamic=True)
+    big = torch.arange(400.0, device=DEV)
+    r0 = replays()
+    for start in (2, 3, 4, 5, 2, 3, 4, 5):
+        for x in (big[:40].view(4, 10), big[30:70].view(4, 10)):
+            v, s = cg(x, start)
+            assert v.shape == x[:, start:].shape and torch.equal(v, x[:, start:]), (start, x.storage_offset())
+            assert v.data_ptr() == x[:, start:].data_ptr()
+            torch.testing.assert_close(s, x.sum())
+    assert replays() - r0 >= 4
+
+
+def test_a_view_of_an_intermediate_at_a_dynamic_offset_trains_like_eager():
+    """The same for a view of an output of the graph, in training: y and
+    y[1:n-1] returned together, both used in the loss."""
+    fresh()
+
+    def f(x):
+        y = x * 2
+        n = y.shape[0]
+        return y, y[1:n - 1]
+
+    cg = torch.compile(f, backend="cgtree", dynamic=True)
+    for n in (8, 9, 10, 8, 9, 10, 8, 9, 10):
+        x = torch.arange(float(n), device=DEV).requires_grad_()
+        xe = x.detach().clone().requires_grad_()
+        y, v = cg(x)
+        ye, ve = f(xe)
+        assert torch.equal(v, ve), n
+        (y.sum() + (v * 3).sum()).backward()
+        (ye.sum() + (ve * 3).sum()).backward()
+        assert torch.equal(x.grad, xe.grad), n
+
+
+def test_an_operator_tagged_cudagraph_unsafe_runs_plainly_and_sees_its_host_state_each_call():
+    """A custom operator tagged cudagraph_unsafe reads a Python global at
+    each call; a recording would replay the first value for good."""
+    fresh()
+    scale = [2.0]
+
+    @torch.library.custom_op("cgtree_trust::scaled_by_global", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+    def scaled_by_global(x: torch.Tensor) -> torch.Tensor:
+        return x * scale[0]
+
+    @scaled_by_global.register_fake
+    def _(x):
+        return torch.empty_like(x)
+
+    cg = torch.compile(lambda x: scaled_by_global(x + 1) * 2, backend="cgtree")
+    x = torch.ones(16, device=DEV)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for k in range(6):
+            scale[0] = float(k)
+            assert torch.equal(cg(x), torch.full((16,), 4.0 * k, device=DEV)), k
+    reasons = [d["plain_reason"] for d in _backend.decisions[-1:]]
+    assert reasons and "cudagraph_unsafe" in reasons[0], reasons

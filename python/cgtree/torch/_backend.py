@@ -78,8 +78,9 @@ import torch
 from .. import _torch_ext as _ext
 from . import _install
 
-from ._graphs import (_DL, ARG_GENERATOR, ARG_TENSOR, ARG_TENSOR_STATIC, describe, graph_outputs, host_read_seeds,
-                      mutated_inputs, onto_device, onto_host, plan_inputs, random_use, saved_on_cuda, span)
+from ._graphs import (_DL, ARG_GENERATOR, ARG_TENSOR, ARG_TENSOR_STATIC, cudagraph_unsafe_op, describe, graph_outputs,
+                      host_read_seeds, mutated_inputs, onto_device, onto_host, plan_inputs, random_use, saved_on_cuda,
+                      span)
 from ._rng import RandomDraws, anchoring
 
 _counter = itertools.count(1)
@@ -90,12 +91,15 @@ _from_dlpack = None
 
 def alias(t, ptr):
     """t's layout over the memory at ptr (a pool placeholder): what the graph
-    reads while it is warmed up or recorded for a DYNAMIC input."""
+    reads while it is warmed up or recorded for a DYNAMIC input. Its storage
+    offset is t's too, as in the plain call: a view of it the graph returns
+    then has the storage offset the plain graph's has (segment.c, out_meta)."""
     global _from_dlpack
     if _from_dlpack is None:
         _from_dlpack = getattr(torch._C, "_from_dlpack", None) or torch.utils.dlpack.from_dlpack
     code, bits = _DL[t.dtype]
-    cap = _ext.alias_capsule(ptr, tuple(t.shape), tuple(t.stride()), code, bits, t.device.index)
+    cap = _ext.alias_capsule(ptr, tuple(t.shape), tuple(t.stride()), code, bits, t.device.index,
+                             t.storage_offset() * t.element_size())
     return _from_dlpack(cap)
 
 
@@ -130,7 +134,7 @@ def _boxed(compiled, saved_cpu=(), device=None, host_seeds=(), capturing=torch.c
 decisions = []
 
 
-def _plain_reason(example_inputs, kwargs, restores_rng):
+def _plain_reason(example_inputs, kwargs, restores_rng, unsafe_op=None):
     """Why this graph must run as the plain Inductor graph, or None; and the
     device of its CUDA tensors where they all lie on one (None: no tree can
     hold the graph, not even as a plain one)."""
@@ -145,6 +149,8 @@ def _plain_reason(example_inputs, kwargs, restores_rng):
         return "an input dtype DLPack cannot describe", device
     if restores_rng:
         return "it saves or restores the random generator's state (a replay cannot)", device
+    if unsafe_op is not None:
+        return "operator %s is tagged cudagraph_unsafe (a replay would repeat its host-side work)" % unsafe_op, device
     return None, device
 
 
@@ -216,7 +222,7 @@ def inner_compile(gm, example_inputs, **kwargs):
 
     rng, restores_rng = random_use(gm)  # before Inductor's passes rewrite gm
     host_seeds = host_read_seeds(gm)
-    why, device = _plain_reason(example_inputs, kwargs, restores_rng)
+    why, device = _plain_reason(example_inputs, kwargs, restores_rng, cudagraph_unsafe_op(gm))
     backward = bool(kwargs.get("is_backward"))
     # Compiled autograd traces the whole backward into a graph AOTAutograd compiles as inference: to the
     # tree it is a backward all the same (its outputs become .grad, the optimizer goes on in its step).

@@ -60,7 +60,8 @@ def describe(res):
                 return "output %d is a tensor of %s, a dtype DLPack cannot describe" % (i, x.dtype)
             if type(x) is not torch.Tensor and not isinstance(x, torch.nn.Parameter):
                 return "output %d is a %s, a tensor subclass" % (i, type(x).__name__)
-            metas.append((x.data_ptr(), span(x), tuple(x.shape), tuple(x.stride()), dl[0], dl[1]))
+            metas.append((x.data_ptr(), span(x), tuple(x.shape), tuple(x.stride()), dl[0], dl[1],
+                          x.storage_offset() * x.element_size()))
             consts.append(None)
         else:
             metas.append(None)
@@ -264,6 +265,27 @@ def random_use(gm):
             if draws and restores:
                 return True, True
     return draws or restores, restores
+
+
+def cudagraph_unsafe_op(gm):
+    """The name of the first operator of gm (or of a graph nested in it, or
+    wrapped by a higher-order operator such as auto_functionalized) that
+    carries PyTorch's cudagraph_unsafe tag, or None. Such an operator's
+    work cannot be recorded: what it does on the host (reads a Python
+    global, counts calls, syncs) would be baked into the recording, and
+    every replay would repeat the recording's. PyTorch's own CUDA graphs
+    refuse graphs with one; so does cgtree (the graph runs plainly)."""
+    tag = getattr(torch.Tag, "cudagraph_unsafe", None)
+    if tag is None:
+        return None
+    for g in _graph_modules(gm):
+        for n in g.graph.nodes:
+            if n.op != "call_function":
+                continue
+            for op in (n.target,) + tuple(a for a in n.args if isinstance(a, torch._ops.OpOverload)):
+                if tag in (getattr(op, "tags", None) or ()):
+                    return str(op)
+    return None
 
 
 def plan_inputs(example_inputs, static_idxs, mutated):
