@@ -300,6 +300,7 @@ typedef struct tx_py {
   PyObject *str_data_ptr, *str_generation, *str_untyped_storage, *str_cdata, *str_mark_step;
   PyObject *str_grad, *str_is_leaf, *str_requires_grad, *str_clone, *str_set; /* gradients (stale.c) */
   PyObject *str_is_cuda, *str_get_device; /* an input's device, where the exchange API does not give it */
+  PyObject *str_storage_offset, *str_element_size; /* an input's layout, for outputs that alias it (segment.c) */
 } tx_py;
 extern tx_py TX;
 

@@ -128,6 +128,14 @@ typedef struct out_meta {
    * as_strided(size, stride, storage_offset()) where its view steps are
    * symbolic, and a 0 there gave x[0:] for x[start:], silently. */
   int64_t offset_bytes;
+  /* An output that lies in a tensor input's memory (a view of it; in the
+   * input's placeholder, for a DYNAMIC one) shares that input's storage in
+   * the plain graph, so its storage offset is the input's, whatever it is
+   * at the call, plus where it lies from the input's data: alias_input is
+   * that input's index among the tensor inputs (-1: none), alias_rel the
+   * bytes from its data to the output's. */
+  int32_t alias_input;
+  int64_t alias_rel;
 } out_meta;
 
 typedef struct variant_tmpl {
@@ -170,6 +178,8 @@ typedef struct seg_run {
   int outs_side_pool; /* the run at hand was eager: its outputs lie in the tree's side pool */
   uint64_t *key;      /* the call at hand's variant key (key_add), 2 entries per argument at most */
   uint32_t n_key;
+  size_t *spans;      /* each tensor input's byte span at the call at hand */
+  void **seen;        /* each tensor input's data as the graph's run at hand sees it (a placeholder, or ptrs) */
   /* The STATIC inputs' data pointers of this tree's last call, where the
    * segment has static_idx: in C by position (static_ptr), and as
    * PyTorch's check wants them, a list of n_args ints (static_ptrs);
@@ -355,13 +365,46 @@ static int inside_caller_memory(const seg_run *r, const void *ptr, size_t bytes)
 /* A tensor over value v, laid out as m says. Steals v: on failure v is
  * released (through the queue). With ns_make (a timed call), PyTorch's
  * share of the work is added there. */
-static PyObject *make_output(seg_run *run, cgt_value v, const out_meta *m, int saved, int grad, uint64_t *ns_make) {
+/* The storage offset, in bytes, of the output m describes, at this call:
+ * the template's, or for an output that aliases a tensor input, that
+ * input's storage offset now plus where the output lies from its data.
+ * -1 with an exception set. */
+static int64_t output_offset_bytes(const seg_run *run, PyObject *const *args, const out_meta *m) {
+  if (m->alias_input < 0)
+    return m->offset_bytes;
+  const SegmentObject *s = run->s;
+  uint32_t k = 0;
+  PyObject *in = NULL;
+  for (uint32_t i = 0; i < s->n_args && !in; i++)
+    if (s->arg_kind[i] <= ARG_TENSOR_STATIC && k++ == (uint32_t)m->alias_input)
+      in = args[i];
+  if (!in)
+    return m->offset_bytes;
+  PyObject *so = PyObject_CallMethodNoArgs(in, TX.str_storage_offset);
+  PyObject *es = so ? PyObject_CallMethodNoArgs(in, TX.str_element_size) : NULL;
+  long long so_n = so ? PyLong_AsLongLong(so) : -1, es_n = es ? PyLong_AsLongLong(es) : -1;
+  Py_XDECREF(so);
+  Py_XDECREF(es);
+  if (PyErr_Occurred())
+    return -1;
+  int64_t off = m->alias_rel + (int64_t)so_n * (int64_t)es_n;
+  int64_t item = m->dtype.bits / 8 ? m->dtype.bits / 8 : 1;
+  return off >= 0 && off % item == 0 ? off : m->offset_bytes; /* a view as another dtype: the template's */
+}
+
+static PyObject *make_output(seg_run *run, PyObject *const *args, cgt_value v, const out_meta *m, int saved, int grad,
+                             uint64_t *ns_make) {
   TreeObject *T = run->tree;
   void *ptr = NULL;
   size_t bytes = 0;
   cgt_status st = cgt_value_ptr(T->tree, v, &ptr, &bytes);
   if (st != CGT_OK)
     return tx_status_error(T, st, "cgtree output");
+  int64_t offset_bytes = output_offset_bytes(run, args, m);
+  if (offset_bytes < 0) {
+    (void)cgt_value_release(T->tree, v);
+    return NULL;
+  }
   int nd = m->ndim;
   tx_out_ref *r = malloc(sizeof *r + 2 * (size_t)nd * sizeof(int64_t));
   if (!r) {
@@ -386,8 +429,8 @@ static PyObject *make_output(seg_run *run, cgt_value v, const out_meta *m, int s
   dl->dtype = m->dtype;
   dl->shape = r->dims;
   dl->strides = r->dims + nd;
-  dl->data = (char *)ptr - m->offset_bytes; /* the storage begins where the plain graph's did */
-  dl->byte_offset = (uint64_t)m->offset_bytes;
+  dl->data = (char *)ptr - offset_bytes; /* the storage begins where the plain graph's did */
+  dl->byte_offset = (uint64_t)offset_bytes;
   PyObject *t;
   if (TXE.outputs) { /* no Python call (exchange.c) */
     r->mv.version.major = 1;
@@ -522,6 +565,14 @@ static int tmpl_add(SegmentObject *s, const seg_run *r, uint64_t variant, PyObje
     o->dtype.bits = (uint8_t)PyLong_AsLong(PyTuple_GET_ITEM(m, 5));
     o->dtype.lanes = 1;
     o->offset_bytes = PyTuple_GET_SIZE(m) > 6 ? PyLong_AsLongLong(PyTuple_GET_ITEM(m, 6)) : 0;
+    o->alias_input = -1;
+    char *at = PyLong_AsVoidPtr(PyTuple_GET_ITEM(m, 0));
+    for (uint32_t j = 0; at && j < s->n_targs; j++)
+      if (r->seen[j] && r->spans[j] && at >= (char *)r->seen[j] && at < (char *)r->seen[j] + r->spans[j]) {
+        o->alias_input = (int32_t)j;
+        o->alias_rel = at - (char *)r->seen[j];
+        break;
+      }
     t.is_tensor[i] = 1;
     k++;
   }
@@ -573,6 +624,10 @@ static void go_plain_described(SegmentObject *s, PyObject *desc, const char *fal
 
 static cgt_status set_outputs(seg_run *r, cgt_launch *l, PyObject *res) {
   SegmentObject *s = r->s;
+  for (uint32_t k = 0; k < s->n_targs; k++) { /* where the graph saw each input: its placeholder, or itself */
+    void *p = cgt_launch_input(l, k);
+    r->seen[k] = (char *)p + r->offs[k] == (char *)r->ptrs[k] || r->ptrs[k] == NULL ? r->ptrs[k] : p;
+  }
   PyObject *desc = PyObject_CallOneArg(s->describe_py, res);
   if (!desc) {
     stash_exception(r);
@@ -1069,7 +1124,7 @@ static TreeObject *current_tree(SegmentObject *s) {
  * reference (which a registered run holds for the tree); reads nothing of
  * the segment, which may be gone. */
 static void run_free(seg_run *r) {
-  free(r->args), free(r->ptrs), free(r->offs), free(r->outs), free(r->key);
+  free(r->args), free(r->ptrs), free(r->offs), free(r->outs), free(r->key), free(r->spans), free(r->seen);
   for (uint32_t j = 0; r->grad_seen && j < r->n_grad_seen; j++)
     Py_XDECREF(r->grad_seen[j]);
   free(r->grad_seen);
@@ -1101,9 +1156,12 @@ static seg_run *run_for(SegmentObject *s) {
     r->ptrs = calloc(s->n_args + 1, sizeof *r->ptrs);
     r->offs = calloc(s->n_args + 1, sizeof *r->offs);
     r->key = calloc(2 * (size_t)s->n_args + 1, sizeof *r->key);
+    r->spans = calloc(s->n_args + 1, sizeof *r->spans);
+    r->seen = calloc(s->n_args + 1, sizeof *r->seen);
   }
   int statics_ok = !r || !s->static_idx || static_cache_make(r, s->n_args) == 0;
-  if (!r || !grown || !r->args || !r->ptrs || !r->offs || !r->key || !statics_ok || tx_tree_run_add(T, r) < 0) {
+  if (!r || !grown || !r->args || !r->ptrs || !r->offs || !r->key || !r->spans || !r->seen || !statics_ok ||
+      tx_tree_run_add(T, r) < 0) {
     if (r)
       run_free(r); /* nothing but its arrays yet: no tree, no reference */
     PyErr_NoMemory();
@@ -1206,7 +1264,7 @@ PyObject *tx_set_variant_mask(PyObject *self, PyObject *arg) {
   Py_RETURN_NONE;
 }
 
-static PyObject *build_result(seg_run *r, variant_tmpl *t) {
+static PyObject *build_result(seg_run *r, PyObject *const *args, variant_tmpl *t) {
   SegmentObject *s = r->s;
   PyObject *out = t->as_list ? PyList_New(t->n_res) : PyTuple_New(t->n_res);
   uint32_t k = 0;
@@ -1215,7 +1273,7 @@ static PyObject *build_result(seg_run *r, variant_tmpl *t) {
   for (uint32_t i = 0; i < t->n_res; i++) {
     PyObject *item;
     if (t->is_tensor[i]) {
-      item = make_output(r, r->outs[k], &t->outs[k], i >= s->saved_from, s->backward,
+      item = make_output(r, args, r->outs[k], &t->outs[k], i >= s->saved_from, s->backward,
                           r->tree->timed ? &r->ns_made : NULL);
       k++;
       if (!item)
@@ -1510,6 +1568,8 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
         Py_DECREF(sp);
       }
       r->ptrs[k] = ptr;
+      r->spans[k] = span;
+      r->seen[k] = ptr;
       tx_out_ref *ref = NULL;
       if (Py_TYPE(o) == (PyTypeObject *)TX.tensor_type) /* outputs are plain tensors; a Parameter never is one */
         HASH_FIND_PTR(T->registry, &o, ref);
@@ -1722,7 +1782,7 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
   }
   uint64_t t3 = clock_if(timed);
   r->ns_made = 0;
-  PyObject *result = build_result(r, t);
+  PyObject *result = build_result(r, args, t);
   s->replays += (uint64_t)replayed;
   if (replayed && timed) {
     uint64_t t4 = tx_now_ns();

@@ -123,6 +123,12 @@ class FakeTensor:
 
     storage_offset_bytes = 0  # where its data begins in its storage (storage_offset() * 4)
 
+    def storage_offset(self):
+        return self.storage_offset_bytes // 4
+
+    def element_size(self):
+        return 4
+
     def narrow(self, start, length):
         """`length` elements from `start` on, over the same storage, as y[start:start + length] is."""
         t = FakeTensor(length, ptr=self.ptr + 4 * start, storage=self.storage)
@@ -186,7 +192,9 @@ def describe(res):
 
 
 def alias(t, ptr):
-    return FakeTensor(t.n, ptr=ptr)
+    a = FakeTensor(t.n, ptr=ptr)
+    a.storage_offset_bytes = t.storage_offset_bytes  # as cgtree.torch's alias keeps the caller's storage offset
+    return a
 
 
 def span(t):
@@ -3434,5 +3442,38 @@ def test_an_output_that_is_a_view_at_an_offset_keeps_the_plain_graphs_storage_of
         assert v.ptr == y.ptr + 12 and v.values() == [7, 9, 11, 13, 15]
         assert y.storage_offset_bytes == 0
     assert tree.stats()["replays"] >= 1
+    tree.check()
+
+
+class ReturnsAViewOfItsInput:
+    """x[start:] and 2x: a view of the input the plain graph returns with
+    the input's storage (its storage offset: x's plus start)."""
+
+    def __init__(self, tree, start):
+        self.tree, self.start = tree, start
+
+    def __call__(self, x):
+        y = FakeTensor(x.n)
+        X.sim_launch(self.tree.stream, k_affine, y.ptr, x.ptr, x.n, 2.0, 0.0)
+        return (x.narrow(self.start, x.n - self.start), y)
+
+
+def test_an_output_that_is_a_view_of_an_input_has_that_inputs_storage_offset_at_each_call(tree):
+    """The input's own storage offset may change from call to call without
+    a new variant (Dynamo does not specialise on it): a view of the input
+    the graph returns has the input's storage offset of that call plus
+    where it lies from the input's data, as the plain graph's view does.
+    The recording's offset, replayed, gave AOTAutograd's as_strided the
+    wrong place in the caller's storage (seen on an H200)."""
+    g = ReturnsAViewOfItsInput(tree, 2)
+    seg = X.Segment(tree, "input_view", g, lambda inputs: g(*inputs), alias, describe, span, bytes((ARG_TENSOR,)),
+                    (32,), 0, False, True)
+    base = FakeTensor(20).fill(list(range(20)))
+    for shift in (0, 0, 0, 0, 5, 3, 0, 5):
+        x = base.narrow(shift, 8)
+        v, y = call(seg, x)
+        assert v.storage_offset_bytes == 4 * (shift + 2), (shift, v.storage_offset_bytes)
+        assert y.values() == [2.0 * (shift + i) for i in range(8)] and y.storage_offset_bytes == 0
+    assert tree.stats()["replays"] >= 3
     tree.check()
 
