@@ -137,17 +137,10 @@ def test_random_operators_are_found_by_their_tag_also_inside_nested_graphs():
 def test_an_operator_tagged_cudagraph_unsafe_is_found_also_inside_nested_graphs():
     """A custom operator tagged cudagraph_unsafe reads host state each call
     (here a Python global): its graph must run plainly, never be recorded."""
-    scale = [2.0]
-
-    @torch.library.custom_op("cgtree_test::scaled_by_global", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
-    def scaled_by_global(x: torch.Tensor) -> torch.Tensor:
-        return x * scale[0]
-
-    @scaled_by_global.register_fake
-    def _(x):
-        return torch.empty_like(x)
-
     from torch.fx.experimental.proxy_tensor import make_fx
+    from torch_patterns import host_scaled_op
+
+    scaled_by_global = host_scaled_op("cgtree_test::scaled_by_global", [2.0])
 
     def aten(fn):
         return make_fx(fn)(torch.ones(3))

@@ -800,15 +800,10 @@ def test_an_operator_tagged_cudagraph_unsafe_runs_plainly_and_sees_its_host_stat
     """A custom operator tagged cudagraph_unsafe reads a Python global at
     each call; a recording would replay the first value for good."""
     fresh()
+    from torch_patterns import host_scaled_op
+
     scale = [2.0]
-
-    @torch.library.custom_op("cgtree_trust::scaled_by_global", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
-    def scaled_by_global(x: torch.Tensor) -> torch.Tensor:
-        return x * scale[0]
-
-    @scaled_by_global.register_fake
-    def _(x):
-        return torch.empty_like(x)
+    scaled_by_global = host_scaled_op("cgtree_trust::scaled_by_global", scale)
 
     cg = torch.compile(lambda x: scaled_by_global(x + 1) * 2, backend="cgtree")
     x = torch.ones(16, device=DEV)
