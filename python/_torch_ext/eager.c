@@ -143,6 +143,7 @@ struct eager_block {
   struct eager_block *bin_newer, *bin_older; /* in its bin, newest first */
   struct eager_block *dev_newer, *dev_older; /* in its device's front list, oldest first */
   struct eager_block *next_out;              /* on a list of blocks to give back */
+  int waited_capture; /* its give-back was put off for a capture: counted once (frees_waiting_capture) */
   UT_hash_handle hh;
 };
 typedef struct eager_block eager_block;
@@ -447,15 +448,33 @@ static void give_back(eager_block *b) {
   free(b);
 }
 
+/* Would giving b back now join or break a capture that is not b's own? Its
+ * stream's, or a recorded stream's: give_back records an event on each
+ * recorded stream and makes b's stream wait for it, and an event recorded
+ * inside another capture would pull b's stream, and its free, into that
+ * capture (which then refuses a free of memory it never allocated). */
+static int capture_in_the_way(const eager_block *b) {
+  unsigned long long open = tx_dev_capture_id(b->device, b->stream);
+  if (open && open != b->capture)
+    return 1;
+  for (size_t i = 0; i < b->n_used; i++) {
+    unsigned long long u = tx_dev_capture_id(b->device, b->used_on[i]);
+    if (u && u != b->capture)
+      return 1;
+  }
+  return 0;
+}
+
 void tx_eager_give_back(tx_eager_block *list) {
   if (!list)
     return;
-  size_t n = 0;
+  size_t n = 0, newly_waiting = 0;
   eager_block *wait = NULL;
   for (eager_block *b = list, *next; b; b = next) {
     next = b->next_out;
-    unsigned long long open = tx_dev_capture_id(b->device, b->stream);
-    if (open && open != b->capture) { /* a capture not the block's own: a free now would join or break it */
+    if (capture_in_the_way(b)) { /* it waits for that capture's end */
+      newly_waiting += (size_t)!b->waited_capture;
+      b->waited_capture = 1;
       b->next_out = wait;
       wait = b;
       continue;
@@ -465,7 +484,8 @@ void tx_eager_give_back(tx_eager_block *list) {
   }
   pthread_mutex_lock(&tx_alloc_mu);
   fig.driver_frees += n;
-  fig.frees_waiting_capture += defer_locked(wait);
+  fig.frees_waiting_capture += newly_waiting; /* a block put off again at a later flush counts once */
+  defer_locked(wait);
   pthread_mutex_unlock(&tx_alloc_mu);
 }
 

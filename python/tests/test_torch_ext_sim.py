@@ -640,13 +640,39 @@ def test_a_give_back_on_a_stream_that_captures_another_capture_waits_for_its_end
         f1 = eager_figures()
         assert f1["driver_frees"] == f0["driver_frees"]
         assert f1["frees_waiting_capture"] - f0["frees_waiting_capture"] == 1
-        p = eager_alloc(1000, S2)  # a flush while the capture is open: it waits again
-        eager_free(p, 1000, S2)
+        for _ in range(3):  # flushes while the capture is open: it waits again, counted once
+            p = eager_alloc(1000, S2)
+            eager_free(p, 1000, S2)
         assert eager_figures()["driver_frees"] == f0["driver_frees"]
+        assert eager_figures()["frees_waiting_capture"] - f0["frees_waiting_capture"] == 1
     finally:
         X.sim_capture(S1, 0)
     p = eager_alloc(1000, S2)  # the next flush, the capture over
     eager_free(p, 1000, S2)
+    assert eager_figures()["driver_frees"] - f0["driver_frees"] == 1
+    X.empty_cache(-1)
+
+
+def test_a_give_back_waits_too_while_a_stream_the_block_was_recorded_on_captures_another_capture():
+    """A block recorded on stream S2 (Tensor.record_stream) is given back
+    after S2's work: an event on S2 that S1's free waits for. While S2
+    captures a capture not the block's (torch.cuda.graph on S2), that event
+    would be recorded inside it and pull S1's free into it, which then
+    refuses the free: the give-back waits for the capture's end, as for the
+    block's own stream."""
+    p = eager_alloc(4096, S1)
+    assert X.record_stream(p, S2)
+    f0 = eager_figures()
+    X.sim_capture(S2, 42)
+    try:
+        eager_free(p, 4096, S1)
+        f1 = eager_figures()
+        assert f1["driver_frees"] == f0["driver_frees"]
+        assert f1["frees_waiting_capture"] - f0["frees_waiting_capture"] == 1
+    finally:
+        X.sim_capture(S2, 0)
+    q = eager_alloc(1000, S1)  # the next flush, the capture over
+    eager_free(q, 1000, S1)
     assert eager_figures()["driver_frees"] - f0["driver_frees"] == 1
     X.empty_cache(-1)
 

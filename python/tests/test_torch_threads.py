@@ -173,3 +173,22 @@ def test_freed_trees_leave_the_list_of_trees_and_their_counters_stay_in_the_sums
         with _install._lock:
             _install._all_trees[:] = [e for e in _install._all_trees if e[0] is not live and e[0] is not freed]
             _install._freed["recordings"] -= 3
+
+
+def test_record_stream_takes_a_device_generic_stream_as_well_as_a_cuda_one():
+    """Tensor.record_stream accepts torch.Stream (torch.accelerator's) as
+    well as torch.cuda.Stream; cgtree's wrapper read .cuda_stream only,
+    which torch.Stream lacks, and raised AttributeError after PyTorch's own
+    record had run."""
+    from cgtree.torch import _install
+
+    class CudaStream:  # torch.cuda.Stream's attribute
+        cuda_stream = 0x1234
+
+    class GenericStream:  # torch.Stream's
+        native_handle = 0x5678
+
+    assert _install.stream_handle(CudaStream()) == 0x1234
+    assert _install.stream_handle(GenericStream()) == 0x5678
+    assert "native_handle" in dir(torch.Stream) and "cuda_stream" not in dir(torch.Stream)  # this PyTorch's
+

@@ -177,8 +177,9 @@ def memory_stats(device=None):
     given back to the driver's pools. ``capture_allocations``: allocations
     made inside a CUDA graph capture cgtree did not begin
     (torch.cuda.graph...), which come from the driver and never enter the
-    front cache; ``frees_waiting_capture``: give-backs put off because their
-    stream was capturing a capture not their own; ``trims_without_sync``:
+    front cache; ``frees_waiting_capture``: blocks whose give-back was put
+    off (each once) because their stream, or a stream they were recorded
+    on, was capturing a capture not their own; ``trims_without_sync``:
     trims (empty_cache, the retry after a refusal) that gave back only what
     was free already, without synchronising the device, because a recording
     of cgtree's might run or a capture not its own was known open;

@@ -101,6 +101,14 @@ def install():
 _record_stream = torch.Tensor.record_stream
 
 
+def stream_handle(stream):
+    """The raw cudaStream_t of a torch.cuda.Stream (cuda_stream) or of a
+    device-generic torch.Stream, as torch.accelerator.current_stream()
+    returns (native_handle), both of which record_stream takes."""
+    handle = getattr(stream, "cuda_stream", None)
+    return stream.native_handle if handle is None else handle
+
+
 def _wrap_record_stream():
     """Tensor.record_stream(s) says that stream s uses the tensor's memory
     too. PyTorch hands that to its allocator through a hook the Python
@@ -110,7 +118,7 @@ def _wrap_record_stream():
     def record_stream(self, stream):
         _record_stream(self, stream)
         if self.device.type == "cuda":
-            _ext.record_stream(self.untyped_storage().data_ptr(), stream.cuda_stream)
+            _ext.record_stream(self.untyped_storage().data_ptr(), stream_handle(stream))
 
     record_stream.__doc__ = _record_stream.__doc__
     torch.Tensor.record_stream = record_stream
