@@ -192,3 +192,21 @@ def test_record_stream_takes_a_device_generic_stream_as_well_as_a_cuda_one():
     assert _install.stream_handle(GenericStream()) == 0x5678
     assert "native_handle" in dir(torch.Stream) and "cuda_stream" not in dir(torch.Stream)  # this PyTorch's
 
+
+def test_reserved_bytes_of_a_device_count_that_devices_trees_pools_only(monkeypatch):
+    """memory_stats(device)'s reserved_bytes is the device's: its driver
+    pool and its trees' pools, not every device's trees' pools."""
+    import cgtree.torch as ct
+
+    class FakeTree:
+        def __init__(self, device, reserved):
+            self.device, self.reserved = device, reserved
+
+        def stats(self):
+            return {"pool_peak_bytes": 0, "side_pool_peak_bytes": 0, "pool_reserved_bytes": self.reserved}
+
+    base = [ct.memory_stats(d)["reserved_bytes.all.current"] for d in (0, 1)]
+    monkeypatch.setattr(_install, "trees", lambda: [FakeTree(0, 100), FakeTree(1, 1000), FakeTree(0, 7)])
+    got = [ct.memory_stats(d)["reserved_bytes.all.current"] - b for d, b in zip((0, 1), base)]
+    assert got == [107, 1000]
+

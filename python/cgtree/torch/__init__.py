@@ -162,7 +162,7 @@ def memory_stats(device=None):
       torch.cuda.max_memory_allocated), summed over devices;
     - ``reserved_bytes.all.current`` / ``.peak``: what the driver's
       stream-ordered pool of ``device`` holds (default: the current device)
-      plus the trees' pools;
+      plus the pools of that device's trees;
     - ``num_alloc_retries``, ``num_ooms``: eager allocations that first
       failed and were retried after a trim, and that failed for good.
 
@@ -205,7 +205,8 @@ def memory_stats(device=None):
     for tree in _install.trees():  # trees alive (a freed tree holds nothing)
         s = tree.stats()
         pool_peak += s["pool_peak_bytes"] + s["side_pool_peak_bytes"]
-        pool_reserved += s["pool_reserved_bytes"]
+        if tree.device == int(device):  # reserved is the device's; the peaks are summed, as allocated is
+            pool_reserved += s["pool_reserved_bytes"]
     f["pool_peak"] = pool_peak
     f["pool_reserved"] = pool_reserved
     f["peak_bytes"] = f["combined_peak"]
