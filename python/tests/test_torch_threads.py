@@ -210,3 +210,28 @@ def test_reserved_bytes_of_a_device_count_that_devices_trees_pools_only(monkeypa
     got = [ct.memory_stats(d)["reserved_bytes.all.current"] - b for d, b in zip((0, 1), base)]
     assert got == [107, 1000]
 
+
+def test_trees_made_inside_a_backward_without_a_callers_stash_are_nobodys():
+    """A thread's trees carry its identity (Tree.owner_thread), and only
+    the owner caches a tree as its own. Trees autograd's device thread makes
+    for itself inside a backward (its caller had no trees) are nobody's:
+    that thread serves every caller's backward, and must ask for the right
+    tree at each call."""
+    import threading
+
+    seen = {}
+
+    class Probe(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, a):
+            return a * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            seen["inside"] = _install._ThreadTrees().owner
+            return g * 2
+
+    seen["outside"] = _install._ThreadTrees().owner
+    Probe.apply(torch.ones(2, requires_grad=True)).sum().backward()
+    assert seen == {"outside": threading.get_ident(), "inside": 0}
+

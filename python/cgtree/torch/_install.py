@@ -243,6 +243,12 @@ def _mark_step_box():
 _TLS_KEY = "cgtree_torch_trees"
 
 
+def _in_a_backward():
+    """True while autograd's engine runs a backward on this thread."""
+    task = getattr(torch._C, "_current_graph_task_id", None)
+    return task is not None and task() != -1
+
+
 def _thread_trees():
     """The calling thread's trees by device. A backward runs on autograd's
     device thread, which serves every thread's backward; PyTorch copies
@@ -274,11 +280,15 @@ class _ThreadTrees(dict):
     compiled models on threads that come and go keeps only the trees of
     live threads and of outputs it still holds. ``owner``: the thread's
     identity, which its trees carry (Tree.owner_thread), so that another
-    thread running on them (autograd's) never takes them for its own."""
+    thread running on them (autograd's) never takes them for its own. Trees
+    made inside a backward on a thread without a caller's stash (autograd's
+    device thread, where a backward's caller had no trees) are nobody's (0):
+    that thread runs every caller's backward, so the hot path asks for its
+    tree at each call rather than keep these as its own."""
 
     def __init__(self):
         super().__init__()
-        self.owner = threading.get_ident()
+        self.owner = 0 if _in_a_backward() else threading.get_ident()
 
     def __del__(self):
         if sys.is_finalizing():  # the process ends: CUDA may be gone, nothing is worth freeing
