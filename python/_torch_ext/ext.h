@@ -456,6 +456,9 @@ void tx_tree_runs_free(struct seg_run **runs, size_t n);
 /* r is a backward's output whose storage lives: a .grad may be on it. */
 static inline int tx_out_ref_live_grad(tx_out_ref *r) { return r->grad && !tx_out_ref_dead(r); }
 extern PyTypeObject SegmentType;
+/* tests: _torch_ext._set_variant_mask(m): variants are ANDed with m (all
+ * bits by default), so that different keys collide (segment.c). */
+PyObject *tx_set_variant_mask(PyObject *self, PyObject *arg);
 
 /* 1 if [p, p + n) lies inside [base, base + base_bytes) (no overflow). */
 static inline int tx_range_inside(const void *p, size_t n, const void *base, size_t base_bytes) {
@@ -493,9 +496,6 @@ void tx_stale_forget(TreeObject *T, tx_out_ref *r);
  * exception set: then the step goes on, and every output that could not
  * be marked stays on the step list (those marked raise already). */
 int tx_stale_mark_step(TreeObject *T);
-/* tests: _torch_ext._set_variant_mask(m): variants are ANDed with m (all
- * bits by default), so that different keys collide (segment.c). */
-PyObject *tx_set_variant_mask(PyObject *self, PyObject *arg);
 /* o, an input at a position of a training forward that may get a gradient,
  * is remembered if it is a leaf that requires grad (wr: a weak reference to
  * it). -1 with an exception set (out of host memory). */

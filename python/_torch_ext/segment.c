@@ -131,10 +131,10 @@ typedef struct out_meta {
   /* An output that lies in a tensor input's memory (a view of it; in the
    * input's placeholder, for a DYNAMIC one) shares that input's storage in
    * the plain graph, so its storage offset is the input's, whatever it is
-   * at the call, plus where it lies from the input's data: alias_input is
-   * that input's index among the tensor inputs (-1: none), alias_rel the
-   * bytes from its data to the output's. */
-  int32_t alias_input;
+   * at the call, plus where it lies from the input's data: alias_arg is
+   * that input's position among the call's arguments (-1: none), alias_rel
+   * the bytes from its data to the output's. */
+  int32_t alias_arg;
   int64_t alias_rel;
 } out_meta;
 
@@ -179,7 +179,7 @@ typedef struct seg_run {
   uint64_t *key;      /* the call at hand's variant key (key_add), 2 entries per argument at most */
   uint32_t n_key;
   size_t *spans;      /* each tensor input's byte span at the call at hand */
-  void **seen;        /* each tensor input's data as the graph's run at hand sees it (a placeholder, or ptrs) */
+  void **seen;        /* each tensor input's data as the launch at hand sees it (a placeholder, or ptrs) */
   /* The STATIC inputs' data pointers of this tree's last call, where the
    * segment has static_idx: in C by position (static_ptr), and as
    * PyTorch's check wants them, a list of n_args ints (static_ptrs);
@@ -362,24 +362,14 @@ static int inside_caller_memory(const seg_run *r, const void *ptr, size_t bytes)
   return 0;
 }
 
-/* A tensor over value v, laid out as m says. Steals v: on failure v is
- * released (through the queue). With ns_make (a timed call), PyTorch's
- * share of the work is added there. */
 /* The storage offset, in bytes, of the output m describes, at this call:
  * the template's, or for an output that aliases a tensor input, that
  * input's storage offset now plus where the output lies from its data.
  * -1 with an exception set. */
-static int64_t output_offset_bytes(const seg_run *run, PyObject *const *args, const out_meta *m) {
-  if (m->alias_input < 0)
+static int64_t output_offset_bytes(PyObject *const *args, const out_meta *m) {
+  if (m->alias_arg < 0)
     return m->offset_bytes;
-  const SegmentObject *s = run->s;
-  uint32_t k = 0;
-  PyObject *in = NULL;
-  for (uint32_t i = 0; i < s->n_args && !in; i++)
-    if (s->arg_kind[i] <= ARG_TENSOR_STATIC && k++ == (uint32_t)m->alias_input)
-      in = args[i];
-  if (!in)
-    return m->offset_bytes;
+  PyObject *in = args[m->alias_arg];
   PyObject *so = PyObject_CallMethodNoArgs(in, TX.str_storage_offset);
   PyObject *es = so ? PyObject_CallMethodNoArgs(in, TX.str_element_size) : NULL;
   long long so_n = so ? PyLong_AsLongLong(so) : -1, es_n = es ? PyLong_AsLongLong(es) : -1;
@@ -392,6 +382,9 @@ static int64_t output_offset_bytes(const seg_run *run, PyObject *const *args, co
   return off >= 0 && off % item == 0 ? off : m->offset_bytes; /* a view as another dtype: the template's */
 }
 
+/* A tensor over value v, laid out as m says. Steals v: on failure v is
+ * released (through the queue). With ns_make (a timed call), PyTorch's
+ * share of the work is added there. */
 static PyObject *make_output(seg_run *run, PyObject *const *args, cgt_value v, const out_meta *m, int saved, int grad,
                              uint64_t *ns_make) {
   TreeObject *T = run->tree;
@@ -400,7 +393,7 @@ static PyObject *make_output(seg_run *run, PyObject *const *args, cgt_value v, c
   cgt_status st = cgt_value_ptr(T->tree, v, &ptr, &bytes);
   if (st != CGT_OK)
     return tx_status_error(T, st, "cgtree output");
-  int64_t offset_bytes = output_offset_bytes(run, args, m);
+  int64_t offset_bytes = output_offset_bytes(args, m);
   if (offset_bytes < 0) {
     (void)cgt_value_release(T->tree, v);
     return NULL;
@@ -519,9 +512,13 @@ static void tmpl_clear(variant_tmpl *t) {
   memset(t, 0, sizeof *t);
 }
 
-/* desc is what python/cgtree/torch/_segment.py's describe() returns:
- * (as_list, metas, consts), metas[i] = None or (ptr, span, shape, strides, code, bits). */
-static int tmpl_add(SegmentObject *s, const seg_run *r, uint64_t variant, PyObject *desc, uint32_t *n_tensors) {
+/* desc is what python/cgtree/torch/_graphs.py's describe() returns:
+ * (as_list, metas, consts), metas[i] = None or (ptr, span, shape, strides,
+ * code, bits, storage offset in bytes; the last may be left out: 0). seen:
+ * each tensor input's data as the run that gave desc saw it (the caller's,
+ * or a placeholder), r->spans[k] bytes long, to find outputs that alias one. */
+static int tmpl_add(SegmentObject *s, const seg_run *r, void *const *seen, uint64_t variant, PyObject *desc,
+                    uint32_t *n_tensors) {
   PyObject *metas = PyTuple_GET_ITEM(desc, 1), *consts = PyTuple_GET_ITEM(desc, 2);
   uint32_t n_res = (uint32_t)PyTuple_GET_SIZE(metas);
   variant_tmpl t;
@@ -565,14 +562,18 @@ static int tmpl_add(SegmentObject *s, const seg_run *r, uint64_t variant, PyObje
     o->dtype.bits = (uint8_t)PyLong_AsLong(PyTuple_GET_ITEM(m, 5));
     o->dtype.lanes = 1;
     o->offset_bytes = PyTuple_GET_SIZE(m) > 6 ? PyLong_AsLongLong(PyTuple_GET_ITEM(m, 6)) : 0;
-    o->alias_input = -1;
+    o->alias_arg = -1;
     char *at = PyLong_AsVoidPtr(PyTuple_GET_ITEM(m, 0));
-    for (uint32_t j = 0; at && j < s->n_targs; j++)
-      if (r->seen[j] && r->spans[j] && at >= (char *)r->seen[j] && at < (char *)r->seen[j] + r->spans[j]) {
-        o->alias_input = (int32_t)j;
-        o->alias_rel = at - (char *)r->seen[j];
-        break;
+    for (uint32_t a = 0, j = 0; at && a < s->n_args && o->alias_arg < 0; a++) {
+      if (s->arg_kind[a] > ARG_TENSOR_STATIC)
+        continue;
+      char *in = seen[j];
+      if (in && r->spans[j] && at >= in && at < in + r->spans[j]) {
+        o->alias_arg = (int32_t)a;
+        o->alias_rel = at - in;
       }
+      j++;
+    }
     t.is_tensor[i] = 1;
     k++;
   }
@@ -643,7 +644,7 @@ static cgt_status set_outputs(seg_run *r, cgt_launch *l, PyObject *res) {
   variant_tmpl *t = tmpl_find(s, r->cur_variant);
   if (!t) {
     uint32_t n = 0;
-    if (tmpl_add(s, r, r->cur_variant, desc, &n) < 0) {
+    if (tmpl_add(s, r, r->seen, r->cur_variant, desc, &n) < 0) {
       Py_DECREF(desc);
       stash_exception(r);
       return CGT_ERR_SEGMENT_FAILED;
@@ -915,13 +916,6 @@ static void go_plain(SegmentObject *s, const char *why) {
   PyErr_Clear(); /* a warning turned error must not break the call */
 }
 
-/* A call whose graph writes into an output of an eager run of the tree (a
- * failed capture's, or a node's past the rerecord limit). That output lies
- * in the tree's side pool, and cgt_run passes such a VALUE through a
- * placeholder copy (docs/api.md, cgt_run), so the graph would write the copy
- * and the caller's tensor would keep its old numbers. This call runs as the
- * plain graph instead, on the tensors themselves, after the tree's work; the
- * segment stays a segment, and the first such call says so. */
 /* The plain graph, on the caller's stream, after the tree's work. */
 static PyObject *call_plain_after_tree(SegmentObject *s, TreeObject *T, PyObject *const *args, size_t n) {
   void *caller;
@@ -949,6 +943,13 @@ static PyObject *call_colliding(SegmentObject *s, TreeObject *T, PyObject *const
   return call_plain_after_tree(s, T, args, n);
 }
 
+/* A call whose graph writes into an output of an eager run of the tree (a
+ * failed capture's, or a node's past the rerecord limit). That output lies
+ * in the tree's side pool, and cgt_run passes such a VALUE through a
+ * placeholder copy (docs/api.md, cgt_run), so the graph would write the copy
+ * and the caller's tensor would keep its old numbers. This call runs as the
+ * plain graph instead, on the tensors themselves, after the tree's work; the
+ * segment stays a segment, and the first such call says so. */
 static PyObject *call_plain_writing_side_value(SegmentObject *s, TreeObject *T, PyObject *const *args, size_t n) {
   if (!s->warned_side_write) {
     s->warned_side_write = 1;
@@ -962,20 +963,6 @@ static PyObject *call_plain_writing_side_value(SegmentObject *s, TreeObject *T, 
   return call_plain_after_tree(s, T, args, n);
 }
 
-/* The first call: the compiled graph runs plainly (outside the pool), and
- * its outputs tell us what to register.
- *
- * Those outputs are plain device memory, and PyTorch may keep them: Dynamo
- * holds the frame locals of the code it compiles after a graph break, which
- * are what this call returns (bench/torch_eager_residue.py finds them there,
- * held for the life of the process). So a graph that mutates none of its
- * inputs (rerun_first; a pure function of them, since graphs that draw
- * random numbers are never segments) is run once more at once, through
- * cgt_run, and the plain outputs are dropped: the caller gets the pool's,
- * whose memory goes back to the tree at the end of the step whoever keeps
- * the tensors, as CUDAGraph Trees do with theirs. That run is the graph's
- * first warmup. A graph that mutates an input cannot run twice: it keeps its
- * plain outputs. */
 /* The first call's plain run is done, and what came after it failed (an
  * exception is set). A graph that may run again (rerun_first) raises it:
  * a retry computes the same. One that may not (it wrote an input, it is a
@@ -999,6 +986,20 @@ static PyObject *ran_then_failed(SegmentObject *s, PyObject *res) {
   return res;
 }
 
+/* The first call: the compiled graph runs plainly (outside the pool), and
+ * its outputs tell us what to register.
+ *
+ * Those outputs are plain device memory, and PyTorch may keep them: Dynamo
+ * holds the frame locals of the code it compiles after a graph break, which
+ * are what this call returns (bench/torch_eager_residue.py finds them there,
+ * held for the life of the process). So a graph that mutates none of its
+ * inputs (rerun_first; a pure function of them, since graphs that draw
+ * random numbers are never segments) is run once more at once, through
+ * cgt_run, and the plain outputs are dropped: the caller gets the pool's,
+ * whose memory goes back to the tree at the end of the step whoever keeps
+ * the tensors, as CUDAGraph Trees do with theirs. That run is the graph's
+ * first warmup. A graph that mutates an input cannot run twice: it keeps its
+ * plain outputs. */
 static PyObject *first_call(SegmentObject *s, const seg_run *r, PyObject *const *args, size_t n, uint64_t variant) {
   PyObject *res = call_plain(s, args, n);
   if (!res)
@@ -1014,7 +1015,7 @@ static PyObject *first_call(SegmentObject *s, const seg_run *r, PyObject *const 
     return res;
   }
   uint32_t n_out = 0;
-  if (tmpl_add(s, r, variant, desc, &n_out) < 0) {
+  if (tmpl_add(s, r, r->ptrs, variant, desc, &n_out) < 0) { /* it ran on the caller's tensors */
     Py_DECREF(desc);
     return ran_then_failed(s, res);
   }
@@ -1569,7 +1570,6 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
       }
       r->ptrs[k] = ptr;
       r->spans[k] = span;
-      r->seen[k] = ptr;
       tx_out_ref *ref = NULL;
       if (Py_TYPE(o) == (PyTypeObject *)TX.tensor_type) /* outputs are plain tensors; a Parameter never is one */
         HASH_FIND_PTR(T->registry, &o, ref);
