@@ -173,9 +173,11 @@ class FakeOutOfMemoryError(RuntimeError):
     """torch.OutOfMemoryError's stand-in."""
 
 
-def init_hot_path(ptrs_equal=None, mark_step_cls=None):
-    X.init_hot_path(fake_from_dlpack, lambda device: 0, Generation, FakeTensor, None, None, ptrs_equal, fake_mark,
-                    mark_step_cls, FakeOutOfMemoryError)
+def init_hot_path(ptrs_equal=None, mark_step_cls=None, mark=None):
+    """The hot path on the simulator's stand-ins; mark: PyTorch's storage
+    marking's stand-in (fake_mark by default)."""
+    X.init_hot_path(fake_from_dlpack, lambda device: 0, Generation, FakeTensor, None, None, ptrs_equal,
+                    mark or fake_mark, mark_step_cls, FakeOutOfMemoryError)
 
 
 init_hot_path()
@@ -3223,12 +3225,6 @@ def test_give_reference_adds_exactly_one_reference():
     assert after == before + 1  # the object is leaked on purpose: nothing releases it
 
 
-def hot_path_marking_with(mark):
-    """The hot path with `mark` as PyTorch's storage marking."""
-    X.init_hot_path(fake_from_dlpack, lambda device: 0, Generation, FakeTensor, None, None, None, mark, None,
-                    FakeOutOfMemoryError)
-
-
 def test_an_output_whose_stale_mark_failed_stays_watched_and_is_marked_when_the_step_does_end(tree):
     """A step's end marks every live output of the step. If marking one
     fails (PyTorch's call raises), the call raises and the step goes on;
@@ -3245,7 +3241,7 @@ def test_an_output_whose_stale_mark_failed_stays_watched_and_is_marked_when_the_
             raise MemoryError("marking y1 failed")
         fake_mark(cdata, msg)
 
-    hot_path_marking_with(mark_failing_for_y1)
+    init_hot_path(mark=mark_failing_for_y1)
     try:
         with pytest.raises(MemoryError):
             call(seg, x)
@@ -3275,14 +3271,12 @@ def test_a_mark_of_a_step_is_not_lost_when_the_step_could_not_begin(tree):
     def mark_failing(cdata, msg):
         raise MemoryError("marking failed")
 
-    X.init_hot_path(fake_from_dlpack, lambda device: 0, Generation, FakeTensor, None, None, None, mark_failing,
-                    MarkStepBox, FakeOutOfMemoryError)
+    init_hot_path(mark_step_cls=MarkStepBox, mark=mark_failing)
     try:
         MarkStepBox.mark_step_counter -= 1
         with pytest.raises(MemoryError):
             seg(x)
-        X.init_hot_path(fake_from_dlpack, lambda device: 0, Generation, FakeTensor, None, None, None, fake_mark,
-                        MarkStepBox, FakeOutOfMemoryError)
+        init_hot_path(mark_step_cls=MarkStepBox)
         seg(x)  # the retry: the mark is still there
     finally:
         init_hot_path()
@@ -3439,16 +3433,20 @@ def test_a_call_whose_variant_collides_with_another_keys_runs_plainly_and_right(
     tree.check()
 
 
-class ReturnsAViewAtAnOffset:
-    """y = 2x + 1 and y[start:]: a view of an output at an offset, as a
-    dynamic-shape graph returns x[start:] or y[start:]."""
+class ReturnsAView:
+    """y = 2x + 1 and a view at an offset, as a dynamic-shape graph returns
+    y[start:] or x[start:]: (y, y[start:]), or with of_input (x[start:], y),
+    a view of the input that has the input's storage (its storage offset:
+    x's plus start)."""
 
-    def __init__(self, tree, start):
-        self.tree, self.start = tree, start
+    def __init__(self, tree, start, of_input=False):
+        self.tree, self.start, self.of_input = tree, start, of_input
 
     def __call__(self, x):
         y = FakeTensor(x.n)
         X.sim_launch(self.tree.stream, k_affine, y.ptr, x.ptr, x.n, 2.0, 1.0)
+        if self.of_input:
+            return (x.narrow(self.start, x.n - self.start), y)
         return (y, y.narrow(self.start, x.n - self.start))
 
 
@@ -3459,8 +3457,9 @@ def test_an_output_that_is_a_view_at_an_offset_keeps_the_plain_graphs_storage_of
     each output cgtree makes must have the storage offset the plain graph's
     had. A tensor made with storage offset 0 gave x[0:] for x[start:],
     silently."""
-    seg = X.Segment(tree, "view", ReturnsAViewAtAnOffset(tree, 3), lambda inputs: ReturnsAViewAtAnOffset(tree, 3)(*inputs),
-                    alias, describe, span, bytes((ARG_TENSOR,)), (32,), 0, False, True)
+    g = ReturnsAView(tree, 3)
+    seg = X.Segment(tree, "view", g, lambda inputs: g(*inputs), alias, describe, span, bytes((ARG_TENSOR,)), (32,),
+                    0, False, True)
     x = FakeTensor(8).fill([0, 1, 2, 3, 4, 5, 6, 7])
     for _ in range(4):  # the plain first call, warmup, recording, replay
         y, v = call(seg, x)
@@ -3471,19 +3470,6 @@ def test_an_output_that_is_a_view_at_an_offset_keeps_the_plain_graphs_storage_of
     tree.check()
 
 
-class ReturnsAViewOfItsInput:
-    """x[start:] and 2x: a view of the input the plain graph returns with
-    the input's storage (its storage offset: x's plus start)."""
-
-    def __init__(self, tree, start):
-        self.tree, self.start = tree, start
-
-    def __call__(self, x):
-        y = FakeTensor(x.n)
-        X.sim_launch(self.tree.stream, k_affine, y.ptr, x.ptr, x.n, 2.0, 0.0)
-        return (x.narrow(self.start, x.n - self.start), y)
-
-
 def test_an_output_that_is_a_view_of_an_input_has_that_inputs_storage_offset_at_each_call(tree):
     """The input's own storage offset may change from call to call without
     a new variant (Dynamo does not specialise on it): a view of the input
@@ -3491,7 +3477,7 @@ def test_an_output_that_is_a_view_of_an_input_has_that_inputs_storage_offset_at_
     where it lies from the input's data, as the plain graph's view does.
     The recording's offset, replayed, gave AOTAutograd's as_strided the
     wrong place in the caller's storage (seen on an H200)."""
-    g = ReturnsAViewOfItsInput(tree, 2)
+    g = ReturnsAView(tree, 2, of_input=True)
     seg = X.Segment(tree, "input_view", g, lambda inputs: g(*inputs), alias, describe, span, bytes((ARG_TENSOR,)),
                     (32,), 0, False, True)
     base = FakeTensor(20).fill(list(range(20)))
@@ -3499,7 +3485,7 @@ def test_an_output_that_is_a_view_of_an_input_has_that_inputs_storage_offset_at_
         x = base.narrow(shift, 8)
         v, y = call(seg, x)
         assert v.storage_offset_bytes == 4 * (shift + 2), (shift, v.storage_offset_bytes)
-        assert y.values() == [2.0 * (shift + i) for i in range(8)] and y.storage_offset_bytes == 0
+        assert y.values() == [2.0 * (shift + i) + 1 for i in range(8)] and y.storage_offset_bytes == 0
     assert tree.stats()["replays"] >= 3
     tree.check()
 
