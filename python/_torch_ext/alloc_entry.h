@@ -17,6 +17,12 @@ extern "C" {
  * less) is NULL too, and no refusal. */
 __attribute__((visibility("default"))) void *cgt_torch_alloc(ssize_t size, int device, void *stream);
 __attribute__((visibility("default"))) void cgt_torch_free(void *ptr, ssize_t size, int device, void *stream);
+/* PyTorch's recordStream(ptr, stream), through the C++ hook
+ * (python/cgtree/torch/record_stream_hook.cc): stream uses the block at ptr
+ * too, so its free waits for that stream's work. 1 when noted or not needed
+ * (a block's own stream, a pointer not at the start of an eager block of
+ * ours), -1 out of host memory (nothing changed). */
+__attribute__((visibility("default"))) int cgt_torch_record_stream(void *ptr, void *stream);
 /* The message of this thread's last refusal, in PyTorch's words ("CUDA out
  * of memory. Tried to allocate ...") when it was for want of memory, else
  * "CUDA error: ..." naming the driver's error, into buf (cap bytes,

@@ -379,6 +379,20 @@ void tx_dev_pool_reset_peaks(void) {
 #endif
 }
 
+int tx_dev_stream_device(void *stream) {
+#if defined(CGT_HAVE_CUDA) && CUDART_VERSION >= 12080
+  int device = -1;
+  if (cudaStreamGetDevice((cudaStream_t)stream, &device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return -1;
+  }
+  return device;
+#else
+  (void)stream;
+  return -1;
+#endif
+}
+
 void tx_dev_stream_after(void *waiter, void *signaller, int device) {
 #ifdef CGT_HAVE_CUDA
   if (device < 0 || waiter == signaller)

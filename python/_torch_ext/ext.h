@@ -209,6 +209,7 @@ int tx_dev_sim_set_capture(void *stream, unsigned long long id); /* id 0 ends it
 int tx_dev_pool_figures(int device, size_t *reserved, size_t *reserved_peak); /* 0 if unknown */
 void tx_dev_pool_reset_peaks(void); /* each pool's reserved high-water mark restarts from what it holds now */
 void tx_dev_stream_after(void *waiter, void *signaller, int device); /* waiter waits for signaller's work so far */
+int tx_dev_stream_device(void *stream); /* the stream's device (NULL: the current device's legacy stream); -1 if unknown */
 void tx_stream_wait(void *waiter, void *signaller, void *event); /* waiter waits for signaller's work so far */
 void tx_event_record(void *event, void *stream); /* no-op for a NULL event */
 void tx_event_wait(void *stream, void *event);   /* stream waits for the event's last record; no-op for NULL */
@@ -245,6 +246,7 @@ typedef struct TreeObject {
   uint64_t capture_failures_seen; /* and its capture failures (a failure turns the segment plain) */
   uint64_t eager_runs_seen; /* and its eager runs (their outputs lie in the side pool) */
   int warned_evicting;   /* the budget's first eviction was reported */
+  uint64_t readers_seen; /* pool_readers.c's generation this tree's stream has waited up to */
   uint64_t launch_ns_seen; /* and its launch_host_ns (with time_launches) */
   int timed;             /* made with time_launches: its segment calls time their parts (segment.c) */
   uint64_t alive_this_step;    /* outputs of the current step whose tensors live */
@@ -277,6 +279,19 @@ typedef struct TreeObject {
   size_t pool_in_use_reported; /* what it last told alloc.c (tx_alloc_note_pool_in_use) */
   cgt_stats last_stats;    /* its C tree's counters at its close */
 } TreeObject;
+
+/* ------------------------------------------------------ pool_readers.c */
+
+/* record_stream(t, stream) where t's memory is not an eager block of ours
+ * (a compiled graph's output): the next launch of each tree of stream's
+ * device waits for stream's work so far. 1 noted, -1 out of host memory
+ * (nothing changed). */
+int tx_pool_readers_note(void *stream);
+uint64_t tx_pool_readers_generation(void); /* a new tree's readers_seen */
+/* Before a launch on T's stream, after it waited for caller (the caller's
+ * stream): T's stream waits for every stream noted since its last wait. */
+void tx_pool_readers_wait(TreeObject *T, void *caller);
+void tx_pool_readers_figures(uint64_t *streams, uint64_t *waits_made);
 
 extern PyTypeObject TreeType;
 extern PyObject *TxError;      /* cgtree.torch.CgtreeError */

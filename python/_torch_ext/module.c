@@ -302,6 +302,7 @@ static int tree_init(TreeObject *T, PyObject *a, PyObject *kw) {
   }
   T->device = device;
   T->owner_thread = PyThread_get_thread_ident();
+  T->readers_seen = tx_pool_readers_generation(); /* no output of it can have been read before */
   T->on_simulator = sim;
   T->timed = time_launches != 0;
   TX.any_timed |= T->timed;
@@ -683,6 +684,8 @@ static PyObject *m_alloc_figures(PyObject *m, PyObject *args) {
   tx_alloc_figures_get(&f);
   tx_eager_figures e;
   tx_eager_figures_get(device, &e);
+  uint64_t reader_streams, reader_waits;
+  tx_pool_readers_figures(&reader_streams, &reader_waits);
   const figure figures[] = {
       {"pool_in_use", f.pool_in_use},
       {"combined_peak", f.combined_peak},
@@ -709,6 +712,8 @@ static PyObject *m_alloc_figures(PyObject *m, PyObject *args) {
       {"num_alloc_retries", e.num_alloc_retries},
       {"num_ooms", e.num_ooms},
       {"recorded_streams", e.recorded_streams},
+      {"pool_reader_streams", reader_streams},
+      {"pool_reader_waits", reader_waits},
       {"deferred_frees", e.deferred_frees},
       {"blocks_rehomed", e.blocks_rehomed},
       {"capture_allocations", e.capture_allocations},
@@ -834,6 +839,8 @@ static PyObject *m_record_stream(PyObject *m, PyObject *args) {
   if (PyErr_Occurred())
     return NULL;
   int rc = tx_eager_record_stream(ptr, stream);
+  if (rc == 0 && tx_pool_readers_note(stream) < 0) /* not an eager block: the trees' next launches wait */
+    rc = -1;
   if (rc < 0)
     return PyErr_NoMemory();
   return PyBool_FromLong(rc);
@@ -1024,7 +1031,8 @@ static PyMethodDef module_methods[] = {
      "back"},
     {"record_stream", m_record_stream, METH_VARARGS,
      "record_stream(ptr, stream): the eager block at ptr is used on stream too; its free waits for that stream. "
-     "True if ptr is an eager block of ours"},
+     "True if ptr is an eager block of ours; other memory (a compiled graph's output): the trees' next launches "
+     "wait for stream"},
     {"set_cache_bytes", m_set_cache_bytes, METH_O,
      "set_cache_bytes(n): what each device's stream-ordered pool keeps cached (for devices not used yet)"},
     {"set_front_cache_bytes", m_set_front_cache_bytes, METH_O,

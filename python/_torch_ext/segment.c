@@ -1664,6 +1664,7 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
   }
   if (tx_caller_needs_events(T, caller))
     tx_stream_wait(T->stream, caller, T->ev_in);
+  tx_pool_readers_wait(T, caller); /* streams record_stream named for outputs (pool_readers.c) */
 
   r->cur = args;
   r->cur_variant = variant;

@@ -27,6 +27,8 @@ _lib.cgt_torch_alloc.restype = ctypes.c_void_p
 _lib.cgt_torch_alloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
 _lib.cgt_torch_free.restype = None
 _lib.cgt_torch_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+_lib.cgt_torch_record_stream.restype = ctypes.c_int
+_lib.cgt_torch_record_stream.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
 
 _capsule_ptr = ctypes.pythonapi.PyCapsule_GetPointer
 _capsule_ptr.restype = ctypes.c_void_p
@@ -456,6 +458,52 @@ def test_eager_blocks_in_use_are_listed_by_the_serial_of_their_allocation_until_
     assert X.eager_held(X.eager_serial()) == []  # nothing allocated since
     _lib.cgt_torch_free(q, 700, -1, None)
     assert X.eager_held(since) == []
+
+
+def test_the_entry_pytorchs_record_stream_hook_calls_keeps_the_stream_on_eager_blocks_and_leaves_the_rest():
+    """cgt_torch_record_stream is what record_stream_hook.cc hands PyTorch's
+    C++ recordStream to: it keeps a stream on an eager block once, and
+    answers 1 (nothing to do, not an error) for the block's own stream, a
+    pointer that is not the start of an eager block and a freed block."""
+    f0 = X.alloc_figures()
+    p = _lib.cgt_torch_alloc(4096, -1, None)
+    assert _lib.cgt_torch_record_stream(p, 7) == 1 and _lib.cgt_torch_record_stream(p, 7) == 1
+    assert X.alloc_figures()["recorded_streams"] - f0["recorded_streams"] == 1
+    assert _lib.cgt_torch_record_stream(p, None) == 1  # its own stream
+    assert _lib.cgt_torch_record_stream(p + 16, 9) == 1  # not a block's start: ignored
+    assert X.alloc_figures()["recorded_streams"] - f0["recorded_streams"] == 1
+    _lib.cgt_torch_free(p, 4096, -1, None)
+    assert _lib.cgt_torch_record_stream(p, 9) == 1
+    assert X.alloc_figures()["recorded_streams"] - f0["recorded_streams"] == 1
+
+
+def test_a_stream_record_stream_names_for_an_output_makes_each_trees_next_launch_wait_for_it_once(tree):
+    """An output's memory is written again by its tree's next launch; a
+    stream record_stream names for it (a copy stream still reading it) must
+    be waited for by that launch, once (pool_readers.c). The tree's own
+    stream needs no wait, and a tree made after the note has no output the
+    stream could read."""
+    seg, x = replaying(tree)
+    (y,) = call(seg, x)
+    f0 = X.alloc_figures()
+    assert not X.record_stream(y.ptr, 0x7a11)  # not an eager block: noted for the trees
+    assert _lib.cgt_torch_record_stream(y.ptr, 0x7a11) == 1  # the hook's entry: the same note
+    f1 = X.alloc_figures()
+    assert f1["pool_reader_streams"] == f0["pool_reader_streams"] + 1  # one stream, noted twice
+    del y
+    call(seg, x)
+    assert X.alloc_figures()["pool_reader_waits"] == f1["pool_reader_waits"] + 1
+    (y,) = call(seg, x)
+    assert X.alloc_figures()["pool_reader_waits"] == f1["pool_reader_waits"] + 1  # nothing new: no wait
+    assert not X.record_stream(y.ptr, tree.stream)  # the tree's own stream: ordered already
+    del y
+    call(seg, x)
+    assert X.alloc_figures()["pool_reader_waits"] == f1["pool_reader_waits"] + 1
+    later = X.Tree(0, backend="sim")
+    later_seg, later_x = replaying(later)
+    assert X.alloc_figures()["pool_reader_waits"] == f1["pool_reader_waits"] + 1  # made after every note
+    del later_seg, later_x
+    later.check()
 
 
 def test_record_stream_is_kept_for_eager_blocks_only_and_once_per_stream():

@@ -177,10 +177,10 @@ def test_freed_trees_leave_the_list_of_trees_and_their_counters_stay_in_the_sums
 
 def test_record_stream_takes_a_device_generic_stream_as_well_as_a_cuda_one():
     """Tensor.record_stream accepts torch.Stream (torch.accelerator's) as
-    well as torch.cuda.Stream; cgtree's wrapper read .cuda_stream only,
-    which torch.Stream lacks, and raised AttributeError after PyTorch's own
-    record had run."""
-    from cgtree.torch import _install
+    well as torch.cuda.Stream; cgtree's wrapper (used where its C++ hook
+    could not be built) read .cuda_stream only, which torch.Stream lacks,
+    and raised AttributeError after PyTorch's own record had run."""
+    from cgtree.torch import _record_stream
 
     class CudaStream:  # torch.cuda.Stream's attribute
         cuda_stream = 0x1234
@@ -188,8 +188,8 @@ def test_record_stream_takes_a_device_generic_stream_as_well_as_a_cuda_one():
     class GenericStream:  # torch.Stream's
         native_handle = 0x5678
 
-    assert _install.stream_handle(CudaStream()) == 0x1234
-    assert _install.stream_handle(GenericStream()) == 0x5678
+    assert _record_stream.stream_handle(CudaStream()) == 0x1234
+    assert _record_stream.stream_handle(GenericStream()) == 0x5678
     assert "native_handle" in dir(torch.Stream) and "cuda_stream" not in dir(torch.Stream)  # this PyTorch's
 
 
@@ -205,6 +205,7 @@ def test_reserved_bytes_of_a_device_count_that_devices_trees_pools_only(monkeypa
         def stats(self):
             return {"pool_peak_bytes": 0, "side_pool_peak_bytes": 0, "pool_reserved_bytes": self.reserved}
 
+    monkeypatch.setattr(_install, "trees", lambda: [])  # the driver's pools alone (real trees live on a GPU)
     base = [ct.memory_stats(d)["reserved_bytes.all.current"] for d in (0, 1)]
     monkeypatch.setattr(_install, "trees", lambda: [FakeTree(0, 100), FakeTree(1, 1000), FakeTree(0, 7)])
     got = [ct.memory_stats(d)["reserved_bytes.all.current"] - b for d, b in zip((0, 1), base)]

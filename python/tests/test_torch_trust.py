@@ -361,6 +361,121 @@ def test_record_stream_keeps_a_block_from_another_stream_until_its_work_is_done(
     assert torch.all(y == 2)  # the side stream read 1s, not z's -1s
 
 
+def test_pytorchs_record_stream_calls_reach_the_allocator_through_the_hook_and_tensors_method_is_pytorchs():
+    from cgtree.torch import _record_stream
+
+    assert ct.stats()["record_stream_hook"] == 1, _install._state["record_stream_hook"]
+    assert torch.Tensor.record_stream is _record_stream._tensor_record_stream  # not wrapped: the hook sees it
+
+
+class _SideStreamNode(torch.autograd.Function):
+    """Called under torch.cuda.stream(side): autograd runs its backward
+    there too, so the gradient it makes is a block of the side stream."""
+
+    @staticmethod
+    def forward(ctx, y):
+        return y * 1
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 3
+
+
+class _SlowReaderNode(torch.autograd.Function):
+    """Called on the default stream; its backward holds that stream back
+    with a long kernel, then reads the gradient."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 1
+
+    @staticmethod
+    def backward(ctx, g):
+        torch.cuda._sleep(300_000_000)
+        return g * 2
+
+
+def test_a_gradient_made_on_a_side_stream_and_read_on_the_callers_is_not_reused_before_the_read():
+    """Autograd's engine runs each backward node on its forward's stream. A
+    gradient _SideStreamNode makes on the side stream is consumed by
+    _SlowReaderNode on the default stream, and the engine records it there
+    (recordStream, from C++). Freed once the reader's backward returns, its
+    block must not go to the side stream's next allocation of its size while
+    the default stream (held back by a long kernel) has still to read it.
+    Without the hook PyTorch dropped the record, the side stream's fill
+    overwrote the gradient first, and x.grad came out -2 instead of 6."""
+    side = torch.cuda.Stream()
+    n = 1 << 20  # 4 MiB of float32: a size the front cache serves
+    x = torch.ones(n, device=DEV, requires_grad=True)
+    y = _SlowReaderNode.apply(x)
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        loss = _SideStreamNode.apply(y).sum()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    before = ct.memory_stats()["recorded_streams"]
+    loss.backward()
+    with torch.cuda.stream(side):
+        junk = torch.full((n,), -1.0, device=DEV)  # the side stream's next block of that size
+    torch.cuda.synchronize()
+    assert ct.memory_stats()["recorded_streams"] > before  # the engine's record came through
+    assert torch.equal(x.grad, torch.full_like(x, 6.0)), x.grad[:4]
+    del junk
+
+
+def test_an_output_a_copy_stream_reads_after_record_stream_is_not_overwritten_by_the_next_replay_first():
+    """A compiled graph's output copied to the host on a copy stream, with
+    record_stream(copy) as PyTorch asks of memory another stream reads: the
+    next call's replay writes that memory again on the tree's stream, and
+    waits for the copy (pool_readers.c). Without the wait the copy, held
+    back by a long kernel, read the next call's 3s instead of 1s."""
+    fresh()
+    cg = torch.compile(lambda x: x * 2 + 1, backend="cgtree")
+    copy = torch.cuda.Stream()
+    n = 1 << 22
+    x0, x1 = torch.zeros(n, device=DEV), torch.ones(n, device=DEV)
+    host = torch.empty(n, pin_memory=True)
+    with torch.no_grad():
+        for _ in range(4):
+            cg(x0)
+        before = ct.memory_stats()["pool_reader_waits"]
+        out = cg(x0)  # a replay: 1s
+        copy.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(copy):
+            torch.cuda._sleep(300_000_000)
+            host.copy_(out, non_blocking=True)
+        out.record_stream(copy)
+        del out
+        nxt = cg(x1)  # the same node's replay: 3s where out was
+        torch.cuda.synchronize()
+    assert ct.stats()["replays"] >= 2 and ct.memory_stats()["pool_reader_waits"] == before + 1
+    assert torch.all(nxt == 3.0)
+    assert torch.all(host == 1.0), "the next replay overwrote the output before the copy stream read it"
+
+
+def test_without_its_hook_cgtree_warns_at_install_and_still_sees_tensor_record_stream():
+    code = textwrap.dedent("""
+        import warnings
+        import torch
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            import cgtree.torch as ct
+        said = [str(w.message) for w in caught if "recordStream" in str(w.message)]
+        assert len(said) == 1 and "CGTREE_TORCH_RECORD_STREAM_HOOK=0" in said[0], said
+        assert ct.stats()["record_stream_hook"] == 0
+        side = torch.cuda.Stream()
+        x = torch.ones(1024, device="cuda")
+        before = ct.memory_stats()["recorded_streams"]
+        x.record_stream(side)
+        x.record_stream(side)  # kept once
+        assert ct.memory_stats()["recorded_streams"] == before + 1
+        print("ok")
+    """)
+    env = dict(os.environ, CGTREE_TORCH_RECORD_STREAM_HOOK="0")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr[-3000:]
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_tensors_on_two_devices_never_share_a_block_and_each_device_counts_its_own():
     a = [torch.full((1000,), 1.0, device="cuda:0") for _ in range(50)]

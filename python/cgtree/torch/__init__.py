@@ -130,6 +130,8 @@ def stats():
     if installed():  # which uses of DLPack's C exchange API are on (python/_torch_ext/exchange.c)
         for k, v in _torch_ext.exchange_info().items():
             total["exchange_" + k] = v
+    hook = _install._state["record_stream_hook"]  # PyTorch's C++ recordStream calls reach the allocator (_record_stream.py)
+    total["record_stream_hook"] = 1 if hook and hook[0] else 0
     total["graphs"] = len(_segments)
     total["graphs_plain"] = sum(1 for s in _segments if s.info["plain_reason"] is not None)
     return total

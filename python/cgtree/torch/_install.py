@@ -9,16 +9,19 @@ explicitly; both must come before the first CUDA tensor.
 import os
 import sys
 import threading
+import warnings
 
 import torch
 
 from .. import _torch_ext as _ext
+from . import _record_stream
 
 CgtreeError = _ext.CgtreeError
 StaleTensorError = _ext.StaleTensorError
 
 _lock = threading.Lock()
-_state = {"installed": False, "allocator": None, "error": None, "exchange": None, "exchange_stream": None}
+_state = {"installed": False, "allocator": None, "error": None, "exchange": None, "exchange_stream": None,
+          "record_stream_hook": None}
 _local = threading.local()  # per thread: .trees {device: (Tree, torch stream over its stream)}, .explicit
 _all_trees = []  # every (Tree, stream) of every thread not freed yet (_prune_freed_locked drops the freed)
 _freed = {}  # the counters of freed trees (Tree.stats() at their close), summed
@@ -91,37 +94,14 @@ def install():
                            getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None), mark, _mark_step_box(),
                            torch.OutOfMemoryError)
         _ext.set_tree_getter(_tree_of_this_thread)
-        _wrap_record_stream()
+        _state["record_stream_hook"] = _record_stream.set_hook()
+        if not _state["record_stream_hook"][0]:
+            _record_stream.wrap_tensor_method()
+            warnings.warn(_record_stream.WARNING % _state["record_stream_hook"][1], RuntimeWarning, stacklevel=2)
         _state["allocator"] = alloc  # PyTorch holds it too; keep ours for clarity
         _state["installed"] = True
         _state["error"] = None
         _state["exchange"] = _setup_or_off(setup_exchange, lambda: _ext.setup_exchange(None, (), []))
-
-
-_record_stream = torch.Tensor.record_stream
-
-
-def stream_handle(stream):
-    """The raw cudaStream_t of a torch.cuda.Stream (cuda_stream) or of a
-    device-generic torch.Stream, as torch.accelerator.current_stream()
-    returns (native_handle), both of which record_stream takes."""
-    handle = getattr(stream, "cuda_stream", None)
-    return stream.native_handle if handle is None else handle
-
-
-def _wrap_record_stream():
-    """Tensor.record_stream(s) says that stream s uses the tensor's memory
-    too. PyTorch hands that to its allocator through a hook the Python
-    wrapper of pluggable allocators does not expose, so we take the
-    documented method: PyTorch's own checks run, then eager.c learns that
-    the block's free must wait for s (python/_torch_ext/eager.c)."""
-    def record_stream(self, stream):
-        _record_stream(self, stream)
-        if self.device.type == "cuda":
-            _ext.record_stream(self.untyped_storage().data_ptr(), stream_handle(stream))
-
-    record_stream.__doc__ = _record_stream.__doc__
-    torch.Tensor.record_stream = record_stream
 
 
 def _setup_or_off(setup, off):

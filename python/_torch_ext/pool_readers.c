@@ -1,0 +1,104 @@
+/* pool_readers.c — streams that read memory the trees will write again, so
+ * that the trees' next launches wait for them.
+ *
+ * A compiled graph's output lies in its tree's pool, and the tree's next
+ * launch writes that memory again: a replay writes its outputs where its
+ * recording did, and a warmup or a recording takes blocks the tree has
+ * given back. From the host nothing can read the old output afterwards:
+ * the stale marks make every access raise (stale.c). But a read queued on
+ * another stream before that launch (a copy to the host on a copy stream,
+ * a side stream's kernel) is ordered with the caller's stream only, and the
+ * launch's writes on the tree's stream may overtake it. Under plain
+ * Inductor that memory would not be written before the output was freed,
+ * and a free waits for every stream record_stream named (eager.c). So
+ * record_stream(out, s) is the one way a program tells us of such a read,
+ * and we honour it here: PyTorch's recordStream on memory that is not an
+ * eager block of ours (an output, or a view of one, or memory cgtree does
+ * not know) notes s with a new generation number; before its next launch,
+ * a tree of s's device makes its stream wait for s's work so far (an
+ * event), once per note. Each tree keeps the generation it has waited up
+ * to (TreeObject.readers_seen; a new tree starts at the current one: no
+ * output of it existed before), so a launch with nothing new to wait for
+ * costs one atomic read.
+ *
+ * The list holds each (stream, device) once, with its last note's
+ * generation; it grows with the number of distinct streams a program
+ * names, not with the number of calls. A noted stream must live until the
+ * next launch of the trees of its device, as PyTorch asks of a recorded
+ * stream until the free. Out of host memory a note is refused (-1, nothing
+ * changed), and PyTorch's recordStream raises.
+ *
+ * What is not seen: a read on another stream without record_stream. Under
+ * plain Inductor it is safe while the output lives; under cgtree the next
+ * launch may overtake it. docs/torch.md says so.
+ */
+#include "ext.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+
+typedef struct pool_reader {
+  void *stream;
+  int device; /* the stream's device, -1 if CUDA could not tell (every tree waits then) */
+  uint64_t generation; /* its last note */
+} pool_reader;
+
+static pthread_mutex_t readers_mu = PTHREAD_MUTEX_INITIALIZER;
+static pool_reader *readers; /* under readers_mu */
+static size_t n_readers, cap_readers;
+static _Atomic uint64_t last_generation; /* the last note's; 0 before the first */
+static _Atomic uint64_t waits;           /* stream waits made for notes */
+
+int tx_pool_readers_note(void *stream) {
+  int device = tx_dev_stream_device(stream);
+  pthread_mutex_lock(&readers_mu);
+  pool_reader *r = NULL;
+  for (size_t i = 0; i < n_readers && !r; i++)
+    if (readers[i].stream == stream && readers[i].device == device)
+      r = &readers[i];
+  if (!r) {
+    if (n_readers == cap_readers) {
+      size_t cap = cap_readers ? 2 * cap_readers : 8;
+      pool_reader *grown = realloc(readers, cap * sizeof *grown);
+      if (!grown) {
+        pthread_mutex_unlock(&readers_mu);
+        return -1;
+      }
+      readers = grown;
+      cap_readers = cap;
+    }
+    r = &readers[n_readers++];
+    r->stream = stream;
+    r->device = device;
+  }
+  r->generation = atomic_load(&last_generation) + 1;
+  atomic_store(&last_generation, r->generation);
+  pthread_mutex_unlock(&readers_mu);
+  return 1;
+}
+
+uint64_t tx_pool_readers_generation(void) { return atomic_load(&last_generation); }
+
+void tx_pool_readers_wait(TreeObject *T, void *caller) {
+  if (atomic_load(&last_generation) == T->readers_seen)
+    return;
+  pthread_mutex_lock(&readers_mu);
+  for (size_t i = 0; i < n_readers; i++) {
+    pool_reader *r = &readers[i];
+    if (r->generation <= T->readers_seen || (r->device >= 0 && r->device != T->device))
+      continue;
+    if (r->stream == T->stream || r->stream == caller) /* ordered already: the tree's own, or waited for */
+      continue;
+    tx_dev_stream_after(T->stream, r->stream, r->device >= 0 ? r->device : T->device);
+    atomic_fetch_add(&waits, 1);
+  }
+  T->readers_seen = atomic_load(&last_generation);
+  pthread_mutex_unlock(&readers_mu);
+}
+
+void tx_pool_readers_figures(uint64_t *streams, uint64_t *waits_made) {
+  pthread_mutex_lock(&readers_mu);
+  *streams = n_readers;
+  pthread_mutex_unlock(&readers_mu);
+  *waits_made = atomic_load(&waits);
+}
