@@ -21,9 +21,11 @@
  * output of it existed before), so a launch with nothing new to wait for
  * costs one atomic read.
  *
- * The list holds each (stream, device) once, with its last note's
- * generation; it grows with the number of distinct streams a program
- * names, not with the number of calls. A noted stream must live until the
+ * The list holds each stream once, with its last note's generation; it
+ * grows with the number of distinct streams a program names, not with the
+ * number of calls. A stream's device is asked of CUDA at the first wait
+ * for it (a simulator's tree, in the tests, asks nothing: its streams are
+ * not CUDA's). A noted stream must live until the
  * next launch of the trees of its device, as PyTorch asks of a recorded
  * stream until the free. Out of host memory a note is refused (-1, nothing
  * changed), and PyTorch's recordStream raises.
@@ -39,9 +41,11 @@
 
 typedef struct pool_reader {
   void *stream;
-  int device; /* the stream's device, -1 if CUDA could not tell (every tree waits then) */
+  int device; /* the stream's device: READER_DEVICE_UNASKED until a tree asks CUDA; -1 if CUDA could not tell */
   uint64_t generation; /* its last note */
 } pool_reader;
+
+enum { READER_DEVICE_UNASKED = -2 };
 
 static pthread_mutex_t readers_mu = PTHREAD_MUTEX_INITIALIZER;
 static pool_reader *readers; /* under readers_mu */
@@ -50,11 +54,10 @@ static _Atomic uint64_t last_generation; /* the last note's; 0 before the first 
 static _Atomic uint64_t waits;           /* stream waits made for notes */
 
 int tx_pool_readers_note(void *stream) {
-  int device = tx_dev_stream_device(stream);
   pthread_mutex_lock(&readers_mu);
   pool_reader *r = NULL;
   for (size_t i = 0; i < n_readers && !r; i++)
-    if (readers[i].stream == stream && readers[i].device == device)
+    if (readers[i].stream == stream)
       r = &readers[i];
   if (!r) {
     if (n_readers == cap_readers) {
@@ -69,7 +72,7 @@ int tx_pool_readers_note(void *stream) {
     }
     r = &readers[n_readers++];
     r->stream = stream;
-    r->device = device;
+    r->device = READER_DEVICE_UNASKED;
   }
   r->generation = atomic_load(&last_generation) + 1;
   atomic_store(&last_generation, r->generation);
@@ -85,9 +88,17 @@ void tx_pool_readers_wait(TreeObject *T, void *caller) {
   pthread_mutex_lock(&readers_mu);
   for (size_t i = 0; i < n_readers; i++) {
     pool_reader *r = &readers[i];
-    if (r->generation <= T->readers_seen || (r->device >= 0 && r->device != T->device))
+    if (r->generation <= T->readers_seen)
       continue;
     if (r->stream == T->stream || r->stream == caller) /* ordered already: the tree's own, or waited for */
+      continue;
+    if (T->on_simulator) { /* a test's tree and streams: counted, and no CUDA call */
+      atomic_fetch_add(&waits, 1);
+      continue;
+    }
+    if (r->device == READER_DEVICE_UNASKED) /* asked here, not at the note: a simulator's stream is no stream */
+      r->device = tx_dev_stream_device(r->stream);
+    if (r->device >= 0 && r->device != T->device)
       continue;
     tx_dev_stream_after(T->stream, r->stream, r->device >= 0 ? r->device : T->device);
     atomic_fetch_add(&waits, 1);

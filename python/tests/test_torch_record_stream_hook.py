@@ -21,13 +21,17 @@ def test_the_hook_is_not_built_when_the_environment_says_0(monkeypatch):
     assert _record_stream.set_hook(build) == (False, "CGTREE_TORCH_RECORD_STREAM_HOOK=0")
 
 
-def test_a_build_that_fails_is_reported_with_its_last_line_and_not_raised(monkeypatch):
+def test_a_build_that_fails_is_reported_with_the_line_naming_its_error_and_not_raised(monkeypatch):
     monkeypatch.delenv(_record_stream.ENV, raising=False)
 
     def build():
-        raise RuntimeError("Error building extension 'cgtree_record_stream_hook':\n[1/2] c++ ...\nfatal: no ninja")
+        raise RuntimeError("Error building extension 'cgtree_record_stream_hook': [1/2] c++ -c hook.cc\n"
+                           "hook.cc:3: fatal error: crt/host_defines.h: No such file\n"
+                           "ninja: build stopped: subcommand failed.")
 
-    assert _record_stream.set_hook(build) == (False, "building the hook failed: RuntimeError: fatal: no ninja")
+    assert _record_stream.set_hook(build) == (
+        False, "building the hook failed: RuntimeError: hook.cc:3: fatal error: crt/host_defines.h: No such file")
+    assert _record_stream.first_error("a\nno words of that kind\n") == "no words of that kind"
 
 
 def test_a_library_without_the_setter_is_reported_and_not_raised(monkeypatch):

@@ -9,12 +9,16 @@ The embeddings' backward accumulates with atomics, so two runs of the same
 kernels may round differently, and Adam turns a gradient of rounding noise
 (a key projection's bias, whose true gradient is 0) into a full step: the
 optimizer's eps is 1e-4, so that such noise moves a weight by 1e-8 a step
-rather than by the learning rate. Losses are compared within rtol 1e-4 and
-weights within atol 2e-4 (T5's weights moved by up to 5e-5 between plain
-Inductor and cgtree on an H100 where cgtree ran its forward and backward as
-plain Inductor graphs too: Inductor's own spread). A lost optimizer step
-moves a weight by about the learning rate, 1e-3, and a stale activation
-changes the losses. The run must end in steady state: nothing recorded after the
+rather than by the learning rate. ReLU's thresholds carry such rounding
+further: a pre-activation near 0 that flips turns a weight's gradient on or
+off. Losses are compared within rtol 1e-4. Weights: at most 0.1% of them
+farther apart than 2e-4, none farther than 2e-3. Plain Inductor against
+itself, 10 steps of T5 on an H100 (`python3 bench/torch_train_spread.py
+--models t5`): 227 of 3,673,344 weights differ by more than 2e-4, the
+largest by 5.6e-4 (the decoder's first ReLU layer), and cgtree against the
+same first run differs in exactly as many by exactly as much. A lost
+optimizer step moves nearly every weight by about the learning rate, 1e-3,
+and a stale activation changes the losses. The run must end in steady state: nothing recorded after the
 warm-up, every graph that is a segment replayed at every step, and the tree
 no bigger than one node per graph (a step that never ended would add one per
 call).
@@ -95,6 +99,20 @@ def train(f, model, loss_fn, batches, step, autocast):
     return torch.stack(losses)
 
 
+def weights_like_inductors(model, ref, atol=2e-4, share=1e-3, most=2e-3):
+    """Asserts that model's weights lie from ref's as plain Inductor's lie
+    from its own: at most `share` of all weights farther apart than atol,
+    and none farther than `most` (see the module's docstring)."""
+    over, count, worst = 0, 0, (0.0, "")
+    for (n, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+        d = (p.detach().float() - q.detach().float()).abs()
+        over, count = over + int((d > atol).sum()), count + d.numel()
+        worst = max(worst, (float(d.max()), n))
+    assert over <= share * count, "%d of %d weights differ by more than %g (largest %.2e, %s)" % (
+        over, count, atol, worst[0], worst[1])
+    assert worst[0] <= most, "parameter %s differs by %.2e" % (worst[1], worst[0])
+
+
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_a_real_model_trains_like_plain_inductor_and_ends_in_steady_state(name):
     from cgtree.torch._backend import _segments, decisions
@@ -124,8 +142,7 @@ def test_a_real_model_trains_like_plain_inductor_and_ends_in_steady_state(name):
     want = train(rf, ref, loss_fn, [batches[i % 4] for i in range(steps)], r_step, autocast)
     assert got.isfinite().all() and got[-1] < got[0], "the model should train"
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
-    for (n, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
-        torch.testing.assert_close(p, q, rtol=1e-3, atol=2e-4, msg=lambda m: "parameter %s: %s" % (n, m))
+    weights_like_inductors(model, ref)
     segments = _segments[first_segment:]
     plain = [s.info["plain_reason"] for s in segments if s.info["plain_reason"]]  # went plain at run time
     plain += [d["plain_reason"] for d in decisions[first_decision:] if d["plain_reason"]]  # by the compile

@@ -418,8 +418,8 @@ def test_a_gradient_made_on_a_side_stream_and_read_on_the_callers_is_not_reused_
     with torch.cuda.stream(side):
         junk = torch.full((n,), -1.0, device=DEV)  # the side stream's next block of that size
     torch.cuda.synchronize()
+    assert torch.equal(x.grad, torch.full_like(x, 6.0)), "the gradient was reused before its read: %s" % x.grad[:4]
     assert ct.memory_stats()["recorded_streams"] > before  # the engine's record came through
-    assert torch.equal(x.grad, torch.full_like(x, 6.0)), x.grad[:4]
     del junk
 
 

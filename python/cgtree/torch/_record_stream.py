@@ -36,22 +36,23 @@ WARNING = ("cgtree.torch: PyTorch's C++ calls of recordStream do not reach cgtre
 
 
 def cuda_include():
-    """A directory with cuda_runtime_api.h, for the cudaStream_t of
-    PyTorch's headers: the one pip's CUDA runtime package ships beside
-    PyTorch (its own CUDA version), else CUDA_HOME's; None without."""
+    """A directory with the CUDA runtime's headers, for the cudaStream_t of
+    PyTorch's headers: CUDA_HOME's (the toolkit's), else pip's beside
+    PyTorch, where it is whole (the runtime's package alone lacks the
+    compiler's crt/host_defines.h, which cuda_runtime_api.h includes); None
+    without."""
     from torch.utils import cpp_extension
 
-    places = []
+    places = [os.path.join(cpp_extension.CUDA_HOME, "include")] if cpp_extension.CUDA_HOME else []
     try:
-        import nvidia  # PyTorch's CUDA wheels depend on nvidia-cuda-runtime, which ships the headers
+        import nvidia  # PyTorch's CUDA wheels depend on nvidia's CUDA packages
 
         for root in nvidia.__path__:
             places += sorted(glob.glob(os.path.join(root, "*", "include")))
     except ImportError:
         pass
-    if cpp_extension.CUDA_HOME:
-        places.append(os.path.join(cpp_extension.CUDA_HOME, "include"))
-    return next((d for d in places if os.path.isfile(os.path.join(d, "cuda_runtime_api.h"))), None)
+    whole = lambda d: all(os.path.isfile(os.path.join(d, f)) for f in ("cuda_runtime_api.h", "crt/host_defines.h"))  # noqa: E731
+    return next((d for d in places if whole(d)), None)
 
 
 def build():
@@ -84,8 +85,15 @@ def set_hook(build=build):
             return (False, "PyTorch's current CUDA allocator is not a pluggable one")
         return (True, path)
     except Exception as e:  # noqa: BLE001 -- any failure of the build is reported, not raised
-        text = str(e).strip().splitlines()
-        return (False, "building the hook failed: %s%s" % (type(e).__name__, ": " + text[-1] if text else ""))
+        return (False, "building the hook failed: %s: %s" % (type(e).__name__, first_error(str(e))))
+
+
+def first_error(text):
+    """The line of a build's output that says what went wrong: the first
+    compiler's or linker's "error:", else the last line."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    named = [line for line in lines if "error:" in line.lower()]
+    return named[0] if named else (lines[-1] if lines else "")
 
 
 _tensor_record_stream = torch.Tensor.record_stream
