@@ -382,10 +382,14 @@ void tx_dev_pool_reset_peaks(void) {
 int tx_dev_stream_device(void *stream) {
 #if defined(CGT_HAVE_CUDA) && CUDART_VERSION >= 12080
   int device = -1;
+  if (!stream) /* the legacy default stream: every device has one, and its handle does not say whose */
+    return -1;
+  int mode = tx_dev_ignore_other_captures();
   if (cudaStreamGetDevice((cudaStream_t)stream, &device) != cudaSuccess) {
     (void)cudaGetLastError();
-    return -1;
+    device = -1;
   }
+  tx_dev_heed_other_captures(mode);
   return device;
 #else
   (void)stream;

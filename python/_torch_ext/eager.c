@@ -439,10 +439,16 @@ void *tx_eager_alloc(size_t size, int device, void *stream) {
 }
 
 /* Gives b's memory back to its device's pool, ordered after its stream's
- * and its recorded streams' work. */
+ * and its recorded streams' work. A recorded stream of another device
+ * (record_stream takes any) gets its event on its own device, where CUDA
+ * records it; a legacy default stream (NULL, every device's) and a
+ * simulator's block (device -1: its streams are not CUDA's) are taken as
+ * the block's device's. */
 static void give_back(eager_block *b) {
-  for (size_t i = 0; i < b->n_used; i++) /* recorded streams: the free waits for their work so far */
-    tx_dev_stream_after(b->stream, b->used_on[i], b->device);
+  for (size_t i = 0; i < b->n_used; i++) { /* recorded streams: the free waits for their work so far */
+    int device = b->device >= 0 ? tx_dev_stream_device(b->used_on[i]) : -1;
+    tx_dev_stream_after(b->stream, b->used_on[i], device >= 0 ? device : b->device);
+  }
   tx_dev_pool_free(b->ptr, b->device, b->stream);
   free(b->used_on);
   free(b);

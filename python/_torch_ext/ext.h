@@ -209,7 +209,7 @@ int tx_dev_sim_set_capture(void *stream, unsigned long long id); /* id 0 ends it
 int tx_dev_pool_figures(int device, size_t *reserved, size_t *reserved_peak); /* 0 if unknown */
 void tx_dev_pool_reset_peaks(void); /* each pool's reserved high-water mark restarts from what it holds now */
 void tx_dev_stream_after(void *waiter, void *signaller, int device); /* waiter waits for signaller's work so far */
-int tx_dev_stream_device(void *stream); /* the stream's device (NULL: the current device's legacy stream); -1 if unknown */
+int tx_dev_stream_device(void *stream); /* the stream's device; -1 if unknown, and for NULL (whose legacy stream?) */
 void tx_stream_wait(void *waiter, void *signaller, void *event); /* waiter waits for signaller's work so far */
 void tx_event_record(void *event, void *stream); /* no-op for a NULL event */
 void tx_event_wait(void *stream, void *event);   /* stream waits for the event's last record; no-op for NULL */
