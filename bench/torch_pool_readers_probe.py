@@ -7,6 +7,10 @@ test_an_output_a_copy_stream_reads_after_record_stream_is_not_overwritten_by_the
 ran alone (0 waits), though it passed after other tests of its file.
 
     python3 bench/torch_pool_readers_probe.py
+
+The failing runs were on a machine whose build folder a mutation had just
+been rebuilt in: `objdump -d <the extension> | grep -c "call.*<tx_pool_readers_wait"`
+should print 1 (0: the binary lacks the wait).
 """
 import torch
 
@@ -28,6 +32,7 @@ def figures(tag, out=None):
 
 def main():
     print("device:", torch.cuda.get_device_name(), "hook:", _install._state["record_stream_hook"])
+    print("extension:", X.__file__)
     print("exchange:", X.exchange_info())
     cg = torch.compile(lambda x: x * 2 + 1, backend="cgtree")
     copy = torch.cuda.Stream()
@@ -48,8 +53,9 @@ def main():
         out.record_stream(copy)
         figures("after record_stream", out)
         del out
+        tree, _ = _install.tree_for(0)
         print("current stream before the next call:", hex(torch.cuda.current_stream().cuda_stream),
-              "copy stream:", hex(copy.cuda_stream))
+              "copy stream:", hex(copy.cuda_stream), "tree stream:", hex(tree.stream), "tree device:", tree.device)
         nxt = cg(x1)
         figures("the next call", nxt)
         torch.cuda.synchronize()

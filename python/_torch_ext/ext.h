@@ -291,7 +291,7 @@ uint64_t tx_pool_readers_generation(void); /* a new tree's readers_seen */
 /* Before a launch on T's stream, after it waited for caller (the caller's
  * stream): T's stream waits for every stream noted since its last wait. */
 void tx_pool_readers_wait(TreeObject *T, void *caller);
-void tx_pool_readers_figures(uint64_t *streams, uint64_t *waits_made);
+void tx_pool_readers_figures(uint64_t *streams, uint64_t *waits_made, uint64_t *waits_put_off);
 
 extern PyTypeObject TreeType;
 extern PyObject *TxError;      /* cgtree.torch.CgtreeError */

@@ -684,8 +684,8 @@ static PyObject *m_alloc_figures(PyObject *m, PyObject *args) {
   tx_alloc_figures_get(&f);
   tx_eager_figures e;
   tx_eager_figures_get(device, &e);
-  uint64_t reader_streams, reader_waits;
-  tx_pool_readers_figures(&reader_streams, &reader_waits);
+  uint64_t reader_streams, reader_waits, reader_waits_put_off;
+  tx_pool_readers_figures(&reader_streams, &reader_waits, &reader_waits_put_off);
   const figure figures[] = {
       {"pool_in_use", f.pool_in_use},
       {"combined_peak", f.combined_peak},
@@ -714,6 +714,7 @@ static PyObject *m_alloc_figures(PyObject *m, PyObject *args) {
       {"recorded_streams", e.recorded_streams},
       {"pool_reader_streams", reader_streams},
       {"pool_reader_waits", reader_waits},
+      {"pool_reader_waits_put_off", reader_waits_put_off},
       {"deferred_frees", e.deferred_frees},
       {"blocks_rehomed", e.blocks_rehomed},
       {"capture_allocations", e.capture_allocations},

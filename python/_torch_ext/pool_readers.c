@@ -30,6 +30,13 @@
  * stream until the free. Out of host memory a note is refused (-1, nothing
  * changed), and PyTorch's recordStream raises.
  *
+ * A noted stream that is capturing (a capture of the program's own, on a
+ * copy stream) is not waited for then: an event recorded there would be a
+ * node of that capture, and the tree's stream would join it. The tree
+ * waits for it at a later launch, once the capture has ended (its
+ * readers_seen stays below that note). A stream CUDA does not know any
+ * more (destroyed) is not waited for.
+ *
  * What is not seen: a read on another stream without record_stream. Under
  * plain Inductor it is safe while the output lives; under cgtree the next
  * launch may overtake it. docs/torch.md says so.
@@ -52,6 +59,7 @@ static pool_reader *readers; /* under readers_mu */
 static size_t n_readers, cap_readers;
 static _Atomic uint64_t last_generation; /* the last note's; 0 before the first */
 static _Atomic uint64_t waits;           /* stream waits made for notes */
+static _Atomic uint64_t put_off;         /* waits put off: the stream was capturing */
 
 int tx_pool_readers_note(void *stream) {
   pthread_mutex_lock(&readers_mu);
@@ -86,30 +94,39 @@ void tx_pool_readers_wait(TreeObject *T, void *caller) {
   if (atomic_load(&last_generation) == T->readers_seen)
     return;
   pthread_mutex_lock(&readers_mu);
+  uint64_t seen = atomic_load(&last_generation); /* lowered below for a note put off */
   for (size_t i = 0; i < n_readers; i++) {
     pool_reader *r = &readers[i];
     if (r->generation <= T->readers_seen)
       continue;
     if (r->stream == T->stream || r->stream == caller) /* ordered already: the tree's own, or waited for */
       continue;
-    if (T->on_simulator) { /* a test's tree and streams: counted, and no CUDA call */
-      atomic_fetch_add(&waits, 1);
-      continue;
-    }
-    if (r->device == READER_DEVICE_UNASKED) /* asked here, not at the note: a simulator's stream is no stream */
+    if (!T->on_simulator && r->device == READER_DEVICE_UNASKED) /* a simulator's stream is no stream of CUDA's */
       r->device = tx_dev_stream_device(r->stream);
     if (r->device >= 0 && r->device != T->device)
       continue;
-    tx_dev_stream_after(T->stream, r->stream, r->device >= 0 ? r->device : T->device);
+    int device = T->on_simulator ? -1 : r->device >= 0 ? r->device : T->device;
+    unsigned long long capture = tx_dev_capture_id(device, r->stream);
+    if (capture == TX_CAPTURE_UNKNOWN) /* CUDA knows no such stream (it was destroyed): nothing to wait for */
+      continue;
+    if (capture) { /* an event recorded there would join the tree's stream to that capture: wait at a later launch */
+      if (r->generation - 1 < seen)
+        seen = r->generation - 1;
+      atomic_fetch_add(&put_off, 1);
+      continue;
+    }
+    if (!T->on_simulator) /* a test's tree and streams: counted, and no CUDA call */
+      tx_dev_stream_after(T->stream, r->stream, device);
     atomic_fetch_add(&waits, 1);
   }
-  T->readers_seen = atomic_load(&last_generation);
+  T->readers_seen = seen;
   pthread_mutex_unlock(&readers_mu);
 }
 
-void tx_pool_readers_figures(uint64_t *streams, uint64_t *waits_made) {
+void tx_pool_readers_figures(uint64_t *streams, uint64_t *waits_made, uint64_t *waits_put_off) {
   pthread_mutex_lock(&readers_mu);
   *streams = n_readers;
   pthread_mutex_unlock(&readers_mu);
   *waits_made = atomic_load(&waits);
+  *waits_put_off = atomic_load(&put_off);
 }

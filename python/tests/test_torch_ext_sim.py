@@ -506,6 +506,32 @@ def test_a_stream_record_stream_names_for_an_output_makes_each_trees_next_launch
     later.check()
 
 
+def test_a_stream_named_for_an_output_that_is_capturing_is_waited_for_once_its_capture_ended(tree):
+    """An event recorded on a stream that captures would be a node of that
+    capture, and the tree's stream would join it: the wait is put off to a
+    later launch, and made once the capture has ended."""
+    seg, x = replaying(tree)
+    (y,) = call(seg, x)
+    copy = 0x7a12
+    assert not X.record_stream(y.ptr, copy)
+    del y
+    f0 = X.alloc_figures()
+    X.sim_capture(copy, 33)
+    try:
+        call(seg, x)
+        call(seg, x)
+        f1 = X.alloc_figures()
+        assert f1["pool_reader_waits"] == f0["pool_reader_waits"]  # none while it captures
+        assert f1["pool_reader_waits_put_off"] == f0["pool_reader_waits_put_off"] + 2  # one per launch
+    finally:
+        X.sim_capture(copy, 0)
+    call(seg, x)
+    call(seg, x)
+    f2 = X.alloc_figures()
+    assert f2["pool_reader_waits"] == f0["pool_reader_waits"] + 1  # once, after the capture
+    assert f2["pool_reader_waits_put_off"] == f1["pool_reader_waits_put_off"]
+
+
 def test_record_stream_is_kept_for_eager_blocks_only_and_once_per_stream():
     f0 = X.alloc_figures()
     p = _lib.cgt_torch_alloc(4096, -1, None)

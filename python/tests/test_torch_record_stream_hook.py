@@ -2,6 +2,7 @@
 allocator (python/cgtree/torch/_record_stream.py), on the CPU: how its
 build is decided and reported, and that its source compiles against this
 PyTorch's declarations. What it does on a GPU is in test_torch_trust.py."""
+import os
 import shutil
 import subprocess
 
@@ -73,3 +74,25 @@ def test_the_hook_builds_loads_and_refuses_pytorchs_own_allocator(monkeypatch, t
     monkeypatch.delenv(_record_stream.ENV, raising=False)
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     assert _record_stream.set_hook() == (False, "PyTorch's current CUDA allocator is not a pluggable one")
+
+
+def test_a_build_lock_left_behind_is_reported_after_a_bounded_wait_not_waited_on_for_good(monkeypatch, tmp_path):
+    """cpp_extension.load waits without end while its lock file exists, and
+    a process killed during the build leaves it behind: install would hang
+    in every later process. The hook's build waits a bounded time, then
+    reports the file."""
+    import time
+
+    monkeypatch.delenv(_record_stream.ENV, raising=False)
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setattr(_record_stream, "LOCK_WAIT_SECONDS", 0.3)
+    monkeypatch.setattr(_record_stream, "cuda_include", lambda: str(tmp_path))  # the lock is met before any header
+    directory = _record_stream.build_directory()
+    assert directory.startswith(str(tmp_path))
+    os.makedirs(directory)
+    lock = os.path.join(directory, "lock")
+    open(lock, "w").close()
+    t0 = time.monotonic()
+    ok, why = _record_stream.set_hook()
+    assert not ok and lock in why and "stayed" in why, why
+    assert time.monotonic() - t0 < 10

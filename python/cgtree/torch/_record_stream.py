@@ -8,8 +8,9 @@ gradient produced on one stream and consumed on another. The pluggable
 allocator cgtree is loaded as drops the call unless a C++ hook is set, so
 ``set_hook`` builds record_stream_hook.cc with torch.utils.cpp_extension
 (PyTorch's own tool for building against the PyTorch that runs; the build
-is cached, in ``TORCH_EXTENSIONS_DIR`` or ~/.cache/torch_extensions, and
-takes some seconds the first time) and sets the hook. eager.c then keeps
+is cached, in a folder of its own under ``TORCH_EXTENSIONS_DIR`` or
+~/.cache/torch_extensions, and takes some seconds the first time) and sets
+the hook. eager.c then keeps
 the stream on the block, and the free waits for it.
 
 Where the build cannot be made (no C++ compiler, no ninja, no CUDA headers),
@@ -20,6 +21,8 @@ calls are then seen, autograd's are not, and the warning says what to avoid.
 import ctypes
 import glob
 import os
+import sys
+import time
 
 import torch
 
@@ -27,6 +30,7 @@ from .. import _torch_ext as _ext
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "record_stream_hook.cc")
 ENV = "CGTREE_TORCH_RECORD_STREAM_HOOK"
+LOCK_WAIT_SECONDS = 120  # another process's build takes seconds; a lock older than this was left behind
 
 WARNING = ("cgtree.torch: PyTorch's C++ calls of recordStream do not reach cgtree's allocator (%s). Your own "
            "Tensor.record_stream calls are seen; autograd's are not, so a backward whose forward ran part of its "
@@ -55,6 +59,32 @@ def cuda_include():
     return next((d for d in places if whole(d)), None)
 
 
+def build_directory():
+    """The hook's own build folder under PyTorch's extensions root
+    (TORCH_EXTENSIONS_DIR, else cpp_extension.get_default_build_root()),
+    one per PyTorch, CUDA and Python."""
+    from torch.utils import cpp_extension
+
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
+    tag = "cgtree_record_stream_hook-torch%s-cuda%s-py%d%d" % ((torch.__version__, torch.version.cuda)
+                                                               + tuple(sys.version_info[:2]))
+    return os.path.join(root, tag)
+
+
+def wait_for_lock(directory, seconds):
+    """cpp_extension.load waits without end while its build folder's lock
+    file exists, and a process killed during the build leaves it behind:
+    every later install would hang. So we wait `seconds` for another
+    process's build, then give up (install warns, naming the file)."""
+    lock = os.path.join(directory, "lock")
+    deadline = time.monotonic() + seconds
+    while os.path.exists(lock):
+        if time.monotonic() >= deadline:
+            raise RuntimeError("the build lock %s stayed %g s: another process builds the hook, or one that stopped "
+                               "left it (remove it if no build runs)" % (lock, seconds))
+        time.sleep(0.1)
+
+
 def build():
     """The path of the built hook library (built once, then cached). Linked
     to PyTorch's own libraries only: CUDA's runtime is not linked (the hook
@@ -64,9 +94,12 @@ def build():
     include = cuda_include()
     if include is None:
         raise RuntimeError("no CUDA headers (cuda_runtime_api.h) found: set CUDA_HOME")
+    directory = build_directory()
+    os.makedirs(directory, exist_ok=True)
+    wait_for_lock(directory, LOCK_WAIT_SECONDS)
     return cpp_extension.load(name="cgtree_record_stream_hook", sources=[SOURCE], extra_cflags=["-O2"],
                               extra_include_paths=[include], extra_ldflags=["-ltorch_cuda", "-lc10_cuda"],
-                              with_cuda=False, is_python_module=False, verbose=False)
+                              build_directory=directory, with_cuda=False, is_python_module=False, verbose=False)
 
 
 def set_hook(build=build):
