@@ -42,15 +42,19 @@
  * their number has doubled since the last sweep, O(1) amortised.
  *
  * What the driver cannot know is that a stream other than the block's own
- * still reads it: that is what Tensor.record_stream(s) tells an allocator.
- * PyTorch's pluggable allocator has a record-stream hook, but its Python
- * wrapper does not expose it, so cgtree.torch wraps Tensor.record_stream
- * (the documented Python API) and tells us (tx_eager_record_stream). The
- * free then makes the block's stream wait for every recorded stream's work
- * so far, with an event, before cudaFreeAsync, exactly as PyTorch's
- * cudaMallocAsync backend does; such a block never enters the front cache.
- * Calls of recordStream from C++ (inside PyTorch) do not pass through
- * Python and are not seen; docs/torch.md says so.
+ * still reads it: that is what Tensor.record_stream(s) tells an allocator,
+ * and what PyTorch's C++ tells it where it moves data across streams
+ * (autograd's engine, for a gradient consumed on another stream than its
+ * producer's). PyTorch's pluggable allocator hands recordStream on only
+ * through a C++ hook, which cgtree.torch builds against PyTorch and sets at
+ * install (record_stream_hook.cc); it calls cgt_torch_record_stream
+ * (alloc.c), which tells us (tx_eager_record_stream). Where the hook could
+ * not be built, cgtree.torch wraps Tensor.record_stream instead, and
+ * PyTorch's own C++ calls are not seen (install warns). The free then
+ * makes the block's stream wait for every recorded stream's work so far,
+ * with an event on that stream's device, before cudaFreeAsync, exactly as
+ * PyTorch's cudaMallocAsync backend does; such a block never enters the
+ * front cache.
  *
  * Bounds of the pools. The pool keeps freed memory cached up to its
  * release threshold (CGTREE_TORCH_CACHE_BYTES, default 2 GiB a device, set
