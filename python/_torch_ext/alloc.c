@@ -293,9 +293,11 @@ void cgt_torch_free(void *ptr, ssize_t size, int device, void *stream) {
  * Tensor.record_stream itself). eager.c keeps the stream on an eager
  * block, and the block's free waits for it; for other memory (a compiled
  * graph's output) the trees' next launches wait for it (pool_readers.c). */
-int cgt_torch_record_stream(void *ptr, void *stream) {
+int tx_alloc_record_stream(void *ptr, void *stream) {
   int rc = tx_eager_record_stream(ptr, stream);
-  if (rc == 0) /* not an eager block: a compiled graph's output, maybe (pool_readers.c) */
-    rc = tx_pool_readers_note(stream);
-  return rc < 0 ? -1 : 1;
+  if (rc == 0 && tx_pool_readers_note(stream) < 0) /* not an eager block: a compiled graph's output, maybe */
+    return -1;
+  return rc;
 }
+
+int cgt_torch_record_stream(void *ptr, void *stream) { return tx_alloc_record_stream(ptr, stream) < 0 ? -1 : 1; }

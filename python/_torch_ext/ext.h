@@ -66,6 +66,12 @@ int tx_alloc_refusal_is_oom(void); /* this thread's last refusal was for want of
  * the eager caches give their memory back to the device, unless a capture
  * may be open; nonzero if they did. */
 int tx_alloc_reclaim(void *tree_object, size_t bytes);
+/* record_stream(ptr, stream), from either door (the C++ hook's
+ * cgt_torch_record_stream, or the Python wrapper's _ext.record_stream): 1
+ * kept on an eager block (its free waits), 0 not an eager block, so noted
+ * for the trees' next launches (pool_readers.c), -1 out of host memory
+ * (nothing changed). */
+int tx_alloc_record_stream(void *ptr, void *stream);
 
 typedef struct tx_alloc_figures {
   size_t eager_in_use, eager_peak; /* outside the pool, counted as PyTorch counts memory_allocated */

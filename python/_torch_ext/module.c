@@ -839,9 +839,7 @@ static PyObject *m_record_stream(PyObject *m, PyObject *args) {
   void *ptr = PyLong_AsVoidPtr(ptr_obj), *stream = PyLong_AsVoidPtr(stream_obj);
   if (PyErr_Occurred())
     return NULL;
-  int rc = tx_eager_record_stream(ptr, stream);
-  if (rc == 0 && tx_pool_readers_note(stream) < 0) /* not an eager block: the trees' next launches wait */
-    rc = -1;
+  int rc = tx_alloc_record_stream(ptr, stream);
   if (rc < 0)
     return PyErr_NoMemory();
   return PyBool_FromLong(rc);

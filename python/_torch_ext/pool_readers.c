@@ -82,8 +82,7 @@ int tx_pool_readers_note(void *stream) {
     r->stream = stream;
     r->device = READER_DEVICE_UNASKED;
   }
-  r->generation = atomic_load(&last_generation) + 1;
-  atomic_store(&last_generation, r->generation);
+  r->generation = atomic_fetch_add(&last_generation, 1) + 1;
   pthread_mutex_unlock(&readers_mu);
   return 1;
 }
