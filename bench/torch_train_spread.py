@@ -33,19 +33,8 @@ def trained(model, backend, make_batches, loss_fn, autocast, steps):
     f = torch.compile(model, backend=backend)
     step = torch.compile(opt.step, backend=backend)
     torch.manual_seed(11)
-    losses = T.train(f, model, loss_fn, make_batches(steps), (opt, step), autocast)
-    return model, losses
-
-
-def spread(a, b, tol=2e-4):
-    """(largest |a - b| over all weights, weights farther apart than tol, the parameter of the largest)."""
-    worst, over, name = 0.0, 0, ""
-    for (n, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
-        d = (p.detach().float() - q.detach().float()).abs()
-        over += int((d > tol).sum())
-        if float(d.max()) > worst:
-            worst, name = float(d.max()), n
-    return worst, over, name
+    T.train(f, model, loss_fn, make_batches(steps), (opt, step), autocast)
+    return model
 
 
 def main():
@@ -66,13 +55,12 @@ def main():
         g = torch.Generator().manual_seed(1)
         batches = [torch.randint(1, T.VOCAB, (4, 64), generator=g).to("cuda") for _ in range(4)]
         make_batches = lambda steps: [batches[i % 4] for i in range(steps)]  # noqa: E731
-        count = sum(p.numel() for p in model.parameters())
-        ref, _ = trained(copy.deepcopy(model), "inductor", make_batches, loss_fn, autocast, a.steps)
-        others = [("cgtree", trained(copy.deepcopy(model), "cgtree", make_batches, loss_fn, autocast, a.steps)[0])]
+        ref = trained(copy.deepcopy(model), "inductor", make_batches, loss_fn, autocast, a.steps)
+        others = [("cgtree", trained(copy.deepcopy(model), "cgtree", make_batches, loss_fn, autocast, a.steps))]
         others += [("inductor %d" % (i + 2), trained(copy.deepcopy(model), "inductor", make_batches, loss_fn, autocast,
-                                                   a.steps)[0]) for i in range(a.runs - 1)]
+                                                   a.steps)) for i in range(a.runs - 1)]
         for label, m in others:
-            worst, over, where = spread(m, ref)
+            over, count, (worst, where) = T.weight_spread(m, ref, 2e-4)
             print("| %s | %s against inductor 1 | %.2e | %d | %d | %s |" % (name, label, worst, over, count, where))
         sys.stdout.flush()
 

@@ -99,15 +99,23 @@ def train(f, model, loss_fn, batches, step, autocast):
     return torch.stack(losses)
 
 
-def weights_like_inductors(model, ref, atol=2e-4, share=1e-3, most=2e-3):
-    """Asserts that model's weights lie from ref's as plain Inductor's lie
-    from its own: at most `share` of all weights farther apart than atol,
-    and none farther than `most` (see the module's docstring)."""
+def weight_spread(model, ref, atol):
+    """How far model's weights lie from ref's: (weights farther apart than
+    atol, all weights, (the largest difference, the parameter it is in))."""
     over, count, worst = 0, 0, (0.0, "")
     for (n, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
         d = (p.detach().float() - q.detach().float()).abs()
         over, count = over + int((d > atol).sum()), count + d.numel()
         worst = max(worst, (float(d.max()), n))
+    return over, count, worst
+
+
+def weights_like_inductors(model, ref, atol=2e-4, share=1e-3, most=2e-3):
+    """Asserts that model's weights lie from ref's as plain Inductor's lie
+    from its own: at most `share` of all weights farther apart than atol,
+    and none farther than `most` (see the module's docstring;
+    bench/torch_train_spread.py prints the same figures)."""
+    over, count, worst = weight_spread(model, ref, atol)
     assert over <= share * count, "%d of %d weights differ by more than %g (largest %.2e, %s)" % (
         over, count, atol, worst[0], worst[1])
     assert worst[0] <= most, "parameter %s differs by %.2e" % (worst[1], worst[0])
