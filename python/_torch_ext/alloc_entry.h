@@ -28,6 +28,9 @@ __attribute__((visibility("default"))) int cgt_torch_record_stream(void *ptr, vo
  * "CUDA error: ..." naming the driver's error, into buf (cap bytes,
  * NUL-terminated). */
 void tx_alloc_refusal_text(char *buf, size_t cap);
+/* 1 when this thread's last refusal was for want of memory (PyTorch's
+ * out-of-memory error), 0 when for another cause. */
+int tx_alloc_refusal_is_oom(void);
 
 #ifdef __cplusplus
 }

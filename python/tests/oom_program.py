@@ -36,7 +36,8 @@ def eager():
     """An eager allocation larger than the device."""
     err = raised(lambda: torch.empty(1 << 46, dtype=torch.uint8, device="cuda"))
     y = torch.ones(4, device="cuda") * 2  # CUDA still works
-    return {"raised": err, "after": y.sum().item(), "num_ooms": ct.memory_stats()["num_ooms"]}
+    return {"raised": err, "after": y.sum().item(), "num_ooms": ct.memory_stats()["num_ooms"],
+            "torch_class": ct.stats()["torch_out_of_memory_error"]}
 
 
 def counts_and_doubles(x, calls):

@@ -27,10 +27,13 @@ def scenario(name):
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def test_an_eager_allocation_larger_than_the_device_raises_cuda_out_of_memory_and_cuda_keeps_working():
+def test_an_eager_allocation_larger_than_the_device_raises_torch_out_of_memory_error_and_cuda_keeps_working():
+    """torch.OutOfMemoryError, PyTorch's own class, with PyTorch's wording:
+    what code that recovers from out of memory catches (oom_error.cc)."""
     r = scenario("eager")
     kind, text = r["raised"]
-    assert kind == "RuntimeError"  # PyTorch's wording: what code that recovers from out of memory looks for
+    assert r["torch_class"] == 1  # the library built here: its thrower is set
+    assert kind == "OutOfMemoryError"
     assert text.startswith("CUDA out of memory. Tried to allocate 65536.00 GiB on device 0")
     assert r["after"] == 8.0
     assert r["num_ooms"] == 1

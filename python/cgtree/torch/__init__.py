@@ -132,6 +132,8 @@ def stats():
             total["exchange_" + k] = v
     hook = _install._state["record_stream_hook"]  # PyTorch's C++ recordStream calls reach the allocator (_record_stream.py)
     total["record_stream_hook"] = 1 if hook and hook[0] else 0
+    thrower = _install._state["oom_error"]  # eager out of memory raises torch.OutOfMemoryError (_oom_error.py)
+    total["torch_out_of_memory_error"] = 1 if thrower and thrower[0] else 0
     total["graphs"] = len(_segments)
     total["graphs_plain"] = sum(1 for s in _segments if s.info["plain_reason"] is not None)
     return total

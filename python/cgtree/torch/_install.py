@@ -14,14 +14,14 @@ import warnings
 import torch
 
 from .. import _torch_ext as _ext
-from . import _record_stream
+from . import _oom_error, _record_stream
 
 CgtreeError = _ext.CgtreeError
 StaleTensorError = _ext.StaleTensorError
 
 _lock = threading.Lock()
 _state = {"installed": False, "allocator": None, "error": None, "exchange": None, "exchange_stream": None,
-          "record_stream_hook": None}
+          "record_stream_hook": None, "oom_error": None}
 _local = threading.local()  # per thread: .trees {device: (Tree, torch stream over its stream)}, .explicit
 _all_trees = []  # every (Tree, stream) of every thread not freed yet (_prune_freed_locked drops the freed)
 _freed = {}  # the counters of freed trees (Tree.stats() at their close), summed
@@ -94,7 +94,10 @@ def install():
                            getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None), mark, _mark_step_box(),
                            torch.OutOfMemoryError)
         _ext.set_tree_getter(_tree_of_this_thread)
+        # cgtree's C++ library, built against this PyTorch (_cxx.py): PyTorch's recordStream calls reach the
+        # allocator, and out of memory raises torch.OutOfMemoryError. Each falls back without it.
         _state["record_stream_hook"] = _record_stream.set_hook()
+        _state["oom_error"] = _oom_error.set_thrower()
         if not _state["record_stream_hook"][0]:
             _record_stream.wrap_tensor_method()
             warnings.warn(_record_stream.WARNING % _state["record_stream_hook"][1], RuntimeWarning, stacklevel=2)

@@ -1,0 +1,58 @@
+"""Out of memory raised as torch.OutOfMemoryError, PyTorch's own class.
+
+cgtree's allocation function throws a C++ exception when it refuses
+(python/_torch_ext/oom.cc). PyTorch's bindings raise torch.OutOfMemoryError
+for c10::OutOfMemoryError only, so ``set_thrower`` hands oom.cc the function
+of cgtree's C++ library (oom_error.cc, built by _cxx.py) that throws that
+class. Without the library an eager out of memory is a RuntimeError with
+the same text ("CUDA out of memory. Tried to allocate ..."); a compiled
+graph's call raises torch.OutOfMemoryError either way (segment.c).
+``stats()["torch_out_of_memory_error"]`` says which.
+"""
+import ctypes
+
+from .. import _torch_ext as _ext
+from . import _cxx
+
+
+def _ext_lib():
+    lib = ctypes.CDLL(_ext.__file__)  # the loaded image: dlopen gives the same one
+    lib.cgt_torch_set_oom_thrower.argtypes = [ctypes.c_void_p]
+    lib.cgt_torch_set_oom_thrower.restype = None
+    return lib
+
+
+def set_thrower(library=_cxx.library):
+    """Hands oom.cc the thrower of the library `library()` gives. (True,
+    library path) when set; (False, why) when not, having changed
+    nothing."""
+    try:
+        path = library()
+    except Exception as e:  # noqa: BLE001 -- any failure of the build is reported, not raised
+        return (False, _cxx.why_not_built(e))
+    try:
+        thrower = ctypes.cast(ctypes.CDLL(path).cgt_torch_throw_out_of_memory, ctypes.c_void_p).value
+    except (OSError, AttributeError) as e:
+        return (False, "the library %s has no thrower: %s" % (path, e))
+    _ext_lib().cgt_torch_set_oom_thrower(thrower)
+    return (True, path)
+
+
+def clear_thrower():
+    """Refusals throw std::runtime_error again (RuntimeError in Python)."""
+    _ext_lib().cgt_torch_set_oom_thrower(None)
+
+
+def alloc_exception(size, device, stream):
+    """(type name, text) of what cgtree's allocation function throws when
+    PyTorch asks it for `size` bytes on `device` for `stream` (raw handle),
+    caught in C++; None if it gave memory (freed at once)."""
+    lib = ctypes.CDLL(_ext.__file__)
+    f = lib.cgt_torch_alloc_exception
+    f.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t,
+                  ctypes.c_char_p, ctypes.c_size_t]
+    f.restype = ctypes.c_int
+    name, what = ctypes.create_string_buffer(256), ctypes.create_string_buffer(1024)
+    if f(size, device, stream, name, 256, what, 1024) == 0:
+        return None
+    return name.value.decode(), what.value.decode()
