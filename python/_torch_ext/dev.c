@@ -418,3 +418,92 @@ void tx_dev_stream_after(void *waiter, void *signaller, int device) {
   (void)device;
 #endif
 }
+
+/* ------------------------------------------- frees inside another's capture */
+
+/* A block a capture not ours allocated (torch.cuda.graph's temporaries),
+ * freed while that capture is open. cudaFreeAsync on the block's stream
+ * would make the free that stream's next captured work, and a capture that
+ * forked to a side stream, allocated there and joined back before Python
+ * dropped the temporary would then end with that stream's work unjoined:
+ * cudaStreamEndCapture fails, and torch.cuda.graph raises. (PyTorch's
+ * caching allocator makes no CUDA call at such a free; its cudaMallocAsync
+ * backend fails the same way.) So the free becomes a node of the capture's
+ * graph (cudaGraphAddMemFreeNode on the graph cudaStreamGetCaptureInfo
+ * names, which CUDA allows during a capture), depending on the current work
+ * of the block's stream and of its recorded streams in that capture: after
+ * every use the program declared, as a free on the stream after waiting
+ * for them would be, but no stream's dependencies change, so nothing is
+ * left to join. Nothing depends on the node: the graph reuses that memory
+ * for no later allocation of its own, which costs the graph the block's
+ * size at most. */
+#ifdef CGT_HAVE_CUDA
+/* Appends stream's current capture dependencies to *deps (grown as needed):
+ * 1 if stream captures `capture`, 0 if not, -1 out of host memory. */
+static int capture_deps_add(void *stream, unsigned long long capture, cudaGraph_t *graph, cudaGraphNode_t **deps,
+                            size_t *n, size_t *cap) {
+  enum cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  unsigned long long id = 0;
+  cudaGraph_t g = NULL;
+  const cudaGraphNode_t *d = NULL;
+  size_t nd = 0;
+  if (!stream || cudaStreamGetCaptureInfo((cudaStream_t)stream, &status, &id, &g, &d, NULL, &nd) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  if (status != cudaStreamCaptureStatusActive || id != capture)
+    return 0;
+  if (*n + nd > *cap) {
+    size_t grown_cap = 2 * (*n + nd) + 4;
+    cudaGraphNode_t *grown = realloc(*deps, grown_cap * sizeof *grown);
+    if (!grown)
+      return -1;
+    *deps = grown;
+    *cap = grown_cap;
+  }
+  for (size_t i = 0; i < nd; i++) {
+    int known = 0;
+    for (size_t j = 0; j < *n && !known; j++)
+      known = (*deps)[j] == d[i];
+    if (!known)
+      (*deps)[(*n)++] = d[i];
+  }
+  *graph = g;
+  return 1;
+}
+#endif
+
+int tx_dev_capture_free(void *p, int device, void *stream, void *const *also, size_t n_also,
+                        unsigned long long capture) {
+#ifdef CGT_HAVE_CUDA
+  if (device < 0 || !capture)
+    return 0;
+  cudaGraph_t graph = NULL, other = NULL;
+  cudaGraphNode_t *deps = NULL, node = NULL;
+  size_t n = 0, cap = 0;
+  int done = 0;
+  int mode = tx_dev_ignore_other_captures();
+  WITH_DEVICE(device, {
+    if (capture_deps_add(stream, capture, &graph, &deps, &n, &cap) == 1) {
+      int ok = 1;
+      for (size_t i = 0; i < n_also && ok; i++) /* a recorded stream in the same capture: after its work too */
+        ok = capture_deps_add(also[i], capture, &other, &deps, &n, &cap) >= 0;
+      if (ok && cudaGraphAddMemFreeNode(&node, graph, deps, n, p) == cudaSuccess)
+        done = 1;
+      else
+        (void)cudaGetLastError();
+    }
+  });
+  tx_dev_heed_other_captures(mode);
+  free(deps);
+  return done;
+#else
+  (void)p;
+  (void)device;
+  (void)stream;
+  (void)also;
+  (void)n_also;
+  (void)capture;
+  return 0;
+#endif
+}

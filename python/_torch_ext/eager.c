@@ -97,7 +97,9 @@
  * the capture makes it a node of the graph, as PyTorch's
  * backend:cudaMallocAsync does; such a block is marked with its capture
  * and never enters the front cache, and its free goes to the driver (a
- * free node of its own capture while that is open; after it, outside any
+ * free node of its own capture's graph while that is open, which no
+ * stream's work depends on, so that a side stream that joined back stays
+ * joined: dev.c, "Frees inside another's capture"; after it, outside any
  * graph). A give-back to the driver on a stream that captures a capture not
  * the block's own would join or break that capture, so it is put off to a
  * later flush. No retry after out of memory inside a capture: trimming
@@ -443,19 +445,25 @@ void *tx_eager_alloc(size_t size, int device, void *stream) {
 }
 
 /* Gives b's memory back to its device's pool, ordered after its stream's
- * and its recorded streams' work. A recorded stream of another device
+ * and its recorded streams' work: 1 if as a node of the open capture that
+ * allocated it (dev.c, "Frees inside another's capture"), 0 on its stream.
+ * A recorded stream of another device
  * (record_stream takes any) gets its event on its own device, where CUDA
  * records it; a legacy default stream (NULL, every device's) and a
  * simulator's block (device -1: its streams are not CUDA's) are taken as
  * the block's device's. */
-static void give_back(eager_block *b) {
-  for (size_t i = 0; i < b->n_used; i++) { /* recorded streams: the free waits for their work so far */
-    int device = b->device >= 0 ? tx_dev_stream_device(b->used_on[i]) : -1;
-    tx_dev_stream_after(b->stream, b->used_on[i], device >= 0 ? device : b->device);
+static int give_back(eager_block *b) {
+  int as_node = b->capture && tx_dev_capture_free(b->ptr, b->device, b->stream, b->used_on, b->n_used, b->capture);
+  if (!as_node) {
+    for (size_t i = 0; i < b->n_used; i++) { /* recorded streams: the free waits for their work so far */
+      int device = b->device >= 0 ? tx_dev_stream_device(b->used_on[i]) : -1;
+      tx_dev_stream_after(b->stream, b->used_on[i], device >= 0 ? device : b->device);
+    }
+    tx_dev_pool_free(b->ptr, b->device, b->stream);
   }
-  tx_dev_pool_free(b->ptr, b->device, b->stream);
   free(b->used_on);
   free(b);
+  return as_node;
 }
 
 /* Would giving b back now join or break a capture that is not b's own? Its
@@ -478,7 +486,7 @@ static int capture_in_the_way(const eager_block *b) {
 void tx_eager_give_back(tx_eager_block *list) {
   if (!list)
     return;
-  size_t n = 0, newly_waiting = 0;
+  size_t n = 0, newly_waiting = 0, as_nodes = 0;
   eager_block *wait = NULL;
   for (eager_block *b = list, *next; b; b = next) {
     next = b->next_out;
@@ -489,11 +497,12 @@ void tx_eager_give_back(tx_eager_block *list) {
       wait = b;
       continue;
     }
-    give_back(b);
+    as_nodes += (size_t)give_back(b);
     n++;
   }
   pthread_mutex_lock(&tx_alloc_mu);
   fig.driver_frees += n;
+  fig.capture_free_nodes += as_nodes;
   fig.frees_waiting_capture += newly_waiting; /* a block put off again at a later flush counts once */
   defer_locked(wait);
   pthread_mutex_unlock(&tx_alloc_mu);

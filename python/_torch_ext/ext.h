@@ -103,6 +103,7 @@ typedef struct tx_eager_figures {
   uint64_t front_hits, front_returns; /* allocations the front cache served; its blocks given back (bound, drain) */
   uint64_t blocks_rehomed; /* live blocks whose stream was retired: freed on the legacy stream since */
   uint64_t capture_allocations; /* made inside a capture cgtree did not begin: never front-cached */
+  uint64_t capture_free_nodes;  /* such blocks freed while their capture was open: a node of its graph */
   uint64_t frees_waiting_capture; /* gives back put off because their stream captured (not their capture) */
   uint64_t trims_without_sync; /* trims that did not synchronise the device: a capture was or might be open */
   uint64_t driver_alloc_errors; /* allocations the driver's pool refused for another cause than memory */
@@ -178,6 +179,12 @@ void tx_event_destroy(void *event);          /* no-op for NULL */
  * the pool keeps cached when the device synchronises (set at first use). */
 void *tx_dev_pool_alloc(size_t bytes, int device, void *stream, uint64_t keep_bytes);
 void tx_dev_pool_free(void *p, int device, void *stream); /* ordered after the work on stream */
+/* Frees p, memory the open capture `capture` allocated, as a node of that
+ * capture's graph ordered after the work so far of stream and of each of
+ * also[] that captures it too, and no stream's work: 1 done; 0 not (stream
+ * does not capture `capture` now, CUDA refused, or device -1). */
+int tx_dev_capture_free(void *p, int device, void *stream, void *const *also, size_t n_also,
+                        unsigned long long capture);
 /* Why this thread's last tx_dev_pool_alloc failed: a cudaError_t, 0 if it
  * did not (TX_ERR_OUT_OF_MEMORY: cudaErrorMemoryAllocation, the simulator's
  * malloc failing). tx_dev_error_is_memory: whether an error may be for want

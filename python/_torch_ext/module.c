@@ -718,6 +718,7 @@ static PyObject *m_alloc_figures(PyObject *m, PyObject *args) {
       {"deferred_frees", e.deferred_frees},
       {"blocks_rehomed", e.blocks_rehomed},
       {"capture_allocations", e.capture_allocations},
+      {"capture_free_nodes", e.capture_free_nodes},
       {"frees_waiting_capture", e.frees_waiting_capture},
       {"trims_without_sync", e.trims_without_sync},
       {"driver_alloc_errors", e.driver_alloc_errors},

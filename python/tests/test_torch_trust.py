@@ -783,6 +783,84 @@ def test_a_graph_captured_with_torch_cuda_graph_keeps_its_memory_from_eager_tens
 
 
 
+def test_a_temporary_a_torch_cuda_graph_capture_makes_on_a_side_stream_and_frees_after_the_join_is_right():
+    """A capture that forks to a side stream, allocates a temporary there,
+    joins back, then frees the temporary (Python drops it after the join):
+    the free is on the side stream, whose capture has joined. PyTorch's own
+    caching allocator makes no CUDA call at that free; a free node on the
+    side stream after the join would leave the capture unjoined, and
+    torch.cuda.graph would fail at its end. The graph must replay right, as
+    under PyTorch."""
+    n = 1 << 18
+    s, side = torch.cuda.Stream(), torch.cuda.Stream()
+    x = torch.ones(n, device=DEV)
+    before = ct.memory_stats()["capture_free_nodes"]
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        side.wait_stream(s)
+        with torch.cuda.stream(side):
+            tmp = x * 2
+            tmp2 = x * 3
+        s.wait_stream(side)
+        y = tmp + 1
+        tmp2.record_stream(s)  # read on s too: its free is after s's read as well
+        z = tmp2 + 1
+        del tmp, tmp2
+    assert ct.memory_stats()["capture_free_nodes"] - before == 2
+    with torch.cuda.stream(s):
+        w = torch.zeros(n, device=DEV)  # an eager tensor after the capture: never the graph's memory
+    for _ in range(2):
+        x.fill_(float(_ + 1))
+        g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, torch.full_like(y, 5.0)) and torch.equal(z, torch.full_like(z, 7.0))
+    assert torch.equal(w, torch.zeros_like(w))
+    del g, y, z
+
+
+class _NarrowOf(torch.autograd.Function):
+    """A custom autograd.Function whose forward returns a view of its input."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x[1:]
+
+    @staticmethod
+    def backward(ctx, g):
+        return torch.nn.functional.pad(g, (1, 0))
+
+
+@pytest.mark.parametrize("x_grad", [True, False], ids=["x_requires_grad", "x_plain"])
+def test_a_custom_autograd_functions_view_of_its_input_lives_past_the_step_as_under_inductor(x_grad):
+    """The view a custom autograd.Function returns of its input lies in the
+    caller's memory: kept past the step it reads what plain Inductor's
+    reads, and the gradients are Inductor's."""
+    def f(x, w):
+        v = _NarrowOf.apply(x)
+        return v, (v * w).sum()
+
+    got = {}
+    for backend in ("inductor", "cgtree"):
+        fresh()
+        cf = torch.compile(f, backend=backend)
+        x = torch.arange(8.0, device=DEV).requires_grad_(x_grad)
+        w = torch.full((7,), 2.0, device=DEV, requires_grad=True)
+        kept = []
+        for step in range(4):
+            v, loss = cf(x, w)
+            loss.backward()
+            kept.append(v)
+            with torch.no_grad():
+                x.add_(1.0)  # the view sees the caller's later writes, as a view does
+        got[backend] = ([k.detach().clone() for k in kept], None if x.grad is None else x.grad.clone(),
+                        w.grad.clone())
+    (kept_i, xg_i, wg_i), (kept_c, xg_c, wg_c) = got["inductor"], got["cgtree"]
+    for a, b in zip(kept_i, kept_c):
+        assert torch.equal(a, b), (a, b)
+    assert (xg_i is None) == (xg_c is None) and (xg_i is None or torch.equal(xg_i, xg_c))
+    assert torch.equal(wg_i, wg_c)
+
+
 def test_another_threads_torch_cuda_graph_capture_survives_this_threads_replays_allocations_tree_close_and_empty_cache():
     """torch.cuda.graph captures in CUDA's global mode: while it is open,
     CUDA refuses potentially unsafe calls from every other thread in global

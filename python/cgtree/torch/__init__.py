@@ -181,7 +181,9 @@ def memory_stats(device=None):
     given back to the driver's pools. ``capture_allocations``: allocations
     made inside a CUDA graph capture cgtree did not begin
     (torch.cuda.graph...), which come from the driver and never enter the
-    front cache; ``frees_waiting_capture``: blocks whose give-back was put
+    front cache; ``capture_free_nodes``: such blocks freed while their
+    capture was open, as a node of its graph that no stream's work depends
+    on (a side stream that joined back stays joined); ``frees_waiting_capture``: blocks whose give-back was put
     off (each once) because their stream, or a stream they were recorded
     on, was capturing a capture not their own; ``trims_without_sync``:
     trims (empty_cache, the retry after a refusal) that gave back only what
