@@ -135,6 +135,7 @@ typedef struct out_meta {
    * that input's position among the call's arguments (-1: none), alias_rel
    * the bytes from its data to the output's. */
   int32_t alias_arg;
+  int32_t alias_k; /* that input's position among the tensor inputs */
   int64_t alias_rel;
 } out_meta;
 
@@ -382,6 +383,33 @@ static int64_t output_offset_bytes(PyObject *const *args, const out_meta *m) {
   return off >= 0 && off % item == 0 ? off : m->offset_bytes; /* a view as another dtype: the template's */
 }
 
+/* An output that aliases a DYNAMIC input lies in that input's placeholder,
+ * the copy of the caller's tensor the graph read. Under plain Inductor it
+ * is a view of the caller's tensor itself: a write to either shows in the
+ * other, and it stays readable past the step. AOTAutograd rebuilds most
+ * such outputs from the caller's tensor (as_strided on the input), but not
+ * all: the view a custom autograd.Function returns of its input, in a
+ * training graph, is handed to the user as the graph returned it
+ * (AOTAutograd's custom_function_view), and over the placeholder it read
+ * a copy, silently, that the next step overwrote. So such an output is
+ * made over the caller's memory at the same place (*ptr moved there; 1),
+ * exactly where the plain graph's view would lie. Not for a saved
+ * activation (the caller calls only for outputs that are not): the
+ * backward reads the copy the forward read, which a write to the caller's
+ * tensor between them cannot change. */
+static int alias_in_caller(const seg_run *run, const out_meta *m, void **ptr) {
+  if (m->alias_arg < 0 || run->args[m->alias_k].kind != CGT_ARG_DYNAMIC) /* a VALUE's, a STATIC's: read in place */
+    return 0;
+  char *caller = run->ptrs[m->alias_k];
+  size_t span = run->spans[m->alias_k];
+  if (!caller || m->alias_rel < 0 || (uint64_t)m->alias_rel >= span)
+    return 0;
+  if ((char *)*ptr >= caller && (char *)*ptr < caller + span) /* it read the caller's own memory */
+    return 0;
+  *ptr = caller + m->alias_rel;
+  return 1;
+}
+
 /* A tensor over value v, laid out as m says. Steals v: on failure v is
  * released (through the queue). With ns_make (a timed call), PyTorch's
  * share of the work is added there. */
@@ -393,6 +421,7 @@ static PyObject *make_output(seg_run *run, PyObject *const *args, cgt_value v, c
   cgt_status st = cgt_value_ptr(T->tree, v, &ptr, &bytes);
   if (st != CGT_OK)
     return tx_status_error(T, st, "cgtree output");
+  int in_caller = !saved && alias_in_caller(run, m, &ptr);
   int64_t offset_bytes = output_offset_bytes(args, m);
   if (offset_bytes < 0) {
     (void)cgt_value_release(T->tree, v);
@@ -413,7 +442,7 @@ static PyObject *make_output(seg_run *run, PyObject *const *args, cgt_value v, c
   r->step = T->step;
   r->ptr = ptr;
   r->bytes = bytes;
-  r->caller_memory = inside_caller_memory(run, ptr, bytes);
+  r->caller_memory = in_caller || inside_caller_memory(run, ptr, bytes);
   r->side_pool = run->outs_side_pool;
   DLTensor *dl = TXE.outputs ? &r->mv.dl_tensor : &r->m.dl_tensor;
   dl->device.device_type = kDLCUDA;
@@ -570,6 +599,7 @@ static int tmpl_add(SegmentObject *s, const seg_run *r, void *const *seen, uint6
       char *in = seen[j];
       if (in && r->spans[j] && at >= in && at < in + r->spans[j]) {
         o->alias_arg = (int32_t)a;
+        o->alias_k = (int32_t)j;
         o->alias_rel = at - in;
       }
       j++;

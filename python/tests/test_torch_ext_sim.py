@@ -3524,6 +3524,49 @@ class ReturnsAView:
         return (y, y.narrow(self.start, x.n - self.start))
 
 
+class ReturnsInputView:
+    """(x[1:], 2x + 1, x[1:]): a view of the input for the user, an output of
+    its own, and the same view again, which saved_from=2 makes a saved
+    activation (AOTAutograd's custom_function_view: the view a custom
+    autograd.Function returns of its input, handed to the user as the
+    graph returned it)."""
+
+    def __init__(self, tree):
+        self.tree = tree
+
+    def __call__(self, x):
+        y = FakeTensor(x.n)
+        X.sim_launch(self.tree.stream, k_affine, y.ptr, x.ptr, x.n, 2.0, 1.0)
+        return (x.narrow(1, x.n - 1), y, x.narrow(1, x.n - 1))
+
+
+def test_a_view_of_a_dynamic_input_lies_in_the_callers_memory_as_the_plain_graphs_and_a_saved_one_in_the_copy(tree):
+    """A DYNAMIC input is copied into a placeholder, and the graph's view of
+    it lies there. Under plain Inductor the view lies in the caller's
+    tensor: a later write to the caller's tensor shows in it, and no step
+    reuses it. So the view for the user is made over the caller's memory at
+    the same place, at every call, and stays readable past its step. Over
+    the placeholder it read a copy, silently, that the next call
+    overwrote. A saved activation keeps the copy the forward read."""
+    seg = segment(tree, ReturnsInputView(tree), spans=(16,), saved_from=2)
+    kept = []
+    for i in range(5):  # the plain first call, warmup, recording, replays
+        x = FakeTensor(4).fill([i, i + 1, i + 2, i + 3])  # another address at each call: copied
+        v, y, saved = call(seg, x)
+        assert v.ptr == x.ptr + 4 and v.storage_offset_bytes == 4
+        assert y.values() == [2.0 * (i + j) + 1 for j in range(4)]
+        x.fill([-1, -2, -3, -4])  # the caller writes its tensor after the call
+        assert v.values() == [-2, -3, -4], "the view read a copy of the input, not the input"
+        if i >= 1:  # the tree's runs: the saved view lies in the copy the graph read
+            assert saved.values() == [i + 1, i + 2, i + 3] and saved.ptr != x.ptr + 4
+        kept.append((v, x))
+        del saved
+    assert tree.stats()["replays"] >= 2
+    for j, (v, x) in enumerate(kept):  # past their steps: the callers' memory, readable
+        assert v.values() == [-2, -3, -4], j
+    tree.check()
+
+
 def test_an_output_that_is_a_view_at_an_offset_keeps_the_plain_graphs_storage_offset(tree):
     """AOTAutograd rebuilds an output that aliases an input or another
     output from its base with as_strided(size, stride, storage_offset())

@@ -831,10 +831,15 @@ class _NarrowOf(torch.autograd.Function):
 
 
 @pytest.mark.parametrize("x_grad", [True, False], ids=["x_requires_grad", "x_plain"])
-def test_a_custom_autograd_functions_view_of_its_input_lives_past_the_step_as_under_inductor(x_grad):
-    """The view a custom autograd.Function returns of its input lies in the
-    caller's memory: kept past the step it reads what plain Inductor's
-    reads, and the gradients are Inductor's."""
+def test_a_custom_autograd_functions_view_of_its_input_is_a_view_of_the_callers_tensor_as_under_inductor(x_grad):
+    """The view a custom autograd.Function returns of its input, read within
+    its step, and the gradients, equal plain Inductor's; kept past its step
+    it reads the caller's tensor as it is now, as Inductor's view does. In
+    a training graph AOTAutograd hands that view to the user as the graph
+    returned it (custom_function_view), and the graph read a DYNAMIC
+    input's copy: the view read the copy, 4..10 where Inductor's read 5..11
+    after the caller's later writes, silently (an H100, before
+    segment.c's alias_in_caller)."""
     def f(x, w):
         v = _NarrowOf.apply(x)
         return v, (v * w).sum()
@@ -845,20 +850,22 @@ def test_a_custom_autograd_functions_view_of_its_input_lives_past_the_step_as_un
         cf = torch.compile(f, backend=backend)
         x = torch.arange(8.0, device=DEV).requires_grad_(x_grad)
         w = torch.full((7,), 2.0, device=DEV, requires_grad=True)
-        kept = []
+        kept, read = [], []
         for step in range(4):
             v, loss = cf(x, w)
             loss.backward()
             kept.append(v)
+            read.append(v.detach().clone())
             with torch.no_grad():
-                x.add_(1.0)  # the view sees the caller's later writes, as a view does
-        got[backend] = ([k.detach().clone() for k in kept], None if x.grad is None else x.grad.clone(),
-                        w.grad.clone())
-    (kept_i, xg_i, wg_i), (kept_c, xg_c, wg_c) = got["inductor"], got["cgtree"]
-    for a, b in zip(kept_i, kept_c):
+                x.add_(1.0)  # a view sees the caller's later writes
+        got[backend] = (kept, read, None if x.grad is None else x.grad.clone(), w.grad.clone())
+    (kept_i, read_i, xg_i, wg_i), (kept_c, read_c, xg_c, wg_c) = got["inductor"], got["cgtree"]
+    for a, b in zip(read_i, read_c):
         assert torch.equal(a, b), (a, b)
     assert (xg_i is None) == (xg_c is None) and (xg_i is None or torch.equal(xg_i, xg_c))
     assert torch.equal(wg_i, wg_c)
+    for c, i in zip(kept_c, kept_i):  # past their steps: views of the caller's x, as it is now
+        assert torch.equal(c.detach(), i.detach()), (c, i)
 
 
 def test_another_threads_torch_cuda_graph_capture_survives_this_threads_replays_allocations_tree_close_and_empty_cache():
