@@ -313,6 +313,7 @@ void tx_out_ref_queue_drain(void) {
     tx_out_ref *next = r->next_dead;
     TreeObject *T = r->tree;
     if (!T) { /* detached when its tensor could not be made (make_output): nothing of a tree to undo */
+      Py_XDECREF(r->keep);
       free(r);
       r = next;
       continue;
@@ -332,6 +333,7 @@ void tx_out_ref_queue_drain(void) {
     }
     tx_stale_forget(T, r);
     T->out_refs--;
+    Py_XDECREF(r->keep);
     free(r);
     r = next;
   }
@@ -422,18 +424,27 @@ static PyObject *make_output(seg_run *run, PyObject *const *args, cgt_value v, c
   if (st != CGT_OK)
     return tx_status_error(T, st, "cgtree output");
   int in_caller = !saved && alias_in_caller(run, m, &ptr);
-  int64_t offset_bytes = output_offset_bytes(args, m);
+  /* Over the caller's memory (moved there, or a STATIC input's: a view of
+   * a parameter a forward saves), the output keeps the caller's storage
+   * alive, as a view keeps its base's: dropped first, the caller's tensor
+   * would free the memory the output reads. */
+  int over_caller = in_caller || (m->alias_arg >= 0 && run->args[m->alias_k].kind == CGT_ARG_STATIC);
+  PyObject *keep = over_caller ? PyObject_CallMethodNoArgs(args[m->alias_arg], TX.str_untyped_storage) : NULL;
+  int64_t offset_bytes = over_caller && !keep ? -1 : output_offset_bytes(args, m);
   if (offset_bytes < 0) {
+    Py_XDECREF(keep);
     (void)cgt_value_release(T->tree, v);
     return NULL;
   }
   int nd = m->ndim;
   tx_out_ref *r = malloc(sizeof *r + 2 * (size_t)nd * sizeof(int64_t));
   if (!r) {
+    Py_XDECREF(keep);
     (void)cgt_value_release(T->tree, v);
     return PyErr_NoMemory();
   }
   memset(r, 0, sizeof *r);
+  r->keep = keep; /* from here on, released with r */
   if (nd)
     memcpy(r->dims, m->dims, 2 * (size_t)nd * sizeof(int64_t));
   r->tree = T;
@@ -480,6 +491,7 @@ static PyObject *make_output(seg_run *run, PyObject *const *args, cgt_value v, c
     if (!cap) {
       (void)cgt_value_release(T->tree, v);
       T->out_refs--;
+      Py_XDECREF(r->keep);
       free(r);
       return NULL;
     }
