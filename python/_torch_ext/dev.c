@@ -436,7 +436,9 @@ void tx_dev_stream_after(void *waiter, void *signaller, int device) {
  * for them would be, but no stream's dependencies change, so nothing is
  * left to join. Nothing depends on the node: the graph reuses that memory
  * for no later allocation of its own, which costs the graph the block's
- * size at most. */
+ * size at most. Only the capturing thread frees so (eager.c, give_back):
+ * CUDA's graphs are not thread-safe, and that thread's capture adds nodes
+ * to the same graph; another thread's free goes on the stream. */
 #ifdef CGT_HAVE_CUDA
 /* Appends stream's current capture dependencies to *deps (grown as needed):
  * 1 if stream captures `capture`, 0 if not, -1 out of host memory. */

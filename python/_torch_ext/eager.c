@@ -143,6 +143,7 @@ struct eager_block {
   void *stream;    /* the stream it was allocated on (its free's stream) */
   uint64_t serial; /* of its allocation, for tx_eager_held */
   unsigned long long capture; /* the capture (not ours) it was allocated in, or 0: never front-cached */
+  pthread_t capturing_thread; /* with capture: the thread that allocated it, whose capture it is */
   void **used_on;  /* streams record_stream named, or NULL */
   size_t n_used, cap_used;
   front_bin *bin;  /* its bin while front-cached, else NULL (in use) */
@@ -410,6 +411,8 @@ static void *alloc_from_driver(size_t size, int device, void *stream, unsigned l
   b->device = device;
   b->stream = stream;
   b->capture = capture;
+  if (capture)
+    b->capturing_thread = pthread_self();
   fig.capture_allocations += (uint64_t)(capture != 0);
   tx_hash_oomed = 0;
   HASH_ADD_PTR(blocks, ptr, b);
@@ -446,14 +449,17 @@ void *tx_eager_alloc(size_t size, int device, void *stream) {
 
 /* Gives b's memory back to its device's pool, ordered after its stream's
  * and its recorded streams' work: 1 if as a node of the open capture that
- * allocated it (dev.c, "Frees inside another's capture"), 0 on its stream.
- * A recorded stream of another device
+ * allocated it (dev.c, "Frees inside another's capture"; on the capturing
+ * thread only), 0 on its stream. A recorded stream of another device
  * (record_stream takes any) gets its event on its own device, where CUDA
  * records it; a legacy default stream (NULL, every device's) and a
  * simulator's block (device -1: its streams are not CUDA's) are taken as
  * the block's device's. */
 static int give_back(eager_block *b) {
-  int as_node = b->capture && tx_dev_capture_free(b->ptr, b->device, b->stream, b->used_on, b->n_used, b->capture);
+  /* As a node only on the thread whose capture it is: CUDA's graphs are not
+   * thread-safe, and that thread's capture adds nodes to the same graph. */
+  int as_node = b->capture && pthread_equal(b->capturing_thread, pthread_self()) &&
+                tx_dev_capture_free(b->ptr, b->device, b->stream, b->used_on, b->n_used, b->capture);
   if (!as_node) {
     for (size_t i = 0; i < b->n_used; i++) { /* recorded streams: the free waits for their work so far */
       int device = b->device >= 0 ? tx_dev_stream_device(b->used_on[i]) : -1;

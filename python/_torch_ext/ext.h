@@ -456,7 +456,7 @@ struct tx_out_ref {
   int caller_memory; /* it lies inside a STATIC argument of its run (a forward's saved parameter): not the
                       * tree's memory, so never on the step's list, never stale, and passed on as caller memory */
   PyObject *keep;    /* for an output over an input's caller memory (a STATIC input's view, or one moved there:
-                      * segment.c, alias_in_caller): that input's storage, kept alive as a view's base would be;
+                      * segment.c, over_caller_memory): that input's storage, kept alive as a view's base would be;
                       * released by the drain */
   int side_pool;     /* made by an eager run of the tree (a failed capture, a node past the rerecord limit): it
                       * lies in the tree's side pool, which cgt_run copies into a placeholder when passed on */

@@ -385,28 +385,41 @@ static int64_t output_offset_bytes(PyObject *const *args, const out_meta *m) {
   return off >= 0 && off % item == 0 ? off : m->offset_bytes; /* a view as another dtype: the template's */
 }
 
-/* An output that aliases a DYNAMIC input lies in that input's placeholder,
- * the copy of the caller's tensor the graph read. Under plain Inductor it
- * is a view of the caller's tensor itself: a write to either shows in the
- * other, and it stays readable past the step. AOTAutograd rebuilds most
- * such outputs from the caller's tensor (as_strided on the input), but not
- * all: the view a custom autograd.Function returns of its input, in a
- * training graph, is handed to the user as the graph returned it
- * (AOTAutograd's custom_function_view), and over the placeholder it read
- * a copy, silently, that the next step overwrote. So such an output is
- * made over the caller's memory at the same place (*ptr moved there; 1),
- * exactly where the plain graph's view would lie. Not for a saved
- * activation (the caller calls only for outputs that are not): the
- * backward reads the copy the forward read, which a write to the caller's
- * tensor between them cannot change. */
-static int alias_in_caller(const seg_run *run, const out_meta *m, void **ptr) {
-  if (m->alias_arg < 0 || run->args[m->alias_k].kind != CGT_ARG_DYNAMIC) /* a VALUE's, a STATIC's: read in place */
+/* Is the output m describes, lying at *ptr, over the caller's memory?
+ * Then it is no memory of the tree's: no step reuses it, and it must hold
+ * the caller's storage, as a view holds its base's (make_output).
+ *
+ * A view of a STATIC input is: the graph read the caller's memory in
+ * place. So is a view of a DYNAMIC input in an eager run of the tree (a
+ * failed capture, a node past the rerecord limit), which reads the
+ * caller's memory too. Elsewhere a DYNAMIC input is copied into a
+ * placeholder, and the graph's view of it lies in that copy. Under plain
+ * Inductor it is a view of the caller's tensor itself: a write to either
+ * shows in the other, and it stays readable past the step. AOTAutograd
+ * rebuilds most such outputs from the caller's tensor (as_strided on the
+ * input), but not all: the view a custom autograd.Function returns of its
+ * input, in a training graph, is handed to the user as the graph returned
+ * it (AOTAutograd's custom_function_view), and over the placeholder it
+ * read a copy, silently, that the next step overwrote. So such an output
+ * is moved to the caller's memory at the same place (*ptr), exactly where
+ * the plain graph's view would lie. Not a saved activation: the backward
+ * reads the copy the forward read, which a write to the caller's tensor
+ * between them cannot change. A VALUE input's view lies in the tree's
+ * memory: not the caller's. */
+static int over_caller_memory(const seg_run *run, const out_meta *m, int saved, void **ptr) {
+  if (m->alias_arg < 0)
+    return 0;
+  if (run->args[m->alias_k].kind == CGT_ARG_STATIC)
+    return 1;
+  if (run->args[m->alias_k].kind != CGT_ARG_DYNAMIC)
     return 0;
   char *caller = run->ptrs[m->alias_k];
   size_t span = run->spans[m->alias_k];
   if (!caller || m->alias_rel < 0 || (uint64_t)m->alias_rel >= span)
     return 0;
-  if ((char *)*ptr >= caller && (char *)*ptr < caller + span) /* it read the caller's own memory */
+  if ((char *)*ptr >= caller && (char *)*ptr < caller + span) /* an eager run read the caller's own memory */
+    return 1;
+  if (saved)
     return 0;
   *ptr = caller + m->alias_rel;
   return 1;
@@ -423,12 +436,10 @@ static PyObject *make_output(seg_run *run, PyObject *const *args, cgt_value v, c
   cgt_status st = cgt_value_ptr(T->tree, v, &ptr, &bytes);
   if (st != CGT_OK)
     return tx_status_error(T, st, "cgtree output");
-  int in_caller = !saved && alias_in_caller(run, m, &ptr);
-  /* Over the caller's memory (moved there, or a STATIC input's: a view of
-   * a parameter a forward saves), the output keeps the caller's storage
-   * alive, as a view keeps its base's: dropped first, the caller's tensor
-   * would free the memory the output reads. */
-  int over_caller = in_caller || (m->alias_arg >= 0 && run->args[m->alias_k].kind == CGT_ARG_STATIC);
+  /* Over the caller's memory, the output keeps the caller's storage alive,
+   * as a view keeps its base's: dropped first, the caller's tensor would
+   * free the memory the output reads. */
+  int over_caller = over_caller_memory(run, m, saved, &ptr);
   PyObject *keep = over_caller ? PyObject_CallMethodNoArgs(args[m->alias_arg], TX.str_untyped_storage) : NULL;
   int64_t offset_bytes = over_caller && !keep ? -1 : output_offset_bytes(args, m);
   if (offset_bytes < 0) {
@@ -453,7 +464,7 @@ static PyObject *make_output(seg_run *run, PyObject *const *args, cgt_value v, c
   r->step = T->step;
   r->ptr = ptr;
   r->bytes = bytes;
-  r->caller_memory = in_caller || inside_caller_memory(run, ptr, bytes);
+  r->caller_memory = over_caller || inside_caller_memory(run, ptr, bytes);
   r->side_pool = run->outs_side_pool;
   DLTensor *dl = TXE.outputs ? &r->mv.dl_tensor : &r->m.dl_tensor;
   dl->device.device_type = kDLCUDA;
@@ -480,6 +491,7 @@ static PyObject *make_output(seg_run *run, PyObject *const *args, cgt_value v, c
        * itself is left to the deleter should it run (the drain then frees
        * it alone); if PyTorch dropped it without, its few bytes leak. */
       (void)cgt_value_release(T->tree, v);
+      Py_CLEAR(r->keep); /* no tensor holds it: should the deleter never come, the caller's storage still goes */
       r->tree = NULL;
       T->out_refs--;
       return NULL;

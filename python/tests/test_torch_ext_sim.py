@@ -3574,6 +3574,47 @@ def test_a_view_of_an_input_lies_in_the_callers_memory_as_the_plain_graphs_and_a
     tree.check()
 
 
+class ViewAndWeight:
+    """(x[1:], 2x + 1) of a DYNAMIC x and a STATIC w the graph does not read:
+    a new w at each call makes a new node each time, so that past the
+    rerecord limit the tree runs the graph eagerly."""
+
+    def __init__(self, tree):
+        self.tree = tree
+
+    def __call__(self, x, w):
+        y = FakeTensor(x.n)
+        X.sim_launch(self.tree.stream, k_affine, y.ptr, x.ptr, x.n, 2.0, 1.0)
+        return (x.narrow(1, x.n - 1), y)
+
+
+def test_an_eager_runs_view_of_a_dynamic_input_holds_the_callers_storage_and_is_never_stale():
+    """An eager run of the tree (past its rerecord limit) reads a DYNAMIC
+    input in the caller's own memory, so its view of it lies there: it
+    must hold the caller's storage, as a view holds its base's, and no step
+    reuses it. It held nothing, and read another tensor's data once the
+    caller dropped its tensor (a helper's review found it)."""
+    t = X.Tree(0, backend="sim", rerecord_limit=1)
+    seg = segment(t, ViewAndWeight(t), kinds=(ARG_TENSOR, ARG_TENSOR_STATIC), spans=(16, 16))
+    weights, kept = [], []
+    for i in range(8):
+        w = FakeTensor(4)
+        weights.append(w)
+        x = FakeTensor(4).fill([i, i + 1, i + 2, i + 3])
+        v, y = call(seg, x, w)
+        x.fill([-10 * i - 1, -10 * i - 2, -10 * i - 3, -10 * i - 4])
+        kept.append(v)
+        del x
+        gc.collect()
+        others = [FakeTensor(4).fill([9, 9, 9, 9]) for _ in range(4)]  # would take the memory x freed
+        assert v.values() == [-10 * i - 2, -10 * i - 3, -10 * i - 4], i
+        del others
+    assert t.stats()["eager_runs"] >= 3
+    for i, v in enumerate(kept):  # past their steps: the callers' memory, readable
+        assert v.values() == [-10 * i - 2, -10 * i - 3, -10 * i - 4], i
+    t.check()
+
+
 def test_an_output_that_is_a_view_at_an_offset_keeps_the_plain_graphs_storage_offset(tree):
     """AOTAutograd rebuilds an output that aliases an input or another
     output from its base with as_strided(size, stride, storage_offset())
