@@ -290,6 +290,8 @@ typedef struct TreeObject {
   struct seg_run **runs;   /* the segments' runs in this tree (segment.c), dropped at its close */
   size_t n_runs, cap_runs;
   size_t pool_in_use_reported; /* what it last told alloc.c (tx_alloc_note_pool_in_use) */
+  struct TreeObject *live_prev, *live_next; /* on module.c's list of initialised trees (under the GIL) */
+  int on_live_list;
   cgt_stats last_stats;    /* its C tree's counters at its close */
 } TreeObject;
 
@@ -511,6 +513,10 @@ int tx_step_outputs_put_back(TreeObject *T, tx_out_ref *r);
 tx_out_ref *tx_step_outputs_take(TreeObject *T);
 /* The output on the list whose memory holds [ptr, ptr + span), or NULL. */
 tx_out_ref *tx_step_output_at(TreeObject *T, void *ptr, size_t span);
+/* 1 if [ptr, ptr + span) lies in an output of the current step of a tree
+ * other than T (another thread's): its pool's memory, not T's caller's.
+ * Under the GIL. */
+int tx_other_trees_output_at(const TreeObject *T, void *ptr, size_t span);
 void tx_step_outputs_free(TreeObject *T);  /* the index's memory (the list is the caller's) */
 int tx_step_outputs_check(TreeObject *T);  /* 0, or -1 if the list and the index disagree */
 

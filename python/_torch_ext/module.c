@@ -252,6 +252,40 @@ void tx_tree_drain(TreeObject *T) {
 
 /* ------------------------------------------------------------ Tree */
 
+/* Every initialised tree, so that a tree can tell another tree's outputs
+ * from its caller's memory (tx_other_trees_output_at). Under the GIL. */
+static TreeObject *live_trees;
+
+static void live_list_add(TreeObject *T) {
+  if (T->on_live_list)
+    return;
+  T->live_prev = NULL;
+  T->live_next = live_trees;
+  if (live_trees)
+    live_trees->live_prev = T;
+  live_trees = T;
+  T->on_live_list = 1;
+}
+
+static void live_list_remove(TreeObject *T) {
+  if (!T->on_live_list)
+    return;
+  if (T->live_prev)
+    T->live_prev->live_next = T->live_next;
+  else
+    live_trees = T->live_next;
+  if (T->live_next)
+    T->live_next->live_prev = T->live_prev;
+  T->on_live_list = 0;
+}
+
+int tx_other_trees_output_at(const TreeObject *T, void *ptr, size_t span) {
+  for (TreeObject *t = live_trees; t; t = t->live_next)
+    if (t != T && t->step_pages && tx_step_output_at(t, ptr, span ? span : 1))
+      return 1;
+  return 0;
+}
+
 static int tree_init(TreeObject *T, PyObject *a, PyObject *kw) {
   static char *kwlist[] = {"device", "warmup_runs", "rerecord_limit", "backend", "time_launches", "stream",
                            "max_graphs", "max_graph_bytes", NULL};
@@ -324,10 +358,12 @@ static int tree_init(TreeObject *T, PyObject *a, PyObject *kw) {
     return -1;
   if (TX.mark_step_cls && read_counter(TX.mark_step_cls, TX.str_mark_step, &T->last_mark_step) < 0)
     return -1;
+  live_list_add(T);
   return 0;
 }
 
 static void tree_dealloc(TreeObject *T) {
+  live_list_remove(T);
   /* A closed tree's husk, a tree that failed to initialise, or a test's
    * tree that made no output get here: a segment's run holds the tree it
    * runs in, and an output's record keeps it open (T->out_refs). */

@@ -361,7 +361,7 @@ static void capsule_destructor(PyObject *cap) {
 static int inside_caller_memory(const seg_run *r, const void *ptr, size_t bytes) {
   for (uint32_t k = 0; k < r->s->n_targs; k++)
     if (r->args[k].kind == CGT_ARG_STATIC && tx_range_inside(ptr, bytes, r->args[k].ptr, r->args[k].bytes))
-      return 1;
+      return !tx_other_trees_output_at(r->tree, (void *)r->args[k].ptr, r->args[k].bytes);
   return 0;
 }
 
@@ -405,17 +405,27 @@ static int64_t output_offset_bytes(PyObject *const *args, const out_meta *m) {
  * the plain graph's view would lie. Not a saved activation: the backward
  * reads the copy the forward read, which a write to the caller's tensor
  * between them cannot change. A VALUE input's view lies in the tree's
- * memory: not the caller's. */
+ * memory: not the caller's. Nor is an input that lies in another tree's
+ * output (another thread's, handed over): that tree's next step reuses
+ * it, and only a mark on the output's storage, which a tensor of ours
+ * does not share, would tell. Its view stays the tree's: in the
+ * placeholder copy for a DYNAMIC input, marked at this tree's next step;
+ * over the other tree's memory for a STATIC one, marked then too (if the
+ * other tree's step ends first, it may read that tree's next outputs
+ * until this tree's step ends: docs/torch.md says so). */
 static int over_caller_memory(const seg_run *run, const out_meta *m, int saved, void **ptr) {
   if (m->alias_arg < 0)
     return 0;
-  if (run->args[m->alias_k].kind == CGT_ARG_STATIC)
-    return 1;
-  if (run->args[m->alias_k].kind != CGT_ARG_DYNAMIC)
+  cgt_arg_kind kind = run->args[m->alias_k].kind;
+  if (kind != CGT_ARG_STATIC && kind != CGT_ARG_DYNAMIC)
     return 0;
   char *caller = run->ptrs[m->alias_k];
   size_t span = run->spans[m->alias_k];
-  if (!caller || m->alias_rel < 0 || (uint64_t)m->alias_rel >= span)
+  if (!caller || tx_other_trees_output_at(run->tree, caller, span)) /* another tree's output: its pool's memory */
+    return 0;
+  if (kind == CGT_ARG_STATIC)
+    return 1;
+  if (m->alias_rel < 0 || (uint64_t)m->alias_rel >= span)
     return 0;
   if ((char *)*ptr >= caller && (char *)*ptr < caller + span) /* an eager run read the caller's own memory */
     return 1;

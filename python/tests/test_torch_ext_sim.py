@@ -3615,6 +3615,47 @@ def test_an_eager_runs_view_of_a_dynamic_input_holds_the_callers_storage_and_is_
     t.check()
 
 
+class InputViewAndDouble:
+    """(x[1:], 2x + 1): a view of its input handed to the user as the graph
+    returned it."""
+
+    def __init__(self, tree):
+        self.tree = tree
+
+    def __call__(self, x):
+        y = FakeTensor(x.n)
+        X.sim_launch(self.tree.stream, k_affine, y.ptr, x.ptr, x.n, 2.0, 1.0)
+        return (x.narrow(1, x.n - 1), y)
+
+
+def test_a_view_of_another_trees_output_stays_this_trees_and_never_reads_that_trees_next_step():
+    """Another thread's tree A makes y in its pool; this thread's tree M
+    takes y as a DYNAMIC input and returns a view of it. y's memory is
+    A's, which A's next step reuses: the view must not be made over it as
+    if it were the caller's own memory (never marked), or it reads A's
+    next outputs silently. It stays in M's placeholder copy, and reads y's
+    data (a helper's audit found the silent read)."""
+    A = X.Tree(0, backend="sim")
+    M = X.Tree(0, backend="sim")
+    seg_a = segment(A, Graph(A, 1.0, 0.0), spans=(16,), name="a")
+    seg_m = segment(M, InputViewAndDouble(M), spans=(16,), name="m")
+    x = FakeTensor(4)
+    for i in range(6):
+        x.fill([10 * i, 10 * i + 1, 10 * i + 2, 10 * i + 3])
+        (y,) = call(seg_a, x)  # y = x, in tree A's pool
+        v, _ = call(seg_m, y)  # v = y[1:], under tree M
+        want = [10 * i + 1, 10 * i + 2, 10 * i + 3]
+        assert v.values() == want
+        del y
+        x.fill([-1, -2, -3, -4])
+        (y2,) = call(seg_a, x)  # tree A's next step: y's memory is y2's now
+        assert v.values() == want, i
+        del y2
+    assert M.stats()["replays"] >= 2 and A.stats()["replays"] >= 2
+    A.check()
+    M.check()
+
+
 def test_an_output_that_is_a_view_at_an_offset_keeps_the_plain_graphs_storage_offset(tree):
     """AOTAutograd rebuilds an output that aliases an input or another
     output from its base with as_strided(size, stride, storage_offset())
