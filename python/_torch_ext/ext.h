@@ -331,6 +331,7 @@ typedef struct tx_py {
   PyObject *str_grad, *str_is_leaf, *str_requires_grad, *str_clone, *str_set; /* gradients (stale.c) */
   PyObject *str_is_cuda, *str_get_device; /* an input's device, where the exchange API does not give it */
   PyObject *str_storage_offset, *str_element_size; /* an input's layout, for outputs that alias it (segment.c) */
+  PyObject *str_dtype, *str_as_strided; /* an output made a view of the caller's tensor (segment.c) */
 } tx_py;
 extern tx_py TX;
 

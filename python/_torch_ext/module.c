@@ -1103,6 +1103,8 @@ PyMODINIT_FUNC PyInit__torch_ext(void) {
   TX.str_get_device = PyUnicode_InternFromString("get_device");
   TX.str_storage_offset = PyUnicode_InternFromString("storage_offset");
   TX.str_element_size = PyUnicode_InternFromString("element_size");
+  TX.str_dtype = PyUnicode_InternFromString("dtype");
+  TX.str_as_strided = PyUnicode_InternFromString("as_strided");
   TxError = PyErr_NewExceptionWithDoc("cgtree._torch_ext.CgtreeError",
                                       "cgtree's torch.compile backend could not do what was asked.", PyExc_RuntimeError,
                                       NULL);
@@ -1112,7 +1114,8 @@ PyMODINIT_FUNC PyInit__torch_ext(void) {
       NULL);
   if (!TX.str_data_ptr || !TX.str_generation || !TX.str_untyped_storage || !TX.str_cdata || !TX.str_mark_step ||
       !TX.str_grad || !TX.str_is_leaf || !TX.str_requires_grad || !TX.str_clone || !TX.str_set || !TX.str_is_cuda ||
-      !TX.str_get_device || !TX.str_storage_offset || !TX.str_element_size || !TxError || !TxStaleError ||
+      !TX.str_get_device || !TX.str_storage_offset || !TX.str_element_size || !TX.str_dtype ||
+      !TX.str_as_strided || !TxError || !TxStaleError ||
       PyModule_AddObjectRef(m, "CgtreeError", TxError) < 0 ||
       PyModule_AddObjectRef(m, "StaleTensorError", TxStaleError) < 0 ||
       PyModule_AddObjectRef(m, "Tree", (PyObject *)&TreeType) < 0 ||

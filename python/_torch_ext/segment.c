@@ -136,6 +136,7 @@ typedef struct out_meta {
    * the bytes from its data to the output's. */
   int32_t alias_arg;
   int32_t alias_k; /* that input's position among the tensor inputs */
+  int32_t alias_same_dtype; /* the output has that input's dtype: it can be made a view of it (as_strided) */
   int64_t alias_rel;
 } out_meta;
 
@@ -405,14 +406,15 @@ static int64_t output_offset_bytes(PyObject *const *args, const out_meta *m) {
  * the plain graph's view would lie. Not a saved activation: the backward
  * reads the copy the forward read, which a write to the caller's tensor
  * between them cannot change. A VALUE input's view lies in the tree's
- * memory: not the caller's. Nor is an input that lies in another tree's
- * output (another thread's, handed over): that tree's next step reuses
- * it, and only a mark on the output's storage, which a tensor of ours
- * does not share, would tell. Its view stays the tree's: in the
- * placeholder copy for a DYNAMIC input, marked at this tree's next step;
- * over the other tree's memory for a STATIC one, marked then too (if the
- * other tree's step ends first, it may read that tree's next outputs
- * until this tree's step ends: docs/torch.md says so). */
+ * memory: not the caller's. An input that lies in another tree's output
+ * (another thread's, handed over) is that tree's memory, which its next
+ * step reuses: only a view of the caller's tensor, which shares the
+ * output's storage and so the mark that tree puts on it, may lie over it.
+ * Where the dtypes differ and no such view can be made, the output stays
+ * this tree's: in the placeholder copy for a DYNAMIC input, marked at this
+ * tree's next step; over the other tree's memory for a STATIC one, marked
+ * then too (if the other tree's step ends first, it may read that tree's
+ * next outputs until this tree's step ends: docs/torch.md says so). */
 static int over_caller_memory(const seg_run *run, const out_meta *m, int saved, void **ptr) {
   if (m->alias_arg < 0)
     return 0;
@@ -421,7 +423,12 @@ static int over_caller_memory(const seg_run *run, const out_meta *m, int saved, 
     return 0;
   char *caller = run->ptrs[m->alias_k];
   size_t span = run->spans[m->alias_k];
-  if (!caller || tx_other_trees_output_at(run->tree, caller, span)) /* another tree's output: its pool's memory */
+  if (!caller)
+    return 0;
+  /* Another tree's output: that tree's pool, which its next step reuses.
+   * Over it only as a view of the caller's tensor (make_output), which
+   * shares the output's storage, and so that tree's mark. */
+  if (!m->alias_same_dtype && tx_other_trees_output_at(run->tree, caller, span))
     return 0;
   if (kind == CGT_ARG_STATIC)
     return 1;
@@ -435,6 +442,32 @@ static int over_caller_memory(const seg_run *run, const out_meta *m, int saved, 
   return 1;
 }
 
+/* The output m describes as a view of the caller's tensor `in`
+ * (in.as_strided to m's shape, strides and place): what the plain graph
+ * returns (Inductor's reinterpret_tensor), sharing in's storage (its
+ * lifetime, and the stale mark another tree may put on it) and version
+ * counter (autograd's check of a saved tensor changed in place before its
+ * backward). A new reference, or NULL with an exception set. */
+static PyObject *caller_view(PyObject *in, const out_meta *m, PyObject *const *args) {
+  int64_t offset_bytes = output_offset_bytes(args, m);
+  if (offset_bytes < 0)
+    return NULL;
+  int64_t item = m->dtype.bits / 8 ? m->dtype.bits / 8 : 1;
+  PyObject *size = PyTuple_New(m->ndim), *stride = PyTuple_New(m->ndim);
+  for (int32_t d = 0; size && stride && d < m->ndim; d++) {
+    PyTuple_SET_ITEM(size, d, PyLong_FromLongLong(m->dims[d]));
+    PyTuple_SET_ITEM(stride, d, PyLong_FromLongLong(m->dims[m->ndim + d]));
+  }
+  PyObject *offset = PyLong_FromLongLong(offset_bytes / item);
+  PyObject *view = size && stride && offset && !PyErr_Occurred()
+                       ? PyObject_CallMethodObjArgs(in, TX.str_as_strided, size, stride, offset, NULL)
+                       : NULL;
+  Py_XDECREF(size);
+  Py_XDECREF(stride);
+  Py_XDECREF(offset);
+  return view;
+}
+
 /* A tensor over value v, laid out as m says. Steals v: on failure v is
  * released (through the queue). With ns_make (a timed call), PyTorch's
  * share of the work is added there. */
@@ -446,10 +479,15 @@ static PyObject *make_output(seg_run *run, PyObject *const *args, cgt_value v, c
   cgt_status st = cgt_value_ptr(T->tree, v, &ptr, &bytes);
   if (st != CGT_OK)
     return tx_status_error(T, st, "cgtree output");
-  /* Over the caller's memory, the output keeps the caller's storage alive,
-   * as a view keeps its base's: dropped first, the caller's tensor would
-   * free the memory the output reads. */
   int over_caller = over_caller_memory(run, m, saved, &ptr);
+  if (over_caller && m->alias_same_dtype) { /* the plain graph's own answer: a view of the caller's tensor */
+    PyObject *view = caller_view(args[m->alias_arg], m, args);
+    (void)cgt_value_release(T->tree, v); /* the tree's record of it: nothing reads it */
+    return view;
+  }
+  /* Over the caller's memory as another dtype, the output keeps the
+   * caller's storage alive, as a view keeps its base's: dropped first, the
+   * caller's tensor would free the memory the output reads. */
   PyObject *keep = over_caller ? PyObject_CallMethodNoArgs(args[m->alias_arg], TX.str_untyped_storage) : NULL;
   int64_t offset_bytes = over_caller && !keep ? -1 : output_offset_bytes(args, m);
   if (offset_bytes < 0) {
@@ -575,13 +613,32 @@ static void tmpl_clear(variant_tmpl *t) {
   memset(t, 0, sizeof *t);
 }
 
+/* 1 if result i of res (a tuple or list) has the dtype of tensor `in`;
+ * 0 if not, or if either cannot say (no error is left set). */
+static int same_dtype(PyObject *res, uint32_t i, PyObject *in) {
+  PyObject *out = PySequence_GetItem(res, (Py_ssize_t)i);
+  PyObject *a = out ? PyObject_GetAttr(out, TX.str_dtype) : NULL;
+  PyObject *b = a ? PyObject_GetAttr(in, TX.str_dtype) : NULL;
+  int same = a && b ? PyObject_RichCompareBool(a, b, Py_EQ) : -1;
+  Py_XDECREF(out);
+  Py_XDECREF(a);
+  Py_XDECREF(b);
+  if (same < 0) {
+    PyErr_Clear();
+    return 0;
+  }
+  return same;
+}
+
 /* desc is what python/cgtree/torch/_graphs.py's describe() returns:
  * (as_list, metas, consts), metas[i] = None or (ptr, span, shape, strides,
  * code, bits, storage offset in bytes; the last may be left out: 0). seen:
  * each tensor input's data as the run that gave desc saw it (the caller's,
- * or a placeholder), r->spans[k] bytes long, to find outputs that alias one. */
+ * or a placeholder), r->spans[k] bytes long, to find outputs that alias one;
+ * res and args, the run's results and arguments, say whether such an
+ * output has its input's dtype. */
 static int tmpl_add(SegmentObject *s, const seg_run *r, void *const *seen, uint64_t variant, PyObject *desc,
-                    uint32_t *n_tensors) {
+                    PyObject *res, PyObject *const *args, uint32_t *n_tensors) {
   PyObject *metas = PyTuple_GET_ITEM(desc, 1), *consts = PyTuple_GET_ITEM(desc, 2);
   uint32_t n_res = (uint32_t)PyTuple_GET_SIZE(metas);
   variant_tmpl t;
@@ -635,6 +692,7 @@ static int tmpl_add(SegmentObject *s, const seg_run *r, void *const *seen, uint6
         o->alias_arg = (int32_t)a;
         o->alias_k = (int32_t)j;
         o->alias_rel = at - in;
+        o->alias_same_dtype = same_dtype(res, i, args[a]);
       }
       j++;
     }
@@ -708,7 +766,7 @@ static cgt_status set_outputs(seg_run *r, cgt_launch *l, PyObject *res) {
   variant_tmpl *t = tmpl_find(s, r->cur_variant);
   if (!t) {
     uint32_t n = 0;
-    if (tmpl_add(s, r, r->seen, r->cur_variant, desc, &n) < 0) {
+    if (tmpl_add(s, r, r->seen, r->cur_variant, desc, res, r->cur, &n) < 0) {
       Py_DECREF(desc);
       stash_exception(r);
       return CGT_ERR_SEGMENT_FAILED;
@@ -1079,7 +1137,7 @@ static PyObject *first_call(SegmentObject *s, const seg_run *r, PyObject *const 
     return res;
   }
   uint32_t n_out = 0;
-  if (tmpl_add(s, r, r->ptrs, variant, desc, &n_out) < 0) { /* it ran on the caller's tensors */
+  if (tmpl_add(s, r, r->ptrs, variant, desc, res, args, &n_out) < 0) { /* it ran on the caller's tensors */
     Py_DECREF(desc);
     return ran_then_failed(s, res);
   }

@@ -131,6 +131,18 @@ class FakeTensor:
     def element_size(self):
         return 4
 
+    dtype = "float32"  # every fake tensor's: what cgtree compares of an output and the input it aliases
+
+    def as_strided(self, size, stride, storage_offset):
+        """A view over the same storage at storage_offset (elements), as
+        Tensor.as_strided is (dense strides only, as the fakes' layouts)."""
+        n = 1
+        for d in size:
+            n *= d
+        t = FakeTensor(n, ptr=self.ptr - self.storage_offset_bytes + 4 * storage_offset, storage=self.storage)
+        t.storage_offset_bytes = 4 * storage_offset
+        return t
+
     def narrow(self, start, length):
         """`length` elements from `start` on, over the same storage, as y[start:start + length] is."""
         t = FakeTensor(length, ptr=self.ptr + 4 * start, storage=self.storage)
@@ -3531,33 +3543,40 @@ class ReturnsInputView:
     autograd.Function returns of its input, handed to the user as the
     graph returned it)."""
 
-    def __init__(self, tree):
-        self.tree = tree
+    def __init__(self, tree, as_dtype=None):
+        self.tree, self.as_dtype = tree, as_dtype  # as_dtype: the user's view is one as another dtype
 
     def __call__(self, x):
         y = FakeTensor(x.n)
         X.sim_launch(self.tree.stream, k_affine, y.ptr, x.ptr, x.n, 2.0, 1.0)
-        return (x.narrow(1, x.n - 1), y, x.narrow(1, x.n - 1))
+        v = x.narrow(1, x.n - 1)
+        if self.as_dtype:
+            v.dtype = self.as_dtype
+        return (v, y, x.narrow(1, x.n - 1))
 
 
+@pytest.mark.parametrize("as_dtype", [None, "int32"], ids=["same_dtype", "as_another_dtype"])
 @pytest.mark.parametrize("kind", [ARG_TENSOR, ARG_TENSOR_STATIC], ids=["dynamic", "static"])
-def test_a_view_of_an_input_lies_in_the_callers_memory_as_the_plain_graphs_and_a_saved_one_in_the_copy(tree, kind):
+def test_a_view_of_an_input_lies_in_the_callers_memory_as_the_plain_graphs_and_a_saved_one_in_the_copy(tree, kind,
+                                                                                                      as_dtype):
     """A DYNAMIC input is copied into a placeholder, and the graph's view of
     it lies there. Under plain Inductor the view lies in the caller's
     tensor: a later write to the caller's tensor shows in it, and no step
     reuses it. So the view for the user is made over the caller's memory at
     the same place, at every call, and stays readable past its step. Over
     the placeholder it read a copy, silently, that the next call
-    overwrote. The view keeps the caller's storage alive, as a view keeps
-    its base's (a STATIC input's view too, which lies in the caller's
-    memory anyway). A saved activation of a DYNAMIC input keeps the copy
-    the forward read."""
-    seg = segment(tree, ReturnsInputView(tree), kinds=(kind,), spans=(16,), saved_from=2)
+    overwrote. With the input's dtype the view is the caller's tensor's
+    own (as_strided: its storage); as another dtype, a tensor over the same
+    memory that holds the caller's storage, as a view holds its base's (a
+    STATIC input's view too, which lies in the caller's memory anyway). A
+    saved activation of a DYNAMIC input keeps the copy the forward read."""
+    seg = segment(tree, ReturnsInputView(tree, as_dtype), kinds=(kind,), spans=(16,), saved_from=2)
     kept = []
     for i in range(5):  # the plain first call, warmup, recording, replays
         x = FakeTensor(4).fill([i, i + 1, i + 2, i + 3])  # another address at each call: copied
         v, y, saved = call(seg, x)
         assert v.ptr == x.ptr + 4 and v.storage_offset_bytes == 4
+        assert (v.storage is x.storage) == (as_dtype is None or i == 0), i  # the first call: the plain graph's
         assert y.values() == [2.0 * (i + j) + 1 for j in range(4)]
         x.fill([-10 * i - 1, -10 * i - 2, -10 * i - 3, -10 * i - 4])  # the caller writes its tensor after the call
         assert v.values() == [-10 * i - 2, -10 * i - 3, -10 * i - 4], "the view read a copy of the input"
@@ -3628,30 +3647,40 @@ class InputViewAndDouble:
         return (x.narrow(1, x.n - 1), y)
 
 
-def test_a_view_of_another_trees_output_stays_this_trees_and_never_reads_that_trees_next_step():
+@pytest.mark.parametrize("kind", [ARG_TENSOR, ARG_TENSOR_STATIC], ids=["dynamic", "static"])
+def test_a_view_of_another_trees_output_shares_its_storage_and_goes_stale_with_it(kind):
     """Another thread's tree A makes y in its pool; this thread's tree M
-    takes y as a DYNAMIC input and returns a view of it. y's memory is
-    A's, which A's next step reuses: the view must not be made over it as
-    if it were the caller's own memory (never marked), or it reads A's
-    next outputs silently. It stays in M's placeholder copy, and reads y's
-    data (a helper's audit found the silent read)."""
+    takes y as an input and returns a view of it. y's memory is A's, which
+    A's next step reuses. The view is made as the plain graph's is, a view
+    of y itself (as_strided): it shares y's storage, so A's mark on it at
+    A's next step makes the view raise too, as y does. Made over y's memory
+    as if it were M's caller's own, it was never marked and read A's next
+    outputs silently (a helper's audit found it)."""
     A = X.Tree(0, backend="sim")
     M = X.Tree(0, backend="sim")
     seg_a = segment(A, Graph(A, 1.0, 0.0), spans=(16,), name="a")
-    seg_m = segment(M, InputViewAndDouble(M), spans=(16,), name="m")
+    seg_m = segment(M, InputViewAndDouble(M), kinds=(kind,), spans=(16,), name="m")
     x = FakeTensor(4)
+    raised = 0
     for i in range(6):
         x.fill([10 * i, 10 * i + 1, 10 * i + 2, 10 * i + 3])
-        (y,) = call(seg_a, x)  # y = x, in tree A's pool
+        (y,) = call(seg_a, x)  # y = x: in tree A's pool, but at A's first (plain) call
         v, _ = call(seg_m, y)  # v = y[1:], under tree M
         want = [10 * i + 1, 10 * i + 2, 10 * i + 3]
         assert v.values() == want
+        assert v.storage is y.storage  # a view of y, not a tensor of its own
         del y
         x.fill([-1, -2, -3, -4])
         (y2,) = call(seg_a, x)  # tree A's next step: y's memory is y2's now
-        assert v.values() == want, i
+        try:
+            assert v.values() == want, i  # y was the plain graph's own tensor: nothing reused it
+            assert i == 0
+        except RuntimeError as e:
+            assert "StaleTensorError" in str(e)
+            raised += 1
         del y2
-    assert M.stats()["replays"] >= 2 and A.stats()["replays"] >= 2
+    assert raised == 5
+    assert M.stats()["replays"] + M.stats()["recordings"] >= 3 and A.stats()["replays"] >= 2
     A.check()
     M.check()
 
