@@ -1514,6 +1514,34 @@ static seg_run *run_in_step(SegmentObject *s, PyObject *const *args, size_t n) {
   return r;
 }
 
+/* A training forward that ran as the plain graph saves its results from
+ * saved_from on for its backward. One that lies in an output of this step
+ * of the tree (the plain forward saved its input, which a compiled graph of
+ * the step made: a frozen backbone's output before a head that runs
+ * plainly) must hold the step as a saved activation of ours does: noted
+ * saved, it keeps saved_alive up until its storage dies (the drain counts
+ * it down). Else a second forward before the backwards (a contrastive
+ * pair) began a step, marked that output, and the first backward raised
+ * StaleTensorError where Inductor computes (a helper's audit). */
+static void plain_saved_hold_step(SegmentObject *s, TreeObject *T, PyObject *res) {
+  if (!res || s->backward || s->saved_from == UINT32_MAX || !(PyTuple_Check(res) || PyList_Check(res)))
+    return;
+  Py_ssize_t n = PySequence_Size(res);
+  for (Py_ssize_t i = (Py_ssize_t)s->saved_from; i < n; i++) {
+    PyObject *o = PySequence_GetItem(res, i);
+    void *ptr = NULL;
+    if (o && PyObject_TypeCheck(o, (PyTypeObject *)TX.tensor_type) && tx_data_ptr_slow(o, &ptr) == 0 && ptr) {
+      tx_out_ref *ref = tx_step_output_at(T, ptr, 1);
+      if (ref && ref->counted && !ref->saved && !tx_out_ref_dead(ref)) {
+        ref->saved = 1;
+        T->saved_alive++;
+      }
+    }
+    Py_XDECREF(o);
+    PyErr_Clear(); /* a tensor that cannot say where it lies is not ours to hold */
+  }
+}
+
 /* A call of a segment that runs as the plain graph from now on. cgtree runs
  * nothing for it, but the call still marks where the program's steps go
  * (module.c, "Steps in training", "The optimizer"): a plain forward begins
@@ -1524,9 +1552,13 @@ static seg_run *run_in_step(SegmentObject *s, PyObject *const *args, size_t n) {
  * segment would see a backward in every step and no forward: each optimizer
  * call would go on in one endless step, a new node each, never replayed. */
 static PyObject *call_bypassed(SegmentObject *s, PyObject *const *args, size_t n, PyObject *kwnames) {
-  if (!kwnames && n == s->n_args && !run_in_step(s, args, n)) /* else call_plain's own call says what is wrong */
+  seg_run *r = NULL;
+  if (!kwnames && n == s->n_args && !(r = run_in_step(s, args, n))) /* else call_plain's own call says what is wrong */
     return NULL;
-  return call_plain(s, args, n);
+  PyObject *res = call_plain(s, args, n);
+  if (r)
+    plain_saved_hold_step(s, r->tree, res);
+  return res;
 }
 
 /* 1 if o, a tensor argument, lies on `device`, read through PyTorch's
@@ -1773,12 +1805,18 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
     if (tx_caller_needs_events(T, caller))
       tx_stream_wait(caller, T->stream, T->ev_out);
     PyObject *plain = first_call(s, r, args, n, variant);
-    if (!plain || !s->outputs_known || s->bypass_reason)
+    if (!plain)
+      return NULL;
+    if (!s->outputs_known || s->bypass_reason) {
+      plain_saved_hold_step(s, T, plain);
       return plain;
+    }
     if (run_register(r) < 0)
       return ran_then_failed(s, plain); /* registered at a later call (below) */
-    if (!s->rerun_first)
+    if (!s->rerun_first) {
+      plain_saved_hold_step(s, T, plain);
       return plain;
+    }
     Py_DECREF(plain); /* its outputs die now: the run below makes them again, in the pool */
     tx_out_ref_queue_drain();
   } else if (!r->registered && run_register(r) < 0) { /* a tree of another thread ran it first */

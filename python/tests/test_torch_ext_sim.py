@@ -2780,6 +2780,57 @@ class BackwardGraph:
         return (grad,)
 
 
+class FiveTimes:
+    """A frozen backbone's inference graph: 5x."""
+
+    def __init__(self, tree):
+        self.tree = tree
+
+    def __call__(self, x):
+        out = FakeTensor(x.n)
+        X.sim_launch(self.tree.stream, k_affine, out.ptr, x.ptr, x.n, 5.0, 0.0)
+        return (out,)
+
+
+class HeadSavingItsInput:
+    """A head's forward: 2h, saving h itself (as a Linear saves its input)."""
+
+    def __init__(self, tree):
+        self.tree = tree
+
+    def __call__(self, h):
+        out = FakeTensor(h.n)
+        X.sim_launch(self.tree.stream, k_affine, out.ptr, h.ptr, h.n, 2.0, 0.0)
+        return (out, h)
+
+
+@pytest.mark.parametrize("how", ["plain_for_good", "first_call_of_a_graph_that_may_not_rerun"])
+def test_a_plain_forwards_saved_input_from_this_step_holds_the_step_until_its_backward(tree, how):
+    """A training forward that runs as the plain graph (for good, or at its
+    first call where it may not run twice: dropout, BatchNorm) saves its
+    input, an output of a compiled backbone of this step. A second forward
+    before the backwards (a contrastive pair) must not begin a step while
+    that saved tensor lives: it began one, marked the backbone's output,
+    and the first backward raised StaleTensorError where Inductor computes
+    (a helper's audit)."""
+    backbone = X.Segment(tree, "backbone", FiveTimes(tree), lambda inputs, g=FiveTimes(tree): g(*inputs), alias,
+                         describe, span, bytes((ARG_TENSOR,)), (16,), 0, False, True)
+    kw = {"plain_reason": "an op cgtree cannot record"} if how == "plain_for_good" else {}
+    head = segment(tree, HeadSavingItsInput(tree), spans=(16,), name="head", saved_from=1, **kw)
+    bw = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bw", backward=True)
+    for _ in range(3):  # the backbone replays
+        call(backbone, FakeTensor(4).fill([0, 0, 0, 0]))
+    gc.collect()
+    t = FakeTensor(4).fill([1, 1, 1, 1])
+    x1, x2 = FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([10, 20, 30, 40])
+    z1, s1 = head(*call(backbone, x1))  # a compiled call each (the generation moves)
+    z2, s2 = head(*call(backbone, x2))  # the head's backward of z1 is pending
+    (g2,) = bw(s2, t)
+    (g1,) = bw(s1, t)
+    assert g1.values() == [6, 11, 16, 21] and g2.values() == [51, 101, 151, 201]
+    assert z1.values() == [10, 20, 30, 40]
+
+
 def training_pair(tree):
     fg, bg = ForwardGraph(tree), BackwardGraph(tree)
     fw = segment(tree, fg, spans=(16,), name="fw", saved_from=1)
