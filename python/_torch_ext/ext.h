@@ -327,6 +327,7 @@ typedef struct tx_py {
   int any_timed;             /* a tree was made with time_launches: a segment call reads the clock at its start */
   PyObject *mark_step_cls;   /* torch._inductor.cudagraph_trees.MarkStepBox, or NULL */
   PyObject *oom_error;       /* torch.OutOfMemoryError, or NULL: what a compiled graph's refused allocation raises */
+  PyObject *graph_task_id;   /* torch._C._current_graph_task_id, or NULL: -1 unless autograd runs a backward here */
   PyObject *str_data_ptr, *str_generation, *str_untyped_storage, *str_cdata, *str_mark_step;
   PyObject *str_grad, *str_is_leaf, *str_requires_grad, *str_clone, *str_set; /* gradients (stale.c) */
   PyObject *str_is_cuda, *str_get_device; /* an input's device, where the exchange API does not give it */

@@ -202,6 +202,8 @@ static int step_begin_or_unsee(TreeObject *T, long long gen_before, long long ma
   return -1;
 }
 
+static int in_a_backward(void);
+
 int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), void *call) {
   long long mark = 0, gen = T->last_generation;
   const long long gen_before = T->last_generation, mark_before = T->last_mark_step;
@@ -216,6 +218,14 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
   T->last_mark_step = mark;
   if (backward && !marked)
     return 0; /* a backward belongs to its forwards' step, even where Dynamo entered a frame for it */
+  /* So does any compiled call autograd's engine makes inside a backward:
+   * activation checkpointing's recompute of a compiled block, whose
+   * gradient input (a later block's backward's output) lies in this step's
+   * outputs. Begun there, a step marked it, and the block's backward
+   * raised StaleTensorError where Inductor computes (a helper's audit).
+   * Asked only where a step would begin: once a step. */
+  if (!marked && in_a_backward())
+    return 0;
   if (!marked && T->saved_alive)
     tx_out_ref_queue_drain(); /* activations the backward just freed */
   int optimizer = 0;
@@ -684,6 +694,34 @@ static PyObject *m_init_hot_path(PyObject *m, PyObject *args) {
   Py_RETURN_NONE;
 }
 
+static PyObject *m_set_graph_task_id(PyObject *m, PyObject *fn) {
+  (void)m;
+  if (fn != Py_None && !PyCallable_Check(fn)) {
+    PyErr_SetString(PyExc_TypeError, "set_graph_task_id(fn): fn() -> int (-1 outside a backward), or None");
+    return NULL;
+  }
+  Py_CLEAR(TX.graph_task_id);
+  if (fn != Py_None)
+    TX.graph_task_id = Py_NewRef(fn);
+  Py_RETURN_NONE;
+}
+
+/* 1 while autograd's engine runs a backward on this thread (a compiled
+ * call from inside it: activation checkpointing's recompute, a gradient
+ * hook); 0 if not, or if nothing can tell (no error is left set). */
+static int in_a_backward(void) {
+  if (!TX.graph_task_id)
+    return 0;
+  PyObject *id = PyObject_CallNoArgs(TX.graph_task_id);
+  long long task = id ? PyLong_AsLongLong(id) : -1;
+  Py_XDECREF(id);
+  if (PyErr_Occurred()) {
+    PyErr_Clear();
+    return 0;
+  }
+  return task != -1;
+}
+
 static PyObject *m_set_tree_getter(PyObject *m, PyObject *fn) {
   (void)m;
   if (fn != Py_None && !PyCallable_Check(fn)) {
@@ -1043,6 +1081,9 @@ static PyMethodDef module_methods[] = {
      "alloc_figures([device]): the allocator's own memory figures (device_* and the eager counters: that device)"},
     {"give_reference", m_give_reference, METH_O,
      "give_reference(o): one more reference to o, for a holder that releases one it was never given"},
+    {"set_graph_task_id", m_set_graph_task_id, METH_O,
+     "set_graph_task_id(fn): fn() is autograd's current graph task id (torch._C._current_graph_task_id), -1 "
+     "outside a backward: a compiled call inside a backward never begins a step. None: not asked"},
     {"set_tree_getter", m_set_tree_getter, METH_O,
      "set_tree_getter(fn): segments run on fn(device), the calling thread's tree (cached per thread); None: on "
      "the tree each segment was made with"},

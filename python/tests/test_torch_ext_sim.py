@@ -2831,6 +2831,43 @@ def test_a_plain_forwards_saved_input_from_this_step_holds_the_step_until_its_ba
     assert z1.values() == [10, 20, 30, 40]
 
 
+def test_a_compiled_call_inside_a_backward_checkpointings_recompute_begins_no_step(tree):
+    """Activation checkpointing around a compiled block B, then a compiled
+    block C: B keeps none of its saved tensors, C's backward hands B's
+    backward a gradient in the pool, and checkpointing runs compiled B
+    again inside the backward (a compiled call: the generation moves). No
+    saved activation is alive then, so that call began a step, marked C's
+    gradient, and B's backward raised StaleTensorError where Inductor
+    computes. autograd's graph task id (set_graph_task_id) says a backward
+    runs: the call goes on in the step (a helper's audit)."""
+    fb = X.Segment(tree, "fwB", ForwardGraph(tree), lambda inputs, g=ForwardGraph(tree): g(*inputs), alias, describe,
+                   span, bytes((ARG_TENSOR,)), (16,), 0, False, True, saved_from=1)
+    fc = segment(tree, ForwardGraph(tree), spans=(16,), name="fwC", saved_from=1)
+    bb = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bwB", backward=True)
+    bc = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bwC", backward=True)
+    task = [-1]
+    X.set_graph_task_id(lambda: task[0])
+    try:
+        t = FakeTensor(4).fill([1, 1, 1, 1])
+        for _ in range(4):
+            x = FakeTensor(4).fill([1, 2, 3, 4])
+            h, sb = call(fb, x)
+            del sb  # checkpointing keeps none of B's saved tensors
+            y, sc = fc(h)  # the next piece of the same compiled call
+            task[0] = 7  # autograd runs the backward
+            (gh,) = bc(sc, t)  # C's backward: B's output's gradient, a pool value: 3 * 2x + 1
+            del sc
+            gc.collect()
+            h2, sb2 = call(fb, x)  # checkpointing's recompute of B, inside the backward
+            (gx,) = bb(sb2, gh)
+            assert gx.values() == [3 * a + 3 * 2 * a + 1 for a in (1, 2, 3, 4)]
+            task[0] = -1
+            del h, y, gh, h2, sb2, gx
+            gc.collect()
+    finally:
+        X.set_graph_task_id(None)
+
+
 def training_pair(tree):
     fg, bg = ForwardGraph(tree), BackwardGraph(tree)
     fw = segment(tree, fg, spans=(16,), name="fw", saved_from=1)

@@ -94,6 +94,8 @@ def install():
                            getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None), mark, _mark_step_box(),
                            torch.OutOfMemoryError)
         _ext.set_tree_getter(_tree_of_this_thread)
+        # a compiled call inside a backward (checkpointing's recompute) never begins a step (module.c)
+        _ext.set_graph_task_id(getattr(torch._C, "_current_graph_task_id", None))
         # cgtree's C++ library, built against this PyTorch (_cxx.py): PyTorch's recordStream calls reach the
         # allocator, and out of memory raises torch.OutOfMemoryError. Each falls back without it.
         _state["record_stream_hook"] = _record_stream.set_hook()
