@@ -271,6 +271,11 @@ typedef struct TreeObject {
   /* Training (module.c, "Steps in training"): saved activations of this
    * step's forwards whose tensors live, i.e. backwards still pending. */
   uint64_t saved_alive;
+  /* Plain training forwards of this step that saved an output of the step
+   * (segment.c, plain_saved_hold_step) whose backward has not run: each
+   * holds the step like a saved activation; a backward call counts one
+   * down (PyTorch's trees count pending backwards the same way). */
+  uint64_t plain_holds;
   uint32_t generations_deferred; /* compiled calls since the step began that began none (backwards pending) */
   uint64_t steps_deferred;       /* all such calls */
   uint64_t steps_kept_after_backward; /* calls that began no step as the step's optimizer (module.c) */

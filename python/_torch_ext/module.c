@@ -176,6 +176,7 @@ int tx_tree_step_begin(TreeObject *T) {
   T->overwritable += T->alive_this_step;
   T->alive_this_step = 0;
   T->saved_alive = 0; /* their values went stale with the step */
+  T->plain_holds = 0;
   T->backward_this_step = 0;
   T->generations_deferred = 0;
   return 0;
@@ -224,14 +225,17 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
    * outputs. Begun there, a step marked it, and the block's backward
    * raised StaleTensorError where Inductor computes (a helper's audit).
    * Asked only where a step would begin: once a step. */
-  if (!marked && in_a_backward())
+  if (!marked && T->generations_deferred < PENDING_GENERATIONS_MAX && in_a_backward()) {
+    T->generations_deferred++; /* bounded as any step held open */
     return 0;
+  }
   if (!marked && T->saved_alive)
     tx_out_ref_queue_drain(); /* activations the backward just freed */
+  int pending = T->saved_alive || T->plain_holds;
   int optimizer = 0;
-  if (!marked && !T->saved_alive && (optimizer = belongs(call)) < 0)
+  if (!marked && !pending && (optimizer = belongs(call)) < 0)
     return -1;
-  if (marked || (!T->saved_alive && !optimizer))
+  if (marked || (!pending && !optimizer))
     return step_begin_or_unsee(T, gen_before, mark_before);
   if (T->generations_deferred < PENDING_GENERATIONS_MAX) {
     T->generations_deferred++;
@@ -239,7 +243,7 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
     T->steps_kept_after_backward += (uint64_t)optimizer;
     return 0; /* a backward is pending, or the call is the step's optimizer: the step goes on */
   }
-  if (!T->saved_alive) /* only optimizer calls held the step: it ends, gradients move, nothing is lost */
+  if (!pending) /* only optimizer calls held the step: it ends, gradients move, nothing is lost */
     return step_begin_or_unsee(T, gen_before, mark_before);
   T->steps_forced++;
   if (T->steps_forced == 1 &&
@@ -455,6 +459,7 @@ static PyObject *stats_dict(const TreeObject *T, const cgt_stats *s, uint64_t al
   PUT("outputs_overwritable", T->overwritable)
   PUT("outputs_marked_stale", T->marked_stale)
   PUT("saved_activations_alive", T->saved_alive)
+  PUT("plain_forwards_pending", T->plain_holds)
   PUT("steps_deferred", T->steps_deferred)
   PUT("steps_kept_after_backward", T->steps_kept_after_backward)
   PUT("steps_forced", T->steps_forced)

@@ -1511,6 +1511,8 @@ static seg_run *run_in_step(SegmentObject *s, PyObject *const *args, size_t n) {
   if (tx_tree_sync_step(r->tree, s->backward, belongs_to_training_step, &this_call) < 0)
     return NULL;
   r->tree->backward_this_step |= s->backward;
+  if (s->backward && r->tree->plain_holds) /* a backward ran: one plain forward less pending */
+    r->tree->plain_holds--;
   return r;
 }
 
@@ -1518,28 +1520,29 @@ static seg_run *run_in_step(SegmentObject *s, PyObject *const *args, size_t n) {
  * saved_from on for its backward. One that lies in an output of this step
  * of the tree (the plain forward saved its input, which a compiled graph of
  * the step made: a frozen backbone's output before a head that runs
- * plainly) must hold the step as a saved activation of ours does: noted
- * saved, it keeps saved_alive up until its storage dies (the drain counts
- * it down). Else a second forward before the backwards (a contrastive
- * pair) began a step, marked that output, and the first backward raised
- * StaleTensorError where Inductor computes (a helper's audit). */
+ * plainly) must hold the step until that backward ran, as a saved
+ * activation of ours does. Else a second forward before the backwards (a
+ * contrastive pair) began a step, marked that output, and the first
+ * backward raised StaleTensorError where Inductor computes (a helper's
+ * audit). The hold is the forward's, counted until a backward call
+ * (T->plain_holds), not the saved tensor's: that tensor is the backbone's
+ * output itself, which a loop keeps bound (h = backbone(x)) past the
+ * backward, and a hold on it kept every later step from beginning (a
+ * second review). */
 static void plain_saved_hold_step(SegmentObject *s, TreeObject *T, PyObject *res) {
   if (!res || s->backward || s->saved_from == UINT32_MAX || !(PyTuple_Check(res) || PyList_Check(res)))
     return;
   Py_ssize_t n = PySequence_Size(res);
-  for (Py_ssize_t i = (Py_ssize_t)s->saved_from; i < n; i++) {
+  int holds = 0;
+  for (Py_ssize_t i = (Py_ssize_t)s->saved_from; i < n && !holds; i++) {
     PyObject *o = PySequence_GetItem(res, i);
     void *ptr = NULL;
-    if (o && PyObject_TypeCheck(o, (PyTypeObject *)TX.tensor_type) && tx_data_ptr_slow(o, &ptr) == 0 && ptr) {
-      tx_out_ref *ref = tx_step_output_at(T, ptr, 1);
-      if (ref && ref->counted && !ref->saved && !tx_out_ref_dead(ref)) {
-        ref->saved = 1;
-        T->saved_alive++;
-      }
-    }
+    if (o && PyObject_TypeCheck(o, (PyTypeObject *)TX.tensor_type) && tx_data_ptr_slow(o, &ptr) == 0 && ptr)
+      holds = tx_step_output_at(T, ptr, 1) != NULL;
     Py_XDECREF(o);
     PyErr_Clear(); /* a tensor that cannot say where it lies is not ours to hold */
   }
+  T->plain_holds += (uint64_t)holds;
 }
 
 /* A call of a segment that runs as the plain graph from now on. cgtree runs

@@ -2829,6 +2829,33 @@ def test_a_plain_forwards_saved_input_from_this_step_holds_the_step_until_its_ba
     (g1,) = bw(s1, t)
     assert g1.values() == [6, 11, 16, 21] and g2.values() == [51, 101, 151, 201]
     assert z1.values() == [10, 20, 30, 40]
+    assert tree.stats()["plain_forwards_pending"] == 0
+
+
+@pytest.mark.parametrize("how", ["plain_for_good", "compiled"])
+def test_a_loop_that_keeps_its_backbone_output_bound_begins_a_step_at_every_iteration(tree, how):
+    """The hold of a plain forward that saved the backbone's output ends
+    with its backward, not with that output: an ordinary loop keeps it
+    bound (h = backbone(x)) into the next iteration, and a hold on it kept
+    every later step from beginning (98 of 100 calls deferred, a node
+    each, then a forced step: a review found it)."""
+    backbone = X.Segment(tree, "backbone", FiveTimes(tree), lambda inputs, g=FiveTimes(tree): g(*inputs), alias,
+                         describe, span, bytes((ARG_TENSOR,)), (16,), 0, False, True)
+    kw = {"plain_reason": "an op cgtree cannot record"} if how == "plain_for_good" else {}
+    head = segment(tree, HeadSavingItsInput(tree), spans=(16,), name="head", saved_from=1, **kw)
+    bw = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bw", backward=True)
+    t = FakeTensor(4).fill([1, 1, 1, 1])
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    s0 = tree.stats()
+    for i in range(40):
+        (h,) = call(backbone, x)  # the previous h is still bound here
+        z, s = head(h)
+        (g,) = bw(s, t)
+        assert g.values() == [6, 11, 16, 21]  # h + t, h = 5x
+        del z, s, g
+    st = tree.stats()
+    assert st["step"] - s0["step"] >= 39 and st["steps_forced"] == s0["steps_forced"]
+    assert st["steps_deferred"] - s0["steps_deferred"] <= 1
 
 
 def test_a_compiled_call_inside_a_backward_checkpointings_recompute_begins_no_step(tree):
