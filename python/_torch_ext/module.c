@@ -699,15 +699,24 @@ static PyObject *m_init_hot_path(PyObject *m, PyObject *args) {
   Py_RETURN_NONE;
 }
 
+/* *slot = fn, a callable, or NULL for None: 0; -1 with TypeError naming
+ * `usage` for anything else (nothing changed). */
+static int set_callable_or_none(PyObject **slot, PyObject *fn, const char *usage) {
+  if (fn != Py_None && !PyCallable_Check(fn)) {
+    PyErr_SetString(PyExc_TypeError, usage);
+    return -1;
+  }
+  Py_CLEAR(*slot);
+  if (fn != Py_None)
+    *slot = Py_NewRef(fn);
+  return 0;
+}
+
 static PyObject *m_set_graph_task_id(PyObject *m, PyObject *fn) {
   (void)m;
-  if (fn != Py_None && !PyCallable_Check(fn)) {
-    PyErr_SetString(PyExc_TypeError, "set_graph_task_id(fn): fn() -> int (-1 outside a backward), or None");
+  if (set_callable_or_none(&TX.graph_task_id, fn,
+                           "set_graph_task_id(fn): fn() -> int (-1 outside a backward), or None") < 0)
     return NULL;
-  }
-  Py_CLEAR(TX.graph_task_id);
-  if (fn != Py_None)
-    TX.graph_task_id = Py_NewRef(fn);
   Py_RETURN_NONE;
 }
 
@@ -729,13 +738,8 @@ static int in_a_backward(void) {
 
 static PyObject *m_set_tree_getter(PyObject *m, PyObject *fn) {
   (void)m;
-  if (fn != Py_None && !PyCallable_Check(fn)) {
-    PyErr_SetString(PyExc_TypeError, "set_tree_getter(fn): fn(device) -> Tree, or None");
+  if (set_callable_or_none(&TX.tree_for, fn, "set_tree_getter(fn): fn(device) -> Tree, or None") < 0)
     return NULL;
-  }
-  Py_CLEAR(TX.tree_for);
-  if (fn != Py_None)
-    TX.tree_for = Py_NewRef(fn);
   TX.tree_epoch++;
   Py_RETURN_NONE;
 }
