@@ -366,6 +366,10 @@ static int inside_caller_memory(const seg_run *r, const void *ptr, size_t bytes)
   return 0;
 }
 
+/* The size of one element of the output m describes, in bytes (1 for a
+ * type narrower than a byte). */
+static int64_t out_item_bytes(const out_meta *m) { return m->dtype.bits / 8 ? m->dtype.bits / 8 : 1; }
+
 /* The storage offset, in bytes, of the output m describes, at this call:
  * the template's, or for an output that aliases a tensor input, that
  * input's storage offset now plus where the output lies from its data.
@@ -382,8 +386,7 @@ static int64_t output_offset_bytes(PyObject *const *args, const out_meta *m) {
   if (PyErr_Occurred())
     return -1;
   int64_t off = m->alias_rel + (int64_t)so_n * (int64_t)es_n;
-  int64_t item = m->dtype.bits / 8 ? m->dtype.bits / 8 : 1;
-  return off >= 0 && off % item == 0 ? off : m->offset_bytes; /* a view as another dtype: the template's */
+  return off >= 0 && off % out_item_bytes(m) == 0 ? off : m->offset_bytes; /* a view as another dtype: the template's */
 }
 
 /* Is the output m describes, lying at *ptr, over the caller's memory?
@@ -452,13 +455,12 @@ static PyObject *caller_view(PyObject *in, const out_meta *m, PyObject *const *a
   int64_t offset_bytes = output_offset_bytes(args, m);
   if (offset_bytes < 0)
     return NULL;
-  int64_t item = m->dtype.bits / 8 ? m->dtype.bits / 8 : 1;
   PyObject *size = PyTuple_New(m->ndim), *stride = PyTuple_New(m->ndim);
   for (int32_t d = 0; size && stride && d < m->ndim; d++) {
     PyTuple_SET_ITEM(size, d, PyLong_FromLongLong(m->dims[d]));
     PyTuple_SET_ITEM(stride, d, PyLong_FromLongLong(m->dims[m->ndim + d]));
   }
-  PyObject *offset = PyLong_FromLongLong(offset_bytes / item);
+  PyObject *offset = PyLong_FromLongLong(offset_bytes / out_item_bytes(m));
   PyObject *view = size && stride && offset && !PyErr_Occurred()
                        ? PyObject_CallMethodObjArgs(in, TX.str_as_strided, size, stride, offset, NULL)
                        : NULL;
@@ -1810,13 +1812,10 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
     PyObject *plain = first_call(s, r, args, n, variant);
     if (!plain)
       return NULL;
-    if (!s->outputs_known || s->bypass_reason) {
-      plain_saved_hold_step(s, T, plain);
-      return plain;
-    }
-    if (run_register(r) < 0)
+    int keeps_plain = !s->outputs_known || s->bypass_reason;
+    if (!keeps_plain && run_register(r) < 0)
       return ran_then_failed(s, plain); /* registered at a later call (below) */
-    if (!s->rerun_first) {
+    if (keeps_plain || !s->rerun_first) { /* the caller gets the plain outputs */
       plain_saved_hold_step(s, T, plain);
       return plain;
     }

@@ -2780,16 +2780,12 @@ class BackwardGraph:
         return (grad,)
 
 
-class FiveTimes:
-    """A frozen backbone's inference graph: 5x."""
-
-    def __init__(self, tree):
-        self.tree = tree
-
-    def __call__(self, x):
-        out = FakeTensor(x.n)
-        X.sim_launch(self.tree.stream, k_affine, out.ptr, x.ptr, x.n, 5.0, 0.0)
-        return (out,)
+def frozen_backbone(tree):
+    """A frozen backbone's inference graph, 5x, as a segment that may run
+    its first call twice (rerun_first)."""
+    g = Graph(tree, 5.0, 0.0)
+    return X.Segment(tree, "backbone", g, lambda inputs: g(*inputs), alias, describe, span, bytes((ARG_TENSOR,)),
+                     (16,), 0, False, True)
 
 
 class HeadSavingItsInput:
@@ -2813,8 +2809,7 @@ def test_a_plain_forwards_saved_input_from_this_step_holds_the_step_until_its_ba
     that saved tensor lives: it began one, marked the backbone's output,
     and the first backward raised StaleTensorError where Inductor computes
     (a helper's audit)."""
-    backbone = X.Segment(tree, "backbone", FiveTimes(tree), lambda inputs, g=FiveTimes(tree): g(*inputs), alias,
-                         describe, span, bytes((ARG_TENSOR,)), (16,), 0, False, True)
+    backbone = frozen_backbone(tree)
     kw = {"plain_reason": "an op cgtree cannot record"} if how == "plain_for_good" else {}
     head = segment(tree, HeadSavingItsInput(tree), spans=(16,), name="head", saved_from=1, **kw)
     bw = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bw", backward=True)
@@ -2839,8 +2834,7 @@ def test_a_loop_that_keeps_its_backbone_output_bound_begins_a_step_at_every_iter
     bound (h = backbone(x)) into the next iteration, and a hold on it kept
     every later step from beginning (98 of 100 calls deferred, a node
     each, then a forced step: a review found it)."""
-    backbone = X.Segment(tree, "backbone", FiveTimes(tree), lambda inputs, g=FiveTimes(tree): g(*inputs), alias,
-                         describe, span, bytes((ARG_TENSOR,)), (16,), 0, False, True)
+    backbone = frozen_backbone(tree)
     kw = {"plain_reason": "an op cgtree cannot record"} if how == "plain_for_good" else {}
     head = segment(tree, HeadSavingItsInput(tree), spans=(16,), name="head", saved_from=1, **kw)
     bw = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bw", backward=True)

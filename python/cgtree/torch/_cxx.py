@@ -20,6 +20,7 @@ cannot be built (no C++ compiler, no ninja, no CUDA headers) each piece
 falls back and says so (install() warns for the hook; out of memory is then
 a RuntimeError with the same text).
 """
+import ctypes
 import glob
 import os
 import sys
@@ -127,3 +128,21 @@ def library():
 def why_not_built(e):
     """The reason, in one line, a build failed."""
     return "building cgtree's C++ library failed: %s: %s" % (type(e).__name__, first_error(str(e)))
+
+
+class Unavailable(Exception):
+    """The library, or one of its functions, cannot be had; str(): why."""
+
+
+def function(library, name, missing):
+    """(path, the function `name` of the library `library()` gives), or
+    Unavailable saying why: the build's error, or that the library at path
+    `missing` (a phrase: "has no thrower") where it lacks the function."""
+    try:
+        path = library()
+    except Exception as e:  # noqa: BLE001 -- any failure of the build is reported, not raised
+        raise Unavailable(why_not_built(e)) from None
+    try:
+        return path, getattr(ctypes.CDLL(path), name)
+    except (OSError, AttributeError) as e:
+        raise Unavailable("the library %s %s: %s" % (path, missing, e)) from None

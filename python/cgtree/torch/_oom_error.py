@@ -16,9 +16,14 @@ from . import _cxx
 
 
 def _ext_lib():
-    lib = ctypes.CDLL(_ext.__file__)  # the loaded image: dlopen gives the same one
+    """The extension's loaded image (dlopen gives the same one), its two
+    out-of-memory entries typed."""
+    lib = ctypes.CDLL(_ext.__file__)
     lib.cgt_torch_set_oom_thrower.argtypes = [ctypes.c_void_p]
     lib.cgt_torch_set_oom_thrower.restype = None
+    lib.cgt_torch_alloc_exception.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p,
+                                              ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t]
+    lib.cgt_torch_alloc_exception.restype = ctypes.c_int
     return lib
 
 
@@ -27,14 +32,10 @@ def set_thrower(library=_cxx.library):
     library path) when set; (False, why) when not, having changed
     nothing."""
     try:
-        path = library()
-    except Exception as e:  # noqa: BLE001 -- any failure of the build is reported, not raised
-        return (False, _cxx.why_not_built(e))
-    try:
-        thrower = ctypes.cast(ctypes.CDLL(path).cgt_torch_throw_out_of_memory, ctypes.c_void_p).value
-    except (OSError, AttributeError) as e:
-        return (False, "the library %s has no thrower: %s" % (path, e))
-    _ext_lib().cgt_torch_set_oom_thrower(thrower)
+        path, thrower = _cxx.function(library, "cgt_torch_throw_out_of_memory", "has no thrower")
+    except _cxx.Unavailable as e:
+        return (False, str(e))
+    _ext_lib().cgt_torch_set_oom_thrower(ctypes.cast(thrower, ctypes.c_void_p).value)
     return (True, path)
 
 
@@ -47,12 +48,7 @@ def alloc_exception(size, device, stream):
     """(type name, text) of what cgtree's allocation function throws when
     PyTorch asks it for `size` bytes on `device` for `stream` (raw handle),
     caught in C++; None if it gave memory (freed at once)."""
-    lib = ctypes.CDLL(_ext.__file__)
-    f = lib.cgt_torch_alloc_exception
-    f.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t,
-                  ctypes.c_char_p, ctypes.c_size_t]
-    f.restype = ctypes.c_int
     name, what = ctypes.create_string_buffer(256), ctypes.create_string_buffer(1024)
-    if f(size, device, stream, name, 256, what, 1024) == 0:
+    if _ext_lib().cgt_torch_alloc_exception(size, device, stream, name, 256, what, 1024) == 0:
         return None
     return name.value.decode(), what.value.decode()

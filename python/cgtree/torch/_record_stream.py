@@ -40,13 +40,9 @@ def set_hook(library=_cxx.library):
     if os.environ.get(ENV, "1") == "0":
         return (False, "%s=0" % ENV)
     try:
-        path = library()
-    except Exception as e:  # noqa: BLE001 -- any failure of the build is reported, not raised
-        return (False, _cxx.why_not_built(e))
-    try:
-        setter = ctypes.CDLL(path).cgt_torch_set_record_stream_hook
-    except (OSError, AttributeError) as e:
-        return (False, "the library %s cannot set the hook: %s" % (path, e))
+        path, setter = _cxx.function(library, "cgt_torch_set_record_stream_hook", "cannot set the hook")
+    except _cxx.Unavailable as e:
+        return (False, str(e))
     setter.argtypes = [ctypes.c_void_p]
     setter.restype = ctypes.c_int
     record = ctypes.cast(ctypes.CDLL(_ext.__file__).cgt_torch_record_stream, ctypes.c_void_p).value
