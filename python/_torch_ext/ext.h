@@ -276,6 +276,12 @@ typedef struct TreeObject {
    * holds the step like a saved activation; a backward call counts one
    * down (PyTorch's trees count pending backwards the same way). */
   uint64_t plain_holds;
+  /* Weak references to the outputs training forwards of this step handed
+   * the program since the last backward call (module.c,
+   * tx_tree_note_forward_output): one alive that requires grad is a
+   * backward still to come, though no saved activation lives (activation
+   * checkpointing keeps none). NULL until the first. */
+  PyObject *forward_outs;
   uint32_t generations_deferred; /* compiled calls since the step began that began none (backwards pending) */
   uint64_t steps_deferred;       /* all such calls */
   uint64_t steps_kept_after_backward; /* calls that began no step as the step's optimizer (module.c) */
@@ -340,6 +346,15 @@ typedef struct tx_py {
   PyObject *str_dtype, *str_as_strided; /* an output made a view of the caller's tensor (segment.c) */
 } tx_py;
 extern tx_py TX;
+
+/* A training forward of T's step handed the program `out`: until a
+ * backward call (tx_tree_backward_called) or the step's end, its living on
+ * with requires_grad holds the step. 0; -1 with an exception set. */
+int tx_tree_note_forward_output(TreeObject *T, PyObject *out);
+
+/* A backward segment ran in T's step: the forwards' outputs noted so far
+ * hold it no longer, and one plain forward less is pending. */
+void tx_tree_backward_called(TreeObject *T);
 
 /* Begins a step when Dynamo entered a new compiled call since the last one
  * (GenerationTracker.generation moved), the call is no backward, no

@@ -163,6 +163,66 @@ static PyObject *m_fail_hash_alloc(PyObject *self, PyObject *arg) {
   Py_RETURN_NONE;
 }
 
+/* Activation checkpointing (torch.utils.checkpoint) around a compiled
+ * block keeps none of the block's saved activations: its backward
+ * recomputes them. So nothing counted in saved_alive tells that the
+ * block's backward is still to come, and the next compiled call (the block
+ * after it) began a step, marked the block's output it was handed, and
+ * raised StaleTensorError where Inductor computes (found on an H100).
+ * What tells is the block's output itself: alive, requiring grad, made by
+ * a training forward of this step since the last backward call. It is
+ * watched through a weak reference to the very tensor handed out, not its
+ * storage: `y = f(x).detach()` keeps the storage but drops the output and
+ * its graph, and no backward can come. The program's own loop keeps the
+ * last output bound past its backward (h = block(x) each iteration), so a
+ * backward call ends the watch, as it counts down a plain forward's hold. */
+static void forward_outs_forget(TreeObject *T) {
+  if (T->forward_outs && PyList_GET_SIZE(T->forward_outs))
+    (void)PyList_SetSlice(T->forward_outs, 0, PyList_GET_SIZE(T->forward_outs), NULL); /* shrinks: cannot fail */
+}
+
+int tx_tree_note_forward_output(TreeObject *T, PyObject *out) {
+  if (!T->forward_outs && !(T->forward_outs = PyList_New(0)))
+    return -1;
+  PyObject *ref = PyWeakref_NewRef(out, NULL);
+  if (!ref)
+    return -1;
+  int rc = PyList_Append(T->forward_outs, ref);
+  Py_DECREF(ref);
+  return rc;
+}
+
+void tx_tree_backward_called(TreeObject *T) {
+  T->backward_this_step = 1;
+  if (T->plain_holds)
+    T->plain_holds--;
+  forward_outs_forget(T);
+}
+
+/* 1 if an output noted by tx_tree_note_forward_output lives and requires
+ * grad; 0 if none does; -1 with an exception set. */
+static int forward_output_pending(TreeObject *T) {
+  Py_ssize_t n = T->forward_outs ? PyList_GET_SIZE(T->forward_outs) : 0;
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject *t = PyWeakref_GetObject(PyList_GET_ITEM(T->forward_outs, i)); /* borrowed; None once dead */
+    if (!t)
+      return -1;
+    if (t == Py_None)
+      continue;
+    Py_INCREF(t);
+    PyObject *rg = PyObject_GetAttr(t, TX.str_requires_grad);
+    Py_DECREF(t);
+    if (!rg)
+      return -1;
+    int yes = PyObject_IsTrue(rg);
+    Py_DECREF(rg);
+    if (yes)
+      return yes; /* 1, or -1 */
+  }
+  forward_outs_forget(T); /* all dead or without grad: none will hold later either */
+  return 0;
+}
+
 int tx_tree_step_begin(TreeObject *T) {
   tx_out_ref_queue_drain();
   if (tx_stale_mark_step(T) < 0)
@@ -177,6 +237,7 @@ int tx_tree_step_begin(TreeObject *T) {
   T->alive_this_step = 0;
   T->saved_alive = 0; /* their values went stale with the step */
   T->plain_holds = 0;
+  forward_outs_forget(T);
   T->backward_this_step = 0;
   T->generations_deferred = 0;
   return 0;
@@ -232,6 +293,8 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
   if (!marked && T->saved_alive)
     tx_out_ref_queue_drain(); /* activations the backward just freed */
   int pending = T->saved_alive || T->plain_holds;
+  if (!marked && !pending && (pending = forward_output_pending(T)) < 0)
+    return -1;
   int optimizer = 0;
   if (!marked && !pending && (optimizer = belongs(call)) < 0)
     return -1;
@@ -248,9 +311,9 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
   T->steps_forced++;
   if (T->steps_forced == 1 &&
       PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
-                       "cgtree.torch: %u calls of compiled models in a row began no step because saved "
-                       "activations of earlier forwards are alive: their backward never ran, or something keeps "
-                       "them (a kept exception or frame; compute-sanitizer's host backtraces, which "
+                       "cgtree.torch: %u calls of compiled models in a row began no step because backwards of "
+                       "earlier forwards are pending: their saved activations, or their outputs that require grad, "
+                       "are alive, and their backward never ran, or something keeps them (a kept exception or frame; compute-sanitizer's host backtraces, which "
                        "--show-backtrace device turns off). A step begins now, and a later backward of those "
                        "forwards raises StaleTensorError. Run forwards whose backward you do not need under "
                        "torch.no_grad(), or mark steps with torch.compiler.cudagraph_mark_step_begin().",
@@ -391,6 +454,7 @@ static void tree_dealloc(TreeObject *T) {
   tx_step_outputs_free(T);
   Py_XDECREF(T->device_obj);
   Py_XDECREF(T->grad_leaves);
+  Py_XDECREF(T->forward_outs);
   Py_TYPE(T)->tp_free((PyObject *)T);
 }
 

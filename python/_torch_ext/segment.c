@@ -1403,6 +1403,11 @@ static PyObject *build_result(seg_run *r, PyObject *const *args, variant_tmpl *t
       k++;
       if (!item)
         goto fail;
+      if (i < s->saved_from && s->saved_from != UINT32_MAX && !s->backward &&
+          tx_tree_note_forward_output(r->tree, item) < 0) { /* a training forward's output, for the program */
+        Py_DECREF(item);
+        goto fail;
+      }
     } else {
       item = PyTuple_GET_ITEM(t->consts, i);
       Py_INCREF(item);
@@ -1512,9 +1517,8 @@ static seg_run *run_in_step(SegmentObject *s, PyObject *const *args, size_t n) {
   call_args this_call = {s, r->tree, args, n};
   if (tx_tree_sync_step(r->tree, s->backward, belongs_to_training_step, &this_call) < 0)
     return NULL;
-  r->tree->backward_this_step |= s->backward;
-  if (s->backward && r->tree->plain_holds) /* a backward ran: one plain forward less pending */
-    r->tree->plain_holds--;
+  if (s->backward)
+    tx_tree_backward_called(r->tree);
   return r;
 }
 

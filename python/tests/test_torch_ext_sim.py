@@ -132,6 +132,7 @@ class FakeTensor:
         return 4
 
     dtype = "float32"  # every fake tensor's: what cgtree compares of an output and the input it aliases
+    requires_grad = False  # a test sets it on an output, as autograd's Function does on a training forward's
 
     def as_strided(self, size, stride, storage_offset):
         """A view over the same storage at storage_offset (elements), as
@@ -2887,6 +2888,64 @@ def test_a_compiled_call_inside_a_backward_checkpointings_recompute_begins_no_st
             gc.collect()
     finally:
         X.set_graph_task_id(None)
+
+
+def test_a_checkpointed_compiled_blocks_output_holds_the_step_until_a_backward_though_no_saved_activation_lives(tree):
+    """torch.utils.checkpoint around a compiled block B keeps none of B's
+    saved activations (its backward recomputes them), then a compiled
+    block C is called on B's output h: a new compiled call. Nothing saved
+    of B lives, so that call began a step, marked h, and raised
+    StaleTensorError where Inductor computes (found on an H100). h itself,
+    alive and requiring grad, made by a training forward since the last
+    backward, holds the step; the backward call ends the hold, so a loop
+    that keeps h bound into its next iteration still begins a step at each
+    one."""
+    fb = segment(tree, ForwardGraph(tree), spans=(16,), name="fwB", saved_from=1)
+    fc = segment(tree, ForwardGraph(tree), spans=(16,), name="fwC", saved_from=1)
+    bb = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bwB", backward=True)
+    bc = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bwC", backward=True)
+    t = FakeTensor(4).fill([1, 1, 1, 1])
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    s0 = tree.stats()
+    for i in range(6):
+        h, sb = call(fb, x)  # the previous iteration's h is still bound here
+        h.requires_grad = True  # autograd's Function marks the output
+        del sb  # checkpointing keeps none of B's saved tensors
+        gc.collect()
+        step = tree.stats()["step"]
+        y, sc = call(fc, h)  # a new compiled call on h
+        if i:  # the first calls run as the plain graphs: their outputs are not the tree's
+            assert tree.stats()["step"] == step, "C's call began a step while B's backward is to come"
+        (gh,) = bc(sc, t)  # C's backward: 3 * 2x + 1
+        del sc
+        gc.collect()
+        h2, sb2 = fb(x)  # the recompute (inside the backward: no new generation here)
+        (gx,) = bb(sb2, gh)
+        assert gx.values() == [3 * a + 3 * 2 * a + 1 for a in (1, 2, 3, 4)]
+        del y, gh, h2, sb2, gx
+        gc.collect()
+    st = tree.stats()
+    assert st["step"] - s0["step"] == 7 and st["steps_forced"] == s0["steps_forced"]  # B's calls, and C's first
+
+
+def test_a_training_forwards_output_kept_only_detached_holds_no_step(tree):
+    """A training forward run without a backward whose output the program
+    keeps only detached (y = f(x).detach()) leaves no backward to come:
+    the storage lives, the output and its graph do not, and the next call
+    begins a step as in eager evaluation (the detached tensor goes stale
+    with it)."""
+    fw, _ = training_pair(tree)
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    s0 = tree.stats()
+    for _ in range(5):
+        out, saved = call(fw, x)
+        out.requires_grad = True
+        kept = out.view()  # .detach(): a new tensor over the same storage
+        del out, saved
+        gc.collect()
+        assert kept.values() == [2, 4, 6, 8]
+    st = tree.stats()
+    assert st["step"] - s0["step"] == 5 and st["steps_deferred"] == s0["steps_deferred"]
 
 
 def training_pair(tree):

@@ -285,6 +285,93 @@ def test_a_frozen_backbone_trains_only_the_head():
     assert_same_params(model, ref)
 
 
+def test_two_forwards_of_a_dropout_head_on_a_frozen_backbone_then_the_backward_match_inductor():
+    """A contrastive pair: one compiled model, a frozen backbone, a graph
+    break, then a head whose first Linear saves its input (the backbone's
+    output, a pool value), called twice before the backward. The head
+    draws dropout, so its first call runs as the plain graph; that call's
+    saved input must hold the step, or the second call begins one, marks
+    the first backbone output, and the backward raises StaleTensorError
+    where Inductor computes."""
+    torch.manual_seed(0)
+
+    class Tower(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.backbone = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64))
+            self.backbone.requires_grad_(False)
+            self.head = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Dropout(0.3),
+                                            torch.nn.Linear(64, 16))
+
+        def forward(self, x):
+            h = self.backbone(x)
+            torch._dynamo.graph_break()
+            return self.head(h)
+
+    model = Tower().to(DEV)
+    ref = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(1)
+    xs = [(torch.randn(16, 64, generator=g).to(DEV), torch.randn(16, 64, generator=g).to(DEV)) for _ in range(8)]
+
+    def run(m, backend):
+        torch._dynamo.reset()
+        f = torch.compile(m, backend=backend)
+        opt = torch.optim.SGD(m.head.parameters(), lr=0.05)
+        torch.manual_seed(11)
+        losses = []
+        for x1, x2 in xs:
+            z1 = f(x1)
+            z2 = f(x2)  # the head's first backward is pending
+            loss = (z1 - z2).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss.detach().clone())
+        return torch.stack(losses)
+
+    want = run(ref, "inductor")
+    got = run(model, "cgtree")
+    assert torch.equal(got, want)
+    assert_same_params(model, ref)
+    assert ct.stats()["plain_forwards_pending"] == 0
+
+
+def test_activation_checkpointing_around_a_compiled_block_recomputes_it_in_the_backward_as_inductor():
+    """torch.utils.checkpoint, in eager, around a compiled block B, then a
+    compiled block C: checkpointing keeps none of B's saved tensors and
+    calls compiled B again inside the backward, after C's backward made
+    B's output's gradient in the pool. That call must begin no step: it
+    would mark the gradient, and B's backward would raise StaleTensorError
+    where Inductor computes."""
+    torch.manual_seed(0)
+    b = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64)).to(DEV)
+    c = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Linear(64, 1)).to(DEV)
+    refs = copy.deepcopy(b), copy.deepcopy(c)
+    xs = batches(8)
+
+    def run(bm, cm, backend):
+        torch._dynamo.reset()
+        fb, fc = torch.compile(bm, backend=backend), torch.compile(cm, backend=backend)
+        opt = torch.optim.SGD(list(bm.parameters()) + list(cm.parameters()), lr=0.05)
+        losses = []
+        for x in xs:
+            h = torch.utils.checkpoint.checkpoint(fb, x, use_reentrant=False)
+            loss = fc(h).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss.detach().clone())
+        return torch.stack(losses)
+
+    want = run(*refs, "inductor")
+    before = ct.stats()
+    got = run(b, c, "cgtree")
+    assert torch.equal(got, want)
+    assert_same_params(b, refs[0])
+    assert_same_params(c, refs[1])
+    assert ct.stats()["graphs_plain"] == before["graphs_plain"]
+
+
 def test_a_model_with_a_host_branch_trains_on_both_paths():
     torch.manual_seed(0)
 
