@@ -204,12 +204,19 @@ void tx_tree_backward_called(TreeObject *T) {
 static int forward_output_pending(TreeObject *T) {
   Py_ssize_t n = T->forward_outs ? PyList_GET_SIZE(T->forward_outs) : 0;
   for (Py_ssize_t i = 0; i < n; i++) {
-    PyObject *t = PyWeakref_GetObject(PyList_GET_ITEM(T->forward_outs, i)); /* borrowed; None once dead */
+    PyObject *t = NULL;
+#if PY_VERSION_HEX >= 0x030D0000 /* PyWeakref_GetObject is deprecated from 3.13 */
+    if (PyWeakref_GetRef(PyList_GET_ITEM(T->forward_outs, i), &t) < 0)
+      return -1;
+#else
+    t = Py_XNewRef(PyWeakref_GetObject(PyList_GET_ITEM(T->forward_outs, i)));
     if (!t)
       return -1;
     if (t == Py_None)
+      Py_CLEAR(t);
+#endif
+    if (!t) /* dead */
       continue;
-    Py_INCREF(t);
     PyObject *rg = PyObject_GetAttr(t, TX.str_requires_grad);
     Py_DECREF(t);
     if (!rg)

@@ -479,8 +479,11 @@ static PyObject *make_output(seg_run *run, PyObject *const *args, cgt_value v, c
   void *ptr = NULL;
   size_t bytes = 0;
   cgt_status st = cgt_value_ptr(T->tree, v, &ptr, &bytes);
-  if (st != CGT_OK)
-    return tx_status_error(T, st, "cgtree output");
+  if (st != CGT_OK) {
+    tx_status_error(T, st, "cgtree output");
+    (void)cgt_value_release(T->tree, v); /* stolen: released on failure too */
+    return NULL;
+  }
   int over_caller = over_caller_memory(run, m, saved, &ptr);
   if (over_caller && m->alias_same_dtype) { /* the plain graph's own answer: a view of the caller's tensor */
     PyObject *view = caller_view(args[m->alias_arg], m, args);
