@@ -486,7 +486,10 @@ static PyObject *make_output(seg_run *run, PyObject *const *args, cgt_value v, c
   }
   int over_caller = over_caller_memory(run, m, saved, &ptr);
   if (over_caller && m->alias_same_dtype) { /* the plain graph's own answer: a view of the caller's tensor */
+    uint64_t t0 = ns_make ? tx_now_ns() : 0;
     PyObject *view = caller_view(args[m->alias_arg], m, args);
+    if (ns_make) /* PyTorch's share, as for a DLPack tensor below */
+      *ns_make += tx_now_ns() - t0;
     (void)cgt_value_release(T->tree, v); /* the tree's record of it: nothing reads it */
     return view;
   }
