@@ -182,6 +182,8 @@ static void forward_outs_forget(TreeObject *T) {
 }
 
 int tx_tree_note_forward_output(TreeObject *T, PyObject *out) {
+  if (T->explicit_steps) /* steps begin only at marks: nothing would read the list, or empty it */
+    return 0;
   if (!T->forward_outs && !(T->forward_outs = PyList_New(0)))
     return -1;
   PyObject *ref = PyWeakref_NewRef(out, NULL);
@@ -202,8 +204,9 @@ void tx_tree_backward_called(TreeObject *T) {
 /* 1 if an output noted by tx_tree_note_forward_output lives and requires
  * grad; 0 if none does; -1 with an exception set. */
 static int forward_output_pending(TreeObject *T) {
-  Py_ssize_t n = T->forward_outs ? PyList_GET_SIZE(T->forward_outs) : 0;
-  for (Py_ssize_t i = 0; i < n; i++) {
+  /* The size is read at each turn: reading requires_grad runs Python
+   * (a TorchFunctionMode), which may call into the tree and empty the list. */
+  for (Py_ssize_t i = 0; T->forward_outs && i < PyList_GET_SIZE(T->forward_outs); i++) {
     PyObject *t = NULL;
 #if PY_VERSION_HEX >= 0x030D0000 /* PyWeakref_GetObject is deprecated from 3.13 */
     if (PyWeakref_GetRef(PyList_GET_ITEM(T->forward_outs, i), &t) < 0)
@@ -260,15 +263,17 @@ static int read_counter(PyObject *cls, PyObject *name, long long *out) {
   return *out == -1 && PyErr_Occurred() ? -1 : 0;
 }
 
-/* tx_tree_step_begin, and if it fails the counters as they were before
- * this call saw them move: the retried call begins the step (a mark, in
- * explicit mode, is not lost). */
-static int step_begin_or_unsee(TreeObject *T, long long gen_before, long long mark_before) {
-  if (tx_tree_step_begin(T) == 0)
-    return 0;
+/* -1, the counters as they were before this call saw them move: the
+ * retried call decides again (a mark, in explicit mode, is not lost). */
+static int unsee(TreeObject *T, long long gen_before, long long mark_before) {
   T->last_generation = gen_before;
   T->last_mark_step = mark_before;
   return -1;
+}
+
+/* tx_tree_step_begin, and if it fails, unsee. */
+static int step_begin_or_unsee(TreeObject *T, long long gen_before, long long mark_before) {
+  return tx_tree_step_begin(T) == 0 ? 0 : unsee(T, gen_before, mark_before);
 }
 
 static int in_a_backward(void);
@@ -301,10 +306,10 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
     tx_out_ref_queue_drain(); /* activations the backward just freed */
   int pending = T->saved_alive || T->plain_holds;
   if (!marked && !pending && (pending = forward_output_pending(T)) < 0)
-    return -1;
+    return unsee(T, gen_before, mark_before);
   int optimizer = 0;
   if (!marked && !pending && (optimizer = belongs(call)) < 0)
-    return -1;
+    return unsee(T, gen_before, mark_before);
   if (marked || (!pending && !optimizer))
     return step_begin_or_unsee(T, gen_before, mark_before);
   if (T->generations_deferred < PENDING_GENERATIONS_MAX) {
@@ -531,6 +536,7 @@ static PyObject *stats_dict(const TreeObject *T, const cgt_stats *s, uint64_t al
   PUT("outputs_marked_stale", T->marked_stale)
   PUT("saved_activations_alive", T->saved_alive)
   PUT("plain_forwards_pending", T->plain_holds)
+  PUT("forward_outputs_watched", T->forward_outs ? (uint64_t)PyList_GET_SIZE(T->forward_outs) : 0)
   PUT("steps_deferred", T->steps_deferred)
   PUT("steps_kept_after_backward", T->steps_kept_after_backward)
   PUT("steps_forced", T->steps_forced)

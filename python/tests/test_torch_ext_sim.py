@@ -2948,6 +2948,102 @@ def test_a_training_forwards_output_kept_only_detached_holds_no_step(tree):
     assert st["step"] - s0["step"] == 5 and st["steps_deferred"] == s0["steps_deferred"]
 
 
+class GradProbe(FakeTensor):
+    """An output whose requires_grad runs code of the test's (PyTorch runs
+    a TorchFunctionMode's Python there): `on_read`, where set, is called at
+    each read and gives the answer.
+    A test makes an output one (out.__class__ = GradProbe), as autograd
+    marks a training forward's output."""
+    on_read = None
+
+    @property
+    def requires_grad(self):
+        return GradProbe.on_read() if GradProbe.on_read else True
+
+
+def test_an_error_while_asking_whether_a_forward_output_holds_the_step_leaves_the_step_to_the_retried_call(tree):
+    """Reading an output's requires_grad may raise (Python runs there): the
+    call fails, and the retried call, in the same generation, decides
+    again whether a step begins, rather than going on in the old step."""
+    fw, bw = training_pair(tree)
+    x, t = FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
+    for _ in range(3):  # recorded, then replayed
+        out, saved = call(fw, x)
+        bw(saved, t)
+        del out, saved
+        gc.collect()
+    kept, saved = call(fw, x)  # a forward output alive, no backward since
+    kept.__class__ = GradProbe
+    del saved
+    gc.collect()
+
+    def fail():
+        raise RuntimeError("a mode's error")
+    GradProbe.on_read = fail
+    try:
+        step = tree.stats()["step"]
+        with pytest.raises(RuntimeError, match="a mode's error"):
+            call(fw, x)
+    finally:
+        GradProbe.on_read = None
+    del kept
+    gc.collect()
+    fw(x)  # the retried call: the generation has not moved again
+    assert tree.stats()["step"] == step + 1
+
+
+def test_a_forward_output_list_emptied_while_it_is_read_is_read_no_further(tree):
+    """The read of requires_grad may run Python that calls a backward,
+    which empties the list being read: the reading stops at its new end
+    (it read past it before)."""
+    fw, bw = training_pair(tree)
+    x, t = FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
+    for _ in range(3):
+        out, saved = call(fw, x)
+        bw(saved, t)
+        del out, saved
+        gc.collect()
+    held = []
+    for _ in range(3):  # three outputs alive, each saved activation dropped: only the list holds the step
+        out, saved = fw(x)
+        out.__class__ = GradProbe
+        held.append(out)
+        del saved
+        gc.collect()
+    assert tree.stats()["forward_outputs_watched"] == 3
+    reads = []
+
+    def backward_inside():
+        reads.append(1)
+        bw(FakeTensor(4).fill([0, 0, 0, 0]), t)  # a backward call: the list is emptied
+        return False  # so the reading would go on to the next entry
+    GradProbe.on_read = backward_inside
+    try:
+        out, saved = call(fw, x)
+    finally:
+        GradProbe.on_read = None
+    assert reads == [1] and tree.stats()["forward_outputs_watched"] == 1  # the new call's own output
+    del out, saved, held
+    gc.collect()
+
+
+def test_explicit_steps_watch_no_forward_output(tree):
+    """With explicit steps only marks begin steps, so a training forward's
+    outputs are not watched: without a backward or a mark the list grew
+    with every call."""
+    tree.explicit_steps = True
+    fw, _ = training_pair(tree)
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    keep = []
+    for _ in range(6):
+        out, saved = call(fw, x)
+        out.requires_grad = True
+        keep.append(out)
+        del saved
+        gc.collect()
+    assert tree.stats()["forward_outputs_watched"] == 0
+
+
 def training_pair(tree):
     fg, bg = ForwardGraph(tree), BackwardGraph(tree)
     fw = segment(tree, fg, spans=(16,), name="fw", saved_from=1)
