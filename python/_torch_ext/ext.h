@@ -282,6 +282,11 @@ typedef struct TreeObject {
    * backward still to come, though no saved activation lives (activation
    * checkpointing keeps none). NULL until the first. */
   PyObject *forward_outs;
+  /* Such outputs watched through their memory instead (a new tensor over
+   * it is what the program holds: segment.c, memory_watched): those of
+   * them alive, counted down by the drain (tx_out_ref.watched_until). */
+  uint64_t forward_memory_watched;
+  uint64_t backward_calls; /* backward segment calls so far: which watches a backward call ended */
   uint32_t generations_deferred; /* compiled calls since the step began that began none (backwards pending) */
   uint64_t steps_deferred;       /* all such calls */
   uint64_t steps_kept_after_backward; /* calls that began no step as the step's optimizer (module.c) */
@@ -349,8 +354,10 @@ extern tx_py TX;
 
 /* A training forward of T's step handed the program `out`: until a
  * backward call (tx_tree_backward_called) or the step's end, its living on
- * with requires_grad holds the step. 0; -1 with an exception set. */
-int tx_tree_note_forward_output(TreeObject *T, PyObject *out);
+ * with requires_grad holds the step; by_memory: its memory's living on
+ * (AOTAutograd hands the program a new tensor over it). 0; -1 with an
+ * exception set. */
+int tx_tree_note_forward_output(TreeObject *T, PyObject *out, int by_memory);
 
 /* A backward segment ran in T's step: the forwards' outputs noted so far
  * hold it no longer, and one plain forward less is pending. */
@@ -476,6 +483,8 @@ struct tx_out_ref {
   int queued;        /* its deleter ran (under the queue's lock) */
   int counted;       /* counted in the tree's alive_this_step (a tensor was made) */
   int saved;         /* a saved activation (counted in the tree's saved_alive while its step lasts) */
+  uint64_t watched_until; /* a training forward's output watched through its memory: the tree's backward_calls + 1
+                           * when noted, so counted in forward_memory_watched until the next backward call; 0: not */
   int grad;          /* a backward's output: AccumulateGrad may have made it a .grad (stale.c) */
   int caller_memory; /* it lies inside a STATIC argument of its run (a forward's saved parameter): not the
                       * tree's memory, so never on the step's list, never stale, and passed on as caller memory */

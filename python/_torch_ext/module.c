@@ -175,15 +175,29 @@ static PyObject *m_fail_hash_alloc(PyObject *self, PyObject *arg) {
  * storage: `y = f(x).detach()` keeps the storage but drops the output and
  * its graph, and no backward can come. The program's own loop keeps the
  * last output bound past its backward (h = block(x) each iteration), so a
- * backward call ends the watch, as it counts down a plain forward's hold. */
+ * backward call ends the watch, as it counts down a plain forward's hold.
+ * One kind of output is watched through its memory instead: a view of an
+ * intermediate, which AOTAutograd hands the program as a new tensor over
+ * our output (_unsafe_view), so that our object dies at once. The
+ * forward's compile names them (segment.c, memory_watched), and the drain
+ * counts them down as they die (T->forward_memory_watched). */
 static void forward_outs_forget(TreeObject *T) {
   if (T->forward_outs && PyList_GET_SIZE(T->forward_outs))
     (void)PyList_SetSlice(T->forward_outs, 0, PyList_GET_SIZE(T->forward_outs), NULL); /* shrinks: cannot fail */
 }
 
-int tx_tree_note_forward_output(TreeObject *T, PyObject *out) {
+int tx_tree_note_forward_output(TreeObject *T, PyObject *out, int by_memory) {
   if (T->explicit_steps) /* steps begin only at marks: nothing would read the list, or empty it */
     return 0;
+  if (by_memory) { /* the tensor's record, if it is the tree's memory (a view of an input is not) */
+    tx_out_ref *r = NULL;
+    HASH_FIND_PTR(T->registry, &out, r);
+    if (r && r->step == T->step && r->watched_until != T->backward_calls + 1) {
+      r->watched_until = T->backward_calls + 1;
+      T->forward_memory_watched++;
+    }
+    return 0;
+  }
   if (!T->forward_outs && !(T->forward_outs = PyList_New(0)))
     return -1;
   PyObject *ref = PyWeakref_NewRef(out, NULL);
@@ -196,6 +210,8 @@ int tx_tree_note_forward_output(TreeObject *T, PyObject *out) {
 
 void tx_tree_backward_called(TreeObject *T) {
   T->backward_this_step = 1;
+  T->backward_calls++; /* ends every watch through memory */
+  T->forward_memory_watched = 0;
   if (T->plain_holds)
     T->plain_holds--;
   forward_outs_forget(T);
@@ -248,6 +264,7 @@ int tx_tree_step_begin(TreeObject *T) {
   T->saved_alive = 0; /* their values went stale with the step */
   T->plain_holds = 0;
   forward_outs_forget(T);
+  T->forward_memory_watched = 0; /* the drain counts only this step's outputs */
   T->backward_this_step = 0;
   T->generations_deferred = 0;
   return 0;
@@ -302,9 +319,9 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
     T->generations_deferred++; /* bounded as any step held open */
     return 0;
   }
-  if (!marked && T->saved_alive)
-    tx_out_ref_queue_drain(); /* activations the backward just freed */
-  int pending = T->saved_alive || T->plain_holds;
+  if (!marked && (T->saved_alive || T->forward_memory_watched))
+    tx_out_ref_queue_drain(); /* activations the backward just freed, outputs just dropped */
+  int pending = T->saved_alive || T->plain_holds || T->forward_memory_watched;
   if (!marked && !pending && (pending = forward_output_pending(T)) < 0)
     return unsee(T, gen_before, mark_before);
   int optimizer = 0;
@@ -536,7 +553,8 @@ static PyObject *stats_dict(const TreeObject *T, const cgt_stats *s, uint64_t al
   PUT("outputs_marked_stale", T->marked_stale)
   PUT("saved_activations_alive", T->saved_alive)
   PUT("plain_forwards_pending", T->plain_holds)
-  PUT("forward_outputs_watched", T->forward_outs ? (uint64_t)PyList_GET_SIZE(T->forward_outs) : 0)
+  PUT("forward_outputs_watched",
+      (T->forward_outs ? (uint64_t)PyList_GET_SIZE(T->forward_outs) : 0) + T->forward_memory_watched)
   PUT("steps_deferred", T->steps_deferred)
   PUT("steps_kept_after_backward", T->steps_kept_after_backward)
   PUT("steps_forced", T->steps_forced)

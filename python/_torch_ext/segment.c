@@ -249,6 +249,12 @@ struct SegmentObject {
   uint32_t saved_from;
   int backward;
   uint32_t *grad_pos, n_grad_pos;
+  /* A training forward's results AOTAutograd hands the program as a new
+   * tensor over the same memory (a view of an intermediate, made
+   * torch.ops.aten._unsafe_view): bit i for result i (below 64). Their
+   * hold on the step is watched through their memory, not the object
+   * (module.c, tx_tree_note_forward_output). */
+  uint64_t memory_watched;
   /* One per (variant) seen, each allocated on its own: a call holds its
    * template across calls into Python (build_result makes tensors), where
    * another thread may add one and grow this array. */
@@ -331,6 +337,7 @@ void tx_out_ref_queue_drain(void) {
       (void)cgt_value_release(T->tree, r->value);
       T->alive_this_step -= (uint64_t)(r->counted && !r->caller_memory);
       T->saved_alive -= (uint64_t)(r->counted && r->saved);
+      T->forward_memory_watched -= (uint64_t)(r->watched_until == T->backward_calls + 1);
     }
     tx_stale_forget(T, r);
     T->out_refs--;
@@ -1409,8 +1416,9 @@ static PyObject *build_result(seg_run *r, PyObject *const *args, variant_tmpl *t
       k++;
       if (!item)
         goto fail;
+      /* a training forward's output, for the program: it may hold the step (module.c) */
       if (i < s->saved_from && s->saved_from != UINT32_MAX && !s->backward &&
-          tx_tree_note_forward_output(r->tree, item) < 0) { /* a training forward's output, for the program */
+          tx_tree_note_forward_output(r->tree, item, i < 64 && (s->memory_watched >> i & 1)) < 0) {
         Py_DECREF(item);
         goto fail;
       }
@@ -2004,12 +2012,37 @@ static int read_positions(const SegmentObject *s, PyObject *positions, const cha
   return 0;
 }
 
+/* *mask, bit i for each result position i in `positions` (a tuple, or
+ * None for none): each below saved_from and below 64. 0; -1 with an
+ * exception set (nothing changed). */
+static int read_result_mask(PyObject *positions, uint32_t saved_from, uint64_t *mask) {
+  const char *usage = "memory_watched_outputs: a tuple of result positions below saved_from and below 64, or None";
+  uint64_t m = 0;
+  if (positions != Py_None && !PyTuple_Check(positions)) {
+    PyErr_SetString(PyExc_TypeError, usage);
+    return -1;
+  }
+  for (Py_ssize_t j = 0; positions != Py_None && j < PyTuple_GET_SIZE(positions); j++) {
+    long i = PyLong_AsLong(PyTuple_GET_ITEM(positions, j));
+    if (i == -1 && PyErr_Occurred())
+      return -1;
+    if (i < 0 || i >= 64 || (unsigned long)i >= saved_from) {
+      PyErr_SetString(PyExc_ValueError, usage);
+      return -1;
+    }
+    m |= 1ull << i;
+  }
+  *mask = m;
+  return 0;
+}
+
 static int seg_init(SegmentObject *s, PyObject *a, PyObject *kw) {
   static char *kwlist[] = {"tree", "name", "compiled", "launch", "alias", "describe", "span",
                            "kinds", "spans", "flags", "dynamic_spans", "rerun_first", "saved_from", "backward",
-                           "prelaunch", "side_stream", "grad_inputs", "written_inputs", "plain_reason", NULL};
+                           "prelaunch", "side_stream", "grad_inputs", "written_inputs", "plain_reason",
+                           "memory_watched_outputs", NULL};
   PyObject *tree, *compiled, *launch, *alias, *describe, *span, *spans, *prelaunch = Py_None, *grad_inputs = Py_None;
-  PyObject *written_inputs = Py_None, *plain_reason = Py_None;
+  PyObject *written_inputs = Py_None, *plain_reason = Py_None, *memory_watched = Py_None;
   const char *name;
   Py_buffer kinds;
   unsigned int flags = 0;
@@ -2020,10 +2053,10 @@ static int seg_init(SegmentObject *s, PyObject *a, PyObject *kw) {
     return -1;
   if (PyDict_SetItemString(s->dict, "_boxed_call", Py_True) < 0)
     return -1;
-  if (!PyArg_ParseTupleAndKeywords(a, kw, "O!sOOOOOy*O!|IppIpOKOOO", kwlist, &TreeType, &tree, &name,
+  if (!PyArg_ParseTupleAndKeywords(a, kw, "O!sOOOOOy*O!|IppIpOKOOOO", kwlist, &TreeType, &tree, &name,
                                    &compiled, &launch, &alias, &describe, &span, &kinds, &PyTuple_Type, &spans,
                                    &flags, &dyn, &rerun, &saved_from, &backward, &prelaunch, &side_stream,
-                                   &grad_inputs, &written_inputs, &plain_reason))
+                                   &grad_inputs, &written_inputs, &plain_reason, &memory_watched))
     return -1;
   if (plain_reason != Py_None && !PyUnicode_Check(plain_reason)) {
     PyBuffer_Release(&kinds);
@@ -2106,6 +2139,8 @@ static int seg_init(SegmentObject *s, PyObject *a, PyObject *kw) {
   s->rerun_first = rerun;
   s->saved_from = saved_from;
   s->backward = backward;
+  if (read_result_mask(memory_watched, saved_from, &s->memory_watched) < 0)
+    return -1;
   s->side_stream = (void *)(uintptr_t)side_stream;
   Py_INCREF(tree);
   s->tree = (TreeObject *)tree;

@@ -2928,6 +2928,76 @@ def test_a_checkpointed_compiled_blocks_output_holds_the_step_until_a_backward_t
     assert st["step"] - s0["step"] == 7 and st["steps_forced"] == s0["steps_forced"]  # B's calls, and C's first
 
 
+def test_a_checkpointed_blocks_output_aotautograd_hands_over_as_a_new_tensor_holds_the_step_through_its_memory(tree):
+    """A checkpointed block that returns a view of an intermediate (x.t(),
+    x[:, 0]): AOTAutograd hands the program torch.ops.aten._unsafe_view
+    of cgtree's output, a new tensor over the same memory, and cgtree's
+    object dies at once, so a weak reference to it held nothing and the
+    next block's call raised StaleTensorError (a helper's audit). Such
+    outputs (memory_watched_outputs) hold the step while their memory
+    lives, until a backward call."""
+    fb = segment(tree, ForwardGraph(tree), spans=(16,), name="fwB", saved_from=1, memory_watched_outputs=(0,))
+    fc = segment(tree, ForwardGraph(tree), spans=(16,), name="fwC", saved_from=1)
+    bb = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bwB", backward=True)
+    bc = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bwC", backward=True)
+    t = FakeTensor(4).fill([1, 1, 1, 1])
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    s0 = tree.stats()
+    for i in range(6):
+        out, sb = call(fb, x)
+        h = out.view()  # _unsafe_view: the program's tensor; cgtree's object dies
+        h.requires_grad = True
+        del out, sb  # checkpointing keeps none of B's saved tensors
+        gc.collect()
+        step = tree.stats()["step"]
+        y, sc = call(fc, h)
+        if i:  # the first calls run as the plain graphs
+            assert tree.stats()["step"] == step, "C's call began a step while B's backward is to come"
+        (gh,) = bc(sc, t)
+        del sc
+        gc.collect()
+        h2, sb2 = fb(x)  # the recompute, inside the backward
+        (gx,) = bb(sb2, gh)
+        assert gx.values() == [3 * a + 3 * 2 * a + 1 for a in (1, 2, 3, 4)]
+        del y, gh, h2, sb2, gx
+        gc.collect()
+    st = tree.stats()
+    assert st["step"] - s0["step"] == 7 and st["steps_forced"] == s0["steps_forced"]
+    del h
+    gc.collect()
+
+
+def test_a_memory_watched_output_the_program_dropped_holds_no_step(tree):
+    """Once the new tensor over a memory-watched output dies, its memory
+    with it, the hold ends: a forward used without a backward (an
+    evaluation left in grad mode) begins a step at each call."""
+    fb = segment(tree, ForwardGraph(tree), spans=(16,), name="fwB", saved_from=1, memory_watched_outputs=(0,))
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    s0 = tree.stats()
+    for _ in range(6):
+        out, sb = call(fb, x)
+        h = out.view()
+        del out, sb
+        gc.collect()
+        assert h.values() == [2, 4, 6, 8]
+        del h
+        gc.collect()
+    st = tree.stats()
+    assert st["step"] - s0["step"] == 6 and st["steps_deferred"] == s0["steps_deferred"]
+    assert st["forward_outputs_watched"] == 0
+
+
+def test_memory_watched_outputs_must_be_forward_results_before_the_saved_ones(tree):
+    """Positions at or past saved_from, or past 63, or not a tuple of ints,
+    are refused with a clear error."""
+    for bad, err in (((1,), ValueError), ((64,), ValueError), ((-1,), ValueError), ([0], TypeError),
+                     (("0",), TypeError)):
+        with pytest.raises(err, match="memory_watched_outputs|integer"):
+            segment(tree, ForwardGraph(tree), spans=(16,), name="fwB", saved_from=1, memory_watched_outputs=bad)
+    with pytest.raises(ValueError, match="memory_watched_outputs"):  # no saved_from: no forward results to name
+        segment(tree, ForwardGraph(tree), spans=(16,), name="f", saved_from=0, memory_watched_outputs=(0,))
+
+
 def test_a_training_forwards_output_kept_only_detached_holds_no_step(tree):
     """A training forward run without a backward whose output the program
     keeps only detached (y = f(x).detach()) leaves no backward to come:

@@ -409,6 +409,32 @@ def test_a_training_forward_says_where_its_saved_activations_begin_and_its_backw
     assert all(p.grad is not None for p in m.parameters())
 
 
+def test_a_training_forwards_view_of_an_intermediate_is_named_as_an_output_aotautograd_makes_anew():
+    """An output that is a view of an intermediate, the only one over it,
+    reaches the program as torch.ops.aten._unsafe_view of what the graph
+    returned, a new tensor: the forward names its position
+    (memory_watched_outputs), after the updated values of inputs it
+    mutates, so its hold on the step is watched through its memory. A
+    plain output, and an input's view, are not named."""
+    def decide(fn, *args):
+        _backend.decisions.clear()
+        torch._dynamo.reset()
+        out = torch.compile(fn, backend=_backend.compile_graph)(*args)
+        (out[0] if isinstance(out, tuple) else out).sum().backward()
+        return [d.get("memory_watched_outputs") for d in _backend.decisions if d["graph"] == "forward"]
+
+    w = torch.randn(8, 8, requires_grad=True)
+    assert decide(lambda x: (x @ w).relu().t(), torch.randn(4, 8)) == [(0,)]
+    assert decide(lambda x: (x @ w).relu(), torch.randn(4, 8)) == [()]
+    assert decide(lambda x: (x.t(), (x @ w).sum()), torch.randn(4, 8, requires_grad=True)) == [()]
+
+    def mutating(x, y):
+        y.mul_(2)  # an input that requires grad, written in place: its updated value comes first among the results
+        return (x @ w + y).relu()[:, 0]
+    y = torch.randn(4, 8, requires_grad=True) * 1  # not a leaf: autograd lets it be written
+    assert decide(mutating, torch.randn(4, 8), y) == [(1,)]
+
+
 def test_compiled_autograds_graph_of_the_backward_is_told_apart_as_a_backward():
     """With compiled autograd, a compiled step's backward() is traced by
     Dynamo into a graph of its own, which AOTAutograd compiles as an

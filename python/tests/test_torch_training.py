@@ -20,6 +20,7 @@ import torch_gpu  # skips the file without a GPU; imports cgtree.torch before CU
 torch, ct, pytestmark = torch_gpu.torch, torch_gpu.ct, torch_gpu.pytestmark
 from saved_tensors import saved_tensors_of  # noqa: E402  (after torch_gpu: it imports torch)
 from whole_step import compiled_whole_step  # noqa: E402
+from cgtree.torch import _backend  # noqa: E402
 STEPS_END = not torch_gpu.LAUNCH_FRAMES_KEPT  # where steps end, the step, replay and move counts are checked too
 
 
@@ -336,16 +337,38 @@ def test_two_forwards_of_a_dropout_head_on_a_frozen_backbone_then_the_backward_m
     assert ct.stats()["plain_forwards_pending"] == 0
 
 
-def test_activation_checkpointing_around_a_compiled_block_recomputes_it_in_the_backward_as_inductor():
+@pytest.mark.parametrize("ends", ["in_a_tensor", "in_a_view_of_an_intermediate"])
+def test_activation_checkpointing_around_a_compiled_block_recomputes_it_in_the_backward_as_inductor(ends):
     """torch.utils.checkpoint, in eager, around a compiled block B, then a
     compiled block C: checkpointing keeps none of B's saved tensors and
     calls compiled B again inside the backward, after C's backward made
-    B's output's gradient in the pool. That call must begin no step: it
-    would mark the gradient, and B's backward would raise StaleTensorError
-    where Inductor computes."""
+    B's output's gradient in the pool. C's call must begin no step while
+    B's output lives (it would mark it: StaleTensorError where Inductor
+    computes), nor must the recompute (it would mark the gradient). B that
+    returns a view of an intermediate (y.t()) hands the program a new
+    tensor AOTAutograd makes over cgtree's output (_unsafe_view), watched
+    through its memory."""
+    view = ends == "in_a_view_of_an_intermediate"
+
+    class B(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64))
+
+        def forward(self, x):
+            y = self.net(x)
+            return y.t() if view else y
+
+    class C(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Linear(64, 1))
+
+        def forward(self, h):
+            return self.net(h.t() if view else h)
+
     torch.manual_seed(0)
-    b = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64)).to(DEV)
-    c = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Linear(64, 1)).to(DEV)
+    b, c = B().to(DEV), C().to(DEV)
     refs = copy.deepcopy(b), copy.deepcopy(c)
     xs = batches(8)
 
@@ -365,11 +388,14 @@ def test_activation_checkpointing_around_a_compiled_block_recomputes_it_in_the_b
 
     want = run(*refs, "inductor")
     before = ct.stats()
+    first = len(_backend.decisions)
     got = run(b, c, "cgtree")
     assert torch.equal(got, want)
     assert_same_params(b, refs[0])
     assert_same_params(c, refs[1])
     assert ct.stats()["graphs_plain"] == before["graphs_plain"]
+    watched = [d.get("memory_watched_outputs") for d in _backend.decisions[first:] if d["graph"] == "forward"]
+    assert any(watched) == view, watched  # AOTAutograd's metadata named the remade output, and only then
 
 
 def test_a_model_with_a_host_branch_trains_on_both_paths():

@@ -184,6 +184,24 @@ def _saved_activations(gm):
     return saved_from, inputs
 
 
+def _outputs_remade(saved_from):
+    """The positions among a training forward's results of the outputs
+    AOTAutograd hands the program as a new tensor over the same memory:
+    a view of an intermediate that is the only output over it becomes
+    ``torch.ops.aten._unsafe_view(out, out.shape)`` (its metadata's
+    ``unsafe_view_out_indices``, after the mutated inputs' updated values).
+    The object cgtree made dies at once there, so whether the output lives
+    is watched through its memory (module.c, tx_tree_note_forward_output).
+    Positions past 64 are left out (their hold is lost: a later call may
+    then raise StaleTensorError, never compute wrong)."""
+    md = _fw_metadata()
+    idxs = getattr(md, "unsafe_view_out_indices", None) or ()
+    shift = getattr(md, "num_mutated_inp_runtime_indices", None)
+    if not isinstance(shift, int) or not isinstance(saved_from, int):
+        return ()
+    return tuple(shift + i for i in idxs if isinstance(i, int) and 0 <= shift + i < min(saved_from, 64))
+
+
 def _compiled_autograd_graph():
     """True while Dynamo compiles a graph of compiled autograd (the backward
     it traces when torch._dynamo.config.compiled_autograd is on): the
@@ -228,10 +246,11 @@ def inner_compile(gm, example_inputs, **kwargs):
     # tree it is a backward all the same (its outputs become .grad, the optimizer goes on in its step).
     autograd_graph = not backward and _compiled_autograd_graph()
     forward_training = not backward and not autograd_graph and not kwargs.get("is_inference", False)
-    saved_from, saved_inputs, grad_inputs, saved_cuda = None, None, (), ()
+    saved_from, saved_inputs, grad_inputs, saved_cuda, remade = None, None, (), (), ()
     if forward_training:  # before Inductor, whose passes rewrite gm
         saved_from, saved_inputs = _saved_activations(gm)
         grad_inputs = _grad_inputs(example_inputs)
+        remade = _outputs_remade(saved_from)
         if saved_inputs is not None:  # where the saved tensors begin is known: never a user's output
             saved_cuda = saved_on_cuda(gm, saved_from)
     compiled = compile_fx_inner(gm, example_inputs, **kwargs)
@@ -249,6 +268,7 @@ def inner_compile(gm, example_inputs, **kwargs):
                         "forward" if forward_training else "inference")}
     if forward_training:
         record["saved_from"] = saved_from
+        record["memory_watched_outputs"] = remade
     decisions.append(record)
     if why is not None:
         _warn_once(why, "a graph runs as a plain Inductor graph: %s" % why)
@@ -292,6 +312,7 @@ def inner_compile(gm, example_inputs, **kwargs):
     if forward_training:
         extra["saved_from"] = saved_from
         extra["grad_inputs"] = tuple(i for i in grad_inputs if kinds[i] in (ARG_TENSOR, ARG_TENSOR_STATIC))
+        extra["memory_watched_outputs"] = remade
     # The inputs the graph writes in place. A forward that writes some (an optimizer step) and runs after a
     # backward goes on in that backward's step (module.c, "The optimizer"); a write into an output of a run
     # cgtree made eagerly must reach that output (segment.c, call_plain_writing_side_value).
