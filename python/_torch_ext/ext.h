@@ -355,9 +355,10 @@ extern tx_py TX;
 /* A training forward of T's step handed the program `out`: until a
  * backward call (tx_tree_backward_called) or the step's end, its living on
  * with requires_grad holds the step; by_memory: its memory's living on
- * (AOTAutograd hands the program a new tensor over it). 0; -1 with an
- * exception set. */
-int tx_tree_note_forward_output(TreeObject *T, PyObject *out, int by_memory);
+ * (AOTAutograd hands the program a new tensor over it), told by `made`,
+ * out's record (NULL: a view of the caller's tensor, never stale: nothing
+ * to hold). 0; -1 with an exception set. */
+int tx_tree_note_forward_output(TreeObject *T, PyObject *out, int by_memory, tx_out_ref *made);
 
 /* A backward segment ran in T's step: the forwards' outputs noted so far
  * hold it no longer, and one plain forward less is pending. */

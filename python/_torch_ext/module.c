@@ -186,13 +186,12 @@ static void forward_outs_forget(TreeObject *T) {
     (void)PyList_SetSlice(T->forward_outs, 0, PyList_GET_SIZE(T->forward_outs), NULL); /* shrinks: cannot fail */
 }
 
-int tx_tree_note_forward_output(TreeObject *T, PyObject *out, int by_memory) {
+int tx_tree_note_forward_output(TreeObject *T, PyObject *out, int by_memory, tx_out_ref *made) {
   if (T->explicit_steps) /* steps begin only at marks: nothing would read the list, or empty it */
     return 0;
-  if (by_memory) { /* the tensor's record, if it is the tree's memory (a view of an input is not) */
-    tx_out_ref *r = NULL;
-    HASH_FIND_PTR(T->registry, &out, r);
-    if (r && r->step == T->step && r->watched_until != T->backward_calls + 1) {
+  if (by_memory) { /* through the tensor's record, never looked up by its address: a view has none */
+    tx_out_ref *r = made;
+    if (r && !r->caller_memory && r->step == T->step && r->watched_until != T->backward_calls + 1) {
       r->watched_until = T->backward_calls + 1;
       T->forward_memory_watched++;
     }
@@ -341,8 +340,9 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
   if (T->steps_forced == 1 &&
       PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
                        "cgtree.torch: %u calls of compiled models in a row began no step because backwards of "
-                       "earlier forwards are pending: their saved activations, or their outputs that require grad, "
-                       "are alive, and their backward never ran, or something keeps them (a kept exception or frame; compute-sanitizer's host backtraces, which "
+                       "earlier forwards are pending: their saved activations, or their outputs that require grad "
+                       "(of a view of an intermediate, its memory: a detached copy too), are alive, and their "
+                       "backward never ran, or something keeps them (a kept exception or frame; compute-sanitizer's host backtraces, which "
                        "--show-backtrace device turns off). A step begins now, and a later backward of those "
                        "forwards raises StaleTensorError. Run forwards whose backward you do not need under "
                        "torch.no_grad(), or mark steps with torch.compiler.cudagraph_mark_step_begin().",

@@ -174,6 +174,7 @@ typedef struct seg_run {
   int want_bypass;
   PyObject *exc_type, *exc_value, *exc_tb;
   uint64_t ns_made; /* this call's share of ns_make, so far */
+  tx_out_ref *made; /* the record of the tensor make_output made last; NULL for a view of the caller's tensor */
   void *fill_stream; /* where this run's prelaunch writes the generator's state (NULL: the legacy stream) */
   PyObject **grad_seen; /* a weak reference to the object last seen at each of the segment's grad_pos */
   uint32_t n_grad_seen; /* its length (the segment's n_grad_pos), so that freeing a run needs no segment */
@@ -485,6 +486,7 @@ static PyObject *make_output(seg_run *run, PyObject *const *args, cgt_value v, c
   TreeObject *T = run->tree;
   void *ptr = NULL;
   size_t bytes = 0;
+  run->made = NULL;
   cgt_status st = cgt_value_ptr(T->tree, v, &ptr, &bytes);
   if (st != CGT_OK) {
     tx_status_error(T, st, "cgtree output");
@@ -598,12 +600,11 @@ static PyObject *make_output(seg_run *run, PyObject *const *args, cgt_value v, c
   r->saved = saved;
   r->grad = grad;
   T->saved_alive += (uint64_t)saved;
-  if (r->caller_memory) /* a view of the caller's memory (a parameter a forward saves): no step reuses it */
-    return t;
-  if (tx_stale_watch(T, r, t) < 0) { /* an output we could not protect is not handed out */
+  if (!r->caller_memory && tx_stale_watch(T, r, t) < 0) { /* an output we could not protect is not handed out */
     Py_DECREF(t);
     return NULL;
   }
+  run->made = r; /* caller memory (a parameter a forward saves): no step reuses it, nothing to watch */
   return t;
 }
 
@@ -1418,7 +1419,7 @@ static PyObject *build_result(seg_run *r, PyObject *const *args, variant_tmpl *t
         goto fail;
       /* a training forward's output, for the program: it may hold the step (module.c) */
       if (i < s->saved_from && s->saved_from != UINT32_MAX && !s->backward &&
-          tx_tree_note_forward_output(r->tree, item, i < 64 && (s->memory_watched >> i & 1)) < 0) {
+          tx_tree_note_forward_output(r->tree, item, i < 64 && (s->memory_watched >> i & 1), r->made) < 0) {
         Py_DECREF(item);
         goto fail;
       }

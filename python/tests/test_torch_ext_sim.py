@@ -2987,6 +2987,50 @@ def test_a_memory_watched_output_the_program_dropped_holds_no_step(tree):
     assert st["forward_outputs_watched"] == 0
 
 
+class ViewOfInput:
+    """A training forward whose first result is a view of its input (the
+    caller's memory), then a saved activation, 3x."""
+
+    def __init__(self, tree):
+        self.tree = tree
+
+    def __call__(self, x):
+        saved = FakeTensor(x.n)
+        X.sim_launch(self.tree.stream, k_affine, saved.ptr, x.ptr, x.n, 3.0, 0.0)
+        return (x.view(), saved)
+
+
+def test_a_memory_watched_output_that_is_a_view_of_the_callers_tensor_holds_nothing(tree):
+    """A position named memory-watched whose output comes back as a view
+    of the caller's tensor has no record of the tree's. Looked up by its
+    address, it found the record of another output whose tensor object had
+    died at that address while a view kept its memory (CPython reuses the
+    address at once), and that unrelated output held the step (a helper's
+    review). The record make_output made is watched, never one found by
+    address."""
+    fa = segment(tree, ViewOfInput(tree), spans=(16,), name="fa", saved_from=1, memory_watched_outputs=(0,))
+    fp = segment(tree, ForwardGraph(tree), spans=(16,), name="fp", saved_from=1)
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    for _ in range(4):
+        for seg in (fa, fp):
+            out, saved = call(seg, x)
+            del out, saved
+            gc.collect()
+    for _ in range(6):
+        o, so = call(fp, x)
+        kept = o.view()  # o's object dies, its memory lives on: its record stays, keyed at o's address
+        del o
+        a, sa = fa(x)  # a view of x, at o's old address as CPython reuses it
+        assert a.ptr == x.ptr
+        del a, sa, so
+        gc.collect()
+        step = tree.stats()["step"]
+        b, sb = call(fp, x)  # no output that requires grad lives: a step begins
+        assert tree.stats()["step"] == step + 1
+        del b, sb, kept
+        gc.collect()
+
+
 def test_memory_watched_outputs_must_be_forward_results_before_the_saved_ones(tree):
     """Positions at or past saved_from, or past 63, or not a tuple of ints,
     are refused with a clear error."""
