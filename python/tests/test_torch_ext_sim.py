@@ -2890,7 +2890,9 @@ def test_a_compiled_call_inside_a_backward_checkpointings_recompute_begins_no_st
         X.set_graph_task_id(None)
 
 
-def test_a_checkpointed_compiled_blocks_output_holds_the_step_until_a_backward_though_no_saved_activation_lives(tree):
+@pytest.mark.parametrize("handed", ["its_output", "a_new_tensor_over_it"])
+def test_a_checkpointed_compiled_blocks_output_holds_the_step_until_a_backward_though_no_saved_activation_lives(tree,
+                                                                                                               handed):
     """torch.utils.checkpoint around a compiled block B keeps none of B's
     saved activations (its backward recomputes them), then a compiled
     block C is called on B's output h: a new compiled call. Nothing saved
@@ -2899,8 +2901,17 @@ def test_a_checkpointed_compiled_blocks_output_holds_the_step_until_a_backward_t
     alive and requiring grad, made by a training forward since the last
     backward, holds the step; the backward call ends the hold, so a loop
     that keeps h bound into its next iteration still begins a step at each
-    one."""
-    fb = segment(tree, ForwardGraph(tree), spans=(16,), name="fwB", saved_from=1)
+    one.
+
+    A block that returns a view of an intermediate (x.t(), x[:, 0]) hands
+    the program torch.ops.aten._unsafe_view of cgtree's output, a new
+    tensor over the same memory, and cgtree's object dies at once: a weak
+    reference to it held nothing and C's call raised StaleTensorError (a
+    helper's audit). Such outputs (memory_watched_outputs) hold the step
+    through their memory."""
+    remade = handed == "a_new_tensor_over_it"
+    fb = segment(tree, ForwardGraph(tree), spans=(16,), name="fwB", saved_from=1,
+                 memory_watched_outputs=(0,) if remade else ())
     fc = segment(tree, ForwardGraph(tree), spans=(16,), name="fwC", saved_from=1)
     bb = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bwB", backward=True)
     bc = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bwC", backward=True)
@@ -2908,9 +2919,10 @@ def test_a_checkpointed_compiled_blocks_output_holds_the_step_until_a_backward_t
     x = FakeTensor(4).fill([1, 2, 3, 4])
     s0 = tree.stats()
     for i in range(6):
-        h, sb = call(fb, x)  # the previous iteration's h is still bound here
+        out, sb = call(fb, x)  # the previous iteration's h is still bound here
+        h = out.view() if remade else out  # _unsafe_view: the program's tensor; cgtree's object dies
         h.requires_grad = True  # autograd's Function marks the output
-        del sb  # checkpointing keeps none of B's saved tensors
+        del out, sb  # checkpointing keeps none of B's saved tensors
         gc.collect()
         step = tree.stats()["step"]
         y, sc = call(fc, h)  # a new compiled call on h
@@ -2926,45 +2938,6 @@ def test_a_checkpointed_compiled_blocks_output_holds_the_step_until_a_backward_t
         gc.collect()
     st = tree.stats()
     assert st["step"] - s0["step"] == 7 and st["steps_forced"] == s0["steps_forced"]  # B's calls, and C's first
-
-
-def test_a_checkpointed_blocks_output_aotautograd_hands_over_as_a_new_tensor_holds_the_step_through_its_memory(tree):
-    """A checkpointed block that returns a view of an intermediate (x.t(),
-    x[:, 0]): AOTAutograd hands the program torch.ops.aten._unsafe_view
-    of cgtree's output, a new tensor over the same memory, and cgtree's
-    object dies at once, so a weak reference to it held nothing and the
-    next block's call raised StaleTensorError (a helper's audit). Such
-    outputs (memory_watched_outputs) hold the step while their memory
-    lives, until a backward call."""
-    fb = segment(tree, ForwardGraph(tree), spans=(16,), name="fwB", saved_from=1, memory_watched_outputs=(0,))
-    fc = segment(tree, ForwardGraph(tree), spans=(16,), name="fwC", saved_from=1)
-    bb = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bwB", backward=True)
-    bc = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bwC", backward=True)
-    t = FakeTensor(4).fill([1, 1, 1, 1])
-    x = FakeTensor(4).fill([1, 2, 3, 4])
-    s0 = tree.stats()
-    for i in range(6):
-        out, sb = call(fb, x)
-        h = out.view()  # _unsafe_view: the program's tensor; cgtree's object dies
-        h.requires_grad = True
-        del out, sb  # checkpointing keeps none of B's saved tensors
-        gc.collect()
-        step = tree.stats()["step"]
-        y, sc = call(fc, h)
-        if i:  # the first calls run as the plain graphs
-            assert tree.stats()["step"] == step, "C's call began a step while B's backward is to come"
-        (gh,) = bc(sc, t)
-        del sc
-        gc.collect()
-        h2, sb2 = fb(x)  # the recompute, inside the backward
-        (gx,) = bb(sb2, gh)
-        assert gx.values() == [3 * a + 3 * 2 * a + 1 for a in (1, 2, 3, 4)]
-        del y, gh, h2, sb2, gx
-        gc.collect()
-    st = tree.stats()
-    assert st["step"] - s0["step"] == 7 and st["steps_forced"] == s0["steps_forced"]
-    del h
-    gc.collect()
 
 
 def test_a_memory_watched_output_the_program_dropped_holds_no_step(tree):
