@@ -398,6 +398,42 @@ def test_activation_checkpointing_around_a_compiled_block_recomputes_it_in_the_b
     assert any(watched) == view, watched  # AOTAutograd's metadata named the remade output, and only then
 
 
+def test_reentrant_checkpointing_around_a_compiled_block_gives_inductors_numbers_or_raises_never_other_numbers():
+    """use_reentrant=True runs the checkpointed block under no_grad: it is
+    an inference graph, whose output holds no step, so the next compiled
+    call may begin one and mark it (docs/torch.md names this limit, which
+    reduce-overhead shares). Whatever happens, it is Inductor's losses and
+    weights, or StaleTensorError: never other numbers."""
+    torch.manual_seed(0)
+    b = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64)).to(DEV)
+    c = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Linear(64, 1)).to(DEV)
+    refs = copy.deepcopy(b), copy.deepcopy(c)
+    xs = [x.requires_grad_() for x in batches(6)]  # reentrant checkpointing needs an input that requires grad
+
+    def run(bm, cm, backend):
+        torch._dynamo.reset()
+        fb, fc = torch.compile(bm, backend=backend), torch.compile(cm, backend=backend)
+        opt = torch.optim.SGD(list(bm.parameters()) + list(cm.parameters()), lr=0.05)
+        losses = []
+        for x in xs:
+            h = torch.utils.checkpoint.checkpoint(fb, x, use_reentrant=True)
+            loss = fc(h).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss.detach().clone())
+        return torch.stack(losses)
+
+    want = run(*refs, "inductor")
+    try:
+        got = run(b, c, "cgtree")
+    except ct.StaleTensorError:
+        return  # loud, as documented
+    assert torch.equal(got, want)
+    assert_same_params(b, refs[0])
+    assert_same_params(c, refs[1])
+
+
 def test_a_model_with_a_host_branch_trains_on_both_paths():
     torch.manual_seed(0)
 
