@@ -342,10 +342,10 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
                        "cgtree.torch: %u calls of compiled models in a row began no step because backwards of "
                        "earlier forwards are pending: their saved activations, or their outputs that require grad "
                        "(of a view of an intermediate, its memory: a detached copy too), are alive, and their "
-                       "backward never ran, or something keeps them (a kept exception or frame; compute-sanitizer's host backtraces, which "
-                       "--show-backtrace device turns off). A step begins now, and a later backward of those "
-                       "forwards raises StaleTensorError. Run forwards whose backward you do not need under "
-                       "torch.no_grad(), or mark steps with torch.compiler.cudagraph_mark_step_begin().",
+                       "backward never ran, or something keeps them (a kept exception or frame; compute-sanitizer's "
+                       "host backtraces, which --show-backtrace device turns off). A step begins now, and a later "
+                       "backward of those forwards raises StaleTensorError. Run forwards whose backward you do not "
+                       "need under torch.no_grad(), or mark steps with torch.compiler.cudagraph_mark_step_begin().",
                        (unsigned)PENDING_GENERATIONS_MAX) < 0)
     PyErr_Clear(); /* a warning turned error must not break the call */
   return step_begin_or_unsee(T, gen_before, mark_before);
