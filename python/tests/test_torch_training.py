@@ -337,6 +337,23 @@ def test_two_forwards_of_a_dropout_head_on_a_frozen_backbone_then_the_backward_m
     assert ct.stats()["plain_forwards_pending"] == 0
 
 
+def checkpointed_training(bm, cm, xs, backend, use_reentrant):
+    """Training steps of block bm, under torch.utils.checkpoint in eager,
+    then block cm, each compiled on its own with backend: the losses."""
+    torch._dynamo.reset()
+    fb, fc = torch.compile(bm, backend=backend), torch.compile(cm, backend=backend)
+    opt = torch.optim.SGD(list(bm.parameters()) + list(cm.parameters()), lr=0.05)
+    losses = []
+    for x in xs:
+        h = torch.utils.checkpoint.checkpoint(fb, x, use_reentrant=use_reentrant)
+        loss = fc(h).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.detach().clone())
+    return torch.stack(losses)
+
+
 @pytest.mark.parametrize("ends", ["in_a_tensor", "in_a_view_of_an_intermediate"])
 def test_activation_checkpointing_around_a_compiled_block_recomputes_it_in_the_backward_as_inductor(ends):
     """torch.utils.checkpoint, in eager, around a compiled block B, then a
@@ -372,24 +389,10 @@ def test_activation_checkpointing_around_a_compiled_block_recomputes_it_in_the_b
     refs = copy.deepcopy(b), copy.deepcopy(c)
     xs = batches(8)
 
-    def run(bm, cm, backend):
-        torch._dynamo.reset()
-        fb, fc = torch.compile(bm, backend=backend), torch.compile(cm, backend=backend)
-        opt = torch.optim.SGD(list(bm.parameters()) + list(cm.parameters()), lr=0.05)
-        losses = []
-        for x in xs:
-            h = torch.utils.checkpoint.checkpoint(fb, x, use_reentrant=False)
-            loss = fc(h).square().mean()
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            losses.append(loss.detach().clone())
-        return torch.stack(losses)
-
-    want = run(*refs, "inductor")
+    want = checkpointed_training(*refs, xs, "inductor", use_reentrant=False)
     before = ct.stats()
     first = len(_backend.decisions)
-    got = run(b, c, "cgtree")
+    got = checkpointed_training(b, c, xs, "cgtree", use_reentrant=False)
     assert torch.equal(got, want)
     assert_same_params(b, refs[0])
     assert_same_params(c, refs[1])
@@ -410,23 +413,9 @@ def test_reentrant_checkpointing_around_a_compiled_block_gives_inductors_numbers
     refs = copy.deepcopy(b), copy.deepcopy(c)
     xs = [x.requires_grad_() for x in batches(6)]  # reentrant checkpointing needs an input that requires grad
 
-    def run(bm, cm, backend):
-        torch._dynamo.reset()
-        fb, fc = torch.compile(bm, backend=backend), torch.compile(cm, backend=backend)
-        opt = torch.optim.SGD(list(bm.parameters()) + list(cm.parameters()), lr=0.05)
-        losses = []
-        for x in xs:
-            h = torch.utils.checkpoint.checkpoint(fb, x, use_reentrant=True)
-            loss = fc(h).square().mean()
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            losses.append(loss.detach().clone())
-        return torch.stack(losses)
-
-    want = run(*refs, "inductor")
+    want = checkpointed_training(*refs, xs, "inductor", use_reentrant=True)
     try:
-        got = run(b, c, "cgtree")
+        got = checkpointed_training(b, c, xs, "cgtree", use_reentrant=True)
     except ct.StaleTensorError:
         return  # loud, as documented
     assert torch.equal(got, want)
