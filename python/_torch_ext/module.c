@@ -207,13 +207,20 @@ int tx_tree_note_forward_output(TreeObject *T, PyObject *out, int by_memory, tx_
   return rc;
 }
 
+/* Every watch of a training forward's output ends: at a backward call, and
+ * at a step's beginning (the drain counts down only this step's outputs,
+ * and after a backward call none noted before it: watched_until). */
+static void forward_watches_end(TreeObject *T) {
+  forward_outs_forget(T);
+  T->forward_memory_watched = 0;
+}
+
 void tx_tree_backward_called(TreeObject *T) {
   T->backward_this_step = 1;
-  T->backward_calls++; /* ends every watch through memory */
-  T->forward_memory_watched = 0;
+  T->backward_calls++;
+  forward_watches_end(T);
   if (T->plain_holds)
     T->plain_holds--;
-  forward_outs_forget(T);
 }
 
 /* 1 if an output noted by tx_tree_note_forward_output lives and requires
@@ -262,8 +269,7 @@ int tx_tree_step_begin(TreeObject *T) {
   T->alive_this_step = 0;
   T->saved_alive = 0; /* their values went stale with the step */
   T->plain_holds = 0;
-  forward_outs_forget(T);
-  T->forward_memory_watched = 0; /* the drain counts only this step's outputs */
+  forward_watches_end(T);
   T->backward_this_step = 0;
   T->generations_deferred = 0;
   return 0;
