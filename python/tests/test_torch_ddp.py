@@ -9,8 +9,10 @@ runs the all-reduces between the backward segments.
 
 The test launches two ranks (python/tests/ddp_worker.py, one process per GPU,
 NCCL_NVLS_ENABLE=0), each of which imports cgtree.torch before CUDA starts and
-trains the same model twice: with plain Inductor (no CUDA graphs) and with
-cgtree. Each rank trains on its own batches, so only the all-reduce keeps the
+trains the same model with plain Inductor (no CUDA graphs) and with cgtree;
+the Inductor reference is the second of two Inductor runs, as the first
+compile in an empty cache can give other last bits (see ddp_worker.py).
+Each rank trains on its own batches, so only the all-reduce keeps the
 ranks' weights equal. The parent asserts on what the ranks wrote:
 
 - the final weights are bit-equal on both ranks, under Inductor and cgtree;

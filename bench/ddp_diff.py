@@ -1,0 +1,122 @@
+"""Where do two DDP training runs first differ? A diagnostic for
+test_torch_ddp.py's bit-equality: each rank trains the test's MLP once per
+mode (inductor, cgtree, or cgtree_sync: cgtree with a device sync after each
+backward and each optimizer step), keeping every step's loss and gradients,
+and prints, against the first mode's run, the first step whose gradients
+differ, how many elements, by how much, and in which parameter.
+
+    python bench/ddp_diff.py [--modes inductor,cgtree,inductor,cgtree] [--repeat 3] [--deterministic]
+
+--deterministic runs the ranks with TORCHINDUCTOR_DETERMINISTIC=1 (Inductor
+picks reduction configurations by heuristics, not by timing them). It launches its two ranks itself (NCCL_NVLS_ENABLE=0), a process each.
+"""
+import argparse
+import os
+import socket
+import subprocess
+import sys
+
+
+def parse():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--modes", default="inductor,cgtree,inductor,cgtree,cgtree_sync")
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--deterministic", action="store_true", help="TORCHINDUCTOR_DETERMINISTIC=1 in the ranks")
+    ap.add_argument("--rank", type=int, default=-1)
+    ap.add_argument("--port", type=int, default=0)
+    return ap.parse_args()
+
+
+def launch(a):
+    for rep in range(a.repeat):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        env = dict(os.environ, NCCL_NVLS_ENABLE="0")
+        if a.deterministic:
+            env["TORCHINDUCTOR_DETERMINISTIC"] = "1"
+        procs = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), "--port", str(port),
+                                   "--modes", a.modes, "--steps", str(a.steps)], env=env) for r in range(2)]
+        codes = [p.wait() for p in procs]
+        print("repeat %d: exit codes %s" % (rep, codes), flush=True)
+
+
+def rank_main(a):
+    import cgtree.torch as ct
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "tests"))
+    from ddp_model import MLP
+
+    dev = torch.device("cuda", a.rank)
+    torch.cuda.set_device(dev)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(a.port))
+    dist.init_process_group("nccl", rank=a.rank, world_size=2)
+    g = torch.Generator().manual_seed(1000 + a.rank)
+    data = [(torch.randn(32, 512, generator=g).to(dev), torch.randn(32, 512, generator=g).to(dev))
+            for _ in range(a.steps)]
+
+    def train(mode):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        model = MLP(512, 4).to(dev)
+        params = list(model.parameters())
+        sizes = [p.numel() for p in params]
+        hist = torch.zeros(a.steps, sum(sizes), device=dev)
+        f = torch.compile(DDP(model, device_ids=[a.rank], bucket_cap_mb=1.0),
+                          backend="inductor" if mode == "inductor" else "cgtree")
+        opt = torch.optim.AdamW(params, lr=1e-3)
+        losses = []
+        for i, (x, y) in enumerate(data):
+            opt.zero_grad(set_to_none=True)
+            loss = F.mse_loss(f(x), y)
+            loss.backward()
+            if mode == "cgtree_sync":
+                torch.cuda.synchronize()
+            off = 0
+            for p, n in zip(params, sizes):
+                hist[i, off:off + n].copy_(p.grad.reshape(-1))
+                off += n
+            opt.step()
+            if mode == "cgtree_sync":
+                torch.cuda.synchronize()
+            losses.append(loss.detach().clone())
+        return torch.stack(losses), hist, sizes
+
+    runs = [(m, *train(m)) for m in a.modes.split(",")]
+    m0, l0, h0, sizes = runs[0]
+    lines = []
+    for m, l, h, _ in runs[1:]:
+        d = (h - h0).abs()
+        steps = (d.amax(dim=1) > 0).nonzero().flatten().tolist()
+        lsteps = (l != l0).nonzero().flatten().tolist()
+        if not steps:
+            lines.append("rank %d %s vs %s: gradients bit-equal at every step; losses differ at %s" % (
+                a.rank, m, m0, lsteps))
+            continue
+        k = steps[0]
+        row = d[k]
+        where, off = [], 0
+        for j, n in enumerate(sizes):
+            part = row[off:off + n]
+            if part.amax() > 0:
+                where.append("param %d: %d elements, max %.3g (of |g| max %.3g)" % (
+                    j, int((part > 0).sum()), float(part.amax()), float(h0[k, off:off + n].abs().amax())))
+            off += n
+        lines.append("rank %d %s vs %s: gradients first differ at step %d (steps differing: %s); losses differ at %s; %s"
+                     % (a.rank, m, m0, k, steps, lsteps, "; ".join(where)))
+    st = ct.stats()
+    lines.append("rank %d cgtree stats: recordings %s replays %s graphs %s plain %s" % (
+        a.rank, st.get("recordings"), st.get("replays"), st.get("graphs"), st.get("graphs_plain")))
+    print("\n".join(lines), flush=True)
+    dist.barrier(device_ids=[a.rank])
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    args = parse()
+    launch(args) if args.rank < 0 else rank_main(args)
