@@ -5,10 +5,14 @@ backward and each optimizer step), keeping every step's loss and gradients,
 and prints, against the first mode's run, the first step whose gradients
 differ, how many elements, by how much, and in which parameter.
 
-    python bench/ddp_diff.py [--modes inductor,cgtree,inductor,cgtree] [--repeat 3] [--deterministic]
+    python bench/ddp_diff.py [--modes inductor,cgtree,inductor,cgtree] [--repeat 3]
+                             [--deterministic] [--no-cgtree]
 
 --deterministic runs the ranks with TORCHINDUCTOR_DETERMINISTIC=1 (Inductor
-picks reduction configurations by heuristics, not by timing them). It launches its two ranks itself (NCCL_NVLS_ENABLE=0), a process each.
+picks reduction configurations by heuristics, not by timing them).
+--no-cgtree leaves cgtree out of the ranks altogether (PyTorch's own
+allocator; then --modes may name only inductor). It launches its two ranks
+itself (NCCL_NVLS_ENABLE=0), a process each.
 """
 import argparse
 import os
@@ -23,12 +27,16 @@ def parse():
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--deterministic", action="store_true", help="TORCHINDUCTOR_DETERMINISTIC=1 in the ranks")
+    ap.add_argument("--no-cgtree", action="store_true",
+                    help="never import cgtree (PyTorch's own allocator): --modes must name only inductor")
     ap.add_argument("--rank", type=int, default=-1)
     ap.add_argument("--port", type=int, default=0)
     return ap.parse_args()
 
 
 def launch(a):
+    if a.no_cgtree and set(a.modes.split(",")) != {"inductor"}:
+        sys.exit("ddp_diff.py: --no-cgtree runs no cgtree: --modes may name only inductor")
     for rep in range(a.repeat):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -37,13 +45,16 @@ def launch(a):
         if a.deterministic:
             env["TORCHINDUCTOR_DETERMINISTIC"] = "1"
         procs = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), "--port", str(port),
-                                   "--modes", a.modes, "--steps", str(a.steps)], env=env) for r in range(2)]
+                                   "--modes", a.modes, "--steps", str(a.steps)]
+                                  + (["--no-cgtree"] if a.no_cgtree else []), env=env) for r in range(2)]
         codes = [p.wait() for p in procs]
         print("repeat %d: exit codes %s" % (rep, codes), flush=True)
 
 
 def rank_main(a):
-    import cgtree.torch as ct
+    ct = None
+    if not a.no_cgtree:
+        import cgtree.torch as ct
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -109,7 +120,7 @@ def rank_main(a):
             off += n
         lines.append("rank %d %s vs %s: gradients first differ at step %d (steps differing: %s); losses differ at %s; %s"
                      % (a.rank, m, m0, k, steps, lsteps, "; ".join(where)))
-    st = ct.stats()
+    st = ct.stats() if ct is not None else {}
     lines.append("rank %d cgtree stats: recordings %s replays %s graphs %s plain %s" % (
         a.rank, st.get("recordings"), st.get("replays"), st.get("graphs"), st.get("graphs_plain")))
     print("\n".join(lines), flush=True)
