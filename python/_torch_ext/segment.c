@@ -138,6 +138,11 @@ typedef struct out_meta {
   int32_t alias_k; /* that input's position among the tensor inputs */
   int32_t alias_same_dtype; /* the output has that input's dtype: it can be made a view of it (as_strided) */
   int64_t alias_rel;
+  /* An output the plain graph returned as an earlier result itself
+   * (tie_same) or over that result's storage: tie_pos is that result's
+   * position, tie_k its index among the tensor results (-1: no tie). See
+   * tied_output. */
+  int32_t tie_pos, tie_k, tie_same;
 } out_meta;
 
 typedef struct variant_tmpl {
@@ -608,6 +613,86 @@ static PyObject *make_output(seg_run *run, PyObject *const *args, cgt_value v, c
   return t;
 }
 
+/* Outputs tied to an earlier output. Inductor returns one buffer at two
+ * positions where a training forward hands the program a tensor that it
+ * also saves for the backward (a sigmoid's, a softmax's output), and views
+ * of one buffer (reinterpret_tensor) where the graph returns several. All
+ * of them share one version counter there, so a write in place to the
+ * program's output (y.mul_(2), an inplace ReLU after it) raises autograd's
+ * error at the backward that reads the saved one. Made each from a DLPack
+ * tensor of its own, they had a counter each: the backward read the
+ * written values without a word, and the gradients came out wrong (a
+ * helper's audit, on an H100). So a tied output is handed out as the
+ * plain graph hands it: the earlier tensor itself, or a view of it
+ * (as_strided over its storage, where the value lies now), sharing its
+ * storage (its lifetime and stale mark) and version counter; its own value
+ * goes back, the earlier output's holding the memory. An output that the
+ * program gets and that is also saved for the backward holds the step
+ * through its memory until a backward call, as a memory-watched output does
+ * (module.c): the saved tensor autograd keeps is another tensor over that
+ * storage, which no weak reference can follow, and the program's own output
+ * may live on past the backward.
+ *
+ * Ties between outputs that lie in an input's memory are left to
+ * make_output, which makes each a view of the caller's tensor where it can
+ * (sharing the caller's counter). A view that cannot be made (another
+ * dtype, or memory past the earlier tensor's storage) is a tensor of its
+ * own as before, counted in outputs_tied_apart.
+ *
+ * The tied output, a new reference; NULL with no exception set where it
+ * cannot be made (the caller makes it a tensor of its own, v untouched);
+ * NULL with an exception set on an error (v released). */
+static PyObject *tied_output(seg_run *run, cgt_value v, const out_meta *m, const out_meta *bm, PyObject *base) {
+  TreeObject *T = run->tree;
+  if (m->tie_same) {
+    (void)cgt_value_release(T->tree, v);
+    Py_INCREF(base);
+    return base;
+  }
+  if (m->alias_arg >= 0 || bm->alias_arg >= 0 || m->dtype.code != bm->dtype.code || m->dtype.bits != bm->dtype.bits ||
+      m->dtype.bits < 8)
+    return NULL;
+  void *ptr = NULL;
+  size_t bytes = 0;
+  if (cgt_value_ptr(T->tree, v, &ptr, &bytes) != CGT_OK)
+    return NULL; /* make_output reports it */
+  PyObject *dp = PyObject_CallMethodNoArgs(base, TX.str_data_ptr);
+  PyObject *so = dp ? PyObject_CallMethodNoArgs(base, TX.str_storage_offset) : NULL;
+  void *base_ptr = dp ? PyLong_AsVoidPtr(dp) : NULL;
+  long long base_off = so ? PyLong_AsLongLong(so) : -1;
+  Py_XDECREF(dp);
+  Py_XDECREF(so);
+  if (PyErr_Occurred()) {
+    (void)cgt_value_release(T->tree, v);
+    return NULL;
+  }
+  int64_t item = out_item_bytes(m), diff = (int64_t)((char *)ptr - (char *)base_ptr);
+  if (diff % item != 0 || base_off + diff / item < 0)
+    return NULL;
+  PyObject *size = PyTuple_New(m->ndim), *stride = PyTuple_New(m->ndim);
+  for (int32_t d = 0; size && stride && d < m->ndim; d++) {
+    PyTuple_SET_ITEM(size, d, PyLong_FromLongLong(m->dims[d]));
+    PyTuple_SET_ITEM(stride, d, PyLong_FromLongLong(m->dims[m->ndim + d]));
+  }
+  PyObject *offset = PyLong_FromLongLong(base_off + diff / item);
+  PyObject *view = size && stride && offset && !PyErr_Occurred()
+                       ? PyObject_CallMethodObjArgs(base, TX.str_as_strided, size, stride, offset, NULL)
+                       : NULL;
+  Py_XDECREF(size);
+  Py_XDECREF(stride);
+  Py_XDECREF(offset);
+  if (!view) {
+    if (!PyErr_ExceptionMatches(PyExc_RuntimeError)) { /* out of memory, ...: the call fails */
+      (void)cgt_value_release(T->tree, v);
+      return NULL;
+    }
+    PyErr_Clear(); /* out of the earlier tensor's storage: a tensor of its own */
+    return NULL;
+  }
+  (void)cgt_value_release(T->tree, v);
+  return view;
+}
+
 /* ------------------------------------------------------- templates */
 
 static variant_tmpl *tmpl_find(SegmentObject *s, uint64_t variant) {
@@ -698,6 +783,15 @@ static int tmpl_add(SegmentObject *s, const seg_run *r, void *const *seen, uint6
     o->dtype.bits = (uint8_t)PyLong_AsLong(PyTuple_GET_ITEM(m, 5));
     o->dtype.lanes = 1;
     o->offset_bytes = PyTuple_GET_SIZE(m) > 6 ? PyLong_AsLongLong(PyTuple_GET_ITEM(m, 6)) : 0;
+    o->tie_pos = o->tie_k = -1;
+    long tie = PyTuple_GET_SIZE(m) > 8 ? PyLong_AsLong(PyTuple_GET_ITEM(m, 7)) : -1;
+    if (tie >= 0 && (uint32_t)tie < i && PyTuple_GET_ITEM(metas, tie) != Py_None) {
+      o->tie_pos = (int32_t)tie;
+      o->tie_k = 0;
+      for (long p = 0; p < tie; p++)
+        o->tie_k += PyTuple_GET_ITEM(metas, p) != Py_None;
+      o->tie_same = PyObject_IsTrue(PyTuple_GET_ITEM(m, 8)) == 1;
+    }
     o->alias_arg = -1;
     char *at = PyLong_AsVoidPtr(PyTuple_GET_ITEM(m, 0));
     for (uint32_t a = 0, j = 0; at && a < s->n_args && o->alias_arg < 0; a++) {
@@ -1403,6 +1497,18 @@ PyObject *tx_set_variant_mask(PyObject *self, PyObject *arg) {
   Py_RETURN_NONE;
 }
 
+/* A training forward's saved result tied to an output the program gets:
+ * held through the output's memory until a backward call (tied_output).
+ * 0; -1 with an exception set. */
+static int tied_saved_hold(TreeObject *T, PyObject *base) {
+  tx_out_ref *ref = NULL;
+  if (Py_TYPE(base) == (PyTypeObject *)TX.tensor_type)
+    HASH_FIND_PTR(T->registry, &base, ref);
+  if (!ref || ref->caller_memory) /* a view of the caller's tensor: no step reuses it */
+    return 0;
+  return tx_tree_note_forward_output(T, base, 1, ref);
+}
+
 static PyObject *build_result(seg_run *r, PyObject *const *args, variant_tmpl *t) {
   SegmentObject *s = r->s;
   PyObject *out = t->as_list ? PyList_New(t->n_res) : PyTuple_New(t->n_res);
@@ -1412,8 +1518,30 @@ static PyObject *build_result(seg_run *r, PyObject *const *args, variant_tmpl *t
   for (uint32_t i = 0; i < t->n_res; i++) {
     PyObject *item;
     if (t->is_tensor[i]) {
-      item = make_output(r, args, r->outs[k], &t->outs[k], i >= s->saved_from, s->backward,
-                          r->tree->timed ? &r->ns_made : NULL);
+      const out_meta *m = &t->outs[k];
+      item = NULL;
+      if (m->tie_pos >= 0) {
+        PyObject *base = t->as_list ? PyList_GET_ITEM(out, m->tie_pos) : PyTuple_GET_ITEM(out, m->tie_pos);
+        uint64_t t0 = r->tree->timed ? tx_now_ns() : 0;
+        item = tied_output(r, r->outs[k], m, &t->outs[m->tie_k], base);
+        if (r->tree->timed)
+          r->ns_made += tx_now_ns() - t0;
+        if (!item && PyErr_Occurred()) {
+          k++; /* released */
+          goto fail;
+        }
+        if (item && i >= s->saved_from && (uint32_t)m->tie_pos < s->saved_from && !s->backward &&
+            tied_saved_hold(r->tree, base) < 0) {
+          Py_DECREF(item);
+          k++;
+          goto fail;
+        }
+        r->tree->outputs_tied += item != NULL;
+        r->tree->outputs_tied_apart += item == NULL;
+      }
+      if (!item)
+        item = make_output(r, args, r->outs[k], m, i >= s->saved_from, s->backward,
+                           r->tree->timed ? &r->ns_made : NULL);
       k++;
       if (!item)
         goto fail;

@@ -202,10 +202,18 @@ def describe(res):
     for i, o in enumerate(res):
         if isinstance(o, FakeTensor) and not o.is_cuda:  # as cgtree.torch's describe says of a CPU tensor
             return "output %d is a tensor on cpu (a recording returns CUDA tensors only)" % i
-    metas = tuple((o.ptr, o.nbytes, (o.n,), (1,), 2, 32, o.storage_offset_bytes) if isinstance(o, FakeTensor) else None
-                  for o in res)
+    metas, first_seen, first_over = [], {}, {}
+    for i, o in enumerate(res):  # ties as cgtree.torch's describe finds them: the same object, or over one storage
+        if not isinstance(o, FakeTensor):
+            metas.append(None)
+            continue
+        tie = first_seen.setdefault(id(o), i)
+        same = int(tie != i)
+        if not same:
+            tie = first_over.setdefault(id(o.storage), i)
+        metas.append((o.ptr, o.nbytes, (o.n,), (1,), 2, 32, o.storage_offset_bytes, tie if tie != i else -1, same))
     consts = tuple(None if isinstance(o, FakeTensor) else o for o in res)
-    return isinstance(res, list), metas, consts
+    return isinstance(res, list), tuple(metas), consts
 
 
 def alias(t, ptr):
@@ -3002,6 +3010,128 @@ def test_a_memory_watched_output_that_is_a_view_of_the_callers_tensor_holds_noth
         assert tree.stats()["step"] == step + 1
         del b, sb, kept
         gc.collect()
+
+
+class TiedForward:
+    """A training forward that hands the program a result it also saves for
+    the backward, as Inductor does a sigmoid's output: out = 2x, returned
+    twice (the same object), or with view=True saved as a view of out's
+    second half (another tensor over its storage, as reinterpret_tensor)."""
+
+    def __init__(self, tree, view=False):
+        self.tree, self.view = tree, view
+
+    def __call__(self, x):
+        out = FakeTensor(x.n)
+        X.sim_launch(self.tree.stream, k_affine, out.ptr, x.ptr, x.n, 2.0, 0.0)
+        return (out, out.narrow(x.n // 2, x.n - x.n // 2) if self.view else out)
+
+
+@pytest.mark.parametrize("tie", ["the_same_object", "a_view_of_it"])
+def test_an_output_the_plain_graph_also_saves_is_handed_out_tied_to_it_as_inductor_hands_it(tree, tie):
+    """Inductor returns one buffer at two positions where a training forward
+    hands the program a tensor it also saves (a sigmoid's output), and views
+    of one buffer where it returns several; they share one version counter,
+    so a write in place to the output raises autograd's error at the
+    backward. Made from DLPack tensors of their own, they had a counter
+    each, and the backward read the written values silently (a helper's
+    audit, on an H100: a Linear's weight gradient off by up to 5.6). The
+    tied result is handed out as the plain graph hands it, recorded or
+    replayed: the output itself, or a view of its storage (as_strided;
+    sharing the storage stands in for sharing the counter here)."""
+    view = tie == "a_view_of_it"
+    f = segment(tree, TiedForward(tree, view), spans=(16,), name="tied", saved_from=1)
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    s0 = tree.stats()
+    for _ in range(5):
+        out, saved = call(f, x)
+        if view:
+            assert saved is not out and saved.storage is out.storage and saved.ptr == out.ptr + 8
+            assert saved.values() == [6, 8]
+        else:
+            assert saved is out
+        assert out.values() == [2, 4, 6, 8]
+        del out, saved
+        gc.collect()
+    st = tree.stats()
+    assert st["replays"] - s0["replays"] >= 2
+    assert st["outputs_tied"] - s0["outputs_tied"] >= 3 and st["outputs_tied_apart"] == s0["outputs_tied_apart"]
+
+
+def test_a_saved_result_tied_to_the_programs_output_holds_the_step_through_its_memory_until_a_backward(tree):
+    """What autograd keeps of a saved result that is also the program's
+    output is another tensor over its storage (tensor_data), which the
+    program's own output may outlive or not. The step is held while that
+    memory lives and no backward call has come: a compiled call between the
+    forward and its backward begins no step, where it would have marked the
+    saved tensor stale (it holds nothing else: no saved activation of its
+    own). A backward call ends the hold, so a loop that keeps its output
+    bound past the backward still begins a step at each call."""
+    f = segment(tree, TiedForward(tree), spans=(16,), name="tied", saved_from=1)
+    g = segment(tree, Graph(tree, 1.0, 1.0), spans=(16,), name="other")
+    b = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bw", backward=True)
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    t = FakeTensor(4).fill([1, 1, 1, 1])
+    for i in range(6):
+        out, saved = call(f, x)
+        kept = saved.view()  # autograd's tensor_data of the saved output
+        del out, saved
+        gc.collect()
+        step = tree.stats()["step"]
+        (y,) = call(g, x)  # another compiled call before the backward
+        if i:
+            assert tree.stats()["step"] == step, "a call began a step while the saved output's backward is to come"
+        (gx,) = b(kept, t)  # reads the saved output: 2x + 1
+        assert gx.values() == [2 * a + 1 for a in (1, 2, 3, 4)]
+        del y, kept, gx
+        gc.collect()
+    s0 = tree.stats()
+    for _ in range(6):
+        out, saved = call(f, x)  # the last iteration's out is still bound here
+        (gx,) = b(saved, t)
+        del saved, gx
+        gc.collect()
+    st = tree.stats()
+    assert st["step"] - s0["step"] == 6 and st["steps_forced"] == s0["steps_forced"]
+    assert st["steps_deferred"] == s0["steps_deferred"]
+
+
+class SameGradTwice:
+    """A backward that returns one gradient at two positions, as Inductor
+    does where two parameters get the same one (x @ (w + delta)): saved +
+    tangent."""
+
+    def __init__(self, tree):
+        self.tree = tree
+
+    def __call__(self, saved, tangent):
+        grad = FakeTensor(saved.n)
+        X.sim_launch(self.tree.stream, k_add, grad.ptr, saved.ptr, tangent.ptr, saved.n)
+        return (grad, grad)
+
+
+def test_a_backward_that_returns_one_gradient_twice_hands_out_one_tensor_twice_as_inductor(tree):
+    """AccumulateGrad takes a gradient over as .grad only where it holds the
+    last reference: Inductor's one object at two positions is cloned for one
+    of the two parameters. Two tensors over one memory were both taken over,
+    so every in-place change of one .grad (clip_grad_norm_,
+    GradScaler.unscale_, a second micro-batch's accumulation) changed the
+    other too (a helper's audit, torch on the CPU: gradients 1000x too small
+    after clipping, 1.5x too large after two micro-batches). The backward's
+    tied result is handed out as Inductor hands it, one object."""
+    fw = segment(tree, ForwardGraph(tree), spans=(16,), name="fw", saved_from=1)
+    bw = segment(tree, SameGradTwice(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bw", backward=True)
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    t = FakeTensor(4).fill([1, 1, 1, 1])
+    s0 = tree.stats()
+    for _ in range(5):
+        out, saved = call(fw, x)
+        g1, g2 = bw(saved, t)
+        assert g1 is g2 and g1.values() == [3 * a + 1 for a in (1, 2, 3, 4)]
+        del out, saved, g1, g2
+        gc.collect()
+    st = tree.stats()
+    assert st["replays"] - s0["replays"] >= 4 and st["outputs_tied"] - s0["outputs_tied"] >= 3
 
 
 def test_memory_watched_outputs_must_be_forward_results_before_the_saved_ones(tree):

@@ -210,6 +210,88 @@ def test_gradient_accumulation_over_micro_batches_matches_inductor():
     assert_same_params(model, ref)
 
 
+class SigmoidHead(torch.nn.Module):
+    """A Linear and a sigmoid: the forward hands the program the sigmoid's
+    output and saves that very tensor for its backward."""
+
+    def __init__(self, width=16):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(width, width)
+
+    def forward(self, x):
+        return torch.sigmoid(self.lin(x))
+
+
+def test_a_write_in_place_to_an_output_the_forward_also_saves_raises_at_the_backward_as_under_inductor():
+    """Inductor returns the sigmoid's buffer as the output and as the saved
+    tensor, one object, so autograd sees a write in place to the output
+    (y.mul_(2), an inplace ReLU after it) and raises at the backward. cgtree
+    made a tensor of its own for each position: the backward read the
+    written values and the gradients came out wrong, silently (a helper's
+    audit on an H100: off by up to 5.6). Now it raises as Inductor does, at
+    every call (warm-up, recording, replays); without the write the numbers
+    are Inductor's."""
+    cf, model, rf, ref = pair(SigmoidHead().to(DEV))
+    xs = batches(6, width=16)
+    for f in (cf, rf):
+        for x in xs:
+            y = f(x)
+            y.mul_(2)
+            with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+                y.sum().backward()
+            del y
+    tied = ct.stats()["outputs_tied"]
+    got = train(cf, model, xs)
+    want = train(rf, ref, xs)
+    assert torch.equal(got, want)
+    assert_same_params(model, ref)
+    if STEPS_END:
+        assert ct.stats()["outputs_tied"] > tied, "the saved output was not handed out tied to the program's"
+
+
+class SharedGradient(torch.nn.Module):
+    """x @ (w + delta): both parameters get one gradient, which Inductor's
+    backward returns as one tensor at two positions."""
+
+    def __init__(self, width=32):
+        super().__init__()
+        torch.manual_seed(0)
+        self.w = torch.nn.Parameter(torch.randn(width, width) / width ** 0.5)
+        self.delta = torch.nn.Parameter(torch.zeros(width, width))
+
+    def forward(self, x):
+        return x @ (self.w + self.delta)
+
+
+def test_two_parameters_that_get_one_gradient_keep_gradients_of_their_own_as_under_inductor():
+    """AccumulateGrad takes a gradient over as .grad only where it holds the
+    last reference, so Inductor's one object is cloned for one of the two
+    parameters. cgtree handed out two tensors over one memory, both were
+    taken over, and each in-place change of one .grad changed the other
+    (a helper's audit, torch on the CPU: 1000x too small after
+    clip_grad_norm_, 1.5x too large after two micro-batches). Two
+    micro-batches, clipping and AdamW: losses and weights bit-equal to
+    Inductor's."""
+    cf, model, rf, ref = pair(SharedGradient().to(DEV))
+    xs = batches(16, width=32)
+    losses = {}
+    for m, f in ((model, cf), (ref, rf)):
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+        got = []
+        for i in range(0, len(xs), 2):
+            opt.zero_grad()
+            for x in xs[i:i + 2]:
+                loss = f(x).square().mean() / 2
+                loss.backward()
+                got.append(loss.detach().clone())
+            torch.nn.utils.clip_grad_norm_(m.parameters(), 0.1)
+            opt.step()
+        losses[f] = torch.stack(got)
+    assert torch.equal(losses[cf], losses[rf])
+    assert_same_params(model, ref)
+
+
 def test_a_backward_never_reruns_at_its_first_call():
     """docs/torch.md: an inference graph that mutates nothing runs a second
     time at its first call, through the tree, so that its outputs lie in the

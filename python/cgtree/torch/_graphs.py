@@ -47,10 +47,20 @@ def _symbolic(t):
 def describe(res):
     """(as_list, metas, consts) for segment.c, or a sentence saying why a
     recording cannot carry these outputs (not a list or tuple, a tensor off
-    the GPU, an unknown dtype, a tensor subclass)."""
+    the GPU, an unknown dtype, a tensor subclass).
+
+    A meta's last two fields tie the output to an earlier one (its position,
+    -1 for none): the same tensor object (1), or another over the same
+    storage (0). Inductor returns one buffer twice where a training forward
+    hands the program a tensor it also saves for the backward (a sigmoid's
+    output); the two must share autograd's version counter, so that a write
+    to the output in place raises at the backward, as under Inductor
+    (segment.c, tied_output)."""
     if not isinstance(res, (list, tuple)):
         return "the graph returned a %s, not a list or tuple" % type(res).__name__
     metas, consts = [], []
+    first_seen = {}  # a tensor object's id: its first position (res keeps every one alive)
+    first_over = {}  # a storage's data pointer: the position of the first result over it
     for i, x in enumerate(res):
         if isinstance(x, torch.Tensor):
             dl = _DL.get(x.dtype)
@@ -60,8 +70,13 @@ def describe(res):
                 return "output %d is a tensor of %s, a dtype DLPack cannot describe" % (i, x.dtype)
             if type(x) is not torch.Tensor and not isinstance(x, torch.nn.Parameter):
                 return "output %d is a %s, a tensor subclass" % (i, type(x).__name__)
+            tie = first_seen.setdefault(id(x), i)
+            same = int(tie != i)
+            if not same:
+                base = x.untyped_storage().data_ptr()
+                tie = first_over.setdefault(base, i) if base else i
             metas.append((x.data_ptr(), span(x), tuple(x.shape), tuple(x.stride()), dl[0], dl[1],
-                          x.storage_offset() * x.element_size()))
+                          x.storage_offset() * x.element_size(), tie if tie != i else -1, same))
             consts.append(None)
         else:
             metas.append(None)
