@@ -1707,6 +1707,13 @@ static PyObject *call_bypassed(SegmentObject *s, PyObject *const *args, size_t n
   seg_run *r = NULL;
   if (!kwnames && n == s->n_args && !(r = run_in_step(s, args, n))) /* else call_plain's own call says what is wrong */
     return NULL;
+  /* A training forward that runs plainly still has a recorded backward,
+   * whose outputs AccumulateGrad takes over as .grad: its leaves are noted
+   * as a recorded forward's are, so that such a .grad kept past its step
+   * (accumulation) is moved, not marked stale (a helper's audit: the next
+   * accumulation raised StaleTensorError where Inductor computes). */
+  if (r && s->n_grad_pos && note_grad_leaves(r, args) < 0)
+    return NULL;
   PyObject *res = call_plain(s, args, n);
   if (r)
     plain_saved_hold_step(s, r->tree, res);

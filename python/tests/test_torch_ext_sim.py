@@ -3346,6 +3346,38 @@ class ParamForwardGraph:
         return (out, saved)
 
 
+def test_a_grad_a_recorded_backward_made_for_a_forward_that_runs_plainly_is_moved_past_its_step(tree):
+    """A training forward that runs as the plain graph from its first call
+    (a plain_reason) may still have its backward recorded. AccumulateGrad
+    takes that backward's output over as .grad; accumulated into the next
+    step (zero_grad(set_to_none=False), micro-batches a step each), it must
+    move out of the pool when the step ends. Only a recorded forward's call
+    noted its leaves, so this .grad was marked stale instead, and the next
+    accumulation raised StaleTensorError where Inductor computes (a helper's
+    audit)."""
+    fw = segment(tree, ParamForwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR_STATIC), spans=(16, 16), name="fw",
+                 saved_from=1, grad_inputs=(1,), plain_reason="inputs on several devices")
+    bw = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bw", backward=True)
+    w, x, t = Leaf(4).fill([0, 0, 0, 0]), FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the plain reason's warning
+        for _ in range(4):  # until the backward replays; zero_grad(set_to_none=True) each step
+            w.grad = None
+            out, saved = call(fw, x, w)
+            (g,) = bw(saved, t)
+            w.accumulate(g)
+            del out, saved, g
+            gc.collect()
+        for _ in range(3):  # accumulate into the kept .grad over the next steps
+            out, saved = call(fw, x, w)
+            (g,) = bw(saved, t)
+            w.accumulate(g)
+            del out, saved, g
+            gc.collect()
+    assert w.grad.values() == [4 * (a + 1) for a in (1, 2, 3, 4)]  # (saved x + 1), four times
+    assert tree.stats()["gradients_moved"] >= 1 and tree.stats()["gradient_leaves"] == 1
+
+
 def test_a_backward_called_as_a_compiled_call_of_its_own_goes_on_in_its_forwards_step(tree):
     """With compiled autograd, Dynamo enters a frame for the backward (a new
     generation), while its forward's activations are alive. The backward
