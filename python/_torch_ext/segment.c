@@ -1497,13 +1497,20 @@ PyObject *tx_set_variant_mask(PyObject *self, PyObject *arg) {
   Py_RETURN_NONE;
 }
 
+/* The record make_output made for output tensor t (NULL for a view of the
+ * caller's tensor, which has none). */
+static tx_out_ref *record_of(TreeObject *T, PyObject *t) {
+  tx_out_ref *ref = NULL;
+  if (Py_TYPE(t) == (PyTypeObject *)TX.tensor_type)
+    HASH_FIND_PTR(T->registry, &t, ref);
+  return ref;
+}
+
 /* A training forward's saved result tied to an output the program gets:
  * held through the output's memory until a backward call (tied_output).
  * 0; -1 with an exception set. */
 static int tied_saved_hold(TreeObject *T, PyObject *base) {
-  tx_out_ref *ref = NULL;
-  if (Py_TYPE(base) == (PyTypeObject *)TX.tensor_type)
-    HASH_FIND_PTR(T->registry, &base, ref);
+  tx_out_ref *ref = record_of(T, base);
   if (!ref || ref->caller_memory) /* a view of the caller's tensor: no step reuses it */
     return 0;
   return tx_tree_note_forward_output(T, base, 1, ref);
@@ -1538,6 +1545,8 @@ static PyObject *build_result(seg_run *r, PyObject *const *args, variant_tmpl *t
         }
         r->tree->outputs_tied += item != NULL;
         r->tree->outputs_tied_apart += item == NULL;
+        if (item) /* the record a memory watch below follows: the earlier output's, whose storage it shares */
+          r->made = record_of(r->tree, base);
       }
       if (!item)
         item = make_output(r, args, r->outs[k], m, i >= s->saved_from, s->backward,

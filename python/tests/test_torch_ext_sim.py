@@ -3096,6 +3096,48 @@ def test_a_saved_result_tied_to_the_programs_output_holds_the_step_through_its_m
     assert st["steps_deferred"] == s0["steps_deferred"]
 
 
+class TiedAfterAnother:
+    """A training forward returning (a, b, a): a = 2x, b = 3x, the third
+    result tied to the first, with nothing saved."""
+
+    def __init__(self, tree):
+        self.tree = tree
+
+    def __call__(self, x):
+        a, b = FakeTensor(x.n), FakeTensor(x.n)
+        X.sim_launch(self.tree.stream, k_affine, a.ptr, x.ptr, x.n, 2.0, 0.0)
+        X.sim_launch(self.tree.stream, k_affine, b.ptr, x.ptr, x.n, 3.0, 0.0)
+        return (a, b, a)
+
+
+def test_a_memory_watched_output_tied_to_an_earlier_one_is_watched_through_that_ones_memory(tree):
+    """A tied output has no record of its own: its memory watch follows the
+    earlier output's record, whose storage it shares, never the record the
+    last tensor made before it happened to be (here b's: dropped, it ended
+    the hold while a new tensor over a still lived, and the next call's
+    step marked it)."""
+    f = segment(tree, TiedAfterAnother(tree), spans=(16,), name="tied3", saved_from=3, memory_watched_outputs=(2,))
+    g = segment(tree, Graph(tree, 1.0, 1.0), spans=(16,), name="other")
+    bw = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bw", backward=True)
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    t = FakeTensor(4).fill([1, 1, 1, 1])
+    for i in range(5):
+        a, b, a2 = call(f, x)
+        assert a2 is a
+        h = a2.view()  # AOTAutograd's new tensor over the watched output
+        del a, b, a2
+        gc.collect()
+        step = tree.stats()["step"]
+        (y,) = call(g, h)
+        if i:
+            assert tree.stats()["step"] == step, "the call began a step while the watched output's memory lives"
+        assert h.values() == [2, 4, 6, 8]
+        (gx,) = bw(h, t)  # its backward (2x + 1): the hold ends
+        assert gx.values() == [3, 5, 7, 9]
+        del h, y, gx
+        gc.collect()
+
+
 class SameGradTwice:
     """A backward that returns one gradient at two positions, as Inductor
     does where two parameters get the same one (x @ (w + delta)): saved +
