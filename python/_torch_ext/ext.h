@@ -275,6 +275,7 @@ typedef struct TreeObject {
   /* Training (module.c, "Steps in training"): saved activations of this
    * step's forwards whose tensors live, i.e. backwards still pending. */
   uint64_t saved_alive;
+  uint64_t tied_saved_alive; /* outputs of this step holding it for a saved result tied to them (tx_out_ref) */
   /* Plain training forwards of this step that saved an output of the step
    * (segment.c, plain_saved_hold_step) whose backward has not run: each
    * holds the step like a saved activation; a backward call counts one
@@ -488,6 +489,8 @@ struct tx_out_ref {
   int queued;        /* its deleter ran (under the queue's lock) */
   int counted;       /* counted in the tree's alive_this_step (a tensor was made) */
   int saved;         /* a saved activation (counted in the tree's saved_alive while its step lasts) */
+  int tied_saved;    /* a training forward saved a result tied to this output (segment.c, tied_output): counted
+                      * in the tree's tied_saved_alive until a backward reads it, it dies, or its step ends */
   uint64_t watched_until; /* a training forward's output watched through its memory: the tree's backward_calls + 1
                            * when noted, so counted in forward_memory_watched until the next backward call; 0: not */
   int grad;          /* a backward's output: AccumulateGrad may have made it a .grad (stale.c) */

@@ -268,6 +268,7 @@ int tx_tree_step_begin(TreeObject *T) {
   T->overwritable += T->alive_this_step;
   T->alive_this_step = 0;
   T->saved_alive = 0; /* their values went stale with the step */
+  T->tied_saved_alive = 0;
   T->plain_holds = 0;
   forward_watches_end(T);
   T->backward_this_step = 0;
@@ -324,9 +325,9 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
     T->generations_deferred++; /* bounded as any step held open */
     return 0;
   }
-  if (!marked && (T->saved_alive || T->forward_memory_watched))
+  if (!marked && (T->saved_alive || T->forward_memory_watched || T->tied_saved_alive))
     tx_out_ref_queue_drain(); /* activations the backward just freed, outputs just dropped */
-  int pending = T->saved_alive || T->plain_holds || T->forward_memory_watched;
+  int pending = T->saved_alive || T->plain_holds || T->forward_memory_watched || T->tied_saved_alive;
   if (!marked && !pending && (pending = forward_output_pending(T)) < 0)
     return unsee(T, gen_before, mark_before);
   int optimizer = 0;
@@ -560,6 +561,7 @@ static PyObject *stats_dict(const TreeObject *T, const cgt_stats *s, uint64_t al
   PUT("outputs_overwritable", T->overwritable)
   PUT("outputs_marked_stale", T->marked_stale)
   PUT("saved_activations_alive", T->saved_alive)
+  PUT("saved_tied_to_outputs_alive", T->tied_saved_alive)
   PUT("plain_forwards_pending", T->plain_holds)
   PUT("forward_outputs_watched",
       (T->forward_outs ? (uint64_t)PyList_GET_SIZE(T->forward_outs) : 0) + T->forward_memory_watched)

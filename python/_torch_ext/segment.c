@@ -155,6 +155,7 @@ typedef struct variant_tmpl {
   uint32_t n_res;
   int as_list;
   uint8_t *is_tensor;
+  int has_ties; /* some output is tied to an earlier one (out_meta's tie_pos) */
   PyObject *consts; /* tuple of n_res; None where a tensor goes */
   out_meta *outs;
 } variant_tmpl;
@@ -180,6 +181,8 @@ typedef struct seg_run {
   PyObject *exc_type, *exc_value, *exc_tb;
   uint64_t ns_made; /* this call's share of ns_make, so far */
   tx_out_ref *made; /* the record of the tensor make_output made last; NULL for a view of the caller's tensor */
+  tx_out_ref **made_at; /* build_result's record of each tensor result, where its template has ties */
+  uint32_t n_made_at;   /* made_at's length (the segment's n_outputs) */
   void *fill_stream; /* where this run's prelaunch writes the generator's state (NULL: the legacy stream) */
   PyObject **grad_seen; /* a weak reference to the object last seen at each of the segment's grad_pos */
   uint32_t n_grad_seen; /* its length (the segment's n_grad_pos), so that freeing a run needs no segment */
@@ -343,6 +346,7 @@ void tx_out_ref_queue_drain(void) {
       (void)cgt_value_release(T->tree, r->value);
       T->alive_this_step -= (uint64_t)(r->counted && !r->caller_memory);
       T->saved_alive -= (uint64_t)(r->counted && r->saved);
+      T->tied_saved_alive -= (uint64_t)r->tied_saved;
       T->forward_memory_watched -= (uint64_t)(r->watched_until == T->backward_calls + 1);
     }
     tx_stale_forget(T, r);
@@ -628,10 +632,14 @@ static PyObject *make_output(seg_run *run, PyObject *const *args, cgt_value v, c
  * storage (its lifetime and stale mark) and version counter; its own value
  * goes back, the earlier output's holding the memory. An output that the
  * program gets and that is also saved for the backward holds the step
- * through its memory until a backward call, as a memory-watched output does
- * (module.c): the saved tensor autograd keeps is another tensor over that
- * storage, which no weak reference can follow, and the program's own output
- * may live on past the backward.
+ * through its record, as a saved activation of its own would (counted in
+ * tied_saved_alive), until the backward that reads it runs, its memory
+ * dies, or the step ends: the saved tensor autograd keeps is another tensor
+ * over that storage, which no weak reference can follow, and the program's
+ * own output may live on past the backward. A view that lies below the
+ * earlier output's data is made a tensor of its own: the earlier output's
+ * record covers only its own range, where lookups by address
+ * (tx_step_output_at) find views passed on.
  *
  * Ties between outputs that lie in an input's memory are left to
  * make_output, which makes each a view of the caller's tensor where it can
@@ -667,7 +675,8 @@ static PyObject *tied_output(seg_run *run, cgt_value v, const out_meta *m, const
     return NULL;
   }
   int64_t item = out_item_bytes(m), diff = (int64_t)((char *)ptr - (char *)base_ptr);
-  if (diff % item != 0 || base_off + diff / item < 0)
+  if (diff < 0 || diff % item != 0 || base_off + diff / item < 0) /* below the earlier output: no lookup by
+                                                                      * address (tx_step_output_at) would find it */
     return NULL;
   PyObject *size = PyTuple_New(m->ndim), *stride = PyTuple_New(m->ndim);
   for (int32_t d = 0; size && stride && d < m->ndim; d++) {
@@ -791,6 +800,7 @@ static int tmpl_add(SegmentObject *s, const seg_run *r, void *const *seen, uint6
       for (long p = 0; p < tie; p++)
         o->tie_k += PyTuple_GET_ITEM(metas, p) != Py_None;
       o->tie_same = PyObject_IsTrue(PyTuple_GET_ITEM(m, 8)) == 1;
+      t.has_ties = 1;
     }
     o->alias_arg = -1;
     char *at = PyLong_AsVoidPtr(PyTuple_GET_ITEM(m, 0));
@@ -1361,6 +1371,7 @@ static void run_free(seg_run *r) {
   for (uint32_t j = 0; r->grad_seen && j < r->n_grad_seen; j++)
     Py_XDECREF(r->grad_seen[j]);
   free(r->grad_seen);
+  free(r->made_at);
   free(r->static_ptr);
   Py_XDECREF(r->static_ptrs);
   Py_XDECREF(r->exc_type), Py_XDECREF(r->exc_value), Py_XDECREF(r->exc_tb);
@@ -1497,23 +1508,47 @@ PyObject *tx_set_variant_mask(PyObject *self, PyObject *arg) {
   Py_RETURN_NONE;
 }
 
-/* The record make_output made for output tensor t (NULL for a view of the
- * caller's tensor, which has none). */
-static tx_out_ref *record_of(TreeObject *T, PyObject *t) {
-  tx_out_ref *ref = NULL;
-  if (Py_TYPE(t) == (PyTypeObject *)TX.tensor_type)
-    HASH_FIND_PTR(T->registry, &t, ref);
-  return ref;
+/* A backward reads ref's memory, where a saved result tied to an output
+ * lies: the hold that saved result kept (tied_saved_hold) ends. */
+static void end_tied_hold(const SegmentObject *s, TreeObject *T, tx_out_ref *ref) {
+  if (s->backward && ref->tied_saved && ref->step == T->step) {
+    ref->tied_saved = 0;
+    T->tied_saved_alive--;
+  }
 }
 
-/* A training forward's saved result tied to an output the program gets:
- * held through the output's memory until a backward call (tied_output).
- * 0; -1 with an exception set. */
-static int tied_saved_hold(TreeObject *T, PyObject *base) {
-  tx_out_ref *ref = record_of(T, base);
-  if (!ref || ref->caller_memory) /* a view of the caller's tensor: no step reuses it */
-    return 0;
-  return tx_tree_note_forward_output(T, base, 1, ref);
+/* end_tied_hold for each tensor argument of a backward that runs as the
+ * plain graph (no argument loop of seg_call's reads them). 0; -1 with an
+ * exception set. */
+static int end_tied_holds_read(const SegmentObject *s, TreeObject *T, PyObject *const *args) {
+  for (uint32_t i = 0; i < s->n_args && T->tied_saved_alive; i++) {
+    if (s->arg_kind[i] > ARG_TENSOR_STATIC)
+      continue;
+    PyObject *dp = PyObject_CallMethodNoArgs(args[i], TX.str_data_ptr);
+    void *ptr = dp ? PyLong_AsVoidPtr(dp) : NULL;
+    Py_XDECREF(dp);
+    if (PyErr_Occurred())
+      return -1;
+    tx_out_ref *ref = ptr ? tx_step_output_at(T, ptr, 1) : NULL;
+    if (ref)
+      end_tied_hold(s, T, ref);
+  }
+  return 0;
+}
+
+/* A training forward's saved result tied to an output the program gets,
+ * whose record is ref (NULL for a view of the caller's tensor, which no
+ * step reuses): the output's memory holds the step, as a saved activation
+ * of its own would, until the backward that reads it runs (seg_call ends
+ * the hold there), the memory dies (the drain), or the step ends. Counted
+ * per record, not ended by just any backward call: two forwards, then a
+ * compiled call between their backwards, keep the second's (a helper's
+ * review). */
+static void tied_saved_hold(TreeObject *T, tx_out_ref *ref) {
+  if (!ref || ref->caller_memory || ref->tied_saved || ref->step != T->step || T->explicit_steps)
+    return;
+  ref->tied_saved = 1;
+  T->tied_saved_alive++;
 }
 
 static PyObject *build_result(seg_run *r, PyObject *const *args, variant_tmpl *t) {
@@ -1522,11 +1557,19 @@ static PyObject *build_result(seg_run *r, PyObject *const *args, variant_tmpl *t
   uint32_t k = 0;
   if (!out)
     goto fail;
+  if (t->has_ties && !r->made_at) { /* once per run: the records of a call's results, for its ties */
+    if (!(r->made_at = calloc(s->n_outputs ? s->n_outputs : 1, sizeof *r->made_at))) {
+      PyErr_NoMemory();
+      goto fail;
+    }
+    r->n_made_at = s->n_outputs;
+  }
   for (uint32_t i = 0; i < t->n_res; i++) {
     PyObject *item;
     if (t->is_tensor[i]) {
       const out_meta *m = &t->outs[k];
       item = NULL;
+      r->made = NULL;
       if (m->tie_pos >= 0) {
         PyObject *base = t->as_list ? PyList_GET_ITEM(out, m->tie_pos) : PyTuple_GET_ITEM(out, m->tie_pos);
         uint64_t t0 = r->tree->timed ? tx_now_ns() : 0;
@@ -1537,20 +1580,19 @@ static PyObject *build_result(seg_run *r, PyObject *const *args, variant_tmpl *t
           k++; /* released */
           goto fail;
         }
-        if (item && i >= s->saved_from && (uint32_t)m->tie_pos < s->saved_from && !s->backward &&
-            tied_saved_hold(r->tree, base) < 0) {
-          Py_DECREF(item);
-          k++;
-          goto fail;
-        }
+        tx_out_ref *base_made = (uint32_t)m->tie_k < r->n_made_at ? r->made_at[m->tie_k] : NULL;
+        if (item && i >= s->saved_from && (uint32_t)m->tie_pos < s->saved_from && !s->backward)
+          tied_saved_hold(r->tree, base_made);
         r->tree->outputs_tied += item != NULL;
         r->tree->outputs_tied_apart += item == NULL;
         if (item) /* the record a memory watch below follows: the earlier output's, whose storage it shares */
-          r->made = record_of(r->tree, base);
+          r->made = base_made;
       }
       if (!item)
         item = make_output(r, args, r->outs[k], m, i >= s->saved_from, s->backward,
                            r->tree->timed ? &r->ns_made : NULL);
+      if (k < r->n_made_at)
+        r->made_at[k] = item ? r->made : NULL; /* made by this call: never looked up by an address */
       k++;
       if (!item)
         goto fail;
@@ -1722,6 +1764,8 @@ static PyObject *call_bypassed(SegmentObject *s, PyObject *const *args, size_t n
    * (accumulation) is moved, not marked stale (a helper's audit: the next
    * accumulation raised StaleTensorError where Inductor computes). */
   if (r && s->n_grad_pos && note_grad_leaves(r, args) < 0)
+    return NULL;
+  if (r && s->backward && r->tree->tied_saved_alive && end_tied_holds_read(s, r->tree, args) < 0)
     return NULL;
   PyObject *res = call_plain(s, args, n);
   if (r)
@@ -1915,6 +1959,7 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
         }
         r->args[k] = cgt_arg_value(ref->value);
         r->offs[k] = 0;
+        end_tied_hold(s, T, ref);
       } else if (ptr && (ref = tx_step_output_at(T, ptr, span)) != NULL) {
         /* A view of this step's output (v = y[1:]), or another tensor
          * object over one (a backward's saved activation, unpacked by
@@ -1922,6 +1967,7 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
          * since a recording reads there. */
         r->args[k] = cgt_arg_value(ref->value);
         r->offs[k] = (size_t)((char *)ptr - (char *)ref->ptr);
+        end_tied_hold(s, T, ref);
         if (r->offs[k]) /* at offset 0 it reads what the value itself would */
           key_add(r, &variant, ((uint64_t)k << 40) ^ (uint64_t)r->offs[k] ^ 0x5eedull);
       } else if (ptr == NULL || span == 0) {
