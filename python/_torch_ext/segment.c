@@ -462,6 +462,24 @@ static int over_caller_memory(const seg_run *run, const out_meta *m, int saved, 
   return 1;
 }
 
+/* base.as_strided to m's shape and strides, at `offset` elements into
+ * base's storage. A new reference, or NULL with an exception set. */
+static PyObject *strided_view(PyObject *base, const out_meta *m, int64_t offset) {
+  PyObject *size = PyTuple_New(m->ndim), *stride = PyTuple_New(m->ndim);
+  for (int32_t d = 0; size && stride && d < m->ndim; d++) {
+    PyTuple_SET_ITEM(size, d, PyLong_FromLongLong(m->dims[d]));
+    PyTuple_SET_ITEM(stride, d, PyLong_FromLongLong(m->dims[m->ndim + d]));
+  }
+  PyObject *at = PyLong_FromLongLong(offset);
+  PyObject *view = size && stride && at && !PyErr_Occurred()
+                       ? PyObject_CallMethodObjArgs(base, TX.str_as_strided, size, stride, at, NULL)
+                       : NULL;
+  Py_XDECREF(size);
+  Py_XDECREF(stride);
+  Py_XDECREF(at);
+  return view;
+}
+
 /* The output m describes as a view of the caller's tensor `in`
  * (in.as_strided to m's shape, strides and place): what the plain graph
  * returns (Inductor's reinterpret_tensor), sharing in's storage (its
@@ -472,19 +490,7 @@ static PyObject *caller_view(PyObject *in, const out_meta *m, PyObject *const *a
   int64_t offset_bytes = output_offset_bytes(args, m);
   if (offset_bytes < 0)
     return NULL;
-  PyObject *size = PyTuple_New(m->ndim), *stride = PyTuple_New(m->ndim);
-  for (int32_t d = 0; size && stride && d < m->ndim; d++) {
-    PyTuple_SET_ITEM(size, d, PyLong_FromLongLong(m->dims[d]));
-    PyTuple_SET_ITEM(stride, d, PyLong_FromLongLong(m->dims[m->ndim + d]));
-  }
-  PyObject *offset = PyLong_FromLongLong(offset_bytes / out_item_bytes(m));
-  PyObject *view = size && stride && offset && !PyErr_Occurred()
-                       ? PyObject_CallMethodObjArgs(in, TX.str_as_strided, size, stride, offset, NULL)
-                       : NULL;
-  Py_XDECREF(size);
-  Py_XDECREF(stride);
-  Py_XDECREF(offset);
-  return view;
+  return strided_view(in, m, offset_bytes / out_item_bytes(m));
 }
 
 /* A tensor over value v, laid out as m says. Steals v: on failure v is
@@ -678,18 +684,7 @@ static PyObject *tied_output(seg_run *run, cgt_value v, const out_meta *m, const
   if (diff < 0 || diff % item != 0 || base_off + diff / item < 0) /* below the earlier output: no lookup by
                                                                       * address (tx_step_output_at) would find it */
     return NULL;
-  PyObject *size = PyTuple_New(m->ndim), *stride = PyTuple_New(m->ndim);
-  for (int32_t d = 0; size && stride && d < m->ndim; d++) {
-    PyTuple_SET_ITEM(size, d, PyLong_FromLongLong(m->dims[d]));
-    PyTuple_SET_ITEM(stride, d, PyLong_FromLongLong(m->dims[m->ndim + d]));
-  }
-  PyObject *offset = PyLong_FromLongLong(base_off + diff / item);
-  PyObject *view = size && stride && offset && !PyErr_Occurred()
-                       ? PyObject_CallMethodObjArgs(base, TX.str_as_strided, size, stride, offset, NULL)
-                       : NULL;
-  Py_XDECREF(size);
-  Py_XDECREF(stride);
-  Py_XDECREF(offset);
+  PyObject *view = strided_view(base, m, base_off + diff / item);
   if (!view) {
     if (!PyErr_ExceptionMatches(PyExc_RuntimeError)) { /* out of memory, ...: the call fails */
       (void)cgt_value_release(T->tree, v);

@@ -2981,15 +2981,32 @@ class ViewOfInput:
         return (x.view(), saved)
 
 
-def test_a_memory_watched_output_that_is_a_view_of_the_callers_tensor_holds_nothing(tree):
+class ViewOfInputTwice:
+    """A training forward returning a view of its input for the program and
+    the same object as its saved result."""
+
+    def __init__(self, tree):
+        self.tree = tree
+
+    def __call__(self, x):
+        v = x.view()
+        return (v, v)
+
+
+@pytest.mark.parametrize("hold", ["memory_watched", "tied_saved"])
+def test_a_memory_watched_output_that_is_a_view_of_the_callers_tensor_holds_nothing(tree, hold):
     """A position named memory-watched whose output comes back as a view
     of the caller's tensor has no record of the tree's. Looked up by its
     address, it found the record of another output whose tensor object had
     died at that address while a view kept its memory (CPython reuses the
     address at once), and that unrelated output held the step (a helper's
     review). The record make_output made is watched, never one found by
-    address."""
-    fa = segment(tree, ViewOfInput(tree), spans=(16,), name="fa", saved_from=1, memory_watched_outputs=(0,))
+    address. So for a saved result tied to such an output (the same
+    object), whose hold looked its record up by address too (a second
+    review)."""
+    graph = ViewOfInput(tree) if hold == "memory_watched" else ViewOfInputTwice(tree)
+    fa = segment(tree, graph, spans=(16,), name="fa", saved_from=1,
+                 memory_watched_outputs=(0,) if hold == "memory_watched" else ())
     fp = segment(tree, ForwardGraph(tree), spans=(16,), name="fp", saved_from=1)
     x = FakeTensor(4).fill([1, 2, 3, 4])
     for _ in range(4):
@@ -3097,17 +3114,12 @@ def test_a_saved_result_tied_to_the_programs_output_holds_the_step_through_its_m
     assert st["steps_deferred"] == s0["steps_deferred"]
 
 
-class TiedAfterAnother:
-    """A training forward returning (a, b, a): a = 2x, b = 3x, the third
-    result tied to the first, with nothing saved."""
-
-    def __init__(self, tree):
-        self.tree = tree
+class TiedAfterAnother(ForwardGraph):
+    """A training forward returning (a, b, a): ForwardGraph's a = 2x and b =
+    3x, the third result tied to the first, with nothing saved."""
 
     def __call__(self, x):
-        a, b = FakeTensor(x.n), FakeTensor(x.n)
-        X.sim_launch(self.tree.stream, k_affine, a.ptr, x.ptr, x.n, 2.0, 0.0)
-        X.sim_launch(self.tree.stream, k_affine, b.ptr, x.ptr, x.n, 3.0, 0.0)
+        a, b = super().__call__(x)
         return (a, b, a)
 
 
@@ -3153,18 +3165,6 @@ class TwoHalvesSwapped:
         return (buf.narrow(2, 2), buf.narrow(0, 2))
 
 
-class AddOne:
-    """out = h + 1."""
-
-    def __init__(self, tree):
-        self.tree = tree
-
-    def __call__(self, h):
-        out = FakeTensor(h.n)
-        X.sim_launch(self.tree.stream, k_affine, out.ptr, h.ptr, h.n, 1.0, 1.0)
-        return (out,)
-
-
 def test_an_output_tied_below_the_earlier_one_is_a_tensor_of_its_own_that_later_graphs_take(tree):
     """A view of the earlier output's storage lying below that output's
     data is outside the range its record covers, so no lookup by address
@@ -3172,7 +3172,7 @@ def test_an_output_tied_below_the_earlier_one_is_a_tensor_of_its_own_that_later_
     the pool and refused (a helper's review). It is made a tensor of its
     own, as before ties, and counted."""
     f = segment(tree, TwoHalvesSwapped(tree), spans=(16,), name="split")
-    g = segment(tree, AddOne(tree), spans=(8,), name="add1")
+    g = segment(tree, Graph(tree, 1.0, 1.0), spans=(8,), name="add1")
     x = FakeTensor(4).fill([1, 2, 3, 4])
     s0 = tree.stats()
     for _ in range(5):
@@ -3184,20 +3184,6 @@ def test_an_output_tied_below_the_earlier_one_is_a_tensor_of_its_own_that_later_
     assert tree.stats()["outputs_tied_apart"] - s0["outputs_tied_apart"] >= 3
 
 
-class SavesItsOutput:
-    """A training forward whose one saved result is its output itself (the
-    same object), as a sigmoid of a STATIC input's product saves nothing
-    else."""
-
-    def __init__(self, tree):
-        self.tree = tree
-
-    def __call__(self, x):
-        out = FakeTensor(x.n)
-        X.sim_launch(self.tree.stream, k_affine, out.ptr, x.ptr, x.n, 2.0, 0.0)
-        return (out, out)
-
-
 @pytest.mark.parametrize("backward", ["recorded", "plain"])
 def test_two_forwards_with_tied_saved_results_then_a_compiled_call_between_their_backwards(tree, backward):
     """Each forward's tied saved result holds the step until the backward
@@ -3207,7 +3193,7 @@ def test_two_forwards_with_tied_saved_results_then_a_compiled_call_between_their
     second backward raised StaleTensorError where Inductor computes (a
     helper's review). A backward that runs as the plain graph ends the hold
     of what it reads too."""
-    f = segment(tree, SavesItsOutput(tree), spans=(16,), name="sig", saved_from=1)
+    f = segment(tree, TiedForward(tree), spans=(16,), name="sig", saved_from=1)  # its one saved result: its output
     g = segment(tree, Graph(tree, 1.0, 1.0), spans=(16,), name="loss")
     plain = {"plain_reason": "inputs on several devices"} if backward == "plain" else {}
     b = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bw", backward=True,
@@ -3243,47 +3229,6 @@ def test_two_forwards_with_tied_saved_results_then_a_compiled_call_between_their
             gc.collect()
     st = tree.stats()
     assert st["step"] - s0["step"] == 6 and st["steps_deferred"] == s0["steps_deferred"]
-
-
-class ViewOfInputTwice:
-    """A training forward returning a view of its input for the program and
-    the same object as its saved result."""
-
-    def __init__(self, tree):
-        self.tree = tree
-
-    def __call__(self, x):
-        v = x.view()
-        return (v, v)
-
-
-def test_a_tied_view_of_the_callers_tensor_holds_no_unrelated_record(tree):
-    """A view of the caller's tensor has no record. Looked up by the
-    object's address, its tie found the record of another output whose
-    object had died there while a view kept its memory (CPython reuses the
-    address), and that unrelated output held the step (a helper's review).
-    The records build_result made are used, never one found by address."""
-    fa = segment(tree, ViewOfInputTwice(tree), spans=(16,), name="fa", saved_from=1)
-    fp = segment(tree, ForwardGraph(tree), spans=(16,), name="fp", saved_from=1)
-    x = FakeTensor(4).fill([1, 2, 3, 4])
-    for _ in range(4):
-        for seg in (fa, fp):
-            out, saved = call(seg, x)
-            del out, saved
-            gc.collect()
-    for _ in range(6):
-        o, so = call(fp, x)
-        kept = o.view()  # o's object dies; its record stays, keyed at o's address
-        del o
-        a, sa = fa(x)  # a view of x, maybe at o's old address
-        assert a.ptr == x.ptr and sa is a
-        del a, sa, so
-        gc.collect()
-        step = tree.stats()["step"]
-        b, sb = call(fp, x)  # nothing holds the step: it begins
-        assert tree.stats()["step"] == step + 1
-        del b, sb, kept
-        gc.collect()
 
 
 class SameGradTwice:
