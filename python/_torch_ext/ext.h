@@ -481,6 +481,8 @@ PyObject *tx_exchange_make_tensor(DLManagedTensorVersioned *m);
 
 /* An output tensor handed out: the DLPack block torch owns, the value it
  * releases when the tensor dies, and its registry entry. */
+enum { TIED_BY_UNKNOWN = 1 }; /* pairs start at 2 (graph id + 2): the forward's pair is unknown */
+
 struct tx_out_ref {
   union { /* the DLPack block torch owns: legacy through from_dlpack, versioned through the exchange API */
     DLManagedTensor m;
@@ -489,8 +491,9 @@ struct tx_out_ref {
   int queued;        /* its deleter ran (under the queue's lock) */
   int counted;       /* counted in the tree's alive_this_step (a tensor was made) */
   int saved;         /* a saved activation (counted in the tree's saved_alive while its step lasts) */
-  int tied_saved;    /* a training forward saved a result tied to this output (segment.c, tied_output): counted
-                      * in the tree's tied_saved_alive until a backward reads it, it dies, or its step ends */
+  uint64_t tied_saved; /* a training forward saved a result tied to this output (segment.c, tied_output): its
+                         * pair (or TIED_BY_UNKNOWN; 0: none), counted in the tree's tied_saved_alive until its
+                         * backward reads it, it dies, or its step ends */
   uint64_t watched_until; /* a training forward's output watched through its memory: the tree's backward_calls + 1
                            * when noted, so counted in forward_memory_watched until the next backward call; 0: not */
   int grad;          /* a backward's output: AccumulateGrad may have made it a .grad (stale.c) */

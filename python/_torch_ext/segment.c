@@ -257,6 +257,10 @@ struct SegmentObject {
    * become .grad tensors. */
   uint32_t saved_from;
   int backward;
+  /* What pairs a training forward with its backward (AOTAutograd's graph
+   * id, plus two: see TIED_BY_UNKNOWN); 0: unknown (compiled autograd's
+   * backward, a test's segment), which pairs with any. See end_tied_hold. */
+  uint64_t pair;
   uint32_t *grad_pos, n_grad_pos;
   /* A training forward's results AOTAutograd hands the program as a new
    * tensor over the same memory (a view of an intermediate, made
@@ -346,7 +350,7 @@ void tx_out_ref_queue_drain(void) {
       (void)cgt_value_release(T->tree, r->value);
       T->alive_this_step -= (uint64_t)(r->counted && !r->caller_memory);
       T->saved_alive -= (uint64_t)(r->counted && r->saved);
-      T->tied_saved_alive -= (uint64_t)r->tied_saved;
+      T->tied_saved_alive -= (uint64_t)(r->tied_saved != 0);
       T->forward_memory_watched -= (uint64_t)(r->watched_until == T->backward_calls + 1);
     }
     tx_stale_forget(T, r);
@@ -639,8 +643,8 @@ static PyObject *make_output(seg_run *run, PyObject *const *args, cgt_value v, c
  * goes back, the earlier output's holding the memory. An output that the
  * program gets and that is also saved for the backward holds the step
  * through its record, as a saved activation of its own would (counted in
- * tied_saved_alive), until the backward that reads it runs, its memory
- * dies, or the step ends: the saved tensor autograd keeps is another tensor
+ * tied_saved_alive), until its own backward reads it (end_tied_hold), its
+ * memory dies, or the step ends: the saved tensor autograd keeps is another tensor
  * over that storage, which no weak reference can follow, and the program's
  * own output may live on past the backward. A view that lies below the
  * earlier output's data is made a tensor of its own: the earlier output's
@@ -1504,9 +1508,13 @@ PyObject *tx_set_variant_mask(PyObject *self, PyObject *arg) {
 }
 
 /* A backward reads ref's memory, where a saved result tied to an output
- * lies: the hold that saved result kept (tied_saved_hold) ends. */
+ * lies: if it is that forward's backward (or either one's pair is
+ * unknown), the hold that saved result kept (tied_saved_hold) ends. Another
+ * graph's backward that reads the same memory (a head that saved the
+ * output as its input) leaves it (a helper's review). */
 static void end_tied_hold(const SegmentObject *s, TreeObject *T, tx_out_ref *ref) {
-  if (s->backward && ref->tied_saved && ref->step == T->step) {
+  uint64_t by = ref->tied_saved;
+  if (s->backward && by && ref->step == T->step && (by == TIED_BY_UNKNOWN || !s->pair || s->pair == by)) {
     ref->tied_saved = 0;
     T->tied_saved_alive--;
   }
@@ -1539,10 +1547,10 @@ static int end_tied_holds_read(const SegmentObject *s, TreeObject *T, PyObject *
  * per record, not ended by just any backward call: two forwards, then a
  * compiled call between their backwards, keep the second's (a helper's
  * review). */
-static void tied_saved_hold(TreeObject *T, tx_out_ref *ref) {
+static void tied_saved_hold(const SegmentObject *s, TreeObject *T, tx_out_ref *ref) {
   if (!ref || ref->caller_memory || ref->tied_saved || ref->step != T->step || T->explicit_steps)
     return;
-  ref->tied_saved = 1;
+  ref->tied_saved = s->pair ? s->pair : TIED_BY_UNKNOWN;
   T->tied_saved_alive++;
 }
 
@@ -1577,7 +1585,7 @@ static PyObject *build_result(seg_run *r, PyObject *const *args, variant_tmpl *t
         }
         tx_out_ref *base_made = (uint32_t)m->tie_k < r->n_made_at ? r->made_at[m->tie_k] : NULL;
         if (item && i >= s->saved_from && (uint32_t)m->tie_pos < s->saved_from && !s->backward)
-          tied_saved_hold(r->tree, base_made);
+          tied_saved_hold(s, r->tree, base_made);
         r->tree->outputs_tied += item != NULL;
         r->tree->outputs_tied_apart += item == NULL;
         if (item) /* the record a memory watch below follows: the earlier output's, whose storage it shares */
@@ -1798,6 +1806,8 @@ static int on_device_slow(PyObject *o, int device) {
  * forward itself runs plainly). Their host addresses must never be taken
  * for device memory. */
 static PyObject *call_off_device(SegmentObject *s, TreeObject *T, PyObject *const *args, size_t n, size_t i) {
+  if (s->backward && T->tied_saved_alive && end_tied_holds_read(s, T, args) < 0) /* as call_bypassed's */
+    return NULL;
   char why[300];
   snprintf(why, sizeof why,
            "argument %zu is not a CUDA tensor of device %d when it runs, though the compile saw one there (as "
@@ -2226,7 +2236,7 @@ static int seg_init(SegmentObject *s, PyObject *a, PyObject *kw) {
   static char *kwlist[] = {"tree", "name", "compiled", "launch", "alias", "describe", "span",
                            "kinds", "spans", "flags", "dynamic_spans", "rerun_first", "saved_from", "backward",
                            "prelaunch", "side_stream", "grad_inputs", "written_inputs", "plain_reason",
-                           "memory_watched_outputs", NULL};
+                           "memory_watched_outputs", "pair", NULL};
   PyObject *tree, *compiled, *launch, *alias, *describe, *span, *spans, *prelaunch = Py_None, *grad_inputs = Py_None;
   PyObject *written_inputs = Py_None, *plain_reason = Py_None, *memory_watched = Py_None;
   const char *name;
@@ -2234,15 +2244,15 @@ static int seg_init(SegmentObject *s, PyObject *a, PyObject *kw) {
   unsigned int flags = 0;
   int dyn = 0, rerun = 0, backward = 0;
   unsigned int saved_from = UINT32_MAX;
-  unsigned long long side_stream = 0;
+  unsigned long long side_stream = 0, pair = 0;
   if (!s->dict && !(s->dict = PyDict_New()))
     return -1;
   if (PyDict_SetItemString(s->dict, "_boxed_call", Py_True) < 0)
     return -1;
-  if (!PyArg_ParseTupleAndKeywords(a, kw, "O!sOOOOOy*O!|IppIpOKOOOO", kwlist, &TreeType, &tree, &name,
+  if (!PyArg_ParseTupleAndKeywords(a, kw, "O!sOOOOOy*O!|IppIpOKOOOOK", kwlist, &TreeType, &tree, &name,
                                    &compiled, &launch, &alias, &describe, &span, &kinds, &PyTuple_Type, &spans,
                                    &flags, &dyn, &rerun, &saved_from, &backward, &prelaunch, &side_stream,
-                                   &grad_inputs, &written_inputs, &plain_reason, &memory_watched))
+                                   &grad_inputs, &written_inputs, &plain_reason, &memory_watched, &pair))
     return -1;
   if (plain_reason != Py_None && !PyUnicode_Check(plain_reason)) {
     PyBuffer_Release(&kinds);
@@ -2324,6 +2334,7 @@ static int seg_init(SegmentObject *s, PyObject *a, PyObject *kw) {
   s->dynamic_spans = dyn;
   s->rerun_first = rerun;
   s->saved_from = saved_from;
+  s->pair = pair;
   s->backward = backward;
   if (read_result_mask(memory_watched, saved_from, &s->memory_watched) < 0)
     return -1;

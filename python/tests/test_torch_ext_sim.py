@@ -3114,6 +3114,68 @@ def test_a_saved_result_tied_to_the_programs_output_holds_the_step_through_its_m
     assert st["steps_deferred"] == s0["steps_deferred"]
 
 
+def test_another_graphs_backward_reading_the_memory_leaves_the_forwards_tied_hold(tree):
+    """Only the forward's own backward (the same pair: AOTAutograd compiles
+    both under one graph id) ends its tied saved result's hold. A head that
+    saved the output as its input reads that memory in its own backward;
+    ended there, the hold let a compiled call before the forward's backward
+    begin a step, and that backward raised StaleTensorError where Inductor
+    computes (a helper's review)."""
+    f = segment(tree, TiedForward(tree), spans=(16,), name="sig", saved_from=1, pair=10)
+    b = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bw", backward=True,
+                pair=10)
+    head_bw = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="head_bw",
+                      backward=True, pair=20)
+    g = segment(tree, Graph(tree, 1.0, 1.0), spans=(16,), name="log")
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    t = FakeTensor(4).fill([1, 1, 1, 1])
+    for i in range(5):
+        o1, s1 = call(f, x)
+        k1 = s1.view()  # autograd's saved tensor of f
+        h = s1.view()  # the head's saved input
+        del o1, s1
+        gc.collect()
+        (gh,) = head_bw(h, t)  # the head's backward, not f's
+        del h, gh
+        gc.collect()
+        compiled_call_then_backward(tree, g, x, b, k1, t, i)  # a compiled call before f's backward
+        del k1
+        gc.collect()
+    assert tree.stats()["saved_tied_to_outputs_alive"] == 0
+
+
+class BackwardTangentFirst(BackwardGraph):
+    """BackwardGraph with its arguments the other way round: the tangent, then the saved result."""
+
+    def __call__(self, tangent, saved):
+        return super().__call__(saved, tangent)
+
+
+def test_a_backward_that_turns_plain_at_an_argument_off_the_device_still_ends_the_tied_hold_it_reads(tree):
+    """A backward whose argument turns out to lie off the tree's device runs
+    as the plain graph from that argument on, before its loop reaches the
+    tied saved result after it: that hold ended only when the memory died,
+    so a loop that keeps its output bound deferred its next step (a
+    helper's review)."""
+    f = segment(tree, TiedForward(tree), spans=(16,), name="sig", saved_from=1)
+    b = segment(tree, BackwardTangentFirst(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bw",
+                backward=True)
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    t = FakeTensor(4).fill([1, 1, 1, 1])
+    for _ in range(3):
+        out, saved = call(f, x)
+        (gx,) = b(t, saved)
+        del saved, gx
+        gc.collect()
+    out, saved = call(f, x)
+    assert tree.stats()["saved_tied_to_outputs_alive"] == 1
+    t.is_cuda = False  # read at the call: the graph goes plain there
+    with pytest.warns(RuntimeWarning, match="argument 0 is not a CUDA tensor"):
+        (gx,) = b(t, saved)
+    assert gx.values() == [2 * a + 1 for a in (1, 2, 3, 4)]
+    assert tree.stats()["saved_tied_to_outputs_alive"] == 0, "out is still bound: only the backward ends its hold"
+
+
 class TiedAfterAnother(ForwardGraph):
     """A training forward returning (a, b, a): ForwardGraph's a = 2x and b =
     3x, the third result tied to the first, with nothing saved."""
@@ -3184,6 +3246,18 @@ def test_an_output_tied_below_the_earlier_one_is_a_tensor_of_its_own_that_later_
     assert tree.stats()["outputs_tied_apart"] - s0["outputs_tied_apart"] >= 3
 
 
+def compiled_call_then_backward(tree, g, x, b, saved, t, check):
+    """A compiled call of g, which must begin no step where check says so
+    (a backward is to come), then the backward b of TiedForward's saved
+    result: 2x + 1."""
+    step = tree.stats()["step"]
+    (z,) = call(g, x)
+    if check:
+        assert tree.stats()["step"] == step, "a compiled call began a step while a backward is to come"
+    (gx,) = b(saved, t)
+    assert gx.values() == [2 * a + 1 for a in (1, 2, 3, 4)]
+
+
 @pytest.mark.parametrize("backward", ["recorded", "plain"])
 def test_two_forwards_with_tied_saved_results_then_a_compiled_call_between_their_backwards(tree, backward):
     """Each forward's tied saved result holds the step until the backward
@@ -3213,13 +3287,8 @@ def test_two_forwards_with_tied_saved_results_then_a_compiled_call_between_their
             (g1,) = b(k1, t)
             del k1, g1
             gc.collect()
-            step = tree.stats()["step"]
-            (z,) = call(g, x)  # a compiled call (a logging model) before the second backward
-            if i:
-                assert tree.stats()["step"] == step, "the call began a step while the second backward is to come"
-            (g2,) = b(k2, t)
-            assert g2.values() == [2 * a + 1 for a in (1, 2, 3, 4)]
-            del k2, g2, z
+            compiled_call_then_backward(tree, g, x, b, k2, t, i)  # a logging model, then the second backward
+            del k2
             gc.collect()
         s0 = tree.stats()
         for _ in range(6):  # the loop that keeps its output bound past the backward: a step at each call

@@ -290,6 +290,8 @@ def inner_compile(gm, example_inputs, **kwargs):
     record["host_read_seeds"] = host_seeds
     plain = _boxed(compiled, saved_cpu, device, host_seeds)
     extra = {"backward": backward or autograd_graph}
+    if (forward_training or backward) and kwargs.get("graph_id") is not None:
+        extra["pair"] = kwargs["graph_id"] + 2  # a forward and its backward: AOTAutograd compiles both under one id
     run = plain
     if rng:  # a replay must draw fresh numbers: the generator's state per launch (_rng.py)
         draws = RandomDraws(index, lambda: _install.tree_for(index)[1])
