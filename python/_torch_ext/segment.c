@@ -51,7 +51,10 @@
  * the GIL, at the next run or step), or at the end of the step, when
  * stale.c marks the storages still alive. Shapes, strides and dtypes are the
  * same for every run of a (segment, variant), so they are learnt once, from
- * the first run, and kept as a template.
+ * the first run, and kept as a template. So are ties between outputs: where
+ * the plain graph returns one tensor at two positions, or views of one
+ * buffer, the template says so, and each run hands them out tied the same
+ * way, sharing one storage and autograd's version counter (tied_output).
  *
  * The launch function (called by cgtree for warmups and recordings, never
  * for replays) calls the Inductor-compiled graph on the tree's stream with
