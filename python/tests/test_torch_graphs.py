@@ -224,6 +224,19 @@ def test_span_covers_strided_views_and_empty_tensors():
     assert B.span(torch.zeros(1).expand(5)) == 4
 
 
+def test_ties_name_the_same_object_and_tensors_over_one_storage_and_nothing_else():
+    """describe()'s ties, on real tensors: the same object at a later
+    position, views of one buffer (chunk, a view as another shape, as
+    Inductor's reinterpret_tensor makes them), and nothing for tensors of
+    their own, empty ones or constants."""
+    buf = torch.arange(8.0)
+    a, b = buf.chunk(2)
+    other, empty = torch.ones(3), torch.empty(0)
+    res = (buf, 7, a, buf, other, b, buf.view(2, 4), empty, torch.empty(0), other)
+    assert B.ties(res) == [(-1, 0), (-1, 0), (0, 0), (0, 1), (-1, 0), (0, 0), (0, 0), (-1, 0), (-1, 0), (4, 1)]
+    assert B.ties((b, a)) == [(-1, 0), (0, 0)]  # the earlier result, wherever its data begins
+
+
 def test_describe_refuses_cpu_outputs_and_keeps_constants():
     assert B.describe([1, torch.zeros(2)]) == "output 1 is a tensor on cpu (a recording returns CUDA tensors only)"
     assert B.describe(torch.zeros(2)) == "the graph returned a Tensor, not a list or tuple"

@@ -44,39 +44,55 @@ def _symbolic(t):
     return any(not isinstance(d, int) for d in tuple(t.shape) + tuple(t.stride()))
 
 
+def ties(res):
+    """For each result, (position, same): the earlier tensor result it is
+    tied to and whether it is that very object (1) or another tensor over
+    the same storage (0); (-1, 0) for none, and for what is no tensor.
+    Inductor returns one buffer twice where a training forward hands the
+    program a tensor it also saves for the backward (a sigmoid's output),
+    and views of one buffer where it returns several; they must share
+    autograd's version counter, so that a write to one in place raises at
+    the backward, as under Inductor (segment.c, tied_output). A storage
+    without memory (data pointer 0) ties nothing."""
+    first_seen = {}  # a tensor object's id: its first position (res keeps every one alive)
+    first_over = {}  # a storage's data pointer: the position of the first result over it
+    out = []
+    for i, x in enumerate(res):
+        if not isinstance(x, torch.Tensor):
+            out.append((-1, 0))
+            continue
+        tie = first_seen.setdefault(id(x), i)
+        same = int(tie != i)
+        if not same:
+            base = x.untyped_storage().data_ptr()
+            tie = first_over.setdefault(base, i) if base else i
+        out.append((tie, same) if tie != i else (-1, 0))
+    return out
+
+
 def describe(res):
     """(as_list, metas, consts) for segment.c, or a sentence saying why a
     recording cannot carry these outputs (not a list or tuple, a tensor off
     the GPU, an unknown dtype, a tensor subclass).
 
-    A meta's last two fields tie the output to an earlier one (its position,
-    -1 for none): the same tensor object (1), or another over the same
-    storage (0). Inductor returns one buffer twice where a training forward
-    hands the program a tensor it also saves for the backward (a sigmoid's
-    output); the two must share autograd's version counter, so that a write
-    to the output in place raises at the backward, as under Inductor
-    (segment.c, tied_output)."""
+    A meta's last two fields tie the output to an earlier one: ties()."""
     if not isinstance(res, (list, tuple)):
         return "the graph returned a %s, not a list or tuple" % type(res).__name__
-    metas, consts = [], []
-    first_seen = {}  # a tensor object's id: its first position (res keeps every one alive)
-    first_over = {}  # a storage's data pointer: the position of the first result over it
     for i, x in enumerate(res):
         if isinstance(x, torch.Tensor):
-            dl = _DL.get(x.dtype)
             if x.device.type != "cuda":
                 return "output %d is a tensor on %s (a recording returns CUDA tensors only)" % (i, x.device)
-            if dl is None:
+            if x.dtype not in _DL:
                 return "output %d is a tensor of %s, a dtype DLPack cannot describe" % (i, x.dtype)
             if type(x) is not torch.Tensor and not isinstance(x, torch.nn.Parameter):
                 return "output %d is a %s, a tensor subclass" % (i, type(x).__name__)
-            tie = first_seen.setdefault(id(x), i)
-            same = int(tie != i)
-            if not same:
-                base = x.untyped_storage().data_ptr()
-                tie = first_over.setdefault(base, i) if base else i
+    metas, consts = [], []
+    tied = ties(res)  # after the checks: only plain tensors' storages are asked for
+    for i, x in enumerate(res):
+        if isinstance(x, torch.Tensor):
+            dl = _DL[x.dtype]
             metas.append((x.data_ptr(), span(x), tuple(x.shape), tuple(x.stride()), dl[0], dl[1],
-                          x.storage_offset() * x.element_size(), tie if tie != i else -1, same))
+                          x.storage_offset() * x.element_size()) + tied[i])
             consts.append(None)
         else:
             metas.append(None)
