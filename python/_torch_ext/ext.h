@@ -479,10 +479,10 @@ PyObject *tx_exchange_make_tensor(DLManagedTensorVersioned *m);
 
 /* ------------------------------------------------------- segment.c */
 
+enum { TIED_BY_UNKNOWN = 1 }; /* tx_out_ref.tied_saved where the forward's pair is unknown (pairs start at 2) */
+
 /* An output tensor handed out: the DLPack block torch owns, the value it
  * releases when the tensor dies, and its registry entry. */
-enum { TIED_BY_UNKNOWN = 1 }; /* pairs start at 2 (graph id + 2): the forward's pair is unknown */
-
 struct tx_out_ref {
   union { /* the DLPack block torch owns: legacy through from_dlpack, versioned through the exchange API */
     DLManagedTensor m;

@@ -647,12 +647,12 @@ static PyObject *make_output(seg_run *run, PyObject *const *args, cgt_value v, c
  * program gets and that is also saved for the backward holds the step
  * through its record, as a saved activation of its own would (counted in
  * tied_saved_alive), until its own backward reads it (end_tied_hold), its
- * memory dies, or the step ends: the saved tensor autograd keeps is another tensor
- * over that storage, which no weak reference can follow, and the program's
- * own output may live on past the backward. A view that lies below the
- * earlier output's data is made a tensor of its own: the earlier output's
- * record covers only its own range, where lookups by address
- * (tx_step_output_at) find views passed on.
+ * memory dies, or the step ends: the saved tensor autograd keeps is
+ * another tensor over that storage, which no weak reference can follow,
+ * and the program's own output may live on past the backward. A view that
+ * lies below the earlier output's data is made a tensor of its own: the
+ * earlier output's record covers only its own range, where lookups by
+ * address (tx_step_output_at) find views passed on.
  *
  * Ties between outputs that lie in an input's memory are left to
  * make_output, which makes each a view of the caller's tensor where it can
@@ -677,11 +677,10 @@ static PyObject *tied_output(seg_run *run, cgt_value v, const out_meta *m, const
   size_t bytes = 0;
   if (cgt_value_ptr(T->tree, v, &ptr, &bytes) != CGT_OK)
     return NULL; /* make_output reports it */
-  PyObject *dp = PyObject_CallMethodNoArgs(base, TX.str_data_ptr);
-  PyObject *so = dp ? PyObject_CallMethodNoArgs(base, TX.str_storage_offset) : NULL;
-  void *base_ptr = dp ? PyLong_AsVoidPtr(dp) : NULL;
+  void *base_ptr = NULL;
+  PyObject *so =
+      tx_data_ptr_slow(base, &base_ptr) == 0 ? PyObject_CallMethodNoArgs(base, TX.str_storage_offset) : NULL;
   long long base_off = so ? PyLong_AsLongLong(so) : -1;
-  Py_XDECREF(dp);
   Py_XDECREF(so);
   if (PyErr_Occurred()) {
     (void)cgt_value_release(T->tree, v);
@@ -1530,10 +1529,8 @@ static int end_tied_holds_read(const SegmentObject *s, TreeObject *T, PyObject *
   for (uint32_t i = 0; i < s->n_args && T->tied_saved_alive; i++) {
     if (s->arg_kind[i] > ARG_TENSOR_STATIC)
       continue;
-    PyObject *dp = PyObject_CallMethodNoArgs(args[i], TX.str_data_ptr);
-    void *ptr = dp ? PyLong_AsVoidPtr(dp) : NULL;
-    Py_XDECREF(dp);
-    if (PyErr_Occurred())
+    void *ptr = NULL;
+    if (tx_data_ptr_slow(args[i], &ptr) < 0)
       return -1;
     tx_out_ref *ref = ptr ? tx_step_output_at(T, ptr, 1) : NULL;
     if (ref)
@@ -1545,8 +1542,8 @@ static int end_tied_holds_read(const SegmentObject *s, TreeObject *T, PyObject *
 /* A training forward's saved result tied to an output the program gets,
  * whose record is ref (NULL for a view of the caller's tensor, which no
  * step reuses): the output's memory holds the step, as a saved activation
- * of its own would, until the backward that reads it runs (seg_call ends
- * the hold there), the memory dies (the drain), or the step ends. Counted
+ * of its own would, until the forward's own backward reads it
+ * (end_tied_hold), the memory dies (the drain), or the step ends. Counted
  * per record, not ended by just any backward call: two forwards, then a
  * compiled call between their backwards, keep the second's (a helper's
  * review). */
