@@ -304,6 +304,12 @@ typedef struct TreeObject {
   PyObject *grad_leaves;
   Py_ssize_t grad_leaves_pruned;
   uint64_t grads_moved;
+  /* The segment call whose step is being brought up to date (segment.c,
+   * run_in_step), or NULL: a step that begins there first moves that
+   * call's arguments that lie in outputs of the ending step
+   * (tx_move_call_args), and how many it moved so far. */
+  void *syncing_call;
+  uint64_t args_moved;
   /* Lifetime (tree_close.c). */
   char orphaned;           /* its thread exited: no call will come but a backward of outputs still alive */
   char closed;             /* its C tree and pools are gone; a husk that reports last_stats (both: T_BOOL members) */
@@ -353,6 +359,7 @@ typedef struct tx_py {
   PyObject *str_grad, *str_is_leaf, *str_requires_grad, *str_clone, *str_set; /* gradients (stale.c) */
   PyObject *str_is_cuda, *str_get_device; /* an input's device, where the exchange API does not give it */
   PyObject *str_storage_offset, *str_element_size; /* an input's layout, for outputs that alias it (segment.c) */
+  PyObject *str_size, *str_stride; /* and the rest of it, for an argument moved out of the pool (segment.c) */
   PyObject *str_dtype, *str_as_strided; /* an output made a view of the caller's tensor (segment.c) */
 } tx_py;
 extern tx_py TX;
@@ -562,6 +569,13 @@ int tx_other_trees_output_at(const TreeObject *T, void *ptr, size_t span);
 void tx_step_outputs_free(TreeObject *T);  /* the index's memory (the list is the caller's) */
 int tx_step_outputs_check(TreeObject *T);  /* 0, or -1 if the list and the index disagree */
 
+/* The step T->syncing_call brings up ends (stale.c calls it before it
+ * marks the ending step's outputs): each DYNAMIC tensor argument of that
+ * call that lies in a live output of the ending step moves to memory of its
+ * own, its data copied on the caller's stream. The count moved, or -1 with
+ * an exception set (out of memory). */
+int tx_move_call_args(TreeObject *T);
+
 /* ------------------------------------------------------------ stale.c */
 
 /* Remembers r's storage (t's) so it can be marked when the step ends; -1
@@ -569,8 +583,9 @@ int tx_step_outputs_check(TreeObject *T);  /* 0, or -1 if the list and the index
 int tx_stale_watch(TreeObject *T, tx_out_ref *r, PyObject *t);
 /* r's storage died: it needs no mark. Called under the GIL by the drain. */
 void tx_stale_forget(TreeObject *T, tx_out_ref *r);
-/* The step ends: a .grad that took over an output of it is moved to
- * memory of its own; then every output whose storage still lives is made
+/* The step ends: a .grad that took over an output of it, and an argument
+ * of the call that ends it lying in an output of it, is moved to memory of
+ * its own; then every output whose storage still lives is made
  * to raise on any access of its data, through any view. -1 with an
  * exception set: then the step goes on, and every output that could not
  * be marked stays on the step list (those marked raise already). */

@@ -569,6 +569,7 @@ static PyObject *stats_dict(const TreeObject *T, const cgt_stats *s, uint64_t al
   PUT("steps_kept_after_backward", T->steps_kept_after_backward)
   PUT("steps_forced", T->steps_forced)
   PUT("gradients_moved", T->grads_moved)
+  PUT("arguments_moved", T->args_moved)
   PUT("gradient_leaves", T->grad_leaves ? PyDict_GET_SIZE(T->grad_leaves) : 0)
   PUT("outputs_alive", alive)
 #undef PUT
@@ -1260,6 +1261,8 @@ PyMODINIT_FUNC PyInit__torch_ext(void) {
   TX.str_element_size = PyUnicode_InternFromString("element_size");
   TX.str_dtype = PyUnicode_InternFromString("dtype");
   TX.str_as_strided = PyUnicode_InternFromString("as_strided");
+  TX.str_size = PyUnicode_InternFromString("size");
+  TX.str_stride = PyUnicode_InternFromString("stride");
   TxError = PyErr_NewExceptionWithDoc("cgtree._torch_ext.CgtreeError",
                                       "cgtree's torch.compile backend could not do what was asked.", PyExc_RuntimeError,
                                       NULL);
@@ -1270,7 +1273,7 @@ PyMODINIT_FUNC PyInit__torch_ext(void) {
   if (!TX.str_data_ptr || !TX.str_generation || !TX.str_untyped_storage || !TX.str_cdata || !TX.str_mark_step ||
       !TX.str_grad || !TX.str_is_leaf || !TX.str_requires_grad || !TX.str_clone || !TX.str_set || !TX.str_is_cuda ||
       !TX.str_get_device || !TX.str_storage_offset || !TX.str_element_size || !TX.str_dtype ||
-      !TX.str_as_strided || !TxError || !TxStaleError ||
+      !TX.str_as_strided || !TX.str_size || !TX.str_stride || !TxError || !TxStaleError ||
       PyModule_AddObjectRef(m, "CgtreeError", TxError) < 0 ||
       PyModule_AddObjectRef(m, "StaleTensorError", TxStaleError) < 0 ||
       PyModule_AddObjectRef(m, "Tree", (PyObject *)&TreeType) < 0 ||

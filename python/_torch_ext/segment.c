@@ -1702,6 +1702,73 @@ static int belongs_to_training_step(void *call) {
   return 0;
 }
 
+/* o, a tensor argument lying in a live output of the ending step, moves to
+ * memory of its own: o.set_(a copy of its storage, with o's storage
+ * offset, size and stride), so that Dynamo's guards and the compiled
+ * graph, which saw o's layout, still hold. 1 if it moved; 0 if it stays
+ * (then it is marked with the step, and the argument loop raises
+ * StaleTensorError as for any output of an earlier step): where it
+ * requires grad, because set_ would cut it from autograd's graph, or where
+ * PyTorch refuses the set_ (an inference tensor outside inference mode);
+ * -1 with an exception set, out of memory. */
+static int move_arg(PyObject *o) {
+  PyObject *rg = PyObject_GetAttr(o, TX.str_requires_grad);
+  int grad = rg ? PyObject_IsTrue(rg) : -1;
+  Py_XDECREF(rg);
+  if (grad != 0)
+    return grad < 0 ? -1 : 0;
+  PyObject *storage = PyObject_CallMethodNoArgs(o, TX.str_untyped_storage);
+  PyObject *copy = storage ? PyObject_CallMethodNoArgs(storage, TX.str_clone) : NULL;
+  PyObject *offset = copy ? PyObject_CallMethodNoArgs(o, TX.str_storage_offset) : NULL;
+  PyObject *size = offset ? PyObject_CallMethodNoArgs(o, TX.str_size) : NULL;
+  PyObject *stride = size ? PyObject_CallMethodNoArgs(o, TX.str_stride) : NULL;
+  PyObject *res = NULL;
+  if (stride) {
+    PyObject *set_args[5] = {o, copy, offset, size, stride};
+    res = PyObject_VectorcallMethod(TX.str_set, set_args, 5, NULL); /* set_args[0] is self */
+  }
+  Py_XDECREF(storage);
+  Py_XDECREF(copy);
+  Py_XDECREF(offset);
+  Py_XDECREF(size);
+  Py_XDECREF(stride);
+  if (res) {
+    Py_DECREF(res);
+    return 1;
+  }
+  if (PyErr_ExceptionMatches(PyExc_MemoryError) || (TX.oom_error && PyErr_ExceptionMatches(TX.oom_error)))
+    return -1;
+  PyErr_Clear();
+  return 0;
+}
+
+int tx_move_call_args(TreeObject *T) {
+  call_args *c = T->syncing_call;
+  if (!c)
+    return 0; /* a step begun outside a call (step_begin()): nothing of it is an argument */
+  int moved = 0;
+  for (size_t i = 0; i < c->n; i++) {
+    void *ptr;
+    /* DYNAMIC only: a STATIC input is keyed by its address and written in
+     * place, where a copy would take the write. */
+    if (c->s->arg_kind[i] != ARG_TENSOR)
+      continue;
+    if (!(c->s->outputs_known && tx_exchange_data_ptr(c->args[i], &ptr, NULL)) &&
+        tx_data_ptr_slow(c->args[i], &ptr) < 0) {
+      PyErr_Clear(); /* an output of an earlier step, marked: the argument loop raises */
+      continue;
+    }
+    if (!ptr || !tx_step_output_at(T, ptr, 1))
+      continue;
+    int m = move_arg(c->args[i]);
+    if (m < 0)
+      return -1;
+    moved += m;
+  }
+  T->args_moved += (uint64_t)moved;
+  return moved;
+}
+
 static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyObject *kwnames, uint64_t t0);
 
 /* The segment's run in the calling thread's tree, that tree's step brought
@@ -1712,7 +1779,10 @@ static seg_run *run_in_step(SegmentObject *s, PyObject *const *args, size_t n) {
   if (!r)
     return NULL;
   call_args this_call = {s, r->tree, args, n};
-  if (tx_tree_sync_step(r->tree, s->backward, belongs_to_training_step, &this_call) < 0)
+  r->tree->syncing_call = &this_call; /* a step that begins here moves this call's arguments first */
+  int rc = tx_tree_sync_step(r->tree, s->backward, belongs_to_training_step, &this_call);
+  r->tree->syncing_call = NULL;
+  if (rc < 0)
     return NULL;
   if (s->backward)
     tx_tree_backward_called(r->tree);

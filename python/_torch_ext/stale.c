@@ -55,6 +55,19 @@
  * from then on, so a program that keeps .grad pays one copy per parameter
  * once, where holding the outputs back made AccumulateGrad copy every
  * gradient at every step.
+ *
+ * The other output a program hands on across a step on purpose is an
+ * argument of the very call that ends the step: `x = f(x)` (a recurrent
+ * state, a denoising loop), or `b(a(x))` where nothing holds a's step open
+ * (under no_grad, a frozen trunk). When that call begins its step, nothing
+ * of the new step has run, so the output's memory still holds its data:
+ * segment.c moves each such argument (tx_move_call_args) as .grad is
+ * moved, the same tensor object set_ to a copy of its storage, with its
+ * layout, before the marks. It is then ordinary memory, read as a DYNAMIC
+ * input, and every other tensor on the old storage is marked. Only the
+ * call's first graph can: a later graph of the same call (after a graph
+ * break) comes after the new step's work, and an output of the ended step
+ * passed there still raises.
  */
 #include "ext.h"
 
@@ -164,7 +177,8 @@ static int move_grad(PyObject *leaf, PyObject *kept) {
 }
 
 /* Moves every .grad that shares the storage of a live backward output of
- * the ending step (see the top of this file). -1 with an exception set. */
+ * the ending step (see the top of this file): how many it moved, or -1
+ * with an exception set. */
 static int move_kept_grads(TreeObject *T) {
   if (!T->grad_leaves || !PyDict_GET_SIZE(T->grad_leaves))
     return 0;
@@ -197,22 +211,26 @@ static int move_kept_grads(TreeObject *T) {
   Py_XDECREF(leaves);
   Py_DECREF(kept);
   T->grads_moved += moved;
-  if (moved && rc == 0) {
-    /* The copies are on the caller's stream; the tree's next work may
-     * overwrite what they read. */
-    void *caller;
-    if (tx_caller_stream(T, &caller) < 0)
-      return -1;
-    if (tx_caller_needs_events(T, caller))
-      tx_stream_wait(T->stream, caller, T->ev_in);
-  }
-  return rc;
+  return rc < 0 ? -1 : (int)(moved > 0);
+}
+
+/* Copies made on the caller's stream read memory the tree's next work may
+ * overwrite: the tree's stream waits for them. */
+static int tree_waits_for_copies(TreeObject *T) {
+  void *caller;
+  if (tx_caller_stream(T, &caller) < 0)
+    return -1;
+  if (tx_caller_needs_events(T, caller))
+    tx_stream_wait(T->stream, caller, T->ev_in);
+  return 0;
 }
 
 int tx_stale_mark_step(TreeObject *T) {
   if (!T->step_outputs)
     return 0;
-  if (move_kept_grads(T) < 0)
+  int grads = move_kept_grads(T);
+  int args = grads < 0 ? -1 : tx_move_call_args(T);
+  if (args < 0 || ((grads || args) && tree_waits_for_copies(T) < 0))
     return -1;
   char msg[512];
   snprintf(msg, sizeof msg,

@@ -65,14 +65,22 @@ class FakeStorage:
 
     live = weakref.WeakValueDictionary()  # _cdata -> storage, as PyTorch finds a StorageImpl by address
 
-    def __init__(self, managed=None, owned=None):
+    def __init__(self, managed=None, owned=None, base=None, nbytes=0):
         self.managed, self.owned, self.error = managed, owned, None  # owned: (ptr, nbytes) allocated for it
+        self.base, self.nbytes = base, nbytes  # where its memory begins, and its size
         self._cdata = id(self)
         FakeStorage.live[self._cdata] = self
 
     def check(self):
         if self.error is not None:
             raise RuntimeError(self.error)
+
+    def clone(self):
+        """A copy of its bytes in memory of its own, as UntypedStorage.clone() is."""
+        self.check()
+        ptr = _lib.cgt_torch_alloc(self.nbytes, -1, None)
+        ctypes.memmove(ptr, self.base, self.nbytes)
+        return FakeStorage(owned=(ptr, self.nbytes), base=ptr, nbytes=self.nbytes)
 
     def __del__(self):
         if self.managed is not None:
@@ -114,7 +122,8 @@ class FakeTensor:
                 raise RuntimeError("CUDA out of memory. Tried to allocate %d bytes (the simulator)" % self.nbytes)
             owned = (ptr, self.nbytes)
         self.ptr = ptr
-        self.storage = storage or FakeStorage(managed, owned)  # managed: (address of the DLManagedTensor, its deleter)
+        # managed: (address of the DLManagedTensor, its deleter)
+        self.storage = storage or FakeStorage(managed, owned, base=ptr, nbytes=self.nbytes)
 
     def untyped_storage(self):
         return self.storage
@@ -166,8 +175,21 @@ class FakeTensor:
     def clone(self):
         return FakeTensor(self.n).fill(self.values())
 
-    def set_(self, source):
-        """Takes source's storage and layout, keeping this object, as Tensor.set_ does."""
+    def size(self):
+        return (self.n,)
+
+    def stride(self):
+        return (1,)
+
+    def set_(self, source, storage_offset=None, size=None, stride=None):
+        """Takes source's storage and layout, keeping this object, as Tensor.set_ does;
+        or a storage with the layout given."""
+        if isinstance(source, FakeStorage):
+            assert tuple(stride) == (1,)
+            self.storage, self.storage_offset_bytes = source, 4 * storage_offset
+            self.n, self.ptr = size[0], source.base + 4 * storage_offset
+            self.nbytes = 4 * self.n
+            return self
         self.n, self.nbytes, self.ptr, self.storage = source.n, source.nbytes, source.ptr, source.storage
         return self
 
@@ -180,6 +202,7 @@ def fake_from_dlpack(cap):
         n *= m.dl.shape[d]
     t = FakeTensor(n, ptr=m.dl.data + m.dl.byte_offset, managed=(addr, m.deleter))
     t.storage_offset_bytes = m.dl.byte_offset  # as torch.from_dlpack makes it: the storage begins at data
+    t.storage.base, t.storage.nbytes = m.dl.data, m.dl.byte_offset + 4 * n
     _capsule_rename(cap, _USED)
     return t
 
@@ -1165,6 +1188,82 @@ def test_the_y_equals_f_of_x_loop_never_raises_and_marks_only_the_output_it_drop
     for _ in range(5):
         call(seg, x)  # dropped at once: nothing alive to mark when the next call begins
     assert tree.stats()["outputs_marked_stale"] == before + 10
+
+
+def test_an_output_passed_to_the_call_that_ends_its_step_is_moved_and_the_x_equals_f_of_x_loop_computes(tree):
+    """x = f(x): the call that ends x's step reads x. Nothing of the new step
+    has run yet, so x's memory still holds its data: x moves to memory of
+    its own (the same object, its storage copied) before the step's marks,
+    and is read as a DYNAMIC input. Without the move, every call after the
+    first raised StaleTensorError where eager computes."""
+    seg = segment(tree, Graph(tree, 2.0, 1.0), spans=(16,))
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    want = [1.0, 2.0, 3.0, 4.0]
+    before = tree.stats()
+    for i in range(8):
+        kept = x
+        (x,) = call(seg, x)
+        want = [2 * v + 1 for v in want]
+        assert x.values() == want
+        if i >= 2:  # kept is the object the call read: moved, and right
+            assert kept.values() == [(v - 1) / 2 for v in want]
+    after = tree.stats()
+    assert after["replays"] - before["replays"] >= 4  # recorded once, then replayed: no node per call
+    assert after["nodes"] <= 2
+    assert after["arguments_moved"] - before["arguments_moved"] >= 6
+    tree.check()
+
+
+def test_only_the_argument_the_call_reads_moves_and_other_tensors_over_the_output_go_stale(tree):
+    """The move is the argument object's: a view of the same output kept
+    elsewhere still lies in the old memory and is marked; an output of a step
+    before is stale as ever; and an output passed to a later graph of the
+    call (after the call's first graph began the step and ran) raises, since
+    that graph's memory may already hold it."""
+    seg, x = replaying(tree, a=2.0, b=1.0, fill=(1, 2, 3, 4))
+    other = segment(tree, Graph(tree, 1.0, 1.0), spans=(16,), name="other")
+    for _ in range(3):
+        call(other, x)
+    (old,) = call(seg, x)
+    (y,) = call(seg, x)
+    v = y.view()
+    (z,) = call(seg, y)
+    assert z.values() == [7, 11, 15, 19] and y.values() == [3, 5, 7, 9]
+    with pytest.raises(RuntimeError, match="StaleTensorError"):
+        v.values()
+    with pytest.raises(X.StaleTensorError, match="earlier step"):
+        call(seg, old)
+    (y,) = call(seg, x)
+    Generation.generation += 1  # one call of the model: its first graph begins the step, then a later one
+    seg(x)
+    with pytest.raises(X.StaleTensorError, match="earlier step"):
+        other(y)
+
+
+def test_an_argument_that_requires_grad_or_cannot_be_copied_is_not_moved_and_the_call_raises_or_retries(tree, monkeypatch):
+    """set_ would cut an output that requires grad from autograd's graph: it
+    stays, and the call raises StaleTensorError as before. Out of memory for
+    the copy: the call raises it, the step does not begin, and the output
+    still reads right; the retry moves it."""
+    seg, x = replaying(tree, a=2.0, b=1.0, fill=(1, 2, 3, 4))
+    (y,) = call(seg, x)
+    y.requires_grad = True
+    with pytest.raises(X.StaleTensorError):
+        call(seg, y)
+    (y,) = call(seg, x)
+    step = tree.stats()["step"]
+
+    def refused(self):
+        raise FakeOutOfMemoryError("CUDA out of memory (a test)")
+
+    monkeypatch.setattr(FakeStorage, "clone", refused)
+    with pytest.raises(FakeOutOfMemoryError):
+        call(seg, y)
+    assert tree.stats()["step"] == step and y.values() == [3, 5, 7, 9]
+    monkeypatch.undo()
+    (z,) = call(seg, y)
+    assert z.values() == [7, 11, 15, 19] and y.values() == [3, 5, 7, 9]
+    tree.check()
 
 
 def test_outputs_that_die_before_their_step_ends_are_never_named_to_pytorch(tree):
@@ -2315,20 +2414,27 @@ def test_a_segment_made_plain_from_the_start_runs_plainly_and_its_calls_still_be
 
 def test_an_output_of_an_earlier_step_passed_to_a_plain_segment_raises_when_read(tree):
     """A plain segment's call is a new compiled call like any other: it
-    begins a step, so an output of the step before, passed to it, raises
-    when the plain graph reads it, as it would passed to a recorded graph."""
+    begins a step, so an output of a step before, passed to it, raises
+    when the plain graph reads it, as it would passed to a recorded graph;
+    an output of the step it ends is moved first, as for a recorded graph."""
     class Reads(Graph):
         def __call__(self, t):
             t.data_ptr()  # Inductor's kernels read their inputs' data
             return Graph.__call__(self, t)
 
     seg, x = replaying(tree, a=2.0, b=1.0, fill=(1, 2, 3, 4))
+    (old,) = call(seg, x)
     (y,) = call(seg, x)
     plain = segment(tree, Reads(tree, 1.0, 0.0), spans=(16,), name="plain", plain_reason="decided at compile time")
     with pytest.raises(RuntimeError, match="StaleTensorError"):
-        call(plain, y)
+        call(plain, old)
     (z,) = call(plain, x)  # what is not stale runs
     assert z.values() == [1, 2, 3, 4]
+    (y,) = call(seg, x)
+    moved = tree.stats()["arguments_moved"]
+    (z,) = call(plain, y)  # the step this call ends: y moves, and the plain graph reads it
+    assert z.values() == [3, 5, 7, 9] and y.values() == [3, 5, 7, 9]
+    assert tree.stats()["arguments_moved"] == moved + 1
 
 
 def test_a_segment_takes_its_arguments_boxed_in_one_list_as_aotautograd_passes_them(tree):
@@ -2591,10 +2697,12 @@ def a_disagreement_turns_the_way_off(seg, x, info, on_key, counted, after_first=
         assert y.values() == [3, 5, 7, 9]
     f = info()
     assert not f[on_key] and f["disagreements"] >= 1
+    del y  # alive when a step begins, an output has each argument's pointer read once more (to move it?)
     counted.reads = 0
     for _ in range(3):
         (y,) = call(seg, x)
         assert y.values() == [3, 5, 7, 9]
+        del y
     assert counted.reads == 3  # every call reads through data_ptr() now
 
 

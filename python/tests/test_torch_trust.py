@@ -152,6 +152,69 @@ def test_the_y_equals_f_of_x_loop_never_raises():
         torch.testing.assert_close(y, want)
 
 
+def recurrent_block(ws):
+    """A step of a recurrent state: two graphs, split by a graph break."""
+    def f(x):
+        h = torch.nn.functional.gelu(x @ ws[0])
+        torch._dynamo.graph_break()
+        return x + 0.1 * torch.tanh(h @ ws[1])
+    return f
+
+
+def test_the_x_equals_f_of_x_loop_feeds_each_output_into_the_next_call_as_eager_does():
+    """x = f(x): each call's argument is an output of the step that call
+    ends. It is moved out of the pool before the new step's work
+    (stale.c): the loop computes Inductor's numbers bit for bit, replays,
+    and the object the call read stays right. It raised StaleTensorError
+    at the third call before the move."""
+    fresh()
+    g = torch.Generator().manual_seed(0)
+    ws = [(torch.randn(64, 64, generator=g) / 8).to(DEV) for _ in range(2)]
+    x0 = torch.randn(8, 64, generator=g).to(DEV)
+    f = recurrent_block(ws)
+    ind, cg = torch.compile(f), torch.compile(f, backend="cgtree")
+    want, x = [], x0.clone()
+    with torch.no_grad():
+        for _ in range(12):
+            x = ind(x)
+            want.append(x.clone())
+        before = ct.stats()
+        x = x0.clone()
+        for i in range(12):
+            prev = x
+            x = cg(x)
+            assert torch.equal(x, want[i]), i
+            if i:
+                assert torch.equal(prev, want[i - 1]), "the moved argument reads right"
+        torch.testing.assert_close(x, f(want[-2]))
+    after = ct.stats()
+    assert after["arguments_moved"] - before["arguments_moved"] >= 8
+    assert after["replays"] - before["replays"] >= 12
+
+
+def test_an_output_of_the_step_before_read_only_after_a_graph_break_raises_stale():
+    """The move is the call's first graph's: an output of the step before
+    that only a later graph of the call reads (after the first graph began
+    the step and ran) may lie where that graph's outputs went, so it
+    raises StaleTensorError, never computes with it."""
+    fresh()
+
+    def g(x, h):
+        y = x * 2
+        torch._dynamo.graph_break()
+        return y + h
+
+    cg = torch.compile(g, backend="cgtree")
+    x = torch.randn(256, device=DEV)
+    h = torch.zeros(256, device=DEV)
+    with torch.no_grad():
+        for _ in range(3):
+            cg(x, h)  # warm up and record with h the caller's
+        h = cg(x, h)
+        with pytest.raises(ct.StaleTensorError):
+            cg(x, h)
+
+
 def test_a_stale_output_passed_back_raises_stale_tensor_error_also_through_a_view():
     x = torch.randn(256, device=DEV)
     cg = replaying_one_segment(x)
