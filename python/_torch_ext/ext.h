@@ -575,6 +575,10 @@ int tx_step_outputs_check(TreeObject *T);  /* 0, or -1 if the list and the index
  * own, its data copied on the caller's stream. The count moved, or -1 with
  * an exception set (out of memory). */
 int tx_move_call_args(TreeObject *T);
+/* 1 if a DYNAMIC tensor argument of T->syncing_call lies in a live output
+ * of T's step and requires grad (module.c: it holds the step); 0 if none,
+ * or no call is syncing; -1 with an exception set. */
+int tx_call_reads_grad_output(TreeObject *T);
 
 /* ------------------------------------------------------------ stale.c */
 

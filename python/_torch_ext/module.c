@@ -115,7 +115,14 @@ int tx_check_probes(PyObject *probes, Py_ssize_t width, PyTypeObject *t0, PyType
  * begins a step, as in PyTorch's trees. A backward never begins a step but
  * at such a mark: with compiled autograd Dynamo does enter a frame for it
  * (a new generation), and it still belongs to its forwards' step, whose
- * activations it reads.
+ * activations it reads. A call whose argument is an output of the step
+ * that requires grad holds the step too (tx_call_reads_grad_output): a
+ * backward is to come through that output, though no forward of ours
+ * saved anything for it (an inference graph's output that an
+ * autograd.Function made its own: reentrant activation checkpointing runs
+ * the checkpointed block under no_grad). Such an argument cannot be moved
+ * into a new step as other arguments are (stale.c): set_ would cut it from
+ * autograd's graph.
  *
  * The optimizer. A compiled optimizer.step() (or gradient clipping) is a
  * new compiled call after the backward, with no backward pending. Beginning
@@ -329,6 +336,8 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
     tx_out_ref_queue_drain(); /* activations the backward just freed, outputs just dropped */
   int pending = T->saved_alive || T->plain_holds || T->forward_memory_watched || T->tied_saved_alive;
   if (!marked && !pending && (pending = forward_output_pending(T)) < 0)
+    return unsee(T, gen_before, mark_before);
+  if (!marked && !pending && (pending = tx_call_reads_grad_output(T)) < 0)
     return unsee(T, gen_before, mark_before);
   int optimizer = 0;
   if (!marked && !pending && (optimizer = belongs(call)) < 0)

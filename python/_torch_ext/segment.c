@@ -1742,23 +1742,45 @@ static int move_arg(PyObject *o) {
   return 0;
 }
 
+/* Argument i of c, if it is a DYNAMIC tensor lying in a live output of
+ * the step (a STATIC input is keyed by its address and written in place,
+ * where a copy would take the write); else NULL. */
+static PyObject *arg_in_step_output(call_args *c, size_t i) {
+  void *ptr;
+  if (c->s->arg_kind[i] != ARG_TENSOR)
+    return NULL;
+  if (!(c->s->outputs_known && tx_exchange_data_ptr(c->args[i], &ptr, NULL)) &&
+      tx_data_ptr_slow(c->args[i], &ptr) < 0) {
+    PyErr_Clear(); /* an output of an earlier step, marked: the argument loop raises */
+    return NULL;
+  }
+  return ptr && tx_step_output_at(c->T, ptr, 1) ? c->args[i] : NULL;
+}
+
+int tx_call_reads_grad_output(TreeObject *T) {
+  call_args *c = T->syncing_call;
+  if (c && T->step_outputs)
+    tx_out_ref_queue_drain(); /* outputs just dropped leave the list: no argument is read for them */
+  for (size_t i = 0; c && T->step_outputs && i < c->n; i++) {
+    PyObject *o = arg_in_step_output(c, i);
+    PyObject *rg = o ? PyObject_GetAttr(o, TX.str_requires_grad) : NULL;
+    if (o && !rg)
+      return -1;
+    int yes = rg ? PyObject_IsTrue(rg) : 0;
+    Py_XDECREF(rg);
+    if (yes)
+      return yes; /* 1, or -1 */
+  }
+  return 0;
+}
+
 int tx_move_call_args(TreeObject *T) {
   call_args *c = T->syncing_call;
   if (!c)
     return 0; /* a step begun outside a call (step_begin()): nothing of it is an argument */
   int moved = 0;
   for (size_t i = 0; i < c->n; i++) {
-    void *ptr;
-    /* DYNAMIC only: a STATIC input is keyed by its address and written in
-     * place, where a copy would take the write. */
-    if (c->s->arg_kind[i] != ARG_TENSOR)
-      continue;
-    if (!(c->s->outputs_known && tx_exchange_data_ptr(c->args[i], &ptr, NULL)) &&
-        tx_data_ptr_slow(c->args[i], &ptr) < 0) {
-      PyErr_Clear(); /* an output of an earlier step, marked: the argument loop raises */
-      continue;
-    }
-    if (!ptr || !tx_step_output_at(T, ptr, 1))
+    if (!arg_in_step_output(c, i))
       continue;
     int m = move_arg(c->args[i]);
     if (m < 0)

@@ -67,7 +67,9 @@
  * input, and every other tensor on the old storage is marked. Only the
  * call's first graph can: a later graph of the same call (after a graph
  * break) comes after the new step's work, and an output of the ended step
- * passed there still raises.
+ * passed there still raises. An argument that requires grad is never
+ * moved (set_ would cut it from autograd's graph): such an argument holds
+ * the step instead (module.c, "Steps in training").
  */
 #include "ext.h"
 

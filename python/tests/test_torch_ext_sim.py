@@ -1240,14 +1240,24 @@ def test_only_the_argument_the_call_reads_moves_and_other_tensors_over_the_outpu
         other(y)
 
 
-def test_an_argument_that_requires_grad_or_cannot_be_copied_is_not_moved_and_the_call_raises_or_retries(tree, monkeypatch):
-    """set_ would cut an output that requires grad from autograd's graph: it
-    stays, and the call raises StaleTensorError as before. Out of memory for
-    the copy: the call raises it, the step does not begin, and the output
-    still reads right; the retry moves it."""
+def test_an_argument_that_requires_grad_holds_the_step_and_one_that_cannot_be_copied_raises_and_retries(tree, monkeypatch):
+    """set_ would cut an output that requires grad from autograd's graph, and
+    a backward is to come through it (an inference graph's output an
+    autograd.Function made its own: reentrant checkpointing): the call
+    holds the step instead, and computes with the output where it lies.
+    After an explicit step_begin() it is an output of an earlier step, and
+    raises. Out of memory for the copy: the call raises it, the step does
+    not begin, and the output still reads right; the retry moves it."""
     seg, x = replaying(tree, a=2.0, b=1.0, fill=(1, 2, 3, 4))
     (y,) = call(seg, x)
     y.requires_grad = True
+    s0 = tree.stats()
+    (z,) = call(seg, y)
+    s1 = tree.stats()
+    assert z.values() == [7, 11, 15, 19] and y.values() == [3, 5, 7, 9]
+    assert s1["step"] == s0["step"] and s1["steps_deferred"] == s0["steps_deferred"] + 1
+    assert s1["arguments_moved"] == s0["arguments_moved"]
+    tree.step_begin()
     with pytest.raises(X.StaleTensorError):
         call(seg, y)
     (y,) = call(seg, x)
