@@ -355,11 +355,11 @@ typedef struct tx_py {
   PyObject *mark_step_cls;   /* torch._inductor.cudagraph_trees.MarkStepBox, or NULL */
   PyObject *oom_error;       /* torch.OutOfMemoryError, or NULL: what a compiled graph's refused allocation raises */
   PyObject *graph_task_id;   /* torch._C._current_graph_task_id, or NULL: -1 unless autograd runs a backward here */
+  PyObject *output_mover;    /* cgtree.torch._backend.move_out_of_pool, or NULL: no argument is moved (stale.c) */
   PyObject *str_data_ptr, *str_generation, *str_untyped_storage, *str_cdata, *str_mark_step;
   PyObject *str_grad, *str_is_leaf, *str_requires_grad, *str_clone, *str_set; /* gradients (stale.c) */
   PyObject *str_is_cuda, *str_get_device; /* an input's device, where the exchange API does not give it */
   PyObject *str_storage_offset, *str_element_size; /* an input's layout, for outputs that alias it (segment.c) */
-  PyObject *str_size, *str_stride; /* and the rest of it, for an argument moved out of the pool (segment.c) */
   PyObject *str_dtype, *str_as_strided; /* an output made a view of the caller's tensor (segment.c) */
 } tx_py;
 extern tx_py TX;
@@ -572,8 +572,9 @@ int tx_step_outputs_check(TreeObject *T);  /* 0, or -1 if the list and the index
 /* The step T->syncing_call brings up ends (stale.c calls it before it
  * marks the ending step's outputs): each DYNAMIC tensor argument of that
  * call that lies in a live output of the ending step moves to memory of its
- * own, its data copied on the caller's stream. The count moved, or -1 with
- * an exception set (out of memory). */
+ * own (TX.output_mover), its data copied on the caller's stream, which the
+ * tree's stream waits for. The count moved, or -1 with an exception set
+ * (out of memory); what moved before the error stays moved and ordered. */
 int tx_move_call_args(TreeObject *T);
 /* 1 if a DYNAMIC tensor argument of T->syncing_call lies in a live output
  * of T's step and requires grad (module.c: it holds the step); 0 if none,
@@ -598,6 +599,11 @@ int tx_stale_mark_step(TreeObject *T);
  * is remembered if it is a leaf that requires grad (wr: a weak reference to
  * it). -1 with an exception set (out of host memory). */
 int tx_grad_leaf_note(TreeObject *T, PyObject *o, PyObject *wr);
+/* Copies just made on the caller's stream read memory the tree's next
+ * work may overwrite: the tree's stream waits for the caller's. An
+ * exception already set stays the one set; -1 if the caller's stream could
+ * not be read (then with an exception set). */
+int tx_tree_waits_for_caller(TreeObject *T);
 /* An exception from reading a tensor's data was our mark's: make it a
  * StaleTensorError (argument i of graph `name`). */
 void tx_stale_translate(const char *name, size_t i);

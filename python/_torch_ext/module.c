@@ -827,6 +827,14 @@ static int set_callable_or_none(PyObject **slot, PyObject *fn, const char *usage
   return 0;
 }
 
+static PyObject *m_set_output_mover(PyObject *m, PyObject *fn) {
+  (void)m;
+  if (set_callable_or_none(&TX.output_mover, fn,
+                           "set_output_mover(fn): fn(tensor) -> bool (moved out of the pool), or None") < 0)
+    return NULL;
+  Py_RETURN_NONE;
+}
+
 static PyObject *m_set_graph_task_id(PyObject *m, PyObject *fn) {
   (void)m;
   if (set_callable_or_none(&TX.graph_task_id, fn,
@@ -1208,6 +1216,9 @@ static PyMethodDef module_methods[] = {
     {"set_graph_task_id", m_set_graph_task_id, METH_O,
      "set_graph_task_id(fn): fn() is autograd's current graph task id (torch._C._current_graph_task_id), -1 "
      "outside a backward: a compiled call inside a backward never begins a step. None: not asked"},
+    {"set_output_mover", m_set_output_mover, METH_O,
+     "set_output_mover(fn): fn(tensor) moves an argument of the call that ends its step out of the pool "
+     "(cgtree.torch._backend.move_out_of_pool), True if it did. None: nothing is moved, such arguments raise"},
     {"set_tree_getter", m_set_tree_getter, METH_O,
      "set_tree_getter(fn): segments run on fn(device), the calling thread's tree (cached per thread); None: on "
      "the tree each segment was made with"},
@@ -1270,8 +1281,6 @@ PyMODINIT_FUNC PyInit__torch_ext(void) {
   TX.str_element_size = PyUnicode_InternFromString("element_size");
   TX.str_dtype = PyUnicode_InternFromString("dtype");
   TX.str_as_strided = PyUnicode_InternFromString("as_strided");
-  TX.str_size = PyUnicode_InternFromString("size");
-  TX.str_stride = PyUnicode_InternFromString("stride");
   TxError = PyErr_NewExceptionWithDoc("cgtree._torch_ext.CgtreeError",
                                       "cgtree's torch.compile backend could not do what was asked.", PyExc_RuntimeError,
                                       NULL);
@@ -1282,7 +1291,7 @@ PyMODINIT_FUNC PyInit__torch_ext(void) {
   if (!TX.str_data_ptr || !TX.str_generation || !TX.str_untyped_storage || !TX.str_cdata || !TX.str_mark_step ||
       !TX.str_grad || !TX.str_is_leaf || !TX.str_requires_grad || !TX.str_clone || !TX.str_set || !TX.str_is_cuda ||
       !TX.str_get_device || !TX.str_storage_offset || !TX.str_element_size || !TX.str_dtype ||
-      !TX.str_as_strided || !TX.str_size || !TX.str_stride || !TxError || !TxStaleError ||
+      !TX.str_as_strided || !TxError || !TxStaleError ||
       PyModule_AddObjectRef(m, "CgtreeError", TxError) < 0 ||
       PyModule_AddObjectRef(m, "StaleTensorError", TxStaleError) < 0 ||
       PyModule_AddObjectRef(m, "Tree", (PyObject *)&TreeType) < 0 ||

@@ -1703,40 +1703,35 @@ static int belongs_to_training_step(void *call) {
 }
 
 /* o, a tensor argument lying in a live output of the ending step, moves to
- * memory of its own: o.set_(a copy of its storage, with o's storage
- * offset, size and stride), so that Dynamo's guards and the compiled
- * graph, which saw o's layout, still hold. 1 if it moved; 0 if it stays
- * (then it is marked with the step, and the argument loop raises
- * StaleTensorError as for any output of an earlier step): where it
- * requires grad, because set_ would cut it from autograd's graph, or where
- * PyTorch refuses the set_ (an inference tensor outside inference mode);
- * -1 with an exception set, out of memory. */
-static int move_arg(PyObject *o) {
+ * memory of its own through TX.output_mover (_backend.move_out_of_pool: o
+ * itself set_ to a copy of what it reads, its layout and autograd version
+ * kept), and the tree's stream waits for the copy at once, so that no
+ * later error leaves it unordered. 1 if it moved; 0 if it stays (then it
+ * is marked with the step, and the argument loop raises StaleTensorError
+ * as for any output of an earlier step): where no mover is set, where it
+ * requires grad (set_ would cut it from autograd's graph; module.c holds
+ * the step for such an argument before it comes to this), or where
+ * PyTorch refuses (a RuntimeError: an inference tensor outside inference
+ * mode); -1 with an exception set (out of memory, or anything else). */
+static int move_arg(TreeObject *T, PyObject *o) {
+  if (!TX.output_mover)
+    return 0;
   PyObject *rg = PyObject_GetAttr(o, TX.str_requires_grad);
   int grad = rg ? PyObject_IsTrue(rg) : -1;
   Py_XDECREF(rg);
   if (grad != 0)
     return grad < 0 ? -1 : 0;
-  PyObject *storage = PyObject_CallMethodNoArgs(o, TX.str_untyped_storage);
-  PyObject *copy = storage ? PyObject_CallMethodNoArgs(storage, TX.str_clone) : NULL;
-  PyObject *offset = copy ? PyObject_CallMethodNoArgs(o, TX.str_storage_offset) : NULL;
-  PyObject *size = offset ? PyObject_CallMethodNoArgs(o, TX.str_size) : NULL;
-  PyObject *stride = size ? PyObject_CallMethodNoArgs(o, TX.str_stride) : NULL;
-  PyObject *res = NULL;
-  if (stride) {
-    PyObject *set_args[5] = {o, copy, offset, size, stride};
-    res = PyObject_VectorcallMethod(TX.str_set, set_args, 5, NULL); /* set_args[0] is self */
+  PyObject *res = PyObject_CallOneArg(TX.output_mover, o);
+  int moved = res ? PyObject_IsTrue(res) : -1;
+  Py_XDECREF(res);
+  if (moved == 1) {
+    T->args_moved++;
+    return tx_tree_waits_for_caller(T) < 0 ? -1 : 1;
   }
-  Py_XDECREF(storage);
-  Py_XDECREF(copy);
-  Py_XDECREF(offset);
-  Py_XDECREF(size);
-  Py_XDECREF(stride);
-  if (res) {
-    Py_DECREF(res);
-    return 1;
-  }
-  if (PyErr_ExceptionMatches(PyExc_MemoryError) || (TX.oom_error && PyErr_ExceptionMatches(TX.oom_error)))
+  if (moved == 0)
+    return 0;
+  if (!PyErr_ExceptionMatches(PyExc_RuntimeError) ||
+      (TX.oom_error && PyErr_ExceptionMatches(TX.oom_error)))
     return -1;
   PyErr_Clear();
   return 0;
@@ -1782,12 +1777,11 @@ int tx_move_call_args(TreeObject *T) {
   for (size_t i = 0; i < c->n; i++) {
     if (!arg_in_step_output(c, i))
       continue;
-    int m = move_arg(c->args[i]);
+    int m = move_arg(T, c->args[i]);
     if (m < 0)
       return -1;
     moved += m;
   }
-  T->args_moved += (uint64_t)moved;
   return moved;
 }
 
@@ -1801,9 +1795,10 @@ static seg_run *run_in_step(SegmentObject *s, PyObject *const *args, size_t n) {
   if (!r)
     return NULL;
   call_args this_call = {s, r->tree, args, n};
-  r->tree->syncing_call = &this_call; /* a step that begins here moves this call's arguments first */
+  void *outer = r->tree->syncing_call; /* a call made from Python the sync ran: its caller's */
+  r->tree->syncing_call = &this_call;  /* a step that begins here moves this call's arguments first */
   int rc = tx_tree_sync_step(r->tree, s->backward, belongs_to_training_step, &this_call);
-  r->tree->syncing_call = NULL;
+  r->tree->syncing_call = outer;
   if (rc < 0)
     return NULL;
   if (s->backward)

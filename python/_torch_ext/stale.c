@@ -62,8 +62,8 @@
  * (under no_grad, a frozen trunk). When that call begins its step, nothing
  * of the new step has run, so the output's memory still holds its data:
  * segment.c moves each such argument (tx_move_call_args) as .grad is
- * moved, the same tensor object set_ to a copy of its storage, with its
- * layout, before the marks. It is then ordinary memory, read as a DYNAMIC
+ * moved, the same tensor object set_ to a copy of what it reads, with its
+ * layout and autograd version, before the marks. It is then ordinary memory, read as a DYNAMIC
  * input, and every other tensor on the old storage is marked. Only the
  * call's first graph can: a later graph of the same call (after a graph
  * break) comes after the new step's work, and an output of the ended step
@@ -179,8 +179,8 @@ static int move_grad(PyObject *leaf, PyObject *kept) {
 }
 
 /* Moves every .grad that shares the storage of a live backward output of
- * the ending step (see the top of this file): how many it moved, or -1
- * with an exception set. */
+ * the ending step (see the top of this file), and orders the tree's stream
+ * after the copies. -1 with an exception set. */
 static int move_kept_grads(TreeObject *T) {
   if (!T->grad_leaves || !PyDict_GET_SIZE(T->grad_leaves))
     return 0;
@@ -213,26 +213,29 @@ static int move_kept_grads(TreeObject *T) {
   Py_XDECREF(leaves);
   Py_DECREF(kept);
   T->grads_moved += moved;
-  return rc < 0 ? -1 : (int)(moved > 0);
+  if (moved && tx_tree_waits_for_caller(T) < 0) /* also after an error: what moved is ordered */
+    rc = -1;
+  return rc;
 }
 
-/* Copies made on the caller's stream read memory the tree's next work may
- * overwrite: the tree's stream waits for them. */
-static int tree_waits_for_copies(TreeObject *T) {
+int tx_tree_waits_for_caller(TreeObject *T) {
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
   void *caller;
-  if (tx_caller_stream(T, &caller) < 0)
-    return -1;
-  if (tx_caller_needs_events(T, caller))
+  int rc = tx_caller_stream(T, &caller);
+  if (rc == 0 && tx_caller_needs_events(T, caller))
     tx_stream_wait(T->stream, caller, T->ev_in);
-  return 0;
+  if (type) { /* the error raised before stays the one raised */
+    PyErr_Clear();
+    PyErr_Restore(type, value, tb);
+  }
+  return rc;
 }
 
 int tx_stale_mark_step(TreeObject *T) {
   if (!T->step_outputs)
     return 0;
-  int grads = move_kept_grads(T);
-  int args = grads < 0 ? -1 : tx_move_call_args(T);
-  if (args < 0 || ((grads || args) && tree_waits_for_copies(T) < 0))
+  if (move_kept_grads(T) < 0 || tx_move_call_args(T) < 0)
     return -1;
   char msg[512];
   snprintf(msg, sizeof msg,

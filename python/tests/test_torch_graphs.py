@@ -484,3 +484,31 @@ def test_a_backward_without_its_forwards_record_copies_every_saved_tensor():
     """Where the forward's compile left nothing under the backward's graph_id,
     no saved tensor is STATIC (each is copied unless it is a pool value)."""
     assert _backend._backward_static([torch.ones(1)] * 3, {"graph_id": object(), "static_input_idxs": [0, 1]}) == ()
+
+
+def test_move_out_of_pool_copies_what_the_tensor_reads_and_keeps_its_object_layout_and_version():
+    """What segment.c calls to move an argument of the call that ends its
+    step out of the pool (stale.c): the same object over a storage of its
+    own of the same size, the bytes from its storage offset on copied (the
+    bytes below were never its own: over a pool value at an offset they may
+    be another output's), its layout and autograd version unchanged, the
+    old storage left as it was. An inference tensor outside inference mode
+    is not moved (PyTorch refuses set_ there)."""
+    base = torch.arange(24.0)
+    t = base[4:16].view(3, 4).t()  # storage offset 4, strides (1, 4)
+    t.mul_(1)  # a version of its own
+    want, old = t.clone(), t.untyped_storage()
+    base[:4] = -1  # below t's data: must not matter
+    version = t._version  # shared with base's: 2
+    assert _backend.move_out_of_pool(t) is True
+    assert t.untyped_storage().data_ptr() != old.data_ptr() and t.untyped_storage().nbytes() == old.nbytes()
+    assert (t.storage_offset(), t.size(), t.stride()) == (4, (4, 3), (1, 4))
+    assert t._version == version and torch.equal(t, want)
+    base.zero_()  # the old storage is no longer t's
+    assert torch.equal(t, want)
+    with torch.inference_mode():
+        it = torch.ones(3)
+    assert _backend.move_out_of_pool(it) is False
+    with torch.inference_mode():
+        assert _backend.move_out_of_pool(it) is True
+        assert torch.equal(it, torch.ones(3))

@@ -69,6 +69,7 @@ one GPU they are Segments all the same, plain from the start, so that
 their calls mark the steps of that device's tree (segment.c,
 call_bypassed).
 """
+import contextlib
 import functools
 import itertools
 import warnings
@@ -101,6 +102,29 @@ def alias(t, ptr):
     cap = _ext.alias_capsule(ptr, tuple(t.shape), tuple(t.stride()), code, bits, t.device.index,
                              t.storage_offset() * t.element_size())
     return _from_dlpack(cap)
+
+
+def move_out_of_pool(t):
+    """Moves t, an argument of the call that ends the step of the output it
+    lies in, out of the tree's pool (python/_torch_ext/stale.c): t itself
+    is set_ to a storage of its own of the same size, holding t's bytes
+    from its storage offset on, with t's layout (Dynamo's guards and the
+    compiled graph saw it) and autograd version (its data are the same:
+    autograd's saved t reads right). The bytes below its storage offset
+    were never t's: a storage made over a pool value at an offset begins
+    below the value, in memory that may be another's. The copy runs on the
+    current stream. False where t cannot be moved: an inference tensor
+    outside inference mode, where PyTorch refuses set_."""
+    inference = t.is_inference()  # it has no version counter
+    if inference and not torch.is_inference_mode_enabled():
+        return False
+    old = t.untyped_storage()
+    start = t.storage_offset() * t.element_size()
+    new = torch.empty(old.nbytes(), dtype=torch.uint8, device=t.device)
+    new[start:].copy_(torch.empty(0, dtype=torch.uint8, device=t.device).set_(old, start, (old.nbytes() - start,)))
+    with contextlib.nullcontext() if inference else torch.autograd._unsafe_preserve_version_counter(t):
+        t.set_(new.untyped_storage(), t.storage_offset(), t.size(), t.stride())
+    return True
 
 
 _warned = set()

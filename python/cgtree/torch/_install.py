@@ -96,6 +96,9 @@ def install():
         _ext.set_tree_getter(_tree_of_this_thread)
         # a compiled call inside a backward (checkpointing's recompute) never begins a step (module.c)
         _ext.set_graph_task_id(getattr(torch._C, "_current_graph_task_id", None))
+        # an output passed to the call that ends its step moves out of the pool (stale.c)
+        from ._backend import move_out_of_pool
+        _ext.set_output_mover(move_out_of_pool)
         # cgtree's C++ library, built against this PyTorch (_cxx.py): PyTorch's recordStream calls reach the
         # allocator, and out of memory raises torch.OutOfMemoryError. Each falls back without it.
         _state["record_stream_hook"] = _record_stream.set_hook()
