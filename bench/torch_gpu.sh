@@ -65,7 +65,7 @@ with_empty_caches() {
 IFS=, read -ra EX <<< "$examples"
 if [[ $what == *bench* ]]; then bench "${EX[0]}"; fi
 if [[ $what == *tests* ]]; then
-  timeout 60 python3 -m pytest -q -p no:cacheprovider python/tests/test_torch_ext_sim.py > "$OUT/pytest-sim.log" 2>&1; echo "pytest (sim, own process: it swaps the hot path for fakes) rc=$?"
+  timeout 180 python3 -m pytest -q -p no:cacheprovider --durations=5 python/tests/test_torch_ext_sim.py > "$OUT/pytest-sim.log" 2>&1; echo "pytest (sim, own process: it swaps the hot path for fakes) rc=$?"
   timeout ${TEST_SECONDS:-300} python3 -m pytest -q -rf --tb=short -p no:cacheprovider --timeout 200 \
     ${TEST_FILES:-python/tests/test_torch_backend.py python/tests/test_torch_trust.py python/tests/test_torch_training.py python/tests/test_torch_random.py} \
     > "$OUT/pytest.log" 2>&1
