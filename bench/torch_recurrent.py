@@ -48,14 +48,9 @@ def child(mode, steps):
         h = torch.nn.functional.gelu(h @ ws[2])
         return x + 0.1 * torch.tanh(h @ ws[3])
 
-    if mode == "eager":
-        fn = f
-    elif mode == "inductor":
-        fn = torch.compile(f)
-    elif mode == "reduce-overhead":
-        fn = torch.compile(f, mode="reduce-overhead")
-    else:
-        fn = torch.compile(f, backend="cgtree")
+    fn = {"eager": lambda: f, "inductor": lambda: torch.compile(f),
+          "reduce-overhead": lambda: torch.compile(f, mode="reduce-overhead"),
+          "cgtree": lambda: torch.compile(f, backend="cgtree")}[mode]()
     out = {"mode": mode, "device": torch.cuda.get_device_name()}
     x = x0.clone()
     try:
