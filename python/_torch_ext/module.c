@@ -357,7 +357,8 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
       PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
                        "cgtree.torch: %u calls of compiled models in a row began no step because backwards of "
                        "earlier forwards are pending: their saved activations, or their outputs that require grad "
-                       "(of a view of an intermediate, its memory: a detached copy too), are alive, and their "
+                       "(of a view of an intermediate, its memory: a detached copy too; or an output passed to the "
+                       "calls), are alive, and their "
                        "backward never ran, or something keeps them (a kept exception or frame; compute-sanitizer's "
                        "host backtraces, which --show-backtrace device turns off). A step begins now, and a later "
                        "backward of those forwards raises StaleTensorError. Run forwards whose backward you do not "

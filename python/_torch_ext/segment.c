@@ -1711,8 +1711,9 @@ static int belongs_to_training_step(void *call) {
  * as for any output of an earlier step): where no mover is set, where it
  * requires grad (set_ would cut it from autograd's graph; module.c holds
  * the step for such an argument before it comes to this), or where
- * PyTorch refuses (a RuntimeError: an inference tensor outside inference
- * mode); -1 with an exception set (out of memory, or anything else). */
+ * PyTorch refuses (the mover says so for an inference tensor outside
+ * inference mode; a plain RuntimeError); -1 with an exception set (out of
+ * memory, a CUDA error, anything else). */
 static int move_arg(TreeObject *T, PyObject *o) {
   if (!TX.output_mover)
     return 0;
@@ -1730,8 +1731,10 @@ static int move_arg(TreeObject *T, PyObject *o) {
   }
   if (moved == 0)
     return 0;
-  if (!PyErr_ExceptionMatches(PyExc_RuntimeError) ||
-      (TX.oom_error && PyErr_ExceptionMatches(TX.oom_error)))
+  /* A plain RuntimeError is PyTorch refusing the set_; its subclasses
+   * (out of memory, a CUDA error) and anything else reach the caller. */
+  PyObject *type = PyErr_Occurred();
+  if (type != PyExc_RuntimeError)
     return -1;
   PyErr_Clear();
   return 0;

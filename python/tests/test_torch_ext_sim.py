@@ -1277,13 +1277,20 @@ def test_an_argument_that_requires_grad_holds_the_step_and_one_that_cannot_be_co
     def refused(t):
         raise FakeOutOfMemoryError("CUDA out of memory (a test)")
 
+    def refuses_set(t):
+        raise RuntimeError("set_ refused (a test)")  # PyTorch's own refusal: the output stays, and is stale
+
     X.set_output_mover(refused)
     try:
         with pytest.raises(FakeOutOfMemoryError):
             call(seg, y)
+        assert tree.stats()["step"] == step and y.values() == [3, 5, 7, 9]
+        X.set_output_mover(refuses_set)
+        with pytest.raises(X.StaleTensorError):
+            call(seg, y)
     finally:
         X.set_output_mover(fake_move_out)
-    assert tree.stats()["step"] == step and y.values() == [3, 5, 7, 9]
+    (y,) = call(seg, x)
     (z,) = call(seg, y)
     assert z.values() == [7, 11, 15, 19] and y.values() == [3, 5, 7, 9]
     tree.check()

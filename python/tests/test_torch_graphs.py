@@ -506,6 +506,8 @@ def test_move_out_of_pool_copies_what_the_tensor_reads_and_keeps_its_object_layo
     assert t._version == version and torch.equal(t, want)
     base.zero_()  # the old storage is no longer t's
     assert torch.equal(t, want)
+    e = torch.empty(0).as_strided((0,), (1,), 5)  # empty, past its 0-byte storage's end
+    assert _backend.move_out_of_pool(e) is True and e.numel() == 0 and e.storage_offset() == 5
     with torch.inference_mode():
         it = torch.ones(3)
     assert _backend.move_out_of_pool(it) is False

@@ -121,7 +121,8 @@ def move_out_of_pool(t):
     old = t.untyped_storage()
     start = t.storage_offset() * t.element_size()
     new = torch.empty(old.nbytes(), dtype=torch.uint8, device=t.device)
-    new[start:].copy_(torch.empty(0, dtype=torch.uint8, device=t.device).set_(old, start, (old.nbytes() - start,)))
+    if old.nbytes() > start:  # an empty tensor may lie at or past its storage's end: nothing to copy
+        new[start:].copy_(torch.empty(0, dtype=torch.uint8, device=t.device).set_(old, start, (old.nbytes() - start,)))
     with contextlib.nullcontext() if inference else torch.autograd._unsafe_preserve_version_counter(t):
         t.set_(new.untyped_storage(), t.storage_offset(), t.size(), t.stride())
     return True
