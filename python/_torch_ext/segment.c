@@ -1798,7 +1798,7 @@ static seg_run *run_in_step(SegmentObject *s, PyObject *const *args, size_t n) {
   if (!r)
     return NULL;
   call_args this_call = {s, r->tree, args, n};
-  void *outer = r->tree->syncing_call; /* a call made from Python the sync ran: its caller's */
+  void *outer = r->tree->syncing_call; /* set where an outer call's sync ran Python that made this call */
   r->tree->syncing_call = &this_call;  /* a step that begins here moves this call's arguments first */
   int rc = tx_tree_sync_step(r->tree, s->backward, belongs_to_training_step, &this_call);
   r->tree->syncing_call = outer;
