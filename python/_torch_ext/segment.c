@@ -1509,6 +1509,21 @@ PyObject *tx_set_variant_mask(PyObject *self, PyObject *arg) {
   Py_RETURN_NONE;
 }
 
+/* *out: the live output of T's step that tensor argument o of s lies in,
+ * or NULL. Read as the argument loop reads it: through the exchange API
+ * once the segment's first call cross-checked it, else through data_ptr().
+ * 0; -1 with an exception set where o's pointer cannot be read (an output
+ * of an earlier step, marked: the caller decides whether that raises now
+ * or where the graph reads it). */
+static int arg_step_output(const SegmentObject *s, TreeObject *T, PyObject *o, tx_out_ref **out) {
+  void *ptr;
+  *out = NULL;
+  if (!(s->outputs_known && tx_exchange_data_ptr(o, &ptr, NULL)) && tx_data_ptr_slow(o, &ptr) < 0)
+    return -1;
+  *out = ptr ? tx_step_output_at(T, ptr, 1) : NULL;
+  return 0;
+}
+
 /* A backward reads ref's memory, where a saved result tied to an output
  * lies: if it is that forward's backward (or either one's pair is
  * unknown), the hold that saved result kept (tied_saved_hold) ends. Another
@@ -1527,12 +1542,11 @@ static void end_tied_hold(const SegmentObject *s, TreeObject *T, tx_out_ref *ref
  * exception set. */
 static int end_tied_holds_read(const SegmentObject *s, TreeObject *T, PyObject *const *args) {
   for (uint32_t i = 0; i < s->n_args && T->tied_saved_alive; i++) {
+    tx_out_ref *ref;
     if (s->arg_kind[i] > ARG_TENSOR_STATIC)
       continue;
-    void *ptr = NULL;
-    if (tx_data_ptr_slow(args[i], &ptr) < 0)
+    if (arg_step_output(s, T, args[i], &ref) < 0)
       return -1;
-    tx_out_ref *ref = ptr ? tx_step_output_at(T, ptr, 1) : NULL;
     if (ref)
       end_tied_hold(s, T, ref);
   }
@@ -1685,17 +1699,13 @@ static int belongs_to_training_step(void *call) {
   if (!alive)
     return 0;
   for (size_t i = 0; i < c->n; i++) {
-    void *ptr;
+    tx_out_ref *o;
     if (c->s->arg_kind[i] > ARG_TENSOR_STATIC)
       continue;
-    /* As the argument loop reads it: through the exchange API once the
-     * segment's first call cross-checked it, else through data_ptr(). */
-    if (!(c->s->outputs_known && tx_exchange_data_ptr(c->args[i], &ptr, NULL)) &&
-        tx_data_ptr_slow(c->args[i], &ptr) < 0) {
+    if (arg_step_output(c->s, c->T, c->args[i], &o) < 0) {
       PyErr_Clear(); /* a stale output: the call reads it again below, and raises */
       continue;
     }
-    tx_out_ref *o = ptr ? tx_step_output_at(c->T, ptr, 1) : NULL;
     if (o && tx_out_ref_live_grad(o))
       return 1;
   }
@@ -1744,22 +1754,22 @@ static int move_arg(TreeObject *T, PyObject *o) {
  * the step (a STATIC input is keyed by its address and written in place,
  * where a copy would take the write); else NULL. */
 static PyObject *arg_in_step_output(call_args *c, size_t i) {
-  void *ptr;
+  tx_out_ref *ref;
   if (c->s->arg_kind[i] != ARG_TENSOR)
     return NULL;
-  if (!(c->s->outputs_known && tx_exchange_data_ptr(c->args[i], &ptr, NULL)) &&
-      tx_data_ptr_slow(c->args[i], &ptr) < 0) {
+  if (arg_step_output(c->s, c->T, c->args[i], &ref) < 0) {
     PyErr_Clear(); /* an output of an earlier step, marked: the argument loop raises */
     return NULL;
   }
-  return ptr && tx_step_output_at(c->T, ptr, 1) ? c->args[i] : NULL;
+  return ref ? c->args[i] : NULL;
 }
 
 int tx_call_reads_grad_output(TreeObject *T) {
   call_args *c = T->syncing_call;
-  if (c && T->step_outputs)
-    tx_out_ref_queue_drain(); /* outputs just dropped leave the list: no argument is read for them */
-  for (size_t i = 0; c && T->step_outputs && i < c->n; i++) {
+  if (!c || !T->step_outputs)
+    return 0;
+  tx_out_ref_queue_drain(); /* outputs just dropped leave the list: no argument is read for them */
+  for (size_t i = 0; T->step_outputs && i < c->n; i++) {
     PyObject *o = arg_in_step_output(c, i);
     PyObject *rg = o ? PyObject_GetAttr(o, TX.str_requires_grad) : NULL;
     if (o && !rg)

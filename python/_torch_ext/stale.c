@@ -63,8 +63,9 @@
  * of the new step has run, so the output's memory still holds its data:
  * segment.c moves each such argument (tx_move_call_args) as .grad is
  * moved, the same tensor object set_ to a copy of what it reads, with its
- * layout and autograd version, before the marks. It is then ordinary memory, read as a DYNAMIC
- * input, and every other tensor on the old storage is marked. Only the
+ * layout and autograd version, before the marks. It is then ordinary
+ * memory, read as a DYNAMIC input, and every other tensor on the old
+ * storage is marked. Only the
  * call's first graph can: a later graph of the same call (after a graph
  * break) comes after the new step's work, and an output of the ended step
  * passed there still raises. An argument that requires grad is never
