@@ -291,6 +291,13 @@ typedef struct TreeObject {
    * it is what the program holds: segment.c, memory_watched): those of
    * them alive, counted down by the drain (tx_out_ref.watched_until). */
   uint64_t forward_memory_watched;
+  /* Outputs of inference graphs (no backward, no saved activation: a
+   * frozen teacher or encoder under no_grad) made in this step before its
+   * first backward, watched through their memory the same way: one alive
+   * holds the step for a training forward's call, which may be what reads
+   * it next (module.c, "Inference outputs a training forward reads"). */
+  uint64_t inference_memory_watched;
+  uint64_t steps_held_for_inference_outputs; /* training forwards' calls that began no step for one */
   uint64_t backward_calls; /* backward segment calls so far: which watches a backward call ended */
   uint32_t generations_deferred; /* compiled calls since the step began that began none (backwards pending) */
   uint64_t steps_deferred;       /* all such calls */
@@ -371,6 +378,11 @@ extern tx_py TX;
  * out's record (NULL: a view of the caller's tensor, never stale: nothing
  * to hold). 0; -1 with an exception set. */
 int tx_tree_note_forward_output(TreeObject *T, PyObject *out, int by_memory, tx_out_ref *made);
+/* An inference graph of T's step made `made` (NULL: a view of the
+ * caller's tensor, nothing to hold): until a backward call or the step's
+ * end, its memory's living on holds the step for a training forward's
+ * call (T->inference_memory_watched). */
+void tx_tree_note_inference_output(TreeObject *T, tx_out_ref *made);
 
 /* A backward segment ran in T's step: the forwards' outputs noted so far
  * hold it no longer, and one plain forward less is pending. */
@@ -503,6 +515,7 @@ struct tx_out_ref {
                          * backward reads it, it dies, or its step ends */
   uint64_t watched_until; /* a training forward's output watched through its memory: the tree's backward_calls + 1
                            * when noted, so counted in forward_memory_watched until the next backward call; 0: not */
+  int watched_inference; /* ... an inference graph's instead: counted in inference_memory_watched */
   int grad;          /* a backward's output: AccumulateGrad may have made it a .grad (stale.c) */
   int caller_memory; /* it lies inside a STATIC argument of its run (a forward's saved parameter): not the
                       * tree's memory, so never on the step's list, never stale, and passed on as caller memory */
@@ -580,6 +593,9 @@ int tx_move_call_args(TreeObject *T);
  * of T's step and requires grad (module.c: it holds the step); 0 if none,
  * or no call is syncing; -1 with an exception set. */
 int tx_call_reads_grad_output(TreeObject *T);
+/* 1 if T->syncing_call is a call of a training forward (it saves
+ * activations for a backward); 0 if not, or no call is syncing. */
+int tx_call_is_training_forward(const TreeObject *T);
 
 /* ------------------------------------------------------------ stale.c */
 

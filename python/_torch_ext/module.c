@@ -214,12 +214,46 @@ int tx_tree_note_forward_output(TreeObject *T, PyObject *out, int by_memory, tx_
   return rc;
 }
 
-/* Every watch of a training forward's output ends: at a backward call, and
- * at a step's beginning (the drain counts down only this step's outputs,
- * and after a backward call none noted before it: watched_until). */
+/* Inference outputs a training forward reads. A frozen teacher or encoder
+ * run under no_grad, then a compiled model that trains:
+ *
+ *     with torch.no_grad():
+ *         t = teacher(x)
+ *     loss = distill(student(x), t)
+ *
+ * The student's call comes with no backward pending, so it began a step,
+ * marked t, and the loss raised StaleTensorError where Inductor computes
+ * (reduce-overhead begins a generation there as well). So an output of an
+ * inference graph made in the step before its first backward, while it
+ * lives, holds the step for a training forward's call, which is what reads
+ * such an output in a training loop. Only for that call: an evaluation
+ * loop under no_grad (every call an inference graph, each keeping the last
+ * output bound) begins a step at each call as before. Only before the
+ * first backward: what runs after it in the step is its optimizer, its
+ * gradient clipping or norm, whose outputs a loop keeps for its log, and a
+ * hold on them would join every training step to the next. A backward
+ * call ends the hold, so the next iteration's teacher call begins a step,
+ * and the old t is marked there. Watched through the memory (a detached
+ * copy or a view of t holds too), as a training forward's remade outputs
+ * are; bounded like every hold. */
+void tx_tree_note_inference_output(TreeObject *T, tx_out_ref *made) {
+  tx_out_ref *r = made;
+  if (T->explicit_steps || T->backward_this_step || !r || r->caller_memory || r->step != T->step ||
+      r->watched_until == T->backward_calls + 1)
+    return;
+  r->watched_until = T->backward_calls + 1;
+  r->watched_inference = 1;
+  T->inference_memory_watched++;
+}
+
+/* Every watch of a training forward's output, and of an inference output,
+ * ends: at a backward call, and at a step's beginning (the drain counts
+ * down only this step's outputs, and after a backward call none noted
+ * before it: watched_until). */
 static void forward_watches_end(TreeObject *T) {
   forward_outs_forget(T);
   T->forward_memory_watched = 0;
+  T->inference_memory_watched = 0;
 }
 
 void tx_tree_backward_called(TreeObject *T) {
@@ -339,6 +373,11 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
     return unsee(T, gen_before, mark_before);
   if (!marked && !pending && (pending = tx_call_reads_grad_output(T)) < 0)
     return unsee(T, gen_before, mark_before);
+  if (!marked && !pending && T->inference_memory_watched && tx_call_is_training_forward(T)) {
+    tx_out_ref_queue_drain(); /* outputs just dropped */
+    pending = T->inference_memory_watched != 0;
+    T->steps_held_for_inference_outputs += (uint64_t)pending;
+  }
   int optimizer = 0;
   if (!marked && !pending && (optimizer = belongs(call)) < 0)
     return unsee(T, gen_before, mark_before);
@@ -358,7 +397,8 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
                        "cgtree.torch: %u calls of compiled models in a row began no step because backwards of "
                        "earlier forwards are pending: their saved activations, or their outputs that require grad "
                        "(of a view of an intermediate, its memory: a detached copy too; or an output passed to the "
-                       "calls), are alive, and their "
+                       "calls; or an output of a graph run under no_grad, before a training forward), are alive, "
+                       "and their "
                        "backward never ran, or something keeps them (a kept exception or frame; compute-sanitizer's "
                        "host backtraces, which --show-backtrace device turns off). A step begins now, and a later "
                        "backward of those forwards raises StaleTensorError. Run forwards whose backward you do not "
@@ -575,6 +615,8 @@ static PyObject *stats_dict(const TreeObject *T, const cgt_stats *s, uint64_t al
   PUT("plain_forwards_pending", T->plain_holds)
   PUT("forward_outputs_watched",
       (T->forward_outs ? (uint64_t)PyList_GET_SIZE(T->forward_outs) : 0) + T->forward_memory_watched)
+  PUT("inference_outputs_watched", T->inference_memory_watched)
+  PUT("steps_held_for_inference_outputs", T->steps_held_for_inference_outputs)
   PUT("steps_deferred", T->steps_deferred)
   PUT("steps_kept_after_backward", T->steps_kept_after_backward)
   PUT("steps_forced", T->steps_forced)

@@ -354,7 +354,10 @@ void tx_out_ref_queue_drain(void) {
       T->alive_this_step -= (uint64_t)(r->counted && !r->caller_memory);
       T->saved_alive -= (uint64_t)(r->counted && r->saved);
       T->tied_saved_alive -= (uint64_t)(r->tied_saved != 0);
-      T->forward_memory_watched -= (uint64_t)(r->watched_until == T->backward_calls + 1);
+      if (r->watched_until == T->backward_calls + 1) {
+        T->forward_memory_watched -= (uint64_t)!r->watched_inference;
+        T->inference_memory_watched -= (uint64_t)r->watched_inference;
+      }
     }
     tx_stale_forget(T, r);
     T->out_refs--;
@@ -1619,6 +1622,8 @@ static PyObject *build_result(seg_run *r, PyObject *const *args, variant_tmpl *t
         Py_DECREF(item);
         goto fail;
       }
+      if (s->saved_from == UINT32_MAX && !s->backward) /* an inference graph's (module.c) */
+        tx_tree_note_inference_output(r->tree, r->made);
     } else {
       item = PyTuple_GET_ITEM(t->consts, i);
       Py_INCREF(item);
@@ -1780,6 +1785,11 @@ int tx_call_reads_grad_output(TreeObject *T) {
       return yes; /* 1, or -1 */
   }
   return 0;
+}
+
+int tx_call_is_training_forward(const TreeObject *T) {
+  const call_args *c = T->syncing_call;
+  return c && !c->s->backward && c->s->saved_from != UINT32_MAX;
 }
 
 int tx_move_call_args(TreeObject *T) {

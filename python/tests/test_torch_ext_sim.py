@@ -3086,6 +3086,95 @@ def test_a_checkpointed_compiled_blocks_output_holds_the_step_until_a_backward_t
     assert st["step"] - s0["step"] == 7 and st["steps_forced"] == s0["steps_forced"]  # B's calls, and C's first
 
 
+@pytest.mark.parametrize("kept", ["the_output", "a_view_of_it"])
+def test_an_inference_output_alive_holds_the_step_for_a_training_forward_that_may_read_it(tree, kept):
+    """Distillation, or a frozen encoder before a trainable model: under
+    no_grad t = teacher(x) (an inference graph), then student(x) trains and
+    the loss reads t after the student's call. That call comes with no
+    backward pending, so it began a step, marked t, and the loss raised
+    StaleTensorError where Inductor computes. t, made since the last
+    backward call and alive (itself, or a view: its memory), holds the step
+    for the training forward's call; the backward call ends the hold, so
+    the next iteration's teacher call begins a step with the old t bound."""
+    teacher = segment(tree, Graph(tree, 5.0, 0.0), spans=(16,), name="teacher")
+    student = segment(tree, ForwardGraph(tree), spans=(16,), name="student", saved_from=1)
+    bw = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bw", backward=True)
+    g = FakeTensor(4).fill([1, 1, 1, 1])
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    s0 = tree.stats()
+    for i in range(6):
+        (out,) = call(teacher, x)  # the previous iteration's t is still bound here
+        t = out.view() if kept == "a_view_of_it" else out
+        del out
+        gc.collect()
+        step = tree.stats()["step"]
+        y, saved = call(student, x)
+        if i:  # the first calls run as the plain graphs: their outputs are not the tree's
+            assert tree.stats()["step"] == step, "the student's call began a step while the teacher's output lives"
+        assert t.values() == [5, 10, 15, 20]  # the loss reads t after the student's call
+        (gx,) = bw(saved, g)
+        assert gx.values() == [4, 7, 10, 13]
+        del y, saved, gx
+        gc.collect()
+        assert tree.stats()["inference_outputs_watched"] == 0  # the backward call ended the hold
+    st = tree.stats()
+    assert st["step"] - s0["step"] == 7  # the teacher's calls, and the student's first
+    assert st["steps_held_for_inference_outputs"] - s0["steps_held_for_inference_outputs"] == 5
+    assert st["steps_forced"] == s0["steps_forced"] and st["stale_refused"] == s0["stale_refused"]
+
+
+def test_inference_outputs_hold_no_evaluation_call_and_an_optimizers_outputs_hold_nothing(tree):
+    """The hold is for a training forward's call only: an evaluation loop
+    under no_grad keeps its last output bound into each call and still
+    begins a step at each. An inference graph after the step's backward
+    (a compiled optimizer step, a gradient norm for the log) is the step's:
+    its output, kept into the next iteration, holds no training forward, or
+    every training step would join the next. An inference output dropped
+    before the training forward's call holds nothing either."""
+    ev = segment(tree, Graph(tree, 2.0, 1.0), spans=(16,), name="eval")
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    s0 = tree.stats()
+    y = None
+    for _ in range(6):
+        (y,) = call(ev, x)
+    assert y.values() == [3, 5, 7, 9]
+    st = tree.stats()
+    assert st["step"] - s0["step"] == 6 and st["steps_deferred"] == s0["steps_deferred"]
+
+    student = segment(tree, ForwardGraph(tree), spans=(16,), name="student", saved_from=1)
+    bw = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bw", backward=True)
+    opt = segment(tree, WritesItsInput(tree), kinds=(ARG_TENSOR_STATIC,), spans=(16,), name="opt",
+                  written_inputs=(0,))
+    w = FakeTensor(4).fill([0, 0, 0, 0])
+    g = FakeTensor(4).fill([1, 1, 1, 1])
+    del y
+    gc.collect()
+    s1 = tree.stats()
+    o = None
+    for _ in range(6):
+        out, saved = call(student, x)  # the previous iteration's optimizer output o is still bound
+        (gx,) = bw(saved, g)
+        del out, saved, gx
+        gc.collect()
+        (o,) = call(opt, w)  # the step's optimizer: it stays in the step
+    st = tree.stats()
+    assert st["step"] - s1["step"] == 6  # each student's call began one
+    assert o.values() == [12, 12, 12, 12] and w.values() == [6, 6, 6, 6]
+    del o
+    gc.collect()
+    for _ in range(4):
+        (e,) = call(ev, x)  # an evaluation output, dropped before the student's call
+        del e
+        gc.collect()
+        out, saved = call(student, x)
+        (gx,) = bw(saved, g)
+        del out, saved, gx
+        gc.collect()
+    st2 = tree.stats()
+    assert st2["step"] - st["step"] == 8  # the evaluation's calls, and the student's
+    assert st2["steps_held_for_inference_outputs"] == s0["steps_held_for_inference_outputs"]
+
+
 def test_a_memory_watched_output_the_program_dropped_holds_no_step(tree):
     """Once the new tensor over a memory-watched output dies, its memory
     with it, the hold ends: a forward used without a backward (an

@@ -508,6 +508,127 @@ def test_reentrant_checkpointing_around_a_compiled_block_trains_as_inductor():
     assert after["stale_refused"] == before["stale_refused"]
 
 
+def gan_training(gm, dm, zs, reals, backend, generator, after_step=lambda i: None):
+    """GAN steps: the discriminator's step on the generator's output
+    detached, then the generator's step through D(fake), each model
+    compiled on its own with backend; generator: "plain" calls compiled G,
+    "checkpoint" and "reentrant" call it under torch.utils.checkpoint
+    (use_reentrant False and True); after_step(i) runs after step i. The
+    losses, D's then G's, of each step."""
+    torch._dynamo.reset()
+    fg, fd = torch.compile(gm, backend=backend), torch.compile(dm, backend=backend)
+    og = torch.optim.SGD(gm.parameters(), lr=0.02, momentum=0.5)
+    od = torch.optim.SGD(dm.parameters(), lr=0.02, momentum=0.5)
+    softplus = torch.nn.functional.softplus
+    losses = []
+    for i, (z, real) in enumerate(zip(zs, reals)):
+        if generator == "plain":
+            fake = fg(z)
+        else:
+            fake = torch.utils.checkpoint.checkpoint(fg, z, use_reentrant=generator == "reentrant")
+        d_loss = softplus(-fd(real)).mean() + softplus(fd(fake.detach())).mean()
+        od.zero_grad(set_to_none=True)
+        d_loss.backward()
+        od.step()
+        g_loss = softplus(-fd(fake)).mean()  # after D's backward: fake must still read what G wrote
+        og.zero_grad(set_to_none=True)
+        g_loss.backward()
+        og.step()
+        losses += [d_loss.detach().clone(), g_loss.detach().clone()]
+        after_step(i)
+    return torch.stack(losses)
+
+
+@pytest.mark.parametrize("generator", ["plain", "checkpoint", "reentrant"])
+def test_a_gan_step_reads_the_generators_output_after_the_discriminators_backward_as_inductor(generator):
+    """A GAN's step: D trains on G(z).detach(), its backward runs, then
+    D(G(z)) trains G. Plain, G's saved activations hold the step across D's
+    backward. Checkpointed, G saves nothing and a backward call ends the
+    hold of its output: D's call on fake, an output of the step that
+    requires grad, holds the step instead (module.c,
+    tx_call_reads_grad_output). Reentrant, G runs under no_grad inside the
+    checkpoint. Every way, losses, weights and gradients are Inductor's bit
+    for bit, no output is refused as stale, and the steady state records
+    nothing again."""
+    torch.manual_seed(0)
+    gm = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
+                             torch.nn.ReLU(), torch.nn.Linear(64, 48)).to(DEV)
+    dm = torch.nn.Sequential(torch.nn.Linear(48, 64), torch.nn.LeakyReLU(0.2), torch.nn.Linear(64, 64),
+                             torch.nn.LeakyReLU(0.2), torch.nn.Linear(64, 1)).to(DEV)
+    refs = copy.deepcopy(gm), copy.deepcopy(dm)
+    zs = batches(8, width=32, seed=5)
+    if generator == "reentrant":
+        zs = [z.requires_grad_() for z in zs]  # reentrant checkpointing needs an input that requires grad
+    reals = batches(8, width=48, seed=6)
+
+    want = gan_training(*refs, zs, reals, "inductor", generator)
+    seen = {"before": ct.stats()}
+
+    def after_step(i):
+        if i == 4:  # steps 0 to 4 warm up and record every graph
+            seen["steady"] = ct.stats()
+
+    got = gan_training(gm, dm, zs, reals, "cgtree", generator, after_step)
+    after = ct.stats()
+    assert torch.equal(got, want)
+    assert_same_params(gm, refs[0])
+    assert_same_params(dm, refs[1])
+    assert after["stale_refused"] == seen["before"]["stale_refused"]
+    assert_steady_state(seen["steady"], after, replays=3)
+
+
+@pytest.mark.parametrize("reads", ["in_the_loss", "in_the_loss_and_noised_into_the_student", "as_its_argument"])
+def test_a_frozen_teachers_output_under_no_grad_read_after_the_students_call_trains_as_inductor(reads):
+    """Distillation, or a frozen encoder before a trainable model: under
+    no_grad t = teacher(x), then the student's compiled call, then a loss
+    that reads t. The student's call comes with no backward pending; it
+    began a step that marked t, and the loss raised StaleTensorError where
+    Inductor computes. t, an inference graph's output made before the
+    step's backward and alive, holds the step for the student's training
+    forward (module.c, "Inference outputs a training forward reads"), so
+    nothing is copied either where t is the student's argument. Losses and
+    weights are Inductor's bit for bit, and the steady state records
+    nothing again."""
+    torch.manual_seed(0)
+    teacher = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64)).to(DEV)
+    teacher.requires_grad_(False)
+    student = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 64)).to(DEV)
+    refs = copy.deepcopy(teacher), copy.deepcopy(student)
+    xs = batches(8)
+    noise = batches(8, seed=9)
+    seen = {}
+
+    def run(tm, sm, backend):
+        torch._dynamo.reset()
+        ft, fs = torch.compile(tm, backend=backend), torch.compile(sm, backend=backend)
+        opt = torch.optim.SGD(sm.parameters(), lr=0.05)
+        losses = []
+        for i, (x, n) in enumerate(zip(xs, noise)):
+            if i == 4 and backend == "cgtree":  # steps 0 to 3 warm up and record every graph
+                seen["steady"] = ct.stats()
+            with torch.no_grad():
+                t = ft(x)
+            inp = {"in_the_loss": x, "in_the_loss_and_noised_into_the_student": t + 0.1 * n,
+                   "as_its_argument": t}[reads]
+            loss = (fs(inp) - t).square().mean()  # t read after the student's call
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss.detach().clone())
+        return torch.stack(losses)
+
+    want = run(*refs, "inductor")
+    before = ct.stats()
+    got = run(teacher, student, "cgtree")
+    after = ct.stats()
+    assert torch.equal(got, want)
+    assert_same_params(student, refs[1])
+    assert after["stale_refused"] == before["stale_refused"]
+    assert after["arguments_moved"] == before["arguments_moved"]
+    assert after["steps_held_for_inference_outputs"] - before["steps_held_for_inference_outputs"] >= 4
+    assert_steady_state(seen["steady"], after, replays=4)
+
+
 def test_a_model_with_a_host_branch_trains_on_both_paths():
     torch.manual_seed(0)
 
