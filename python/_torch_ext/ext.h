@@ -297,6 +297,7 @@ typedef struct TreeObject {
    * holds the step for a training forward's call, which may be what reads
    * it next (module.c, "Inference outputs a training forward reads"). */
   uint64_t inference_memory_watched;
+  uint64_t inference_watches_ended; /* how often all of them ended: which watches an end ended (tx_out_ref) */
   uint64_t steps_held_for_inference_outputs; /* training forwards' calls that began no step for one */
   uint64_t backward_calls; /* backward segment calls so far: which watches a backward call ended */
   uint32_t generations_deferred; /* compiled calls since the step began that began none (backwards pending) */
@@ -515,7 +516,9 @@ struct tx_out_ref {
                          * backward reads it, it dies, or its step ends */
   uint64_t watched_until; /* a training forward's output watched through its memory: the tree's backward_calls + 1
                            * when noted, so counted in forward_memory_watched until the next backward call; 0: not */
-  int watched_inference; /* ... an inference graph's instead: counted in inference_memory_watched */
+  uint64_t inference_watch; /* an inference graph's output watched through its memory: the tree's
+                             * inference_watches_ended + 1 when noted, so counted in inference_memory_watched
+                             * until the watches end; 0: not */
   int grad;          /* a backward's output: AccumulateGrad may have made it a .grad (stale.c) */
   int caller_memory; /* it lies inside a STATIC argument of its run (a forward's saved parameter): not the
                       * tree's memory, so never on the step's list, never stale, and passed on as caller memory */

@@ -231,19 +231,31 @@ int tx_tree_note_forward_output(TreeObject *T, PyObject *out, int by_memory, tx_
  * output bound) begins a step at each call as before. Only before the
  * first backward: what runs after it in the step is its optimizer, its
  * gradient clipping or norm, whose outputs a loop keeps for its log, and a
- * hold on them would join every training step to the next. A backward
- * call ends the hold, so the next iteration's teacher call begins a step,
- * and the old t is marked there. Watched through the memory (a detached
- * copy or a view of t holds too), as a training forward's remade outputs
- * are; bounded like every hold. */
+ * hold on them would join every training step to the next. Only once:
+ * the training forward it held is in the step, and its saved activations
+ * hold the step until its backward, so the watches end there. A loop that
+ * calls a trainable head many times on one feature made under no_grad,
+ * with no backward (Monte Carlo dropout's votes), begins a step at each
+ * later call, as before; held at each, it reached the 64-call bound with
+ * a warning and a recording per call (a helper's review). A backward call
+ * ends the watches too, so the next iteration's teacher call begins a
+ * step, and the old t is marked there. Watched through the memory (a
+ * detached copy or a view of t holds too), as a training forward's remade
+ * outputs are; bounded like every hold. */
 void tx_tree_note_inference_output(TreeObject *T, tx_out_ref *made) {
   tx_out_ref *r = made;
   if (T->explicit_steps || T->backward_this_step || !r || r->caller_memory || r->step != T->step ||
-      r->watched_until == T->backward_calls + 1)
+      r->inference_watch == T->inference_watches_ended + 1)
     return;
-  r->watched_until = T->backward_calls + 1;
-  r->watched_inference = 1;
+  r->inference_watch = T->inference_watches_ended + 1;
   T->inference_memory_watched++;
+}
+
+/* Every watch of an inference output ends (the drain counts down only
+ * those noted since: inference_watch). */
+static void inference_watches_end(TreeObject *T) {
+  T->inference_watches_ended++;
+  T->inference_memory_watched = 0;
 }
 
 /* Every watch of a training forward's output, and of an inference output,
@@ -253,7 +265,7 @@ void tx_tree_note_inference_output(TreeObject *T, tx_out_ref *made) {
 static void forward_watches_end(TreeObject *T) {
   forward_outs_forget(T);
   T->forward_memory_watched = 0;
-  T->inference_memory_watched = 0;
+  inference_watches_end(T);
 }
 
 void tx_tree_backward_called(TreeObject *T) {
@@ -374,9 +386,10 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
   if (!marked && !pending && (pending = tx_call_reads_grad_output(T)) < 0)
     return unsee(T, gen_before, mark_before);
   if (!marked && !pending && T->inference_memory_watched && tx_call_is_training_forward(T)) {
-    tx_out_ref_queue_drain(); /* outputs just dropped */
+    tx_out_ref_queue_drain(); /* outputs just dropped (a no-op where the question above drained) */
     pending = T->inference_memory_watched != 0;
     T->steps_held_for_inference_outputs += (uint64_t)pending;
+    inference_watches_end(T); /* once: the forward's own activations hold the step from here */
   }
   int optimizer = 0;
   if (!marked && !pending && (optimizer = belongs(call)) < 0)

@@ -354,10 +354,8 @@ void tx_out_ref_queue_drain(void) {
       T->alive_this_step -= (uint64_t)(r->counted && !r->caller_memory);
       T->saved_alive -= (uint64_t)(r->counted && r->saved);
       T->tied_saved_alive -= (uint64_t)(r->tied_saved != 0);
-      if (r->watched_until == T->backward_calls + 1) {
-        T->forward_memory_watched -= (uint64_t)!r->watched_inference;
-        T->inference_memory_watched -= (uint64_t)r->watched_inference;
-      }
+      T->forward_memory_watched -= (uint64_t)(r->watched_until == T->backward_calls + 1);
+      T->inference_memory_watched -= (uint64_t)(r->inference_watch == T->inference_watches_ended + 1);
     }
     tx_stale_forget(T, r);
     T->out_refs--;

@@ -3175,6 +3175,35 @@ def test_inference_outputs_hold_no_evaluation_call_and_an_optimizers_outputs_hol
     assert st2["steps_held_for_inference_outputs"] == s0["steps_held_for_inference_outputs"]
 
 
+def test_an_inference_output_holds_the_step_for_one_training_forwards_call_only(tree):
+    """Monte Carlo dropout's votes: under no_grad f = backbone(x), then a
+    trainable head called many times on f with grad left on, each output
+    dropped at once, and no backward. Held at every call, the step reached
+    the 64-call bound with a warning and a recording per call (a helper's
+    review). The hold holds one training forward's call (whose own saved
+    activations hold the step from there in distillation): each later head
+    call begins a step, and f, its argument, is moved into it, as before
+    the hold."""
+    backbone = segment(tree, Graph(tree, 5.0, 0.0), spans=(16,), name="backbone")
+    head = segment(tree, ForwardGraph(tree), spans=(16,), name="head", saved_from=1)
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    s0 = tree.stats()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the 64-call warning would fail the test
+        for _ in range(4):
+            (f,) = call(backbone, x)
+            for _ in range(20):
+                y, saved = call(head, f)
+                assert y.values() == [10, 20, 30, 40]
+                del y, saved
+                gc.collect()
+    st = tree.stats()
+    assert st["steps_forced"] == s0["steps_forced"]
+    assert st["steps_held_for_inference_outputs"] - s0["steps_held_for_inference_outputs"] <= 4
+    assert st["step"] - s0["step"] >= 4 * 19  # every head call but the first of each feature began a step
+    assert st["recordings"] - s0["recordings"] <= 6
+
+
 def test_a_memory_watched_output_the_program_dropped_holds_no_step(tree):
     """Once the new tensor over a memory-watched output dies, its memory
     with it, the hold ends: a forward used without a backward (an
