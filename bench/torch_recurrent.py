@@ -23,10 +23,9 @@ output of the step that call ends, which cgtree moves out of the pool
 before the new step's work (python/_torch_ext/stale.c), and its replays.
 """
 import argparse
-import json
-import subprocess
-import sys
 import time
+
+from mode_rounds import append_rounds, child_result, median_round, run_child
 
 WIDTH, BATCH, WARMUP = 256, 64, 20
 
@@ -69,16 +68,11 @@ def child(mode, steps):
     if mode == "cgtree":
         s = ct.stats()
         out["arguments_moved"], out["replays"], out["recordings"] = s["arguments_moved"], s["replays"], s["recordings"]
-    print("RESULT " + json.dumps(out))
+    child_result(out)
 
 
 def run(mode, steps):
-    p = subprocess.run([sys.executable, __file__, "--child", mode, "--steps", str(steps)],
-                       capture_output=True, text=True, timeout=600)
-    for line in p.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    return {"mode": mode, "raised": f"process rc={p.returncode}: {p.stderr.strip().splitlines()[-1:]}"}
+    return run_child(__file__, ["--child", mode, "--steps", steps], {"mode": mode})
 
 
 def main():
@@ -107,8 +101,7 @@ def main():
           "| arguments moved | replays |")
     print("| --- | ---: | --- | --- | ---: | --- | ---: | ---: |")
     for m in modes:
-        rs = [r for r in rounds[m] if "us_per_call" in r]
-        med = sorted(rs, key=lambda r: r["us_per_call"])[len(rs) // 2] if rs else rounds[m][0]
+        rs, med = median_round(rounds[m], "us_per_call")
         last = med.get("last")
         diff = (torch.tensor(last) - torch.tensor(eager)).abs().max().item() if last and eager else None
         equal = (torch.equal(torch.tensor(last), torch.tensor(inductor)) if last and inductor else None)
@@ -117,12 +110,7 @@ def main():
         print(f"| {m} | {med.get('us_per_call', float('nan')):.1f} | {each} | {med.get('raised', 'no')} | "
               f"{diff_s} | {'' if equal is None else equal} | {med.get('arguments_moved', '')} | "
               f"{med.get('replays', '')} |")
-        if a.out:
-            with open(a.out, "a") as fh:
-                for r in rounds[m]:
-                    r = dict(r)
-                    r.pop("last", None)
-                    fh.write(json.dumps(dict(r, bench="torch_recurrent", steps=a.steps)) + "\n")
+        append_rounds(a.out, rounds[m], ("last",), bench="torch_recurrent", steps=a.steps)
 
 
 if __name__ == "__main__":

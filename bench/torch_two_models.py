@@ -28,10 +28,9 @@ every process starts from the same bits.
 """
 import argparse
 import hashlib
-import json
-import subprocess
-import sys
 import time
+
+from mode_rounds import append_rounds, child_result, median_round, run_child
 
 WIDTH, BATCH, NOISE, WARMUP, BATCHES = 256, 64, 64, 10, 8
 
@@ -115,17 +114,12 @@ def child(mode, program, steps):
         for k in ("recordings", "replays", "stale_refused", "graphs_plain", "arguments_moved",
                   "steps_held_for_inference_outputs"):
             out[k] = s[k]
-    print("RESULT " + json.dumps(out))
+    child_result(out)
 
 
 def run(mode, program, steps):
-    p = subprocess.run([sys.executable, __file__, "--child", mode, "--program", program,
-                        "--steps", str(steps)], capture_output=True, text=True, timeout=600)
-    for line in p.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    return {"mode": mode, "program": program,
-            "raised": f"process rc={p.returncode}: {p.stderr.strip().splitlines()[-1:]}"}
+    return run_child(__file__, ["--child", mode, "--program", program, "--steps", steps],
+                     {"mode": mode, "program": program})
 
 
 def main():
@@ -155,8 +149,7 @@ def main():
                 rounds[m].append(run(m, program, a.steps))
         ref = rounds.get("inductor", [{}])[0]
         for m in modes:
-            rs = [r for r in rounds[m] if "ms_per_step" in r]
-            med = sorted(rs, key=lambda r: r["ms_per_step"])[len(rs) // 2] if rs else rounds[m][0]
+            rs, med = median_round(rounds[m], "ms_per_step")
             equal = ""
             if "losses" in ref and m != "inductor":
                 same = [r["losses"] == ref["losses"] and r["weights_sha256"] == ref["weights_sha256"] for r in rs]
@@ -166,12 +159,7 @@ def main():
             print(f"| {program} | {m} | {med.get('ms_per_step', float('nan')):.3f} | {each} | {raised} | "
                   f"{equal} | {med.get('recordings', '')} | {med.get('replays', '')} | "
                   f"{med.get('stale_refused', '')} | {med.get('steps_held_for_inference_outputs', '')} |")
-            if a.out:
-                with open(a.out, "a") as fh:
-                    for r in rounds[m]:
-                        r = dict(r)
-                        r.pop("losses", None)
-                        fh.write(json.dumps(dict(r, bench="torch_two_models", steps=a.steps)) + "\n")
+            append_rounds(a.out, rounds[m], ("losses",), bench="torch_two_models", steps=a.steps)
 
 
 if __name__ == "__main__":
