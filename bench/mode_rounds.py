@@ -41,3 +41,16 @@ def append_rounds(path, rounds, drop, **fields):
         for r in rounds:
             r = {k: v for k, v in r.items() if k not in drop}
             fh.write(json.dumps(dict(r, **fields)) + "\n")
+
+
+def interleaved_rounds(modes, n, run_one):
+    """{mode: [result, ...]}: n rounds of run_one(mode) for each mode, the
+    modes interleaved in each round; eager and inductor once (the
+    references)."""
+    rounds = {m: [] for m in modes}
+    for r in range(n):
+        for m in modes:
+            if r and m in ("eager", "inductor"):
+                continue
+            rounds[m].append(run_one(m))
+    return rounds

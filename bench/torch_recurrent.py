@@ -25,7 +25,7 @@ before the new step's work (python/_torch_ext/stale.c), and its replays.
 import argparse
 import time
 
-from mode_rounds import append_rounds, child_result, median_round, run_child
+from mode_rounds import append_rounds, child_result, interleaved_rounds, median_round, run_child
 
 WIDTH, BATCH, WARMUP = 256, 64, 20
 
@@ -88,12 +88,7 @@ def main():
     import torch
 
     modes = a.modes.split(",")
-    rounds = {m: [] for m in modes}
-    for r in range(a.rounds):
-        for m in modes:
-            if r and m in ("eager", "inductor"):
-                continue  # one round each: the references
-            rounds[m].append(run(m, a.steps))
+    rounds = interleaved_rounds(modes, a.rounds, lambda m: run(m, a.steps))
     eager = rounds.get("eager", [{}])[0].get("last")
     inductor = rounds.get("inductor", [{}])[0].get("last")
     print(f"x = f(x), {a.steps} calls, two graphs a call, no_grad; {rounds[modes[0]][0].get('device', '?')}")

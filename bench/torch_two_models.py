@@ -30,7 +30,7 @@ import argparse
 import hashlib
 import time
 
-from mode_rounds import append_rounds, child_result, median_round, run_child
+from mode_rounds import append_rounds, child_result, interleaved_rounds, median_round, run_child
 
 WIDTH, BATCH, NOISE, WARMUP, BATCHES = 256, 64, 64, 10, 8
 
@@ -141,12 +141,7 @@ def main():
           "Inductor | recordings | replays | refused as stale | steps held for inference outputs |")
     print("| --- | --- | ---: | --- | --- | --- | ---: | ---: | ---: | ---: |")
     for program in a.programs.split(","):
-        rounds = {m: [] for m in modes}
-        for r in range(a.rounds):
-            for m in modes:
-                if r and m in ("eager", "inductor"):
-                    continue  # one round each: the references
-                rounds[m].append(run(m, program, a.steps))
+        rounds = interleaved_rounds(modes, a.rounds, lambda m: run(m, program, a.steps))
         ref = rounds.get("inductor", [{}])[0]
         for m in modes:
             rs, med = median_round(rounds[m], "ms_per_step")
