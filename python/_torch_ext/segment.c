@@ -291,6 +291,16 @@ struct SegmentObject {
   uint64_t static_checks, static_hits; /* calls of PyTorch's pointer check, and those that found nothing moved */
 };
 
+/* A training forward saves activations for its backward (from result
+ * saved_from on); an inference graph is no backward and saves nothing. */
+static int training_forward(const SegmentObject *s) {
+  return !s->backward && s->saved_from != UINT32_MAX;
+}
+
+static int inference_graph(const SegmentObject *s) {
+  return !s->backward && s->saved_from == UINT32_MAX;
+}
+
 /* ------------------------------------------------ released outputs */
 
 static pthread_mutex_t dead_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -1615,12 +1625,12 @@ static PyObject *build_result(seg_run *r, PyObject *const *args, variant_tmpl *t
       if (!item)
         goto fail;
       /* a training forward's output, for the program: it may hold the step (module.c) */
-      if (i < s->saved_from && s->saved_from != UINT32_MAX && !s->backward &&
+      if (i < s->saved_from && training_forward(s) &&
           tx_tree_note_forward_output(r->tree, item, i < 64 && (s->memory_watched >> i & 1), r->made) < 0) {
         Py_DECREF(item);
         goto fail;
       }
-      if (s->saved_from == UINT32_MAX && !s->backward) /* an inference graph's (module.c) */
+      if (inference_graph(s)) /* module.c, "Inference outputs a training forward reads" */
         tx_tree_note_inference_output(r->tree, r->made);
     } else {
       item = PyTuple_GET_ITEM(t->consts, i);
@@ -1694,7 +1704,7 @@ static int belongs_to_training_step(void *call) {
   call_args *c = call;
   if (!c->T->backward_this_step)
     return 0;
-  if (c->s->arg_written && !c->s->backward && c->s->saved_from == UINT32_MAX)
+  if (c->s->arg_written && inference_graph(c->s))
     return 1; /* no backward, no training forward, and it writes an input in place */
   int alive = 0;
   for (tx_out_ref *o = c->T->step_outputs; o && !alive; o = o->step_next)
@@ -1787,7 +1797,7 @@ int tx_call_reads_grad_output(TreeObject *T) {
 
 int tx_call_is_training_forward(const TreeObject *T) {
   const call_args *c = T->syncing_call;
-  return c && !c->s->backward && c->s->saved_from != UINT32_MAX;
+  return c && training_forward(c->s);
 }
 
 int tx_move_call_args(TreeObject *T) {
@@ -1841,7 +1851,7 @@ static seg_run *run_in_step(SegmentObject *s, PyObject *const *args, size_t n) {
  * backward, and a hold on it kept every later step from beginning (a
  * second review). */
 static void plain_saved_hold_step(SegmentObject *s, TreeObject *T, PyObject *res) {
-  if (!res || s->backward || s->saved_from == UINT32_MAX || !(PyTuple_Check(res) || PyList_Check(res)))
+  if (!res || !training_forward(s) || !(PyTuple_Check(res) || PyList_Check(res)))
     return;
   Py_ssize_t n = PySequence_Size(res);
   int holds = 0;
