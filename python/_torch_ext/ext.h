@@ -298,12 +298,15 @@ typedef struct TreeObject {
    * it next (module.c, "Inference outputs a training forward reads"). */
   uint64_t inference_memory_watched;
   uint64_t inference_watches_ended; /* how often all of them ended: which watches an end ended (tx_out_ref) */
-  uint64_t steps_held_for_inference_outputs; /* training forwards' calls that began no step for one */
+  uint64_t steps_held_for_inference_outputs; /* calls that began no step for one (training forwards', others') */
+  uint32_t inference_calls_held; /* calls but training forwards' held so in this step (module.c) */
+  int step_follows_backward;     /* the step before this one ran a backward: this one may be a training step's */
   uint64_t backward_calls; /* backward segment calls so far: which watches a backward call ended */
   uint32_t generations_deferred; /* compiled calls since the step began that began none (backwards pending) */
   uint64_t steps_deferred;       /* all such calls */
   uint64_t steps_kept_after_backward; /* calls that began no step as the step's optimizer (module.c) */
   int backward_this_step;        /* a backward segment ran in this step */
+  int step_mark_pending;         /* step_begin() was called: the next call begins a step (module.c) */
   uint64_t steps_forced;         /* steps begun with backwards pending (PENDING_GENERATIONS_MAX) */
   /* Gradients (stale.c): the leaves that require grad among the inputs of
    * training forwards, where AccumulateGrad may put a backward's output,

@@ -150,6 +150,10 @@ int tx_check_probes(PyObject *probes, Py_ssize_t width, PyTypeObject *t0, PyType
  * AccumulateGrad adds into it in place. */
 enum { PENDING_GENERATIONS_MAX = 64 };
 
+/* Inference calls an inference output holds in a step (module.c,
+ * "Inference outputs a training forward reads"). */
+enum { INFERENCE_CALLS_HELD_MAX = 8 };
+
 _Thread_local int tx_hash_oomed;
 
 /* Tests: the n-th allocation of a uthash table from now fails (0: none). */
@@ -241,7 +245,25 @@ int tx_tree_note_forward_output(TreeObject *T, PyObject *out, int by_memory, tx_
  * ends the watches too, so the next iteration's teacher call begins a
  * step, and the old t is marked there. Watched through the memory (a
  * detached copy or a view of t holds too), as a training forward's remade
- * outputs are; bounded like every hold. */
+ * outputs are; bounded like every hold.
+ *
+ * Other inference calls before the training forward. Two teachers
+ * (t1 = a(x); t2 = b(x)), one teacher called per crop, or a compiled
+ * augmentation after the teacher: the second call under no_grad began a
+ * step that marked t1. In a step that follows a step with a backward
+ * (the program trains: this is the next iteration's beginning), an
+ * inference call is held by a live inference output of the step as well,
+ * and its own outputs are watched in turn: t1, t2 and the student's call
+ * share the step. At most INFERENCE_CALLS_HELD_MAX such calls a step,
+ * then one begins a step, with no warning: nothing is lost that an
+ * implicit step would have kept, the marked outputs raise if read. The
+ * bound is what an evaluation loop after a training step pays (each call
+ * keeping the last output bound): its first calls join one step, a path
+ * recorded once, and the loop goes on a step a call. A step that follows
+ * none with a backward holds no inference call: an inference program's
+ * steps are as before, and so is the first iteration of a training loop
+ * whose teachers ran before it in a step of their own (it raises there;
+ * from the second iteration on the steps follow backwards). */
 void tx_tree_note_inference_output(TreeObject *T, tx_out_ref *made) {
   tx_out_ref *r = made;
   if (T->explicit_steps || T->backward_this_step || !r || r->caller_memory || r->step != T->step ||
@@ -318,13 +340,16 @@ int tx_tree_step_begin(TreeObject *T) {
     return -1;
   }
   T->step++;
+  T->step_mark_pending = 0; /* step_begin()'s mark: this is its step */
   T->overwritable += T->alive_this_step;
   T->alive_this_step = 0;
   T->saved_alive = 0; /* their values went stale with the step */
   T->tied_saved_alive = 0;
   T->plain_holds = 0;
   forward_watches_end(T);
+  T->step_follows_backward = T->backward_this_step;
   T->backward_this_step = 0;
+  T->inference_calls_held = 0;
   T->generations_deferred = 0;
   return 0;
 }
@@ -361,9 +386,9 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
     return -1;
   if (!T->explicit_steps && read_counter(TX.generation_cls, TX.str_generation, &gen) < 0)
     return -1;
-  if (gen == T->last_generation && mark == T->last_mark_step)
+  if (gen == T->last_generation && mark == T->last_mark_step && !T->step_mark_pending)
     return 0;
-  int marked = mark != T->last_mark_step;
+  int marked = mark != T->last_mark_step || T->step_mark_pending;
   T->last_generation = gen;
   T->last_mark_step = mark;
   if (backward && !marked)
@@ -385,11 +410,17 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
     return unsee(T, gen_before, mark_before);
   if (!marked && !pending && (pending = tx_call_reads_grad_output(T)) < 0)
     return unsee(T, gen_before, mark_before);
-  if (!marked && !pending && T->inference_memory_watched && tx_call_is_training_forward(T)) {
-    tx_out_ref_queue_drain(); /* outputs just dropped (a no-op where the question above drained) */
-    pending = T->inference_memory_watched != 0;
-    T->steps_held_for_inference_outputs += (uint64_t)pending;
-    inference_watches_end(T); /* once: the forward's own activations hold the step from here */
+  if (!marked && !pending && T->inference_memory_watched) {
+    int training = tx_call_is_training_forward(T);
+    if (training || (T->step_follows_backward && T->inference_calls_held < INFERENCE_CALLS_HELD_MAX)) {
+      tx_out_ref_queue_drain(); /* outputs just dropped (a no-op where the question above drained) */
+      pending = T->inference_memory_watched != 0;
+      T->steps_held_for_inference_outputs += (uint64_t)pending;
+      if (training)
+        inference_watches_end(T); /* once: the forward's own activations hold the step from here */
+      else
+        T->inference_calls_held += (uint32_t)pending; /* its outputs are watched too: a chain */
+    }
   }
   int optimizer = 0;
   if (!marked && !pending && (optimizer = belongs(call)) < 0)
@@ -568,15 +599,16 @@ static int tree_ready(TreeObject *T) {
   return 1;
 }
 
+/* step_begin(): the step begins at this tree's next call, as at
+ * PyTorch's mark (a counter the next call reads). Begun here, it marked
+ * the outputs a program passes to that call, in explicit mode the thread's
+ * x = f(x) loop, where the mark moves them (a helper's audit). Until that
+ * call nothing of the tree runs, so every output still holds its data. */
 static PyObject *tree_step_begin(TreeObject *T, PyObject *unused) {
   (void)unused;
   if (!tree_ready(T))
     return NULL;
-  int capture_mode = tx_dev_ignore_other_captures(); /* another thread's capture stays whole (dev.c) */
-  int rc = tx_tree_step_begin(T);
-  tx_dev_heed_other_captures(capture_mode);
-  if (rc < 0)
-    return NULL;
+  T->step_mark_pending = 1;
   Py_RETURN_NONE;
 }
 
@@ -782,7 +814,7 @@ static PyObject *tree_sim_set_device_limit(TreeObject *T, PyObject *arg) {
 }
 
 static PyMethodDef tree_methods[] = {
-    {"step_begin", (PyCFunction)tree_step_begin, METH_NOARGS, "End the step: outputs still alive become stale."},
+    {"step_begin", (PyCFunction)tree_step_begin, METH_NOARGS, "Begin a step at the next call: outputs still alive become stale there (those it takes move)."},
     {"sync", (PyCFunction)tree_sync, METH_NOARGS, "Wait for the tree's stream."},
     {"stats", (PyCFunction)tree_stats, METH_NOARGS, "cgt_tree_stats as a dict, plus the backend's counters."},
     {"nodes", (PyCFunction)tree_nodes, METH_NOARGS, "cgt_tree_nodes as a list of dicts."},
@@ -886,7 +918,7 @@ static int set_callable_or_none(PyObject **slot, PyObject *fn, const char *usage
 static PyObject *m_set_output_mover(PyObject *m, PyObject *fn) {
   (void)m;
   if (set_callable_or_none(&TX.output_mover, fn,
-                           "set_output_mover(fn): fn(tensor) -> bool (moved out of the pool), or None") < 0)
+                           "set_output_mover(fn): fn(list of tensors) -> list of bools (each moved out of the pool), or None") < 0)
     return NULL;
   Py_RETURN_NONE;
 }
@@ -1273,8 +1305,9 @@ static PyMethodDef module_methods[] = {
      "set_graph_task_id(fn): fn() is autograd's current graph task id (torch._C._current_graph_task_id), -1 "
      "outside a backward: a compiled call inside a backward never begins a step. None: not asked"},
     {"set_output_mover", m_set_output_mover, METH_O,
-     "set_output_mover(fn): fn(tensor) moves an argument of the call that ends its step out of the pool "
-     "(cgtree.torch._backend.move_out_of_pool), True if it did. None: nothing is moved, such arguments raise"},
+     "set_output_mover(fn): fn(tensors) moves the arguments of the call that ends their step out of the pool "
+     "(cgtree.torch._backend.move_out_of_pool), those over one storage onto one; a list of booleans, True "
+     "where it did. None: nothing is moved, such arguments raise"},
     {"set_tree_getter", m_set_tree_getter, METH_O,
      "set_tree_getter(fn): segments run on fn(device), the calling thread's tree (cached per thread); None: on "
      "the tree each segment was made with"},

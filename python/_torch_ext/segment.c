@@ -1725,42 +1725,59 @@ static int belongs_to_training_step(void *call) {
   return 0;
 }
 
-/* o, a tensor argument lying in a live output of the ending step, moves to
- * memory of its own through TX.output_mover (_backend.move_out_of_pool: o
- * itself set_ to a copy of what it reads, its layout and autograd version
- * kept), and the tree's stream waits for the copy at once, so that no
- * later error leaves it unordered. 1 if it moved; 0 if it stays (then it
- * is marked with the step, and the argument loop raises StaleTensorError
- * as for any output of an earlier step): where no mover is set, where it
- * requires grad (set_ would cut it from autograd's graph; module.c holds
- * the step for such an argument before it comes to this), or where
- * PyTorch refuses (the mover says so for an inference tensor outside
- * inference mode; a plain RuntimeError); -1 with an exception set (out of
- * memory, a CUDA error, anything else). */
-static int move_arg(TreeObject *T, PyObject *o) {
-  if (!TX.output_mover)
-    return 0;
+/* 0 if o may move (it requires no grad: set_ would cut it from
+ * autograd's graph, and module.c holds the step for such an argument
+ * before it comes to this), 1 if it stays, -1 with an exception set. */
+static int stays(PyObject *o) {
   PyObject *rg = PyObject_GetAttr(o, TX.str_requires_grad);
   int grad = rg ? PyObject_IsTrue(rg) : -1;
   Py_XDECREF(rg);
-  if (grad != 0)
-    return grad < 0 ? -1 : 0;
-  PyObject *res = PyObject_CallOneArg(TX.output_mover, o);
-  int moved = res ? PyObject_IsTrue(res) : -1;
-  Py_XDECREF(res);
-  if (moved == 1) {
-    T->args_moved++;
-    return tx_tree_waits_for_caller(T) < 0 ? -1 : 1;
-  }
-  if (moved == 0)
+  return grad;
+}
+
+/* The tensors in `todo`, arguments lying in live outputs of the ending
+ * step, move to memory of their own through TX.output_mover
+ * (_backend.move_out_of_pool), all in one call: arguments over one storage
+ * (an output and a view of it, passed together) move onto one new storage,
+ * so they stay views of one another, as in eager; moved one by one they
+ * became two copies, and a write through one was lost to the other (two
+ * helpers' audits). Each is set_ to the copy, its layout and autograd
+ * version kept, and the tree's stream waits for the copies at once, so
+ * that no later error leaves them unordered. The mover answers a list of
+ * booleans: False where one stays (then it is marked with the step, and
+ * the argument loop raises StaleTensorError as for any output of an
+ * earlier step): where PyTorch refuses its set_ (a plain RuntimeError).
+ * Returns how many moved, or -1 with an exception set (out of memory, a
+ * CUDA error, anything else). */
+static int move_args(TreeObject *T, PyObject *todo) {
+  PyObject *res = PyObject_CallOneArg(TX.output_mover, todo);
+  if (!res) {
+    /* A plain RuntimeError is PyTorch refusing; its subclasses (out of
+     * memory, a CUDA error) and anything else reach the caller. */
+    if (PyErr_Occurred() != PyExc_RuntimeError)
+      return -1;
+    PyErr_Clear();
     return 0;
-  /* A plain RuntimeError is PyTorch refusing the set_; its subclasses
-   * (out of memory, a CUDA error) and anything else reach the caller. */
-  PyObject *type = PyErr_Occurred();
-  if (type != PyExc_RuntimeError)
-    return -1;
-  PyErr_Clear();
-  return 0;
+  }
+  int moved = 0, rc = 0;
+  PyObject *seq = PySequence_Fast(res, "cgtree.torch: the output mover must answer a list of booleans");
+  if (!seq || PySequence_Fast_GET_SIZE(seq) != PyList_GET_SIZE(todo)) {
+    if (seq)
+      PyErr_SetString(PyExc_TypeError, "cgtree.torch: the output mover must answer a boolean per tensor");
+    rc = -1;
+  }
+  for (Py_ssize_t i = 0; rc == 0 && i < PySequence_Fast_GET_SIZE(seq); i++) {
+    int m = PyObject_IsTrue(PySequence_Fast_GET_ITEM(seq, i));
+    if (m < 0)
+      rc = -1;
+    moved += m == 1;
+  }
+  Py_XDECREF(seq);
+  Py_DECREF(res);
+  T->args_moved += (uint64_t)moved;
+  if (moved && tx_tree_waits_for_caller(T) < 0) /* also after an error: what moved is ordered */
+    rc = -1;
+  return rc < 0 ? -1 : moved;
 }
 
 /* Argument i of c, if it is a DYNAMIC tensor lying in a live output of
@@ -1802,17 +1819,19 @@ int tx_call_is_training_forward(const TreeObject *T) {
 
 int tx_move_call_args(TreeObject *T) {
   call_args *c = T->syncing_call;
-  if (!c)
-    return 0; /* a step begun outside a call (step_begin()): nothing of it is an argument */
-  int moved = 0;
+  if (!c || !TX.output_mover)
+    return 0; /* a step begun outside a call, or no mover: every output of the step is marked */
+  PyObject *todo = NULL;
   for (size_t i = 0; i < c->n; i++) {
-    if (!arg_in_step_output(c, i))
-      continue;
-    int m = move_arg(T, c->args[i]);
-    if (m < 0)
+    PyObject *o = arg_in_step_output(c, i);
+    int keep = o ? stays(o) : 1;
+    if (keep < 0 || (!keep && !todo && !(todo = PyList_New(0))) || (!keep && PyList_Append(todo, o) < 0)) {
+      Py_XDECREF(todo);
       return -1;
-    moved += m;
+    }
   }
+  int moved = todo ? move_args(T, todo) : 0;
+  Py_XDECREF(todo);
   return moved;
 }
 

@@ -211,20 +211,26 @@ def init_hot_path(ptrs_equal=None, mark_step_cls=None, mark=None):
                     mark or fake_mark, mark_step_cls, FakeOutOfMemoryError)
 
 
-def fake_move_out(t):
-    """cgtree.torch._backend.move_out_of_pool's stand-in: t set_ to a storage
-    of its own of the same size, holding its bytes from its storage offset
-    on, its layout kept."""
-    old = t.untyped_storage()
-    old.check()
-    ptr = _lib.cgt_torch_alloc(old.nbytes, -1, None)
-    if ptr is None:
-        raise FakeOutOfMemoryError("CUDA out of memory (the simulator)")
-    start = t.storage_offset_bytes
-    ctypes.memmove(ptr + start, old.base + start, old.nbytes - start)
-    t.set_(FakeStorage(owned=(ptr, old.nbytes), base=ptr, nbytes=old.nbytes), t.storage_offset(), t.size(),
-           t.stride())
-    return True
+def fake_move_out(ts):
+    """cgtree.torch._backend.move_out_of_pool's stand-in: each tensor set_
+    to a storage of its own of the same size, one per old storage (so views
+    of one another stay so), holding the bytes from the lowest storage
+    offset among them on, its layout kept; a boolean per tensor."""
+    groups = {}
+    for t in ts:
+        groups.setdefault(t.untyped_storage()._cdata, []).append(t)
+    for group in groups.values():
+        old = group[0].untyped_storage()
+        old.check()
+        ptr = _lib.cgt_torch_alloc(old.nbytes, -1, None)
+        if ptr is None:
+            raise FakeOutOfMemoryError("CUDA out of memory (the simulator)")
+        start = min(t.storage_offset_bytes for t in group)
+        ctypes.memmove(ptr + start, old.base + start, old.nbytes - start)
+        new = FakeStorage(owned=(ptr, old.nbytes), base=ptr, nbytes=old.nbytes)
+        for t in group:
+            t.set_(new, t.storage_offset(), t.size(), t.stride())
+    return [True] * len(ts)
 
 
 init_hot_path()
@@ -1173,15 +1179,51 @@ def test_an_output_kept_past_its_step_raises_on_any_access_through_itself_or_a_v
 
 
 def test_an_explicit_step_begin_marks_the_outputs_it_ends(tree):
+    """step_begin() begins the step at the tree's next call, as PyTorch's
+    mark does: until then nothing of the tree runs and every output still
+    holds its data; that call marks them."""
     seg = segment(tree, Graph(tree, 1.0, 1.0), spans=(16,))
     x = FakeTensor(4).fill([0, 0, 0, 0])
     Generation.generation += 1
     for _ in range(3):
         (y,) = seg(x)  # three runs in one step: all alive
         assert y.values() == [1, 1, 1, 1]
+    step = tree.stats()["step"]
     tree.step_begin()
+    assert y.values() == [1, 1, 1, 1] and tree.stats()["step"] == step
+    seg(x)  # the same generation: only the mark begins the step
+    assert tree.stats()["step"] == step + 1
     with pytest.raises(RuntimeError, match="StaleTensorError"):
         y.values()
+
+
+@pytest.mark.parametrize("how", ["cudagraph_mark_step_begin", "step_begin"])
+def test_the_x_equals_f_of_x_loop_computes_in_explicit_mode_with_either_mark(tree, how):
+    """Threads in explicit mode call step_begin() before each call, as the
+    docs tell them; in the x = f(x) loop x is an output of the step the
+    mark ends. Begun at step_begin() itself, the step marked x, and the
+    call raised StaleTensorError (a helper's audit), where PyTorch's mark,
+    read at the next call, moved x into it."""
+    class MarkStepBox:
+        mark_step_counter = 0
+
+    init_hot_path(mark_step_cls=MarkStepBox)
+    try:
+        tree.explicit_steps = True
+        seg = segment(tree, Graph(tree, 2.0, 1.0), spans=(16,))
+        x = FakeTensor(4).fill([1, 2, 3, 4])
+        want = [1.0, 2.0, 3.0, 4.0]
+        for _ in range(6):
+            if how == "step_begin":
+                tree.step_begin()  # cgtree.torch.step_begin(): every tree of this thread
+            else:
+                MarkStepBox.mark_step_counter -= 1
+            (x,) = seg(x)
+            want = [2 * v + 1 for v in want]
+            assert x.values() == want
+        assert tree.stats()["arguments_moved"] >= 4
+    finally:
+        init_hot_path()
 
 
 def test_the_y_equals_f_of_x_loop_never_raises_and_marks_only_the_output_it_drops(tree):
@@ -1223,6 +1265,40 @@ def test_an_output_passed_to_the_call_that_ends_its_step_is_moved_and_the_x_equa
     assert after["nodes"] <= 2
     assert after["arguments_moved"] - before["arguments_moved"] >= 6
     tree.check()
+
+
+class AddTwo:
+    """out = x + y: two DYNAMIC inputs, which may alias (Dynamo guards on
+    object identity, and AOTAutograd passes aliased inputs it does not
+    write straight through)."""
+
+    def __init__(self, tree):
+        self.tree = tree
+
+    def __call__(self, x, y):
+        out = FakeTensor(x.n)
+        X.sim_launch(self.tree.stream, k_add, out.ptr, x.ptr, y.ptr, x.n)
+        return (out,)
+
+
+def test_two_arguments_over_one_output_stay_views_of_one_another_after_the_call_that_ends_its_step(tree):
+    """h = f(x); v = h.view(-1); z = g(h, v): g's call ends h's step and
+    moves both arguments out of the pool. In eager h and v share memory
+    after the call as before: a write in place to h is read through v.
+    Moved one by one, each got a copy of its own, and v kept the old
+    numbers, silently (two helpers' audits); they move onto one storage."""
+    f, x = replaying(tree, a=2.0, b=1.0, fill=(1, 2, 3, 4))
+    g = segment(tree, AddTwo(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="g")
+    for i in range(4):
+        (h,) = call(f, x)  # [3, 5, 7, 9]
+        v = h.view()  # h.view(-1): another tensor over h's storage
+        (z,) = call(g, h, v)  # a new call: h's step ends here, h and v are its arguments
+        assert z.values() == [6, 10, 14, 18]
+        h.fill([0, 0, 0, 0])  # eager: h.zero_()
+        assert v.values() == [0, 0, 0, 0], "v no longer aliases h (iteration %d)" % i
+        del h, v, z
+        gc.collect()
+    assert tree.stats()["arguments_moved"] >= 6
 
 
 def test_only_the_argument_the_call_reads_moves_and_other_tensors_over_the_output_go_stale(tree):
@@ -3202,6 +3278,85 @@ def test_an_inference_output_holds_the_step_for_one_training_forwards_call_only(
     assert st["steps_held_for_inference_outputs"] - s0["steps_held_for_inference_outputs"] <= 4
     assert st["step"] - s0["step"] >= 4 * 19  # every head call but the first of each feature began a step
     assert st["recordings"] - s0["recordings"] <= 6
+
+
+@pytest.mark.parametrize("second", ["another_teacher", "the_teacher_again"])
+def test_inference_calls_after_a_training_step_share_the_step_while_an_inference_output_lives(tree, second):
+    """Two teachers under no_grad (t1 = a(x); t2 = b(x)), or one teacher
+    called per crop, then the student trains and the loss reads both. The
+    second call under no_grad began a step that marked t1, and the loss
+    raised StaleTensorError where Inductor computes. In a step that follows
+    one with a backward, an inference call is held by a live inference
+    output of the step too, and its outputs are watched in turn, so all
+    three calls share one step per iteration."""
+    a = segment(tree, Graph(tree, 5.0, 0.0), spans=(16,), name="teacher_a")
+    b = a if second == "the_teacher_again" else segment(tree, Graph(tree, 2.0, 1.0), spans=(16,), name="teacher_b")
+    student = segment(tree, ForwardGraph(tree), spans=(16,), name="student", saved_from=1)
+    bw = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bw", backward=True)
+    g = FakeTensor(4).fill([1, 1, 1, 1])
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    x2 = FakeTensor(4).fill([2, 2, 2, 2])
+    want2 = [10, 10, 10, 10] if b is a else [5, 5, 5, 5]
+    s0 = tree.stats()
+    steps = []
+    for _ in range(6):
+        step = tree.stats()["step"]
+        (t1,) = call(a, x)  # the previous iteration's t1 and t2 are still bound here
+        (t2,) = call(b, x2)
+        y, saved = call(student, x)
+        steps.append(tree.stats()["step"] - step)
+        assert t1.values() == [5, 10, 15, 20] and t2.values() == want2  # the loss reads both
+        (gx,) = bw(saved, g)
+        assert gx.values() == [4, 7, 10, 13]
+        del y, saved, gx
+        gc.collect()
+    assert steps[2:] == [1] * 4, steps  # a's call begins the step; b's and the student's go on in it
+    st = tree.stats()
+    assert st["stale_refused"] == s0["stale_refused"] and st["steps_forced"] == s0["steps_forced"]
+    assert st["steps_held_for_inference_outputs"] - s0["steps_held_for_inference_outputs"] >= 8
+
+
+def test_an_inference_call_is_held_only_after_a_training_step_and_at_most_eight_a_step(tree):
+    """The hold for inference calls is a training loop's: an evaluation
+    loop (every call under no_grad, the last output bound into the next
+    call) begins a step at each call when no backward came before it.
+    After a training step its first calls join one step, at most eight
+    held, and then it goes on a step a call, with no warning. A step that
+    follows none with a backward holds no inference call, so a loop whose
+    teachers ran before it in a step of their own reads a marked t1 at its
+    first iteration: a StaleTensorError, never the overwritten data."""
+    ev = segment(tree, Graph(tree, 2.0, 1.0), spans=(16,), name="eval")
+    other = segment(tree, Graph(tree, 3.0, 0.0), spans=(16,), name="other")
+    student = segment(tree, ForwardGraph(tree), spans=(16,), name="student", saved_from=1)
+    bw = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bw", backward=True)
+    g = FakeTensor(4).fill([1, 1, 1, 1])
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    for _ in range(3):  # every segment past its plain first calls
+        for seg in (ev, other):
+            (o,) = call(seg, x)
+            del o
+        y, saved = call(student, x)
+        (gx,) = bw(saved, g)
+        del y, saved, gx
+        gc.collect()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning at the bound
+        s0 = tree.stats()
+        e = None
+        for _ in range(20):  # right after a training step
+            (e,) = call(ev, x)
+            assert e.values() == [3, 5, 7, 9]
+        st = tree.stats()
+        assert st["step"] - s0["step"] == 1 + (20 - 1 - 8)  # the first begins one, eight held, then one each
+        assert st["steps_held_for_inference_outputs"] - s0["steps_held_for_inference_outputs"] == 8
+        for _ in range(5):  # no backward before these steps: none held
+            (e,) = call(ev, x)
+        assert tree.stats()["step"] - st["step"] == 5
+    (t1,) = call(ev, x)  # a teacher's output in a step that follows none with a backward
+    (t2,) = call(other, x)
+    with pytest.raises(RuntimeError, match="StaleTensorError"):
+        t1.values()
+    assert t2.values() == [3, 6, 9, 12]
 
 
 def test_a_memory_watched_output_the_program_dropped_holds_no_step(tree):

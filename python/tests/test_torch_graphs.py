@@ -487,30 +487,57 @@ def test_a_backward_without_its_forwards_record_copies_every_saved_tensor():
 
 
 def test_move_out_of_pool_copies_what_the_tensor_reads_and_keeps_its_object_layout_and_version():
-    """What segment.c calls to move an argument of the call that ends its
-    step out of the pool (stale.c): the same object over a storage of its
-    own of the same size, the bytes from its storage offset on copied (the
-    bytes below were never its own: over a pool value at an offset they may
-    be another output's), its layout and autograd version unchanged, the
-    old storage left as it was. An inference tensor outside inference mode
-    is not moved (PyTorch refuses set_ there)."""
+    """What segment.c calls to move the arguments of the call that ends
+    their step out of the pool (stale.c): the same object over a storage of
+    its own of the same size, the bytes from its storage offset on copied
+    (the bytes below were never its own: over a pool value at an offset
+    they may be another output's), its layout and autograd version
+    unchanged, the old storage left as it was. An inference tensor moves
+    too, outside inference mode as well (the mover enters it for the
+    set_): it raised StaleTensorError where Inductor reads it (a helper's
+    audit)."""
     base = torch.arange(24.0)
     t = base[4:16].view(3, 4).t()  # storage offset 4, strides (1, 4)
     t.mul_(1)  # a version of its own
     want, old = t.clone(), t.untyped_storage()
     base[:4] = -1  # below t's data: must not matter
     version = t._version  # shared with base's: 2
-    assert _backend.move_out_of_pool(t) is True
+    assert _backend.move_out_of_pool([t]) == [True]
     assert t.untyped_storage().data_ptr() != old.data_ptr() and t.untyped_storage().nbytes() == old.nbytes()
     assert (t.storage_offset(), t.size(), t.stride()) == (4, (4, 3), (1, 4))
     assert t._version == version and torch.equal(t, want)
     base.zero_()  # the old storage is no longer t's
     assert torch.equal(t, want)
     e = torch.empty(0).as_strided((0,), (1,), 5)  # empty, past its 0-byte storage's end
-    assert _backend.move_out_of_pool(e) is True and e.numel() == 0 and e.storage_offset() == 5
+    assert _backend.move_out_of_pool([e]) == [True] and e.numel() == 0 and e.storage_offset() == 5
     with torch.inference_mode():
         it = torch.ones(3)
-    assert _backend.move_out_of_pool(it) is False
+    assert _backend.move_out_of_pool([it]) == [True]
+    assert torch.equal(it, torch.ones(3)) and it.is_inference()
     with torch.inference_mode():
-        assert _backend.move_out_of_pool(it) is True
-        assert torch.equal(it, torch.ones(3))
+        it2 = torch.ones(3)
+        assert _backend.move_out_of_pool([it2]) == [True]
+        assert torch.equal(it2, torch.ones(3))
+
+
+def test_move_out_of_pool_moves_tensors_over_one_storage_onto_one_new_storage():
+    """An output and a view of it passed to one call (g(h, h[2:])) move
+    together: after the move they are still views of one storage, so a
+    write in place through one is read through the other, as in eager.
+    Moved one by one, each got a copy of its own, and the write was lost
+    to the other, silently (two helpers' audits). The copy begins at the
+    lowest storage offset among them."""
+    base = torch.arange(16.0)
+    h = base[2:]  # storage offset 2
+    v = h[4:].view(2, 5)  # storage offset 6
+    other = torch.arange(4.0)
+    old = h.untyped_storage()
+    assert _backend.move_out_of_pool([v, h, other]) == [True, True, True]
+    assert h.untyped_storage().data_ptr() == v.untyped_storage().data_ptr() != old.data_ptr()
+    assert other.untyped_storage().data_ptr() != h.untyped_storage().data_ptr()
+    assert (h.storage_offset(), v.storage_offset()) == (2, 6)
+    assert torch.equal(h, torch.arange(2.0, 16.0)) and torch.equal(other, torch.arange(4.0))
+    h.mul_(10)  # eager: h.zero_() or any write in place
+    assert torch.equal(v.flatten(), torch.arange(6.0, 16.0) * 10)
+    base.zero_()  # the old storage is theirs no longer
+    assert torch.equal(h, torch.arange(2.0, 16.0) * 10)

@@ -629,6 +629,73 @@ def test_a_frozen_teachers_output_under_no_grad_read_after_the_students_call_tra
     assert_steady_state(seen["steady"], after, replays=4)
 
 
+@pytest.mark.parametrize("calls", ["two_teachers", "the_teacher_per_crop", "an_augmentation_after_the_teacher"])
+def test_several_compiled_calls_under_no_grad_before_the_student_train_as_inductor(calls):
+    """Two frozen teachers of one architecture (t1 = a(x); t2 = b(x)), one
+    teacher called per crop with the student called per crop too, or a
+    compiled augmentation under no_grad after the teacher: the second call
+    under no_grad began a step that marked t1, and the loss raised
+    StaleTensorError where Inductor computes. In a step that follows one
+    with a backward, an inference call is held by a live inference output
+    of the step (module.c, "Other inference calls before the training
+    forward"): losses and weights are Inductor's bit for bit, nothing is
+    refused or moved, and the steady state records nothing again."""
+    torch.manual_seed(0)
+
+    def net(n_out):
+        return torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, n_out)).to(DEV)
+
+    ta, tb, student = net(64), net(64), net(64)
+    ta.requires_grad_(False)
+    tb.requires_grad_(False)
+    refs = copy.deepcopy(ta), copy.deepcopy(tb), copy.deepcopy(student)
+    xs, crops, noise = batches(8), batches(8, seed=5), batches(8, seed=9)
+    seen = {}
+
+    def augment(x, n):
+        return torch.tanh(x + 0.1 * n)
+
+    def run(ma, mb, ms, backend):
+        torch._dynamo.reset()
+        fa, fb, fs = (torch.compile(m, backend=backend) for m in (ma, mb, ms))
+        faug = torch.compile(augment, backend=backend)
+        opt = torch.optim.SGD(ms.parameters(), lr=0.05)
+        losses = []
+        for i, (x, c, n) in enumerate(zip(xs, crops, noise)):
+            if i == 4 and backend == "cgtree":  # steps 0 to 3 warm up and record every graph
+                seen["steady"] = ct.stats()
+            with torch.no_grad():
+                t1 = fa(x)
+                if calls == "two_teachers":
+                    t2 = fb(x)
+                elif calls == "the_teacher_per_crop":
+                    t2 = fa(c)
+                else:
+                    xa = faug(x, n)
+            if calls == "two_teachers":
+                loss = (fs(x) - 0.5 * (t1 + t2)).square().mean()
+            elif calls == "the_teacher_per_crop":
+                loss = (fs(x) - t1).square().mean() + (fs(c) - t2).square().mean()
+            else:
+                loss = (fs(xa) - t1).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss.detach().clone())
+        return torch.stack(losses)
+
+    want = run(*refs, "inductor")
+    before = ct.stats()
+    got = run(ta, tb, student, "cgtree")
+    after = ct.stats()
+    assert torch.equal(got, want)
+    assert_same_params(student, refs[2])
+    assert after["stale_refused"] == before["stale_refused"]
+    assert after["arguments_moved"] == before["arguments_moved"]
+    assert after["steps_held_for_inference_outputs"] - before["steps_held_for_inference_outputs"] >= 8
+    assert_steady_state(seen["steady"], after, replays=4)
+
+
 def test_a_model_with_a_host_branch_trains_on_both_paths():
     torch.manual_seed(0)
 

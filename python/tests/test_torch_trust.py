@@ -136,7 +136,10 @@ def test_an_explicit_step_begin_makes_kept_outputs_raise():
     x = torch.ones(16, device=DEV)
     for _ in range(4):
         y = cg(x)
+    want = y.clone()
     ct.step_begin()
+    assert torch.equal(y, want)  # the step begins at the next call, as at PyTorch's mark
+    cg(x)
     with pytest.raises(RuntimeError, match="StaleTensorError"):
         y.sum().item()
 

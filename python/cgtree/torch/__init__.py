@@ -73,8 +73,13 @@ __all__ = ["backend", "make_graphed_callables", "install", "installed", "step_be
 
 
 def step_begin():
-    """End the calling thread's current step on every device: its outputs
-    still alive become stale (any access raises)."""
+    """End the calling thread's current step on every device, as
+    torch.compiler.cudagraph_mark_step_begin() does for every thread: the
+    step ends at the thread's next compiled call on that device, and its
+    outputs still alive become stale there (any access raises); an
+    argument of that call moves to memory of its own first, as in the
+    x = f(x) loop. Until then nothing of the trees runs, and every output
+    still reads its data."""
     for tree in _install.thread_trees():
         tree.step_begin()
 

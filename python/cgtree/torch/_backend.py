@@ -69,7 +69,6 @@ one GPU they are Segments all the same, plain from the start, so that
 their calls mark the steps of that device's tree (segment.c,
 call_bypassed).
 """
-import contextlib
 import functools
 import itertools
 import warnings
@@ -104,28 +103,44 @@ def alias(t, ptr):
     return _from_dlpack(cap)
 
 
-def move_out_of_pool(t):
-    """Moves t, an argument of the call that ends the step of the output it
-    lies in, out of the tree's pool (python/_torch_ext/stale.c): t itself
-    is set_ to a storage of its own of the same size, holding t's bytes
-    from its storage offset on, with t's layout (Dynamo's guards and the
-    compiled graph saw it) and autograd version (its data are the same:
-    autograd's saved t reads right). The bytes below its storage offset
-    were never t's: a storage made over a pool value at an offset begins
-    below the value, in memory that may be another's. The copy runs on the
-    current stream. False where t cannot be moved: an inference tensor
-    outside inference mode, where PyTorch refuses set_."""
-    inference = t.is_inference()  # it has no version counter
-    if inference and not torch.is_inference_mode_enabled():
-        return False
-    old = t.untyped_storage()
-    start = t.storage_offset() * t.element_size()
-    new = torch.empty(old.nbytes(), dtype=torch.uint8, device=t.device)
-    if old.nbytes() > start:  # an empty tensor may lie at or past its storage's end: nothing to copy
-        new[start:].copy_(torch.empty(0, dtype=torch.uint8, device=t.device).set_(old, start, (old.nbytes() - start,)))
-    with contextlib.nullcontext() if inference else torch.autograd._unsafe_preserve_version_counter(t):
-        t.set_(new.untyped_storage(), t.storage_offset(), t.size(), t.stride())
-    return True
+def move_out_of_pool(ts):
+    """Moves the tensors ts, arguments of the call that ends the step of
+    the outputs they lie in, out of the tree's pool (python/_torch_ext/stale.c,
+    segment.c): each is set_ to a storage of its own of its storage's size,
+    with its layout (Dynamo's guards and the compiled graph saw it) and
+    autograd version (its data are the same: autograd's saved t reads
+    right). Tensors over one storage (an output and a view of it, passed
+    together) move onto one new storage, so they stay views of one another,
+    as in eager: moved apart, a write through one was lost to the other.
+    What is copied is the storage's bytes from the lowest storage offset
+    among them on: the bytes below were never theirs (a storage made over a
+    pool value at an offset begins below the value, in memory that may be
+    another's). The copy runs on the current stream. An inference tensor
+    is set_ in inference mode, where PyTorch allows it. A list of booleans,
+    one per tensor: False where PyTorch refuses the set_ (a plain
+    RuntimeError), and that tensor stays, to be marked stale."""
+    groups = {}
+    for t in ts:
+        groups.setdefault(t.untyped_storage()._cdata, []).append(t)
+    moved = {}
+    for group in groups.values():
+        old = group[0].untyped_storage()
+        start = min(t.storage_offset() * t.element_size() for t in group)
+        new = torch.empty(old.nbytes(), dtype=torch.uint8, device=group[0].device)
+        if old.nbytes() > start:  # an empty tensor may lie at or past its storage's end: nothing to copy
+            src = torch.empty(0, dtype=torch.uint8, device=new.device).set_(old, start, (old.nbytes() - start,))
+            new[start:].copy_(src)
+        for t in group:
+            keep = torch.inference_mode() if t.is_inference() else torch.autograd._unsafe_preserve_version_counter(t)
+            try:
+                with keep:
+                    t.set_(new.untyped_storage(), t.storage_offset(), t.size(), t.stride())
+                moved[id(t)] = True
+            except RuntimeError as e:
+                if type(e) is not RuntimeError:  # out of memory, a CUDA error: the caller's
+                    raise
+                moved[id(t)] = False
+    return [moved[id(t)] for t in ts]
 
 
 _warned = set()
