@@ -303,6 +303,7 @@ typedef struct TreeObject {
   int step_follows_backward;     /* the step before this one ran a backward: this one may be a training step's */
   uint64_t backward_calls; /* backward segment calls so far: which watches a backward call ended */
   uint32_t generations_deferred; /* compiled calls since the step began that began none (backwards pending) */
+  uint32_t optimizer_calls_held; /* those of them held as the step's optimizer (module.c) */
   uint64_t steps_deferred;       /* all such calls */
   uint64_t steps_kept_after_backward; /* calls that began no step as the step's optimizer (module.c) */
   int backward_this_step;        /* a backward segment ran in this step */

@@ -111,6 +111,10 @@ int tx_check_probes(PyObject *probes, Py_ssize_t width, PyTypeObject *t0, PyType
  * of Triton's launches), and the path would grow by a node per call: after
  * PENDING_GENERATIONS_MAX such calls the step begins anyway, with a warning
  * once, and those activations raise StaleTensorError if a backward comes.
+ * The bound is high because a forward may be many compiled calls: an RNN
+ * cell unrolled over a sequence, regionally compiled layers, and their
+ * checkpointed recomputes inside the backward (at 64 such a forward's
+ * backward raised: a helper's audit); PyTorch's trees have none.
  * An explicit mark (cudagraph_mark_step_begin(), step_begin()) always
  * begins a step, as in PyTorch's trees. A backward never begins a step but
  * at such a mark: with compiled autograd Dynamo does enter a frame for it
@@ -135,9 +139,8 @@ int tx_check_probes(PyObject *probes, Py_ssize_t width, PyTypeObject *t0, PyType
  * state), or it reads a live backward output of the step (a .grad). It
  * follows the backward in the path, as forward, backward and optimizer of
  * one training step should; the next training forward, or any other call,
- * begins the next step. The same bound holds: such calls, with those that
- * a pending backward kept in the step, begin a step after
- * PENDING_GENERATIONS_MAX in a row (then the gradients move, and stay
+ * begins the next step. Bounded lower: after OPTIMIZER_CALLS_MAX such
+ * calls in a step, one begins a step (then the gradients move, and stay
  * right; no warning, nothing is lost).
  *
  * Gradients. A backward's outputs are handed out like any other, so
@@ -148,7 +151,11 @@ int tx_check_probes(PyObject *probes, Py_ssize_t width, PyTypeObject *t0, PyType
  * after the next forward) is moved to memory of its own when the step ends
  * (stale.c), before anything could overwrite it, and from then on
  * AccumulateGrad adds into it in place. */
-enum { PENDING_GENERATIONS_MAX = 64 };
+enum { PENDING_GENERATIONS_MAX = 1024 };
+
+/* The step's optimizer calls held so in a row (module.c, "The optimizer"):
+ * past them a step begins and the gradients move, and nothing is lost. */
+enum { OPTIMIZER_CALLS_MAX = 64 };
 
 /* Inference calls an inference output holds in a step (module.c,
  * "Inference outputs a training forward reads"). */
@@ -351,6 +358,7 @@ int tx_tree_step_begin(TreeObject *T) {
   T->backward_this_step = 0;
   T->inference_calls_held = 0;
   T->generations_deferred = 0;
+  T->optimizer_calls_held = 0;
   return 0;
 }
 
@@ -427,8 +435,9 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
     return unsee(T, gen_before, mark_before);
   if (marked || (!pending && !optimizer))
     return step_begin_or_unsee(T, gen_before, mark_before);
-  if (T->generations_deferred < PENDING_GENERATIONS_MAX) {
+  if (T->generations_deferred < PENDING_GENERATIONS_MAX && (pending || T->optimizer_calls_held < OPTIMIZER_CALLS_MAX)) {
     T->generations_deferred++;
+    T->optimizer_calls_held += (uint32_t)!pending;
     T->steps_deferred += (uint64_t)!optimizer;
     T->steps_kept_after_backward += (uint64_t)optimizer;
     return 0; /* a backward is pending, or the call is the step's optimizer: the step goes on */

@@ -4407,13 +4407,18 @@ def test_an_explicit_mark_begins_a_step_even_with_a_backward_pending_and_the_bac
         init_hot_path()
 
 
-def test_a_forward_whose_backward_never_comes_holds_the_step_at_most_64_calls_then_warns(tree):
+def test_a_forward_whose_backward_never_comes_holds_the_step_at_most_1024_calls_then_warns(tree):
     fw, bw = training_pair(tree)
     x, t = FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
     kept = [call(fw, x) for _ in range(3)]
     step0 = tree.stats()["step"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning before the bound
+        for _ in range(1024 - 2):
+            kept.append(call(fw, x))
+    assert tree.stats()["step"] == step0 and tree.stats()["steps_forced"] == 0
     with pytest.warns(RuntimeWarning, match="saved activations"):
-        for _ in range(64):
+        for _ in range(2):
             kept.append(call(fw, x))
     s = tree.stats()
     assert s["steps_forced"] == 1 and s["step"] == step0 + 1
@@ -4427,6 +4432,39 @@ def test_a_forward_whose_backward_never_comes_holds_the_step_at_most_64_calls_th
     with pytest.raises(RuntimeError, match="StaleTensorError"):
         saved.values()
     assert kept[0][1].values() == [3, 6, 9, 12]  # the plain first call's: never the pool's
+
+
+@pytest.mark.parametrize("steps", [70, 300])
+def test_an_rnn_cell_unrolled_over_hundreds_of_compiled_calls_then_its_backward_trains(tree, steps):
+    """h = cell(x[t], h) for each t: every call of the compiled cell is a
+    new call of a compiled model, held in the step by the saved activations
+    of the calls before it; then loss.backward() runs the cell's backward
+    for each. At 64 held calls a step began, with a warning, and the
+    backward raised StaleTensorError where Inductor computes (a helper's
+    audit); regionally compiled layers are the same case. The bound is
+    now 1024 calls; the iterations after the first replay one path."""
+    cell = segment(tree, ForwardGraph(tree), spans=(16,), name="cell", saved_from=1)
+    bw = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bw", backward=True)
+    g = FakeTensor(4).fill([1, 1, 1, 1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the bound's warning fails the test
+        for it in range(3):
+            if it == 2:
+                recorded = tree.stats()["recordings"]
+            h = FakeTensor(4).fill([1, 1, 1, 1])
+            saved = []
+            for _ in range(steps):
+                h, s = call(cell, h)
+                h.fill([1, 1, 1, 1])  # keeps the numbers small: an eager write, as a normalisation would
+                saved.append(s)
+            for s in reversed(saved):  # loss.backward(): autograd runs each call's backward
+                (gx,) = bw(s, g)
+                assert gx.values() == [4, 4, 4, 4]
+                del gx
+            del saved, s, h
+            gc.collect()
+    st = tree.stats()
+    assert st["steps_forced"] == 0 and st["recordings"] == recorded
 
 
 def test_give_reference_adds_exactly_one_reference():

@@ -696,6 +696,59 @@ def test_several_compiled_calls_under_no_grad_before_the_student_train_as_induct
     assert_steady_state(seen["steady"], after, replays=4)
 
 
+def test_an_rnn_cell_compiled_and_unrolled_over_100_steps_trains_as_inductor():
+    """h = cell(x[t], h) over 100 time steps, each a call of the compiled
+    cell held in the step by the saved activations of those before it,
+    then one backward through all of them. At 64 held calls a step began
+    and the backward raised StaleTensorError where Inductor computes (a
+    helper's audit). Losses and weights are Inductor's bit for bit, and the
+    steady state records nothing again."""
+    torch.manual_seed(0)
+
+    class Cell(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(64, 32)
+
+        def forward(self, x, h):
+            return torch.tanh(self.lin(torch.cat([x, h], dim=1)))
+
+    cell = Cell().to(DEV)
+    ref = copy.deepcopy(cell)
+    g = torch.Generator().manual_seed(4)
+    seqs = [torch.randn(100, 8, 32, generator=g).to(DEV) for _ in range(5)]
+    seen = {}
+
+    def run(m, backend):
+        torch._dynamo.reset()
+        fc = torch.compile(m, backend=backend)
+        opt = torch.optim.SGD(m.parameters(), lr=0.05)
+        losses = []
+        for i, seq in enumerate(seqs):
+            if i == 3 and backend == "cgtree":
+                seen["steady"] = ct.stats()
+            h = torch.zeros(8, 32, device=DEV)
+            for x in seq:
+                h = fc(x, h)
+            loss = h.square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss.detach().clone())
+        return torch.stack(losses)
+
+    want = run(ref, "inductor")
+    before = ct.stats()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # the bound's warning
+        got = run(cell, "cgtree")
+    after = ct.stats()
+    assert torch.equal(got, want)
+    assert_same_params(cell, ref)
+    assert after["steps_forced"] == before["steps_forced"] and after["stale_refused"] == before["stale_refused"]
+    assert_steady_state(seen["steady"], after, replays=2 * 100)
+
+
 def test_a_model_with_a_host_branch_trains_on_both_paths():
     torch.manual_seed(0)
 
