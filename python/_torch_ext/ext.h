@@ -259,6 +259,7 @@ typedef struct TreeObject {
    * object, or over its storage), handed out tied (segment.c, tied_output),
    * and those that could not be, made tensors of their own. */
   uint64_t outputs_tied, outputs_tied_apart;
+  uint64_t outputs_viewing_values; /* outputs made views of a VALUE argument (segment.c, value_input_view) */
   uint64_t replays_seen; /* the tree's replay count after the last cgt_run of segment.c (its timers) */
   uint64_t capture_failures_seen; /* and its capture failures (a failure turns the segment plain) */
   uint64_t eager_runs_seen; /* and its eager runs (their outputs lie in the side pool) */

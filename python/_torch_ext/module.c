@@ -662,6 +662,7 @@ static PyObject *stats_dict(const TreeObject *T, const cgt_stats *s, uint64_t al
   PUT("stale_refused", T->stale_refused)
   PUT("outputs_tied", T->outputs_tied)
   PUT("outputs_tied_apart", T->outputs_tied_apart)
+  PUT("outputs_viewing_values", T->outputs_viewing_values)
   PUT("outputs_overwritable", T->overwritable)
   PUT("outputs_marked_stale", T->marked_stale)
   PUT("saved_activations_alive", T->saved_alive)

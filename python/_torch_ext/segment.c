@@ -511,6 +511,52 @@ static PyObject *caller_view(PyObject *in, const out_meta *m, PyObject *const *a
   return strided_view(in, m, offset_bytes / out_item_bytes(m));
 }
 
+/* An output that is a view of a VALUE argument: an output of this step
+ * passed in (two compiled blocks, the pieces around a graph break), which
+ * the graph returns as it is, or a view of it; a training forward that
+ * saves its input (a Linear) returns it among its saved results. Under
+ * plain Inductor it is that input, or a view of it, sharing its version
+ * counter, so a write in place to the input before the backward raises
+ * autograd's error there. Made a DLPack tensor of its own, it had a
+ * counter of its own: the backward read the written values without a
+ * word (a helper's audit). So it is made as the plain graph makes it, a
+ * view of the argument (as_strided over its storage, where the output
+ * lies now), and its value goes back, the argument's holding the memory;
+ * *ref is the argument's record, which a saved one holds the step through
+ * (tied_saved_hold), as a saved result tied to an output does. NULL with
+ * no exception set where it cannot be made so (another dtype, not where a
+ * view would lie, or past the argument's storage: the caller makes a
+ * tensor of its own, v untouched); NULL with an exception set on an error
+ * (v released). */
+static PyObject *value_input_view(seg_run *run, PyObject *const *args, cgt_value v, const out_meta *m,
+                                  tx_out_ref **ref) {
+  TreeObject *T = run->tree;
+  *ref = NULL;
+  if (m->alias_arg < 0 || !m->alias_same_dtype || run->args[m->alias_k].kind != CGT_ARG_VALUE ||
+      !run->ptrs[m->alias_k] || m->alias_rel < 0)
+    return NULL;
+  void *ptr = NULL;
+  size_t bytes = 0;
+  if (cgt_value_ptr(T->tree, v, &ptr, &bytes) != CGT_OK ||
+      (char *)ptr != (char *)run->ptrs[m->alias_k] + m->alias_rel)
+    return NULL; /* make_output reports an error */
+  tx_out_ref *in = tx_step_output_at(T, run->ptrs[m->alias_k], run->spans[m->alias_k]);
+  if (!in)
+    return NULL;
+  PyObject *view = caller_view(args[m->alias_arg], m, args);
+  if (!view) {
+    if (!PyErr_ExceptionMatches(PyExc_RuntimeError)) { /* out of memory, ...: the call fails */
+      (void)cgt_value_release(T->tree, v);
+      return NULL;
+    }
+    PyErr_Clear(); /* past the argument's storage: a tensor of its own */
+    return NULL;
+  }
+  (void)cgt_value_release(T->tree, v);
+  *ref = in;
+  return view;
+}
+
 /* A tensor over value v, laid out as m says. Steals v: on failure v is
  * released (through the queue). With ns_make (a timed call), PyTorch's
  * share of the work is added there. */
@@ -1615,6 +1661,19 @@ static PyObject *build_result(seg_run *r, PyObject *const *args, variant_tmpl *t
         r->tree->outputs_tied_apart += item == NULL;
         if (item) /* the record a memory watch below follows: the earlier output's, whose storage it shares */
           r->made = base_made;
+      }
+      if (!item && m->alias_arg >= 0) {
+        tx_out_ref *in = NULL;
+        item = value_input_view(r, args, r->outs[k], m, &in);
+        if (!item && PyErr_Occurred()) {
+          k++; /* released */
+          goto fail;
+        }
+        if (item && i >= s->saved_from && training_forward(s))
+          tied_saved_hold(s, r->tree, in);
+        r->tree->outputs_viewing_values += item != NULL;
+        if (item) /* the record a memory watch below follows: the argument's, whose storage it shares */
+          r->made = in;
       }
       if (!item)
         item = make_output(r, args, r->outs[k], m, i >= s->saved_from, s->backward,

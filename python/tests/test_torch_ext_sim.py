@@ -3023,6 +3023,41 @@ class HeadSavingItsInput:
         return (out, h)
 
 
+def test_a_saved_input_that_is_an_output_of_the_step_is_a_view_of_it_and_holds_the_step_until_its_backward(tree):
+    """h, an output of this step, passed to a training forward that saves
+    its input (a Linear): the plain graph returns h itself as the saved
+    result, sharing h's version counter, so a write in place to h before
+    the backward raises autograd's error under Inductor. Made a DLPack
+    tensor of its own over h's memory, the saved result had a counter of
+    its own, and the backward read the written values without a word (a
+    helper's audit). It is a view of h now (h's storage). It is no saved
+    activation of the tree's either, so h's record holds the step for it:
+    a second forward before the backwards (a contrastive pair) goes on in
+    the step, and both backwards read what their forwards saw."""
+    backbone = segment(tree, Graph(tree, 2.0, 0.0), spans=(16,), name="backbone")
+    head = segment(tree, HeadSavingItsInput(tree), spans=(16,), name="head", saved_from=1)
+    bw = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bw", backward=True)
+    x, t = FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
+    s0 = tree.stats()
+    for i in range(5):
+        (h,) = call(backbone, x)  # [2, 4, 6, 8]
+        z1, s1 = call(head, h)
+        step = tree.stats()["step"]
+        z2, s2 = call(head, h)  # a second forward: held by s1, a view of h
+        if i >= 2:  # the tree's runs (the first calls run as the plain graph, which returns h itself)
+            assert s1.untyped_storage() is h.untyped_storage(), "the saved input is no view of h"
+            assert tree.stats()["step"] == step, "the second forward began a step while a saved input lives"
+        assert z1.values() == z2.values() == [4, 8, 12, 16]
+        (g1,) = bw(s1, t)
+        (g2,) = bw(s2, t)
+        assert g1.values() == g2.values() == [3, 5, 7, 9]
+        del h, z1, s1, z2, s2, g1, g2
+        gc.collect()
+    st = tree.stats()
+    assert st["stale_refused"] == s0["stale_refused"] and st["steps_forced"] == s0["steps_forced"]
+    assert st["outputs_viewing_values"] - s0["outputs_viewing_values"] >= 6
+
+
 @pytest.mark.parametrize("how", ["plain_for_good", "first_call_of_a_graph_that_may_not_rerun"])
 def test_a_plain_forwards_saved_input_from_this_step_holds_the_step_until_its_backward(tree, how):
     """A training forward that runs as the plain graph (for good, or at its

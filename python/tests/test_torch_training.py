@@ -749,6 +749,48 @@ def test_an_rnn_cell_compiled_and_unrolled_over_100_steps_trains_as_inductor():
     assert_steady_state(seen["steady"], after, replays=2 * 100)
 
 
+def test_a_write_in_place_to_an_input_a_second_block_saved_raises_at_the_backward_as_under_inductor():
+    """h = a(x), y = b(h) with two compiled blocks, b a Linear that saves
+    its input h, an output of a's in the same step; then the program
+    writes h in place before the backward. Under Inductor b's saved tensor
+    is h itself, and autograd's version check raises at the backward. cgtree
+    handed b's saved h out as a tensor of its own over h's memory, with a
+    version counter of its own: the backward read the written values and
+    the gradients came out wrong without a word (a helper's audit). It is a
+    view of h now. Before the write, four steps train bit-equal to
+    Inductor."""
+    torch.manual_seed(0)
+    blocks = torch.nn.Linear(64, 64).to(DEV), torch.nn.Linear(64, 8).to(DEV)
+    refs = copy.deepcopy(blocks)
+    xs = batches(5)
+
+    def run(ma, mb, backend):
+        torch._dynamo.reset()
+        fa, fb = torch.compile(ma, backend=backend), torch.compile(mb, backend=backend)
+        losses, raised = [], None
+        for i, x in enumerate(xs):
+            h = fa(x)
+            loss = fb(h).square().mean()
+            if i == 4:
+                with torch.no_grad():
+                    h.mul_(2)  # b saved h: its backward must not read this
+            try:
+                loss.backward()
+            except RuntimeError as e:
+                raised = str(e)
+                break
+            losses.append(loss.detach().clone())
+            for m in (ma, mb):
+                m.zero_grad(set_to_none=True)
+        return torch.stack(losses), raised
+
+    want, want_raised = run(*refs, "inductor")
+    got, got_raised = run(*blocks, "cgtree")
+    assert torch.equal(got, want)
+    assert want_raised and "modified by an inplace operation" in want_raised
+    assert got_raised and "modified by an inplace operation" in got_raised, got_raised
+
+
 def test_a_model_with_a_host_branch_trains_on_both_paths():
     torch.manual_seed(0)
 
