@@ -3,7 +3,7 @@
 programs where one model's output is read after the other's call.
 
     python3 bench/torch_two_models.py [--modes eager,inductor,reduce-overhead,cgtree]
-                                      [--programs gan,gan-checkpoint,gan-reentrant,distill,distill-two]
+                                      [--programs gan,gan-checkpoint,gan-reentrant,distill]
                                       [--rounds 3] [--steps 100] [--out results.jsonl]
 
 gan: a GAN's step. The discriminator D trains on the generator's output
@@ -12,9 +12,7 @@ output must still hold what G wrote. gan-checkpoint and gan-reentrant call
 G under torch.utils.checkpoint (use_reentrant False and True): G keeps no
 saved activation, so nothing of G's holds a step across D's backward but
 its output itself. distill: under no_grad a frozen teacher's output t,
-then the student's call, then a loss that reads t. distill-two: two
-frozen teachers of one architecture, t = (a(x) + b(x)) / 2 under
-no_grad, then the student.
+then the student's call, then a loss that reads t.
 
 The models are 3-layer MLPs (256 wide, batch 64, fp32), each compiled on
 its own; SGD with momentum in eager. Each mode and program runs in a fresh
@@ -58,8 +56,6 @@ def child(mode, program, steps):
     dm = mlp(torch, WIDTH, 1 if gan else WIDTH, leaky if gan else relu).cuda()
     if not gan:
         gm.requires_grad_(False)
-    two = program == "distill-two"  # a second frozen teacher of the same architecture
-    tm2 = mlp(torch, WIDTH, WIDTH, relu).cuda().requires_grad_(False) if two else None
     g = torch.Generator().manual_seed(1)
     zs = [torch.randn(BATCH, NOISE if gan else WIDTH, generator=g).cuda().requires_grad_(program == "gan-reentrant")
           for _ in range(BATCHES)]
@@ -68,7 +64,6 @@ def child(mode, program, steps):
                 "reduce-overhead": lambda m: torch.compile(m, mode="reduce-overhead"),
                 "cgtree": lambda m: torch.compile(m, backend="cgtree")}[mode]
     fg, fd = compile_(gm), compile_(dm)
-    ft2 = compile_(tm2) if two else None
     og = torch.optim.SGD(gm.parameters(), lr=0.02, momentum=0.5) if gan else None
     od = torch.optim.SGD(dm.parameters(), lr=0.02, momentum=0.5)
     softplus = torch.nn.functional.softplus
@@ -92,8 +87,6 @@ def child(mode, program, steps):
     def distill_step(x, _):
         with torch.no_grad():
             t = fg(x)
-            if two:
-                t = 0.5 * (t + ft2(x))  # eager: the second teacher's call came after the first's
         loss = (fd(x) - t).square().mean()  # t read after the student's call
         od.zero_grad(set_to_none=True)
         loss.backward()
@@ -134,7 +127,7 @@ def run(mode, program, steps):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--modes", default="eager,inductor,reduce-overhead,cgtree")
-    ap.add_argument("--programs", default="gan,gan-checkpoint,gan-reentrant,distill,distill-two")
+    ap.add_argument("--programs", default="gan,gan-checkpoint,gan-reentrant,distill")
     ap.add_argument("--program")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=100)

@@ -299,9 +299,7 @@ typedef struct TreeObject {
    * it next (module.c, "Inference outputs a training forward reads"). */
   uint64_t inference_memory_watched;
   uint64_t inference_watches_ended; /* how often all of them ended: which watches an end ended (tx_out_ref) */
-  uint64_t steps_held_for_inference_outputs; /* calls that began no step for one (training forwards', others') */
-  uint32_t inference_calls_held; /* calls but training forwards' held so in this step (module.c) */
-  int step_follows_backward;     /* the step before this one ran a backward: this one may be a training step's */
+  uint64_t steps_held_for_inference_outputs; /* training forwards' calls that began no step for one */
   uint64_t backward_calls; /* backward segment calls so far: which watches a backward call ended */
   uint32_t generations_deferred; /* compiled calls since the step began that began none (backwards pending) */
   uint32_t optimizer_calls_held; /* those of them held as the step's optimizer (module.c) */

@@ -157,10 +157,6 @@ enum { PENDING_GENERATIONS_MAX = 1024 };
  * past them a step begins and the gradients move, and nothing is lost. */
 enum { OPTIMIZER_CALLS_MAX = 64 };
 
-/* Inference calls an inference output holds in a step (module.c,
- * "Inference outputs a training forward reads"). */
-enum { INFERENCE_CALLS_HELD_MAX = 8 };
-
 _Thread_local int tx_hash_oomed;
 
 /* Tests: the n-th allocation of a uthash table from now fails (0: none). */
@@ -254,23 +250,15 @@ int tx_tree_note_forward_output(TreeObject *T, PyObject *out, int by_memory, tx_
  * detached copy or a view of t holds too), as a training forward's remade
  * outputs are; bounded like every hold.
  *
- * Other inference calls before the training forward. Two teachers
- * (t1 = a(x); t2 = b(x)), one teacher called per crop, or a compiled
- * augmentation after the teacher: the second call under no_grad began a
- * step that marked t1. In a step that follows a step with a backward
- * (the program trains: this is the next iteration's beginning), an
- * inference call is held by a live inference output of the step as well,
- * and its own outputs are watched in turn: t1, t2 and the student's call
- * share the step. At most INFERENCE_CALLS_HELD_MAX such calls a step,
- * then one begins a step, with no warning: nothing is lost that an
- * implicit step would have kept, the marked outputs raise if read. The
- * bound is what an evaluation loop after a training step pays (each call
- * keeping the last output bound): its first calls join one step, a path
- * recorded once, and the loop goes on a step a call. A step that follows
- * none with a backward holds no inference call: an inference program's
- * steps are as before, and so is the first iteration of a training loop
- * whose teachers ran before it in a step of their own (it raises there;
- * from the second iteration on the steps follow backwards). */
+ * Another call under no_grad between the teacher and the student (a
+ * second teacher, the teacher on another crop) is not held: it begins a
+ * step that marks t, and the loss raises. Holding such calls after a
+ * training step, and in the tree's first step, was tried and taken back:
+ * a call under no_grad cannot be told from an evaluation or inference
+ * loop's, whose first calls then joined one step, each a node of its own
+ * (recorded again, once per call, where one recording served), and a
+ * fresh program's first iteration still raised for teachers of one
+ * architecture (one graph). */
 void tx_tree_note_inference_output(TreeObject *T, tx_out_ref *made) {
   tx_out_ref *r = made;
   if (T->explicit_steps || T->backward_this_step || !r || r->caller_memory || r->step != T->step ||
@@ -354,9 +342,7 @@ int tx_tree_step_begin(TreeObject *T) {
   T->tied_saved_alive = 0;
   T->plain_holds = 0;
   forward_watches_end(T);
-  T->step_follows_backward = T->backward_this_step;
   T->backward_this_step = 0;
-  T->inference_calls_held = 0;
   T->generations_deferred = 0;
   T->optimizer_calls_held = 0;
   return 0;
@@ -418,17 +404,11 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
     return unsee(T, gen_before, mark_before);
   if (!marked && !pending && (pending = tx_call_reads_grad_output(T)) < 0)
     return unsee(T, gen_before, mark_before);
-  if (!marked && !pending && T->inference_memory_watched) {
-    int training = tx_call_is_training_forward(T);
-    if (training || (T->step_follows_backward && T->inference_calls_held < INFERENCE_CALLS_HELD_MAX)) {
-      tx_out_ref_queue_drain(); /* outputs just dropped (a no-op where the question above drained) */
-      pending = T->inference_memory_watched != 0;
-      T->steps_held_for_inference_outputs += (uint64_t)pending;
-      if (training)
-        inference_watches_end(T); /* once: the forward's own activations hold the step from here */
-      else
-        T->inference_calls_held += (uint32_t)pending; /* its outputs are watched too: a chain */
-    }
+  if (!marked && !pending && T->inference_memory_watched && tx_call_is_training_forward(T)) {
+    tx_out_ref_queue_drain(); /* outputs just dropped (a no-op where the question above drained) */
+    pending = T->inference_memory_watched != 0;
+    T->steps_held_for_inference_outputs += (uint64_t)pending;
+    inference_watches_end(T); /* once: the forward's own activations hold the step from here */
   }
   int optimizer = 0;
   if (!marked && !pending && (optimizer = belongs(call)) < 0)
