@@ -153,3 +153,54 @@ def test_other_shapes_than_the_samples_compile_again_up_to_dynamos_limit_and_the
         m(torch.randn(4 + limit, 8, generator=g))
     x = torch.randn(5, 8, generator=g)  # a shape compiled before: its graph still serves
     torch.testing.assert_close(m(x), ref(x))
+
+
+def test_built_in_modules_of_many_classes_and_stages_of_one_class_each_have_dynamos_limit_to_themselves():
+    """Dynamo counts recompile_limit (8) per code object, and torch.compile
+    wraps every torch.nn forward in one shared frame, while every
+    nn.Sequential has one forward: ten built-in modules of ten classes
+    raised while the ninth warmed up, and five Sequential stages of other
+    widths, graphed in training and then called under no_grad, raised at
+    the fourth call (a helper's audit), where PyTorch's version graphs and
+    runs them. Each callable's frame has a code object of its own, shared
+    only by callables of one function with samples of one layout."""
+    torch._dynamo.reset()
+    x = torch.randn(2, 16)
+    mods = (torch.nn.Linear(16, 16), torch.nn.LayerNorm(16), torch.nn.GELU(), torch.nn.ReLU(), torch.nn.Tanh(),
+            torch.nn.Sigmoid(), torch.nn.SiLU(), torch.nn.Softplus(), torch.nn.Dropout(0.0), torch.nn.ELU())
+    want = [m(x) for m in mods]
+    graphed = make(mods, tuple((x,) for _ in mods), n=1)
+    for m, w in zip(graphed, want):
+        torch.testing.assert_close(m(x), w, rtol=0, atol=0)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    stages = tuple(torch.nn.Sequential(torch.nn.Linear(8 * (i + 1), 8 * (i + 2))) for i in range(5))
+    samples = tuple((torch.randn(2, 8 * (i + 1)),) for i in range(5))
+    graphed = make(stages, samples, n=1)
+    with torch.no_grad():
+        for g, (s,) in zip(graphed, samples):
+            torch.testing.assert_close(g(s), torch.nn.functional.linear(s, g[0].weight, g[0].bias), rtol=0, atol=0)
+
+
+def test_identical_layers_share_one_frame_and_a_function_twice_is_two_graphed_functions():
+    """Layers of one class with samples of one layout share their frame's
+    code, so Dynamo compiles them once (their graphs are shared, as
+    before). A function may come twice (used at two points of a network,
+    as PyTorch's version allows: it captures each entry apart); a module
+    twice is still refused (PyTorch's result for it wraps its own)."""
+    torch._dynamo.reset()
+    layers = tuple(torch.nn.Linear(8, 8) for _ in range(4))
+    x = torch.randn(4, 8)
+    frames = len(_graphed._frame_codes)
+    make(layers, tuple((x,) for _ in layers), n=1)
+    assert len(_graphed._frame_codes) <= frames + 1  # one frame's code for the four (or one made before)
+
+    def f(x):
+        return torch.nn.functional.gelu(x) * 2
+
+    x1, x2 = torch.randn(4, 8), torch.randn(4, 16)
+    frames = len(_graphed._frame_codes)
+    g1, g2 = make((f, f), ((x1,), (x2,)), n=1)
+    assert g1 is not g2 and len(_graphed._frame_codes) == frames + 2  # samples of two layouts
+    torch.testing.assert_close(g1(x1), f(x1), rtol=0, atol=0)
+    torch.testing.assert_close(g2(x2), f(x2), rtol=0, atol=0)

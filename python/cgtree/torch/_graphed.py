@@ -39,6 +39,7 @@ it, before any module is changed; other shapes or ``requires_grad`` than the
 samples' compile again instead of failing; outputs kept past their step
 raise on access, where PyTorch's are overwritten by the next replay.
 """
+import types
 import warnings
 
 import torch
@@ -94,7 +95,7 @@ def _check(callables, sample_args, num_warmup_iters, need_cuda):
         if isinstance(c, torch.nn.Module) and getattr(c.forward, _GRAPHED, False):
             raise ValueError("make_graphed_callables: %s (%s) is graphed already" % (where, type(c).__name__))
         for j in range(i):
-            if callables[j] is c:
+            if callables[j] is c and isinstance(c, torch.nn.Module):  # a function twice is two graphed functions
                 raise ValueError("make_graphed_callables: callables[%d] is callables[%d] again" % (i, j))
         name = "sample_args" if one else "sample_args[%d]" % i
         if not isinstance(args, (tuple, list)):
@@ -128,7 +129,7 @@ def _make(one, callables, per_args, num_warmup_iters, allow_unused_input, backen
     for i, (c, args) in enumerate(zip(callables, per_args)):
         module = isinstance(c, torch.nn.Module)
         fn = c.forward if module else c
-        compiled = torch.compile(fn, backend=backend, fullgraph=True, dynamic=False)
+        compiled = torch.compile(_own_frame(fn, args), backend=backend, fullgraph=True, dynamic=False)
         params = tuple(c.parameters()) if module else ()
         first = len(decisions)
         try:
@@ -137,6 +138,10 @@ def _make(one, callables, per_args, num_warmup_iters, allow_unused_input, backen
             raise _install.CgtreeError("make_graphed_callables: %s cannot be captured as one graph (Dynamo: %s); "
                                        "torch.cuda.make_graphed_callables needs capturable callables too"
                                        % (_label(one, i, c), str(e).split("\n")[0])) from e
+        except torch._dynamo.exc.FailOnRecompileLimitHit as e:
+            raise _install.CgtreeError("make_graphed_callables: %s was compiled more often than Dynamo's "
+                                       "recompile_limit allows for one function (torch._dynamo.config."
+                                       "recompile_limit): %s" % (_label(one, i, c), str(e).split("\n")[0])) from e
         except Exception as e:
             if hasattr(e, "add_note"):
                 e.add_note("while cgtree.torch.make_graphed_callables warmed up %s" % _label(one, i, c))
@@ -151,6 +156,37 @@ def _make(one, callables, per_args, num_warmup_iters, allow_unused_input, backen
             compiled._cgtree_graphs = graphs
             out.append(compiled)
     return out[0] if one else tuple(out)
+
+
+_frame_codes = {}  # (underlying function or class, the samples' layout) -> its frame's code (_own_frame)
+
+
+def _own_frame(fn, args):
+    """fn behind a frame whose code object is its own: Dynamo keeps its
+    cache, and counts its recompile_limit (8), per code object. torch.compile
+    wraps every function without a source file of the program's (every
+    torch.nn module's forward, a functools.partial) in one shared frame, and
+    every nn.Sequential has one forward: graphed callables of ten built-in
+    classes, or five Sequential stages of other widths called in training
+    and under no_grad, drew on one limit and raised, where PyTorch's
+    version graphs them (a helper's audit). Callables of one underlying
+    function whose samples have one layout (identical layers) share a code
+    object, so their graphs, and their limit."""
+    def graphed(*args, **kwargs):
+        return fn(*args, **kwargs)
+
+    base = getattr(fn, "__func__", fn)
+    owner = base if isinstance(base, types.FunctionType) else type(base)
+    layout = tuple((tuple(a.shape), a.stride(), a.dtype, a.requires_grad)
+                   for a in torch.utils._pytree.arg_tree_leaves(*args))
+    code = _frame_codes.get((owner, layout))
+    if code is None:
+        name = getattr(owner, "__qualname__", "callable")
+        name = "".join(ch if ch.isalnum() else "_" for ch in name)
+        code = _frame_codes[(owner, layout)] = graphed.__code__.replace(
+            co_name="graphed_%s_%d" % (name, len(_frame_codes)))
+    graphed.__code__ = code
+    return graphed
 
 
 def _warm_up(compiled, args, params, n, allow_unused_input):
