@@ -288,6 +288,11 @@ typedef struct TreeObject {
    * backward still to come, though no saved activation lives (activation
    * checkpointing keeps none). NULL until the first. */
   PyObject *forward_outs;
+  /* Weak references to this step's saved results made views of a VALUE
+   * argument (segment.c, value_input_view): one alive is a backward still
+   * to come, as a saved activation of the tree's is (module.c,
+   * tx_tree_note_saved_view). NULL until the first. */
+  PyObject *saved_views;
   /* Such outputs watched through their memory instead (a new tensor over
    * it is what the program holds: segment.c, memory_watched): those of
    * them alive, counted down by the drain (tx_out_ref.watched_until). */
@@ -602,6 +607,11 @@ int tx_call_reads_grad_output(TreeObject *T);
 /* 1 if T->syncing_call is a call of a training forward (it saves
  * activations for a backward); 0 if not, or no call is syncing. */
 int tx_call_is_training_forward(const TreeObject *T);
+
+/* A training forward's saved result `view`, a view of a VALUE argument,
+ * holds the step while it lives (module.c). 0, or -1 with an exception
+ * set. */
+int tx_tree_note_saved_view(TreeObject *T, PyObject *view);
 
 /* ------------------------------------------------------------ stale.c */
 

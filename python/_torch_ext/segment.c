@@ -522,8 +522,9 @@ static PyObject *caller_view(PyObject *in, const out_meta *m, PyObject *const *a
  * word (a helper's audit). So it is made as the plain graph makes it, a
  * view of the argument (as_strided over its storage, where the output
  * lies now), and its value goes back, the argument's holding the memory;
- * *ref is the argument's record, which a saved one holds the step through
- * (tied_saved_hold), as a saved result tied to an output does. NULL with
+ * *ref is the argument's record. A saved one holds the step while it
+ * lives (module.c, tx_tree_note_saved_view), as a saved activation of the
+ * tree's does. NULL with
  * no exception set where it cannot be made so (another dtype, not where a
  * view would lie, or past the argument's storage: the caller makes a
  * tensor of its own, v untouched); NULL with an exception set on an error
@@ -1669,8 +1670,11 @@ static PyObject *build_result(seg_run *r, PyObject *const *args, variant_tmpl *t
           k++; /* released */
           goto fail;
         }
-        if (item && i >= s->saved_from && training_forward(s))
-          tied_saved_hold(s, r->tree, in);
+        if (item && i >= s->saved_from && training_forward(s) && tx_tree_note_saved_view(r->tree, item) < 0) {
+          Py_DECREF(item);
+          k++; /* released */
+          goto fail;
+        }
         r->tree->outputs_viewing_values += item != NULL;
         if (item) /* the record a memory watch below follows: the argument's, whose storage it shares */
           r->made = in;
@@ -1811,8 +1815,12 @@ static int stays(PyObject *o) {
 static int move_args(TreeObject *T, PyObject *todo) {
   PyObject *res = PyObject_CallOneArg(TX.output_mover, todo);
   if (!res) {
-    /* A plain RuntimeError is PyTorch refusing; its subclasses (out of
-     * memory, a CUDA error) and anything else reach the caller. */
+    /* It may have moved some storages before it failed (out of memory
+     * for the next copy): the tree's stream waits for those copies too
+     * (the error raised stays the one raised; a helper's review). A plain
+     * RuntimeError is PyTorch refusing; its subclasses (out of memory, a
+     * CUDA error) and anything else reach the caller. */
+    (void)tx_tree_waits_for_caller(T);
     if (PyErr_Occurred() != PyExc_RuntimeError)
       return -1;
     PyErr_Clear();

@@ -3050,6 +3050,47 @@ def test_a_saved_input_that_is_an_output_of_the_step_is_a_view_of_it_and_holds_t
     assert st["outputs_viewing_values"] - s0["outputs_viewing_values"] >= 6
 
 
+@pytest.mark.parametrize("heads", ["one_head_twice", "two_heads"])
+def test_two_forwards_saving_one_output_of_the_step_hold_it_until_both_backwards_ran(tree, heads):
+    """Two training forwards save the same output h of the step (the same
+    head called twice, or two heads; a Linear saves its input), then a
+    compiled call between their backwards. Both saved results are views
+    of h; held through h's one record, the first backward ended the hold,
+    the call between began a step, and the second backward raised
+    StaleTensorError where Inductor computes (a helper's review). Each
+    saved view holds the step while autograd keeps it."""
+    backbone = segment(tree, Graph(tree, 2.0, 0.0), spans=(16,), name="backbone")
+    head1 = segment(tree, HeadSavingItsInput(tree), spans=(16,), name="head1", saved_from=1, pair=1)
+    bw1 = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bw1",
+                  backward=True, pair=1)
+    if heads == "two_heads":
+        head2 = segment(tree, HeadSavingItsInput(tree), spans=(16,), name="head2", saved_from=1, pair=2)
+        bw2 = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bw2",
+                      backward=True, pair=2)
+    else:
+        head2, bw2 = head1, bw1
+    other = segment(tree, Graph(tree, 1.0, 1.0), spans=(16,), name="other")
+    x, t = FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
+    s0 = tree.stats()
+    for i in range(6):
+        (h,) = call(backbone, x)  # [2, 4, 6, 8]
+        z1, s1 = call(head1, h)
+        z2, s2 = call(head2, h)
+        del h, z1, z2
+        gc.collect()
+        (g1,) = bw1(s1, t)  # the first loss's backward: autograd frees what it saved
+        assert g1.values() == [3, 5, 7, 9]
+        del s1, g1
+        gc.collect()
+        (o,) = call(other, x)  # a compiled call between the backwards (a log, another model)
+        del o
+        (g2,) = bw2(s2, t)
+        assert g2.values() == [3, 5, 7, 9], "iteration %d" % i
+        del s2, g2
+        gc.collect()
+    assert tree.stats()["stale_refused"] == s0["stale_refused"]
+
+
 @pytest.mark.parametrize("how", ["plain_for_good", "first_call_of_a_graph_that_may_not_rerun"])
 def test_a_plain_forwards_saved_input_from_this_step_holds_the_step_until_its_backward(tree, how):
     """A training forward that runs as the plain graph (for good, or at its

@@ -5,6 +5,8 @@ forward, the warm-up that leaves .grad alone, graph breaks named) runs on
 CPU tensors through Dynamo's "eager" backend in place of cgtree's (which
 needs CUDA). Needs torch (skips without it), not a GPU. The GPU cases are
 in test_torch_graphed.py."""
+import functools
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -180,6 +182,13 @@ def test_built_in_modules_of_many_classes_and_stages_of_one_class_each_have_dyna
     with torch.no_grad():
         for g, (s,) in zip(graphed, samples):
             torch.testing.assert_close(g(s), torch.nn.functional.linear(s, g[0].weight, g[0].bias), rtol=0, atol=0)
+    torch._dynamo.reset()
+    fns = (torch.sin, torch.cos, torch.tanh, torch.sigmoid, torch.relu, torch.exp, torch.neg, torch.abs,
+           torch.square, torch.erf)
+    partials = tuple(functools.partial(lambda f, s, t: f(t) * s, f, 2.0) for f in fns)  # one lambda's code
+    graphed = make(partials, tuple((x,) for _ in partials), n=1)
+    for g, f in zip(graphed, fns):
+        torch.testing.assert_close(g(x), f(x) * 2.0, rtol=0, atol=0)
 
 
 def test_identical_layers_share_one_frame_and_a_function_twice_is_two_graphed_functions():

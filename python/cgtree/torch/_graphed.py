@@ -39,7 +39,6 @@ it, before any module is changed; other shapes or ``requires_grad`` than the
 samples' compile again instead of failing; outputs kept past their step
 raise on access, where PyTorch's are overwritten by the next replay.
 """
-import types
 import warnings
 
 import torch
@@ -167,25 +166,26 @@ def _own_frame(fn, args):
     wraps every function without a source file of the program's (every
     torch.nn module's forward, a functools.partial) in one shared frame, and
     every nn.Sequential has one forward: graphed callables of ten built-in
-    classes, or five Sequential stages of other widths called in training
-    and under no_grad, drew on one limit and raised, where PyTorch's
-    version graphs them (a helper's audit). Callables of one underlying
-    function whose samples have one layout (identical layers) share a code
-    object, so their graphs, and their limit."""
+    classes, ten partials, or five Sequential stages of other widths called
+    in training and under no_grad, drew on one limit and raised, where
+    PyTorch's version graphs them (helpers' audits). Callables of one
+    method's function (one class's forward) whose samples have one layout
+    (identical layers) share a code object, so their graphs and their
+    limit; any other callable has one of its own per layout."""
     def graphed(*args, **kwargs):
         return fn(*args, **kwargs)
 
-    base = getattr(fn, "__func__", fn)
-    owner = base if isinstance(base, types.FunctionType) else type(base)
+    owner = getattr(fn, "__func__", fn)  # a method's function: one class's forward; else the callable itself
     layout = tuple((tuple(a.shape), a.stride(), a.dtype, a.requires_grad)
                    for a in torch.utils._pytree.arg_tree_leaves(*args))
-    code = _frame_codes.get((owner, layout))
-    if code is None:
-        name = getattr(owner, "__qualname__", "callable")
+    key = (id(owner), layout)  # by identity: a callable object may not hash
+    kept = _frame_codes.get(key)
+    if kept is None:
+        name = getattr(owner, "__qualname__", type(owner).__qualname__)
         name = "".join(ch if ch.isalnum() else "_" for ch in name)
-        code = _frame_codes[(owner, layout)] = graphed.__code__.replace(
-            co_name="graphed_%s_%d" % (name, len(_frame_codes)))
-    graphed.__code__ = code
+        code = graphed.__code__.replace(co_name="graphed_%s_%d" % (name, len(_frame_codes)))
+        kept = _frame_codes[key] = (owner, code)  # owner kept: its id stays its own
+    graphed.__code__ = kept[1]
     return graphed
 
 
