@@ -264,7 +264,8 @@ typedef struct TreeObject {
   uint64_t capture_failures_seen; /* and its capture failures (a failure turns the segment plain) */
   uint64_t eager_runs_seen; /* and its eager runs (their outputs lie in the side pool) */
   int warned_evicting;   /* the budget's first eviction was reported */
-  uint64_t readers_seen; /* pool_readers.c's generation this tree's stream has waited up to */
+  uint64_t readers_seen; /* pool_readers.c's generation this tree's stream has waited up to, for good */
+  uint64_t readers_step; /* the step whose first launch moved readers_seen last (pool_readers.c) */
   uint64_t launch_ns_seen; /* and its launch_host_ns (with time_launches) */
   int timed;             /* made with time_launches: its segment calls time their parts (segment.c) */
   uint64_t alive_this_step;    /* outputs of the current step whose tensors live */

@@ -16,10 +16,13 @@
  * eager block of ours (an output, or a view of one, or memory cgtree does
  * not know) notes s with a new generation number; before its next launch,
  * a tree of s's device makes its stream wait for s's work so far (an
- * event), once per note. Each tree keeps the generation it has waited up
- * to (TreeObject.readers_seen; a new tree starts at the current one: no
- * output of it existed before), so a launch with nothing new to wait for
- * costs one atomic read.
+ * event): at each launch until the first launch of a later step, since
+ * the program may queue more reads of a live output on s after a launch of
+ * its own step, and only the next step reuses its memory. Each tree keeps
+ * the generation it has waited up to for good (TreeObject.readers_seen,
+ * moved at a step's first launch; a new tree starts at the current one:
+ * no output of it existed before), so a launch with nothing new to wait
+ * for costs one atomic read.
  *
  * The list holds each stream once, with its last note's generation; it
  * grows with the number of distinct streams a program names, not with the
@@ -90,8 +93,10 @@ int tx_pool_readers_note(void *stream) {
 uint64_t tx_pool_readers_generation(void) { return atomic_load(&last_generation); }
 
 void tx_pool_readers_wait(TreeObject *T, void *caller) {
-  if (atomic_load(&last_generation) == T->readers_seen)
+  if (atomic_load(&last_generation) == T->readers_seen) {
+    T->readers_step = T->step; /* this step's first launch is past: a note from now on is retired at the next */
     return;
+  }
   pthread_mutex_lock(&readers_mu);
   uint64_t seen = atomic_load(&last_generation); /* lowered below for a note put off */
   for (size_t i = 0; i < n_readers; i++) {
@@ -118,7 +123,18 @@ void tx_pool_readers_wait(TreeObject *T, void *caller) {
       tx_dev_stream_after(T->stream, r->stream, device);
     atomic_fetch_add(&waits, 1);
   }
-  T->readers_seen = seen;
+  /* Waited for, the notes are retired only at a step's first launch: a
+   * read queued on a noted stream after a launch of the output's own step
+   * (which reuses none of its memory) must still be waited for where its
+   * memory is reused, at the next step. Retired at any launch, the note
+   * was spent by a launch of the same step, and the next step's replay
+   * overwrote the output while a copy queued after it still read it (a
+   * helper's audit). So a launch of the step after a note waits again,
+   * and the step's end is the free PyTorch's record_stream speaks of. */
+  if (T->readers_step != T->step) {
+    T->readers_seen = seen;
+    T->readers_step = T->step;
+  }
   pthread_mutex_unlock(&readers_mu);
 }
 

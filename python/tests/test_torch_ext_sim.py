@@ -567,6 +567,39 @@ def test_a_stream_record_stream_names_for_an_output_makes_each_trees_next_launch
     later.check()
 
 
+def test_a_read_queued_on_a_noted_stream_after_a_launch_of_the_same_step_is_waited_for_by_the_next_step(tree):
+    """record_stream(y, s) promises that y's memory is not reused before
+    the work queued on s when y is freed: for cgtree, when its step ends.
+    The note was spent at the tree's next launch, a launch of y's own step
+    that reuses none of y's memory (explicit mode, or a training step held
+    open), so a copy of y queued on s after that launch was never waited
+    for, and the next step's replay wrote y's memory under it (a helper's
+    audit). Launches of the step wait for s again; the next step's first
+    launch waits, and retires the note."""
+    tree.explicit_steps = True
+    seg = segment(tree, Graph(tree, 2.0, 1.0), spans=(16,))
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    for _ in range(3):  # plain first call, warmup, recording: one step each
+        tree.step_begin()
+        seg(x)
+    tree.step_begin()
+    (y,) = seg(x)  # step k: y
+    copy = 0x7a51
+    assert not X.record_stream(y.ptr, copy)  # y.record_stream(copy)
+    f0 = X.alloc_figures()["pool_reader_waits"]
+    (z,) = seg(x)  # another launch of step k: y's memory is not reused
+    assert X.alloc_figures()["pool_reader_waits"] == f0 + 1
+    # the program queues y_host.copy_(y, non_blocking=True) on `copy` here: y is alive and right
+    tree.step_begin()
+    (y2,) = seg(x)  # step k + 1: replays into y's memory
+    assert y2.ptr == y.ptr
+    assert X.alloc_figures()["pool_reader_waits"] == f0 + 2, "the launch that overwrites y did not wait for the stream"
+    seg(x)  # the same step: the note is retired
+    tree.step_begin()
+    seg(x)
+    assert X.alloc_figures()["pool_reader_waits"] == f0 + 2
+
+
 def test_a_stream_named_for_an_output_that_is_capturing_is_waited_for_once_its_capture_ended(tree):
     """An event recorded on a stream that captures would be a node of that
     capture, and the tree's stream would join it: the wait is put off to a
