@@ -9,6 +9,7 @@ real hot path: arguments, cgt_run, recording and replay, output capsules and
 their deleters, the registry of outputs, steps from the generation counter,
 stale outputs, and the allocator's routing into the pool.
 """
+import contextlib
 import ctypes
 import gc
 import sys
@@ -1230,6 +1231,21 @@ def test_an_explicit_step_begin_marks_the_outputs_it_ends(tree):
         y.values()
 
 
+@contextlib.contextmanager
+def pytorchs_mark():
+    """PyTorch's step mark's stand-in (cudagraph_mark_step_begin() moves
+    its counter): a class whose counter the hot path reads, for the
+    block's length."""
+    class MarkStepBox:
+        mark_step_counter = 0
+
+    init_hot_path(mark_step_cls=MarkStepBox)
+    try:
+        yield MarkStepBox
+    finally:
+        init_hot_path()
+
+
 @pytest.mark.parametrize("how", ["cudagraph_mark_step_begin", "step_begin"])
 def test_the_x_equals_f_of_x_loop_computes_in_explicit_mode_with_either_mark(tree, how):
     """Threads in explicit mode call step_begin() before each call, as the
@@ -1237,11 +1253,7 @@ def test_the_x_equals_f_of_x_loop_computes_in_explicit_mode_with_either_mark(tre
     mark ends. Begun at step_begin() itself, the step marked x, and the
     call raised StaleTensorError (a helper's audit), where PyTorch's mark,
     read at the next call, moved x into it."""
-    class MarkStepBox:
-        mark_step_counter = 0
-
-    init_hot_path(mark_step_cls=MarkStepBox)
-    try:
+    with pytorchs_mark() as box:
         tree.explicit_steps = True
         seg = segment(tree, Graph(tree, 2.0, 1.0), spans=(16,))
         x = FakeTensor(4).fill([1, 2, 3, 4])
@@ -1250,13 +1262,11 @@ def test_the_x_equals_f_of_x_loop_computes_in_explicit_mode_with_either_mark(tre
             if how == "step_begin":
                 tree.step_begin()  # cgtree.torch.step_begin(): every tree of this thread
             else:
-                MarkStepBox.mark_step_counter -= 1
+                box.mark_step_counter -= 1  # torch.compiler.cudagraph_mark_step_begin()
             (x,) = seg(x)
             want = [2 * v + 1 for v in want]
             assert x.values() == want
         assert tree.stats()["arguments_moved"] >= 4
-    finally:
-        init_hot_path()
 
 
 def test_the_y_equals_f_of_x_loop_never_raises_and_marks_only_the_output_it_drops(tree):
