@@ -313,6 +313,7 @@ typedef struct TreeObject {
   uint64_t steps_kept_after_backward; /* calls that began no step as the step's optimizer (module.c) */
   int backward_this_step;        /* a backward segment ran in this step */
   int step_mark_pending;         /* step_begin() was called: the next call begins a step (module.c) */
+  int ran_other_than_backward;   /* a segment that is no backward ran on this tree (module.c) */
   uint64_t steps_forced;         /* steps begun with backwards pending (PENDING_GENERATIONS_MAX) */
   /* Gradients (stale.c): the leaves that require grad among the inputs of
    * training forwards, where AccumulateGrad may put a backward's output,

@@ -429,8 +429,23 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
   int marked = mark != T->last_mark_step || T->step_mark_pending;
   T->last_generation = gen;
   T->last_mark_step = mark;
-  if (backward && !marked)
-    return 0; /* a backward belongs to its forwards' step, even where Dynamo entered a frame for it */
+  if (backward && !marked) {
+    /* A backward belongs to its forwards' step, even where Dynamo entered
+     * a frame for it. But a tree where only backwards ever ran (autograd's
+     * thread's own, for a backward called from a thread that never called
+     * a compiled model) has no forward in any step: its one step never
+     * ended, and every backward was a new node of one path, run plainly
+     * as a warm-up, never recorded or replayed (a helper's audit). There
+     * a new generation begins a step once nothing of the step lives (the
+     * gradients dropped): the step's end then marks and moves nothing. A
+     * gradient kept (accumulation) keeps the step, as before. */
+    if (T->ran_other_than_backward)
+      return 0;
+    tx_out_ref_queue_drain();
+    if (T->alive_this_step || T->saved_alive || T->tied_saved_alive || T->plain_holds)
+      return 0;
+    return step_begin_or_unsee(T, gen_before, mark_before);
+  }
   /* So does any compiled call autograd's engine makes inside a backward:
    * activation checkpointing's recompute of a compiled block, whose
    * gradient input (a later block's backward's output) lies in this step's

@@ -1920,6 +1920,8 @@ static seg_run *run_in_step(SegmentObject *s, PyObject *const *args, size_t n) {
     return NULL;
   if (s->backward)
     tx_tree_backward_called(r->tree);
+  else
+    r->tree->ran_other_than_backward = 1;
   return r;
 }
 

@@ -4439,6 +4439,42 @@ def test_an_explicit_mark_begins_a_step_even_with_a_backward_pending_and_the_bac
         init_hot_path()
 
 
+@pytest.mark.parametrize("grads", ["dropped", "kept_and_accumulated"])
+def test_a_tree_where_only_backwards_run_begins_a_step_once_nothing_of_its_step_lives(grads):
+    """A worker thread that never called a compiled model calls
+    loss.backward() on a forward of the main thread's: the backward runs on
+    trees of autograd's thread, where only backwards ever run. A backward
+    begins no step, so that tree's one step never ended: every backward was
+    a new node, run plainly as a warm-up, never recorded or replayed (a
+    helper's audit). There a new generation begins a step once nothing of
+    the step lives, and the backward replays; a gradient kept into the next
+    backward (accumulation) keeps the step, and reads right."""
+    fw_tree = X.Tree(0, backend="sim")
+    bw_tree = X.Tree(0, backend="sim")  # autograd's thread's own
+    fw = segment(fw_tree, Graph(fw_tree, 2.0, 1.0), spans=(16,), name="fw")
+    bw = segment(bw_tree, BackwardGraph(bw_tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bw",
+                 backward=True)
+    x, t = FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
+    kept = []
+    for i in range(40):
+        (y,) = call(fw, x)  # the forward, on the main thread's tree: Dynamo's counter moves
+        (g,) = bw(y, t)  # its backward, on autograd's thread's tree
+        assert g.values() == [4, 6, 8, 10]
+        if grads == "kept_and_accumulated":
+            kept.append(g)
+        del y, g
+        gc.collect()
+    assert all(g.values() == [4, 6, 8, 10] for g in kept)
+    s = bw_tree.stats()
+    if grads == "dropped":
+        assert s["replays"] >= 35 and s["nodes"] <= 3, {k: s[k] for k in ("step", "recordings", "replays", "nodes")}
+    else:
+        assert s["step"] <= 3  # steps began only before a kept gradient was the tree's (the first are plain)
+    del kept
+    gc.collect()
+    bw_tree.check()
+
+
 def test_a_forward_whose_backward_never_comes_holds_the_step_at_most_1024_calls_then_warns(tree):
     fw, bw = training_pair(tree)
     x, t = FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
