@@ -277,7 +277,8 @@ typedef struct TreeObject {
   /* Training (module.c, "Steps in training"): saved activations of this
    * step's forwards whose tensors live, i.e. backwards still pending. */
   uint64_t saved_alive;
-  uint64_t tied_saved_alive; /* outputs of this step holding it for a saved result tied to them (tx_out_ref) */
+  uint64_t tied_saved_alive; /* holds of this step's outputs for saved results tied to them or viewing them
+                              * (tx_out_ref.tied_saved, .saved_views) */
   /* Plain training forwards of this step that saved an output of the step
    * (segment.c, plain_saved_hold_step) whose backward has not run: each
    * holds the step like a saved activation; a backward call counts one
@@ -289,11 +290,6 @@ typedef struct TreeObject {
    * backward still to come, though no saved activation lives (activation
    * checkpointing keeps none). NULL until the first. */
   PyObject *forward_outs;
-  /* Weak references to this step's saved results made views of a VALUE
-   * argument (segment.c, value_input_view): one alive is a backward still
-   * to come, as a saved activation of the tree's is (module.c,
-   * tx_tree_note_saved_view). NULL until the first. */
-  PyObject *saved_views;
   /* Such outputs watched through their memory instead (a new tensor over
    * it is what the program holds: segment.c, memory_watched): those of
    * them alive, counted down by the drain (tx_out_ref.watched_until). */
@@ -521,6 +517,9 @@ struct tx_out_ref {
   int queued;        /* its deleter ran (under the queue's lock) */
   int counted;       /* counted in the tree's alive_this_step (a tensor was made) */
   int saved;         /* a saved activation (counted in the tree's saved_alive while its step lasts) */
+  uint32_t saved_views; /* training forwards' saved results that are views of this output as their VALUE
+                          * argument, whose backwards have not read it (segment.c, value_input_view), counted
+                          * in the tree's tied_saved_alive */
   uint64_t tied_saved; /* a training forward saved a result tied to this output (segment.c, tied_output): its
                          * pair (or TIED_BY_UNKNOWN; 0: none), counted in the tree's tied_saved_alive until its
                          * backward reads it, it dies, or its step ends */
@@ -609,11 +608,6 @@ int tx_call_reads_grad_output(TreeObject *T);
 /* 1 if T->syncing_call is a call of a training forward (it saves
  * activations for a backward); 0 if not, or no call is syncing. */
 int tx_call_is_training_forward(const TreeObject *T);
-
-/* A training forward's saved result `view`, a view of a VALUE argument,
- * holds the step while it lives (module.c). 0, or -1 with an exception
- * set. */
-int tx_tree_note_saved_view(TreeObject *T, PyObject *view);
 
 /* ------------------------------------------------------------ stale.c */
 

@@ -293,49 +293,6 @@ void tx_tree_backward_called(TreeObject *T) {
     T->plain_holds--;
 }
 
-/* Saved results that are views of a VALUE argument (segment.c,
- * value_input_view): a Linear that saves its input, an output of the step.
- * No record of the tree's is theirs, so no count of saved activations
- * holds the step for them; and the argument's record cannot, since two
- * forwards may save it (the same head called twice, two heads), each
- * with a backward to come: a hold on the record, ended by the first of
- * them, let a compiled call between the backwards begin a step, and the
- * second backward raised StaleTensorError (a helper's review). So each is
- * watched through a weak reference to the very tensor autograd keeps, as
- * a saved activation is counted while it lives: autograd frees it when
- * its backward has run. The list empties when a step begins. */
-int tx_tree_note_saved_view(TreeObject *T, PyObject *view) {
-  if (T->explicit_steps) /* steps begin only at marks: nothing would read the list */
-    return 0;
-  if (!T->saved_views && !(T->saved_views = PyList_New(0)))
-    return -1;
-  PyObject *ref = PyWeakref_NewRef(view, NULL);
-  if (!ref)
-    return -1;
-  int rc = PyList_Append(T->saved_views, ref);
-  Py_DECREF(ref);
-  return rc;
-}
-
-static void saved_views_forget(TreeObject *T) {
-  if (T->saved_views && PyList_GET_SIZE(T->saved_views))
-    (void)PyList_SetSlice(T->saved_views, 0, PyList_GET_SIZE(T->saved_views), NULL); /* shrinks: cannot fail */
-}
-
-/* 1 if a saved view noted by tx_tree_note_saved_view lives; 0 if none
- * does (then the list empties: none will hold later either). */
-static int saved_view_pending(TreeObject *T) {
-  for (Py_ssize_t i = 0; T->saved_views && i < PyList_GET_SIZE(T->saved_views); i++) {
-    PyObject *t = tx_weakref_get(PyList_GET_ITEM(T->saved_views, i));
-    if (t) {
-      Py_DECREF(t); /* alive elsewhere: autograd keeps it */
-      return 1;
-    }
-  }
-  saved_views_forget(T);
-  return 0;
-}
-
 /* 1 if an output noted by tx_tree_note_forward_output lives and requires
  * grad; 0 if none does; -1 with an exception set. */
 static int forward_output_pending(TreeObject *T) {
@@ -385,7 +342,6 @@ int tx_tree_step_begin(TreeObject *T) {
   T->tied_saved_alive = 0;
   T->plain_holds = 0;
   forward_watches_end(T);
-  saved_views_forget(T); /* their values went stale with the step, as saved activations' do */
   T->backward_this_step = 0;
   T->generations_deferred = 0;
   T->optimizer_calls_held = 0;
@@ -459,8 +415,6 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
   if (!marked && (T->saved_alive || T->forward_memory_watched || T->tied_saved_alive))
     tx_out_ref_queue_drain(); /* activations the backward just freed, outputs just dropped */
   int pending = T->saved_alive || T->plain_holds || T->forward_memory_watched || T->tied_saved_alive;
-  if (!marked && !pending)
-    pending = saved_view_pending(T);
   if (!marked && !pending && (pending = forward_output_pending(T)) < 0)
     return unsee(T, gen_before, mark_before);
   if (!marked && !pending && (pending = tx_call_reads_grad_output(T)) < 0)
@@ -635,7 +589,6 @@ static void tree_dealloc(TreeObject *T) {
   Py_XDECREF(T->device_obj);
   Py_XDECREF(T->grad_leaves);
   Py_XDECREF(T->forward_outs);
-  Py_XDECREF(T->saved_views);
   Py_TYPE(T)->tp_free((PyObject *)T);
 }
 

@@ -363,7 +363,7 @@ void tx_out_ref_queue_drain(void) {
       (void)cgt_value_release(T->tree, r->value);
       T->alive_this_step -= (uint64_t)(r->counted && !r->caller_memory);
       T->saved_alive -= (uint64_t)(r->counted && r->saved);
-      T->tied_saved_alive -= (uint64_t)(r->tied_saved != 0);
+      T->tied_saved_alive -= (uint64_t)(r->tied_saved != 0) + r->saved_views;
       T->forward_memory_watched -= (uint64_t)(r->watched_until == T->backward_calls + 1);
       T->inference_memory_watched -= (uint64_t)(r->inference_watch == T->inference_watches_ended + 1);
     }
@@ -522,9 +522,8 @@ static PyObject *caller_view(PyObject *in, const out_meta *m, PyObject *const *a
  * word (a helper's audit). So it is made as the plain graph makes it, a
  * view of the argument (as_strided over its storage, where the output
  * lies now), and its value goes back, the argument's holding the memory;
- * *ref is the argument's record. A saved one holds the step while it
- * lives (module.c, tx_tree_note_saved_view), as a saved activation of the
- * tree's does. NULL with
+ * *ref is the argument's record, which holds the step for a saved one
+ * until its backward reads it (saved_view_hold). NULL with
  * no exception set where it cannot be made so (another dtype, not where a
  * view would lie, or past the argument's storage: the caller makes a
  * tensor of its own, v untouched); NULL with an exception set on an error
@@ -1593,6 +1592,27 @@ static void end_tied_hold(const SegmentObject *s, TreeObject *T, tx_out_ref *ref
     ref->tied_saved = 0;
     T->tied_saved_alive--;
   }
+  if (s->backward && ref->saved_views && ref->step == T->step) { /* one saving forward's backward read it */
+    ref->saved_views--;
+    T->tied_saved_alive--;
+  }
+}
+
+/* A training forward saved a view of ref, its VALUE argument
+ * (value_input_view): ref's memory holds the step until a backward reads
+ * it, once for each such forward, or until it dies or the step ends. The
+ * saved tensor autograd keeps is no object of ours to watch: AOTAutograd
+ * saves a view detached, a new tensor over the memory (its Note
+ * [Detaching saved tensors in AOTAutograd]; a weak reference to the view
+ * died at once: a helper's review). A count, not a flag: two forwards
+ * that save one output (a head called twice, two heads), then a compiled
+ * call between their backwards, keep the step for the second (a flag
+ * ended at the first backward: a helper's review). */
+static void saved_view_hold(TreeObject *T, tx_out_ref *ref) {
+  if (!ref || ref->caller_memory || ref->step != T->step || T->explicit_steps)
+    return;
+  ref->saved_views++;
+  T->tied_saved_alive++;
 }
 
 /* end_tied_hold for each tensor argument of a backward that runs as the
@@ -1670,11 +1690,8 @@ static PyObject *build_result(seg_run *r, PyObject *const *args, variant_tmpl *t
           k++; /* released */
           goto fail;
         }
-        if (item && i >= s->saved_from && training_forward(s) && tx_tree_note_saved_view(r->tree, item) < 0) {
-          Py_DECREF(item);
-          k++; /* released */
-          goto fail;
-        }
+        if (item && i >= s->saved_from && training_forward(s))
+          saved_view_hold(r->tree, in);
         r->tree->outputs_viewing_values += item != NULL;
         if (item) /* the record a memory watch below follows: the argument's, whose storage it shares */
           r->made = in;

@@ -542,37 +542,3 @@ def test_move_out_of_pool_moves_tensors_over_one_storage_onto_one_new_storage():
     base.zero_()  # the old storage is theirs no longer
     assert torch.equal(h, torch.arange(2.0, 16.0) * 10)
 
-
-def test_a_tensor_autograd_saved_keeps_its_python_object_while_autograd_keeps_it():
-    """What module.c's saved views rely on (tx_tree_note_saved_view): a
-    weak reference to a tensor an autograd.Function saved (AOTAutograd's
-    CompiledFunction saves cgtree's outputs so) lives while autograd keeps
-    the tensor, though the program dropped it, and dies once the backward
-    ran and the graph is gone: PyTorch keeps the Python object of a tensor
-    C++ still holds."""
-    import gc
-    import weakref
-
-    class Saves(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x, saved):
-            ctx.save_for_backward(saved)
-            return x * 2
-
-        @staticmethod
-        def backward(ctx, g):
-            (s,) = ctx.saved_tensors
-            return g * s, None
-
-    h = torch.randn(4)
-    x = torch.randn(4, requires_grad=True)
-    v = h.as_strided((4,), (1,), 0)  # what segment.c's value_input_view makes
-    w = weakref.ref(v)
-    y = Saves.apply(x, v)
-    del v
-    gc.collect()
-    assert w() is not None, "autograd keeps the saved tensor: its Python object must live"
-    y.sum().backward()
-    del y
-    gc.collect()
-    assert w() is None
