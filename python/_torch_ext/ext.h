@@ -402,7 +402,6 @@ void tx_tree_backward_called(TreeObject *T);
  * when torch.compiler.cudagraph_mark_step_begin() was called; -1 with an
  * exception set. */
 int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), void *call);
-int tx_tree_step_begin(TreeObject *T);
 /* The current stream of the tree's device, where the caller enqueues
  * (segment.c); -1 with an exception set. */
 int tx_caller_stream(TreeObject *T, void **out);

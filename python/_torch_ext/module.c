@@ -325,7 +325,10 @@ static int forward_output_pending(TreeObject *T) {
   return 0;
 }
 
-int tx_tree_step_begin(TreeObject *T) {
+/* The step ends and the next begins: only from a call's sync (step_begin()
+ * leaves a mark for it), so a call's arguments move first. -1 with an
+ * exception set. */
+static int tx_tree_step_begin(TreeObject *T) {
   tx_out_ref_queue_drain();
   if (tx_stale_mark_step(T) < 0)
     return -1;

@@ -1904,12 +1904,14 @@ int tx_call_is_training_forward(const TreeObject *T) {
 int tx_move_call_args(TreeObject *T) {
   call_args *c = T->syncing_call;
   if (!c || !TX.output_mover)
-    return 0; /* a step begun outside a call, or no mover: every output of the step is marked */
+    return 0; /* no call syncing, or no mover: every output of the step is marked */
   PyObject *todo = NULL;
   for (size_t i = 0; i < c->n; i++) {
     PyObject *o = arg_in_step_output(c, i);
     int keep = o ? stays(o) : 1;
-    if (keep < 0 || (!keep && !todo && !(todo = PyList_New(0))) || (!keep && PyList_Append(todo, o) < 0)) {
+    if (keep == 1)
+      continue;
+    if (keep < 0 || (!todo && !(todo = PyList_New(0))) || PyList_Append(todo, o) < 0) {
       Py_XDECREF(todo);
       return -1;
     }

@@ -119,12 +119,12 @@ def move_out_of_pool(ts):
     is set_ in inference mode, where PyTorch allows it. A list of booleans,
     one per tensor: False where PyTorch refuses the set_ (a plain
     RuntimeError), and that tensor stays, to be marked stale."""
-    groups = {}
+    groups = {}  # the old storage's key -> (that storage, the tensors over it)
     for t in ts:
-        groups.setdefault(t.untyped_storage()._cdata, []).append(t)
+        old = t.untyped_storage()
+        groups.setdefault(old._cdata, (old, []))[1].append(t)
     moved = {}
-    for group in groups.values():
-        old = group[0].untyped_storage()
+    for old, group in groups.values():
         start = min(t.storage_offset() * t.element_size() for t in group)
         new = torch.empty(old.nbytes(), dtype=torch.uint8, device=group[0].device)
         if old.nbytes() > start:  # an empty tensor may lie at or past its storage's end: nothing to copy

@@ -157,7 +157,7 @@ def _make(one, callables, per_args, num_warmup_iters, allow_unused_input, backen
     return out[0] if one else tuple(out)
 
 
-_frame_codes = {}  # (underlying function or class, the samples' layout) -> its frame's code (_own_frame)
+_frame_codes = {}  # (id of a method's function or of the callable, the samples' layout) -> (it, its frame's code)
 
 
 def _own_frame(fn, args):
