@@ -379,6 +379,39 @@ void tx_dev_pool_reset_peaks(void) {
 #endif
 }
 
+void *tx_dev_stream_create(int device) {
+#ifdef CGT_HAVE_CUDA
+  cudaStream_t s = NULL;
+  cudaError_t e = cudaSuccess;
+  WITH_DEVICE(device, e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return NULL;
+  }
+  return s;
+#else
+  (void)device;
+  return NULL;
+#endif
+}
+
+void tx_dev_stream_destroy(void *stream, int device) {
+#ifdef CGT_HAVE_CUDA
+  if (stream) {
+    int mode = tx_dev_ignore_other_captures(); /* another thread's capture stays whole */
+    WITH_DEVICE(device, {
+      (void)cudaStreamSynchronize((cudaStream_t)stream);
+      (void)cudaStreamDestroy((cudaStream_t)stream);
+    });
+    (void)cudaGetLastError();
+    tx_dev_heed_other_captures(mode);
+  }
+#else
+  (void)stream;
+  (void)device;
+#endif
+}
+
 int tx_dev_stream_device(void *stream) {
 #if defined(CGT_HAVE_CUDA) && CUDART_VERSION >= 12080
   int device = -1;

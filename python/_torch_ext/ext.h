@@ -222,12 +222,20 @@ int tx_dev_sim_set_capture(void *stream, unsigned long long id); /* id 0 ends it
 int tx_dev_pool_figures(int device, size_t *reserved, size_t *reserved_peak); /* 0 if unknown */
 void tx_dev_pool_reset_peaks(void); /* each pool's reserved high-water mark restarts from what it holds now */
 void tx_dev_stream_after(void *waiter, void *signaller, int device); /* waiter waits for signaller's work so far */
+void *tx_dev_stream_create(int device); /* a non-blocking stream of device, NULL if CUDA refuses (or none) */
+void tx_dev_stream_destroy(void *stream, int device); /* its work done first; NULL: no-op */
 int tx_dev_stream_device(void *stream); /* the stream's device; -1 if unknown, and for NULL (whose legacy stream?) */
 void tx_stream_wait(void *waiter, void *signaller, void *event); /* waiter waits for signaller's work so far */
 void tx_event_record(void *event, void *stream); /* no-op for a NULL event */
 void tx_event_wait(void *stream, void *event);   /* stream waits for the event's last record; no-op for NULL */
 
 /* --------------------------------------------------------- module.c */
+
+/* Whose a tree's stream is. The C tree's own (blocking) or one module.c
+ * made (non-blocking, for explicit mode: not one of PyTorch's pool of 32
+ * per device, which other threads' streams share) is retired in eager.c
+ * and destroyed at the tree's close; one handed in stays its maker's. */
+enum tx_stream_made { TX_STREAM_MADE_BY_TREE, TX_STREAM_MADE_HERE, TX_STREAM_HANDED_IN };
 
 /* One tree per CUDA device, shared by every compiled graph on it. */
 typedef struct tx_out_ref tx_out_ref;
@@ -240,6 +248,7 @@ typedef struct TreeObject {
   int on_simulator;      /* a test's tree: its eager memory is device -1's (host memory) */
   void *stream;          /* the tree's stream */
   int blocking;          /* it is a blocking stream: the legacy default stream orders with it by itself */
+  int stream_made;       /* whose stream it is: enum tx_stream_made */
   PyObject *device_obj;  /* device as a Python int, for the raw stream getter */
   void *ev_in, *ev_out;  /* cudaEvent_t, for callers on a stream other than the legacy default */
   uint64_t step;         /* our count of cgt_step_begin calls */
@@ -266,6 +275,8 @@ typedef struct TreeObject {
   int warned_evicting;   /* the budget's first eviction was reported */
   uint64_t readers_seen; /* pool_readers.c's generation this tree's stream has waited up to, for good */
   uint64_t readers_step; /* the step whose first launch moved readers_seen last (pool_readers.c) */
+  void *last_caller;     /* the caller's stream at the tree's last launch (pool_readers.c, tx_pool_readers_caller) */
+  int launched;          /* a launch has been made: last_caller says whose */
   uint64_t launch_ns_seen; /* and its launch_host_ns (with time_launches) */
   int timed;             /* made with time_launches: its segment calls time their parts (segment.c) */
   uint64_t alive_this_step;    /* outputs of the current step whose tensors live */
@@ -347,6 +358,11 @@ uint64_t tx_pool_readers_generation(void); /* a new tree's readers_seen */
 /* Before a launch on T's stream, after it waited for caller (the caller's
  * stream): T's stream waits for every stream noted since its last wait. */
 void tx_pool_readers_wait(TreeObject *T, void *caller);
+/* Before a launch from caller: the stream of T's last launch, if another
+ * that CUDA does not order with T's stream by itself, is noted as if
+ * record_stream named it (the outputs handed there may still be read
+ * there). 0, or -1 out of host memory with an exception set. */
+int tx_pool_readers_caller(TreeObject *T, void *caller);
 void tx_pool_readers_figures(uint64_t *streams, uint64_t *waits_made, uint64_t *waits_put_off);
 
 extern PyTypeObject TreeType;

@@ -502,15 +502,19 @@ int tx_other_trees_output_at(const TreeObject *T, void *ptr, size_t span) {
 
 static int tree_init(TreeObject *T, PyObject *a, PyObject *kw) {
   static char *kwlist[] = {"device", "warmup_runs", "rerecord_limit", "backend", "time_launches", "stream",
-                           "max_graphs", "max_graph_bytes", NULL};
-  int device = 0, time_launches = 0;
+                           "max_graphs", "max_graph_bytes", "nonblocking", NULL};
+  int device = 0, time_launches = 0, nonblocking = 0;
   unsigned int warmup = 1, rerecord = 0, max_graphs = 0;
   unsigned long long max_graph_bytes = 0;
   const char *backend = "cuda";
   PyObject *stream_obj = Py_None;
-  if (!PyArg_ParseTupleAndKeywords(a, kw, "i|IIspOIK", kwlist, &device, &warmup, &rerecord, &backend,
-                                   &time_launches, &stream_obj, &max_graphs, &max_graph_bytes))
+  if (!PyArg_ParseTupleAndKeywords(a, kw, "i|IIspOIKp", kwlist, &device, &warmup, &rerecord, &backend,
+                                   &time_launches, &stream_obj, &max_graphs, &max_graph_bytes, &nonblocking))
     return -1;
+  if (nonblocking && stream_obj != Py_None) {
+    PyErr_SetString(PyExc_ValueError, "Tree: stream and nonblocking=True: a stream handed in is the caller's");
+    return -1;
+  }
   void *given_stream = NULL;
   if (stream_obj != Py_None) {
     given_stream = PyLong_AsVoidPtr(stream_obj);
@@ -536,6 +540,15 @@ static int tree_init(TreeObject *T, PyObject *a, PyObject *kw) {
   o.device = device;
   o.warmup_runs = warmup;
   o.time_launches = (uint32_t)time_launches;
+  void *made_stream = NULL; /* nonblocking on CUDA: a stream of its own, which the tree destroys at its close */
+  if (nonblocking && !sim) {
+    made_stream = tx_dev_stream_create(device);
+    if (!made_stream) {
+      PyErr_Format(TxError, "cgtree.torch: cudaStreamCreateWithFlags (device %d) failed", device);
+      return -1;
+    }
+    given_stream = made_stream;
+  }
   o.stream = given_stream; /* NULL: the tree makes its own blocking stream */
   o.max_graphs = max_graphs; /* the recording budget (0: none); cgt_tree_create refuses nonsense */
   o.max_graph_bytes = (size_t)max_graph_bytes;
@@ -546,6 +559,7 @@ static int tree_init(TreeObject *T, PyObject *a, PyObject *kw) {
     PyErr_Format(st == CGT_ERR_INVALID_ARGUMENT ? PyExc_ValueError : TxError,
                  "cgtree.torch: cgt_tree_create (%s, device %d): %s", backend, device, cgt_status_name(st));
     T->tree = NULL;
+    tx_dev_stream_destroy(made_stream, device);
     return -1;
   }
   T->device = device;
@@ -559,7 +573,8 @@ static int tree_init(TreeObject *T, PyObject *a, PyObject *kw) {
   if (!T->device_obj)
     return -1;
   T->stream = cgt_tree_stream(T->tree);
-  T->blocking = given_stream == NULL; /* a stream handed in is the caller's choice: order it with events */
+  T->blocking = given_stream == NULL && !nonblocking; /* any other is ordered with events */
+  T->stream_made = made_stream ? TX_STREAM_MADE_HERE : given_stream ? TX_STREAM_HANDED_IN : TX_STREAM_MADE_BY_TREE;
   if (!sim) {
     T->ev_in = tx_event_create();
     T->ev_out = tx_event_create();
@@ -584,6 +599,8 @@ static void tree_dealloc(TreeObject *T) {
   if (T->tree && !T->registry && T->outputs_made == 0) {
     tx_alloc_note_pool_in_use(&T->pool_in_use_reported, 0);
     cgt_tree_destroy(T->tree);
+    if (T->stream_made == TX_STREAM_MADE_HERE)
+      tx_dev_stream_destroy(T->stream, T->device);
   }
   tx_event_destroy(T->ev_in); /* NULL once closed */
   tx_event_destroy(T->ev_out);

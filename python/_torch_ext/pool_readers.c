@@ -40,9 +40,23 @@
  * readers_seen stays below that note). A stream CUDA does not know any
  * more (destroyed) is not waited for.
  *
- * What is not seen: a read on another stream without record_stream. Under
- * plain Inductor it is safe while the output lives; under cgtree the next
- * launch may overtake it. docs/torch.md says so.
+ * A caller that switches streams is such a reader too. The outputs of a
+ * call made on stream s1 are the caller's on s1: the program may copy
+ * them there (a copy to the host, queued behind the call) while the next
+ * call comes from s2, and the tree waits for the stream of the call it
+ * runs only. Under plain Inductor the outputs' blocks belong to s1 until
+ * freed and are reused on s1 only. So when a launch's caller is not the
+ * last launch's, the last one's stream is noted here as record_stream
+ * would note it (tx_pool_readers_caller), unless CUDA orders it with the
+ * tree's stream by itself (the tree's own stream, or the legacy default
+ * stream with a blocking tree): launches wait for it until a later
+ * step's first launch, as for any note. A program on one stream never
+ * notes anything; one that alternates notes at each switch.
+ *
+ * What is not seen: a read on another stream without record_stream, of an
+ * output no call on that stream received. Under plain Inductor it is safe
+ * while the output lives; under cgtree the next launch may overtake it.
+ * docs/torch.md says so.
  */
 #include "ext.h"
 
@@ -136,6 +150,17 @@ void tx_pool_readers_wait(TreeObject *T, void *caller) {
     T->readers_step = T->step;
   }
   pthread_mutex_unlock(&readers_mu);
+}
+
+int tx_pool_readers_caller(TreeObject *T, void *caller) {
+  if (T->launched && caller != T->last_caller && tx_caller_needs_events(T, T->last_caller) &&
+      tx_pool_readers_note(T->last_caller) < 0) {
+    PyErr_NoMemory();
+    return -1; /* nothing changed: the next call notes it again */
+  }
+  T->last_caller = caller;
+  T->launched = 1;
+  return 0;
 }
 
 void tx_pool_readers_figures(uint64_t *streams, uint64_t *waits_made, uint64_t *waits_put_off) {

@@ -2265,6 +2265,8 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
   }
   if (tx_caller_needs_events(T, caller))
     tx_stream_wait(T->stream, caller, T->ev_in);
+  if (tx_pool_readers_caller(T, caller) < 0) /* the last launch's caller, if another stream (pool_readers.c) */
+    return NULL;
   tx_pool_readers_wait(T, caller); /* streams record_stream named for outputs (pool_readers.c) */
 
   r->cur = args;

@@ -42,10 +42,11 @@
  * meet a capture that is not ours (torch.cuda.graph in another thread).
  * Closing a tree takes every segment's run in it
  * out of its segment, running no Python; synchronises its stream; retires
- * that stream in eager.c if the tree made it (blocks allocated on it
- * outside the pool are freed on the legacy stream from then on; a stream
- * handed in, in explicit mode, is PyTorch's and stays); keeps its counters;
- * and destroys the C tree: its graphs, its pools' memory, its stream. Only
+ * that stream in eager.c if the tree made it, blocking or, in explicit
+ * mode, non-blocking (blocks allocated on it outside the pool are freed on
+ * the legacy stream from then on; a stream handed in stays its maker's);
+ * keeps its counters; and destroys the C tree (its graphs, its pools'
+ * memory) and the stream. Only
  * then are the runs freed, each registered segment losing the reference
  * the tree held on it; that may run Python (a segment dies, and with it
  * what it held), where another thread may take the GIL, so the next orphan
@@ -78,12 +79,14 @@ static void tree_close(TreeObject *T) {
   size_t n_runs = 0;
   struct seg_run **runs = tx_tree_runs_detach(T, &n_runs); /* no Python runs until the C tree is gone */
   (void)cgt_sync(T->tree); /* its stream's work is over: its blocks may be retired */
-  if (T->blocking) /* a stream the tree made, which it destroys; one handed in (explicit mode) stays */
+  if (T->stream_made != TX_STREAM_HANDED_IN) /* a stream destroyed below; one handed in stays its maker's */
     tx_eager_retire_stream(T->on_simulator ? -1 : T->device, T->stream);
   (void)cgt_tree_stats(T->tree, &T->last_stats);
   tx_alloc_note_pool_in_use(&T->pool_in_use_reported, 0);
-  cgt_tree_destroy(T->tree);
+  cgt_tree_destroy(T->tree); /* and the stream, if the C tree made it */
   T->tree = NULL;
+  if (T->stream_made == TX_STREAM_MADE_HERE)
+    tx_dev_stream_destroy(T->stream, T->device);
   tx_event_destroy(T->ev_in);
   tx_event_destroy(T->ev_out);
   T->ev_in = T->ev_out = NULL;

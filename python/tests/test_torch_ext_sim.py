@@ -205,10 +205,24 @@ class FakeOutOfMemoryError(RuntimeError):
     """torch.OutOfMemoryError's stand-in."""
 
 
+_caller_stream = [0]  # what the raw stream getter's stand-in answers: the caller's current stream
+
+
+@contextlib.contextmanager
+def caller_stream(stream):
+    """torch.cuda.stream(stream)'s stand-in for the calls made inside."""
+    before = _caller_stream[0]
+    _caller_stream[0] = stream
+    try:
+        yield
+    finally:
+        _caller_stream[0] = before
+
+
 def init_hot_path(ptrs_equal=None, mark_step_cls=None, mark=None):
     """The hot path on the simulator's stand-ins; mark: PyTorch's storage
     marking's stand-in (fake_mark by default)."""
-    X.init_hot_path(fake_from_dlpack, lambda device: 0, Generation, FakeTensor, None, None, ptrs_equal,
+    X.init_hot_path(fake_from_dlpack, lambda device: _caller_stream[0], Generation, FakeTensor, None, None, ptrs_equal,
                     mark or fake_mark, mark_step_cls, FakeOutOfMemoryError)
 
 
@@ -599,6 +613,100 @@ def test_a_read_queued_on_a_noted_stream_after_a_launch_of_the_same_step_is_wait
     tree.step_begin()
     seg(x)
     assert X.alloc_figures()["pool_reader_waits"] == f0 + 2
+
+
+def test_a_caller_that_switches_streams_has_the_tree_wait_for_the_stream_its_last_outputs_went_to(tree):
+    """The outputs of a call on stream s1 are the caller's on s1, which may
+    copy them there (queued behind the call) while the next call comes from
+    s2; the tree waited for the stream of the call it runs only, so the
+    next step's replay could write the first outputs' memory under that
+    copy (a helper's audit). A launch whose caller is not the last one's
+    notes the last one's stream as record_stream would (pool_readers.c):
+    waited for until a later step's first launch. The legacy default
+    stream needs no note with a blocking tree: CUDA orders the two."""
+    seg, x = replaying(tree)  # on the legacy default stream
+    f0 = X.alloc_figures()
+    s1, s2 = 0x5a1, 0x5a2
+    with caller_stream(s1):
+        (y,) = call(seg, x)  # from the legacy stream to s1: nothing to note
+        y_ptr = y.ptr
+    assert X.alloc_figures()["pool_reader_waits"] == f0["pool_reader_waits"]
+    # the program queues y_host.copy_(y, non_blocking=True) on s1 here
+    with caller_stream(s2):
+        (y2,) = call(seg, x)  # the next step: replays into y's memory
+    assert y2.ptr == y_ptr
+    f1 = X.alloc_figures()
+    assert f1["pool_reader_waits"] == f0["pool_reader_waits"] + 1, "the launch over y's memory did not wait for s1"
+    with caller_stream(s2):
+        call(seg, x)  # a later step's first launch: s1's note is retired
+    assert X.alloc_figures()["pool_reader_waits"] == f1["pool_reader_waits"]
+    del y, y2
+    with caller_stream(s1):
+        call(seg, x)  # back to s1: s2 is noted and waited for
+    assert X.alloc_figures()["pool_reader_waits"] == f1["pool_reader_waits"] + 1
+    call(seg, x)  # to the legacy stream: s1 is noted (a stream of PyTorch's is no blocking stream)
+    assert X.alloc_figures()["pool_reader_waits"] == f1["pool_reader_waits"] + 2
+    call(seg, x)  # one stream: nothing new
+    assert X.alloc_figures()["pool_reader_waits"] == f1["pool_reader_waits"] + 2
+    tree.check()
+
+
+def test_a_non_blocking_tree_waits_for_the_legacy_stream_a_caller_left_and_refuses_a_stream_beside():
+    """A tree made nonblocking (explicit mode's) is not ordered with the
+    legacy default stream by CUDA: a caller that leaves it for s1 has the
+    legacy stream noted like any other. nonblocking=True beside a stream
+    handed in is a contradiction: ValueError."""
+    with pytest.raises(ValueError, match="nonblocking"):
+        X.Tree(0, backend="sim", stream=0x1234, nonblocking=True)
+    tree = X.Tree(0, backend="sim", nonblocking=True)
+    seg, x = replaying(tree)  # on the legacy default stream
+    f0 = X.alloc_figures()["pool_reader_waits"]
+    with caller_stream(0x5c1):
+        (y,) = call(seg, x)
+    assert X.alloc_figures()["pool_reader_waits"] == f0 + 1, "the legacy stream was not waited for"
+    del y, seg, x
+    tree.check()
+
+
+def test_a_switch_of_stream_within_a_step_is_waited_for_until_the_next_steps_first_launch(tree):
+    """In one step (explicit mode) the first call's outputs live on: the
+    program may queue more reads of them on s1 after a launch from s2, so
+    the step's later launches wait for s1 again, and so does the next
+    step's first, which reuses their memory; then the note is retired."""
+    tree.explicit_steps = True
+    a = segment(tree, Graph(tree, 2.0, 1.0), spans=(16,))
+    b = segment(tree, Graph(tree, 1.0, 1.0), spans=(16,))
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    s1, s2 = 0x5b1, 0x5b2
+
+    def step():
+        tree.step_begin()
+        with caller_stream(s1):
+            (y,) = a(x)
+        with caller_stream(s2):
+            b(x)  # waits for s1
+        return y
+
+    for _ in range(4):  # plain first call, warmup, recording, replay
+        step()
+    tree.step_begin()
+    with caller_stream(s1):
+        (y,) = a(x)
+        y_ptr = y.ptr
+    f0 = X.alloc_figures()["pool_reader_waits"]
+    with caller_stream(s2):
+        b(x)
+    assert X.alloc_figures()["pool_reader_waits"] == f0 + 1, "b's launch did not wait for s1"
+    # the program queues another copy of y on s1 here: y is alive and right
+    tree.step_begin()
+    with caller_stream(s2):
+        (y2,) = a(x)  # the next step's first launch: into y's memory
+        assert y2.ptr == y_ptr
+        assert X.alloc_figures()["pool_reader_waits"] == f0 + 2, "the next step did not wait for s1"
+        b(x)
+        assert X.alloc_figures()["pool_reader_waits"] == f0 + 2  # retired at that step's first launch
+    del y, y2
+    tree.check()
 
 
 def test_a_stream_named_for_an_output_that_is_capturing_is_waited_for_once_its_capture_ended(tree):

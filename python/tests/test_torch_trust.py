@@ -551,6 +551,40 @@ def test_an_output_a_copy_stream_reads_after_record_stream_is_not_overwritten_by
                                                   ct.stats()["replays"])
 
 
+def test_a_caller_that_switches_streams_is_waited_for_before_the_next_replay_overwrites_its_output():
+    """Calls from two streams: the first call's output, copied to the host
+    on its own stream behind a long kernel, is the caller's on s1, as under
+    plain Inductor, where its block is reused on s1 only. The next call,
+    from s2, replays into that memory: the tree waits for s1 first
+    (pool_readers.c, tx_pool_readers_caller). Without the wait the copy
+    read the next call's 3s instead of 1s (a helper's audit)."""
+    fresh()
+    cg = torch.compile(lambda x: x * 2 + 1, backend="cgtree")
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    n = 1 << 22
+    x0, x1 = torch.zeros(n, device=DEV), torch.ones(n, device=DEV)
+    host = torch.empty(n, pin_memory=True)
+    s1.wait_stream(torch.cuda.current_stream())
+    s2.wait_stream(torch.cuda.current_stream())
+    with torch.no_grad():
+        for i in range(4):
+            with torch.cuda.stream(s2 if i % 2 else s1):
+                cg(x0)
+        torch.cuda.synchronize()
+        replays = ct.stats()["replays"]
+        with torch.cuda.stream(s1):
+            out = cg(x0)  # a replay: 1s
+            torch.cuda._sleep(300_000_000)
+            host.copy_(out, non_blocking=True)
+        del out  # plain Inductor's block would wait on s1 for its next use
+        with torch.cuda.stream(s2):
+            nxt = cg(x1)  # the same node's replay: 3s where out was
+        torch.cuda.synchronize()
+    assert ct.stats()["replays"] == replays + 2
+    assert torch.all(host == 1.0), "the replay from s2 overwrote the output before s1's copy read it"
+    assert torch.all(nxt == 3.0)
+
+
 def test_without_its_hook_cgtree_warns_at_install_and_still_sees_tensor_record_stream():
     code = textwrap.dedent("""
         import warnings
@@ -609,9 +643,11 @@ def stream_is_non_blocking(handle):
 
 def test_two_threads_calling_compiled_models_at_once_get_correct_results():
     """Each thread in explicit step mode gets a tree of its own, in explicit
-    mode, on a non-blocking stream (docs/torch.md, Threads and explicit
-    steps); the main thread's tree, in the default mode, is on a blocking
-    one."""
+    mode, on a non-blocking stream the tree made (docs/torch.md, Threads
+    and explicit steps), not one of PyTorch's pool of 32 per device, which
+    torch.cuda.Stream() hands every caller round and round: another
+    thread's work on it would join the tree's captures (a helper's audit).
+    The main thread's tree, in the default mode, is on a blocking one."""
     fresh()
     models = [torch.nn.Sequential(torch.nn.Linear(128, 128), torch.nn.ReLU()).to(DEV).eval() for _ in range(2)]
     compiled = [torch.compile(m, backend="cgtree") for m in models]
@@ -646,6 +682,8 @@ def test_two_threads_calling_compiled_models_at_once_get_correct_results():
     assert errors == []
     assert trees[0][0] is not trees[1][0] and main_tree not in (trees[0][0], trees[1][0])
     assert [trees[k][1:] for k in (0, 1)] == [(True, True), (True, True)], "explicit steps, non-blocking streams"
+    pytorchs = {torch.cuda.Stream(device=DEV).cuda_stream for _ in range(64)}  # the pool, twice round
+    assert not pytorchs & {trees[k][0].stream for k in (0, 1)}, "a tree's stream is one PyTorch hands out"
     s = ct.stats()
     assert s["trees"] + s["trees_freed"] >= 2  # the threads' trees, freed or not yet
 

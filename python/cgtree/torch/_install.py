@@ -318,17 +318,17 @@ def tree_for(device):
         timed = os.environ.get("CGTREE_TORCH_TIME_LAUNCHES", "0") == "1"
         explicit = getattr(_local, "explicit", False)
         budget = {k: v for k, v in _budget.items() if v}
-        if explicit:
-            # A thread that runs beside others: a non-blocking stream, so that
-            # another thread's work on the legacy default stream never meets
-            # this tree's captures (CUDA refuses the legacy stream while a
-            # blocking stream captures, in every thread). Events order it with
-            # the caller's stream, the legacy one included.
-            stream = torch.cuda.Stream(device=torch.device("cuda", device))
-            tree = _ext.Tree(device, warmup_runs=warmup, time_launches=timed, stream=stream.cuda_stream, **budget)
-        else:
-            tree = _ext.Tree(device, warmup_runs=warmup, time_launches=timed, **budget)
-            stream = torch.cuda.ExternalStream(tree.stream, device=torch.device("cuda", device))
+        # A thread that runs beside others (explicit mode) gets a non-blocking
+        # stream, so that another thread's work on the legacy default stream
+        # never meets this tree's captures (CUDA refuses the legacy stream
+        # while a blocking stream captures, in every thread); events order it
+        # with the caller's stream, the legacy one included. The tree makes
+        # it and destroys it at its close: torch.cuda.Stream() hands out a
+        # pool of 32 streams per device to every caller, so with many
+        # threads another thread's work could land on the tree's stream and
+        # join its captures.
+        tree = _ext.Tree(device, warmup_runs=warmup, time_launches=timed, nonblocking=explicit, **budget)
+        stream = torch.cuda.ExternalStream(tree.stream, device=torch.device("cuda", device))
         tree.explicit_steps = explicit
         tree.owner_thread = trees.owner  # made on autograd's thread for its caller, it is still the caller's
         with _lock:
