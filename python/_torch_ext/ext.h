@@ -606,8 +606,12 @@ tx_out_ref *tx_step_output_at(TreeObject *T, void *ptr, size_t span);
  * other than T (another thread's): its pool's memory, not T's caller's.
  * Under the GIL. */
 int tx_other_trees_output_at(const TreeObject *T, void *ptr, size_t span);
+/* The weak references to the leaves every live tree noted (stale.c,
+ * tx_grad_leaf_note), in a new list; NULL with MemoryError set. */
+PyObject *tx_trees_grad_leaves(void);
 void tx_step_outputs_free(TreeObject *T);  /* the index's memory (the list is the caller's) */
 int tx_step_outputs_check(TreeObject *T);  /* 0, or -1 if the list and the index disagree */
+int tx_step_outputs_all_grads(TreeObject *T); /* 1 if every output on the list whose storage lives is a backward's */
 
 /* The step T->syncing_call brings up ends (stale.c calls it before it
  * marks the ending step's outputs): each DYNAMIC tensor argument of that

@@ -395,13 +395,19 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
      * a compiled model) has no forward in any step: its one step never
      * ended, and every backward was a new node of one path, run plainly
      * as a warm-up, never recorded or replayed (a helper's audit). There
-     * a new generation begins a step once nothing of the step lives (the
-     * gradients dropped): the step's end then marks and moves nothing. A
-     * gradient kept (accumulation) keeps the step, as before. */
+     * a new generation begins a step once nothing of the step lives but
+     * gradients: the step's end moves each that is a leaf's .grad
+     * (accumulation, zero_grad(set_to_none=False)), found through the
+     * leaves every tree noted, since this one ran no forward (stale.c,
+     * move_kept_grads), and marks any other (torch.autograd.grad's, kept),
+     * as any tree's step end does. Kept until then, a .grad held the step
+     * for good, and the path grew a node at every backward. */
     if (T->ran_other_than_backward)
       return 0;
     tx_out_ref_queue_drain();
-    if (T->alive_this_step || T->saved_alive || T->tied_saved_alive || T->plain_holds)
+    if (T->saved_alive || T->tied_saved_alive || T->plain_holds)
+      return 0;
+    if (T->alive_this_step && !tx_step_outputs_all_grads(T))
       return 0;
     return step_begin_or_unsee(T, gen_before, mark_before);
   }
@@ -491,6 +497,20 @@ static void live_list_remove(TreeObject *T) {
   if (T->live_next)
     T->live_next->live_prev = T->live_prev;
   T->on_live_list = 0;
+}
+
+PyObject *tx_trees_grad_leaves(void) {
+  PyObject *all = PyList_New(0);
+  for (TreeObject *t = live_trees; all && t; t = t->live_next) {
+    PyObject *w;
+    Py_ssize_t pos = 0;
+    while (t->grad_leaves && PyDict_Next(t->grad_leaves, &pos, NULL, &w))
+      if (PyList_Append(all, w) < 0) {
+        Py_CLEAR(all);
+        break;
+      }
+  }
+  return all;
 }
 
 int tx_other_trees_output_at(const TreeObject *T, void *ptr, size_t span) {

@@ -183,7 +183,8 @@ static int move_grad(PyObject *leaf, PyObject *kept) {
  * the ending step (see the top of this file), and orders the tree's stream
  * after the copies. -1 with an exception set. */
 static int move_kept_grads(TreeObject *T) {
-  if (!T->grad_leaves || !PyDict_GET_SIZE(T->grad_leaves))
+  int borrowed = !T->ran_other_than_backward; /* a tree of backwards only: the forwards' trees noted the leaves */
+  if (!borrowed && (!T->grad_leaves || !PyDict_GET_SIZE(T->grad_leaves)))
     return 0;
   PyObject *kept = NULL;
   for (tx_out_ref *r = T->step_outputs; r; r = r->step_next) {
@@ -198,7 +199,8 @@ static int move_kept_grads(TreeObject *T) {
   }
   if (!kept)
     return 0; /* the usual loop: zero_grad() dropped every .grad already */
-  PyObject *leaves = PyDict_Values(T->grad_leaves); /* a snapshot: moving runs PyTorch's code */
+  /* A snapshot: moving runs PyTorch's code. */
+  PyObject *leaves = borrowed ? tx_trees_grad_leaves() : PyDict_Values(T->grad_leaves);
   int rc = leaves ? 0 : -1;
   uint64_t moved = 0;
   for (Py_ssize_t i = 0; leaves && i < PyList_GET_SIZE(leaves) && rc == 0; i++) {

@@ -4562,37 +4562,51 @@ def test_an_explicit_mark_begins_a_step_even_with_a_backward_pending_and_the_bac
         init_hot_path()
 
 
-@pytest.mark.parametrize("grads", ["dropped", "kept_and_accumulated"])
-def test_a_tree_where_only_backwards_run_begins_a_step_once_nothing_of_its_step_lives(grads):
+@pytest.mark.parametrize("grads", ["dropped", "accumulated_into_grad", "kept_outside_grad"])
+def test_a_tree_where_only_backwards_run_begins_a_step_once_nothing_but_gradients_of_its_step_lives(grads):
     """A worker thread that never called a compiled model calls
     loss.backward() on a forward of the main thread's: the backward runs on
     trees of autograd's thread, where only backwards ever run. A backward
     begins no step, so that tree's one step never ended: every backward was
     a new node, run plainly as a warm-up, never recorded or replayed (a
     helper's audit). There a new generation begins a step once nothing of
-    the step lives, and the backward replays; a gradient kept into the next
-    backward (accumulation) keeps the step, and reads right."""
+    the step lives but gradients, and the backward replays. A gradient
+    AccumulateGrad took over as .grad and accumulates into
+    (zero_grad(set_to_none=False)) is moved at that step's end, found
+    through the leaves the forward's tree noted: kept, it held the step for
+    good and the path grew a node per backward. One kept outside .grad
+    (torch.autograd.grad's) is marked, as on any tree, and raises."""
     fw_tree = X.Tree(0, backend="sim")
     bw_tree = X.Tree(0, backend="sim")  # autograd's thread's own
-    fw = segment(fw_tree, Graph(fw_tree, 2.0, 1.0), spans=(16,), name="fw")
+    fw = segment(fw_tree, ParamForwardGraph(fw_tree), kinds=(ARG_TENSOR, ARG_TENSOR_STATIC), spans=(16, 16),
+                 name="fw", saved_from=1, grad_inputs=(1,))
     bw = segment(bw_tree, BackwardGraph(bw_tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bw",
                  backward=True)
-    x, t = FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
+    w, x, t = Leaf(4).fill([0, 0, 0, 0]), FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
     kept = []
     for i in range(40):
-        (y,) = call(fw, x)  # the forward, on the main thread's tree: Dynamo's counter moves
-        (g,) = bw(y, t)  # its backward, on autograd's thread's tree
-        assert g.values() == [4, 6, 8, 10]
-        if grads == "kept_and_accumulated":
+        out, saved = call(fw, x, w)  # the forward, on the main thread's tree: Dynamo's counter moves
+        (g,) = bw(saved, t)  # its backward, on autograd's thread's tree
+        assert g.values() == [2, 3, 4, 5]
+        if grads == "accumulated_into_grad":
+            if i < 5:  # zero_grad() until the backward replays: then .grad is taken over from the pool
+                w.grad = None
+            w.accumulate(g)
+        elif grads == "kept_outside_grad":
             kept.append(g)
-        del y, g
+        del out, saved, g
         gc.collect()
-    assert all(g.values() == [4, 6, 8, 10] for g in kept)
+        if i == 6:
+            moved = bw_tree.stats()["gradients_moved"]
     s = bw_tree.stats()
-    if grads == "dropped":
-        assert s["replays"] >= 35 and s["nodes"] <= 3, {k: s[k] for k in ("step", "recordings", "replays", "nodes")}
-    else:
-        assert s["step"] <= 3  # steps began only before a kept gradient was the tree's (the first are plain)
+    assert s["replays"] >= 30 and s["nodes"] <= 3, {k: s[k] for k in ("step", "recordings", "replays", "nodes")}
+    if grads == "accumulated_into_grad":
+        assert w.grad.values() == [36 * v for v in (2, 3, 4, 5)]  # the 5th backward's on
+        assert s["gradients_moved"] == moved >= 1  # moved once: then it is memory of its own, added into
+    elif grads == "kept_outside_grad":
+        assert kept[-1].values() == [2, 3, 4, 5]
+        with pytest.raises(RuntimeError, match="StaleTensorError"):
+            kept[-3].values()  # an earlier step's, whose memory a later replay took
     del kept
     gc.collect()
     bw_tree.check()

@@ -210,6 +210,40 @@ def test_gradient_accumulation_over_micro_batches_matches_inductor():
     assert_same_params(model, ref)
 
 
+def test_backwards_called_from_a_thread_that_never_called_a_compiled_model_replay_and_accumulate_as_inductor():
+    """loss.backward() called from a worker thread that never called a
+    compiled model runs on trees of autograd's thread, where only backwards
+    run. With a .grad taken over from a replay's output and then
+    accumulated into, never zeroed, the kept .grad held that tree's one
+    step for good: every backward was a
+    new node, run as a warm-up, never replayed. It now begins a step at each
+    backward once only gradients live, moving the kept .grad out of the
+    pool once; the tree stops growing and the gradients equal Inductor's."""
+    cf, model, rf, ref = pair(mlp())
+    xs = batches(14)
+    nodes, errors = [], []
+
+    def backward(loss):
+        try:
+            loss.backward()
+        except Exception as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(repr(e))
+
+    for m, f in ((model, cf), (ref, rf)):
+        for i, x in enumerate(xs):
+            if i < 5:  # until the backward replays: then .grad is taken over from the pool, and kept
+                m.zero_grad(set_to_none=True)
+            worker = threading.Thread(target=backward, args=(f(x).square().mean(),))
+            worker.start()
+            worker.join()
+            if m is model:
+                nodes.append(ct.stats()["nodes"])
+    assert errors == []
+    assert_same_params(model, ref)  # the accumulated gradients too
+    if STEPS_END:
+        assert nodes[-1] == nodes[6], "the tree grew a node per backward: %s" % nodes
+
+
 class SigmoidHead(torch.nn.Module):
     """A Linear and a sigmoid: the forward hands the program the sigmoid's
     output and saves that very tensor for its backward."""
