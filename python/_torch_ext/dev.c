@@ -430,6 +430,22 @@ int tx_dev_stream_device(void *stream) {
 #endif
 }
 
+void *tx_event_create_on(int device, int record_on_legacy) {
+#ifdef CGT_HAVE_CUDA
+  void *e = NULL;
+  WITH_DEVICE(device, {
+    e = tx_event_create();
+    if (e && record_on_legacy)
+      tx_event_record(e, NULL);
+  });
+  return e;
+#else
+  (void)device;
+  (void)record_on_legacy;
+  return NULL;
+#endif
+}
+
 void tx_dev_stream_after(void *waiter, void *signaller, int device) {
 #ifdef CGT_HAVE_CUDA
   if (device < 0 || waiter == signaller)

@@ -172,7 +172,11 @@ static inline PyObject *tx_weakref_get(PyObject *w) {
 /* ------------------------------------------------------------- dev.c */
 
 size_t tx_events_live(void);                 /* events made and not yet destroyed */
-void *tx_event_create(void);                 /* NULL without CUDA */
+void *tx_event_create(void);                 /* NULL without CUDA; on the current device */
+/* An event of device (which it must be recorded on: CUDA refuses a record
+ * on another device's stream), first recorded on that device's legacy
+ * stream if record_on_legacy; NULL without CUDA or if CUDA refuses. */
+void *tx_event_create_on(int device, int record_on_legacy);
 void tx_event_destroy(void *event);          /* no-op for NULL */
 /* The device's stream-ordered pool: memory usable on `stream` in stream
  * order; NULL when out of memory (no error left behind). keep_bytes: what
@@ -275,8 +279,13 @@ typedef struct TreeObject {
   int warned_evicting;   /* the budget's first eviction was reported */
   uint64_t readers_seen; /* pool_readers.c's generation this tree's stream has waited up to, for good */
   uint64_t readers_step; /* the step whose first launch moved readers_seen last (pool_readers.c) */
-  void *last_caller;     /* the caller's stream at the tree's last launch (pool_readers.c, tx_pool_readers_caller) */
-  int launched;          /* a launch has been made: last_caller says whose */
+  /* Callers' streams (pool_readers.c, tx_pool_readers_caller): the last
+   * call's, and those the calls left since, which launches wait for. */
+  void *last_caller;
+  uint64_t last_caller_step; /* the step of that call */
+  int called;                /* a call was made: last_caller says whose */
+  struct tx_caller_note *caller_notes;
+  size_t n_caller_notes, cap_caller_notes;
   uint64_t launch_ns_seen; /* and its launch_host_ns (with time_launches) */
   int timed;             /* made with time_launches: its segment calls time their parts (segment.c) */
   uint64_t alive_this_step;    /* outputs of the current step whose tensors live */
@@ -358,11 +367,13 @@ uint64_t tx_pool_readers_generation(void); /* a new tree's readers_seen */
 /* Before a launch on T's stream, after it waited for caller (the caller's
  * stream): T's stream waits for every stream noted since its last wait. */
 void tx_pool_readers_wait(TreeObject *T, void *caller);
-/* Before a launch from caller: the stream of T's last launch, if another
- * that CUDA does not order with T's stream by itself, is noted as if
- * record_stream named it (the outputs handed there may still be read
- * there). 0, or -1 out of host memory with an exception set. */
+/* At each call of a segment of T from caller (the caller's stream): the
+ * stream of T's last call, if another that CUDA does not order with T's
+ * stream by itself, is noted for T's launches to wait for (outputs handed
+ * there may still be read there). 0, or -1 out of host memory with an
+ * exception set (nothing changed). */
 int tx_pool_readers_caller(TreeObject *T, void *caller);
+void tx_pool_readers_tree_free(TreeObject *T); /* T's notes of callers' streams */
 void tx_pool_readers_figures(uint64_t *streams, uint64_t *waits_made, uint64_t *waits_put_off);
 
 extern PyTypeObject TreeType;

@@ -583,6 +583,8 @@ static int tree_init(TreeObject *T, PyObject *a, PyObject *kw) {
     return -1;
   }
   T->device = device;
+  T->stream = cgt_tree_stream(T->tree); /* from here on a made stream goes with the tree (tree_dealloc) */
+  T->stream_made = made_stream ? TX_STREAM_MADE_HERE : given_stream ? TX_STREAM_HANDED_IN : TX_STREAM_MADE_BY_TREE;
   T->owner_thread = PyThread_get_thread_ident();
   T->readers_seen = tx_pool_readers_generation(); /* no output of it can have been read before */
   T->on_simulator = sim;
@@ -592,12 +594,10 @@ static int tree_init(TreeObject *T, PyObject *a, PyObject *kw) {
   T->device_obj = PyLong_FromLong(device);
   if (!T->device_obj)
     return -1;
-  T->stream = cgt_tree_stream(T->tree);
   T->blocking = given_stream == NULL && !nonblocking; /* any other is ordered with events */
-  T->stream_made = made_stream ? TX_STREAM_MADE_HERE : given_stream ? TX_STREAM_HANDED_IN : TX_STREAM_MADE_BY_TREE;
   if (!sim) {
-    T->ev_in = tx_event_create();
-    T->ev_out = tx_event_create();
+    T->ev_in = tx_event_create_on(device, 0); /* the tree's device, whichever is current */
+    T->ev_out = tx_event_create_on(device, 0);
     if (!T->ev_in || !T->ev_out) {
       PyErr_SetString(TxError, "cgtree.torch: cudaEventCreate failed");
       return -1;
@@ -625,6 +625,7 @@ static void tree_dealloc(TreeObject *T) {
   tx_event_destroy(T->ev_in); /* NULL once closed */
   tx_event_destroy(T->ev_out);
   free(T->runs);
+  tx_pool_readers_tree_free(T);
   tx_step_outputs_free(T);
   Py_XDECREF(T->device_obj);
   Py_XDECREF(T->grad_leaves);

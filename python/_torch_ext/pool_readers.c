@@ -45,13 +45,25 @@
  * them there (a copy to the host, queued behind the call) while the next
  * call comes from s2, and the tree waits for the stream of the call it
  * runs only. Under plain Inductor the outputs' blocks belong to s1 until
- * freed and are reused on s1 only. So when a launch's caller is not the
- * last launch's, the last one's stream is noted here as record_stream
- * would note it (tx_pool_readers_caller), unless CUDA orders it with the
- * tree's stream by itself (the tree's own stream, or the legacy default
- * stream with a blocking tree): launches wait for it until a later
- * step's first launch, as for any note. A program on one stream never
- * notes anything; one that alternates notes at each switch.
+ * freed and are reused on s1 only. So at every call of a segment of the
+ * tree, launched or run plainly (a plain call on s2 may read an output of
+ * the step there), a caller that is not the last call's notes the last
+ * one's stream on the tree (tx_pool_readers_caller), unless CUDA orders
+ * it with the tree's stream by itself (the tree's own stream, or the
+ * legacy default stream with a blocking tree). These notes are the
+ * tree's own, not on the list above: only its outputs went to its
+ * callers, and another thread's tree need not wait for them. Its
+ * launches wait for each noted stream, and drop a note once they are of
+ * a later step than the note's last call there. A program on one stream
+ * notes nothing; one that alternates notes at each switch. The stream
+ * must live until the tree's next launch, as a stream record_stream
+ * names must live until the free.
+ *
+ * A noted stream that captures when a launch would wait for it is waited
+ * for at a later launch: too late for that launch, which may overwrite
+ * what the stream read before its capture began. torch.cuda.graph
+ * synchronises the device before it captures, so only a capture begun
+ * by hand on a stream still reading an output meets this.
  *
  * What is not seen: a read on another stream without record_stream, of an
  * output no call on that stream received. Under plain Inductor it is safe
@@ -97,16 +109,20 @@ int tx_pool_readers_note(void *stream) {
     }
     r = &readers[n_readers++];
     r->stream = stream;
-    r->device = READER_DEVICE_UNASKED;
   }
+  r->device = READER_DEVICE_UNASKED; /* asked at the next wait: a destroyed stream's handle may name another now */
   r->generation = atomic_fetch_add(&last_generation, 1) + 1;
   pthread_mutex_unlock(&readers_mu);
   return 1;
 }
 
+static void wait_for_callers_left(TreeObject *T, void *caller);
+
 uint64_t tx_pool_readers_generation(void) { return atomic_load(&last_generation); }
 
 void tx_pool_readers_wait(TreeObject *T, void *caller) {
+  if (T->n_caller_notes)
+    wait_for_callers_left(T, caller);
   if (atomic_load(&last_generation) == T->readers_seen) {
     T->readers_step = T->step; /* this step's first launch is past: a note from now on is retired at the next */
     return;
@@ -152,15 +168,74 @@ void tx_pool_readers_wait(TreeObject *T, void *caller) {
   pthread_mutex_unlock(&readers_mu);
 }
 
+/* A stream a call of the tree came from and then left, with the step of
+ * its last call there: the tree's launches wait for it until one of a
+ * later step. */
+struct tx_caller_note {
+  void *stream;
+  uint64_t step;
+};
+
 int tx_pool_readers_caller(TreeObject *T, void *caller) {
-  if (T->launched && caller != T->last_caller && tx_caller_needs_events(T, T->last_caller) &&
-      tx_pool_readers_note(T->last_caller) < 0) {
-    PyErr_NoMemory();
-    return -1; /* nothing changed: the next call notes it again */
+  if (T->called && caller != T->last_caller && tx_caller_needs_events(T, T->last_caller)) {
+    struct tx_caller_note *note = NULL;
+    for (size_t i = 0; i < T->n_caller_notes && !note; i++)
+      if (T->caller_notes[i].stream == T->last_caller)
+        note = &T->caller_notes[i];
+    if (!note) {
+      if (T->n_caller_notes == T->cap_caller_notes) {
+        size_t cap = T->cap_caller_notes ? 2 * T->cap_caller_notes : 4;
+        struct tx_caller_note *grown = realloc(T->caller_notes, cap * sizeof *grown);
+        if (!grown) {
+          PyErr_NoMemory();
+          return -1; /* nothing changed: the next call notes it again */
+        }
+        T->caller_notes = grown;
+        T->cap_caller_notes = cap;
+      }
+      note = &T->caller_notes[T->n_caller_notes++];
+      note->stream = T->last_caller;
+    }
+    note->step = T->last_caller_step;
   }
   T->last_caller = caller;
-  T->launched = 1;
+  T->last_caller_step = T->step;
+  T->called = 1;
   return 0;
+}
+
+/* The callers' streams T's calls left: T's stream waits for each (but the
+ * caller's own, waited for already), and a note whose step is over goes,
+ * since no output of its step can be read from now on. One on a stream
+ * that captures stays, to be waited for at a later launch. */
+static void wait_for_callers_left(TreeObject *T, void *caller) {
+  size_t kept = 0;
+  for (size_t i = 0; i < T->n_caller_notes; i++) {
+    struct tx_caller_note note = T->caller_notes[i];
+    int waited = note.stream == caller; /* ordered already (the ev_in wait) */
+    if (!waited) {
+      unsigned long long capture = tx_dev_capture_id(T->on_simulator ? -1 : T->device, note.stream);
+      if (capture == TX_CAPTURE_UNKNOWN) { /* CUDA knows no such stream any more: nothing to wait for */
+        waited = 1;
+      } else if (capture) {
+        atomic_fetch_add(&put_off, 1);
+      } else {
+        if (!T->on_simulator)
+          tx_dev_stream_after(T->stream, note.stream, T->device);
+        atomic_fetch_add(&waits, 1);
+        waited = 1;
+      }
+    }
+    if (!(waited && note.step < T->step))
+      T->caller_notes[kept++] = note;
+  }
+  T->n_caller_notes = kept;
+}
+
+void tx_pool_readers_tree_free(TreeObject *T) {
+  free(T->caller_notes);
+  T->caller_notes = NULL;
+  T->n_caller_notes = T->cap_caller_notes = 0;
 }
 
 void tx_pool_readers_figures(uint64_t *streams, uint64_t *waits_made, uint64_t *waits_put_off) {

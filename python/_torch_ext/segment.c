@@ -1015,13 +1015,13 @@ static int random_done_event(int device) {
     return 0;
   }
   if (!random_done[device]) {
-    random_done[device] = tx_event_create();
+    /* Recorded once, on its device, so that every wait has a record. */
+    random_done[device] = tx_event_create_on(device, 1);
 #ifdef CGT_HAVE_CUDA
     if (!random_done[device]) {
       PyErr_SetString(TxError, "cgtree.torch: could not create a CUDA event");
       return 0;
     }
-    tx_event_record(random_done[device], NULL); /* recorded once, so that every wait has a record */
 #endif
   }
   return 1;
@@ -1924,9 +1924,11 @@ int tx_move_call_args(TreeObject *T) {
 static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyObject *kwnames, uint64_t t0);
 
 /* The segment's run in the calling thread's tree, that tree's step brought
- * up to this call (module.c, "Steps"): every call of a segment, recorded or
- * plain, marks steps here. NULL with an exception set. */
-static seg_run *run_in_step(SegmentObject *s, PyObject *const *args, size_t n) {
+ * up to this call (module.c, "Steps"), and *caller, the caller's stream:
+ * every call of a segment, recorded or plain, marks steps here, and notes
+ * a stream the tree's calls left (pool_readers.c). NULL with an exception
+ * set. */
+static seg_run *run_in_step(SegmentObject *s, PyObject *const *args, size_t n, void **caller) {
   seg_run *r = run_for(s);
   if (!r)
     return NULL;
@@ -1941,6 +1943,8 @@ static seg_run *run_in_step(SegmentObject *s, PyObject *const *args, size_t n) {
     tx_tree_backward_called(r->tree);
   else
     r->tree->ran_other_than_backward = 1;
+  if (tx_caller_stream(r->tree, caller) < 0 || tx_pool_readers_caller(r->tree, *caller) < 0)
+    return NULL;
   return r;
 }
 
@@ -1984,7 +1988,8 @@ static void plain_saved_hold_step(SegmentObject *s, TreeObject *T, PyObject *res
  * call would go on in one endless step, a new node each, never replayed. */
 static PyObject *call_bypassed(SegmentObject *s, PyObject *const *args, size_t n, PyObject *kwnames) {
   seg_run *r = NULL;
-  if (!kwnames && n == s->n_args && !(r = run_in_step(s, args, n))) /* else call_plain's own call says what is wrong */
+  void *caller;
+  if (!kwnames && n == s->n_args && !(r = run_in_step(s, args, n, &caller))) /* else call_plain says what is wrong */
     return NULL;
   /* A training forward that runs plainly still has a recorded backward,
    * whose outputs AccumulateGrad takes over as .grad: its leaves are noted
@@ -2111,7 +2116,8 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
                  s->n_args, n, kwnames ? " and keywords" : "");
     return NULL;
   }
-  seg_run *r = run_in_step(s, args, n);
+  void *caller; /* the caller's stream: tx_caller_needs_events says when it needs events */
+  seg_run *r = run_in_step(s, args, n, &caller);
   if (!r)
     return NULL;
   TreeObject *T = r->tree;
@@ -2242,9 +2248,6 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
   if (s->n_grad_pos && note_grad_leaves(r, args) < 0)
     return NULL;
   uint64_t t_args = clock_if(timed);
-  void *caller; /* the caller's stream: tx_caller_needs_events says when it needs events */
-  if (tx_caller_stream(T, &caller) < 0)
-    return NULL;
   if (!s->outputs_known) { /* runs on the caller's stream: wait for the tree's outputs */
     if (tx_caller_needs_events(T, caller))
       tx_stream_wait(caller, T->stream, T->ev_out);
@@ -2265,9 +2268,7 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
   }
   if (tx_caller_needs_events(T, caller))
     tx_stream_wait(T->stream, caller, T->ev_in);
-  if (tx_pool_readers_caller(T, caller) < 0) /* the last launch's caller, if another stream (pool_readers.c) */
-    return NULL;
-  tx_pool_readers_wait(T, caller); /* streams record_stream named for outputs (pool_readers.c) */
+  tx_pool_readers_wait(T, caller); /* streams record_stream named for outputs, callers' left (pool_readers.c) */
 
   r->cur = args;
   r->cur_variant = variant;

@@ -651,6 +651,54 @@ def test_a_caller_that_switches_streams_has_the_tree_wait_for_the_stream_its_las
     tree.check()
 
 
+def test_a_plain_call_on_another_stream_that_reads_an_output_is_waited_for_by_the_replay_over_it(tree):
+    """A launch from s1 hands y; a graph that runs plainly (its first call)
+    reads y on s2; the next step's first launch, from s3, replays into y's
+    memory. Noted only at launches, s2 was never waited for, and the
+    replay could overwrite y under the plain call's read (a review). Every
+    call notes the stream it leaves, launched or plain."""
+    tree.explicit_steps = True
+    a = segment(tree, Graph(tree, 2.0, 1.0), spans=(16,), name="a")
+    b = segment(tree, Graph(tree, 1.0, 1.0), spans=(16,), name="b")
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    s1, s2, s3 = 0x6a1, 0x6a2, 0x6a3
+    for _ in range(4):
+        tree.step_begin()
+        with caller_stream(s1):
+            (y,) = a(x)  # replays from s1 at the last
+    y_ptr = y.ptr
+    with caller_stream(s2):
+        (z,) = b(y)  # b's first call: plain, on s2, reading y
+    assert z.values() == [v * 2 + 1 + 1 for v in (1, 2, 3, 4)]
+    f0 = X.alloc_figures()["pool_reader_waits"]
+    tree.step_begin()
+    with caller_stream(s3):
+        (y2,) = a(x)
+    assert y2.ptr == y_ptr
+    assert X.alloc_figures()["pool_reader_waits"] == f0 + 2, "the replay over y waited for s1 and s2"
+    del y, y2, z
+    tree.check()
+
+
+def test_a_stream_one_tree_left_is_no_wait_for_another_tree():
+    """The streams a tree's callers left read that tree's outputs only:
+    another tree (another thread's) waits for none of them."""
+    one, other = X.Tree(0, backend="sim"), X.Tree(0, backend="sim")
+    seg, x = replaying(one)
+    so, xo = replaying(other)
+    with caller_stream(0x6c1):
+        call(seg, x)
+    with caller_stream(0x6c2):
+        call(seg, x)  # one notes 0x6c1, and waits for it
+    f0 = X.alloc_figures()["pool_reader_waits"]
+    call(so, xo)
+    call(so, xo)
+    assert X.alloc_figures()["pool_reader_waits"] == f0
+    del seg, x, so, xo
+    one.check()
+    other.check()
+
+
 def test_a_non_blocking_tree_waits_for_the_legacy_stream_a_caller_left_and_refuses_a_stream_beside():
     """A tree made nonblocking (explicit mode's) is not ordered with the
     legacy default stream by CUDA: a caller that leaves it for s1 has the

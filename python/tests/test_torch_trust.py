@@ -609,6 +609,36 @@ def test_without_its_hook_cgtree_warns_at_install_and_still_sees_tensor_record_s
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_a_tree_of_the_second_device_made_while_the_first_is_current_orders_a_side_streams_calls():
+    """A tree's two events, which order a caller on a side stream with the
+    tree's stream, were made on whichever device was current when the tree
+    was (cuda:0 here, for a model on cuda:1), and CUDA refuses to record an
+    event of one device on another's stream: the calls from cuda:1's side
+    stream went unordered (a review). Here each call's input is written on
+    the side stream behind a long kernel: an unordered replay read the
+    input before the write."""
+    fresh()
+    torch.cuda.set_device(0)
+    cg = torch.compile(lambda x: x * 2 + 1, backend="cgtree")
+    n = 1 << 22
+    x = torch.zeros(n, device="cuda:1")
+    with torch.no_grad():
+        cg(x)  # the tree of cuda:1 is made here, with cuda:0 current
+        side = torch.cuda.Stream(device="cuda:1")
+        side.wait_stream(torch.cuda.current_stream("cuda:1"))
+        host = torch.empty(n, pin_memory=True)
+        for i in range(1, 6):
+            with torch.cuda.stream(side):  # cuda:1 current inside, as PyTorch's context makes it
+                torch.cuda._sleep(100_000_000)
+                x.fill_(float(i))
+                host.copy_(cg(x), non_blocking=True)
+            side.synchronize()
+            assert torch.all(host == 2 * i + 1), "call %d read its input before the side stream wrote it" % i
+    torch.cuda.synchronize(0)
+    torch.cuda.synchronize(1)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_tensors_on_two_devices_never_share_a_block_and_each_device_counts_its_own():
     a = [torch.full((1000,), 1.0, device="cuda:0") for _ in range(50)]
     b = [torch.full((1000,), 2.0, device="cuda:1") for _ in range(50)]
