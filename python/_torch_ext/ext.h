@@ -331,6 +331,7 @@ typedef struct TreeObject {
   int step_mark_pending;         /* step_begin() was called: the next call begins a step (module.c) */
   int ran_other_than_backward;   /* a segment that is no backward ran on this tree (module.c) */
   uint64_t steps_forced;         /* steps begun with backwards pending (PENDING_GENERATIONS_MAX) */
+  uint64_t optimizer_steps_forced; /* steps begun past OPTIMIZER_CALLS_MAX calls held as the optimizer */
   /* Gradients (stale.c): the leaves that require grad among the inputs of
    * training forwards, where AccumulateGrad may put a backward's output,
    * as a dict id(leaf) -> weak reference; its size at the last pruning of

@@ -101,14 +101,16 @@ int tx_check_probes(PyObject *probes, Py_ssize_t width, PyTypeObject *t0, PyType
  * later; several forwards may come before their backwards (gradient
  * accumulation, two towers, contrastive losses). So a new generation begins
  * a step only when no backward is pending, and what counts pending
- * backwards is the saved activations of this step still alive
- * (T->saved_alive): autograd frees them when their backward has run
- * (unless retain_graph) or when the graph dies unused. A count, not a flag:
- * two forwards then two backwards keep one step until both ran. A forward
- * whose graph a program keeps without ever running its backward would keep
- * the step open for good (so would activations something else keeps alive
- * after their backward: a kept frame, compute-sanitizer's host backtraces
- * of Triton's launches), and the path would grow by a node per call: after
+ * backwards is the saved activations of this step still alive that their
+ * backward has not read (T->saved_alive): autograd frees them when their
+ * backward has run or when the graph dies unused, and a backward's read
+ * ends the hold of those it keeps (retain_graph, a kept frame,
+ * compute-sanitizer's host backtraces of Triton's launches: segment.c,
+ * end_holds_read_by_backward). A count, not a flag: two forwards then two
+ * backwards keep one step until both ran. A forward whose graph a program
+ * keeps without ever running its backward would keep the step open for
+ * good (so would activations something else keeps alive before their
+ * backward ran), and the path would grow by a node per call: after
  * PENDING_GENERATIONS_MAX such calls the step begins anyway, with a warning
  * once, and those activations raise StaleTensorError if a backward comes.
  * The bound is high because a forward may be many compiled calls: an RNN
@@ -139,9 +141,16 @@ int tx_check_probes(PyObject *probes, Py_ssize_t width, PyTypeObject *t0, PyType
  * state), or it reads a live backward output of the step (a .grad). It
  * follows the backward in the path, as forward, backward and optimizer of
  * one training step should; the next training forward, or any other call,
- * begins the next step. Bounded lower: after OPTIMIZER_CALLS_MAX such
- * calls in a step, one begins a step (then the gradients move, and stay
- * right; no warning, nothing is lost).
+ * begins the next step. Bounded: after OPTIMIZER_CALLS_MAX such calls in
+ * a step (a compiled function called once per parameter, as Muon's
+ * orthogonalisation or a per-parameter norm is, makes as many as the model
+ * has matrices), one begins a step, with a warning once: kept gradients
+ * move and stay right, but outputs of the step the program still holds
+ * (the loss, the norms kept for a log) are marked stale. The bound was 64,
+ * said to lose nothing, and a model of more matrices lost its logged loss
+ * (a helper's audit). It stops a step that would never end: compiled calls
+ * after the last backward that write their inputs (a generation loop's
+ * cache after training) would each be a new node of one step.
  *
  * Gradients. A backward's outputs are handed out like any other, so
  * AccumulateGrad takes a gradient over as .grad where .grad was None, as
@@ -154,8 +163,8 @@ int tx_check_probes(PyObject *probes, Py_ssize_t width, PyTypeObject *t0, PyType
 enum { PENDING_GENERATIONS_MAX = 1024 };
 
 /* The step's optimizer calls held so in a row (module.c, "The optimizer"):
- * past them a step begins and the gradients move, and nothing is lost. */
-enum { OPTIMIZER_CALLS_MAX = 64 };
+ * past them a step begins, with a warning once. */
+enum { OPTIMIZER_CALLS_MAX = 1024 };
 
 _Thread_local int tx_hash_oomed;
 
@@ -446,8 +455,20 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
     T->steps_kept_after_backward += (uint64_t)optimizer;
     return 0; /* a backward is pending, or the call is the step's optimizer: the step goes on */
   }
-  if (!pending) /* only optimizer calls held the step: it ends, gradients move, nothing is lost */
+  if (!pending) { /* only optimizer calls held the step: it ends, and kept gradients move */
+    T->optimizer_steps_forced++;
+    if (T->optimizer_steps_forced == 1 &&
+        PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
+                         "cgtree.torch: %u calls of compiled models after a backward, each updating an input in "
+                         "place or reading a gradient (taken for the step's optimizer), went on in the backward's "
+                         "step. A step begins now: gradients kept as .grad move out of the pool and stay right, "
+                         "but outputs of the step the program still holds (a loss, norms kept for a log) raise "
+                         "StaleTensorError from here on. Mark where your steps end with "
+                         "torch.compiler.cudagraph_mark_step_begin(), or clone what you keep.",
+                         (unsigned)OPTIMIZER_CALLS_MAX) < 0)
+      PyErr_Clear(); /* a warning turned error must not break the call */
     return step_begin_or_unsee(T, gen_before, mark_before);
+  }
   T->steps_forced++;
   if (T->steps_forced == 1 &&
       PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
@@ -711,6 +732,7 @@ static PyObject *stats_dict(const TreeObject *T, const cgt_stats *s, uint64_t al
   PUT("steps_deferred", T->steps_deferred)
   PUT("steps_kept_after_backward", T->steps_kept_after_backward)
   PUT("steps_forced", T->steps_forced)
+  PUT("optimizer_steps_forced", T->optimizer_steps_forced)
   PUT("gradients_moved", T->grads_moved)
   PUT("arguments_moved", T->args_moved)
   PUT("gradient_leaves", T->grad_leaves ? PyDict_GET_SIZE(T->grad_leaves) : 0)

@@ -262,7 +262,7 @@ struct SegmentObject {
   int backward;
   /* What pairs a training forward with its backward (AOTAutograd's graph
    * id, plus two: see TIED_BY_UNKNOWN); 0: unknown (compiled autograd's
-   * backward, a test's segment), which pairs with any. See end_tied_hold. */
+   * backward, a test's segment), which pairs with any. See end_holds_read_by_backward. */
   uint64_t pair;
   uint32_t *grad_pos, n_grad_pos;
   /* A training forward's results AOTAutograd hands the program as a new
@@ -703,7 +703,7 @@ static PyObject *make_output(seg_run *run, PyObject *const *args, cgt_value v, c
  * goes back, the earlier output's holding the memory. An output that the
  * program gets and that is also saved for the backward holds the step
  * through its record, as a saved activation of its own would (counted in
- * tied_saved_alive), until its own backward reads it (end_tied_hold), its
+ * tied_saved_alive), until its own backward reads it (end_holds_read_by_backward), its
  * memory dies, or the step ends: the saved tensor autograd keeps is
  * another tensor over that storage, which no weak reference can follow,
  * and the program's own output may live on past the backward. A view that
@@ -1581,12 +1581,26 @@ static int arg_step_output(const SegmentObject *s, TreeObject *T, PyObject *o, t
   return 0;
 }
 
-/* A backward reads ref's memory, where a saved result tied to an output
+/* A backward reads ref's memory. Where a saved result tied to an output
  * lies: if it is that forward's backward (or either one's pair is
  * unknown), the hold that saved result kept (tied_saved_hold) ends. Another
  * graph's backward that reads the same memory (a head that saved the
- * output as its input) leaves it (a helper's review). */
-static void end_tied_hold(const SegmentObject *s, TreeObject *T, tx_out_ref *ref) {
+ * output as its input) leaves it (a helper's review). Where a saved
+ * activation lies (only its own forward's backward gets one), its hold of
+ * the step ends too, alive or not: autograd keeps it past the backward
+ * only for a second backward through a retained graph (retain_graph=True,
+ * create_graph=True) or where something else holds it (a kept frame,
+ * compute-sanitizer's host backtraces). Held until it died, a loop that
+ * retains its graph and keeps `loss` bound into the next iteration never
+ * began a step: every call a new node, then at the bound of held calls a
+ * forced step that made the loop's next compiled loss or logged loss
+ * raise (a helper's audit). A second backward after a step began raises
+ * StaleTensorError instead, as PyTorch's trees overwrite such memory. */
+static void end_holds_read_by_backward(const SegmentObject *s, TreeObject *T, tx_out_ref *ref) {
+  if (s->backward && ref->saved && ref->counted && ref->step == T->step) {
+    ref->saved = 0;
+    T->saved_alive--;
+  }
   uint64_t by = ref->tied_saved;
   if (s->backward && by && ref->step == T->step && (by == TIED_BY_UNKNOWN || !s->pair || s->pair == by)) {
     ref->tied_saved = 0;
@@ -1615,18 +1629,18 @@ static void saved_view_hold(TreeObject *T, tx_out_ref *ref) {
   T->tied_saved_alive++;
 }
 
-/* end_tied_hold for each tensor argument of a backward that runs as the
- * plain graph (no argument loop of seg_call's reads them). 0; -1 with an
- * exception set. */
-static int end_tied_holds_read(const SegmentObject *s, TreeObject *T, PyObject *const *args) {
-  for (uint32_t i = 0; i < s->n_args && T->tied_saved_alive; i++) {
+/* end_holds_read_by_backward for each tensor argument of a backward that
+ * runs as the plain graph (no argument loop of seg_call's reads them). 0;
+ * -1 with an exception set. */
+static int end_holds_of_args_read(const SegmentObject *s, TreeObject *T, PyObject *const *args) {
+  for (uint32_t i = 0; i < s->n_args && (T->tied_saved_alive || T->saved_alive); i++) {
     tx_out_ref *ref;
     if (s->arg_kind[i] > ARG_TENSOR_STATIC)
       continue;
     if (arg_step_output(s, T, args[i], &ref) < 0)
       return -1;
     if (ref)
-      end_tied_hold(s, T, ref);
+      end_holds_read_by_backward(s, T, ref);
   }
   return 0;
 }
@@ -1635,7 +1649,7 @@ static int end_tied_holds_read(const SegmentObject *s, TreeObject *T, PyObject *
  * whose record is ref (NULL for a view of the caller's tensor, which no
  * step reuses): the output's memory holds the step, as a saved activation
  * of its own would, until the forward's own backward reads it
- * (end_tied_hold), the memory dies (the drain), or the step ends. Counted
+ * (end_holds_read_by_backward), the memory dies (the drain), or the step ends. Counted
  * per record, not ended by just any backward call: two forwards, then a
  * compiled call between their backwards, keep the second's (a helper's
  * review). */
@@ -1998,7 +2012,8 @@ static PyObject *call_bypassed(SegmentObject *s, PyObject *const *args, size_t n
    * accumulation raised StaleTensorError where Inductor computes). */
   if (r && s->n_grad_pos && note_grad_leaves(r, args) < 0)
     return NULL;
-  if (r && s->backward && r->tree->tied_saved_alive && end_tied_holds_read(s, r->tree, args) < 0)
+  if (r && s->backward && (r->tree->tied_saved_alive || r->tree->saved_alive) &&
+      end_holds_of_args_read(s, r->tree, args) < 0)
     return NULL;
   PyObject *res = call_plain(s, args, n);
   if (r)
@@ -2036,7 +2051,8 @@ static int on_device_slow(PyObject *o, int device) {
  * forward itself runs plainly). Their host addresses must never be taken
  * for device memory. */
 static PyObject *call_off_device(SegmentObject *s, TreeObject *T, PyObject *const *args, size_t n, size_t i) {
-  if (s->backward && T->tied_saved_alive && end_tied_holds_read(s, T, args) < 0) /* as call_bypassed's */
+  /* As call_bypassed's. */
+  if (s->backward && (T->tied_saved_alive || T->saved_alive) && end_holds_of_args_read(s, T, args) < 0)
     return NULL;
   char why[300];
   snprintf(why, sizeof why,
@@ -2195,7 +2211,7 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
         }
         r->args[k] = cgt_arg_value(ref->value);
         r->offs[k] = 0;
-        end_tied_hold(s, T, ref);
+        end_holds_read_by_backward(s, T, ref);
       } else if (ptr && (ref = tx_step_output_at(T, ptr, span)) != NULL) {
         /* A view of this step's output (v = y[1:]), or another tensor
          * object over one (a backward's saved activation, unpacked by
@@ -2203,7 +2219,7 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
          * since a recording reads there. */
         r->args[k] = cgt_arg_value(ref->value);
         r->offs[k] = (size_t)((char *)ptr - (char *)ref->ptr);
-        end_tied_hold(s, T, ref);
+        end_holds_read_by_backward(s, T, ref);
         if (r->offs[k]) /* at offset 0 it reads what the value itself would */
           key_add(r, &variant, ((uint64_t)k << 40) ^ (uint64_t)r->offs[k] ^ 0x5eedull);
       } else if (ptr == NULL || span == 0) {

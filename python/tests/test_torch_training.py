@@ -372,6 +372,37 @@ def test_retain_graph_runs_the_backward_twice_on_the_same_activations():
     assert_same_params(model, ref)
 
 
+def test_a_retained_graph_loop_with_a_compiled_loss_replays_and_matches_inductor():
+    """backward(retain_graph=True) with `loss` bound into the next
+    iteration, a compiled model and a compiled loss function: the retained
+    activations held one step for good, and after 1024 held calls (at
+    iteration 513) a forced step made the compiled loss raise
+    StaleTensorError (a helper's audit). Their backward's read ends their
+    hold: each iteration is a step, and it replays."""
+    with torch._functorch.config.patch(donated_buffer=False):
+        cf, model, rf, ref = pair(mlp())
+        xs = batches(8)
+        losses = {}
+        for name, m, f in (("cgtree", model, cf), ("inductor", ref, rf)):
+            loss_of = torch.compile(lambda y: y.square().mean(), backend="cgtree" if name == "cgtree" else "inductor")
+            opt = torch.optim.SGD(m.parameters(), lr=1e-3)
+            got, forced = [], ct.stats()["steps_forced"]
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", RuntimeWarning)  # no forced step's warning
+                for i in range(600):
+                    opt.zero_grad()
+                    loss = loss_of(f(xs[i % len(xs)]))
+                    loss.backward(retain_graph=True)
+                    opt.step()
+                    got.append(loss.detach().clone())
+            losses[name] = torch.stack(got)
+            if name == "cgtree" and STEPS_END:
+                assert ct.stats()["steps_forced"] == forced
+            del loss
+    assert torch.equal(losses["cgtree"], losses["inductor"])
+    assert_same_params(model, ref)
+
+
 def test_evaluation_under_no_grad_between_training_steps():
     cf, model, rf, ref = pair(mlp())
     xs = batches(8)
@@ -1070,8 +1101,8 @@ def train_with_compiled_step(make_opt, width=128, steps=12, warm=None, compiled=
         res.append(torch.stack(losses))
         if backend == "cgtree":
             after = ct.stats() if warm is not None else None
-            if keep_saved:
-                assert ct.stats()["saved_activations_alive"] > 0, "the kept activations should count as alive"
+            if keep_saved:  # their backward read them: they hold no step
+                assert ct.stats()["saved_activations_alive"] == 0, "kept activations their backward read still count"
         del kept, loss
     assert torch.equal(res[0], res[1]), (res[0], res[1])
     assert_same_params(model, ref)
@@ -1104,9 +1135,10 @@ def test_a_compiled_optimizer_step_keeps_its_state_across_steps_and_matches_indu
 def test_compiled_optimizer_steps_match_inductor_while_the_program_keeps_saved_activations_alive(name):
     """A program that keeps its forwards' saved activations alive past their
     backward (here by holding them; compute-sanitizer's host backtraces do it
-    by keeping kernel launch frames alive) keeps a backward pending, so no step begins:
-    every call goes on in one step, a new node each, until the bound of 64
-    forces a step. Results stay Inductor's all along."""
+    by keeping kernel launch frames alive): their backward's read ended
+    their hold, so steps begin as in any loop (before, no step began and
+    every call was a new node until a bound forced one). Results stay
+    Inductor's all along."""
     train_with_compiled_step(COMPILED_OPTIMIZERS[name], keep_saved=True)
 
 
