@@ -623,7 +623,6 @@ int tx_other_trees_output_at(const TreeObject *T, void *ptr, size_t span);
 PyObject *tx_trees_grad_leaves(void);
 void tx_step_outputs_free(TreeObject *T);  /* the index's memory (the list is the caller's) */
 int tx_step_outputs_check(TreeObject *T);  /* 0, or -1 if the list and the index disagree */
-int tx_step_outputs_all_grads(TreeObject *T); /* 1 if every output on the list whose storage lives is a backward's */
 
 /* The step T->syncing_call brings up ends (stale.c calls it before it
  * marks the ending step's outputs): each DYNAMIC tensor argument of that
@@ -654,6 +653,10 @@ void tx_stale_forget(TreeObject *T, tx_out_ref *r);
  * exception set: then the step goes on, and every output that could not
  * be marked stays on the step list (those marked raise already). */
 int tx_stale_mark_step(TreeObject *T);
+/* 1 if every output of T's step whose storage lives is a leaf's .grad
+ * (of the leaves every live tree noted), which its step's end would move;
+ * 0 if not; -1 with an exception set. */
+int tx_step_outputs_all_leaf_grads(TreeObject *T);
 /* o, an input at a position of a training forward that may get a gradient,
  * is remembered if it is a leaf that requires grad (wr: a weak reference to
  * it). -1 with an exception set (out of host memory). */

@@ -405,19 +405,38 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
      * ended, and every backward was a new node of one path, run plainly
      * as a warm-up, never recorded or replayed (a helper's audit). There
      * a new generation begins a step once nothing of the step lives but
-     * gradients: the step's end moves each that is a leaf's .grad
-     * (accumulation, zero_grad(set_to_none=False)), found through the
-     * leaves every tree noted, since this one ran no forward (stale.c,
-     * move_kept_grads), and marks any other (torch.autograd.grad's, kept),
-     * as any tree's step end does. Kept until then, a .grad held the step
-     * for good, and the path grew a node at every backward. */
+     * leaves' .grad (accumulation, zero_grad(set_to_none=False)), which
+     * the step's end moves, found through the leaves every tree noted,
+     * since this one ran no forward (stale.c, move_kept_grads). Kept until
+     * then, a .grad held the step for good, and the path grew a node at
+     * every backward. Any other gradient alive keeps the step: one that
+     * autograd is passing to the next node of a backward under way (a
+     * compiled call on another thread moves the generation meanwhile),
+     * or one torch.autograd.grad returned and the program keeps; at most
+     * PENDING_GENERATIONS_MAX new generations in a row, as any held step,
+     * then a step begins, with a warning once, and such a gradient kept
+     * raises StaleTensorError. */
     if (T->ran_other_than_backward)
       return 0;
     tx_out_ref_queue_drain();
     if (T->saved_alive || T->tied_saved_alive || T->plain_holds)
       return 0;
-    if (T->alive_this_step && !tx_step_outputs_all_grads(T))
+    int only_grads = T->alive_this_step ? tx_step_outputs_all_leaf_grads(T) : 1;
+    if (only_grads < 0)
+      return unsee(T, gen_before, mark_before);
+    if (!only_grads && T->generations_deferred < PENDING_GENERATIONS_MAX) {
+      T->generations_deferred++;
+      T->steps_deferred++;
       return 0;
+    }
+    if (!only_grads && ++T->steps_forced == 1 &&
+        PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
+                         "cgtree.torch: %u backwards in a row on a thread that never called a compiled model began "
+                         "no step because gradients they made that are no leaf's .grad are alive (kept from "
+                         "torch.autograd.grad, say). A step begins now, and those gradients raise StaleTensorError "
+                         "from here on: clone the ones you keep.",
+                         (unsigned)PENDING_GENERATIONS_MAX) < 0)
+      PyErr_Clear(); /* a warning turned error must not break the call */
     return step_begin_or_unsee(T, gen_before, mark_before);
   }
   /* So does any compiled call autograd's engine makes inside a backward:

@@ -221,6 +221,45 @@ static int move_kept_grads(TreeObject *T) {
   return rc;
 }
 
+int tx_step_outputs_all_leaf_grads(TreeObject *T) {
+  PyObject *kept = PyDict_New();
+  if (!kept)
+    return -1;
+  int rc = 1;
+  for (tx_out_ref *r = T->step_outputs; r && rc == 1; r = r->step_next) {
+    if (tx_out_ref_dead(r))
+      continue;
+    if (!r->grad || !r->storage) /* not a gradient, or none that could move */
+      rc = 0;
+    else if (PyDict_SetItem(kept, r->storage, Py_True) < 0)
+      rc = -1;
+  }
+  PyObject *leaves = rc == 1 && PyDict_GET_SIZE(kept) ? tx_trees_grad_leaves() : NULL;
+  if (rc == 1 && PyDict_GET_SIZE(kept) && !leaves)
+    rc = -1;
+  for (Py_ssize_t i = 0; leaves && i < PyList_GET_SIZE(leaves) && rc == 1 && PyDict_GET_SIZE(kept); i++) {
+    PyObject *leaf = tx_weakref_get(PyList_GET_ITEM(leaves, i));
+    PyObject *g = leaf ? PyObject_GetAttr(leaf, TX.str_grad) : NULL;
+    Py_XDECREF(leaf);
+    if (leaf && !g) {
+      rc = -1;
+      break;
+    }
+    PyObject *key = g && g != Py_None ? storage_key(g) : NULL;
+    Py_XDECREF(g);
+    if (g && g != Py_None && !key)
+      rc = -1;
+    else if (key && PyDict_Contains(kept, key) == 1)
+      (void)PyDict_DelItem(kept, key);
+    Py_XDECREF(key);
+  }
+  if (rc == 1)
+    rc = PyDict_GET_SIZE(kept) == 0;
+  Py_XDECREF(leaves);
+  Py_DECREF(kept);
+  return rc;
+}
+
 int tx_tree_waits_for_caller(TreeObject *T) {
   PyObject *type, *value, *tb;
   PyErr_Fetch(&type, &value, &tb);

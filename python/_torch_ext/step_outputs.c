@@ -173,13 +173,6 @@ void tx_step_outputs_free(TreeObject *T) {
   T->step_pages_swept = 0;
 }
 
-int tx_step_outputs_all_grads(TreeObject *T) {
-  for (tx_out_ref *r = T->step_outputs; r; r = r->step_next)
-    if (!tx_out_ref_live_grad(r) && !tx_out_ref_dead(r))
-      return 0;
-  return 1;
-}
-
 int tx_step_outputs_check(TreeObject *T) {
   size_t linked = 0;
   for (tx_out_ref *r = T->step_outputs; r; r = r->step_next) {

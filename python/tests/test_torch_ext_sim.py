@@ -4669,12 +4669,13 @@ def test_a_tree_where_only_backwards_run_begins_a_step_once_nothing_but_gradient
     begins no step, so that tree's one step never ended: every backward was
     a new node, run plainly as a warm-up, never recorded or replayed (a
     helper's audit). There a new generation begins a step once nothing of
-    the step lives but gradients, and the backward replays. A gradient
+    the step lives but leaves' .grad, and the backward replays. A gradient
     AccumulateGrad took over as .grad and accumulates into
     (zero_grad(set_to_none=False)) is moved at that step's end, found
     through the leaves the forward's tree noted: kept, it held the step for
     good and the path grew a node per backward. One kept outside .grad
-    (torch.autograd.grad's) is marked, as on any tree, and raises."""
+    (torch.autograd.grad's; or one autograd passes on to the next node of a
+    backward under way) keeps the step, as long as any step is held."""
     fw_tree = X.Tree(0, backend="sim")
     bw_tree = X.Tree(0, backend="sim")  # autograd's thread's own
     fw = segment(fw_tree, ParamForwardGraph(fw_tree), kinds=(ARG_TENSOR, ARG_TENSOR_STATIC), spans=(16, 16),
@@ -4698,15 +4699,42 @@ def test_a_tree_where_only_backwards_run_begins_a_step_once_nothing_but_gradient
         if i == 6:
             moved = bw_tree.stats()["gradients_moved"]
     s = bw_tree.stats()
-    assert s["replays"] >= 30 and s["nodes"] <= 3, {k: s[k] for k in ("step", "recordings", "replays", "nodes")}
+    if grads == "kept_outside_grad":  # held: every backward a node of one step, each read right
+        assert s["steps_deferred"] >= 35 and s["steps_forced"] == 0
+        assert all(g.values() == [2, 3, 4, 5] for g in kept)
+    else:
+        assert s["replays"] >= 30 and s["nodes"] <= 3, {k: s[k] for k in ("step", "recordings", "replays", "nodes")}
     if grads == "accumulated_into_grad":
         assert w.grad.values() == [36 * v for v in (2, 3, 4, 5)]  # the 5th backward's on
         assert s["gradients_moved"] == moved >= 1  # moved once: then it is memory of its own, added into
-    elif grads == "kept_outside_grad":
-        assert kept[-1].values() == [2, 3, 4, 5]
-        with pytest.raises(RuntimeError, match="StaleTensorError"):
-            kept[-3].values()  # an earlier step's, whose memory a later replay took
     del kept
+    gc.collect()
+    bw_tree.check()
+
+
+def test_a_backward_only_tree_held_by_gradients_kept_outside_grad_begins_a_step_at_the_bound_with_a_warning():
+    """Gradients torch.autograd.grad returned, kept by the program, hold a
+    backward-only tree's step as long as any held step: 1024 new
+    generations, then a step begins with a warning, and a kept one raises."""
+    fw_tree, bw_tree = X.Tree(0, backend="sim"), X.Tree(0, backend="sim")
+    fw = segment(fw_tree, Graph(fw_tree, 2.0, 1.0), spans=(16,), name="fw")
+    bw = segment(bw_tree, BackwardGraph(bw_tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bw",
+                 backward=True)
+    x, t = FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
+    kept = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(1026):  # the first two backwards begin steps: nothing of the pool lives yet
+            (y,) = call(fw, x)
+            kept.append(bw(y, t)[0])
+    with pytest.warns(RuntimeWarning, match="no leaf's .grad"):
+        (y,) = call(fw, x)
+        kept.append(bw(y, t)[0])
+    assert bw_tree.stats()["steps_forced"] == 1
+    assert kept[-1].values() == [4, 6, 8, 10]
+    with pytest.raises(RuntimeError, match="StaleTensorError"):
+        kept[-2].values()
+    del kept, y
     gc.collect()
     bw_tree.check()
 
