@@ -297,6 +297,7 @@ typedef struct TreeObject {
   /* Training (module.c, "Steps in training"): saved activations of this
    * step's forwards whose tensors live, i.e. backwards still pending. */
   uint64_t saved_alive;
+  uint64_t retained_alive; /* saved activations of this step their backward read, alive (tx_out_ref.retained) */
   uint64_t tied_saved_alive; /* holds of this step's outputs for saved results tied to them or viewing them
                               * (tx_out_ref.tied_saved, .saved_views) */
   /* Plain training forwards of this step that saved an output of the step
@@ -331,7 +332,8 @@ typedef struct TreeObject {
   int step_mark_pending;         /* step_begin() was called: the next call begins a step (module.c) */
   int ran_other_than_backward;   /* a segment that is no backward ran on this tree (module.c) */
   uint64_t steps_forced;         /* steps begun with backwards pending (PENDING_GENERATIONS_MAX) */
-  uint64_t optimizer_steps_forced; /* steps begun past OPTIMIZER_CALLS_MAX calls held as the optimizer */
+  uint64_t optimizer_steps_forced; /* steps begun past the bound of calls held as the optimizer (module.c) */
+  int warned_gradient_reads;       /* the warning of that bound, for calls that read a gradient, was given */
   /* Gradients (stale.c): the leaves that require grad among the inputs of
    * training forwards, where AccumulateGrad may put a backward's output,
    * as a dict id(leaf) -> weak reference; its size at the last pruning of
@@ -430,6 +432,9 @@ void tx_tree_backward_called(TreeObject *T);
  * when torch.compiler.cudagraph_mark_step_begin() was called; -1 with an
  * exception set. */
 int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), void *call);
+/* What belongs(call) answers of a call after a backward with none pending
+ * (module.c, "The optimizer"): 0, the call begins a step. */
+enum { TX_OPTIMIZER_WRITES = 1, TX_OPTIMIZER_READS_GRAD = 2 };
 /* The current stream of the tree's device, where the caller enqueues
  * (segment.c); -1 with an exception set. */
 int tx_caller_stream(TreeObject *T, void **out);
@@ -543,7 +548,11 @@ struct tx_out_ref {
   };
   int queued;        /* its deleter ran (under the queue's lock) */
   int counted;       /* counted in the tree's alive_this_step (a tensor was made) */
-  int saved;         /* a saved activation (counted in the tree's saved_alive while its step lasts) */
+  int saved;         /* a saved activation (counted in the tree's saved_alive while its step lasts) that its
+                      * backward has not read */
+  int retained;      /* a saved activation its backward read, alive (a retained graph): counted in the tree's
+                      * retained_alive (module.c, "Steps in training") */
+  uint64_t saved_by; /* a saved activation's forward: its pair with its backward (SegmentObject.pair; 0 unknown) */
   uint32_t saved_views; /* training forwards' saved results that are views of this output as their VALUE
                           * argument, whose backwards have not read it (segment.c, value_input_view), counted
                           * in the tree's tied_saved_alive */
@@ -638,6 +647,10 @@ int tx_call_reads_grad_output(TreeObject *T);
 /* 1 if T->syncing_call is a call of a training forward (it saves
  * activations for a backward); 0 if not, or no call is syncing. */
 int tx_call_is_training_forward(const TreeObject *T);
+/* 1 if the call syncing T is a training forward whose earlier call of
+ * this step saved activations its backward read and a retained graph
+ * keeps (the loop's next iteration); 0 if not. */
+int tx_call_repeats_a_retained_forward(TreeObject *T);
 
 /* ------------------------------------------------------------ stale.c */
 

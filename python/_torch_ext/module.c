@@ -103,10 +103,15 @@ int tx_check_probes(PyObject *probes, Py_ssize_t width, PyTypeObject *t0, PyType
  * a step only when no backward is pending, and what counts pending
  * backwards is the saved activations of this step still alive that their
  * backward has not read (T->saved_alive): autograd frees them when their
- * backward has run or when the graph dies unused, and a backward's read
- * ends the hold of those it keeps (retain_graph, a kept frame,
- * compute-sanitizer's host backtraces of Triton's launches: segment.c,
- * end_holds_read_by_backward). A count, not a flag: two forwards then two
+ * backward has run or when the graph dies unused. Those it keeps after
+ * their backward read them (retain_graph, a kept frame, compute-sanitizer's
+ * host backtraces of Triton's launches: segment.c,
+ * end_holds_read_by_backward) are retained (T->retained_alive): they hold
+ * the step against every call but a new call of their own forward, which
+ * is the loop's next iteration (tx_call_repeats_a_retained_forward), so a
+ * second loss's head between two backwards of a retained graph goes on in
+ * the step, and a loop that keeps its retained loss bound still begins a
+ * step at each iteration. A count, not a flag: two forwards then two
  * backwards keep one step until both ran. A forward whose graph a program
  * keeps without ever running its backward would keep the step open for
  * good (so would activations something else keeps alive before their
@@ -141,16 +146,19 @@ int tx_check_probes(PyObject *probes, Py_ssize_t width, PyTypeObject *t0, PyType
  * state), or it reads a live backward output of the step (a .grad). It
  * follows the backward in the path, as forward, backward and optimizer of
  * one training step should; the next training forward, or any other call,
- * begins the next step. Bounded: after OPTIMIZER_CALLS_MAX such calls in
- * a step (a compiled function called once per parameter, as Muon's
- * orthogonalisation or a per-parameter norm is, makes as many as the model
- * has matrices), one begins a step, with a warning once: kept gradients
- * move and stay right, but outputs of the step the program still holds
- * (the loss, the norms kept for a log) are marked stale. The bound was 64,
- * said to lose nothing, and a model of more matrices lost its logged loss
- * (a helper's audit). It stops a step that would never end: compiled calls
- * after the last backward that write their inputs (a generation loop's
- * cache after training) would each be a new node of one step.
+ * begins the next step. Bounded: past the bound a call begins a step:
+ * kept gradients move and stay right, but outputs of the step the program
+ * still holds (the loss, the norms kept for a log) are marked stale. The
+ * bound stops a step that would never end: compiled calls after the last
+ * backward that write their inputs (a generation loop's cache after
+ * training) would each be a new node of one step; for calls that only
+ * write an input it is OPTIMIZER_CALLS_MAX (64), as before, and no
+ * warning (at 1024 such a loop recorded a thousand graphs: a review). A
+ * call that reads a gradient is bounded at GRADIENT_READS_MAX (1024), with
+ * a warning once: a compiled function called once per parameter (Muon's
+ * orthogonalisation, a per-parameter norm) makes as many calls as the
+ * model has matrices, and at 64 a model of more lost its logged loss (a
+ * helper's audit).
  *
  * Gradients. A backward's outputs are handed out like any other, so
  * AccumulateGrad takes a gradient over as .grad where .grad was None, as
@@ -163,8 +171,9 @@ int tx_check_probes(PyObject *probes, Py_ssize_t width, PyTypeObject *t0, PyType
 enum { PENDING_GENERATIONS_MAX = 1024 };
 
 /* The step's optimizer calls held so in a row (module.c, "The optimizer"):
- * past them a step begins, with a warning once. */
-enum { OPTIMIZER_CALLS_MAX = 1024 };
+ * past them a step begins; with a warning once where the call reads a
+ * gradient. */
+enum { OPTIMIZER_CALLS_MAX = 64, GRADIENT_READS_MAX = 1024 };
 
 _Thread_local int tx_hash_oomed;
 
@@ -351,6 +360,7 @@ static int tx_tree_step_begin(TreeObject *T) {
   T->overwritable += T->alive_this_step;
   T->alive_this_step = 0;
   T->saved_alive = 0; /* their values went stale with the step */
+  T->retained_alive = 0;
   T->tied_saved_alive = 0;
   T->plain_holds = 0;
   forward_watches_end(T);
@@ -452,6 +462,10 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
   if (!marked && (T->saved_alive || T->forward_memory_watched || T->tied_saved_alive))
     tx_out_ref_queue_drain(); /* activations the backward just freed, outputs just dropped */
   int pending = T->saved_alive || T->plain_holds || T->forward_memory_watched || T->tied_saved_alive;
+  if (!marked && !pending && T->retained_alive) { /* a retained graph's: held but against its forward's next call */
+    tx_out_ref_queue_drain();
+    pending = T->retained_alive && !tx_call_repeats_a_retained_forward(T);
+  }
   if (!marked && !pending && (pending = forward_output_pending(T)) < 0)
     return unsee(T, gen_before, mark_before);
   if (!marked && !pending && (pending = tx_call_reads_grad_output(T)) < 0)
@@ -467,24 +481,25 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
     return unsee(T, gen_before, mark_before);
   if (marked || (!pending && !optimizer))
     return step_begin_or_unsee(T, gen_before, mark_before);
-  if (T->generations_deferred < PENDING_GENERATIONS_MAX && (pending || T->optimizer_calls_held < OPTIMIZER_CALLS_MAX)) {
+  uint32_t held_max = optimizer == TX_OPTIMIZER_READS_GRAD ? GRADIENT_READS_MAX : OPTIMIZER_CALLS_MAX;
+  if (T->generations_deferred < PENDING_GENERATIONS_MAX && (pending || T->optimizer_calls_held < held_max)) {
     T->generations_deferred++;
     T->optimizer_calls_held += (uint32_t)!pending;
     T->steps_deferred += (uint64_t)!optimizer;
-    T->steps_kept_after_backward += (uint64_t)optimizer;
+    T->steps_kept_after_backward += (uint64_t)(optimizer != 0);
     return 0; /* a backward is pending, or the call is the step's optimizer: the step goes on */
   }
   if (!pending) { /* only optimizer calls held the step: it ends, and kept gradients move */
     T->optimizer_steps_forced++;
-    if (T->optimizer_steps_forced == 1 &&
+    if (optimizer == TX_OPTIMIZER_READS_GRAD && !T->warned_gradient_reads && (T->warned_gradient_reads = 1) &&
         PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
-                         "cgtree.torch: %u calls of compiled models after a backward, each updating an input in "
-                         "place or reading a gradient (taken for the step's optimizer), went on in the backward's "
+                         "cgtree.torch: %u calls of compiled models after a backward, each reading a gradient or "
+                         "updating an input in place (taken for the step's optimizer), went on in the backward's "
                          "step. A step begins now: gradients kept as .grad move out of the pool and stay right, "
                          "but outputs of the step the program still holds (a loss, norms kept for a log) raise "
                          "StaleTensorError from here on. Mark where your steps end with "
                          "torch.compiler.cudagraph_mark_step_begin(), or clone what you keep.",
-                         (unsigned)OPTIMIZER_CALLS_MAX) < 0)
+                         (unsigned)T->optimizer_calls_held) < 0)
       PyErr_Clear(); /* a warning turned error must not break the call */
     return step_begin_or_unsee(T, gen_before, mark_before);
   }
