@@ -395,6 +395,13 @@ static int step_begin_or_unsee(TreeObject *T, long long gen_before, long long ma
 
 static int in_a_backward(void);
 
+/* A warning that a step begins by a bound of held calls (n of them); a
+ * warning turned error must not break the call. */
+static void warn_bound(const char *fmt, unsigned n) {
+  if (PyErr_WarnFormat(PyExc_RuntimeWarning, 1, fmt, n) < 0)
+    PyErr_Clear();
+}
+
 int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), void *call) {
   long long mark = 0, gen = T->last_generation;
   const long long gen_before = T->last_generation, mark_before = T->last_mark_step;
@@ -439,14 +446,12 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
       T->steps_deferred++;
       return 0;
     }
-    if (!only_grads && ++T->steps_forced == 1 &&
-        PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
-                         "cgtree.torch: %u backwards in a row on a thread that never called a compiled model began "
-                         "no step because gradients they made that are no leaf's .grad are alive (kept from "
-                         "torch.autograd.grad, say). A step begins now, and those gradients raise StaleTensorError "
-                         "from here on: clone the ones you keep.",
-                         (unsigned)PENDING_GENERATIONS_MAX) < 0)
-      PyErr_Clear(); /* a warning turned error must not break the call */
+    if (!only_grads && ++T->steps_forced == 1)
+      warn_bound("cgtree.torch: %u backwards in a row on a thread that never called a compiled model began no "
+                 "step because gradients they made that are no leaf's .grad are alive (kept from "
+                 "torch.autograd.grad, say). A step begins now, and those gradients raise StaleTensorError from "
+                 "here on: clone the ones you keep.",
+                 PENDING_GENERATIONS_MAX);
     return step_begin_or_unsee(T, gen_before, mark_before);
   }
   /* So does any compiled call autograd's engine makes inside a backward:
@@ -491,32 +496,28 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
   }
   if (!pending) { /* only optimizer calls held the step: it ends, and kept gradients move */
     T->optimizer_steps_forced++;
-    if (optimizer == TX_OPTIMIZER_READS_GRAD && !T->warned_gradient_reads && (T->warned_gradient_reads = 1) &&
-        PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
-                         "cgtree.torch: %u calls of compiled models after a backward, each reading a gradient or "
-                         "updating an input in place (taken for the step's optimizer), went on in the backward's "
-                         "step. A step begins now: gradients kept as .grad move out of the pool and stay right, "
-                         "but outputs of the step the program still holds (a loss, norms kept for a log) raise "
-                         "StaleTensorError from here on. Mark where your steps end with "
-                         "torch.compiler.cudagraph_mark_step_begin(), or clone what you keep.",
-                         (unsigned)T->optimizer_calls_held) < 0)
-      PyErr_Clear(); /* a warning turned error must not break the call */
+    if (optimizer == TX_OPTIMIZER_READS_GRAD && !T->warned_gradient_reads) {
+      T->warned_gradient_reads = 1;
+      warn_bound("cgtree.torch: %u calls of compiled models after a backward, each reading a gradient or updating "
+                 "an input in place (taken for the step's optimizer), went on in the backward's step. A step "
+                 "begins now: gradients kept as .grad move out of the pool and stay right, but outputs of the "
+                 "step the program still holds (a loss, norms kept for a log) raise StaleTensorError from here "
+                 "on. Mark where your steps end with torch.compiler.cudagraph_mark_step_begin(), or clone what "
+                 "you keep.",
+                 T->optimizer_calls_held);
+    }
     return step_begin_or_unsee(T, gen_before, mark_before);
   }
-  T->steps_forced++;
-  if (T->steps_forced == 1 &&
-      PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
-                       "cgtree.torch: %u calls of compiled models in a row began no step because backwards of "
-                       "earlier forwards are pending: their saved activations, or their outputs that require grad "
-                       "(of a view of an intermediate, its memory: a detached copy too; or an output passed to the "
-                       "calls; or an output of a graph run under no_grad, before a training forward), are alive, "
-                       "and their "
-                       "backward never ran, or something keeps them (a kept exception or frame; compute-sanitizer's "
-                       "host backtraces, which --show-backtrace device turns off). A step begins now, and a later "
-                       "backward of those forwards raises StaleTensorError. Run forwards whose backward you do not "
-                       "need under torch.no_grad(), or mark steps with torch.compiler.cudagraph_mark_step_begin().",
-                       (unsigned)PENDING_GENERATIONS_MAX) < 0)
-    PyErr_Clear(); /* a warning turned error must not break the call */
+  if (++T->steps_forced == 1)
+    warn_bound("cgtree.torch: %u calls of compiled models in a row began no step because backwards of earlier "
+               "forwards are pending: their saved activations, or their outputs that require grad (of a view of "
+               "an intermediate, its memory: a detached copy too; or an output passed to the calls; or an output "
+               "of a graph run under no_grad, before a training forward), are alive, and their backward never "
+               "ran, or something keeps them (a kept exception or frame; compute-sanitizer's host backtraces, "
+               "which --show-backtrace device turns off). A step begins now, and a later backward of those "
+               "forwards raises StaleTensorError. Run forwards whose backward you do not need under "
+               "torch.no_grad(), or mark steps with torch.compiler.cudagraph_mark_step_begin().",
+               PENDING_GENERATIONS_MAX);
   return step_begin_or_unsee(T, gen_before, mark_before);
 }
 
