@@ -297,7 +297,6 @@ typedef struct TreeObject {
   /* Training (module.c, "Steps in training"): saved activations of this
    * step's forwards whose tensors live, i.e. backwards still pending. */
   uint64_t saved_alive;
-  uint64_t retained_alive; /* saved activations of this step their backward read, alive (tx_out_ref.retained) */
   uint64_t tied_saved_alive; /* holds of this step's outputs for saved results tied to them or viewing them
                               * (tx_out_ref.tied_saved, .saved_views) */
   /* Plain training forwards of this step that saved an output of the step
@@ -325,7 +324,8 @@ typedef struct TreeObject {
   uint64_t steps_held_for_inference_outputs; /* training forwards' calls that began no step for one */
   uint64_t backward_calls; /* backward segment calls so far: which watches a backward call ended */
   uint32_t generations_deferred; /* compiled calls since the step began that began none (backwards pending) */
-  uint32_t optimizer_calls_held; /* those of them held as the step's optimizer (module.c) */
+  uint32_t optimizer_calls_held; /* those of them held as the step's optimizer, writing an input (module.c) */
+  uint32_t gradient_reads_held;  /* and those held as the step's optimizer reading a gradient */
   uint64_t steps_deferred;       /* all such calls */
   uint64_t steps_kept_after_backward; /* calls that began no step as the step's optimizer (module.c) */
   int backward_this_step;        /* a backward segment ran in this step */
@@ -550,8 +550,6 @@ struct tx_out_ref {
   int counted;       /* counted in the tree's alive_this_step (a tensor was made) */
   int saved;         /* a saved activation (counted in the tree's saved_alive while its step lasts) that its
                       * backward has not read */
-  int retained;      /* a saved activation its backward read, alive (a retained graph): counted in the tree's
-                      * retained_alive (module.c, "Steps in training") */
   uint64_t saved_by; /* a saved activation's forward: its pair with its backward (SegmentObject.pair; 0 unknown) */
   uint32_t saved_views; /* training forwards' saved results that are views of this output as their VALUE
                           * argument, whose backwards have not read it (segment.c, value_input_view), counted
@@ -647,10 +645,7 @@ int tx_call_reads_grad_output(TreeObject *T);
 /* 1 if T->syncing_call is a call of a training forward (it saves
  * activations for a backward); 0 if not, or no call is syncing. */
 int tx_call_is_training_forward(const TreeObject *T);
-/* 1 if the call syncing T is a training forward whose earlier call of
- * this step saved activations its backward read and a retained graph
- * keeps (the loop's next iteration); 0 if not. */
-int tx_call_repeats_a_retained_forward(TreeObject *T);
+
 
 /* ------------------------------------------------------------ stale.c */
 

@@ -103,15 +103,11 @@ int tx_check_probes(PyObject *probes, Py_ssize_t width, PyTypeObject *t0, PyType
  * a step only when no backward is pending, and what counts pending
  * backwards is the saved activations of this step still alive that their
  * backward has not read (T->saved_alive): autograd frees them when their
- * backward has run or when the graph dies unused. Those it keeps after
- * their backward read them (retain_graph, a kept frame, compute-sanitizer's
- * host backtraces of Triton's launches: segment.c,
- * end_holds_read_by_backward) are retained (T->retained_alive): they hold
- * the step against every call but a new call of their own forward, which
- * is the loop's next iteration (tx_call_repeats_a_retained_forward), so a
- * second loss's head between two backwards of a retained graph goes on in
- * the step, and a loop that keeps its retained loss bound still begins a
- * step at each iteration. A count, not a flag: two forwards then two
+ * backward has run or when the graph dies unused, and their backward's
+ * read ends the hold of those it keeps (retain_graph, a kept frame,
+ * compute-sanitizer's host backtraces of Triton's launches: segment.c,
+ * end_holds_read_by_backward), as PyTorch's trees end a pending backward
+ * at the backward. A count, not a flag: two forwards then two
  * backwards keep one step until both ran. A forward whose graph a program
  * keeps without ever running its backward would keep the step open for
  * good (so would activations something else keeps alive before their
@@ -360,13 +356,13 @@ static int tx_tree_step_begin(TreeObject *T) {
   T->overwritable += T->alive_this_step;
   T->alive_this_step = 0;
   T->saved_alive = 0; /* their values went stale with the step */
-  T->retained_alive = 0;
   T->tied_saved_alive = 0;
   T->plain_holds = 0;
   forward_watches_end(T);
   T->backward_this_step = 0;
   T->generations_deferred = 0;
   T->optimizer_calls_held = 0;
+  T->gradient_reads_held = 0;
   return 0;
 }
 
@@ -467,10 +463,6 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
   if (!marked && (T->saved_alive || T->forward_memory_watched || T->tied_saved_alive))
     tx_out_ref_queue_drain(); /* activations the backward just freed, outputs just dropped */
   int pending = T->saved_alive || T->plain_holds || T->forward_memory_watched || T->tied_saved_alive;
-  if (!marked && !pending && T->retained_alive) { /* a retained graph's: held but against its forward's next call */
-    tx_out_ref_queue_drain();
-    pending = T->retained_alive && !tx_call_repeats_a_retained_forward(T);
-  }
   if (!marked && !pending && (pending = forward_output_pending(T)) < 0)
     return unsee(T, gen_before, mark_before);
   if (!marked && !pending && (pending = tx_call_reads_grad_output(T)) < 0)
@@ -486,10 +478,12 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
     return unsee(T, gen_before, mark_before);
   if (marked || (!pending && !optimizer))
     return step_begin_or_unsee(T, gen_before, mark_before);
-  uint32_t held_max = optimizer == TX_OPTIMIZER_READS_GRAD ? GRADIENT_READS_MAX : OPTIMIZER_CALLS_MAX;
-  if (T->generations_deferred < PENDING_GENERATIONS_MAX && (pending || T->optimizer_calls_held < held_max)) {
+  int reads = optimizer == TX_OPTIMIZER_READS_GRAD;
+  uint32_t *held = reads ? &T->gradient_reads_held : &T->optimizer_calls_held; /* a count per kind */
+  if (T->generations_deferred < PENDING_GENERATIONS_MAX &&
+      (pending || *held < (reads ? GRADIENT_READS_MAX : OPTIMIZER_CALLS_MAX))) {
     T->generations_deferred++;
-    T->optimizer_calls_held += (uint32_t)!pending;
+    *held += (uint32_t)!pending;
     T->steps_deferred += (uint64_t)!optimizer;
     T->steps_kept_after_backward += (uint64_t)(optimizer != 0);
     return 0; /* a backward is pending, or the call is the step's optimizer: the step goes on */
@@ -504,7 +498,7 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
                  "step the program still holds (a loss, norms kept for a log) raise StaleTensorError from here "
                  "on. Mark where your steps end with torch.compiler.cudagraph_mark_step_begin(), or clone what "
                  "you keep.",
-                 T->optimizer_calls_held);
+                 GRADIENT_READS_MAX);
     }
     return step_begin_or_unsee(T, gen_before, mark_before);
   }

@@ -363,7 +363,6 @@ void tx_out_ref_queue_drain(void) {
       (void)cgt_value_release(T->tree, r->value);
       T->alive_this_step -= (uint64_t)(r->counted && !r->caller_memory);
       T->saved_alive -= (uint64_t)(r->counted && r->saved);
-      T->retained_alive -= (uint64_t)(r->counted && r->retained);
       T->tied_saved_alive -= (uint64_t)(r->tied_saved != 0) + r->saved_views;
       T->forward_memory_watched -= (uint64_t)(r->watched_until == T->backward_calls + 1);
       T->inference_memory_watched -= (uint64_t)(r->inference_watch == T->inference_watches_ended + 1);
@@ -679,7 +678,6 @@ static PyObject *make_output(seg_run *run, PyObject *const *args, cgt_value v, c
   r->counted = 1;
   r->saved = saved;
   r->saved_by = saved ? run->s->pair : 0;
-  r->retained = 0;
   r->grad = grad;
   T->saved_alive += (uint64_t)saved;
   if (!r->caller_memory && tx_stale_watch(T, r, t) < 0) { /* an output we could not protect is not handed out */
@@ -1591,25 +1589,26 @@ static int arg_step_output(const SegmentObject *s, TreeObject *T, PyObject *o, t
  * output as its input) leaves it (a helper's review). Where a saved
  * activation of this backward's own forward lies (the pair says; another
  * record over the same memory, a probe head's saved input over the
- * output's, is another forward's: a review), its hold becomes a weaker
- * one: autograd keeps it past the backward only for a second backward
- * through a retained graph (retain_graph=True) or where something else
- * holds it (a kept frame, compute-sanitizer's host backtraces). Such a
- * retained activation holds the step against every call but a new call of
- * its own forward (module.c, "Steps in training"): held as before, a loop
- * that retains its graph and keeps `loss` bound into the next iteration
- * never began a step, every call a new node, then at the bound of held
- * calls a forced step made the loop's compiled loss or logged loss raise
- * (a helper's audit); not held at all, a second head's forward between
- * two backwards of one retained graph began a step, and the second
- * backward raised (a review). */
+ * output's, is another forward's: a review), its hold of the step ends,
+ * alive or not: autograd keeps it past the backward only for a second
+ * backward through a retained graph (retain_graph=True) or where something
+ * else holds it (a kept frame, compute-sanitizer's host backtraces). Held
+ * until it died, a loop that retains its graph and keeps `loss` bound into
+ * the next iteration never began a step: every call a new node, then at
+ * the bound of held calls a forced step made the loop's compiled loss or
+ * logged loss raise (a helper's audit). A second backward after a
+ * compiled call that began a step raises StaleTensorError instead, as
+ * PyTorch's trees end a pending backward at the backward. Holding such an
+ * activation against every call but its forward's next was tried and
+ * taken back: a loop whose first compiled call is another model, a
+ * teacher under no_grad, or an evaluation loop after training then held
+ * every call until the bound, and identical heads share a forward's id (a
+ * review). */
 static void end_holds_read_by_backward(const SegmentObject *s, TreeObject *T, tx_out_ref *ref) {
   if (s->backward && ref->saved && ref->counted && ref->step == T->step &&
       (!s->pair || !ref->saved_by || s->pair == ref->saved_by)) {
     ref->saved = 0;
     T->saved_alive--;
-    ref->retained = 1;
-    T->retained_alive++;
   }
   uint64_t by = ref->tied_saved;
   if (s->backward && by && ref->step == T->step && (by == TIED_BY_UNKNOWN || !s->pair || s->pair == by)) {
@@ -1922,17 +1921,6 @@ int tx_call_reads_grad_output(TreeObject *T) {
 int tx_call_is_training_forward(const TreeObject *T) {
   const call_args *c = T->syncing_call;
   return c && training_forward(c->s);
-}
-
-int tx_call_repeats_a_retained_forward(TreeObject *T) {
-  const call_args *c = T->syncing_call;
-  if (!c || !training_forward(c->s))
-    return 0;
-  /* A forward with no pair (a test's segment) matches records of none. */
-  for (tx_out_ref *o = T->step_outputs; o; o = o->step_next)
-    if (o->retained && o->saved_by == c->s->pair && !tx_out_ref_dead(o))
-      return 1;
-  return 0;
 }
 
 int tx_move_call_args(TreeObject *T) {
