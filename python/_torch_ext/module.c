@@ -480,9 +480,13 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
     return step_begin_or_unsee(T, gen_before, mark_before);
   int reads = optimizer == TX_OPTIMIZER_READS_GRAD;
   uint32_t *held = reads ? &T->gradient_reads_held : &T->optimizer_calls_held; /* a count per kind */
-  if (T->generations_deferred < PENDING_GENERATIONS_MAX &&
-      (pending || *held < (reads ? GRADIENT_READS_MAX : OPTIMIZER_CALLS_MAX))) {
-    T->generations_deferred++;
+  /* A pending backward is bounded by the calls deferred in the step, the
+   * optimizer's calls by their own count: a forward of many calls before
+   * its backward (an RNN cell unrolled) must leave the optimizer its
+   * bound (a review). */
+  if (pending ? T->generations_deferred < PENDING_GENERATIONS_MAX
+              : *held < (reads ? GRADIENT_READS_MAX : OPTIMIZER_CALLS_MAX)) {
+    T->generations_deferred += (uint32_t)(pending != 0);
     *held += (uint32_t)!pending;
     T->steps_deferred += (uint64_t)!optimizer;
     T->steps_kept_after_backward += (uint64_t)(optimizer != 0);
@@ -498,7 +502,7 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
                  "step the program still holds (a loss, norms kept for a log) raise StaleTensorError from here "
                  "on. Mark where your steps end with torch.compiler.cudagraph_mark_step_begin(), or clone what "
                  "you keep.",
-                 GRADIENT_READS_MAX);
+                 *held);
     }
     return step_begin_or_unsee(T, gen_before, mark_before);
   }

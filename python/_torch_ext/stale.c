@@ -249,8 +249,11 @@ int tx_step_outputs_all_leaf_grads(TreeObject *T) {
     Py_XDECREF(g);
     if (g && g != Py_None && !key)
       rc = -1;
-    else if (key && PyDict_Contains(kept, key) == 1)
-      (void)PyDict_DelItem(kept, key);
+    else if (key) {
+      int in = PyDict_Contains(kept, key);
+      if (in < 0 || (in == 1 && PyDict_DelItem(kept, key) < 0))
+        rc = -1;
+    }
     Py_XDECREF(key);
   }
   if (rc == 1)

@@ -4661,6 +4661,33 @@ class DecodeStep:
         return (out,)
 
 
+def test_a_forward_of_many_calls_leaves_the_optimizer_its_own_bound(tree):
+    """A forward of 1000 compiled calls before its backward (an RNN cell
+    unrolled) held 1000 calls of the step's bound of deferred calls, which
+    the optimizer's calls shared: only 24 per-parameter calls reading .grad
+    were held after it, and the next began a step that marked the logged
+    loss (a review). The optimizer's calls have their own count."""
+    fw, bw, w, x, t = param_training_pair(tree)
+    opt = optimizer_segment(tree)
+    w.grad = None
+    held = [call(fw, x, w) for _ in range(1000)]
+    for _, saved in held:
+        (g,) = bw(saved, t)
+        w.accumulate(g)
+        del g
+    loss = held[-1][0]
+    del held, saved
+    gc.collect()
+    s0 = tree.stats()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(50):
+            call(opt, w, w.grad)
+    s = tree.stats()
+    assert s["optimizer_steps_forced"] == s0["optimizer_steps_forced"] and s["step"] == s0["step"]
+    assert loss.values() == [1, 2, 3, 4]
+
+
 def test_gradient_reads_and_writes_of_the_steps_optimizer_are_counted_apart(tree):
     """100 per-parameter calls that read .grad (Muon), then one compiled
     update that only writes its buffers (an EMA): counted together, the
