@@ -118,6 +118,25 @@ int tx_pool_readers_note(void *stream) {
 
 static void wait_for_callers_left(TreeObject *T, void *caller);
 
+/* T's stream waits for the work so far of stream, a stream of device (-1
+ * on the simulator, whose trees make no CUDA call and only count). 1
+ * waited; 0 put off: stream captures, and an event recorded there would
+ * join T's stream to that capture; -1 nothing to wait for: CUDA knows no
+ * such stream (it was destroyed). */
+static int wait_for_stream(TreeObject *T, void *stream, int device) {
+  unsigned long long capture = tx_dev_capture_id(device, stream);
+  if (capture == TX_CAPTURE_UNKNOWN)
+    return -1;
+  if (capture) {
+    atomic_fetch_add(&put_off, 1);
+    return 0;
+  }
+  if (!T->on_simulator)
+    tx_dev_stream_after(T->stream, stream, device);
+  atomic_fetch_add(&waits, 1);
+  return 1;
+}
+
 uint64_t tx_pool_readers_generation(void) { return atomic_load(&last_generation); }
 
 void tx_pool_readers_wait(TreeObject *T, void *caller) {
@@ -140,18 +159,8 @@ void tx_pool_readers_wait(TreeObject *T, void *caller) {
     if (r->device >= 0 && r->device != T->device)
       continue;
     int device = T->on_simulator ? -1 : r->device >= 0 ? r->device : T->device;
-    unsigned long long capture = tx_dev_capture_id(device, r->stream);
-    if (capture == TX_CAPTURE_UNKNOWN) /* CUDA knows no such stream (it was destroyed): nothing to wait for */
-      continue;
-    if (capture) { /* an event recorded there would join the tree's stream to that capture: wait at a later launch */
-      if (r->generation - 1 < seen)
-        seen = r->generation - 1;
-      atomic_fetch_add(&put_off, 1);
-      continue;
-    }
-    if (!T->on_simulator) /* a test's tree and streams: counted, and no CUDA call */
-      tx_dev_stream_after(T->stream, r->stream, device);
-    atomic_fetch_add(&waits, 1);
+    if (wait_for_stream(T, r->stream, device) == 0 && r->generation - 1 < seen)
+      seen = r->generation - 1; /* put off: waited for at a later launch */
   }
   /* Waited for, the notes are retired only at a step's first launch: a
    * read queued on a noted stream after a launch of the output's own step
@@ -212,20 +221,8 @@ static void wait_for_callers_left(TreeObject *T, void *caller) {
   size_t kept = 0;
   for (size_t i = 0; i < T->n_caller_notes; i++) {
     struct tx_caller_note note = T->caller_notes[i];
-    int waited = note.stream == caller; /* ordered already (the ev_in wait) */
-    if (!waited) {
-      unsigned long long capture = tx_dev_capture_id(T->on_simulator ? -1 : T->device, note.stream);
-      if (capture == TX_CAPTURE_UNKNOWN) { /* CUDA knows no such stream any more: nothing to wait for */
-        waited = 1;
-      } else if (capture) {
-        atomic_fetch_add(&put_off, 1);
-      } else {
-        if (!T->on_simulator)
-          tx_dev_stream_after(T->stream, note.stream, T->device);
-        atomic_fetch_add(&waits, 1);
-        waited = 1;
-      }
-    }
+    /* The caller's own is ordered already (the ev_in wait); one put off stays. */
+    int waited = note.stream == caller || wait_for_stream(T, note.stream, T->on_simulator ? -1 : T->device) != 0;
     if (!(waited && note.step < T->step))
       T->caller_notes[kept++] = note;
   }
