@@ -155,27 +155,40 @@ int tx_grad_leaf_note(TreeObject *T, PyObject *o, PyObject *wr) {
   return 0;
 }
 
-/* leaf.grad, if it shares a storage in `kept`, moves to memory of its own:
- * 1 if it moved, 0 if not, -1 with an exception set. */
-static int move_grad(PyObject *leaf, PyObject *kept) {
+/* Whether leaf.grad shares a storage in `kept` (keys of storages): 1 and
+ * *grad, *key (new references) if it does; 0 if not (none, or another
+ * storage); -1 with an exception set. */
+static int grad_in(PyObject *leaf, PyObject *kept, PyObject **grad, PyObject **key) {
   PyObject *g = PyObject_GetAttr(leaf, TX.str_grad);
   if (!g)
     return -1;
-  int moved = 0;
-  if (g != Py_None) {
-    PyObject *key = storage_key(g);
-    moved = key ? PyDict_Contains(kept, key) : -1;
-    Py_XDECREF(key);
-    if (moved == 1) {
-      PyObject *copy = PyObject_CallMethodNoArgs(g, TX.str_clone);
-      PyObject *res = copy ? PyObject_CallMethodOneArg(g, TX.str_set, copy) : NULL;
-      Py_XDECREF(copy);
-      Py_XDECREF(res);
-      if (!res)
-        moved = -1;
-    }
+  PyObject *k = g != Py_None ? storage_key(g) : NULL;
+  int in = g == Py_None ? 0 : k ? PyDict_Contains(kept, k) : -1;
+  if (in == 1) {
+    *grad = g;
+    *key = k;
+    return 1;
   }
   Py_DECREF(g);
+  Py_XDECREF(k);
+  return in;
+}
+
+/* leaf.grad, if it shares a storage in `kept`, moves to memory of its own:
+ * 1 if it moved, 0 if not, -1 with an exception set. */
+static int move_grad(PyObject *leaf, PyObject *kept) {
+  PyObject *g, *key;
+  int moved = grad_in(leaf, kept, &g, &key);
+  if (moved == 1) {
+    PyObject *copy = PyObject_CallMethodNoArgs(g, TX.str_clone);
+    PyObject *res = copy ? PyObject_CallMethodOneArg(g, TX.str_set, copy) : NULL;
+    Py_XDECREF(copy);
+    Py_XDECREF(res);
+    if (!res)
+      moved = -1;
+    Py_DECREF(g);
+    Py_DECREF(key);
+  }
   return moved;
 }
 
@@ -239,22 +252,19 @@ int tx_step_outputs_all_leaf_grads(TreeObject *T) {
     rc = -1;
   for (Py_ssize_t i = 0; leaves && i < PyList_GET_SIZE(leaves) && rc == 1 && PyDict_GET_SIZE(kept); i++) {
     PyObject *leaf = tx_weakref_get(PyList_GET_ITEM(leaves, i));
-    PyObject *g = leaf ? PyObject_GetAttr(leaf, TX.str_grad) : NULL;
-    Py_XDECREF(leaf);
-    if (leaf && !g) {
-      rc = -1;
-      break;
+    if (!leaf)
+      continue; /* it died: no .grad of its */
+    PyObject *g, *key;
+    int in = grad_in(leaf, kept, &g, &key);
+    Py_DECREF(leaf);
+    if (in == 1) { /* a kept gradient that is this leaf's .grad: the step's end would move it */
+      if (PyDict_DelItem(kept, key) < 0)
+        in = -1;
+      Py_DECREF(g);
+      Py_DECREF(key);
     }
-    PyObject *key = g && g != Py_None ? storage_key(g) : NULL;
-    Py_XDECREF(g);
-    if (g && g != Py_None && !key)
+    if (in < 0)
       rc = -1;
-    else if (key) {
-      int in = PyDict_Contains(kept, key);
-      if (in < 0 || (in == 1 && PyDict_DelItem(kept, key) < 0))
-        rc = -1;
-    }
-    Py_XDECREF(key);
   }
   if (rc == 1)
     rc = PyDict_GET_SIZE(kept) == 0;
