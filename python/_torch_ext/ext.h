@@ -445,6 +445,9 @@ static inline int tx_caller_needs_events(const TreeObject *T, void *caller) {
   return (caller || !T->blocking) && caller != T->stream;
 }
 void tx_tree_drain(TreeObject *T);
+/* Destroys T's C tree (its graphs, pools and, if it made it, its stream),
+ * then the stream module.c made for it, if any; T->tree becomes NULL. */
+void tx_tree_destroy_c(TreeObject *T);
 
 /* ------------------------------------------------------- tree_close.c */
 

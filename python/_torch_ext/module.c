@@ -665,17 +665,21 @@ static int tree_init(TreeObject *T, PyObject *a, PyObject *kw) {
   return 0;
 }
 
+void tx_tree_destroy_c(TreeObject *T) {
+  tx_alloc_note_pool_in_use(&T->pool_in_use_reported, 0);
+  cgt_tree_destroy(T->tree); /* and the stream, if the C tree made it */
+  T->tree = NULL;
+  if (T->stream_made == TX_STREAM_MADE_HERE) /* made for explicit mode: ours to destroy, after the tree */
+    tx_dev_stream_destroy(T->stream, T->device);
+}
+
 static void tree_dealloc(TreeObject *T) {
   live_list_remove(T);
   /* A closed tree's husk, a tree that failed to initialise, or a test's
    * tree that made no output get here: a segment's run holds the tree it
    * runs in, and an output's record keeps it open (T->out_refs). */
-  if (T->tree && !T->registry && T->outputs_made == 0) {
-    tx_alloc_note_pool_in_use(&T->pool_in_use_reported, 0);
-    cgt_tree_destroy(T->tree);
-    if (T->stream_made == TX_STREAM_MADE_HERE)
-      tx_dev_stream_destroy(T->stream, T->device);
-  }
+  if (T->tree && !T->registry && T->outputs_made == 0)
+    tx_tree_destroy_c(T);
   tx_event_destroy(T->ev_in); /* NULL once closed */
   tx_event_destroy(T->ev_out);
   free(T->runs);

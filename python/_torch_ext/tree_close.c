@@ -82,11 +82,7 @@ static void tree_close(TreeObject *T) {
   if (T->stream_made != TX_STREAM_HANDED_IN) /* a stream destroyed below; one handed in stays its maker's */
     tx_eager_retire_stream(T->on_simulator ? -1 : T->device, T->stream);
   (void)cgt_tree_stats(T->tree, &T->last_stats);
-  tx_alloc_note_pool_in_use(&T->pool_in_use_reported, 0);
-  cgt_tree_destroy(T->tree); /* and the stream, if the C tree made it */
-  T->tree = NULL;
-  if (T->stream_made == TX_STREAM_MADE_HERE)
-    tx_dev_stream_destroy(T->stream, T->device);
+  tx_tree_destroy_c(T);
   tx_event_destroy(T->ev_in);
   tx_event_destroy(T->ev_out);
   T->ev_in = T->ev_out = NULL;
