@@ -3214,6 +3214,16 @@ class HeadSavingItsInput:
         return (out, h)
 
 
+def paired(tree, forward_graph, name, pair, span=16):
+    """A training forward of forward_graph (saving its results from 1 on)
+    and its backward (BackwardGraph: saved + tangent), named name and
+    name + "_bw", one AOTAutograd id (pair) between them."""
+    fw = segment(tree, forward_graph, spans=(span,), name=name, saved_from=1, pair=pair)
+    bw = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(span, span), name=name + "_bw",
+                 backward=True, pair=pair)
+    return fw, bw
+
+
 def test_a_saved_input_that_is_an_output_of_the_step_is_a_view_of_it_and_holds_the_step_until_its_backward(tree):
     """h, an output of this step, passed to a training forward that saves
     its input (a Linear): the plain graph returns h itself as the saved
@@ -3263,13 +3273,9 @@ def test_forwards_saving_an_output_of_the_step_hold_it_until_each_ones_backward_
     AOTAutograd saves a view detached, a new tensor over the memory (a
     helper's reviews)."""
     backbone = segment(tree, Graph(tree, 2.0, 0.0), spans=(16,), name="backbone")
-    head1 = segment(tree, HeadSavingItsInput(tree), spans=(16,), name="head1", saved_from=1, pair=1)
-    bw1 = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bw1",
-                  backward=True, pair=1)
+    head1, bw1 = paired(tree, HeadSavingItsInput(tree), "head1", 1)
     if heads == "two_heads":
-        head2 = segment(tree, HeadSavingItsInput(tree), spans=(16,), name="head2", saved_from=1, pair=2)
-        bw2 = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bw2",
-                      backward=True, pair=2)
+        head2, bw2 = paired(tree, HeadSavingItsInput(tree), "head2", 2)
     else:
         head2, bw2 = head1, bw1
     other = segment(tree, Graph(tree, 1.0, 1.0), spans=(16,), name="other")
@@ -4266,15 +4272,9 @@ def test_a_retained_graphs_second_backward_after_a_compiled_call_raises_or_reads
     relu(feat) or a compiled metric begins a step, and the second backward
     raises StaleTensorError, never reads wrong (the documented limit); a
     second head on feat itself is held by its argument, and computes."""
-    backbone = segment(tree, ForwardGraph(tree), spans=(16,), name="backbone", saved_from=1, pair=1)
-    bwb = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bwb",
-                  backward=True, pair=1)
-    head1 = segment(tree, HeadSavingItsInput(tree), spans=(16,), name="head1", saved_from=1, pair=2)
-    bwh = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bwh",
-                  backward=True, pair=2)
-    head2 = segment(tree, HeadSavingItsInput(tree), spans=(16,), name="head2", saved_from=1, pair=3)
-    bwh2 = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bwh2",
-                   backward=True, pair=3)
+    backbone, bwb = paired(tree, ForwardGraph(tree), "backbone", 1)
+    head1, bwh = paired(tree, HeadSavingItsInput(tree), "head1", 2)
+    head2, bwh2 = paired(tree, HeadSavingItsInput(tree), "head2", 3)
     metric = segment(tree, Graph(tree, 1.0, 1.0), spans=(16,), name="metric")
     x, t = FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
     raised = 0
@@ -4339,12 +4339,8 @@ def test_another_forwards_backward_reading_an_overlapping_record_leaves_a_saved_
     on the page died): a compiled call before the main backward began a
     step, and the main backward raised (a review). Only a backward of the
     record's own forward (its pair) ends the hold."""
-    f1 = segment(tree, ForwardOutputAboveSaved(tree), spans=(16,), name="f1", saved_from=1, pair=1)
-    bw1 = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bw1",
-                  backward=True, pair=1)
-    head2 = segment(tree, HeadSavingItsInput(tree), spans=(12,), name="head2", saved_from=1, pair=2)
-    bwh2 = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(12, 12), name="bwh2",
-                   backward=True, pair=2)
+    f1, bw1 = paired(tree, ForwardOutputAboveSaved(tree), "f1", 1)
+    head2, bwh2 = paired(tree, HeadSavingItsInput(tree), "head2", 2, span=12)
     pre = segment(tree, Graph(tree, 1.0, 0.0), spans=(16,), name="pre")
     metric = segment(tree, Graph(tree, 1.0, 1.0), spans=(16,), name="metric")
     x, t4, t3 = FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1]), FakeTensor(3).fill([1, 1, 1])

@@ -68,6 +68,15 @@ def assert_same_params(m1, m2):
             assert same(p.grad, q.grad), "gradient of %s differs from Inductor's" % n
 
 
+def step_and_log(loss, opt, losses):
+    """The loop's tail: the backward, the optimizer's step, zero_grad
+    (set_to_none), and the loss kept for the comparison with Inductor."""
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    losses.append(loss.detach().clone())
+
+
 def train(cf, model, xs, opt_cls=torch.optim.AdamW, set_to_none=True, lr=1e-3, autocast=None, scaler=False,
           **opt_kw):
     """Training steps of cf (model's parameters) on xs; the losses. autocast:
@@ -471,10 +480,7 @@ def test_two_forwards_of_a_dropout_head_on_a_frozen_backbone_then_the_backward_m
             z1 = f(x1)
             z2 = f(x2)  # the head's first backward is pending
             loss = (z1 - z2).square().mean()
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            losses.append(loss.detach().clone())
+            step_and_log(loss, opt, losses)
         return torch.stack(losses)
 
     want = run(ref, "inductor")
@@ -494,10 +500,7 @@ def checkpointed_training(bm, cm, xs, backend, use_reentrant):
     for x in xs:
         h = torch.utils.checkpoint.checkpoint(fb, x, use_reentrant=use_reentrant)
         loss = fc(h).square().mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.detach().clone())
+        step_and_log(loss, opt, losses)
     return torch.stack(losses)
 
 
@@ -676,10 +679,7 @@ def test_a_frozen_teachers_output_under_no_grad_read_after_the_students_call_tra
             inp = {"in_the_loss": x, "in_the_loss_and_noised_into_the_student": t + 0.1 * n,
                    "as_its_argument": t}[reads]
             loss = (fs(inp) - t).square().mean()  # t read after the student's call
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            losses.append(loss.detach().clone())
+            step_and_log(loss, opt, losses)
         return torch.stack(losses)
 
     want = run(*refs, "inductor")
@@ -729,10 +729,7 @@ def test_an_rnn_cell_compiled_and_unrolled_over_100_steps_trains_as_inductor():
             for x in seq:
                 h = fc(x, h)
             loss = h.square().mean()
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            losses.append(loss.detach().clone())
+            step_and_log(loss, opt, losses)
         return torch.stack(losses)
 
     want = run(ref, "inductor")
