@@ -445,8 +445,11 @@ static inline int tx_caller_needs_events(const TreeObject *T, void *caller) {
   return (caller || !T->blocking) && caller != T->stream;
 }
 void tx_tree_drain(TreeObject *T);
-/* Destroys T's C tree (its graphs, pools and, if it made it, its stream),
- * then the stream module.c made for it, if any; T->tree becomes NULL. */
+/* Synchronises T's stream and retires it in eager.c (unless handed in),
+ * then destroys T's C tree (its graphs, pools and, if it made it, its
+ * stream) and the stream module.c made for it, if any; T->tree becomes
+ * NULL. Frees device memory: the caller ignores other threads' captures
+ * around it (tx_dev_ignore_other_captures). */
 void tx_tree_destroy_c(TreeObject *T);
 
 /* ------------------------------------------------------- tree_close.c */
@@ -557,6 +560,9 @@ struct tx_out_ref {
   uint32_t saved_views; /* training forwards' saved results that are views of this output as their VALUE
                           * argument, whose backwards have not read it (segment.c, value_input_view), counted
                           * in the tree's tied_saved_alive */
+  uint64_t views_by;    /* the pair of the forwards counted in saved_views where all share one (only its backward
+                          * ends their holds), TIED_BY_UNKNOWN where they differ or one's is unknown (any backward
+                          * that reads the memory ends one) */
   uint64_t tied_saved; /* a training forward saved a result tied to this output (segment.c, tied_output): its
                          * pair (or TIED_BY_UNKNOWN; 0: none), counted in the tree's tied_saved_alive until its
                          * backward reads it, it dies, or its step ends */

@@ -666,6 +666,9 @@ static int tree_init(TreeObject *T, PyObject *a, PyObject *kw) {
 }
 
 void tx_tree_destroy_c(TreeObject *T) {
+  (void)cgt_sync(T->tree); /* its stream's work is over: its blocks may be retired */
+  if (T->stream_made != TX_STREAM_HANDED_IN) /* a stream destroyed below; one handed in stays its maker's */
+    tx_eager_retire_stream(T->on_simulator ? -1 : T->device, T->stream);
   tx_alloc_note_pool_in_use(&T->pool_in_use_reported, 0);
   cgt_tree_destroy(T->tree); /* and the stream, if the C tree made it */
   T->tree = NULL;
@@ -678,8 +681,11 @@ static void tree_dealloc(TreeObject *T) {
   /* A closed tree's husk, a tree that failed to initialise, or a test's
    * tree that made no output get here: a segment's run holds the tree it
    * runs in, and an output's record keeps it open (T->out_refs). */
-  if (T->tree && !T->registry && T->outputs_made == 0)
+  if (T->tree && !T->registry && T->outputs_made == 0) {
+    int capture_mode = tx_dev_ignore_other_captures(); /* as tree_close: another thread's capture stays whole */
     tx_tree_destroy_c(T);
+    tx_dev_heed_other_captures(capture_mode);
+  }
   tx_event_destroy(T->ev_in); /* NULL once closed */
   tx_event_destroy(T->ev_out);
   free(T->runs);

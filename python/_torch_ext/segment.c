@@ -676,10 +676,10 @@ static PyObject *make_output(seg_run *run, PyObject *const *args, cgt_value v, c
   T->outputs_made++;
   T->alive_this_step += (uint64_t)!r->caller_memory; /* caller memory: no step overwrites it */
   r->counted = 1;
-  r->saved = saved;
-  r->saved_by = saved ? run->s->pair : 0;
+  r->saved = saved && !r->caller_memory; /* caller memory: no step reuses it, and no backward ends a hold of it */
+  r->saved_by = r->saved ? run->s->pair : 0;
   r->grad = grad;
-  T->saved_alive += (uint64_t)saved;
+  T->saved_alive += (uint64_t)r->saved;
   if (!r->caller_memory && tx_stale_watch(T, r, t) < 0) { /* an output we could not protect is not handed out */
     Py_DECREF(t);
     return NULL;
@@ -1615,15 +1615,23 @@ static void end_holds_read_by_backward(const SegmentObject *s, TreeObject *T, tx
     ref->tied_saved = 0;
     T->tied_saved_alive--;
   }
-  if (s->backward && ref->saved_views && ref->step == T->step) { /* one saving forward's backward read it */
-    ref->saved_views--;
+  by = ref->views_by;
+  if (s->backward && ref->saved_views && ref->step == T->step && (by == TIED_BY_UNKNOWN || !s->pair || s->pair == by)) {
+    ref->saved_views--; /* one saving forward's backward read it */
     T->tied_saved_alive--;
   }
 }
 
 /* A training forward saved a view of ref, its VALUE argument
- * (value_input_view): ref's memory holds the step until a backward reads
- * it, once for each such forward, or until it dies or the step ends. The
+ * (value_input_view): ref's memory holds the step until that forward's
+ * backward (its pair) reads it, once for each such forward, or until it
+ * dies or the step ends. Ended by any backward that read the memory, a
+ * head's hold of the trunk's output ended at the trunk's own backward
+ * (its tied saved result over the same memory) where that ran first (a
+ * loss of the trunk's alone, its graph retained), and a compiled call
+ * before the head's backward began a step (a helper's review). Where
+ * forwards of different pairs saved views of one output, the count cannot
+ * tell whose backward read it, and any backward that reads it ends one. The
  * saved tensor autograd keeps is no object of ours to watch: AOTAutograd
  * saves a view detached, a new tensor over the memory (its Note
  * [Detaching saved tensors in AOTAutograd]; a weak reference to the view
@@ -1631,9 +1639,11 @@ static void end_holds_read_by_backward(const SegmentObject *s, TreeObject *T, tx
  * that save one output (a head called twice, two heads), then a compiled
  * call between their backwards, keep the step for the second (a flag
  * ended at the first backward: a helper's review). */
-static void saved_view_hold(TreeObject *T, tx_out_ref *ref) {
+static void saved_view_hold(const SegmentObject *s, TreeObject *T, tx_out_ref *ref) {
   if (!ref || ref->caller_memory || ref->step != T->step || T->explicit_steps)
     return;
+  uint64_t by = s->pair ? s->pair : TIED_BY_UNKNOWN;
+  ref->views_by = !ref->saved_views || ref->views_by == by ? by : TIED_BY_UNKNOWN;
   ref->saved_views++;
   T->tied_saved_alive++;
 }
@@ -1714,7 +1724,7 @@ static PyObject *build_result(seg_run *r, PyObject *const *args, variant_tmpl *t
           goto fail;
         }
         if (item && i >= s->saved_from && training_forward(s))
-          saved_view_hold(r->tree, in);
+          saved_view_hold(s, r->tree, in);
         r->tree->outputs_viewing_values += item != NULL;
         if (item) /* the record a memory watch below follows: the argument's, whose storage it shares */
           r->made = in;

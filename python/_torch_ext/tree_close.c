@@ -78,11 +78,9 @@ static void tree_close(TreeObject *T) {
   int capture_mode = tx_dev_ignore_other_captures(); /* another thread's capture stays whole (dev.c) */
   size_t n_runs = 0;
   struct seg_run **runs = tx_tree_runs_detach(T, &n_runs); /* no Python runs until the C tree is gone */
-  (void)cgt_sync(T->tree); /* its stream's work is over: its blocks may be retired */
-  if (T->stream_made != TX_STREAM_HANDED_IN) /* a stream destroyed below; one handed in stays its maker's */
-    tx_eager_retire_stream(T->on_simulator ? -1 : T->device, T->stream);
+  (void)cgt_sync(T->tree); /* its counters are final */
   (void)cgt_tree_stats(T->tree, &T->last_stats);
-  tx_tree_destroy_c(T);
+  tx_tree_destroy_c(T); /* retires its stream in eager.c too */
   tx_event_destroy(T->ev_in);
   tx_event_destroy(T->ev_out);
   T->ev_in = T->ev_out = NULL;

@@ -1891,6 +1891,25 @@ def test_a_thread_that_cached_another_threads_tree_asks_again_once_that_tree_is_
         dt.stop()
 
 
+def test_a_tree_freed_before_it_made_an_output_retires_its_stream_too():
+    """A tree dropped before it made an output (never called, or every
+    call failed) is freed by its finaliser rather than closed: it destroyed
+    its stream without retiring it, and an eager block still allocated on
+    that stream later had its free ordered on a stream that no longer
+    existed (a review)."""
+    t = X.Tree(0, backend="sim")
+    live = _lib.cgt_torch_alloc(4096, -1, t.stream)
+    f0 = X.alloc_figures(-1)
+    del t
+    gc.collect()
+    f1 = X.alloc_figures(-1)
+    assert f1["blocks_rehomed"] == f0["blocks_rehomed"] + 1, "the freed tree's stream was not retired"
+    _lib.cgt_torch_free(live, 4096, -1, None)  # its free goes to the legacy stream's cache
+    again = _lib.cgt_torch_alloc(4096, -1, None)
+    assert again == live
+    _lib.cgt_torch_free(again, 4096, -1, None)
+
+
 def test_freeing_a_tree_retires_its_stream_and_takes_its_pool_out_of_the_bytes_in_use(tree):
     """Eager blocks allocated on a freed tree's stream (outside any launch):
     a cached one goes back to the driver before the stream goes, a live one
@@ -3764,6 +3783,44 @@ def test_another_graphs_backward_reading_the_memory_leaves_the_forwards_tied_hol
     assert tree.stats()["saved_tied_to_outputs_alive"] == 0
 
 
+def test_the_trunks_backward_reading_the_memory_leaves_a_heads_hold_of_its_saved_input(tree):
+    """The converse of the test above: a head (another AOTAutograd id) saved
+    the trunk's output as its input, a view of that memory; the trunk's own
+    backward reads the memory too (its tied saved result) and ran first
+    (a loss of the trunk's alone, its graph retained). Ended by any backward
+    that read the memory, the head's hold let a compiled call before the
+    head's backward begin a step over memory the head's saved input lies
+    in (a helper's review): only the head's own backward ends it."""
+    f = segment(tree, TiedForward(tree), spans=(16,), name="trunk", saved_from=1, pair=10)
+    b = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="trunk_bw",
+                backward=True, pair=10)
+    head = segment(tree, HeadSavingItsInput(tree), spans=(16,), name="head", saved_from=1, pair=20)
+    head_bw = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="head_bw",
+                      backward=True, pair=20)
+    g = segment(tree, Graph(tree, 1.0, 1.0), spans=(16,), name="log")
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    t = FakeTensor(4).fill([1, 1, 1, 1])
+    for i in range(5):
+        o, s1 = call(f, x)  # o = 2x, saved by the trunk
+        k = s1.view()  # autograd's saved tensor of the trunk
+        z, hs = call(head, o)
+        hv = hs.view()  # autograd's saved tensor of the head: o's memory
+        del o, s1, z, hs
+        gc.collect()
+        (gt,) = b(k, t)  # the trunk's backward first
+        del k, gt
+        gc.collect()
+        step = tree.stats()["step"]
+        (y,) = call(g, x)
+        if i >= 2:
+            assert tree.stats()["step"] == step, "a compiled call began a step while the head's saved input lives"
+        (gh,) = head_bw(hv, t)
+        assert gh.values() == [2 * a + 1 for a in (1, 2, 3, 4)]  # o + t
+        del hv, y, gh
+        gc.collect()
+    assert tree.stats()["saved_tied_to_outputs_alive"] == 0
+
+
 class BackwardTangentFirst(BackwardGraph):
     """BackwardGraph with its arguments the other way round: the tangent, then the saved result."""
 
@@ -5285,6 +5342,47 @@ def test_a_view_of_an_input_lies_in_the_callers_memory_as_the_plain_graphs_and_a
     for i, v in enumerate(kept):  # past their steps: the callers' memory, readable
         assert v.values() == [-10 * i - 2, -10 * i - 3, -10 * i - 4], i
     del others
+    tree.check()
+
+
+class SavesWeightAsAnotherDtype:
+    """(2x + 1, w as int32): a training forward that saves a view of its
+    STATIC input w as another dtype (a bit reinterpretation of a weight)."""
+
+    def __init__(self, tree):
+        self.tree = tree
+
+    def __call__(self, x, w):
+        y = FakeTensor(x.n)
+        X.sim_launch(self.tree.stream, k_affine, y.ptr, x.ptr, x.n, 2.0, 1.0)
+        v = w.narrow(0, w.n)
+        v.dtype = "int32"
+        return (y, v)
+
+
+def test_a_saved_view_of_a_static_input_as_another_dtype_holds_no_step(tree):
+    """A saved result that lies in a STATIC input's memory (here a view of
+    it as another dtype: a tensor of its own over the caller's memory) is
+    no memory of the tree's: no step reuses it, and its backward's
+    argument loop passes it on as caller memory without ending a hold. It
+    was counted a saved activation all the same, so one kept past its
+    backward (a retained graph) held every step after it until the bound
+    (a helper's review): each call a new node."""
+    seg = segment(tree, SavesWeightAsAnotherDtype(tree), kinds=(ARG_TENSOR, ARG_TENSOR_STATIC), spans=(16, 16),
+                  saved_from=1)
+    x, w = FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([5, 6, 7, 8])
+    kept = []
+    for i in range(6):
+        step = tree.stats()["step"]
+        y, saved = call(seg, x, w)
+        if i >= 2:
+            assert tree.stats()["step"] == step + 1, "a saved view of caller memory held the step"
+            assert saved.ptr == w.ptr and tree.stats()["saved_activations_alive"] == 0
+        assert y.values() == [3, 5, 7, 9]
+        kept.append(saved)  # as a retained graph keeps it
+    assert tree.stats()["steps_deferred"] == 0
+    del kept, saved, y
+    gc.collect()
     tree.check()
 
 
