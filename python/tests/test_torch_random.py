@@ -12,6 +12,8 @@ import copy
 import threading
 import warnings
 
+import pytest
+
 import torch_gpu  # skips the file without a GPU; imports cgtree.torch before CUDA starts
 
 torch, ct, pytestmark = torch_gpu.torch, torch_gpu.ct, torch_gpu.pytestmark
@@ -502,3 +504,26 @@ def test_a_random_graph_whose_recording_raises_runs_as_inductors_graph_with_a_wa
     assert r.replays == 0 and len(r.plain) == 1 and "keyed by capture id" in r.plain[0], vars(r)
     said = [str(w.message) for w in caught if "runs without CUDA graphs" in str(w.message)]
     assert len(said) == 1 and "keyed by capture id" in said[0], said
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_a_random_graph_on_the_second_device_with_the_first_current_draws_inductors_numbers():
+    """The event every random graph's launch records (the last random launch
+    of the device, which other threads' random runs wait for) is made on the
+    tree's device. Made on the current device (cuda:0 here, for a model on
+    cuda:1), CUDA refused to record it on cuda:1's stream. cuda:1's
+    generator draws Inductor's numbers, replay after replay, while cuda:0's
+    is left where Inductor leaves it (untouched)."""
+    def f(x):
+        return torch.nn.functional.dropout(x, 0.5, training=True) + torch.rand_like(x)
+
+    torch.cuda.set_device(0)
+    ref, cg = compiled_pair(f)
+    x = torch.ones(4096, device="cuda:1")
+    want = run_seeded(lambda i: ref(x), 12, between=lambda i: torch.rand(5, device="cuda:0"))
+    with Replays() as r:
+        got = run_seeded(lambda i: cg(x), 12, between=lambda i: torch.rand(5, device="cuda:0"))
+    assert r.plain == [] and r.recordings == 1 and r.replays >= 9, vars(r)
+    assert_same_sequence(want, got)
+    assert all(g[0].device.index == 1 for g in got)
+    torch.cuda.synchronize(1)
