@@ -544,6 +544,7 @@ PyObject *tx_exchange_make_tensor(DLManagedTensorVersioned *m);
 /* ------------------------------------------------------- segment.c */
 
 enum { TIED_BY_UNKNOWN = 1 }; /* tx_out_ref.tied_saved where the forward's pair is unknown (pairs start at 2) */
+enum { TX_VIEW_PAIRS = 4 };   /* pairs told apart among the forwards that saved views of one output */
 
 /* An output tensor handed out: the DLPack block torch owns, the value it
  * releases when the tensor dies, and its registry entry. */
@@ -560,9 +561,11 @@ struct tx_out_ref {
   uint32_t saved_views; /* training forwards' saved results that are views of this output as their VALUE
                           * argument, whose backwards have not read it (segment.c, value_input_view), counted
                           * in the tree's tied_saved_alive */
-  uint64_t views_by;    /* the pair of the forwards counted in saved_views where all share one (only its backward
-                          * ends their holds), TIED_BY_UNKNOWN where they differ or one's is unknown (any backward
-                          * that reads the memory ends one) */
+  struct {
+    uint64_t pair; /* the saving forwards' pair (SegmentObject.pair), TIED_BY_UNKNOWN where unknown */
+    uint32_t n;    /* how many of saved_views are theirs: only their backward ends those holds */
+  } views_by[TX_VIEW_PAIRS]; /* saved_views by pair; past TX_VIEW_PAIRS pairs the last slot is TIED_BY_UNKNOWN,
+                              * whose holds any backward that reads the memory ends */
   uint64_t tied_saved; /* a training forward saved a result tied to this output (segment.c, tied_output): its
                          * pair (or TIED_BY_UNKNOWN; 0: none), counted in the tree's tied_saved_alive until its
                          * backward reads it, it dies, or its step ends */

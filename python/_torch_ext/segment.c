@@ -1604,6 +1604,15 @@ static int arg_step_output(const SegmentObject *s, TreeObject *T, PyObject *o, t
  * teacher under no_grad, or an evaluation loop after training then held
  * every call until the bound, and identical heads share a forward's id (a
  * review). */
+/* The slot of ref->views_by holding views saved by forwards of `pair`,
+ * or -1 (none, or pair 0: unknown). */
+static int view_pair_slot(const tx_out_ref *ref, uint64_t pair) {
+  for (int k = 0; pair && k < TX_VIEW_PAIRS; k++)
+    if (ref->views_by[k].n && ref->views_by[k].pair == pair)
+      return k;
+  return -1;
+}
+
 static void end_holds_read_by_backward(const SegmentObject *s, TreeObject *T, tx_out_ref *ref) {
   if (s->backward && ref->saved && ref->counted && ref->step == T->step &&
       (!s->pair || !ref->saved_by || s->pair == ref->saved_by)) {
@@ -1615,10 +1624,16 @@ static void end_holds_read_by_backward(const SegmentObject *s, TreeObject *T, tx
     ref->tied_saved = 0;
     T->tied_saved_alive--;
   }
-  by = ref->views_by;
-  if (s->backward && ref->saved_views && ref->step == T->step && (by == TIED_BY_UNKNOWN || !s->pair || s->pair == by)) {
-    ref->saved_views--; /* one saving forward's backward read it */
-    T->tied_saved_alive--;
+  if (s->backward && ref->saved_views && ref->step == T->step) {
+    int j = view_pair_slot(ref, s->pair); /* its own forward's hold first */
+    for (int k = 0; k < TX_VIEW_PAIRS && j < 0; k++) /* else one of unknown pair; any, for a backward of none */
+      if (ref->views_by[k].n && (!s->pair || ref->views_by[k].pair == TIED_BY_UNKNOWN))
+        j = k;
+    if (j >= 0) {
+      ref->views_by[j].n--;
+      ref->saved_views--;
+      T->tied_saved_alive--;
+    }
   }
 }
 
@@ -1630,8 +1645,11 @@ static void end_holds_read_by_backward(const SegmentObject *s, TreeObject *T, tx
  * (its tied saved result over the same memory) where that ran first (a
  * loss of the trunk's alone, its graph retained), and a compiled call
  * before the head's backward began a step (a helper's review). Where
- * forwards of different pairs saved views of one output, the count cannot
- * tell whose backward read it, and any backward that reads it ends one. The
+ * forwards of different pairs saved views of one output, each pair's holds
+ * are counted apart (views_by; one slot for all of unknown pair, or past
+ * TX_VIEW_PAIRS pairs): a single pair for all of them let the trunk's
+ * backward end the second head's hold once two heads had saved it (a
+ * helper's review). The
  * saved tensor autograd keeps is no object of ours to watch: AOTAutograd
  * saves a view detached, a new tensor over the memory (its Note
  * [Detaching saved tensors in AOTAutograd]; a weak reference to the view
@@ -1643,7 +1661,16 @@ static void saved_view_hold(const SegmentObject *s, TreeObject *T, tx_out_ref *r
   if (!ref || ref->caller_memory || ref->step != T->step || T->explicit_steps)
     return;
   uint64_t by = s->pair ? s->pair : TIED_BY_UNKNOWN;
-  ref->views_by = !ref->saved_views || ref->views_by == by ? by : TIED_BY_UNKNOWN;
+  int j = view_pair_slot(ref, by);
+  for (int k = 0; k < TX_VIEW_PAIRS && j < 0; k++) /* a free slot */
+    if (!ref->views_by[k].n)
+      j = k;
+  if (j < 0) { /* past TX_VIEW_PAIRS pairs: the last slot's holds become anyone's */
+    j = TX_VIEW_PAIRS - 1;
+    by = TIED_BY_UNKNOWN;
+  }
+  ref->views_by[j].pair = by;
+  ref->views_by[j].n++;
   ref->saved_views++;
   T->tied_saved_alive++;
 }
