@@ -3753,6 +3753,15 @@ def test_a_saved_result_tied_to_the_programs_output_holds_the_step_through_its_m
     assert st["steps_deferred"] == s0["steps_deferred"]
 
 
+def trunk_and_log(tree):
+    """A trunk that saves its output (TiedForward, id 10) and its backward,
+    a compiled call to put between backwards (a log), an input x and a
+    tangent t."""
+    f, b = paired(tree, TiedForward(tree), "trunk", 10)
+    g = segment(tree, Graph(tree, 1.0, 1.0), spans=(16,), name="log")
+    return f, b, g, FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
+
+
 def test_another_graphs_backward_reading_the_memory_leaves_the_forwards_tied_hold(tree):
     """Only the forward's own backward (the same pair: AOTAutograd compiles
     both under one graph id) ends its tied saved result's hold. A head that
@@ -3760,14 +3769,9 @@ def test_another_graphs_backward_reading_the_memory_leaves_the_forwards_tied_hol
     ended there, the hold let a compiled call before the forward's backward
     begin a step, and that backward raised StaleTensorError where Inductor
     computes (a helper's review)."""
-    f = segment(tree, TiedForward(tree), spans=(16,), name="sig", saved_from=1, pair=10)
-    b = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bw", backward=True,
-                pair=10)
+    f, b, g, x, t = trunk_and_log(tree)
     head_bw = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="head_bw",
                       backward=True, pair=20)
-    g = segment(tree, Graph(tree, 1.0, 1.0), spans=(16,), name="log")
-    x = FakeTensor(4).fill([1, 2, 3, 4])
-    t = FakeTensor(4).fill([1, 1, 1, 1])
     for i in range(5):
         o1, s1 = call(f, x)
         k1 = s1.view()  # autograd's saved tensor of f
@@ -3791,15 +3795,8 @@ def test_the_trunks_backward_reading_the_memory_leaves_a_heads_hold_of_its_saved
     that read the memory, the head's hold let a compiled call before the
     head's backward begin a step over memory the head's saved input lies
     in (a helper's review): only the head's own backward ends it."""
-    f = segment(tree, TiedForward(tree), spans=(16,), name="trunk", saved_from=1, pair=10)
-    b = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="trunk_bw",
-                backward=True, pair=10)
-    head = segment(tree, HeadSavingItsInput(tree), spans=(16,), name="head", saved_from=1, pair=20)
-    head_bw = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="head_bw",
-                      backward=True, pair=20)
-    g = segment(tree, Graph(tree, 1.0, 1.0), spans=(16,), name="log")
-    x = FakeTensor(4).fill([1, 2, 3, 4])
-    t = FakeTensor(4).fill([1, 1, 1, 1])
+    f, b, g, x, t = trunk_and_log(tree)
+    head, head_bw = paired(tree, HeadSavingItsInput(tree), "head", 20)
     for i in range(5):
         o, s1 = call(f, x)  # o = 2x, saved by the trunk
         k = s1.view()  # autograd's saved tensor of the trunk
@@ -3829,14 +3826,9 @@ def test_with_two_heads_of_different_ids_the_trunks_backward_leaves_the_other_he
     head A's, ended head B's hold as well, and a compiled call (a log)
     before B's backward began a step over B's saved input (a helper's
     review: `(loss_main + loss_a).backward()`, a log, `loss_b.backward()`)."""
-    f = segment(tree, TiedForward(tree), spans=(16,), name="trunk", saved_from=1, pair=10)
-    b = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="trunk_bw",
-                backward=True, pair=10)
+    f, b, g, x, t = trunk_and_log(tree)
     ha, ha_bw = paired(tree, HeadSavingItsInput(tree), "head_a", 20)
     hb, hb_bw = paired(tree, HeadSavingItsInput(tree), "head_b", 30)
-    g = segment(tree, Graph(tree, 1.0, 1.0), spans=(16,), name="log")
-    x = FakeTensor(4).fill([1, 2, 3, 4])
-    t = FakeTensor(4).fill([1, 1, 1, 1])
     for i in range(5):
         o, s1 = call(f, x)
         k = s1.view()  # autograd's saved tensor of the trunk
@@ -3872,12 +3864,8 @@ def test_past_four_heads_ids_on_one_output_the_fifths_holds_are_ended_by_any_bac
     """views_by tells four ids apart; a fifth head's hold joins the last
     slot's, which any backward that reads the memory ends: every hold still
     ends, none is lost and the count never goes below zero (tree.check())."""
-    f = segment(tree, TiedForward(tree), spans=(16,), name="trunk", saved_from=1, pair=10)
-    b = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="trunk_bw",
-                backward=True, pair=10)
+    f, b, _, x, t = trunk_and_log(tree)
     heads = [paired(tree, HeadSavingItsInput(tree), "head%d" % j, 20 + j) for j in range(6)]
-    x = FakeTensor(4).fill([1, 2, 3, 4])
-    t = FakeTensor(4).fill([1, 1, 1, 1])
     for i in range(4):
         o, s1 = call(f, x)
         k = s1.view()
