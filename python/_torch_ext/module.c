@@ -871,6 +871,13 @@ static PyObject *tree_check(TreeObject *T, PyObject *unused) {
     PyErr_SetString(TxError, "cgtree.torch: the step's outputs and their index by address disagree");
     return NULL;
   }
+  if (tx_step_holds_check(T) < 0) {
+    PyErr_Format(TxError,
+                 "cgtree.torch: the holds of the step's outputs disagree with the tree's counts "
+                 "(saved_activations_alive %llu, saved_tied_to_outputs_alive %llu)",
+                 (unsigned long long)T->saved_alive, (unsigned long long)T->tied_saved_alive);
+    return NULL;
+  }
   Py_RETURN_NONE;
 }
 
@@ -931,7 +938,7 @@ static PyMethodDef tree_methods[] = {
     {"nodes", (PyCFunction)tree_nodes, METH_NOARGS, "cgt_tree_nodes as a list of dicts."},
     {"write_dot", (PyCFunction)tree_dot, METH_O, "Write the tree as Graphviz to a path."},
     {"check", (PyCFunction)tree_check, METH_NOARGS,
-     "cgt_tree_check, and the step's outputs against their index: raise if an invariant is broken."},
+     "cgt_tree_check, the step's outputs against their index, and their holds against the tree's counts: raise if an invariant is broken."},
     {"orphan", (PyCFunction)tree_orphan, METH_NOARGS,
      "Its thread exited: free the tree (graphs, pools, stream) once no output of it lives and no capture is "
      "open (tree_close.c). No call may come to it afterwards."},

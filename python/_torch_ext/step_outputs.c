@@ -196,3 +196,19 @@ int tx_step_outputs_check(TreeObject *T) {
   }
   return indexed == linked ? 0 : -1;
 }
+
+int tx_step_holds_check(const TreeObject *T) {
+  uint64_t saved = 0, tied = 0;
+  for (const tx_out_ref *r = T->step_outputs; r; r = r->step_next) {
+    uint64_t by_pair = 0;
+    for (int k = 0; k < TX_VIEW_PAIRS; k++)
+      by_pair += r->views_by[k].n;
+    if (by_pair != r->saved_views || (r->caller_memory && (r->saved || r->tied_saved || r->saved_views)))
+      return -1;
+    if (r->step != T->step)
+      continue;
+    saved += (uint64_t)(r->counted && r->saved);
+    tied += (uint64_t)(r->tied_saved != 0) + r->saved_views;
+  }
+  return saved == T->saved_alive && tied == T->tied_saved_alive ? 0 : -1;
+}
