@@ -544,7 +544,11 @@ PyObject *tx_exchange_make_tensor(DLManagedTensorVersioned *m);
 /* ------------------------------------------------------- segment.c */
 
 enum { TIED_BY_UNKNOWN = 1 }; /* tx_out_ref.tied_saved where the forward's pair is unknown (pairs start at 2) */
-enum { TX_VIEW_PAIRS = 4 };   /* pairs told apart among the forwards that saved views of one output */
+/* Holds of one output kept by saved views of forwards of one pair (tx_out_ref.views_by). */
+typedef struct tx_view_pair {
+  uint64_t pair; /* the saving forwards' pair (SegmentObject.pair, never 0) */
+  uint32_t n;    /* how many of the output's saved_views are theirs: only their backward ends those holds */
+} tx_view_pair;
 
 /* An output tensor handed out: the DLPack block torch owns, the value it
  * releases when the tensor dies, and its registry entry. */
@@ -561,11 +565,11 @@ struct tx_out_ref {
   uint32_t saved_views; /* training forwards' saved results that are views of this output as their VALUE
                           * argument, whose backwards have not read it (segment.c, value_input_view), counted
                           * in the tree's tied_saved_alive */
-  struct {
-    uint64_t pair; /* the saving forwards' pair (SegmentObject.pair), TIED_BY_UNKNOWN where unknown */
-    uint32_t n;    /* how many of saved_views are theirs: only their backward ends those holds */
-  } views_by[TX_VIEW_PAIRS]; /* saved_views by pair; past TX_VIEW_PAIRS pairs the last slot is TIED_BY_UNKNOWN,
-                              * whose holds any backward that reads the memory ends */
+  tx_view_pair *views_by; /* saved_views by the savers' pair, one entry per pair seen (malloc'd; freed with the
+                           * record); NULL until a view is saved */
+  uint32_t n_view_pairs;  /* entries in views_by */
+  uint32_t views_unknown; /* of saved_views, those of an unknown pair (or with no room for their pair's entry):
+                           * any backward that reads the memory ends one */
   uint64_t tied_saved; /* a training forward saved a result tied to this output (segment.c, tied_output): its
                          * pair (or TIED_BY_UNKNOWN; 0: none), counted in the tree's tied_saved_alive until its
                          * backward reads it, it dies, or its step ends */

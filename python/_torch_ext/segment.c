@@ -347,6 +347,7 @@ void tx_out_ref_queue_drain(void) {
     TreeObject *T = r->tree;
     if (!T) { /* detached when its tensor could not be made (make_output): nothing of a tree to undo */
       Py_XDECREF(r->keep);
+      free(r->views_by);
       free(r);
       r = next;
       continue;
@@ -370,6 +371,7 @@ void tx_out_ref_queue_drain(void) {
     tx_stale_forget(T, r);
     T->out_refs--;
     Py_XDECREF(r->keep);
+    free(r->views_by);
     free(r);
     r = next;
   }
@@ -1604,13 +1606,13 @@ static int arg_step_output(const SegmentObject *s, TreeObject *T, PyObject *o, t
  * teacher under no_grad, or an evaluation loop after training then held
  * every call until the bound, and identical heads share a forward's id (a
  * review). */
-/* The slot of ref->views_by holding views saved by forwards of `pair`,
- * or -1 (none, or pair 0: unknown). */
-static int view_pair_slot(const tx_out_ref *ref, uint64_t pair) {
-  for (int k = 0; pair && k < TX_VIEW_PAIRS; k++)
-    if (ref->views_by[k].n && ref->views_by[k].pair == pair)
-      return k;
-  return -1;
+/* The entry of ref->views_by for forwards of `pair`, or NULL (none yet,
+ * or pair 0: unknown). */
+static tx_view_pair *view_pair(const tx_out_ref *ref, uint64_t pair) {
+  for (uint32_t k = 0; pair && k < ref->n_view_pairs; k++)
+    if (ref->views_by[k].pair == pair)
+      return &ref->views_by[k];
+  return NULL;
 }
 
 static void end_holds_read_by_backward(const SegmentObject *s, TreeObject *T, tx_out_ref *ref) {
@@ -1625,12 +1627,25 @@ static void end_holds_read_by_backward(const SegmentObject *s, TreeObject *T, tx
     T->tied_saved_alive--;
   }
   if (s->backward && ref->saved_views && ref->step == T->step) {
-    int j = view_pair_slot(ref, s->pair); /* its own forward's hold first */
-    for (int k = 0; k < TX_VIEW_PAIRS && j < 0; k++) /* else one of unknown pair; any, for a backward of none */
-      if (ref->views_by[k].n && (!s->pair || ref->views_by[k].pair == TIED_BY_UNKNOWN))
-        j = k;
-    if (j >= 0) {
-      ref->views_by[j].n--;
+    /* Its own forward's hold first, else one of unknown pair; a backward
+     * of unknown pair ends any, unknown ones first. */
+    tx_view_pair *e = view_pair(ref, s->pair);
+    int ended = 1;
+    if (e && e->n)
+      e->n--;
+    else if (ref->views_unknown)
+      ref->views_unknown--;
+    else if (!s->pair) {
+      uint32_t k = 0;
+      while (k < ref->n_view_pairs && !ref->views_by[k].n)
+        k++;
+      if (k < ref->n_view_pairs) /* always: saved_views counts them all (tx_step_holds_check) */
+        ref->views_by[k].n--;
+      else
+        ended = 0;
+    } else
+      ended = 0;
+    if (ended) {
       ref->saved_views--;
       T->tied_saved_alive--;
     }
@@ -1646,10 +1661,11 @@ static void end_holds_read_by_backward(const SegmentObject *s, TreeObject *T, tx
  * loss of the trunk's alone, its graph retained), and a compiled call
  * before the head's backward began a step (a helper's review). Where
  * forwards of different pairs saved views of one output, each pair's holds
- * are counted apart (views_by; one slot for all of unknown pair, or past
- * TX_VIEW_PAIRS pairs): a single pair for all of them let the trunk's
- * backward end the second head's hold once two heads had saved it (a
- * helper's review). The
+ * are counted apart (views_by, an entry per pair; views_unknown for those
+ * of unknown pair): a single pair for all of them let the trunk's backward
+ * end the second head's hold once two heads had saved it, and four entries
+ * merged into anyone's past four let it end a fifth head's (two helpers'
+ * reviews). The
  * saved tensor autograd keeps is no object of ours to watch: AOTAutograd
  * saves a view detached, a new tensor over the memory (its Note
  * [Detaching saved tensors in AOTAutograd]; a weak reference to the view
@@ -1660,17 +1676,20 @@ static void end_holds_read_by_backward(const SegmentObject *s, TreeObject *T, tx
 static void saved_view_hold(const SegmentObject *s, TreeObject *T, tx_out_ref *ref) {
   if (!ref || ref->caller_memory || ref->step != T->step || T->explicit_steps)
     return;
-  uint64_t by = s->pair ? s->pair : TIED_BY_UNKNOWN;
-  int j = view_pair_slot(ref, by);
-  for (int k = 0; k < TX_VIEW_PAIRS && j < 0; k++) /* a free slot */
-    if (!ref->views_by[k].n)
-      j = k;
-  if (j < 0) { /* past TX_VIEW_PAIRS pairs: the last slot's holds become anyone's */
-    j = TX_VIEW_PAIRS - 1;
-    by = TIED_BY_UNKNOWN;
+  tx_view_pair *e = view_pair(ref, s->pair);
+  if (!e && s->pair) { /* a pair's first view of this output: an entry of its own */
+    tx_view_pair *grown = realloc(ref->views_by, (ref->n_view_pairs + 1) * sizeof *grown);
+    if (grown) { /* else (out of memory) counted as of unknown pair: any backward ends it, never too late */
+      ref->views_by = grown;
+      e = &grown[ref->n_view_pairs++];
+      e->pair = s->pair;
+      e->n = 0;
+    }
   }
-  ref->views_by[j].pair = by;
-  ref->views_by[j].n++;
+  if (e)
+    e->n++;
+  else
+    ref->views_unknown++;
   ref->saved_views++;
   T->tied_saved_alive++;
 }

@@ -199,10 +199,18 @@ int tx_step_outputs_check(TreeObject *T) {
 
 int tx_step_holds_check(const TreeObject *T) {
   uint64_t saved = 0, tied = 0;
+  if (!TX.storage_mark) /* the step's outputs are listed only where they are marked (tx_stale_watch) */
+    return 0;
   for (const tx_out_ref *r = T->step_outputs; r; r = r->step_next) {
-    uint64_t by_pair = 0;
-    for (int k = 0; k < TX_VIEW_PAIRS; k++)
+    uint64_t by_pair = r->views_unknown;
+    for (uint32_t k = 0; k < r->n_view_pairs; k++) {
+      if (!r->views_by[k].pair)
+        return -1; /* pair 0 is counted in views_unknown */
+      for (uint32_t m = 0; m < k; m++)
+        if (r->views_by[m].pair == r->views_by[k].pair)
+          return -1; /* one entry per pair */
       by_pair += r->views_by[k].n;
+    }
     if (by_pair != r->saved_views || (r->caller_memory && (r->saved || r->tied_saved || r->saved_views)))
       return -1;
     if (r->step != T->step)

@@ -3860,32 +3860,75 @@ def test_with_two_heads_of_different_ids_the_trunks_backward_leaves_the_other_he
     assert tree.stats()["saved_tied_to_outputs_alive"] == 0
 
 
-def test_past_four_heads_ids_on_one_output_the_fifths_holds_are_ended_by_any_backward_that_reads_it(tree):
-    """views_by tells four ids apart; a fifth head's hold joins the last
-    slot's, which any backward that reads the memory ends: every hold still
-    ends, none is lost and the count never goes below zero (tree.check())."""
-    f, b, _, x, t = trunk_and_log(tree)
+def test_per_head_backwards_each_through_the_trunk_keep_the_other_heads_holds(tree):
+    """Six heads of different ids save the trunk's output, and each loss is
+    backwarded on its own (`loss_j.backward(retain_graph=True)`, as
+    per-task gradient methods do): head j's backward, then the trunk's,
+    which reads the output through its tied saved result, then a compiled
+    call (a log). No step may begin while a later head's saved input lives.
+    With four ids told apart and the rest merged into anyone's, the trunk's
+    backward ended a fifth head's hold (a helper's review): every id has
+    an entry of its own now."""
+    f, b, g, x, t = trunk_and_log(tree)
     heads = [paired(tree, HeadSavingItsInput(tree), "head%d" % j, 20 + j) for j in range(6)]
     for i in range(4):
         o, s1 = call(f, x)
-        k = s1.view()
+        k = s1.view()  # autograd's saved tensor of the trunk
         views = []
         for fw, _ in heads:
             z, sv = call(fw, o)
-            views.append(sv.view())
+            views.append(sv.view())  # autograd's saved tensor of the head
             del z, sv
         del o, s1
         gc.collect()
-        if i >= 2:
-            assert tree.stats()["saved_tied_to_outputs_alive"] == 1 + len(heads)
-        for (_, bw), v in zip(reversed(heads), reversed(views)):
-            (gh,) = bw(v, t)
-            assert gh.values() == [2 * a + 1 for a in (1, 2, 3, 4)]
-            del gh
-        (gt,) = b(k, t)
-        del k, gt, views
+        tree.check()
+        for j, (_, bw) in enumerate(heads):
+            step = tree.stats()["step"]
+            (gh,) = bw(views[j], t)
+            assert gh.values() == [2 * a + 1 for a in (1, 2, 3, 4)], (i, j)  # o + t
+            (gt,) = b(k, t)
+            views[j] = None
+            del gh, gt
+            gc.collect()
+            (y,) = call(g, x)
+            del y
+            if i >= 1 and j < len(heads) - 1:
+                assert tree.stats()["step"] == step, "head %d's and the trunk's backward let a step begin" % j
+        del k, views
         gc.collect()
-        assert tree.stats()["saved_tied_to_outputs_alive"] == 0
+        tree.check()
+
+
+def test_a_backward_of_unknown_id_ends_a_hold_of_unknown_id_before_another_heads(tree):
+    """A forward whose AOTAutograd id is unknown (0) saves the trunk's
+    output after a head of a known id did. Its backward, of unknown id too,
+    ends its own kind of hold first: taking the known head's, it left the
+    unknown one, which the trunk's backward then ended (any backward may),
+    and a compiled call began a step before the known head's backward (a
+    helper's review)."""
+    f, b, g, x, t = trunk_and_log(tree)
+    known, known_bw = paired(tree, HeadSavingItsInput(tree), "known", 20)
+    unknown, unknown_bw = paired(tree, HeadSavingItsInput(tree), "unknown", 0)
+    for i in range(4):
+        o, s1 = call(f, x)
+        k = s1.view()
+        z1, s_known = call(known, o)
+        z2, s_unknown = call(unknown, o)
+        v_known, v_unknown = s_known.view(), s_unknown.view()
+        del o, s1, z1, z2, s_known, s_unknown
+        gc.collect()
+        (gu,) = unknown_bw(v_unknown, t)
+        (gt,) = b(k, t)
+        del gu, gt, v_unknown, k
+        gc.collect()
+        step = tree.stats()["step"]
+        (y,) = call(g, x)
+        if i >= 1:
+            assert tree.stats()["step"] == step, "a compiled call began a step while the known head's input lives"
+        (gk,) = known_bw(v_known, t)
+        assert gk.values() == [2 * a + 1 for a in (1, 2, 3, 4)]
+        del y, gk, v_known
+        gc.collect()
         tree.check()
 
 
