@@ -648,7 +648,7 @@ void tx_step_outputs_free(TreeObject *T);  /* the index's memory (the list is th
 int tx_step_outputs_check(TreeObject *T);  /* 0, or -1 if the list and the index disagree */
 /* 0, or -1 if the holds the step's outputs keep (saved, tied_saved,
  * saved_views and its count per pair) disagree with the tree's counts of
- * them (saved_alive, tied_saved_alive), or caller memory holds any. */
+ * them (saved_alive, tied_saved_alive). */
 int tx_step_holds_check(const TreeObject *T);
 
 /* The step T->syncing_call brings up ends (stale.c calls it before it

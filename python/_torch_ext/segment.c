@@ -1584,6 +1584,15 @@ static int arg_step_output(const SegmentObject *s, TreeObject *T, PyObject *o, t
   return 0;
 }
 
+/* The entry of ref->views_by for forwards of `pair`, or NULL (none yet,
+ * or pair 0: unknown). */
+static tx_view_pair *view_pair(const tx_out_ref *ref, uint64_t pair) {
+  for (uint32_t k = 0; pair && k < ref->n_view_pairs; k++)
+    if (ref->views_by[k].pair == pair)
+      return &ref->views_by[k];
+  return NULL;
+}
+
 /* A backward reads ref's memory. Where a saved result tied to an output
  * lies: if it is that forward's backward (or either one's pair is
  * unknown), the hold that saved result kept (tied_saved_hold) ends. Another
@@ -1606,15 +1615,6 @@ static int arg_step_output(const SegmentObject *s, TreeObject *T, PyObject *o, t
  * teacher under no_grad, or an evaluation loop after training then held
  * every call until the bound, and identical heads share a forward's id (a
  * review). */
-/* The entry of ref->views_by for forwards of `pair`, or NULL (none yet,
- * or pair 0: unknown). */
-static tx_view_pair *view_pair(const tx_out_ref *ref, uint64_t pair) {
-  for (uint32_t k = 0; pair && k < ref->n_view_pairs; k++)
-    if (ref->views_by[k].pair == pair)
-      return &ref->views_by[k];
-  return NULL;
-}
-
 static void end_holds_read_by_backward(const SegmentObject *s, TreeObject *T, tx_out_ref *ref) {
   if (s->backward && ref->saved && ref->counted && ref->step == T->step &&
       (!s->pair || !ref->saved_by || s->pair == ref->saved_by)) {

@@ -201,6 +201,8 @@ int tx_step_holds_check(const TreeObject *T) {
   uint64_t saved = 0, tied = 0;
   if (!TX.storage_mark) /* the step's outputs are listed only where they are marked (tx_stale_watch) */
     return 0;
+  /* Caller memory is never listed: a hold it kept shows as a count of the
+   * tree's that no listed record makes up. */
   for (const tx_out_ref *r = T->step_outputs; r; r = r->step_next) {
     uint64_t by_pair = r->views_unknown;
     for (uint32_t k = 0; k < r->n_view_pairs; k++) {
@@ -211,7 +213,7 @@ int tx_step_holds_check(const TreeObject *T) {
           return -1; /* one entry per pair */
       by_pair += r->views_by[k].n;
     }
-    if (by_pair != r->saved_views || (r->caller_memory && (r->saved || r->tied_saved || r->saved_views)))
+    if (by_pair != r->saved_views)
       return -1;
     if (r->step != T->step)
       continue;
