@@ -333,6 +333,14 @@ int tx_out_ref_dead(tx_out_ref *r) {
   return dead;
 }
 
+/* Frees r and what it holds of its own (the storage kept, the holds per
+ * pair); its value and its tree's counts are the caller's. */
+static void out_ref_free(tx_out_ref *r) {
+  Py_XDECREF(r->keep);
+  free(r->views_by);
+  free(r);
+}
+
 /* Releases the values of the outputs that died, under the GIL. One of a
  * tree that is inside a cgt_run on its own thread (which may have let the
  * GIL go in its launch or prelaunch function) waits in the queue: the tree
@@ -346,9 +354,7 @@ void tx_out_ref_queue_drain(void) {
     tx_out_ref *next = r->next_dead;
     TreeObject *T = r->tree;
     if (!T) { /* detached when its tensor could not be made (make_output): nothing of a tree to undo */
-      Py_XDECREF(r->keep);
-      free(r->views_by);
-      free(r);
+      out_ref_free(r);
       r = next;
       continue;
     }
@@ -370,9 +376,7 @@ void tx_out_ref_queue_drain(void) {
     }
     tx_stale_forget(T, r);
     T->out_refs--;
-    Py_XDECREF(r->keep);
-    free(r->views_by);
-    free(r);
+    out_ref_free(r);
     r = next;
   }
   if (later) { /* back in the queue, still marked queued: the next drain after that run takes them */
@@ -649,8 +653,7 @@ static PyObject *make_output(seg_run *run, PyObject *const *args, cgt_value v, c
     if (!cap) {
       (void)cgt_value_release(T->tree, v);
       T->out_refs--;
-      Py_XDECREF(r->keep);
-      free(r);
+      out_ref_free(r);
       return NULL;
     }
     uint64_t t0 = ns_make ? tx_now_ns() : 0;
