@@ -287,6 +287,13 @@ def k_affine(dst, src, n, a, b):
         d[i] = s[i] * a + b
 
 
+def affine(stream, x, a, b):
+    """A new tensor a * x + b, launched on stream (k_affine)."""
+    out = FakeTensor(x.n)
+    X.sim_launch(stream, k_affine, out.ptr, x.ptr, x.n, a, b)
+    return out
+
+
 def k_add(dst, x, y, n):
     d = (ctypes.c_float * n).from_address(dst)
     a = (ctypes.c_float * n).from_address(x)
@@ -1133,8 +1140,7 @@ def test_a_retry_after_a_refusal_synchronises_the_device_only_where_no_run_of_ou
                      f1["trims_without_sync"] - f0["trims_without_sync"])
 
     def graph(x):
-        out = FakeTensor(x.n)
-        X.sim_launch(tree.stream, k_affine, out.ptr, x.ptr, x.n, 1.0, 0.0)
+        out = affine(tree.stream, x, 1.0, 0.0)
         return (out,)
 
     launches = []
@@ -1162,8 +1168,7 @@ def test_a_free_during_a_launch_enters_the_front_cache_and_only_what_must_reach_
     seen = {}
 
     def graph(x):
-        out = FakeTensor(x.n)
-        X.sim_launch(tree.stream, k_affine, out.ptr, x.ptr, x.n, 1.0, 0.0)
+        out = affine(tree.stream, x, 1.0, 0.0)
         return (out,)
 
     def launch(inputs):  # what runs while a capture may be under way (a plain call is the graph alone)
@@ -1729,8 +1734,7 @@ def test_an_orphan_is_freed_only_when_no_run_is_under_way():
             gc.collect()
             X.empty_cache(-1)  # asks for the orphans to be freed
             seen.append(trees.made[0].closed)
-        out = FakeTensor(x.n)
-        X.sim_launch(trees(0).stream, k_affine, out.ptr, x.ptr, x.n, 1.0, 1.0)
+        out = affine(trees(0).stream, x, 1.0, 1.0)
         return (out,)
 
     seg = segment(main, graph, spans=(16,), name="orphan_in_launch")
@@ -3615,8 +3619,7 @@ class ViewOfInput:
         self.tree = tree
 
     def __call__(self, x):
-        saved = FakeTensor(x.n)
-        X.sim_launch(self.tree.stream, k_affine, saved.ptr, x.ptr, x.n, 3.0, 0.0)
+        saved = affine(self.tree.stream, x, 3.0, 0.0)
         return (x.view(), saved)
 
 
@@ -3678,8 +3681,7 @@ class TiedForward:
         self.tree, self.view = tree, view
 
     def __call__(self, x):
-        out = FakeTensor(x.n)
-        X.sim_launch(self.tree.stream, k_affine, out.ptr, x.ptr, x.n, 2.0, 0.0)
+        out = affine(self.tree.stream, x, 2.0, 0.0)
         return (out, out.narrow(x.n // 2, x.n - x.n // 2) if self.view else out)
 
 
@@ -4010,8 +4012,7 @@ class TwoHalvesSwapped:
         self.tree = tree
 
     def __call__(self, x):
-        buf = FakeTensor(x.n)
-        X.sim_launch(self.tree.stream, k_affine, buf.ptr, x.ptr, x.n, 2.0, 0.0)
+        buf = affine(self.tree.stream, x, 2.0, 0.0)
         return (buf.narrow(2, 2), buf.narrow(0, 2))
 
 
@@ -4493,8 +4494,7 @@ class ForwardOutputAboveSaved:
         self.tree = tree
 
     def __call__(self, x):
-        y = FakeTensor(x.n)
-        X.sim_launch(self.tree.stream, k_affine, y.ptr, x.ptr, x.n, 3.0, 0.0)
+        y = affine(self.tree.stream, x, 3.0, 0.0)
         return (y.narrow(1, x.n - 1), y)
 
 
@@ -5241,8 +5241,7 @@ class WritesItsInput:
 
     def __call__(self, x):
         X.sim_launch(self.tree.stream, k_affine, x.ptr, x.ptr, x.n, 1.0, 1.0)
-        out = FakeTensor(x.n)
-        X.sim_launch(self.tree.stream, k_affine, out.ptr, x.ptr, x.n, 2.0, 0.0)
+        out = affine(self.tree.stream, x, 2.0, 0.0)
         return (out,)
 
 
@@ -5392,8 +5391,7 @@ class ReturnsAView:
         self.tree, self.start, self.of_input = tree, start, of_input
 
     def __call__(self, x):
-        y = FakeTensor(x.n)
-        X.sim_launch(self.tree.stream, k_affine, y.ptr, x.ptr, x.n, 2.0, 1.0)
+        y = affine(self.tree.stream, x, 2.0, 1.0)
         if self.of_input:
             return (x.narrow(self.start, x.n - self.start), y)
         return (y, y.narrow(self.start, x.n - self.start))
@@ -5410,8 +5408,7 @@ class ReturnsInputView:
         self.tree, self.as_dtype = tree, as_dtype  # as_dtype: the user's view is one as another dtype
 
     def __call__(self, x):
-        y = FakeTensor(x.n)
-        X.sim_launch(self.tree.stream, k_affine, y.ptr, x.ptr, x.n, 2.0, 1.0)
+        y = affine(self.tree.stream, x, 2.0, 1.0)
         v = x.narrow(1, x.n - 1)
         if self.as_dtype:
             v.dtype = self.as_dtype
@@ -5464,8 +5461,7 @@ class SavesWeightAsAnotherDtype:
         self.tree = tree
 
     def __call__(self, x, w):
-        y = FakeTensor(x.n)
-        X.sim_launch(self.tree.stream, k_affine, y.ptr, x.ptr, x.n, 2.0, 1.0)
+        y = affine(self.tree.stream, x, 2.0, 1.0)
         v = w.narrow(0, w.n)
         v.dtype = "int32"
         return (y, v)
@@ -5506,8 +5502,7 @@ class ViewAndWeight:
         self.tree = tree
 
     def __call__(self, x, w):
-        y = FakeTensor(x.n)
-        X.sim_launch(self.tree.stream, k_affine, y.ptr, x.ptr, x.n, 2.0, 1.0)
+        y = affine(self.tree.stream, x, 2.0, 1.0)
         return (x.narrow(1, x.n - 1), y)
 
 
@@ -5546,8 +5541,7 @@ class InputViewAndDouble:
         self.tree = tree
 
     def __call__(self, x):
-        y = FakeTensor(x.n)
-        X.sim_launch(self.tree.stream, k_affine, y.ptr, x.ptr, x.n, 2.0, 1.0)
+        y = affine(self.tree.stream, x, 2.0, 1.0)
         return (x.narrow(1, x.n - 1), y)
 
 
