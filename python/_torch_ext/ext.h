@@ -298,12 +298,8 @@ typedef struct TreeObject {
    * step's forwards whose tensors live, i.e. backwards still pending. */
   uint64_t saved_alive;
   uint64_t tied_saved_alive; /* holds of this step's outputs for saved results tied to them or viewing them
-                              * (tx_out_ref.tied_saved, .saved_views) */
-  /* Plain training forwards of this step that saved an output of the step
-   * (segment.c, plain_saved_hold_step) whose backward has not run: each
-   * holds the step like a saved activation; a backward call counts one
-   * down (PyTorch's trees count pending backwards the same way). */
-  uint64_t plain_holds;
+                              * (tx_out_ref.tied_saved, .saved_views; a plain forward's saved results among
+                              * the views: segment.c, plain_saved_hold_step) */
   /* Weak references to the outputs training forwards of this step handed
    * the program since the last backward call (module.c,
    * tx_tree_note_forward_output): one alive that requires grad is a

@@ -303,8 +303,6 @@ void tx_tree_backward_called(TreeObject *T) {
   T->backward_this_step = 1;
   T->backward_calls++;
   forward_watches_end(T);
-  if (T->plain_holds)
-    T->plain_holds--;
 }
 
 /* 1 if an output noted by tx_tree_note_forward_output lives and requires
@@ -357,7 +355,6 @@ static int tx_tree_step_begin(TreeObject *T) {
   T->alive_this_step = 0;
   T->saved_alive = 0; /* their values went stale with the step */
   T->tied_saved_alive = 0;
-  T->plain_holds = 0;
   forward_watches_end(T);
   T->backward_this_step = 0;
   T->generations_deferred = 0;
@@ -432,7 +429,7 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
     if (T->ran_other_than_backward)
       return 0;
     tx_out_ref_queue_drain();
-    if (T->saved_alive || T->tied_saved_alive || T->plain_holds)
+    if (T->saved_alive || T->tied_saved_alive)
       return 0;
     int only_grads = T->alive_this_step ? tx_step_outputs_all_leaf_grads(T) : 1;
     if (only_grads < 0)
@@ -462,7 +459,7 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
   }
   if (!marked && (T->saved_alive || T->forward_memory_watched || T->tied_saved_alive))
     tx_out_ref_queue_drain(); /* activations the backward just freed, outputs just dropped */
-  int pending = T->saved_alive || T->plain_holds || T->forward_memory_watched || T->tied_saved_alive;
+  int pending = T->saved_alive || T->forward_memory_watched || T->tied_saved_alive;
   if (!marked && !pending && (pending = forward_output_pending(T)) < 0)
     return unsee(T, gen_before, mark_before);
   if (!marked && !pending && (pending = tx_call_reads_grad_output(T)) < 0)
@@ -767,7 +764,6 @@ static PyObject *stats_dict(const TreeObject *T, const cgt_stats *s, uint64_t al
   PUT("outputs_marked_stale", T->marked_stale)
   PUT("saved_activations_alive", T->saved_alive)
   PUT("saved_tied_to_outputs_alive", T->tied_saved_alive)
-  PUT("plain_forwards_pending", T->plain_holds)
   PUT("forward_outputs_watched",
       (T->forward_outs ? (uint64_t)PyList_GET_SIZE(T->forward_outs) : 0) + T->forward_memory_watched)
   PUT("inference_outputs_watched", T->inference_memory_watched)

@@ -193,6 +193,12 @@ typedef struct seg_run {
   uint64_t *key;      /* the call at hand's variant key (key_add), 2 entries per argument at most */
   uint32_t n_key;
   size_t *spans;      /* each tensor input's byte span at the call at hand */
+  /* A backward's: the records of this step's outputs its tensor inputs lie
+   * in, as the call at hand read them; their holds end once every input
+   * was read (end_holds_read_by_backward), so an input that fails (stale)
+   * or turns the call plain (off the device) has ended none twice or early. */
+  tx_out_ref **read;
+  uint32_t n_read;
   void **seen;        /* each tensor input's data as the launch at hand sees it (a placeholder, or ptrs) */
   /* The STATIC inputs' data pointers of this tree's last call, where the
    * segment has static_idx: in C by position (static_ptr), and as
@@ -1432,6 +1438,7 @@ static TreeObject *current_tree(SegmentObject *s) {
  * the segment, which may be gone. */
 static void run_free(seg_run *r) {
   free(r->args), free(r->ptrs), free(r->offs), free(r->outs), free(r->key), free(r->spans), free(r->seen);
+  free(r->read);
   for (uint32_t j = 0; r->grad_seen && j < r->n_grad_seen; j++)
     Py_XDECREF(r->grad_seen[j]);
   free(r->grad_seen);
@@ -1466,9 +1473,10 @@ static seg_run *run_for(SegmentObject *s) {
     r->key = calloc(2 * (size_t)s->n_args + 1, sizeof *r->key);
     r->spans = calloc(s->n_args + 1, sizeof *r->spans);
     r->seen = calloc(s->n_args + 1, sizeof *r->seen);
+    r->read = calloc(s->n_args + 1, sizeof *r->read);
   }
   int statics_ok = !r || !s->static_idx || static_cache_make(r, s->n_args) == 0;
-  if (!r || !grown || !r->args || !r->ptrs || !r->offs || !r->key || !r->spans || !r->seen || !statics_ok ||
+  if (!r || !grown || !r->args || !r->ptrs || !r->offs || !r->key || !r->spans || !r->seen || !r->read || !statics_ok ||
       tx_tree_run_add(T, r) < 0) {
     if (r)
       run_free(r); /* nothing but its arrays yet: no tree, no reference */
@@ -1617,17 +1625,32 @@ static tx_view_pair *view_pair(const tx_out_ref *ref, uint64_t pair) {
  * taken back: a loop whose first compiled call is another model, a
  * teacher under no_grad, or an evaluation loop after training then held
  * every call until the bound, and identical heads share a forward's id (a
- * review). */
+ * review).
+ *
+ * A backward of known pair ends one hold per read. Two calls of one
+ * compiled cell share its pair, and in a chain (h1 = cell(h0); h2 =
+ * cell(h1)) h1's record holds for both: the first call's saved result
+ * tied to it, the second's saved view of it. Whichever backward read h1
+ * first ended both, so the middle call of three lost its holds to its
+ * neighbours' backwards, a compiled call between began a step, and its
+ * own backward raised StaleTensorError where Inductor computes (a
+ * review). Each backward reads each saved result once, so the counts
+ * balance. A backward of unknown pair (compiled autograd's) still ends
+ * every hold it can: never too late. */
 static void end_holds_read_by_backward(const SegmentObject *s, TreeObject *T, tx_out_ref *ref) {
   if (s->backward && ref->saved && ref->counted && ref->step == T->step &&
       (!s->pair || !ref->saved_by || s->pair == ref->saved_by)) {
     ref->saved = 0;
     T->saved_alive--;
+    if (s->pair)
+      return; /* one read, one hold: see the essay's last paragraph */
   }
   uint64_t by = ref->tied_saved;
   if (s->backward && by && ref->step == T->step && (by == TIED_BY_UNKNOWN || !s->pair || s->pair == by)) {
     ref->tied_saved = 0;
     T->tied_saved_alive--;
+    if (s->pair)
+      return;
   }
   if (s->backward && ref->saved_views && ref->step == T->step) {
     /* Its own forward's hold first, else one of unknown pair; a backward
@@ -1656,7 +1679,8 @@ static void end_holds_read_by_backward(const SegmentObject *s, TreeObject *T, tx
 }
 
 /* A training forward saved a view of ref, its VALUE argument
- * (value_input_view): ref's memory holds the step until that forward's
+ * (value_input_view), or, run as the plain graph, a result over ref's
+ * memory (plain_saved_hold_step): ref's memory holds the step until that forward's
  * backward (its pair) reads it, once for each such forward, or until it
  * dies or the step ends. Ended by any backward that read the memory, a
  * head's hold of the trunk's output ended at the trunk's own backward
@@ -2037,25 +2061,27 @@ static seg_run *run_in_step(SegmentObject *s, PyObject *const *args, size_t n, v
  * activation of ours does. Else a second forward before the backwards (a
  * contrastive pair) began a step, marked that output, and the first
  * backward raised StaleTensorError where Inductor computes (a helper's
- * audit). The hold is the forward's, counted until a backward call
- * (T->plain_holds), not the saved tensor's: that tensor is the backbone's
- * output itself, which a loop keeps bound (h = backbone(x)) past the
- * backward, and a hold on it kept every later step from beginning (a
- * second review). */
+ * audit). Each such result holds as a recorded forward's saved view does
+ * (saved_view_hold): on the output's record, for the forward's pair, until
+ * that forward's backward reads the memory, or the memory dies. Not until
+ * the memory dies alone: the output is the backbone's, which a loop keeps
+ * bound (h = backbone(x)) past the backward, and a hold on it kept every
+ * later step from beginning (a second review). Not until any backward
+ * call, as one count of the tree's once did: another head's backward, run
+ * first with a compiled call after it (per-loss backwards), ended this
+ * head's hold, and its backward raised (a review). */
 static void plain_saved_hold_step(SegmentObject *s, TreeObject *T, PyObject *res) {
   if (!res || !training_forward(s) || !(PyTuple_Check(res) || PyList_Check(res)))
     return;
   Py_ssize_t n = PySequence_Size(res);
-  int holds = 0;
-  for (Py_ssize_t i = (Py_ssize_t)s->saved_from; i < n && !holds; i++) {
+  for (Py_ssize_t i = (Py_ssize_t)s->saved_from; i < n; i++) {
     PyObject *o = PySequence_GetItem(res, i);
     void *ptr = NULL;
     if (o && PyObject_TypeCheck(o, (PyTypeObject *)TX.tensor_type) && tx_data_ptr_slow(o, &ptr) == 0 && ptr)
-      holds = tx_step_output_at(T, ptr, 1) != NULL;
+      saved_view_hold(s, T, tx_step_output_at(T, ptr, 1));
     Py_XDECREF(o);
     PyErr_Clear(); /* a tensor that cannot say where it lies is not ours to hold */
   }
-  T->plain_holds += (uint64_t)holds;
 }
 
 /* A call of a segment that runs as the plain graph from now on. cgtree runs
@@ -2217,6 +2243,7 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
   int fast = TXE.ptrs;
   int statics_same = !fast && static_ptrs_unchanged(r, args, n), statics_noted = 1;
   int writes_side_value = 0;
+  r->n_read = 0;
   for (size_t i = 0; i < n; i++) {
     PyObject *o = args[i];
     uint8_t kind = s->arg_kind[i];
@@ -2278,7 +2305,8 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
         }
         r->args[k] = cgt_arg_value(ref->value);
         r->offs[k] = 0;
-        end_holds_read_by_backward(s, T, ref);
+        if (s->backward)
+          r->read[r->n_read++] = ref;
       } else if (ptr && (ref = tx_step_output_at(T, ptr, span)) != NULL) {
         /* A view of this step's output (v = y[1:]), or another tensor
          * object over one (a backward's saved activation, unpacked by
@@ -2286,7 +2314,8 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
          * since a recording reads there. */
         r->args[k] = cgt_arg_value(ref->value);
         r->offs[k] = (size_t)((char *)ptr - (char *)ref->ptr);
-        end_holds_read_by_backward(s, T, ref);
+        if (s->backward)
+          r->read[r->n_read++] = ref;
         if (r->offs[k]) /* at offset 0 it reads what the value itself would */
           key_add(r, &variant, ((uint64_t)k << 40) ^ (uint64_t)r->offs[k] ^ 0x5eedull);
       } else if (ptr == NULL || span == 0) {
@@ -2318,6 +2347,10 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
       key_add(r, &variant, (uint64_t)(uintptr_t)o ^ 0x67656eull);
     }
   }
+  for (uint32_t j = 0; j < r->n_read; j++) /* every input read: the backward runs (a review: an input off the device
+                                            * after them, whose plain call ends every input's holds, ended these twice) */
+    end_holds_read_by_backward(s, T, r->read[j]);
+  r->n_read = 0;
   if (!statics_same && s->static_idx)
     r->static_known = statics_noted && !fast; /* every STATIC pointer was read, and noted, just now */
   variant &= variant_mask;

@@ -3358,7 +3358,7 @@ def test_a_plain_forwards_saved_input_from_this_step_holds_the_step_until_its_ba
     (g1,) = bw(s1, t)
     assert g1.values() == [6, 11, 16, 21] and g2.values() == [51, 101, 151, 201]
     assert z1.values() == [10, 20, 30, 40]
-    assert tree.stats()["plain_forwards_pending"] == 0
+    assert tree.stats()["saved_tied_to_outputs_alive"] == 0
 
 
 @pytest.mark.parametrize("how", ["plain_for_good", "compiled"])
@@ -3932,6 +3932,218 @@ def test_a_backward_of_unknown_id_ends_a_hold_of_unknown_id_before_another_heads
         del y, gk, v_known
         gc.collect()
         tree.check()
+
+
+class CellSavingInputAndOutput:
+    """A recurrent cell's training forward: out = 2h, handed out and saved
+    (tied to the output, as a tanh saves its result), and h saved too (as
+    a Linear saves its input)."""
+
+    def __init__(self, tree):
+        self.tree = tree
+
+    def __call__(self, h):
+        out = affine(self.tree.stream, h, 2.0, 0.0)
+        return (out, h, out)
+
+
+class AddThree:
+    """The cell's backward: saved input + saved output + tangent."""
+
+    def __init__(self, tree):
+        self.tree = tree
+
+    def __call__(self, a, b, t):
+        ab = FakeTensor(a.n)
+        X.sim_launch(self.tree.stream, k_add, ab.ptr, a.ptr, b.ptr, a.n)
+        out = FakeTensor(a.n)
+        X.sim_launch(self.tree.stream, k_add, out.ptr, ab.ptr, t.ptr, a.n)
+        return (out,)
+
+
+def cell_and_backward(tree, pair, name="cell"):
+    fw = segment(tree, CellSavingInputAndOutput(tree), spans=(16,), name=name, saved_from=1, pair=pair)
+    bw = segment(tree, AddThree(tree), kinds=(ARG_TENSOR,) * 3, spans=(16, 16, 16), name=name + "_bw",
+                 backward=True, pair=pair)
+    return fw, bw
+
+
+@pytest.mark.parametrize("ids", ["one_id", "three_ids"])
+def test_the_middle_call_of_a_chain_of_one_cell_keeps_its_holds_through_its_neighbours_backwards(tree, ids):
+    """h0 = cell(x); h1 = cell(h0); h2 = cell(h1), the cell compiled once
+    (one AOTAutograd id), or three cells. The first call's backward (a loss
+    on h0, its graph retained) reads h0, where the middle call's saved input
+    lies; the last call's backward (torch.autograd.grad(loss, h1)) reads h1,
+    where the middle call's saved output lies. Each read ended every hold of
+    that id on the memory, the middle call's too, so a compiled call then
+    began a step and the middle call's backward raised StaleTensorError
+    where Inductor computes (a review). One read now ends one hold."""
+    if ids == "one_id":
+        (zf, zb) = (af, ab) = (bf, bb) = cell_and_backward(tree, 7)
+    else:
+        (zf, zb), (af, ab), (bf, bb) = (cell_and_backward(tree, p, n) for p, n in ((7, "z"), (8, "a"), (9, "b")))
+    log = segment(tree, Graph(tree, 1.0, 1.0), spans=(16,), name="log")
+    x, t = FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
+    for i in range(4):
+        h0, z_in, z_out = call(zf, x)
+        h1, a_in, a_out = call(af, h0)
+        h2, b_in, b_out = call(bf, h1)
+        z_in, z_out, a_in, a_out, b_in, b_out = (v.view() for v in (z_in, z_out, a_in, a_out, b_in, b_out))
+        del h2
+        gc.collect()
+        tree.check()
+        (gz,) = zb(z_in, z_out, t)  # the first call's backward
+        (gb,) = bb(b_in, b_out, t)  # the last call's: 4x + 8x + 1, the gradient at h1
+        del b_in, b_out, gz
+        gc.collect()
+        tree.check()
+        step = tree.stats()["step"]
+        (y,) = call(log, x)  # a compiled call: a metric, a log
+        if i >= 2:
+            assert tree.stats()["step"] == step, "a step began while the middle call's backward is to come"
+        (ga,) = ab(a_in, a_out, gb)
+        assert ga.values() == [2 * a + 4 * a + (4 * a + 8 * a + 1) for a in (1, 2, 3, 4)], "iteration %d" % i
+        del a_in, a_out, ga, gb, y, h0, h1, z_in, z_out
+        gc.collect()
+        tree.check()
+
+
+def test_a_loop_over_a_chain_of_one_cell_begins_a_step_at_every_iteration(tree):
+    """One read ends one hold: the chain's two backwards end its four holds,
+    so a loop that keeps its last h1 bound into the next iteration still
+    begins a step at every call of the cell, none forced."""
+    cell, cell_bw = cell_and_backward(tree, 7)
+    x, t = FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
+    s0 = tree.stats()
+    for i in range(20):
+        h1, a_in, a_out = call(cell, x)  # the last iteration's h1 stays bound until here
+        h2, b_in, b_out = call(cell, h1)
+        (gb,) = cell_bw(b_in, b_out, t)
+        (ga,) = cell_bw(a_in, a_out, gb)
+        assert ga.values() == [a + 2 * a + (2 * a + 4 * a + 1) for a in (1, 2, 3, 4)]
+        del a_in, a_out, b_in, b_out, ga, gb, h2
+        gc.collect()
+        tree.check()
+        assert tree.stats()["saved_tied_to_outputs_alive"] == 0, "iteration %d" % i
+    st = tree.stats()
+    assert st["step"] - s0["step"] >= 19 and st["steps_forced"] == s0["steps_forced"]
+
+
+@pytest.mark.parametrize("plain_heads_backward", ["first", "second"])
+def test_a_plain_heads_hold_of_the_backbones_output_ends_only_at_its_own_backward(tree, plain_heads_backward):
+    """A head that runs as the plain graph (an op cgtree cannot record) and a
+    recorded head both save the backbone's output; each loss is backwarded
+    on its own, a compiled call between. The plain head's hold was one
+    count of the tree's that any backward call ended, so the recorded
+    head's backward, run first, ended it, and the plain head's backward
+    raised StaleTensorError where Inductor computes (a review). It is held
+    on the output's memory for its own id now, as a recorded head's saved
+    input is."""
+    backbone = segment(tree, Graph(tree, 2.0, 0.0), spans=(16,), name="backbone")
+    plain_head = segment(tree, HeadSavingItsInput(tree), spans=(16,), name="plain_head", saved_from=1, pair=20,
+                         plain_reason="an op cgtree cannot record")
+    plain_bw = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16),
+                       name="plain_head_bw", backward=True, pair=20)
+    head, head_bw = paired(tree, HeadSavingItsInput(tree), "head", 30)
+    log = segment(tree, Graph(tree, 1.0, 1.0), spans=(16,), name="log")
+    x, t = FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
+    for i in range(5):
+        (h,) = call(backbone, x)  # [2, 4, 6, 8]
+        z1, s1 = plain_head(h)
+        z2, s2 = call(head, h)
+        s1, s2 = s1.view(), s2.view()
+        del h, z1, z2
+        gc.collect()
+        tree.check()
+        runs = [(plain_bw, s1), (head_bw, s2)]
+        if plain_heads_backward == "second":
+            runs.reverse()
+        (g,) = runs[0][0](runs[0][1], t)
+        assert g.values() == [3, 5, 7, 9]
+        del g
+        step = tree.stats()["step"]
+        (y,) = call(log, x)
+        if i >= 2:
+            assert tree.stats()["step"] == step, "a step began while a head's backward is to come"
+        (g,) = runs[1][0](runs[1][1], t)
+        assert g.values() == [3, 5, 7, 9], "iteration %d" % i
+        del g, y, s1, s2, runs
+        gc.collect()
+        tree.check()
+        assert tree.stats()["saved_tied_to_outputs_alive"] == 0
+
+
+def test_a_backward_that_turns_plain_at_an_input_off_the_device_ends_each_hold_it_reads_once(tree):
+    """One head called twice on the backbone's output h (a contrastive
+    pair): two holds of h's memory for its id. The first call's backward
+    read h at its first input and ended one hold, then found its second
+    input off the device (memory-efficient attention's CPU seed) and ran
+    plainly, ending the holds of every input again: the second call's hold
+    went too, a compiled call began a step, and the second backward read
+    overwritten memory (a review). Holds now end once every input was
+    read."""
+    backbone = segment(tree, Graph(tree, 2.0, 0.0), spans=(16,), name="backbone")
+    head, head_bw = paired(tree, HeadSavingItsInput(tree), "head", 20)
+    log = segment(tree, Graph(tree, 1.0, 1.0), spans=(16,), name="log")
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    for i in range(4):
+        t = FakeTensor(4).fill([1, 1, 1, 1])
+        (h,) = call(backbone, x)  # [2, 4, 6, 8]
+        z1, s1 = call(head, h)
+        z2, s2 = call(head, h)
+        v1, v2 = s1.view(), s2.view()  # autograd's saved tensors over h's memory
+        del h, z1, z2, s1, s2
+        gc.collect()
+        held = tree.stats()["saved_tied_to_outputs_alive"]
+        assert held == 2 or i < 2, "iteration %d" % i  # the head records at its second call
+        if i == 3:
+            t.is_cuda = False
+            with pytest.warns(RuntimeWarning, match="not a CUDA tensor"):
+                (g1,) = head_bw(v1, t)
+        else:
+            (g1,) = head_bw(v1, t)
+        assert g1.values() == [3, 5, 7, 9]
+        del g1, v1
+        gc.collect()
+        assert tree.stats()["saved_tied_to_outputs_alive"] == held // 2, "iteration %d" % i
+        step = tree.stats()["step"]
+        (y,) = call(log, x)  # a log before the second backward
+        if i >= 2:
+            assert tree.stats()["step"] == step, "a step began while the second call's saved input lives"
+        (g2,) = head_bw(v2, FakeTensor(4).fill([1, 1, 1, 1]))
+        assert g2.values() == [3, 5, 7, 9], "iteration %d" % i
+        del y, g2, v2
+        gc.collect()
+        tree.check()
+
+
+def test_a_backward_refused_at_a_stale_input_ends_no_hold_of_the_inputs_before_it(tree):
+    """A backward whose second input is an output of an earlier step raises
+    StaleTensorError and changes nothing: the hold of its first input, a
+    saved view of this step's output, stays until the backward runs."""
+    backbone = segment(tree, Graph(tree, 2.0, 0.0), spans=(16,), name="backbone")
+    head, head_bw = paired(tree, HeadSavingItsInput(tree), "head", 20)
+    x, t = FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
+    old = None
+    for i in range(5):
+        (h,) = call(backbone, x)
+        z, s = call(head, h)
+        v = s.view()
+        del h, z, s
+        gc.collect()
+        if i >= 3:  # the head records at its second call; old is of an earlier step
+            assert tree.stats()["saved_tied_to_outputs_alive"] == 1
+            with pytest.raises(X.StaleTensorError):
+                head_bw(v, old)
+            assert tree.stats()["saved_tied_to_outputs_alive"] == 1, "the refused backward ended its input's hold"
+            tree.check()
+        (g,) = head_bw(v, t)
+        assert g.values() == [3, 5, 7, 9]
+        del g, v
+        gc.collect()
+        assert tree.stats()["saved_tied_to_outputs_alive"] == 0
+        if i == 2:
+            (old,) = call(backbone, x)  # kept: stale once the next call begins a step
 
 
 class BackwardTangentFirst(BackwardGraph):
