@@ -746,7 +746,8 @@ def test_an_rnn_cell_compiled_and_unrolled_over_100_steps_trains_as_inductor():
 
 def test_the_middle_call_of_a_chain_of_one_compiled_cell_keeps_its_holds_through_its_neighbours_backwards():
     """h0 = cell(x); h1 = cell(h0); h2 = cell(h1), the cell compiled once,
-    so one AOTAutograd id for the three calls. A loss on h0 is backwarded
+    so one AOTAutograd id for the three calls (x requires grad, as h0 and
+    h1 do; else the first call is a graph of its own). A loss on h0 is backwarded
     first (its graph retained), then torch.autograd.grad of a loss on h2
     with respect to h1, then a compiled log, then h1.backward with that
     gradient. The first two backwards read h0 and h1, where the middle
@@ -767,7 +768,7 @@ def test_the_middle_call_of_a_chain_of_one_compiled_cell_keeps_its_holds_through
         opt = torch.optim.SGD(m.parameters(), lr=0.05)
         got = []
         for x in xs:
-            h0 = fc(x)
+            h0 = fc(x.clone().requires_grad_())
             h1 = fc(h0)
             h2 = fc(h1)
             loss0 = h0.square().mean()
