@@ -418,7 +418,7 @@ int tx_tree_note_forward_output(TreeObject *T, PyObject *out, int by_memory, tx_
 void tx_tree_note_inference_output(TreeObject *T, tx_out_ref *made);
 
 /* A backward segment ran in T's step: the forwards' outputs noted so far
- * hold it no longer, and one plain forward less is pending. */
+ * hold it no longer. */
 void tx_tree_backward_called(TreeObject *T);
 
 /* Begins a step when Dynamo entered a new compiled call since the last one
