@@ -1476,8 +1476,8 @@ static seg_run *run_for(SegmentObject *s) {
     r->read = calloc(s->n_args + 1, sizeof *r->read);
   }
   int statics_ok = !r || !s->static_idx || static_cache_make(r, s->n_args) == 0;
-  if (!r || !grown || !r->args || !r->ptrs || !r->offs || !r->key || !r->spans || !r->seen || !r->read || !statics_ok ||
-      tx_tree_run_add(T, r) < 0) {
+  if (!r || !grown || !r->args || !r->ptrs || !r->offs || !r->key || !r->spans || !r->seen || !r->read ||
+      !statics_ok || tx_tree_run_add(T, r) < 0) {
     if (r)
       run_free(r); /* nothing but its arrays yet: no tree, no reference */
     PyErr_NoMemory();
@@ -1643,7 +1643,7 @@ static void end_holds_read_by_backward(const SegmentObject *s, TreeObject *T, tx
     ref->saved = 0;
     T->saved_alive--;
     if (s->pair)
-      return; /* one read, one hold: see the essay's last paragraph */
+      return; /* one read, one hold (the essay's last paragraph) */
   }
   uint64_t by = ref->tied_saved;
   if (s->backward && by && ref->step == T->step && (by == TIED_BY_UNKNOWN || !s->pair || s->pair == by)) {
@@ -1680,8 +1680,8 @@ static void end_holds_read_by_backward(const SegmentObject *s, TreeObject *T, tx
 
 /* A training forward saved a view of ref, its VALUE argument
  * (value_input_view), or, run as the plain graph, a result over ref's
- * memory (plain_saved_hold_step): ref's memory holds the step until that forward's
- * backward (its pair) reads it, once for each such forward, or until it
+ * memory (plain_saved_hold_step): ref's memory holds the step until that
+ * forward's backward (its pair) reads it, once for each such forward, or until it
  * dies or the step ends. Ended by any backward that read the memory, a
  * head's hold of the trunk's output ended at the trunk's own backward
  * (its tied saved result over the same memory) where that ran first (a
@@ -2347,8 +2347,10 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
       key_add(r, &variant, (uint64_t)(uintptr_t)o ^ 0x67656eull);
     }
   }
-  for (uint32_t j = 0; j < r->n_read; j++) /* every input read: the backward runs (a review: an input off the device
-                                            * after them, whose plain call ends every input's holds, ended these twice) */
+  /* Every input read: the backward runs, and its reads end their holds
+   * (ended as each was read, an input off the device after them, whose
+   * plain call ends every input's holds, ended them twice: a review). */
+  for (uint32_t j = 0; j < r->n_read; j++)
     end_holds_read_by_backward(s, T, r->read[j]);
   r->n_read = 0;
   if (!statics_same && s->static_idx)
