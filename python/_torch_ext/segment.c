@@ -1638,52 +1638,48 @@ static tx_view_pair *view_pair(const tx_out_ref *ref, uint64_t pair) {
  * balance. A backward of unknown pair (compiled autograd's) still ends
  * every hold it can: never too late. */
 static void end_holds_read_by_backward(const SegmentObject *s, TreeObject *T, tx_out_ref *ref) {
-  if (s->backward && ref->saved && ref->counted && ref->step == T->step &&
-      (!s->pair || !ref->saved_by || s->pair == ref->saved_by)) {
+  if (!s->backward || ref->step != T->step) /* a hold of an earlier step ended with it */
+    return;
+  if (ref->saved && ref->counted && (!s->pair || !ref->saved_by || s->pair == ref->saved_by)) {
     ref->saved = 0;
     T->saved_alive--;
     if (s->pair)
       return; /* one read, one hold (the essay's last paragraph) */
   }
   uint64_t by = ref->tied_saved;
-  if (s->backward && by && ref->step == T->step && (by == TIED_BY_UNKNOWN || !s->pair || s->pair == by)) {
+  if (by && (by == TIED_BY_UNKNOWN || !s->pair || s->pair == by)) {
     ref->tied_saved = 0;
     T->tied_saved_alive--;
     if (s->pair)
       return;
   }
-  if (s->backward && ref->saved_views && ref->step == T->step) {
-    /* Its own forward's hold first, else one of unknown pair; a backward
-     * of unknown pair ends any, unknown ones first. */
-    tx_view_pair *e = view_pair(ref, s->pair);
-    int ended = 1;
-    if (e && e->n)
-      e->n--;
-    else if (ref->views_unknown)
-      ref->views_unknown--;
-    else if (!s->pair) {
-      uint32_t k = 0;
-      while (k < ref->n_view_pairs && !ref->views_by[k].n)
-        k++;
-      if (k < ref->n_view_pairs) /* always: saved_views counts them all (tx_step_holds_check) */
-        ref->views_by[k].n--;
-      else
-        ended = 0;
-    } else
-      ended = 0;
-    if (ended) {
-      ref->saved_views--;
-      T->tied_saved_alive--;
-    }
+  if (!ref->saved_views)
+    return;
+  /* Its own forward's hold first, else one of unknown pair; a backward of
+   * unknown pair ends any, unknown ones first. */
+  tx_view_pair *e = view_pair(ref, s->pair); /* NULL for an unknown pair */
+  if (e && !e->n)
+    e = NULL;
+  if (!e && ref->views_unknown) {
+    ref->views_unknown--;
+  } else {
+    for (uint32_t k = 0; !e && !s->pair && k < ref->n_view_pairs; k++) /* one there is: tx_step_holds_check */
+      if (ref->views_by[k].n)
+        e = &ref->views_by[k];
+    if (!e)
+      return;
+    e->n--;
   }
+  ref->saved_views--;
+  T->tied_saved_alive--;
 }
 
 /* A training forward saved a view of ref, its VALUE argument
  * (value_input_view), or, run as the plain graph, a result over ref's
  * memory (plain_saved_hold_step): ref's memory holds the step until that
- * forward's backward (its pair) reads it, once for each such forward, or until it
- * dies or the step ends. Ended by any backward that read the memory, a
- * head's hold of the trunk's output ended at the trunk's own backward
+ * forward's backward (its pair) reads it, once for each such forward, or
+ * until it dies or the step ends. Once ended by any backward that read the
+ * memory, a head's hold of the trunk's output ended at the trunk's own backward
  * (its tied saved result over the same memory) where that ran first (a
  * loss of the trunk's alone, its graph retained), and a compiled call
  * before the head's backward began a step (a helper's review). Where
@@ -2352,7 +2348,6 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
    * plain call ends every input's holds, ended them twice: a review). */
   for (uint32_t j = 0; j < r->n_read; j++)
     end_holds_read_by_backward(s, T, r->read[j]);
-  r->n_read = 0;
   if (!statics_same && s->static_idx)
     r->static_known = statics_noted && !fast; /* every STATIC pointer was read, and noted, just now */
   variant &= variant_mask;
