@@ -3934,6 +3934,30 @@ def test_a_backward_of_unknown_id_ends_a_hold_of_unknown_id_before_another_heads
         tree.check()
 
 
+def test_a_backward_of_unknown_id_ends_a_known_heads_hold_where_no_hold_of_unknown_id_is_left(tree):
+    """A backward of unknown id (compiled autograd's) that reads a head's
+    saved input ends that head's hold, though the head's id is known: a
+    backward of unknown id ends any hold it reads, never too late."""
+    backbone = segment(tree, Graph(tree, 2.0, 0.0), spans=(16,), name="backbone")
+    head, _ = paired(tree, HeadSavingItsInput(tree), "head", 20)
+    _, unknown_bw = paired(tree, HeadSavingItsInput(tree), "unknown", 0)
+    x, t = FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
+    for i in range(4):
+        (h,) = call(backbone, x)  # [2, 4, 6, 8]
+        z, s = call(head, h)
+        v = s.view()
+        del h, z, s
+        gc.collect()
+        held = tree.stats()["saved_tied_to_outputs_alive"]
+        assert held == 1 or i < 2, "iteration %d" % i  # the head records at its second call
+        (g,) = unknown_bw(v, t)
+        assert g.values() == [3, 5, 7, 9]
+        assert tree.stats()["saved_tied_to_outputs_alive"] == 0, "iteration %d" % i
+        tree.check()
+        del g, v
+        gc.collect()
+
+
 class CellSavingInputAndOutput:
     """A recurrent cell's training forward: out = 2h, handed out and saved
     (tied to the output, as a tanh saves its result), and h saved too (as
