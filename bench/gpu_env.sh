@@ -14,12 +14,15 @@ if [ "${1:-}" = "--fetch" ]; then
   exit 0
 fi
 D=/tmp/deps
-if [ ! -d $D/usr ]; then
+# Unpacked once per machine: the marker is written last, so a run without
+# .deps (nothing carried) leaves none and the next run that carries it unpacks.
+if [ ! -f $D/.unpacked ] && ls .deps/*.deb > /dev/null 2>&1; then
   mkdir -p $D
   for f in .deps/*.deb; do dpkg -x "$f" $D; done
   python3 -m pip install -q --no-index --no-deps --no-compile --target $D/site .deps/meson-*.whl
   printf '#!/bin/sh\nexec python3 -m mesonbuild.mesonmain "$@"\n' > $D/usr/bin/meson
   chmod +x $D/usr/bin/meson
+  touch $D/.unpacked
 fi
 export PYTHONPATH=$D/site${PYTHONPATH:+:$PYTHONPATH}
 export PATH=$D/usr/bin:/usr/local/cuda/bin:$PATH
