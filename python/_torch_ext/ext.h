@@ -420,6 +420,9 @@ void tx_tree_note_inference_output(TreeObject *T, tx_out_ref *made);
 /* A backward segment ran in T's step: the forwards' outputs noted so far
  * hold it no longer. */
 void tx_tree_backward_called(TreeObject *T);
+/* 1 while autograd's engine runs a backward on this thread; 0 if not, or if
+ * nothing can tell (module.c). */
+int tx_in_a_backward(void);
 
 /* Begins a step when Dynamo entered a new compiled call since the last one
  * (GenerationTracker.generation moved), the call is no backward, no
@@ -664,6 +667,15 @@ int tx_call_is_training_forward(const TreeObject *T);
 
 
 /* ------------------------------------------------------------ stale.c */
+
+/* 1 if one of ptrs[0..n) is where the .grad of a leaf T noted begins
+ * (memory of its own: moved out of the pool at an earlier step's end, or
+ * one the program made, that AccumulateGrad adds into), 0 if none, -1 with
+ * an exception set. One read of .grad per leaf. */
+int tx_kept_grad_among(TreeObject *T, void *const *ptrs, size_t n);
+/* 1 if tensor t lies on the storage r watches (or r watches none, and
+ * nothing can tell), 0 if on another, -1 with an exception set. */
+int tx_stale_same_storage(const tx_out_ref *r, PyObject *t);
 
 /* Remembers r's storage (t's) so it can be marked when the step ends; -1
  * with an exception set if the storage cannot be named. */

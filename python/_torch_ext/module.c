@@ -386,7 +386,6 @@ static int step_begin_or_unsee(TreeObject *T, long long gen_before, long long ma
   return tx_tree_step_begin(T) == 0 ? 0 : unsee(T, gen_before, mark_before);
 }
 
-static int in_a_backward(void);
 
 /* A warning that a step begins by a bound of held calls (n of them); a
  * warning turned error must not break the call. */
@@ -453,7 +452,7 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
    * outputs. Begun there, a step marked it, and the block's backward
    * raised StaleTensorError where Inductor computes (a helper's audit).
    * Asked only where a step would begin: once a step. */
-  if (!marked && T->generations_deferred < PENDING_GENERATIONS_MAX && in_a_backward()) {
+  if (!marked && T->generations_deferred < PENDING_GENERATIONS_MAX && tx_in_a_backward()) {
     T->generations_deferred++; /* bounded as any step held open */
     return 0;
   }
@@ -1048,7 +1047,7 @@ static PyObject *m_set_graph_task_id(PyObject *m, PyObject *fn) {
 /* 1 while autograd's engine runs a backward on this thread (a compiled
  * call from inside it: activation checkpointing's recompute, a gradient
  * hook); 0 if not, or if nothing can tell (no error is left set). */
-static int in_a_backward(void) {
+int tx_in_a_backward(void) {
   if (!TX.graph_task_id)
     return 0;
   PyObject *id = PyObject_CallNoArgs(TX.graph_task_id);

@@ -1875,13 +1875,47 @@ typedef struct call_args {
   size_t n;
 } call_args;
 
+/* 1 if a tensor argument of the call is a leaf's .grad of memory of its
+ * own, no output of the step: one that accumulation or
+ * zero_grad(set_to_none=False) kept, which an earlier step's end moved out
+ * of the pool and AccumulateGrad added into since. Only the step's live
+ * outputs counted as gradients, so from a loop's second step a compiled
+ * call that reads .grad and writes nothing (a norm for the log) began a
+ * step, and the loss the loop logs raised StaleTensorError where Inductor
+ * computes; a per-parameter update came under the bound of calls that
+ * only write, 64, not 1024 (a helper's review). 0 if none; -1 with an
+ * exception set. */
+static int args_read_kept_grad(call_args *c) {
+  void **ptrs = malloc((c->n ? c->n : 1) * sizeof *ptrs);
+  if (!ptrs) {
+    PyErr_NoMemory();
+    return -1;
+  }
+  size_t m = 0;
+  for (size_t i = 0; i < c->n; i++) {
+    void *ptr;
+    if (c->s->arg_kind[i] > ARG_TENSOR_STATIC)
+      continue;
+    if (!tx_exchange_data_ptr(c->args[i], &ptr, NULL) && tx_data_ptr_slow(c->args[i], &ptr) < 0) {
+      PyErr_Clear(); /* a stale output: the call reads it again, and raises */
+      continue;
+    }
+    ptrs[m++] = ptr;
+  }
+  int rc = tx_kept_grad_among(c->T, ptrs, m);
+  free(ptrs);
+  return rc;
+}
+
 /* 1 when the call belongs to the training step whose backward ran (module.c,
  * "The optimizer"): it is no training forward and updates an input in place
  * (an optimizer step), or one of its tensors lies in a live backward
  * output of the step (a .grad that AccumulateGrad took over, read by
- * gradient clipping or a norm). Asked only at a new compiled call with no
- * backward pending; a loop whose zero_grad() dropped the gradients pays one
- * walk of the step's outputs. TX_OPTIMIZER_READS_GRAD where it reads a
+ * gradient clipping or a norm) or is a kept .grad (args_read_kept_grad).
+ * Asked only at a new compiled call with no backward pending; a loop whose
+ * zero_grad() dropped the gradients pays one walk of the step's outputs,
+ * and for a graph that neither trains nor writes, one read of each noted
+ * leaf's .grad. TX_OPTIMIZER_READS_GRAD where it reads a
  * .grad, TX_OPTIMIZER_WRITES where it only writes an input, 0 if neither. */
 static int belongs_to_training_step(void *call) {
   call_args *c = call;
@@ -1902,6 +1936,11 @@ static int belongs_to_training_step(void *call) {
     }
     if (o && tx_out_ref_live_grad(o))
       return TX_OPTIMIZER_READS_GRAD;
+  }
+  if (inference_graph(c->s) && c->T->grad_leaves) { /* a leaf scan, for graphs of neither kind after a backward */
+    int reads = args_read_kept_grad(c);
+    if (reads)
+      return reads < 0 ? -1 : TX_OPTIMIZER_READS_GRAD;
   }
   return writes ? TX_OPTIMIZER_WRITES : 0;
 }
@@ -2042,8 +2081,8 @@ static seg_run *run_in_step(SegmentObject *s, PyObject *const *args, size_t n, v
     return NULL;
   if (s->backward)
     tx_tree_backward_called(r->tree);
-  else
-    r->tree->ran_other_than_backward = 1;
+  else if (!r->tree->ran_other_than_backward && !tx_in_a_backward())
+    r->tree->ran_other_than_backward = 1; /* a recompute inside a backward leaves a tree of backwards one */
   if (tx_caller_stream(r->tree, caller) < 0 || tx_pool_readers_caller(r->tree, *caller) < 0)
     return NULL;
   return r;
@@ -2289,6 +2328,22 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
        * one: they are not on the step's list. */
       if (ref && ref->caller_memory)
         ref = NULL;
+      if (ref && ref->ptr == ptr && ref->step != T->step) {
+        /* The entry outlives its tensor object while a view keeps the
+         * storage, and CPython gives a new object that address: a view of
+         * this step's output at the same pool address (pool addresses
+         * repeat each step) was taken for the dead, stale one, and the
+         * call raised StaleTensorError where Inductor computes (a helper's
+         * review). Its storage tells them apart. */
+        int same = tx_stale_same_storage(ref, o);
+        if (same < 0)
+          return NULL;
+        if (!same) { /* that object died: its entry goes */
+          HASH_DEL(T->registry, ref);
+          ref->in_registry = 0;
+          ref = NULL;
+        }
+      }
       if (ref && ref->ptr == ptr) {
         if (ref->step != T->step) {
           T->stale_refused++;

@@ -90,6 +90,15 @@ static PyObject *storage_key(PyObject *t) {
   return key;
 }
 
+int tx_stale_same_storage(const tx_out_ref *r, PyObject *t) {
+  if (!r->storage)
+    return 1; /* unwatched (marking off): nothing tells them apart */
+  PyObject *key = storage_key(t);
+  int same = key ? PyObject_RichCompareBool(key, r->storage, Py_EQ) : -1;
+  Py_XDECREF(key);
+  return same;
+}
+
 int tx_stale_watch(TreeObject *T, tx_out_ref *r, PyObject *t) {
   if (!TX.storage_mark)
     return 0; /* marking is off (the simulator's tests without a stand-in) */
@@ -196,9 +205,6 @@ static int move_grad(PyObject *leaf, PyObject *kept) {
  * the ending step (see the top of this file), and orders the tree's stream
  * after the copies. -1 with an exception set. */
 static int move_kept_grads(TreeObject *T) {
-  int borrowed = !T->ran_other_than_backward; /* a tree of backwards only: the forwards' trees noted the leaves */
-  if (!borrowed && (!T->grad_leaves || !PyDict_GET_SIZE(T->grad_leaves)))
-    return 0;
   PyObject *kept = NULL;
   for (tx_out_ref *r = T->step_outputs; r; r = r->step_next) {
     if (!tx_out_ref_live_grad(r))
@@ -212,8 +218,15 @@ static int move_kept_grads(TreeObject *T) {
   }
   if (!kept)
     return 0; /* the usual loop: zero_grad() dropped every .grad already */
-  /* A snapshot: moving runs PyTorch's code. */
-  PyObject *leaves = borrowed ? tx_trees_grad_leaves() : PyDict_Values(T->grad_leaves);
+  /* Every tree's leaves, not this one's alone: a backward runs on the tree
+   * of the thread that called it, and its forwards may have run on
+   * another's (a worker thread that also called a compiled loss called
+   * backward on the main thread's forward: its tree noted no leaf, and
+   * the main tree's parameters' .grad, kept by accumulation, was marked,
+   * not moved, so the next accumulation raised StaleTensorError where
+   * Inductor computes: a helper's review). A snapshot: moving runs
+   * PyTorch's code. */
+  PyObject *leaves = tx_trees_grad_leaves();
   int rc = leaves ? 0 : -1;
   uint64_t moved = 0;
   for (Py_ssize_t i = 0; leaves && i < PyList_GET_SIZE(leaves) && rc == 0; i++) {
@@ -231,6 +244,48 @@ static int move_kept_grads(TreeObject *T) {
   T->grads_moved += moved;
   if (moved && tx_tree_waits_for_caller(T) < 0) /* also after an error: what moved is ordered */
     rc = -1;
+  return rc;
+}
+
+static int ptr_order(const void *a, const void *b) {
+  uintptr_t x = (uintptr_t) * (void *const *)a, y = (uintptr_t) * (void *const *)b;
+  return (x > y) - (x < y);
+}
+
+int tx_kept_grad_among(TreeObject *T, void *const *ptrs, size_t n) {
+  if (!n || !T->grad_leaves || !PyDict_GET_SIZE(T->grad_leaves))
+    return 0;
+  PyObject *leaves = PyDict_Values(T->grad_leaves); /* a snapshot: reading .grad may run Python */
+  if (!leaves)
+    return -1;
+  Py_ssize_t n_leaves = PyList_GET_SIZE(leaves);
+  void **at = malloc((size_t)n_leaves * sizeof *at);
+  size_t m = 0;
+  int rc = at ? 0 : -1;
+  if (!at)
+    PyErr_NoMemory();
+  for (Py_ssize_t i = 0; rc == 0 && i < n_leaves; i++) {
+    PyObject *leaf = tx_weakref_get(PyList_GET_ITEM(leaves, i));
+    if (!leaf)
+      continue;
+    PyObject *g = PyObject_GetAttr(leaf, TX.str_grad);
+    Py_DECREF(leaf);
+    void *ptr = NULL;
+    if (!g)
+      rc = -1;
+    else if (g != Py_None && !tx_exchange_data_ptr(g, &ptr, NULL) && tx_data_ptr_slow(g, &ptr) < 0)
+      PyErr_Clear(); /* a .grad that cannot be read (marked): no gradient of the step's */
+    if (ptr)
+      at[m++] = ptr;
+    Py_XDECREF(g);
+  }
+  Py_DECREF(leaves);
+  if (rc == 0 && m) {
+    qsort(at, m, sizeof *at, ptr_order);
+    for (size_t i = 0; i < n && !rc; i++)
+      rc = ptrs[i] && bsearch(&ptrs[i], at, m, sizeof *at, ptr_order) != NULL;
+  }
+  free(at);
   return rc;
 }
 

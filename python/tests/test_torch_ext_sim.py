@@ -1305,6 +1305,37 @@ def test_a_view_of_an_output_passed_to_the_next_segment_is_its_value_at_an_offse
     assert s["input_copies"] - before["input_copies"] <= 8  # x only: the views travel as values
 
 
+def test_a_view_at_a_dead_outputs_object_address_is_not_taken_for_that_stale_output(tree):
+    """The registry of outputs is keyed by the tensor object's address, and
+    an entry outlives its object while a view keeps the storage. A new
+    tensor that CPython puts at that address, over this step's output at
+    the same pool address (pool addresses repeat each step), was taken for
+    the dead, stale output: the call raised StaleTensorError where the
+    plain graph computes (a helper's review). The storage tells them
+    apart."""
+    seg, x = replaying(tree, a=2.0, b=1.0, fill=(1, 2, 3, 4))
+    g2 = segment(tree, Graph(tree, 1.0, 1.0), spans=(16,), name="two")
+    for _ in range(3):
+        call(g2, x)
+    (y,) = call(seg, x)
+    ghost, ptr = id(y), y.ptr
+    kept = y.view()  # the program keeps a view of the output; our object dies
+    del y
+    plug = FakeTensor.__new__(FakeTensor)  # holds the dead object's address while the next call runs
+    assert id(plug) == ghost
+    Generation.generation += 1  # the model's next call: a new step marks `kept`
+    (y2,) = seg(x)
+    assert y2.ptr == ptr
+    del plug
+    z = y2.view()  # a new tensor over y2 at the dead object's address
+    assert id(z) == ghost
+    (w,) = g2(z)  # the call's next graph, after a graph break
+    assert w.values() == [4, 6, 8, 10]
+    with pytest.raises(RuntimeError, match="StaleTensorError"):
+        kept.values()
+    tree.check()
+
+
 class ManyGraph:
     """A graph of x returning k outputs: output j = x + j (x's size)."""
 
@@ -5015,6 +5046,46 @@ def test_a_grad_kept_past_the_optimizer_moves_when_the_next_forward_begins_its_s
     assert out.values() == [4, 6, 8, 10]
 
 
+@pytest.mark.parametrize("after_backward", ["a_norm_for_the_log", "a_per_parameter_update_100_times"])
+def test_calls_after_the_backward_that_read_a_kept_grad_go_on_in_its_step_as_those_that_read_a_pool_one(tree,
+                                                                                                       after_backward):
+    """zero_grad(set_to_none=False): from the loop's second step .grad is
+    memory of its own (moved at the first step's end), which AccumulateGrad
+    adds into. A compiled call after the backward that reads it was no
+    reader of the step's gradients: a norm for the log began a step, and
+    the loss the loop logs raised StaleTensorError where Inductor computes;
+    a per-parameter update came under the bound of calls that only write
+    (64, no warning), and past it the loss raised too (a helper's review).
+    Both now go on in the backward's step, as with set_to_none=True."""
+    fw, bw, w, x, t = param_training_pair(tree)
+    if after_backward == "a_norm_for_the_log":
+        after, calls = optimizer_segment(tree), 1
+    else:
+        after = segment(tree, SGDGraph(tree), kinds=(ARG_TENSOR_STATIC, ARG_TENSOR), spans=(16, 16), name="upd",
+                        written_inputs=(0,))
+        calls = 100
+    w.grad = None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no bound is reached
+        for i in range(4):
+            if w.grad is not None:
+                w.grad.fill([0, 0, 0, 0])  # zero_grad(set_to_none=False)
+            out, saved = call(fw, x, w)  # out: the loss the loop logs
+            logged = out.values()
+            (g,) = bw(saved, t)
+            w.accumulate(g)
+            del saved, g
+            gc.collect()
+            step = tree.stats()["step"]
+            for _ in range(calls):
+                call(after, w, w.grad)
+            assert tree.stats()["step"] == step, "iteration %d" % i
+            assert out.values() == logged  # readable after the optimizer, as under Inductor
+    s = tree.stats()
+    assert s["gradients_moved"] >= 1 and s["optimizer_steps_forced"] == 0
+    tree.check()
+
+
 def test_calls_that_only_read_gradients_hold_the_step_at_most_1024_then_a_step_begins_with_a_warning(tree):
     """A compiled function called once per parameter after the backward
     (Muon's orthogonalisation, a per-parameter norm kept for a histogram)
@@ -5338,6 +5409,85 @@ def test_a_backward_only_tree_held_by_gradients_kept_outside_grad_begins_a_step_
     del kept, y
     gc.collect()
     bw_tree.check()
+
+
+def test_a_backward_only_tree_whose_backward_recomputes_a_compiled_block_still_begins_steps_and_replays():
+    """The worker's backward of the test above, through a block that
+    activation checkpointing recomputes: the recompute is a compiled call
+    inside the backward, on autograd's thread's tree. It counted as a call
+    other than a backward, so no backward there began a step again: that
+    tree's one step never ended, every call a new node run as a warm-up,
+    never replayed, until the bound began a step inside a backward and it
+    raised StaleTensorError where Inductor computes (a helper's review). A
+    call inside a backward leaves a tree of backwards one."""
+    main, worker = X.Tree(0, backend="sim"), X.Tree(0, backend="sim")  # the worker: autograd's thread's own
+    block = segment(main, ForwardGraph(main), spans=(16,), name="block", saved_from=1)
+    head = segment(main, ForwardGraph(main), spans=(16,), name="head", saved_from=1)
+    recompute = segment(worker, ForwardGraph(worker), spans=(16,), name="block_recompute", saved_from=1)
+    block_bw = segment(worker, BackwardGraph(worker), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16),
+                       name="block_bw", backward=True)
+    head_bw = segment(worker, BackwardGraph(worker), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16),
+                      name="head_bw", backward=True)
+    task = [-1]
+    X.set_graph_task_id(lambda: task[0])
+    t = FakeTensor(4).fill([1, 1, 1, 1])
+    try:
+        for _ in range(12):
+            x = FakeTensor(4).fill([1, 2, 3, 4])
+            h, saved = call(block, x)  # checkpointed: none of its saved tensors is kept
+            h.requires_grad = True
+            del saved
+            y, head_saved = call(head, h)
+            task[0] = 7  # the worker's loss.backward(), run by autograd's thread
+            (gh,) = head_bw(head_saved, t)
+            del head_saved
+            gc.collect()
+            h_again, saved = call(recompute, x)  # checkpointing's recompute, inside the backward
+            (gx,) = block_bw(saved, gh)
+            assert gx.values() == [3 * a + 3 * 2 * a + 1 for a in (1, 2, 3, 4)]
+            task[0] = -1
+            del h, y, gh, h_again, saved, gx
+            gc.collect()
+    finally:
+        X.set_graph_task_id(None)
+    s = worker.stats()
+    assert s["replays"] >= 20 and s["nodes"] <= 4, {k: s[k] for k in ("step", "replays", "nodes", "warmups")}
+    assert s["steps_forced"] == 0
+    worker.check()
+
+
+def test_a_kept_grad_a_worker_threads_backward_made_moves_though_the_main_thread_noted_the_leaf():
+    """The main thread's model notes its parameter on its tree; a worker
+    thread that has called a compiled loss of its own calls backward, so
+    the gradient is an output of the worker's tree. With accumulation its
+    .grad lives into the worker tree's next step, which looked for leaves
+    in its own notes only: the .grad was marked, not moved, and the next
+    accumulation raised StaleTensorError where Inductor computes (a
+    helper's review). Every tree's leaves are looked at."""
+    main, worker = X.Tree(0, backend="sim"), X.Tree(0, backend="sim")
+    fw = segment(main, ParamForwardGraph(main), kinds=(ARG_TENSOR, ARG_TENSOR_STATIC), spans=(16, 16), name="fw",
+                 saved_from=1, grad_inputs=(1,))
+    loss = segment(worker, ForwardGraph(worker), spans=(16,), name="loss", saved_from=1, grad_inputs=(0,))
+    loss_bw = segment(worker, BackwardGraph(worker), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16),
+                      name="loss_bw", backward=True)
+    bw = segment(worker, BackwardGraph(worker), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bw",
+                 backward=True)
+    w, x, t = Leaf(4).fill([0, 0, 0, 0]), FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
+    for i in range(8):
+        if i < 5:
+            w.grad = None  # zero_grad() until everything replays; then gradients accumulate into .grad
+        out, saved = call(fw, x, w)  # the main thread
+        out.requires_grad, out.is_leaf = True, False
+        lout, lsaved = call(loss, out)  # the worker's compiled loss
+        (gl,) = loss_bw(lsaved, t)  # loss.backward() on the worker
+        (g,) = bw(saved, gl)  # the model's backward, on the worker's tree
+        one = g.values()
+        w.accumulate(g)
+        del out, saved, lout, lsaved, gl, g
+        gc.collect()
+    assert worker.stats()["gradients_moved"] >= 1
+    assert w.grad.values() == [4 * v for v in one]  # the 5th backward's on
+    worker.check()
 
 
 def test_a_forward_whose_backward_never_comes_holds_the_step_at_most_1024_calls_then_warns(tree):
