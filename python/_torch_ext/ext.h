@@ -640,6 +640,10 @@ tx_out_ref *tx_step_output_at(TreeObject *T, void *ptr, size_t span);
  * other than T (another thread's): its pool's memory, not T's caller's.
  * Under the GIL. */
 int tx_other_trees_output_at(const TreeObject *T, void *ptr, size_t span);
+/* 1 if a live tree other than T exists. */
+int tx_live_trees_besides(const TreeObject *T);
+/* That output's record, or NULL. */
+tx_out_ref *tx_other_trees_step_output_at(const TreeObject *T, void *ptr, size_t span);
 /* The weak references to the leaves every live tree noted (stale.c,
  * tx_grad_leaf_note), in a new list; NULL with MemoryError set. */
 PyObject *tx_trees_grad_leaves(void);
@@ -654,9 +658,11 @@ int tx_step_holds_check(const TreeObject *T);
  * marks the ending step's outputs): each DYNAMIC tensor argument of that
  * call that lies in a live output of the ending step moves to memory of its
  * own (TX.output_mover), its data copied on the caller's stream, which the
- * tree's stream waits for. The count moved, or -1 with an exception set
- * (out of memory); what moved before the error stays moved and ordered. */
-int tx_move_call_args(TreeObject *T);
+ * tree's stream waits for; so do the kept .grad tensors in `grads` (a list,
+ * or NULL), in the same mover call, so that tensors over one storage land
+ * on one copy. The count moved, or -1 with an exception set (out of
+ * memory); what moved before the error stays moved and ordered. */
+int tx_move_call_args(TreeObject *T, PyObject *grads);
 /* 1 if a DYNAMIC tensor argument of T->syncing_call lies in a live output
  * of T's step and requires grad (module.c: it holds the step); 0 if none,
  * or no call is syncing; -1 with an exception set. */

@@ -1717,18 +1717,41 @@ static void saved_view_hold(const SegmentObject *s, TreeObject *T, tx_out_ref *r
   T->tied_saved_alive++;
 }
 
-/* end_holds_read_by_backward for each tensor argument of a backward that
- * runs as the plain graph (no argument loop of seg_call's reads them). 0;
- * -1 with an exception set. */
+/* A backward that runs on T read ref, an output of T's step or of another
+ * tree's: the holds it kept end (end_holds_read_by_backward, in the tree
+ * whose output it is). A backward runs on the tree of the thread that
+ * called it, so a worker thread's loss.backward() of the main thread's
+ * forward ran on another tree than the forward's, and the forward's tree
+ * never heard of it: its watch of the forward's output never ended (a
+ * loop that keeps `out` bound held one step until the bound of 1024
+ * calls, every call a new node), and a compiled optimizer step on the
+ * main thread began a step, so the loss it logs raised StaleTensorError
+ * where Inductor computes (a helper's review). That tree now hears of the
+ * backward as if it had run there. */
+static void backward_read(const SegmentObject *s, TreeObject *T, tx_out_ref *ref) {
+  if (ref->tree && ref->tree != T) {
+    tx_tree_backward_called(ref->tree);
+    T = ref->tree;
+  }
+  end_holds_read_by_backward(s, T, ref);
+}
+
+/* backward_read for each tensor argument of a backward that runs as the
+ * plain graph (no argument loop of seg_call's reads them). 0; -1 with an
+ * exception set. */
 static int end_holds_of_args_read(const SegmentObject *s, TreeObject *T, PyObject *const *args) {
-  for (uint32_t i = 0; i < s->n_args && (T->tied_saved_alive || T->saved_alive); i++) {
-    tx_out_ref *ref;
+  int others = tx_live_trees_besides(T);
+  for (uint32_t i = 0; i < s->n_args && (others || T->tied_saved_alive || T->saved_alive); i++) {
+    void *ptr;
     if (s->arg_kind[i] > ARG_TENSOR_STATIC)
       continue;
-    if (arg_step_output(s, T, args[i], &ref) < 0)
+    if (!(s->outputs_known && tx_exchange_data_ptr(args[i], &ptr, NULL)) && tx_data_ptr_slow(args[i], &ptr) < 0)
       return -1;
+    tx_out_ref *ref = ptr ? tx_step_output_at(T, ptr, 1) : NULL;
+    if (!ref && ptr && others)
+      ref = tx_other_trees_step_output_at(T, ptr, 1);
     if (ref)
-      end_holds_read_by_backward(s, T, ref);
+      backward_read(s, T, ref);
   }
   return 0;
 }
@@ -1955,8 +1978,9 @@ static int stays(PyObject *o) {
   return grad;
 }
 
-/* The tensors in `todo`, arguments lying in live outputs of the ending
- * step, move to memory of their own through TX.output_mover
+/* The tensors in `todo`, kept .grad tensors (its first n_grads) and
+ * arguments lying in live outputs of the ending step, move to memory of
+ * their own through TX.output_mover
  * (_backend.move_out_of_pool), all in one call: arguments over one storage
  * (an output and a view of it, passed together) move onto one new storage,
  * so they stay views of one another, as in eager; moved one by one they
@@ -1969,7 +1993,7 @@ static int stays(PyObject *o) {
  * earlier step): where PyTorch refuses its set_ (a plain RuntimeError).
  * Returns how many moved, or -1 with an exception set (out of memory, a
  * CUDA error, anything else). */
-static int move_args(TreeObject *T, PyObject *todo) {
+static int move_args(TreeObject *T, PyObject *todo, Py_ssize_t n_grads) {
   PyObject *res = PyObject_CallOneArg(TX.output_mover, todo);
   if (!res) {
     /* It may have moved some storages before it failed (out of memory
@@ -1990,15 +2014,18 @@ static int move_args(TreeObject *T, PyObject *todo) {
       PyErr_SetString(PyExc_TypeError, "cgtree.torch: the output mover must answer a boolean per tensor");
     rc = -1;
   }
+  uint64_t grads_moved = 0;
   for (Py_ssize_t i = 0; rc == 0 && i < PySequence_Fast_GET_SIZE(seq); i++) {
     int m = PyObject_IsTrue(PySequence_Fast_GET_ITEM(seq, i));
     if (m < 0)
       rc = -1;
     moved += m == 1;
+    grads_moved += (uint64_t)(m == 1 && i < n_grads);
   }
   Py_XDECREF(seq);
   Py_DECREF(res);
-  T->args_moved += (uint64_t)moved;
+  T->grads_moved += grads_moved;
+  T->args_moved += (uint64_t)moved - grads_moved;
   if (moved && tx_tree_waits_for_caller(T) < 0) /* also after an error: what moved is ordered */
     rc = -1;
   return rc < 0 ? -1 : moved;
@@ -2041,14 +2068,17 @@ int tx_call_is_training_forward(const TreeObject *T) {
   return c && training_forward(c->s);
 }
 
-int tx_move_call_args(TreeObject *T) {
+int tx_move_call_args(TreeObject *T, PyObject *grads) {
   call_args *c = T->syncing_call;
   if (!c || !TX.output_mover)
     return 0; /* no call syncing, or no mover: every output of the step is marked */
-  PyObject *todo = NULL;
+  Py_ssize_t n_grads = grads ? PyList_GET_SIZE(grads) : 0;
+  PyObject *todo = grads ? Py_NewRef(grads) : NULL;
   for (size_t i = 0; i < c->n; i++) {
     PyObject *o = arg_in_step_output(c, i);
     int keep = o ? stays(o) : 1;
+    for (Py_ssize_t j = 0; keep == 0 && j < n_grads; j++)
+      keep = PyList_GET_ITEM(grads, j) == o; /* the .grad itself: on the list already */
     if (keep == 1)
       continue;
     if (keep < 0 || (!todo && !(todo = PyList_New(0))) || PyList_Append(todo, o) < 0) {
@@ -2056,7 +2086,7 @@ int tx_move_call_args(TreeObject *T) {
       return -1;
     }
   }
-  int moved = todo ? move_args(T, todo) : 0;
+  int moved = todo && PyList_GET_SIZE(todo) ? move_args(T, todo, n_grads) : 0;
   Py_XDECREF(todo);
   return moved;
 }
@@ -2378,6 +2408,10 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
       } else {
         r->offs[k] = 0;
         r->args[k] = kind == ARG_TENSOR_STATIC ? cgt_arg_static(ptr, span) : cgt_arg_dynamic(ptr, span);
+        tx_out_ref *other = s->backward && tx_live_trees_besides(T) ? tx_other_trees_step_output_at(T, ptr, span)
+                                                                 : NULL;
+        if (other) /* another thread's forward's: its tree hears of this backward too */
+          r->read[r->n_read++] = other;
       }
       if (r->args[k].kind == CGT_ARG_VALUE && ref->side_pool && s->arg_written && s->arg_written[i])
         writes_side_value = 1;
@@ -2402,7 +2436,7 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
    * (ended as each was read, an input off the device after them, whose
    * plain call ends every input's holds, ended them twice: a review). */
   for (uint32_t j = 0; j < r->n_read; j++)
-    end_holds_read_by_backward(s, T, r->read[j]);
+    backward_read(s, T, r->read[j]);
   if (!statics_same && s->static_idx)
     r->static_known = statics_noted && !fast; /* every STATIC pointer was read, and noted, just now */
   variant &= variant_mask;

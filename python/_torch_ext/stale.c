@@ -50,7 +50,9 @@
  * (every reference the program holds to it follows), its data copied into
  * memory of its own, ordered before the tree's next work. Any other tensor
  * still on the old storage (a view of .grad the program kept) is then
- * marked like every other output, so it raises: never silently wrong. Once
+ * marked like every other output, so it raises: never silently wrong;
+ * where the call that ends the step reads such a view, .grad and the view
+ * move together onto one copy (tx_stale_mark_step). Once
  * moved, .grad is ordinary memory and AccumulateGrad adds into it in place
  * from then on, so a program that keeps .grad pays one copy per parameter
  * once, where holding the outputs back made AccumulateGrad copy every
@@ -184,11 +186,17 @@ static int grad_in(PyObject *leaf, PyObject *kept, PyObject **grad, PyObject **k
 }
 
 /* leaf.grad, if it shares a storage in `kept`, moves to memory of its own:
- * 1 if it moved, 0 if not, -1 with an exception set. */
-static int move_grad(PyObject *leaf, PyObject *kept) {
+ * 1 if it moved, 0 if not, -1 with an exception set. Where `batch` is a
+ * list, it is appended there instead (0), to move with the call's
+ * arguments (tx_move_call_args). */
+static int move_grad(PyObject *leaf, PyObject *kept, PyObject *batch) {
   PyObject *g, *key;
   int moved = grad_in(leaf, kept, &g, &key);
-  if (moved == 1) {
+  if (moved == 1 && batch) {
+    moved = PyList_Append(batch, g) < 0 ? -1 : 0;
+    Py_DECREF(g);
+    Py_DECREF(key);
+  } else if (moved == 1) {
     PyObject *copy = PyObject_CallMethodNoArgs(g, TX.str_clone);
     PyObject *res = copy ? PyObject_CallMethodOneArg(g, TX.str_set, copy) : NULL;
     Py_XDECREF(copy);
@@ -203,8 +211,9 @@ static int move_grad(PyObject *leaf, PyObject *kept) {
 
 /* Moves every .grad that shares the storage of a live backward output of
  * the ending step (see the top of this file), and orders the tree's stream
- * after the copies. -1 with an exception set. */
-static int move_kept_grads(TreeObject *T) {
+ * after the copies; or, where `batch` is a list, appends them there, to
+ * move with the call's arguments. -1 with an exception set. */
+static int move_kept_grads(TreeObject *T, PyObject *batch) {
   PyObject *kept = NULL;
   for (tx_out_ref *r = T->step_outputs; r; r = r->step_next) {
     if (!tx_out_ref_live_grad(r))
@@ -233,7 +242,7 @@ static int move_kept_grads(TreeObject *T) {
     PyObject *leaf = tx_weakref_get(PyList_GET_ITEM(leaves, i));
     if (!leaf)
       continue;
-    int m = move_grad(leaf, kept);
+    int m = move_grad(leaf, kept, batch);
     Py_DECREF(leaf);
     if (m < 0)
       rc = -1;
@@ -345,7 +354,17 @@ int tx_tree_waits_for_caller(TreeObject *T) {
 int tx_stale_mark_step(TreeObject *T) {
   if (!T->step_outputs)
     return 0;
-  if (move_kept_grads(T) < 0 || tx_move_call_args(T) < 0)
+  /* The kept .grad tensors and the call's arguments move in one go where
+   * they can (a mover, a call), so that those over one storage land on one
+   * copy: a view of .grad passed to the call moved onto a copy apart from
+   * .grad's, and a write in place to .grad (zero_(), the next accumulation)
+   * was lost to it, silently (a helper's review). */
+  PyObject *batch = T->syncing_call && TX.output_mover ? PyList_New(0) : NULL;
+  if (T->syncing_call && TX.output_mover && !batch)
+    return -1;
+  int moved = move_kept_grads(T, batch) < 0 || tx_move_call_args(T, batch) < 0 ? -1 : 0;
+  Py_XDECREF(batch);
+  if (moved < 0)
     return -1;
   char msg[512];
   snprintf(msg, sizeof msg,

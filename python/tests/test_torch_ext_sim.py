@@ -5032,6 +5032,31 @@ def test_a_saved_parameter_is_passed_on_as_the_parameter_so_an_optimizer_step_up
     assert [v.values() for v in kept[1::2]] == [want_w] * len(kept[1::2])  # a kept saved w reads w, never stale
 
 
+def test_a_view_of_grad_passed_to_the_call_that_ends_its_step_stays_a_view_of_grad(tree):
+    """The step's end moved a kept .grad onto a copy (grad.set_(grad.clone()))
+    and then the call's arguments onto another: a view of .grad the call
+    read was moved apart from .grad, and a write in place to .grad (zero_(),
+    the next accumulation) was lost to the view, silently (a helper's
+    review). They move in one go now, onto one copy."""
+    fw, bw, w, x, t = param_training_pair(tree)
+    reader = segment(tree, Graph(tree, 1.0, 0.0), spans=(16,), name="reader")  # a norm, a log
+    for _ in range(3):
+        call(reader, x)
+    w.grad = None
+    param_step(fw, bw, w, x, t)  # w.grad: the backward's output, taken over by AccumulateGrad
+    flat = w.grad.view()  # p.grad.view(-1), kept
+    s0 = tree.stats()
+    tree.step_begin()
+    (n,) = reader(flat)  # the call that begins the next step reads the view
+    assert n.values() == [2, 3, 4, 5]
+    s = tree.stats()
+    assert s["gradients_moved"] == s0["gradients_moved"] + 1 and s["arguments_moved"] == s0["arguments_moved"] + 1
+    assert flat.untyped_storage() is w.grad.untyped_storage()
+    w.grad.fill([0, 0, 0, 0])  # zero_()
+    assert flat.values() == [0, 0, 0, 0]
+    tree.check()
+
+
 def test_a_grad_kept_past_the_optimizer_moves_when_the_next_forward_begins_its_step(tree):
     fw, bw, w, x, t = param_training_pair(tree)
     opt = optimizer_segment(tree)
@@ -5487,6 +5512,52 @@ def test_a_kept_grad_a_worker_threads_backward_made_moves_though_the_main_thread
         gc.collect()
     assert worker.stats()["gradients_moved"] >= 1
     assert w.grad.values() == [4 * v for v in one]  # the 5th backward's on
+    worker.check()
+
+
+@pytest.mark.parametrize("then", ["the_next_forward_with_out_bound", "a_compiled_optimizer_and_the_logged_loss"])
+def test_a_worker_threads_backward_of_the_main_threads_forward_is_heard_by_the_forwards_tree(then):
+    """The backward runs on the tree of the thread that called it, so a
+    worker's loss.backward() of the main thread's forward ran on another
+    tree than the forward's, and the forward's tree never heard of it: its
+    watch of the forward's output never ended, so a loop that keeps `out`
+    bound held one step (every call a new node, up to the bound of 1024),
+    and a compiled optimizer step on the main thread began a step, so the
+    loss it logs raised StaleTensorError where Inductor computes (a
+    helper's review). The forward's tree hears of each backward that reads
+    its outputs."""
+    main, worker = X.Tree(0, backend="sim"), X.Tree(0, backend="sim")  # the worker: autograd's thread's own
+    fw = segment(main, ParamForwardGraph(main), kinds=(ARG_TENSOR, ARG_TENSOR_STATIC), spans=(16, 16), name="fw",
+                 saved_from=1, grad_inputs=(1,))
+    bw = segment(worker, BackwardGraph(worker), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bw",
+                 backward=True)
+    opt = optimizer_segment(main)
+    w, x, t = Leaf(4).fill([0, 0, 0, 0]), FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
+    out = None
+    s0 = main.stats()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for i in range(10):
+            w.grad = None  # zero_grad()
+            step = main.stats()["step"]
+            out, saved = call(fw, x, w)  # the last iteration's `out` is still bound here
+            out.requires_grad = True
+            assert i == 0 or main.stats()["step"] == step + 1, "iteration %d" % i
+            logged = out.values()
+            (g,) = bw(saved, t)  # the worker's loss.backward()
+            w.accumulate(g)
+            del saved, g
+            gc.collect()
+            if then == "a_compiled_optimizer_and_the_logged_loss":
+                step = main.stats()["step"]
+                call(opt, w, w.grad)
+                if i >= 2:  # from the forward's first recorded call on: its outputs are the pool's
+                    assert main.stats()["step"] == step and out.values() == logged, "iteration %d" % i
+    s = main.stats()
+    assert s["steps_deferred"] == s0["steps_deferred"] and s["steps_forced"] == 0 and s["replays"] >= 6
+    del out
+    gc.collect()
+    main.check()
     worker.check()
 
 
