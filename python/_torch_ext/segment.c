@@ -1729,9 +1729,16 @@ static void saved_view_hold(const SegmentObject *s, TreeObject *T, tx_out_ref *r
  * where Inductor computes (a helper's review). That tree now hears of the
  * backward as if it had run there. */
 static void backward_read(const SegmentObject *s, TreeObject *T, tx_out_ref *ref) {
-  if (ref->tree && ref->tree != T) {
-    tx_tree_backward_called(ref->tree);
-    T = ref->tree;
+  TreeObject *owner = ref->tree;
+  if (owner && owner != T) {
+    /* Only a read of what holds the owner's step for a backward: another
+     * thread that trains on this tree's output (a teacher's `t`, read by
+     * its own head's backward) ended every watch of this step, and its
+     * next compiled call began a step that marked `t` (a review). */
+    if (ref->step != owner->step || !((ref->saved && ref->counted) || ref->tied_saved || ref->saved_views))
+      return;
+    tx_tree_backward_called(owner);
+    T = owner;
   }
   end_holds_read_by_backward(s, T, ref);
 }
@@ -2170,7 +2177,7 @@ static PyObject *call_bypassed(SegmentObject *s, PyObject *const *args, size_t n
    * accumulation raised StaleTensorError where Inductor computes). */
   if (r && s->n_grad_pos && note_grad_leaves(r, args) < 0)
     return NULL;
-  if (r && s->backward && (r->tree->tied_saved_alive || r->tree->saved_alive) &&
+  if (r && s->backward && (r->tree->tied_saved_alive || r->tree->saved_alive || tx_live_trees_besides(r->tree)) &&
       end_holds_of_args_read(s, r->tree, args) < 0)
     return NULL;
   PyObject *res = call_plain(s, args, n);
@@ -2210,7 +2217,8 @@ static int on_device_slow(PyObject *o, int device) {
  * for device memory. */
 static PyObject *call_off_device(SegmentObject *s, TreeObject *T, PyObject *const *args, size_t n, size_t i) {
   /* As call_bypassed's. */
-  if (s->backward && (T->tied_saved_alive || T->saved_alive) && end_holds_of_args_read(s, T, args) < 0)
+  if (s->backward && (T->tied_saved_alive || T->saved_alive || tx_live_trees_besides(T)) &&
+      end_holds_of_args_read(s, T, args) < 0)
     return NULL;
   char why[300];
   snprintf(why, sizeof why,

@@ -5515,8 +5515,10 @@ def test_a_kept_grad_a_worker_threads_backward_made_moves_though_the_main_thread
     worker.check()
 
 
-@pytest.mark.parametrize("then", ["the_next_forward_with_out_bound", "a_compiled_optimizer_and_the_logged_loss"])
-def test_a_worker_threads_backward_of_the_main_threads_forward_is_heard_by_the_forwards_tree(then):
+@pytest.mark.parametrize("then, backward", [("the_next_forward_with_out_bound", "recorded"),
+                                            ("a_compiled_optimizer_and_the_logged_loss", "recorded"),
+                                            ("the_next_forward_with_out_bound", "plain")])
+def test_a_worker_threads_backward_of_the_main_threads_forward_is_heard_by_the_forwards_tree(then, backward):
     """The backward runs on the tree of the thread that called it, so a
     worker's loss.backward() of the main thread's forward ran on another
     tree than the forward's, and the forward's tree never heard of it: its
@@ -5525,18 +5527,21 @@ def test_a_worker_threads_backward_of_the_main_threads_forward_is_heard_by_the_f
     and a compiled optimizer step on the main thread began a step, so the
     loss it logs raised StaleTensorError where Inductor computes (a
     helper's review). The forward's tree hears of each backward that reads
-    its outputs."""
+    what holds its step for a backward, recorded or plain (the plain path
+    first asked only the worker's own tree, which holds nothing: a
+    review)."""
     main, worker = X.Tree(0, backend="sim"), X.Tree(0, backend="sim")  # the worker: autograd's thread's own
     fw = segment(main, ParamForwardGraph(main), kinds=(ARG_TENSOR, ARG_TENSOR_STATIC), spans=(16, 16), name="fw",
                  saved_from=1, grad_inputs=(1,))
+    plain = {"plain_reason": "an op cgtree cannot record"} if backward == "plain" else {}
     bw = segment(worker, BackwardGraph(worker), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bw",
-                 backward=True)
+                 backward=True, **plain)
     opt = optimizer_segment(main)
     w, x, t = Leaf(4).fill([0, 0, 0, 0]), FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
     out = None
     s0 = main.stats()
     with warnings.catch_warnings():
-        warnings.simplefilter("error")
+        warnings.simplefilter("error" if backward == "recorded" else "ignore")  # the plain reason's warning
         for i in range(10):
             w.grad = None  # zero_grad()
             step = main.stats()["step"]
@@ -5559,6 +5564,49 @@ def test_a_worker_threads_backward_of_the_main_threads_forward_is_heard_by_the_f
     gc.collect()
     main.check()
     worker.check()
+
+
+def test_another_threads_backward_reading_a_teachers_output_leaves_the_teachers_tree_its_hold_for_the_student():
+    """Thread A runs a teacher under no_grad, then its student, whose loss
+    reads the teacher's output t. Thread B trains a head of its own on t
+    (handed over detached); the head runs as the plain graph and saves its
+    input, so B's backward reads t. Heard by A as a backward of its own,
+    it ended every watch of A's step, the teacher output's hold for the
+    student among them: the student's call began a step that marked t, and
+    A's loss raised StaleTensorError where Inductor computes (a review). A
+    tree hears of another tree's backward only where it reads what holds
+    the step for a backward."""
+    X.set_output_mover(fake_move_out)
+    a, b = X.Tree(0, backend="sim"), X.Tree(0, backend="sim")
+    teacher = segment(a, Graph(a, 5.0, 0.0), spans=(16,), name="teacher")
+    student = segment(a, ForwardGraph(a), spans=(16,), name="student", saved_from=1)
+    student_bw = segment(a, BackwardGraph(a), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="student_bw",
+                         backward=True)
+    head = segment(b, HeadSavingItsInput(b), spans=(16,), name="head", saved_from=1,
+                   plain_reason="an op cgtree cannot record")
+    head_bw = segment(b, BackwardGraph(b), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="head_bw",
+                      backward=True)
+    g, x = FakeTensor(4).fill([1, 1, 1, 1]), FakeTensor(4).fill([1, 2, 3, 4])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the plain reason's warning
+        for i in range(6):
+            (t,) = call(teacher, x)  # thread A, under no_grad
+            on_b = t.view()  # thread B's head on t.detach(), then its backward
+            zb, sb = call(head, on_b)
+            (gb,) = head_bw(sb, g)
+            del on_b, zb, sb, gb
+            gc.collect()
+            step = a.stats()["step"]
+            y, saved = call(student, x)  # thread A's student
+            assert i == 0 or a.stats()["step"] == step, "iteration %d" % i  # the teacher's first call ran plainly
+            assert t.values() == [5, 10, 15, 20]  # A's loss reads t
+            (gx,) = student_bw(saved, g)
+            del y, saved, gx
+            gc.collect()
+    del t
+    gc.collect()
+    a.check()
+    b.check()
 
 
 def test_a_forward_whose_backward_never_comes_holds_the_step_at_most_1024_calls_then_warns(tree):

@@ -1153,6 +1153,66 @@ def train_with_compiled_step(make_opt, width=128, steps=12, warm=None, compiled=
     return opts, before, after
 
 
+def logged_after_a_norm_and_a_step(m, backend, xs, backward_from):
+    """A loop that zeroes .grad in place (zero_grad(set_to_none=False)),
+    calls a compiled loss, backward (on this thread or a worker's), a
+    compiled gradient norm and a compiled AdamW step, and then logs the
+    loss and the norm. The logged pairs, stacked, and cgtree's node count
+    after each iteration."""
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3, capturable=True)
+    params = list(m.parameters())
+    step = torch.compile(opt.step, backend=backend)
+    norm = torch.compile(lambda: torch.stack([p.grad.norm() for p in params]).norm(), backend=backend)
+    loss_of = torch.compile(lambda x: m(x).square().mean(), backend=backend)
+    logged, errors, nodes = [], [], []
+
+    def backward(loss):
+        try:
+            loss.backward()
+        except Exception as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(repr(e))
+
+    for x in xs:
+        opt.zero_grad(set_to_none=False)
+        loss = loss_of(x)
+        if backward_from == "a_worker_thread":
+            worker = threading.Thread(target=backward, args=(loss,))
+            worker.start()
+            worker.join()
+        else:
+            backward(loss)
+        n = norm()
+        step()
+        logged.append(torch.stack([loss, n]).detach().clone())  # read after the step: still the step's
+        nodes.append(ct.stats()["nodes"])
+    assert errors == []
+    return torch.stack(logged), nodes
+
+
+@pytest.mark.parametrize("backward_from", ["the_main_thread", "a_worker_thread"])
+def test_the_loss_logged_after_a_compiled_gradient_norm_and_step_stays_readable_with_grads_zeroed_in_place(
+        backward_from):
+    """zero_grad(set_to_none=False): from the second step .grad is memory of
+    its own, moved out of the pool once, that AccumulateGrad adds into. The
+    compiled norm read no gradient of the step's pool, so it began a step
+    and the logged loss raised StaleTensorError where Inductor computes. And
+    a backward called from a worker thread ran on autograd's thread's tree,
+    so the model's tree never heard of it, and the compiled step after it
+    began a step too, and while a loss whose backward it never heard of
+    lived, no step began at all: every call a new node (two helpers'
+    reviews, on the simulator). Both go on in the backward's step now, and
+    steps begin at each forward; losses, norms and weights equal
+    Inductor's."""
+    _, model, _, ref = pair(mlp())
+    xs = batches(12)
+    got, nodes = logged_after_a_norm_and_a_step(model, "cgtree", xs, backward_from)
+    want, _ = logged_after_a_norm_and_a_step(ref, "inductor", xs, backward_from)
+    assert torch.equal(got, want), (got, want)
+    assert_same_params(model, ref)
+    if STEPS_END:
+        assert nodes[-1] == nodes[7], "the tree grew a node per call: %s" % nodes
+
+
 def test_a_compiled_adamw_step_matches_inductor():
     train_with_compiled_step(lambda ps: torch.optim.AdamW(ps, lr=1e-3, capturable=True), width=64, steps=10,
                              compiled="model", set_to_none=False)
