@@ -337,6 +337,12 @@ typedef struct TreeObject {
   PyObject *grad_leaves;
   Py_ssize_t grad_leaves_pruned;
   uint64_t grads_moved;
+  /* Where those leaves' .grad begin, sorted (malloc'd), read at a call
+   * after a backward (tx_kept_grad_among) and kept for the calls after it
+   * until the step or the backwards called move on. */
+  void **kept_grads;
+  size_t n_kept_grads;
+  uint64_t kept_grads_step, kept_grads_backwards; /* when read (backwards: backward_calls + 1; 0: never) */
   /* The segment call whose step is being brought up to date (segment.c,
    * run_in_step), or NULL: a step that begins there first moves that
    * call's arguments that lie in outputs of the ending step

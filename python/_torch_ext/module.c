@@ -406,6 +406,13 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
   int marked = mark != T->last_mark_step || T->step_mark_pending;
   T->last_generation = gen;
   T->last_mark_step = mark;
+  /* A compiled call inside a backward, on a tree where only backwards ran
+   * (checkpointing's recompute, the first call of a worker's backward where
+   * every block is checkpointed and the loss is eager), is that backward's
+   * first segment: deferred as a call inside a backward, it never began a
+   * step there, and every call was a new node (a review). */
+  if (!backward && !marked && !T->ran_other_than_backward && tx_in_a_backward())
+    backward = 1;
   if (backward && !marked) {
     /* A backward belongs to its forwards' step, even where Dynamo entered
      * a frame for it. But a tree where only backwards ever ran (autograd's
@@ -701,6 +708,7 @@ static void tree_dealloc(TreeObject *T) {
   tx_step_outputs_free(T);
   Py_XDECREF(T->device_obj);
   Py_XDECREF(T->grad_leaves);
+  free(T->kept_grads);
   Py_XDECREF(T->forward_outs);
   Py_TYPE(T)->tp_free((PyObject *)T);
 }

@@ -1967,7 +1967,12 @@ static int belongs_to_training_step(void *call) {
     if (o && tx_out_ref_live_grad(o))
       return TX_OPTIMIZER_READS_GRAD;
   }
-  if (inference_graph(c->s) && c->T->grad_leaves) { /* a leaf scan, for graphs of neither kind after a backward */
+  /* A graph of neither kind after a backward: does it read a kept .grad?
+   * Only while an output of the step lives, which the step is held for:
+   * with none, beginning a step costs nothing, and an analysis loop that
+   * reads .grad at every call held the step up to the bound, a recording
+   * per call (a review). */
+  if (inference_graph(c->s) && c->T->grad_leaves && (tx_out_ref_queue_drain(), c->T->alive_this_step)) {
     int reads = args_read_kept_grad(c);
     if (reads)
       return reads < 0 ? -1 : TX_OPTIMIZER_READS_GRAD;

@@ -261,14 +261,20 @@ static int ptr_order(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-int tx_kept_grad_among(TreeObject *T, void *const *ptrs, size_t n) {
-  if (!n || !T->grad_leaves || !PyDict_GET_SIZE(T->grad_leaves))
+/* T->kept_grads brought up to the step and the backwards called: read
+ * once per backward, not at every call that asks. A per-parameter update
+ * after the backward asks at each of its N calls, and a read of N leaves'
+ * .grad each time cost N squared per step (a review). A .grad replaced
+ * since it was read can at worst keep a call in the step (its old address
+ * met again): never a wrong number. 0; -1 with an exception set. */
+static int kept_grads_read(TreeObject *T) {
+  if (T->kept_grads_step == T->step && T->kept_grads_backwards == T->backward_calls + 1)
     return 0;
   PyObject *leaves = PyDict_Values(T->grad_leaves); /* a snapshot: reading .grad may run Python */
   if (!leaves)
     return -1;
   Py_ssize_t n_leaves = PyList_GET_SIZE(leaves);
-  void **at = malloc((size_t)n_leaves * sizeof *at);
+  void **at = malloc((size_t)(n_leaves ? n_leaves : 1) * sizeof *at);
   size_t m = 0;
   int rc = at ? 0 : -1;
   if (!at)
@@ -289,13 +295,28 @@ int tx_kept_grad_among(TreeObject *T, void *const *ptrs, size_t n) {
     Py_XDECREF(g);
   }
   Py_DECREF(leaves);
-  if (rc == 0 && m) {
-    qsort(at, m, sizeof *at, ptr_order);
-    for (size_t i = 0; i < n && !rc; i++)
-      rc = ptrs[i] && bsearch(&ptrs[i], at, m, sizeof *at, ptr_order) != NULL;
+  if (rc < 0) {
+    free(at);
+    return -1;
   }
-  free(at);
-  return rc;
+  qsort(at, m, sizeof *at, ptr_order);
+  free(T->kept_grads);
+  T->kept_grads = at;
+  T->n_kept_grads = m;
+  T->kept_grads_step = T->step;
+  T->kept_grads_backwards = T->backward_calls + 1;
+  return 0;
+}
+
+int tx_kept_grad_among(TreeObject *T, void *const *ptrs, size_t n) {
+  if (!n || !T->grad_leaves || !PyDict_GET_SIZE(T->grad_leaves))
+    return 0;
+  if (kept_grads_read(T) < 0)
+    return -1;
+  for (size_t i = 0; i < n && T->n_kept_grads; i++)
+    if (ptrs[i] && bsearch(&ptrs[i], T->kept_grads, T->n_kept_grads, sizeof *T->kept_grads, ptr_order))
+      return 1;
+  return 0;
 }
 
 int tx_step_outputs_all_leaf_grads(TreeObject *T) {

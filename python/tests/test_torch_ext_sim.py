@@ -5111,6 +5111,82 @@ def test_calls_after_the_backward_that_read_a_kept_grad_go_on_in_its_step_as_tho
     tree.check()
 
 
+class CountingLeaf(Leaf):
+    """A parameter that counts the reads of its .grad."""
+
+    reads = 0
+
+    @property
+    def grad(self):
+        CountingLeaf.reads += 1
+        return self._grad
+
+    @grad.setter
+    def grad(self, g):
+        self._grad = g
+
+
+def test_a_per_parameter_update_after_the_backward_reads_the_leaves_grad_once_not_at_every_call(tree):
+    """A per-parameter compiled update after the backward, .grad kept: each
+    of its N calls asked whether it reads a kept .grad, and each read all N
+    leaves' .grad, N squared per step (a review). They are read once per
+    backward."""
+    n = 24
+    first = ParamForwardGraph(tree)
+    fw = segment(tree, lambda x, *ws: first(x, ws[0]), kinds=(ARG_TENSOR,) + (ARG_TENSOR_STATIC,) * n,
+                 spans=(16,) * (n + 1), name="fw", saved_from=1, grad_inputs=tuple(range(1, n + 1)))
+    bw = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bw", backward=True)
+    upd = segment(tree, SGDGraph(tree), kinds=(ARG_TENSOR_STATIC, ARG_TENSOR), spans=(16, 16), name="upd",
+                  written_inputs=(0,))
+    ws = [CountingLeaf(4).fill([0, 0, 0, 0]) for _ in range(n)]
+    for w in ws:
+        w.grad = FakeTensor(4).fill([0, 0, 0, 0])  # kept .grad, memory of its own
+    x, t = FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
+    for i in range(4):
+        out, saved = call(fw, x, *ws)  # out: the loss the loop logs
+        logged = out.values()
+        (g,) = bw(saved, t)
+        ws[0].accumulate(g)
+        del saved, g
+        gc.collect()
+        step, CountingLeaf.reads = tree.stats()["step"], 0
+        for w in ws:
+            call(upd, w, w.grad)
+        if i >= 2:  # recorded and replayed: the step's outputs live, and each call asks
+            assert tree.stats()["step"] == step and out.values() == logged
+            assert CountingLeaf.reads <= 3 * n, "iteration %d: %d reads of .grad" % (i, CountingLeaf.reads)
+    tree.check()
+
+
+def test_an_analysis_loop_reading_a_kept_grad_after_training_begins_a_step_at_each_call(tree):
+    """After training with zero_grad(set_to_none=False), a loop of compiled
+    calls that read the kept .grad (a gradient probe) and drop their
+    outputs: with nothing of the step alive there is nothing to hold it
+    for, so each call begins a step and replays one node (held as the
+    step's gradient reader, it made a recording per call up to the bound,
+    then warned: a review)."""
+    fw, bw, w, x, t = param_training_pair(tree)
+    probe = optimizer_segment(tree)
+    w.grad = None
+    for i in range(3):
+        if w.grad is not None:
+            w.grad.fill([0, 0, 0, 0])
+        out, saved = call(fw, x, w)
+        (g,) = bw(saved, t)
+        w.accumulate(g)
+        del out, saved, g
+        gc.collect()
+    s0 = tree.stats()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(100):
+            (score,) = call(probe, w, w.grad)
+            del score
+    s = tree.stats()
+    assert s["nodes"] - s0["nodes"] <= 2 and s["steps_kept_after_backward"] == s0["steps_kept_after_backward"]
+    tree.check()
+
+
 def test_calls_that_only_read_gradients_hold_the_step_at_most_1024_then_a_step_begins_with_a_warning(tree):
     """A compiled function called once per parameter after the backward
     (Muon's orthogonalisation, a per-parameter norm kept for a histogram)
@@ -5478,6 +5554,39 @@ def test_a_backward_only_tree_whose_backward_recomputes_a_compiled_block_still_b
     s = worker.stats()
     assert s["replays"] >= 20 and s["nodes"] <= 4, {k: s[k] for k in ("step", "replays", "nodes", "warmups")}
     assert s["steps_forced"] == 0
+    worker.check()
+
+
+def test_a_backward_only_tree_whose_backward_begins_with_a_recompute_begins_steps_and_replays():
+    """Every block checkpointed and the loss eager: the first compiled call
+    of the worker's backward is the recompute. Deferred as a call inside a
+    backward, it never began a step on the tree of backwards, and every
+    call was a new node (a review). It counts as that backward's first
+    segment."""
+    main, worker = X.Tree(0, backend="sim"), X.Tree(0, backend="sim")
+    block = segment(main, ForwardGraph(main), spans=(16,), name="block", saved_from=1)
+    recompute = segment(worker, ForwardGraph(worker), spans=(16,), name="block_recompute", saved_from=1)
+    block_bw = segment(worker, BackwardGraph(worker), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16),
+                       name="block_bw", backward=True)
+    task = [-1]
+    X.set_graph_task_id(lambda: task[0])
+    t = FakeTensor(4).fill([1, 1, 1, 1])
+    try:
+        for _ in range(12):
+            x = FakeTensor(4).fill([1, 2, 3, 4])
+            h, saved = call(block, x)  # checkpointed: its saved tensors are dropped
+            del saved
+            task[0] = 7  # the worker's loss.backward(): the block's node unpacks, and recomputes first
+            h_again, saved = call(recompute, x)
+            (gx,) = block_bw(saved, t)
+            assert gx.values() == [3 * a + 1 for a in (1, 2, 3, 4)]
+            task[0] = -1
+            del h, h_again, saved, gx
+            gc.collect()
+    finally:
+        X.set_graph_task_id(None)
+    s = worker.stats()
+    assert s["replays"] >= 10 and s["nodes"] <= 4, {k: s[k] for k in ("step", "replays", "nodes", "warmups")}
     worker.check()
 
 
