@@ -193,7 +193,10 @@ static int move_grad(PyObject *leaf, PyObject *kept, PyObject *batch) {
   PyObject *g, *key;
   int moved = grad_in(leaf, kept, &g, &key);
   if (moved == 1 && batch) {
-    moved = PyList_Append(batch, g) < 0 ? -1 : 0;
+    int listed = 0; /* a leaf several trees noted comes once for each: the .grad goes on the list once */
+    for (Py_ssize_t i = 0; !listed && i < PyList_GET_SIZE(batch); i++)
+      listed = PyList_GET_ITEM(batch, i) == g;
+    moved = !listed && PyList_Append(batch, g) < 0 ? -1 : 0;
     Py_DECREF(g);
     Py_DECREF(key);
   } else if (moved == 1) {

@@ -5032,13 +5032,21 @@ def test_a_saved_parameter_is_passed_on_as_the_parameter_so_an_optimizer_step_up
     assert [v.values() for v in kept[1::2]] == [want_w] * len(kept[1::2])  # a kept saved w reads w, never stale
 
 
-def test_a_view_of_grad_passed_to_the_call_that_ends_its_step_stays_a_view_of_grad(tree):
+@pytest.mark.parametrize("noted_by", ["one_tree", "two_trees"])
+def test_a_view_of_grad_passed_to_the_call_that_ends_its_step_stays_a_view_of_grad(tree, noted_by):
     """The step's end moved a kept .grad onto a copy (grad.set_(grad.clone()))
     and then the call's arguments onto another: a view of .grad the call
     read was moved apart from .grad, and a write in place to .grad (zero_(),
     the next accumulation) was lost to the view, silently (a helper's
-    review). They move in one go now, onto one copy."""
+    review). They move in one go now, onto one copy; a leaf another tree
+    noted too (another thread's forward of the same model) goes on the list
+    once."""
     fw, bw, w, x, t = param_training_pair(tree)
+    if noted_by == "two_trees":
+        other = X.Tree(0, backend="sim")
+        other_fw = segment(other, ParamForwardGraph(other), kinds=(ARG_TENSOR, ARG_TENSOR_STATIC), spans=(16, 16),
+                           name="other_fw", saved_from=1, grad_inputs=(1,))
+        call(other_fw, x, w)
     reader = segment(tree, Graph(tree, 1.0, 0.0), spans=(16,), name="reader")  # a norm, a log
     for _ in range(3):
         call(reader, x)
