@@ -435,9 +435,12 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
     if (T->ran_other_than_backward)
       return 0;
     tx_out_ref_queue_drain();
-    if (T->saved_alive || T->tied_saved_alive)
-      return 0;
-    int only_grads = T->alive_this_step ? tx_step_outputs_all_leaf_grads(T) : 1;
+    /* Saved activations of a recompute made here (checkpointing inside the
+     * backward) hold the step under the same bound: kept alive past their
+     * backward (a kept frame), they held it for good, a node per call and
+     * no warning (a review). */
+    int held = T->saved_alive || T->tied_saved_alive;
+    int only_grads = held ? 0 : T->alive_this_step ? tx_step_outputs_all_leaf_grads(T) : 1;
     if (only_grads < 0)
       return unsee(T, gen_before, mark_before);
     if (!only_grads && T->generations_deferred < PENDING_GENERATIONS_MAX) {
@@ -448,8 +451,8 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
     if (!only_grads && ++T->steps_forced == 1)
       warn_bound("cgtree.torch: %u backwards in a row on a thread that never called a compiled model began no "
                  "step because gradients they made that are no leaf's .grad are alive (kept from "
-                 "torch.autograd.grad, say). A step begins now, and those gradients raise StaleTensorError from "
-                 "here on: clone the ones you keep.",
+                 "torch.autograd.grad, say), or activations a recompute inside them saved. A step begins now, and "
+                 "those tensors raise StaleTensorError from here on: clone the ones you keep.",
                  PENDING_GENERATIONS_MAX);
     return step_begin_or_unsee(T, gen_before, mark_before);
   }

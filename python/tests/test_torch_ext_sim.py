@@ -5574,6 +5574,49 @@ def test_a_backward_only_tree_whose_backward_recomputes_a_compiled_block_still_b
     worker.check()
 
 
+def test_a_backward_only_trees_step_held_by_a_kept_recompute_activation_begins_at_the_bound_with_a_warning():
+    """A recompute inside a worker's backward leaves autograd's thread's
+    tree one of backwards, but its saved activations are the tree's own.
+    One whose block backward never ran, kept alive (a kept exception's
+    frame), held that tree's step for good: a node per call, no warning (a
+    review). It holds under the bound of any held step: 1024 generations,
+    then a step begins with a warning."""
+    main, worker = X.Tree(0, backend="sim"), X.Tree(0, backend="sim")
+    block = segment(main, ForwardGraph(main), spans=(16,), name="block", saved_from=1)
+    recompute = segment(worker, ForwardGraph(worker), spans=(16,), name="block_recompute", saved_from=1)
+    block_bw = segment(worker, BackwardGraph(worker), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16),
+                       name="block_bw", backward=True)
+    task = [-1]
+    X.set_graph_task_id(lambda: task[0])
+    t = FakeTensor(4).fill([1, 1, 1, 1])
+    kept = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for i in range(1040):
+                x = FakeTensor(4).fill([1, 2, 3, 4])
+                h, saved = call(block, x)  # checkpointed: none of its saved tensors is kept
+                del saved
+                task[0] = 7  # the worker's loss.backward(), the loss eager
+                h_again, saved = call(recompute, x)
+                if i == 5:  # that backward fails after the recompute; the error, and its frame, are kept
+                    kept.append(saved)
+                else:
+                    (gx,) = block_bw(saved, t)
+                    del gx
+                task[0] = -1
+                del h, h_again, saved
+                gc.collect()
+    finally:
+        X.set_graph_task_id(None)
+    s = worker.stats()
+    assert s["steps_forced"] == 1 and any("recompute" in str(w.message) for w in caught), s
+    assert s["step"] > 7  # steps begin again after the forced one
+    del kept
+    gc.collect()
+    worker.check()
+
+
 def test_a_kept_grad_a_worker_threads_backward_made_moves_though_the_main_thread_noted_the_leaf():
     """The main thread's model notes its parameter on its tree; a worker
     thread that has called a compiled loss of its own calls backward, so
