@@ -648,7 +648,8 @@ tx_out_ref *tx_step_output_at(TreeObject *T, void *ptr, size_t span);
 int tx_other_trees_output_at(const TreeObject *T, void *ptr, size_t span);
 /* 1 if a live tree other than T exists. */
 int tx_live_trees_besides(const TreeObject *T);
-/* That output's record, among the trees of T's device, or NULL. */
+/* That output's record, among the trees of T's device (a device's
+ * pointers are its own), or NULL. */
 tx_out_ref *tx_other_trees_step_output_at(const TreeObject *T, void *ptr, size_t span);
 /* The weak references to the leaves every live tree noted (stale.c,
  * tx_grad_leaf_note), in a new list; NULL with MemoryError set. */

@@ -574,10 +574,7 @@ PyObject *tx_trees_grad_leaves(void) {
 }
 
 int tx_other_trees_output_at(const TreeObject *T, void *ptr, size_t span) {
-  for (TreeObject *t = live_trees; t; t = t->live_next)
-    if (t != T && t->step_pages && tx_step_output_at(t, ptr, span ? span : 1))
-      return 1;
-  return 0;
+  return tx_other_trees_step_output_at(T, ptr, span) != NULL;
 }
 
 int tx_live_trees_besides(const TreeObject *T) { return live_trees && (live_trees != T || T->live_next); }

@@ -1580,16 +1580,21 @@ PyObject *tx_set_variant_mask(PyObject *self, PyObject *arg) {
   Py_RETURN_NONE;
 }
 
+/* *ptr: tensor argument o of s's data, read as the argument loop reads it:
+ * through the exchange API once the segment's first call cross-checked it,
+ * else through data_ptr(). 0; -1 with an exception set where it cannot be
+ * read (an output of an earlier step, marked: the caller decides whether
+ * that raises now or where the graph reads it). */
+static int arg_data_ptr(const SegmentObject *s, PyObject *o, void **ptr) {
+  return !(s->outputs_known && tx_exchange_data_ptr(o, ptr, NULL)) && tx_data_ptr_slow(o, ptr) < 0 ? -1 : 0;
+}
+
 /* *out: the live output of T's step that tensor argument o of s lies in,
- * or NULL. Read as the argument loop reads it: through the exchange API
- * once the segment's first call cross-checked it, else through data_ptr().
- * 0; -1 with an exception set where o's pointer cannot be read (an output
- * of an earlier step, marked: the caller decides whether that raises now
- * or where the graph reads it). */
+ * or NULL. 0; -1 as arg_data_ptr. */
 static int arg_step_output(const SegmentObject *s, TreeObject *T, PyObject *o, tx_out_ref **out) {
   void *ptr;
   *out = NULL;
-  if (!(s->outputs_known && tx_exchange_data_ptr(o, &ptr, NULL)) && tx_data_ptr_slow(o, &ptr) < 0)
+  if (arg_data_ptr(s, o, &ptr) < 0)
     return -1;
   *out = ptr ? tx_step_output_at(T, ptr, 1) : NULL;
   return 0;
@@ -1752,7 +1757,7 @@ static int end_holds_of_args_read(const SegmentObject *s, TreeObject *T, PyObjec
     void *ptr;
     if (s->arg_kind[i] > ARG_TENSOR_STATIC)
       continue;
-    if (!(s->outputs_known && tx_exchange_data_ptr(args[i], &ptr, NULL)) && tx_data_ptr_slow(args[i], &ptr) < 0)
+    if (arg_data_ptr(s, args[i], &ptr) < 0)
       return -1;
     tx_out_ref *ref = ptr ? tx_step_output_at(T, ptr, 1) : NULL;
     if (!ref && ptr && others)
@@ -1926,7 +1931,7 @@ static int args_read_kept_grad(call_args *c) {
     void *ptr;
     if (c->s->arg_kind[i] > ARG_TENSOR_STATIC)
       continue;
-    if (!tx_exchange_data_ptr(c->args[i], &ptr, NULL) && tx_data_ptr_slow(c->args[i], &ptr) < 0) {
+    if (arg_data_ptr(c->s, c->args[i], &ptr) < 0) {
       PyErr_Clear(); /* a stale output: the call reads it again, and raises */
       continue;
     }
