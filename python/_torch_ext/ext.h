@@ -337,12 +337,15 @@ typedef struct TreeObject {
   PyObject *grad_leaves;
   Py_ssize_t grad_leaves_pruned;
   uint64_t grads_moved;
-  /* Where those leaves' .grad begin, sorted (malloc'd), read at a call
-   * after a backward (tx_kept_grad_among) and kept for the calls after it
-   * until the step or the backwards called move on. */
-  void **kept_grads;
+  /* Where the .grad of every live tree's leaves lie, sorted by where they
+   * begin (malloc'd), read at a call after a backward (tx_kept_grad_among)
+   * and kept for the calls after it until the step, the backwards called
+   * or the leaves and moves of all trees (tx_kept_grads_generation) move
+   * on. */
+  struct tx_kept_grad *kept_grads;
   size_t n_kept_grads;
   uint64_t kept_grads_step, kept_grads_backwards; /* when read (backwards: backward_calls + 1; 0: never) */
+  uint64_t kept_grads_generation;
   /* The segment call whose step is being brought up to date (segment.c,
    * run_in_step), or NULL: a step that begins there first moves that
    * call's arguments that lie in outputs of the ending step
@@ -403,7 +406,7 @@ typedef struct tx_py {
   PyObject *graph_task_id;   /* torch._C._current_graph_task_id, or NULL: -1 unless autograd runs a backward here */
   PyObject *output_mover;    /* cgtree.torch._backend.move_out_of_pool, or NULL: no argument is moved (stale.c) */
   PyObject *str_data_ptr, *str_generation, *str_untyped_storage, *str_cdata, *str_mark_step;
-  PyObject *str_grad, *str_is_leaf, *str_requires_grad, *str_clone, *str_set; /* gradients (stale.c) */
+  PyObject *str_grad, *str_is_leaf, *str_requires_grad, *str_clone, *str_set, *str_nbytes; /* gradients (stale.c) */
   PyObject *str_is_cuda, *str_get_device; /* an input's device, where the exchange API does not give it */
   PyObject *str_storage_offset, *str_element_size; /* an input's layout, for outputs that alias it (segment.c) */
   PyObject *str_dtype, *str_as_strided; /* an output made a view of the caller's tensor (segment.c) */
@@ -654,6 +657,8 @@ tx_out_ref *tx_other_trees_step_output_at(const TreeObject *T, void *ptr, size_t
 /* The weak references to the leaves every live tree noted (stale.c,
  * tx_grad_leaf_note), in a new list; NULL with MemoryError set. */
 PyObject *tx_trees_grad_leaves(void);
+/* 1 if a live tree noted a leaf (tx_grad_leaf_note), else 0. */
+int tx_trees_have_grad_leaves(void);
 void tx_step_outputs_free(TreeObject *T);  /* the index's memory (the list is the caller's) */
 int tx_step_outputs_check(TreeObject *T);  /* 0, or -1 if the list and the index disagree */
 /* 0, or -1 if the holds the step's outputs keep (saved, tied_saved,
@@ -681,11 +686,23 @@ int tx_call_is_training_forward(const TreeObject *T);
 
 /* ------------------------------------------------------------ stale.c */
 
-/* 1 if one of ptrs[0..n) is where the .grad of a leaf T noted begins
- * (memory of its own: moved out of the pool at an earlier step's end, or
- * one the program made, that AccumulateGrad adds into), 0 if none, -1 with
- * an exception set. One read of .grad per leaf. */
+/* A leaf's .grad where T last read it: [begin, end), and the leaf (a weak
+ * reference), which a hit asks again. */
+typedef struct tx_kept_grad {
+  uintptr_t begin, end;
+  PyObject *leaf;
+} tx_kept_grad;
+/* 1 if one of ptrs[0..n) lies in the .grad of a leaf that a live tree
+ * noted (memory of its own: moved out of the pool at an earlier step's
+ * end, or one the program made, that AccumulateGrad adds into), 0 if none,
+ * -1 with an exception set. One read of .grad per leaf per backward, and
+ * one per hit. */
 int tx_kept_grad_among(TreeObject *T, void *const *ptrs, size_t n);
+/* T's cache of where those .grad lie, emptied (a tree's end). */
+void tx_kept_grads_free(TreeObject *T);
+/* n .grad tensors moved out of T's pool: counted, and every tree's cache
+ * of where .grad lie is read again at its next question. */
+void tx_kept_grads_moved(TreeObject *T, uint64_t n);
 /* 1 if tensor t lies on the storage r watches (or r watches none, and
  * nothing can tell), 0 if on another, -1 with an exception set. */
 int tx_stale_same_storage(const tx_out_ref *r, PyObject *t);

@@ -573,6 +573,13 @@ PyObject *tx_trees_grad_leaves(void) {
   return all;
 }
 
+int tx_trees_have_grad_leaves(void) {
+  for (TreeObject *t = live_trees; t; t = t->live_next)
+    if (t->grad_leaves && PyDict_GET_SIZE(t->grad_leaves))
+      return 1;
+  return 0;
+}
+
 int tx_other_trees_output_at(const TreeObject *T, void *ptr, size_t span) {
   return tx_other_trees_step_output_at(T, ptr, span) != NULL;
 }
@@ -708,7 +715,7 @@ static void tree_dealloc(TreeObject *T) {
   tx_step_outputs_free(T);
   Py_XDECREF(T->device_obj);
   Py_XDECREF(T->grad_leaves);
-  free(T->kept_grads);
+  tx_kept_grads_free(T);
   Py_XDECREF(T->forward_outs);
   Py_TYPE(T)->tp_free((PyObject *)T);
 }
@@ -1497,6 +1504,7 @@ PyMODINIT_FUNC PyInit__torch_ext(void) {
   TX.str_requires_grad = PyUnicode_InternFromString("requires_grad");
   TX.str_clone = PyUnicode_InternFromString("clone");
   TX.str_set = PyUnicode_InternFromString("set_");
+  TX.str_nbytes = PyUnicode_InternFromString("nbytes");
   TX.str_is_cuda = PyUnicode_InternFromString("is_cuda");
   TX.str_get_device = PyUnicode_InternFromString("get_device");
   TX.str_storage_offset = PyUnicode_InternFromString("storage_offset");
@@ -1511,7 +1519,8 @@ PyMODINIT_FUNC PyInit__torch_ext(void) {
       "An output of an earlier step was passed to a compiled graph: its memory may hold newer outputs.", TxError,
       NULL);
   if (!TX.str_data_ptr || !TX.str_generation || !TX.str_untyped_storage || !TX.str_cdata || !TX.str_mark_step ||
-      !TX.str_grad || !TX.str_is_leaf || !TX.str_requires_grad || !TX.str_clone || !TX.str_set || !TX.str_is_cuda ||
+      !TX.str_grad || !TX.str_is_leaf || !TX.str_requires_grad || !TX.str_clone || !TX.str_set || !TX.str_nbytes ||
+      !TX.str_is_cuda ||
       !TX.str_get_device || !TX.str_storage_offset || !TX.str_element_size || !TX.str_dtype ||
       !TX.str_as_strided || !TxError || !TxStaleError ||
       PyModule_AddObjectRef(m, "CgtreeError", TxError) < 0 ||

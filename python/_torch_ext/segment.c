@@ -1735,17 +1735,21 @@ static void saved_view_hold(const SegmentObject *s, TreeObject *T, tx_out_ref *r
  * backward as if it had run there. */
 static void backward_read(const SegmentObject *s, TreeObject *T, tx_out_ref *ref) {
   TreeObject *owner = ref->tree;
-  if (owner && owner != T) {
-    /* Only a read of what holds the owner's step for a backward: another
-     * thread that trains on this tree's output (a teacher's `t`, read by
-     * its own head's backward) ended every watch of this step, and its
-     * next compiled call began a step that marked `t` (a review). */
-    if (ref->step != owner->step || !((ref->saved && ref->counted) || ref->tied_saved || ref->saved_views))
-      return;
-    tx_tree_backward_called(owner);
-    T = owner;
+  if (!owner || owner == T) {
+    end_holds_read_by_backward(s, T, ref);
+    return;
   }
-  end_holds_read_by_backward(s, T, ref);
+  /* Only a read that ends a hold of the owner's step for a backward (a
+   * saved activation, a saved result tied to or viewing its output, of
+   * this backward's pair): another thread that trains on this tree's
+   * output (a teacher's `t`, read by its own head's backward) ended every
+   * watch of this step, and its next compiled call began a step that
+   * marked `t` (a review); a backward of another pair ends none of the
+   * owner's holds, so it ends none of its watches either. */
+  uint64_t holds = owner->saved_alive + owner->tied_saved_alive;
+  end_holds_read_by_backward(s, owner, ref);
+  if (owner->saved_alive + owner->tied_saved_alive != holds)
+    tx_tree_backward_called(owner);
 }
 
 /* backward_read for each tensor argument of a backward that runs as the
@@ -1787,6 +1791,14 @@ static PyObject *build_result(seg_run *r, PyObject *const *args, variant_tmpl *t
   SegmentObject *s = r->s;
   PyObject *out = t->as_list ? PyList_New(t->n_res) : PyTuple_New(t->n_res);
   uint32_t k = 0;
+  /* Whether AccumulateGrad may take the outputs over as .grad (stale.c
+   * moves those a step's end finds kept): a backward's, and an inference
+   * graph's called inside a backward, a compiled gradient hook's
+   * (`p.register_hook(lambda g: clip(g))`), whose result autograd hands on
+   * as the gradient. A hook's output kept by accumulation was marked, not
+   * moved, and the next accumulation raised StaleTensorError where
+   * Inductor computes (a helper's review). -1: not asked yet. */
+  int grad = s->backward ? 1 : -1;
   if (!out)
     goto fail;
   if (t->has_ties && !r->made_at) { /* once per run: the records of a call's results, for its ties */
@@ -1833,9 +1845,10 @@ static PyObject *build_result(seg_run *r, PyObject *const *args, variant_tmpl *t
         if (item) /* the record a memory watch below follows: the argument's, whose storage it shares */
           r->made = in;
       }
+      if (!item && grad < 0) /* asked once per call, and only of a graph that is no backward's */
+        grad = inference_graph(s) && tx_in_a_backward();
       if (!item)
-        item = make_output(r, args, r->outs[k], m, i >= s->saved_from, s->backward,
-                           r->tree->timed ? &r->ns_made : NULL);
+        item = make_output(r, args, r->outs[k], m, i >= s->saved_from, grad, r->tree->timed ? &r->ns_made : NULL);
       if (k < r->n_made_at)
         r->made_at[k] = item ? r->made : NULL; /* made by this call: never looked up by an address */
       k++;
@@ -1910,8 +1923,8 @@ typedef struct call_args {
   size_t n;
 } call_args;
 
-/* 1 if a tensor argument of the call is a leaf's .grad of memory of its
- * own, no output of the step: one that accumulation or
+/* 1 if a tensor argument of the call lies in a leaf's .grad of memory of
+ * its own (a slice too), no output of the step: one that accumulation or
  * zero_grad(set_to_none=False) kept, which an earlier step's end moved out
  * of the pool and AccumulateGrad added into since. Only the step's live
  * outputs counted as gradients, so from a loop's second step a compiled
@@ -1950,7 +1963,7 @@ static int args_read_kept_grad(call_args *c) {
  * Asked only at a new compiled call with no backward pending; a loop whose
  * zero_grad() dropped the gradients pays one walk of the step's outputs,
  * and for a graph that neither trains nor writes, one read of each noted
- * leaf's .grad. TX_OPTIMIZER_READS_GRAD where it reads a
+ * leaf's .grad per backward (tx_kept_grad_among). TX_OPTIMIZER_READS_GRAD where it reads a
  * .grad, TX_OPTIMIZER_WRITES where it only writes an input, 0 if neither. */
 static int belongs_to_training_step(void *call) {
   call_args *c = call;
@@ -1977,7 +1990,7 @@ static int belongs_to_training_step(void *call) {
    * with none, beginning a step costs nothing, and an analysis loop that
    * reads .grad at every call held the step up to the bound, a recording
    * per call (a review). */
-  if (inference_graph(c->s) && c->T->grad_leaves && (tx_out_ref_queue_drain(), c->T->alive_this_step)) {
+  if (inference_graph(c->s) && tx_trees_have_grad_leaves() && (tx_out_ref_queue_drain(), c->T->alive_this_step)) {
     int reads = args_read_kept_grad(c);
     if (reads)
       return reads < 0 ? -1 : TX_OPTIMIZER_READS_GRAD;
@@ -2041,7 +2054,7 @@ static int move_args(TreeObject *T, PyObject *todo, Py_ssize_t n_grads) {
   }
   Py_XDECREF(seq);
   Py_DECREF(res);
-  T->grads_moved += grads_moved;
+  tx_kept_grads_moved(T, grads_moved);
   T->args_moved += (uint64_t)moved - grads_moved;
   if (moved && tx_tree_waits_for_caller(T) < 0) /* also after an error: what moved is ordered */
     rc = -1;

@@ -119,6 +119,11 @@ void tx_stale_forget(TreeObject *T, tx_out_ref *r) {
   Py_CLEAR(r->storage);
 }
 
+/* Moves on when a tree notes a new leaf or a .grad moves: every tree's
+ * cache of where .grad lie (T->kept_grads) is then read again. Under the
+ * GIL. */
+static uint64_t kept_grads_generation = 1;
+
 int tx_grad_leaf_note(TreeObject *T, PyObject *o, PyObject *wr) {
   int yes = 1;
   PyObject *names[2] = {TX.str_requires_grad, TX.str_is_leaf};
@@ -138,10 +143,12 @@ int tx_grad_leaf_note(TreeObject *T, PyObject *o, PyObject *wr) {
   if (!T->grad_leaves && !(T->grad_leaves = PyDict_New()))
     return -1;
   PyObject *key = PyLong_FromVoidPtr(o);
+  Py_ssize_t had = PyDict_GET_SIZE(T->grad_leaves);
   int rc = key ? PyDict_SetItem(T->grad_leaves, key, wr) : -1;
   Py_XDECREF(key);
   if (rc < 0)
     return -1;
+  kept_grads_generation += (uint64_t)(PyDict_GET_SIZE(T->grad_leaves) != had); /* a leaf no cache has read */
   if (PyDict_GET_SIZE(T->grad_leaves) <= 2 * T->grad_leaves_pruned + 64)
     return 0;
   /* Leaves die (a model deleted, a batch that required grad): drop the
@@ -253,72 +260,162 @@ static int move_kept_grads(TreeObject *T, PyObject *batch) {
   }
   Py_XDECREF(leaves);
   Py_DECREF(kept);
-  T->grads_moved += moved;
+  tx_kept_grads_moved(T, moved);
   if (moved && tx_tree_waits_for_caller(T) < 0) /* also after an error: what moved is ordered */
     rc = -1;
   return rc;
 }
 
-static int ptr_order(const void *a, const void *b) {
-  uintptr_t x = (uintptr_t) * (void *const *)a, y = (uintptr_t) * (void *const *)b;
+void tx_kept_grads_moved(TreeObject *T, uint64_t n) {
+  T->grads_moved += n;
+  kept_grads_generation += (uint64_t)(n != 0);
+}
+
+void tx_kept_grads_free(TreeObject *T) {
+  for (size_t i = 0; i < T->n_kept_grads; i++)
+    Py_DECREF(T->kept_grads[i].leaf);
+  free(T->kept_grads);
+  T->kept_grads = NULL;
+  T->n_kept_grads = 0;
+  T->kept_grads_backwards = 0; /* read again at the next question */
+}
+
+/* Where leaf.grad lies, [*begin, *end): 1; 0 if it has none, or one that
+ * cannot be read (marked: no gradient of the step's); -1 with an
+ * exception set. The end is where its nbytes end: a slice of .grad (a fused
+ * QKV gradient split eagerly) lies in it too. */
+static int grad_range(PyObject *leaf, uintptr_t *begin, uintptr_t *end) {
+  PyObject *g = PyObject_GetAttr(leaf, TX.str_grad);
+  if (!g)
+    return -1;
+  void *ptr = NULL;
+  PyObject *nb = NULL;
+  if (g != Py_None && !tx_exchange_data_ptr(g, &ptr, NULL) && tx_data_ptr_slow(g, &ptr) < 0)
+    ptr = NULL;
+  if (ptr && !(nb = PyObject_GetAttr(g, TX.str_nbytes)))
+    ptr = NULL;
+  Py_ssize_t nbytes = nb ? PyLong_AsSsize_t(nb) : 0;
+  Py_XDECREF(nb);
+  Py_DECREF(g);
+  if (PyErr_Occurred()) {
+    if (PyErr_ExceptionMatches(PyExc_MemoryError))
+      return -1;
+    PyErr_Clear(); /* a .grad that cannot be read (marked): no gradient of the step's */
+    return 0;
+  }
+  if (!ptr || nbytes <= 0)
+    return 0;
+  *begin = (uintptr_t)ptr;
+  *end = (uintptr_t)ptr + (uintptr_t)nbytes;
+  return 1;
+}
+
+static int kept_grad_order(const void *a, const void *b) {
+  uintptr_t x = ((const tx_kept_grad *)a)->begin, y = ((const tx_kept_grad *)b)->begin;
   return (x > y) - (x < y);
 }
 
-/* T->kept_grads brought up to the step and the backwards called: read
- * once per backward, not at every call that asks. A per-parameter update
- * after the backward asks at each of its N calls, and a read of N leaves'
- * .grad each time cost N squared per step (a review). A .grad replaced
- * since it was read can at worst keep a call in the step (its old address
- * met again): never a wrong number. 0; -1 with an exception set. */
-static int kept_grads_read(TreeObject *T) {
-  if (T->kept_grads_step == T->step && T->kept_grads_backwards == T->backward_calls + 1)
+/* T->kept_grads brought up to the step, the backwards called and the
+ * leaves and moves of all trees: read once per backward, not at every
+ * call that asks. A per-parameter update after the backward asks at each
+ * of its N calls, and a read of N leaves' .grad each time cost N squared
+ * per step (a review). Every live tree's leaves, not T's alone: a worker
+ * thread whose compiled loss takes no parameter noted none, and its
+ * compiled optimizer on the .grad the main thread's leaves keep began a
+ * step (a review). `again`: read though nothing moved on (a hit that its
+ * leaf did not confirm). 0; -1 with an exception set. */
+static int kept_grads_read(TreeObject *T, int again) {
+  if (!again && T->kept_grads_step == T->step && T->kept_grads_backwards == T->backward_calls + 1 &&
+      T->kept_grads_generation == kept_grads_generation)
     return 0;
-  PyObject *leaves = PyDict_Values(T->grad_leaves); /* a snapshot: reading .grad may run Python */
+  PyObject *leaves = tx_trees_grad_leaves(); /* a snapshot: reading .grad may run Python */
   if (!leaves)
     return -1;
   Py_ssize_t n_leaves = PyList_GET_SIZE(leaves);
-  void **at = malloc((size_t)(n_leaves ? n_leaves : 1) * sizeof *at);
+  tx_kept_grad *at = malloc((size_t)(n_leaves ? n_leaves : 1) * sizeof *at);
   size_t m = 0;
   int rc = at ? 0 : -1;
   if (!at)
     PyErr_NoMemory();
   for (Py_ssize_t i = 0; rc == 0 && i < n_leaves; i++) {
-    PyObject *leaf = tx_weakref_get(PyList_GET_ITEM(leaves, i));
+    PyObject *wr = PyList_GET_ITEM(leaves, i);
+    PyObject *leaf = tx_weakref_get(wr);
     if (!leaf)
       continue;
-    PyObject *g = PyObject_GetAttr(leaf, TX.str_grad);
+    int has = grad_range(leaf, &at[m].begin, &at[m].end);
     Py_DECREF(leaf);
-    void *ptr = NULL;
-    if (!g)
+    if (has < 0)
       rc = -1;
-    else if (g != Py_None && !tx_exchange_data_ptr(g, &ptr, NULL) && tx_data_ptr_slow(g, &ptr) < 0)
-      PyErr_Clear(); /* a .grad that cannot be read (marked): no gradient of the step's */
-    if (ptr)
-      at[m++] = ptr;
-    Py_XDECREF(g);
+    else if (has)
+      at[m++].leaf = Py_NewRef(wr);
   }
   Py_DECREF(leaves);
   if (rc < 0) {
+    while (m)
+      Py_DECREF(at[--m].leaf);
     free(at);
     return -1;
   }
-  qsort(at, m, sizeof *at, ptr_order);
-  free(T->kept_grads);
+  qsort(at, m, sizeof *at, kept_grad_order);
+  tx_kept_grads_free(T);
   T->kept_grads = at;
   T->n_kept_grads = m;
   T->kept_grads_step = T->step;
   T->kept_grads_backwards = T->backward_calls + 1;
+  T->kept_grads_generation = kept_grads_generation;
   return 0;
 }
 
-int tx_kept_grad_among(TreeObject *T, void *const *ptrs, size_t n) {
-  if (!n || !T->grad_leaves || !PyDict_GET_SIZE(T->grad_leaves))
+/* The cached .grad whose range holds ptr (the last to begin at or below
+ * it), or NULL. */
+static const tx_kept_grad *kept_grad_at(const TreeObject *T, uintptr_t ptr) {
+  size_t lo = 0, hi = T->n_kept_grads; /* the first to begin above ptr is in [lo, hi] */
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (T->kept_grads[mid].begin <= ptr)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo && ptr < T->kept_grads[lo - 1].end ? &T->kept_grads[lo - 1] : NULL;
+}
+
+/* 1 if ptr still lies in the .grad of e's leaf, 0 if not (that .grad was
+ * dropped, or replaced, and other memory, an evaluation batch, lies there
+ * now), -1 with an exception set. */
+static int kept_grad_confirmed(const tx_kept_grad *e, uintptr_t ptr) {
+  PyObject *leaf = tx_weakref_get(e->leaf);
+  if (!leaf)
     return 0;
-  if (kept_grads_read(T) < 0)
-    return -1;
-  for (size_t i = 0; i < n && T->n_kept_grads; i++)
-    if (ptrs[i] && bsearch(&ptrs[i], T->kept_grads, T->n_kept_grads, sizeof *T->kept_grads, ptr_order))
-      return 1;
+  uintptr_t begin, end;
+  int has = grad_range(leaf, &begin, &end);
+  Py_DECREF(leaf);
+  return has <= 0 ? has : begin <= ptr && ptr < end;
+}
+
+int tx_kept_grad_among(TreeObject *T, void *const *ptrs, size_t n) {
+  if (!n || !tx_trees_have_grad_leaves())
+    return 0;
+  /* A hit is confirmed by its leaf: the cache is kept across the calls of
+   * a backward's step, and a .grad that zero_grad(set_to_none=True) freed
+   * since left its address to other memory. A tensor there (an evaluation
+   * batch) was taken for a gradient read and held the step, a recording
+   * per call, up to the bound (a review). An unconfirmed hit reads the
+   * cache again, once. */
+  for (int again = 0; again < 2; again++) {
+    if (kept_grads_read(T, again) < 0)
+      return -1;
+    int unconfirmed = 0;
+    for (size_t i = 0; i < n; i++) {
+      const tx_kept_grad *e = ptrs[i] ? kept_grad_at(T, (uintptr_t)ptrs[i]) : NULL;
+      int yes = e ? kept_grad_confirmed(e, (uintptr_t)ptrs[i]) : 0;
+      if (yes)
+        return yes; /* 1, or -1 */
+      unconfirmed |= e != NULL;
+    }
+    if (!unconfirmed)
+      return 0;
+  }
   return 0;
 }
 

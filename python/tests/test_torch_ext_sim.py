@@ -228,23 +228,34 @@ def init_hot_path(ptrs_equal=None, mark_step_cls=None, mark=None):
 
 def fake_move_out(ts):
     """cgtree.torch._backend.move_out_of_pool's stand-in: each tensor set_
-    to a storage of its own of the same size, one per old storage (so views
-    of one another stay so), holding the bytes from the lowest storage
-    offset among them on, its layout kept; a boolean per tensor."""
-    groups = {}
+    to a new storage, one per old storage, and one for old storages over
+    overlapping memory (so views of one another stay so, as do outputs
+    tied apart), holding the bytes from the lowest storage offset among
+    them on, each at its old storage's place, its layout kept; a boolean
+    per tensor."""
+    storages = {}
     for t in ts:
-        groups.setdefault(t.untyped_storage()._cdata, []).append(t)
-    for group in groups.values():
-        old = group[0].untyped_storage()
+        storages.setdefault(t.untyped_storage()._cdata, (t.untyped_storage(), []))[1].append(t)
+    merged, empty = [], []  # [lo, hi, [(old storage, its tensors)]]
+    for old, group in sorted(storages.values(), key=lambda e: e[0].base):
         old.check()
-        ptr = _lib.cgt_torch_alloc(old.nbytes, -1, None)
+        if not old.nbytes:
+            empty.append([old.base, old.base, [(old, group)]])
+        elif merged and old.base < merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], old.base + old.nbytes)
+            merged[-1][2].append((old, group))
+        else:
+            merged.append([old.base, old.base + old.nbytes, [(old, group)]])
+    for lo, hi, members in merged + empty:
+        ptr = _lib.cgt_torch_alloc(hi - lo, -1, None)
         if ptr is None:
             raise FakeOutOfMemoryError("CUDA out of memory (the simulator)")
-        start = min(t.storage_offset_bytes for t in group)
-        ctypes.memmove(ptr + start, old.base + start, old.nbytes - start)
-        new = FakeStorage(owned=(ptr, old.nbytes), base=ptr, nbytes=old.nbytes)
-        for t in group:
-            t.set_(new, t.storage_offset(), t.size(), t.stride())
+        new = FakeStorage(owned=(ptr, hi - lo), base=ptr, nbytes=hi - lo)
+        for old, group in members:
+            start = min(t.storage_offset_bytes for t in group)
+            ctypes.memmove(ptr + (old.base - lo) + start, old.base + start, old.nbytes - start)
+            for t in group:
+                t.set_(new, (old.base - lo) // 4 + t.storage_offset(), t.size(), t.stride())
     return [True] * len(ts)
 
 
@@ -6263,3 +6274,274 @@ def test_an_output_that_is_a_view_of_an_input_has_that_inputs_storage_offset_at_
     assert tree.stats()["replays"] >= 3
     tree.check()
 
+
+class BufAndItsTail:
+    """An inference graph returning (buf[2:4], buf), buf = 2x, as Inductor
+    returns a view of a buffer and the buffer (`y = 2 * x; return y[2:],
+    y`): the first output lies above the second's data, so the second is
+    tied below it, a tensor of its own over the same memory (another
+    storage)."""
+
+    def __init__(self, tree):
+        self.tree = tree
+
+    def __call__(self, x):
+        buf = affine(self.tree.stream, x, 2.0, 0.0)
+        return (buf.narrow(2, 2), buf)
+
+
+def test_outputs_over_one_memory_on_two_storages_passed_to_the_call_that_ends_their_step_stay_views_of_one_another(
+        tree):
+    """tail, whole = f(x), with tail whole[2:] in eager (one storage);
+    z = g(tail, whole) ends their step and moves both. cgtree made them two
+    storages over one memory (a tie below the earlier output), and the
+    mover, grouping by storage, put them on two copies: a write in place to
+    `whole` after it was lost to `tail`, where eager reads it, silently (a
+    helper's review). Both go to the mover in one call, which groups
+    storages over one memory (test_torch_graphs.py tests the real mover)."""
+    f = segment(tree, BufAndItsTail(tree), spans=(16,), name="f")
+    g = segment(tree, AddTwo(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(8, 16), name="g")
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    apart = 0
+    for i in range(4):  # warmed up, recorded, replaying
+        tail, whole = call(f, x)
+        assert tail.values() == [6, 8] and whole.values() == [2, 4, 6, 8]
+        apart += tail.storage is not whole.storage  # from the pool: tied apart
+        (z,) = call(g, tail, whole)  # a new call: the step of tail and whole ends here, and both move
+        assert z.values() == [8, 12]
+        whole.fill([0, 0, 0, 0])  # eager: whole.zero_(), which tail, a view of whole, reads
+        assert tail.values() == [0, 0], "tail no longer shares whole's memory (iteration %d)" % i
+        del tail, whole, z
+        gc.collect()
+    assert apart >= 2
+
+
+def test_a_grad_a_compiled_gradient_hook_returned_moves_past_its_step_as_a_backwards_output_does(tree):
+    """p.register_hook(lambda g: compiled_clip(g)): autograd runs the hook
+    inside the backward, and the compiled call's output (an inference
+    graph's, no backward's) is what AccumulateGrad takes over as .grad.
+    Kept into the next step (micro-batches, no zero_grad), it was marked,
+    not moved: a step's end moved only a backward's outputs, and the next
+    accumulation raised StaleTensorError where Inductor computes (a helper's
+    review). An inference graph's outputs made inside a backward count as
+    a backward's now."""
+    fw, bw, w, x, t = param_training_pair(tree)
+    hook = segment(tree, Graph(tree, 1.0, 0.0), spans=(16,), name="hook")  # the compiled hook: g * 1
+    task = [-1]
+    X.set_graph_task_id(lambda: task[0])
+    try:
+        for _ in range(3):  # the hook warmed up and recorded
+            call(hook, FakeTensor(4).fill([0, 0, 0, 0]))
+        w.grad = None
+        for i in range(3):  # micro-batches: no zero_grad between them
+            out, saved = call(fw, x, w)
+            task[0] = 7  # autograd runs the backward
+            (g,) = bw(saved, t)  # [2, 3, 4, 5]
+            Generation.generation += 1  # the hook's compiled call: Dynamo enters a frame
+            (h,) = hook(g)  # inside the backward: the call goes on in the step
+            del g
+            w.accumulate(h)  # AccumulateGrad takes the hook's result over (the first time), then adds
+            del h, out, saved
+            task[0] = -1
+            gc.collect()
+            assert w.grad.values() == [2 * (i + 1), 3 * (i + 1), 4 * (i + 1), 5 * (i + 1)], i
+        assert tree.stats()["gradients_moved"] >= 1
+    finally:
+        X.set_graph_task_id(None)
+
+
+class NormGraph:
+    """A compiled norm for the log of one tensor argument g: out = 2g (of g's length)."""
+
+    def __init__(self, tree):
+        self.tree = tree
+
+    def __call__(self, g):
+        out = FakeTensor(g.n)
+        X.sim_launch(self.tree.stream, k_affine, out.ptr, g.ptr, g.n, 2.0, 0.0)
+        return (out,)
+
+
+@pytest.mark.parametrize("start", [0, 2], ids=["slice_at_the_grads_start", "slice_at_an_offset"])
+def test_a_slice_of_a_kept_grad_read_after_the_backward_keeps_the_logged_loss_readable(tree, start):
+    """zero_grad(set_to_none=False): from the loop's second step .grad is
+    memory of its own. A compiled norm after the backward that reads a
+    slice of it (w.grad.narrow(0, 2, 2): a fused QKV gradient split
+    eagerly, its K part logged) reads a kept .grad as much as the whole
+    .grad does, and goes on in the backward's step: the loss the loop logs
+    stays readable. Only the address where a .grad begins was looked for,
+    so a slice at an offset began a step and the logged loss raised
+    StaleTensorError where Inductor computes."""
+    fw, bw, w, x, t = param_training_pair(tree)
+    norm = segment(tree, NormGraph(tree), spans=(8,), name="norm")
+    w.grad = None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no bound is reached
+        for i in range(5):
+            if w.grad is not None:
+                w.grad.fill([0, 0, 0, 0])  # zero_grad(set_to_none=False)
+            out, saved = call(fw, x, w)  # out: the loss the loop logs
+            logged = out.values()
+            (g,) = bw(saved, t)
+            w.accumulate(g)
+            del saved, g
+            gc.collect()
+            step = tree.stats()["step"]
+            (n,) = call(norm, w.grad.narrow(start, 2))  # the slice's norm, for the log
+            assert n.values() == [2 * v for v in w.grad.values()[start:start + 2]], "iteration %d" % i
+            assert out.values() == logged, "iteration %d" % i  # readable after the norm, as under Inductor
+            assert tree.stats()["step"] == step, "iteration %d" % i
+    s = tree.stats()
+    assert s["gradients_moved"] >= 1 and s["optimizer_steps_forced"] == 0
+    tree.check()
+
+
+def test_an_evaluation_batch_at_the_address_of_a_grad_freed_after_the_backward_begins_a_step_as_usual(tree):
+    """zero_grad(set_to_none=False) through training, then after the last
+    step's backward and its gradient norm (a reader of the kept .grad, which
+    goes on in the step), zero_grad(set_to_none=True) frees the kept .grad,
+    and the evaluation's batch lands in its memory. The batch is no leaf's
+    .grad: the evaluation's compiled calls begin steps as any inference
+    loop's. The .grad addresses read for the norm were kept for the rest of
+    the backward's step (keyed by the step and the backwards called only),
+    so each evaluation call was taken for a reader of the kept .grad: the
+    step was held, a node per call, up to the bound of 1024 and its
+    warning."""
+    fw, bw, w, x, t = param_training_pair(tree)
+    norm = optimizer_segment(tree)  # reads w.grad: the gradient norm for the log
+    evaluate = segment(tree, Graph(tree, 2.0, 0.0), spans=(16,), name="eval")  # the model in eval mode
+    x_eval = FakeTensor(4).fill([1, 1, 1, 1])
+    for _ in range(3):
+        call(evaluate, x_eval)  # recorded and replaying before training goes on
+    w.grad = None
+    for i in range(3):
+        if w.grad is not None:
+            w.grad.fill([0, 0, 0, 0])  # zero_grad(set_to_none=False)
+        out, saved = call(fw, x, w)  # out: the loss the loop logs
+        (g,) = bw(saved, t)
+        w.accumulate(g)
+        del saved, g
+        gc.collect()
+        step = tree.stats()["step"]
+        call(norm, w, w.grad)
+        assert tree.stats()["step"] == step and out.values() == [1, 2, 3, 4], "iteration %d" % i
+    assert tree.stats()["gradients_moved"] >= 1  # .grad is memory of its own, kept across steps
+    gc.collect()
+    freed = w.grad.ptr
+    w.grad = None  # zero_grad(set_to_none=True) after the last step: the kept .grad's memory is freed at once
+    batch = FakeTensor(4).fill([1, 2, 3, 4])  # the evaluation's batch, allocated next
+    assert batch.ptr == freed  # the front cache hands the freed block to the next allocation of its size
+    s0 = tree.stats()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for k in range(20):
+            (y,) = call(evaluate, batch)
+            assert y.values() == [2, 4, 6, 8]
+            del y
+            assert tree.stats()["step"] == s0["step"] + 1 + k, "evaluation call %d" % k  # a step each, as usual
+    s = tree.stats()
+    assert s["steps_kept_after_backward"] == s0["steps_kept_after_backward"]
+    assert s["nodes"] - s0["nodes"] <= 2
+    tree.check()
+
+
+def test_a_worker_trees_norm_of_a_kept_grad_after_its_backward_keeps_its_logged_loss_readable():
+    """The main thread's model notes its parameter on its tree; a worker
+    thread computes a compiled loss of the model's output (a loss that
+    takes no parameter: its tree notes no leaf), calls backward, and logs
+    the gradient's norm through a compiled call of its own before it reads
+    the loss. Once everything replays, zero_grad(set_to_none=False): .grad
+    is memory of its own (moved out of the worker's pool at its step's
+    end), a kept .grad, read after the backward as in the single-tree case
+    (test_calls_after_the_backward_that_read_a_kept_grad_go_on_in_its_step_
+    as_those_that_read_a_pool_one): the norm goes on in the worker's step
+    and the worker's logged loss stays readable. A tree that noted no leaf
+    asked no leaf's .grad: the norm began a step and the loss raised
+    StaleTensorError where Inductor computes."""
+    X.set_output_mover(fake_move_out)
+    main, worker = X.Tree(0, backend="sim"), X.Tree(0, backend="sim")
+    fw = segment(main, ParamForwardGraph(main), kinds=(ARG_TENSOR, ARG_TENSOR_STATIC), spans=(16, 16), name="fw",
+                 saved_from=1, grad_inputs=(1,))
+    loss = segment(worker, ForwardGraph(worker), spans=(16,), name="loss", saved_from=1, grad_inputs=(0,))
+    loss_bw = segment(worker, BackwardGraph(worker), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16),
+                      name="loss_bw", backward=True)
+    bw = segment(worker, BackwardGraph(worker), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bw",
+                 backward=True)
+    norm = optimizer_segment(worker)  # the worker's gradient norm for the log: reads w.grad
+    w, x, t = Leaf(4).fill([0, 0, 0, 0]), FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no bound is reached
+        for i in range(8):
+            if i < 4:
+                w.grad = None  # zero_grad() until everything replays
+            else:
+                w.grad.fill([0, 0, 0, 0])  # then zero_grad(set_to_none=False): .grad is kept
+            out, saved = call(fw, x, w)  # the main thread
+            out.requires_grad, out.is_leaf = True, False
+            lout, lsaved = call(loss, out)  # the worker's compiled loss: lout, the loss it logs
+            logged = lout.values()
+            (gl,) = loss_bw(lsaved, t)  # loss.backward() on the worker
+            (g,) = bw(saved, gl)  # the model's backward, on the worker's tree
+            w.accumulate(g)
+            del out, saved, lsaved, gl, g
+            gc.collect()
+            step = worker.stats()["step"]
+            (n,) = call(norm, w, w.grad)
+            assert n.values() == w.grad.values(), "iteration %d" % i  # w stays 0: the norm reads .grad
+            if i >= 2:  # the loss recorded: its outputs are the pool's (from 4 on, .grad is kept)
+                assert lout.values() == logged, "iteration %d" % i  # readable after the norm, as under Inductor
+                assert worker.stats()["step"] == step, "iteration %d" % i
+            del n
+    assert worker.stats()["gradients_moved"] >= 1  # .grad was moved out of the worker's pool: a kept .grad
+    assert worker.stats()["gradient_leaves"] == 0  # the case's condition: the worker's tree noted no leaf
+    del lout
+    gc.collect()
+    main.check()
+    worker.check()
+
+
+def test_a_worker_heads_backward_of_another_id_leaves_the_main_trees_watch_of_a_checkpointed_blocks_output():
+    """The main thread runs a trunk (AOTAutograd id 10) that saves its
+    output (a tied saved result, holding the main tree's step until the
+    trunk's backward), and a checkpointed compiled block B whose output h,
+    alive and requiring grad, holds the step until a backward (no saved
+    activation of B lives). A worker thread trains a head (id 20) on the
+    trunk's output; the head's backward runs on the worker's tree and reads
+    the trunk's memory. It is no backward of the trunk's (its tied hold
+    stays) nor of B's, yet the main tree heard it as a backward of its own
+    before the id was looked at: B's watch of h ended. The trunk's graph is
+    then dropped (its memory dies, ending the tied hold), and the main
+    thread's next compiled call, a log that does not take h, began a step
+    that marked h: h raised StaleTensorError where Inductor computes. (On
+    one tree the head's backward call ends h's watch too, as any backward
+    call does: the same call raises there at this code.)"""
+    X.set_output_mover(fake_move_out)
+    main, worker = X.Tree(0, backend="sim"), X.Tree(0, backend="sim")
+    trunk, _ = paired(main, TiedForward(main), "trunk", 10)
+    block = segment(main, ForwardGraph(main), spans=(16,), name="block", saved_from=1, pair=30)
+    log = segment(main, Graph(main, 1.0, 1.0), spans=(16,), name="log")
+    head_bw = segment(worker, BackwardGraph(worker), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="head_bw",
+                      backward=True, pair=20)
+    x, t = FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
+    for i in range(5):
+        o, s = call(trunk, x)
+        kept = s.view()  # autograd's saved tensor of the trunk: its tied hold
+        on_worker = s.view()  # the head's saved input, on the worker: the trunk's memory
+        del o, s
+        h, sb = call(block, x)
+        h.requires_grad = True  # autograd's Function marks the output
+        del sb  # checkpointing keeps none of B's saved tensors
+        gc.collect()
+        (gh,) = head_bw(on_worker, t)  # the worker's head's backward (id 20)
+        del on_worker, gh
+        del kept  # the trunk's graph dropped: its memory dies, and its tied hold with it
+        gc.collect()
+        step = main.stats()["step"]
+        (y,) = call(log, x)  # a compiled call that does not take h, before B's backward
+        if i:  # the first calls run as the plain graphs: their outputs are not the tree's
+            assert h.values() == [2, 4, 6, 8], "iteration %d" % i  # B's backward (its recompute) is to come
+            assert main.stats()["step"] == step, "iteration %d" % i
+        del h, y
+        gc.collect()
+    main.check()
+    worker.check()

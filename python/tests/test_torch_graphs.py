@@ -542,3 +542,30 @@ def test_move_out_of_pool_moves_tensors_over_one_storage_onto_one_new_storage():
     base.zero_()  # the old storage is theirs no longer
     assert torch.equal(h, torch.arange(2.0, 16.0) * 10)
 
+
+def test_move_out_of_pool_moves_tensors_over_storages_that_share_memory_onto_one_new_storage():
+    """cgtree hands out two storages over one memory where a tie cannot be
+    a view (an output of another dtype over an earlier one, a view below
+    the earlier output): `tail, whole = f(x)` as `y[2:6], y`. Passed
+    together to the call that ends their step, they moved onto two copies,
+    and a write in place through `whole` was lost to `tail`, where eager
+    (one storage) reads it: silently wrong (a helper's review). They now
+    land on one storage, each at its place; a tensor over memory of its
+    own still gets a storage of its own, and so does an empty one."""
+    base = torch.arange(16.0)
+    whole = torch.from_dlpack(base[1:12])  # a storage of its own over base's memory, from byte 4
+    tail = torch.from_dlpack(base[3:7])  # another, from byte 12
+    bits = torch.from_dlpack(base.view(torch.int32)[10:14])  # another dtype, from byte 40
+    assert len({t.untyped_storage()._cdata for t in (whole, tail, bits)}) == 3
+    other, empty = torch.arange(4.0), torch.from_dlpack(base[5:5])
+    assert _backend.move_out_of_pool([tail, other, whole, empty, bits]) == [True] * 5
+    assert tail.untyped_storage().data_ptr() == whole.untyped_storage().data_ptr() == bits.untyped_storage().data_ptr()
+    assert other.untyped_storage().data_ptr() != whole.untyped_storage().data_ptr()
+    assert (whole.storage_offset(), tail.storage_offset(), bits.storage_offset()) == (0, 2, 9)
+    base.zero_()  # the old memory is theirs no longer
+    assert torch.equal(whole, torch.arange(1.0, 12.0)) and torch.equal(tail, torch.arange(3.0, 7.0))
+    whole.mul_(10)  # eager: a write in place through one, read through the others
+    assert torch.equal(tail, torch.arange(3.0, 7.0) * 10)
+    assert torch.equal(bits, torch.tensor([100.0, 110.0, 12.0, 13.0]).view(torch.int32))
+    assert torch.equal(other, torch.arange(4.0)) and empty.numel() == 0
+

@@ -1153,16 +1153,24 @@ def train_with_compiled_step(make_opt, width=128, steps=12, warm=None, compiled=
     return opts, before, after
 
 
-def logged_after_a_norm_and_a_step(m, backend, xs, backward_from):
+def logged_after_a_norm_and_a_step(m, backend, xs, backward_from, norm_of="grad"):
     """A loop that zeroes .grad in place (zero_grad(set_to_none=False)),
     calls a compiled loss, backward (on this thread or a worker's), a
     compiled gradient norm and a compiled AdamW step, and then logs the
-    loss and the norm. The logged pairs, stacked, and cgtree's node count
-    after each iteration."""
+    loss and the norm. The norm reads each .grad, or (norm_of
+    "a_slice_of_grad") the second half of each, sliced eagerly, as a fused
+    QKV gradient split outside the compiled code. The logged pairs,
+    stacked, and cgtree's node count after each iteration."""
     opt = torch.optim.AdamW(m.parameters(), lr=1e-3, capturable=True)
     params = list(m.parameters())
     step = torch.compile(opt.step, backend=backend)
-    norm = torch.compile(lambda: torch.stack([p.grad.norm() for p in params]).norm(), backend=backend)
+    if norm_of == "grad":
+        norm = torch.compile(lambda: torch.stack([p.grad.norm() for p in params]).norm(), backend=backend)
+    else:
+        norm_of_slices = torch.compile(lambda *gs: torch.stack([g.norm() for g in gs]).norm(), backend=backend)
+
+        def norm():
+            return norm_of_slices(*[p.grad.view(-1)[p.grad.numel() // 2:] for p in params])
     loss_of = torch.compile(lambda x: m(x).square().mean(), backend=backend)
     logged, errors, nodes = [], [], []
 
@@ -1189,9 +1197,10 @@ def logged_after_a_norm_and_a_step(m, backend, xs, backward_from):
     return torch.stack(logged), nodes
 
 
-@pytest.mark.parametrize("backward_from", ["the_main_thread", "a_worker_thread"])
+@pytest.mark.parametrize("backward_from,norm_of", [("the_main_thread", "grad"), ("a_worker_thread", "grad"),
+                                                  ("the_main_thread", "a_slice_of_grad")])
 def test_the_loss_logged_after_a_compiled_gradient_norm_and_step_stays_readable_with_grads_zeroed_in_place(
-        backward_from):
+        backward_from, norm_of):
     """zero_grad(set_to_none=False): from the second step .grad is memory of
     its own, moved out of the pool once, that AccumulateGrad adds into. The
     compiled norm read no gradient of the step's pool, so it began a step
@@ -1202,11 +1211,13 @@ def test_the_loss_logged_after_a_compiled_gradient_norm_and_step_stays_readable_
     lived, no step began at all: every call a new node (two helpers'
     reviews, on the simulator). Both go on in the backward's step now, and
     steps begin at each forward; losses, norms and weights equal
-    Inductor's."""
+    Inductor's. A norm of slices of .grad taken eagerly (their second
+    halves) read no gradient either: only the address where a .grad begins
+    was taken for one (a review, on the simulator)."""
     _, model, _, ref = pair(mlp())
     xs = batches(12)
-    got, nodes = logged_after_a_norm_and_a_step(model, "cgtree", xs, backward_from)
-    want, _ = logged_after_a_norm_and_a_step(ref, "inductor", xs, backward_from)
+    got, nodes = logged_after_a_norm_and_a_step(model, "cgtree", xs, backward_from, norm_of)
+    want, _ = logged_after_a_norm_and_a_step(ref, "inductor", xs, backward_from, norm_of)
     assert torch.equal(got, want), (got, want)
     assert_same_params(model, ref)
     if STEPS_END:

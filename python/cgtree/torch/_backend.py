@@ -111,7 +111,8 @@ def move_out_of_pool(ts):
     autograd version (its data are the same: autograd's saved t reads
     right). Tensors over one storage (an output and a view of it, passed
     together) move onto one new storage, so they stay views of one another,
-    as in eager: moved apart, a write through one was lost to the other.
+    as in eager: moved apart, a write through one was lost to the other;
+    so do tensors over storages that share memory (_over_one_memory).
     What is copied is the storage's bytes from the lowest storage offset
     among them on: the bytes below were never theirs (a storage made over a
     pool value at an offset begins below the value, in memory that may be
@@ -119,28 +120,64 @@ def move_out_of_pool(ts):
     is set_ in inference mode, where PyTorch allows it. A list of booleans,
     one per tensor: False where PyTorch refuses the set_ (a plain
     RuntimeError), and that tensor stays, to be marked stale."""
-    groups = {}  # the old storage's key -> (that storage, the tensors over it)
+    storages = {}  # the old storage's key -> (that storage, the tensors over it)
     for t in ts:
         old = t.untyped_storage()
-        groups.setdefault(old._cdata, (old, []))[1].append(t)
+        storages.setdefault(old._cdata, (old, []))[1].append(t)
     moved = {}
-    for old, group in groups.values():
-        start = min(t.storage_offset() * t.element_size() for t in group)
-        new = torch.empty(old.nbytes(), dtype=torch.uint8, device=group[0].device)
-        if old.nbytes() > start:  # an empty tensor may lie at or past its storage's end: nothing to copy
-            src = torch.empty(0, dtype=torch.uint8, device=new.device).set_(old, start, (old.nbytes() - start,))
-            new[start:].copy_(src)
-        for t in group:
-            keep = torch.inference_mode() if t.is_inference() else torch.autograd._unsafe_preserve_version_counter(t)
-            try:
-                with keep:
-                    t.set_(new.untyped_storage(), t.storage_offset(), t.size(), t.stride())
-                moved[id(t)] = True
-            except RuntimeError as e:
-                if type(e) is not RuntimeError:  # out of memory, a CUDA error: the caller's
-                    raise
-                moved[id(t)] = False
+    for lo, hi, members in _over_one_memory(storages.values()):
+        new = torch.empty(hi - lo, dtype=torch.uint8, device=members[0][1][0].device)
+        for old, group in members:
+            at = old.data_ptr() - lo  # where the old storage begins in the new one
+            start = min(t.storage_offset() * t.element_size() for t in group)
+            if old.nbytes() > start:  # an empty tensor may lie at or past its storage's end: nothing to copy
+                src = torch.empty(0, dtype=torch.uint8, device=new.device).set_(old, start, (old.nbytes() - start,))
+                new[at + start:at + old.nbytes()].copy_(src)
+            for t in group:
+                moved[id(t)] = _set_onto(t, new.untyped_storage(), at)
     return [moved[id(t)] for t in ts]
+
+
+def _over_one_memory(storages):
+    """The (storage, tensors) pairs grouped where their storages' memory
+    overlaps: [lo, hi, pairs] for each group, [lo, hi) its bytes. cgtree
+    hands out two storages over one memory where a tie cannot be a view
+    (outputs tied apart: another dtype, a view below the earlier output),
+    which eager has as one storage; moved apart, each onto a copy of its
+    own, a write through one was lost to the other, silently (a helper's
+    review). Where their ranges overlap only in bytes below a tensor's
+    offset, merging costs a larger copy, never a wrong number. An empty
+    storage is a group of its own."""
+    spans = sorted(((old.data_ptr(), old.data_ptr() + old.nbytes(), old, group) for old, group in storages),
+                   key=lambda e: e[0])
+    merged, empty = [], []
+    for lo, hi, old, group in spans:
+        if lo == hi:
+            empty.append([lo, hi, [(old, group)]])
+        elif merged and lo < merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], hi)
+            merged[-1][2].append((old, group))
+        else:
+            merged.append([lo, hi, [(old, group)]])
+    return merged + empty
+
+
+def _set_onto(t, storage, at):
+    """t set_ to `storage`, its old storage's first byte at byte `at` there,
+    its layout and autograd version kept: True; False where it stays (to be
+    marked stale): PyTorch refuses the set_ (a plain RuntimeError), or no
+    offset of t's dtype lands at `at`."""
+    if at % t.element_size():
+        return False
+    keep = torch.inference_mode() if t.is_inference() else torch.autograd._unsafe_preserve_version_counter(t)
+    try:
+        with keep:
+            t.set_(storage, at // t.element_size() + t.storage_offset(), t.size(), t.stride())
+        return True
+    except RuntimeError as e:
+        if type(e) is not RuntimeError:  # out of memory, a CUDA error: the caller's
+            raise
+        return False
 
 
 _warned = set()
