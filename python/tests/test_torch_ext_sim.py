@@ -5090,7 +5090,8 @@ def test_a_grad_kept_past_the_optimizer_moves_when_the_next_forward_begins_its_s
     assert out.values() == [4, 6, 8, 10]
 
 
-@pytest.mark.parametrize("after_backward", ["a_norm_for_the_log", "a_per_parameter_update_100_times"])
+@pytest.mark.parametrize("after_backward", ["a_norm_for_the_log", "a_per_parameter_update_100_times",
+                                            "a_norm_of_a_slice_at_an_offset"])
 def test_calls_after_the_backward_that_read_a_kept_grad_go_on_in_its_step_as_those_that_read_a_pool_one(tree,
                                                                                                        after_backward):
     """zero_grad(set_to_none=False): from the loop's second step .grad is
@@ -5100,14 +5101,22 @@ def test_calls_after_the_backward_that_read_a_kept_grad_go_on_in_its_step_as_tho
     the loss the loop logs raised StaleTensorError where Inductor computes;
     a per-parameter update came under the bound of calls that only write
     (64, no warning), and past it the loss raised too (a helper's review).
-    Both now go on in the backward's step, as with set_to_none=True."""
+    Both now go on in the backward's step, as with set_to_none=True. So
+    does a norm of a slice of .grad at an offset (w.grad.narrow(0, 2, 2): a
+    fused QKV gradient split eagerly, its K part logged): only the address
+    where a .grad begins was looked for, so it began a step and the logged
+    loss raised (a review)."""
     fw, bw, w, x, t = param_training_pair(tree)
     if after_backward == "a_norm_for_the_log":
-        after, calls = optimizer_segment(tree), 1
+        opt = optimizer_segment(tree)
+        after, calls = lambda: call(opt, w, w.grad), 1
+    elif after_backward == "a_norm_of_a_slice_at_an_offset":
+        norm = segment(tree, Graph(tree, 2.0, 0.0), spans=(8,), name="norm")
+        after, calls = lambda: call(norm, w.grad.narrow(2, 2)), 1
     else:
-        after = segment(tree, SGDGraph(tree), kinds=(ARG_TENSOR_STATIC, ARG_TENSOR), spans=(16, 16), name="upd",
-                        written_inputs=(0,))
-        calls = 100
+        upd = segment(tree, SGDGraph(tree), kinds=(ARG_TENSOR_STATIC, ARG_TENSOR), spans=(16, 16), name="upd",
+                      written_inputs=(0,))
+        after, calls = lambda: call(upd, w, w.grad), 100
     w.grad = None
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no bound is reached
@@ -5122,7 +5131,7 @@ def test_calls_after_the_backward_that_read_a_kept_grad_go_on_in_its_step_as_tho
             gc.collect()
             step = tree.stats()["step"]
             for _ in range(calls):
-                call(after, w, w.grad)
+                after()
             assert tree.stats()["step"] == step, "iteration %d" % i
             assert out.values() == logged  # readable after the optimizer, as under Inductor
     s = tree.stats()
@@ -5628,14 +5637,12 @@ def test_a_backward_only_trees_step_held_by_a_kept_recompute_activation_begins_a
     worker.check()
 
 
-def test_a_kept_grad_a_worker_threads_backward_made_moves_though_the_main_thread_noted_the_leaf():
-    """The main thread's model notes its parameter on its tree; a worker
-    thread that has called a compiled loss of its own calls backward, so
-    the gradient is an output of the worker's tree. With accumulation its
-    .grad lives into the worker tree's next step, which looked for leaves
-    in its own notes only: the .grad was marked, not moved, and the next
-    accumulation raised StaleTensorError where Inductor computes (a
-    helper's review). Every tree's leaves are looked at."""
+def model_and_a_workers_loss():
+    """Two trees, the main thread's and a worker's: the model's forward fw
+    (it notes its parameter, argument 1) on the main tree; on the worker's,
+    a compiled loss of the model's output (it takes no parameter), the
+    loss's backward, and the model's backward, which the worker's
+    loss.backward() runs there. (main, worker, fw, loss, loss_bw, bw)."""
     main, worker = X.Tree(0, backend="sim"), X.Tree(0, backend="sim")
     fw = segment(main, ParamForwardGraph(main), kinds=(ARG_TENSOR, ARG_TENSOR_STATIC), spans=(16, 16), name="fw",
                  saved_from=1, grad_inputs=(1,))
@@ -5644,6 +5651,18 @@ def test_a_kept_grad_a_worker_threads_backward_made_moves_though_the_main_thread
                       name="loss_bw", backward=True)
     bw = segment(worker, BackwardGraph(worker), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bw",
                  backward=True)
+    return main, worker, fw, loss, loss_bw, bw
+
+
+def test_a_kept_grad_a_worker_threads_backward_made_moves_though_the_main_thread_noted_the_leaf():
+    """The main thread's model notes its parameter on its tree; a worker
+    thread that has called a compiled loss of its own calls backward, so
+    the gradient is an output of the worker's tree. With accumulation its
+    .grad lives into the worker tree's next step, which looked for leaves
+    in its own notes only: the .grad was marked, not moved, and the next
+    accumulation raised StaleTensorError where Inductor computes (a
+    helper's review). Every tree's leaves are looked at."""
+    main, worker, fw, loss, loss_bw, bw = model_and_a_workers_loss()
     w, x, t = Leaf(4).fill([0, 0, 0, 0]), FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
     for i in range(8):
         if i < 5:
@@ -6350,51 +6369,6 @@ def test_a_grad_a_compiled_gradient_hook_returned_moves_past_its_step_as_a_backw
         X.set_graph_task_id(None)
 
 
-class NormGraph:
-    """A compiled norm for the log of one tensor argument g: out = 2g (of g's length)."""
-
-    def __init__(self, tree):
-        self.tree = tree
-
-    def __call__(self, g):
-        out = FakeTensor(g.n)
-        X.sim_launch(self.tree.stream, k_affine, out.ptr, g.ptr, g.n, 2.0, 0.0)
-        return (out,)
-
-
-@pytest.mark.parametrize("start", [0, 2], ids=["slice_at_the_grads_start", "slice_at_an_offset"])
-def test_a_slice_of_a_kept_grad_read_after_the_backward_keeps_the_logged_loss_readable(tree, start):
-    """zero_grad(set_to_none=False): from the loop's second step .grad is
-    memory of its own. A compiled norm after the backward that reads a
-    slice of it (w.grad.narrow(0, 2, 2): a fused QKV gradient split
-    eagerly, its K part logged) reads a kept .grad as much as the whole
-    .grad does, and goes on in the backward's step: the loss the loop logs
-    stays readable. Only the address where a .grad begins was looked for,
-    so a slice at an offset began a step and the logged loss raised
-    StaleTensorError where Inductor computes."""
-    fw, bw, w, x, t = param_training_pair(tree)
-    norm = segment(tree, NormGraph(tree), spans=(8,), name="norm")
-    w.grad = None
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # no bound is reached
-        for i in range(5):
-            if w.grad is not None:
-                w.grad.fill([0, 0, 0, 0])  # zero_grad(set_to_none=False)
-            out, saved = call(fw, x, w)  # out: the loss the loop logs
-            logged = out.values()
-            (g,) = bw(saved, t)
-            w.accumulate(g)
-            del saved, g
-            gc.collect()
-            step = tree.stats()["step"]
-            (n,) = call(norm, w.grad.narrow(start, 2))  # the slice's norm, for the log
-            assert n.values() == [2 * v for v in w.grad.values()[start:start + 2]], "iteration %d" % i
-            assert out.values() == logged, "iteration %d" % i  # readable after the norm, as under Inductor
-            assert tree.stats()["step"] == step, "iteration %d" % i
-    s = tree.stats()
-    assert s["gradients_moved"] >= 1 and s["optimizer_steps_forced"] == 0
-    tree.check()
-
 
 def test_an_evaluation_batch_at_the_address_of_a_grad_freed_after_the_backward_begins_a_step_as_usual(tree):
     """zero_grad(set_to_none=False) through training, then after the last
@@ -6459,14 +6433,7 @@ def test_a_worker_trees_norm_of_a_kept_grad_after_its_backward_keeps_its_logged_
     asked no leaf's .grad: the norm began a step and the loss raised
     StaleTensorError where Inductor computes."""
     X.set_output_mover(fake_move_out)
-    main, worker = X.Tree(0, backend="sim"), X.Tree(0, backend="sim")
-    fw = segment(main, ParamForwardGraph(main), kinds=(ARG_TENSOR, ARG_TENSOR_STATIC), spans=(16, 16), name="fw",
-                 saved_from=1, grad_inputs=(1,))
-    loss = segment(worker, ForwardGraph(worker), spans=(16,), name="loss", saved_from=1, grad_inputs=(0,))
-    loss_bw = segment(worker, BackwardGraph(worker), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16),
-                      name="loss_bw", backward=True)
-    bw = segment(worker, BackwardGraph(worker), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bw",
-                 backward=True)
+    main, worker, fw, loss, loss_bw, bw = model_and_a_workers_loss()
     norm = optimizer_segment(worker)  # the worker's gradient norm for the log: reads w.grad
     w, x, t = Leaf(4).fill([0, 0, 0, 0]), FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
     with warnings.catch_warnings():
