@@ -461,10 +461,22 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
    * gradient input (a later block's backward's output) lies in this step's
    * outputs. Begun there, a step marked it, and the block's backward
    * raised StaleTensorError where Inductor computes (a helper's audit).
-   * Asked only where a step would begin: once a step. */
-  if (!marked && T->generations_deferred < PENDING_GENERATIONS_MAX && tx_in_a_backward()) {
-    T->generations_deferred++; /* bounded as any step held open */
-    return 0;
+   * Asked only where a step would begin: once a step. Bounded as any
+   * step held open; at the bound a step begins with a warning, counted in
+   * steps_forced (it began with none, counted nowhere: a review). */
+  if (!marked && tx_in_a_backward()) {
+    if (T->generations_deferred < PENDING_GENERATIONS_MAX) {
+      T->generations_deferred++;
+      T->steps_deferred++;
+      return 0;
+    }
+    if (++T->steps_forced == 1)
+      warn_bound("cgtree.torch: %u compiled calls in a row inside backwards (activation checkpointing's "
+                 "recomputes, gradient hooks) began no step. A step begins now, and gradients the backward still "
+                 "passes on, or outputs of the step the program holds, raise StaleTensorError from here on. Mark "
+                 "where your steps end with torch.compiler.cudagraph_mark_step_begin().",
+                 PENDING_GENERATIONS_MAX);
+    return step_begin_or_unsee(T, gen_before, mark_before);
   }
   if (!marked && (T->saved_alive || T->forward_memory_watched || T->tied_saved_alive))
     tx_out_ref_queue_drain(); /* activations the backward just freed, outputs just dropped */
