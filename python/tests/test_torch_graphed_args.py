@@ -213,3 +213,38 @@ def test_identical_layers_share_one_frame_and_a_function_twice_is_two_graphed_fu
     assert g1 is not g2 and len(_graphed._frame_codes) == frames + 2  # samples of two layouts
     torch.testing.assert_close(g1(x1), f(x1), rtol=0, atol=0)
     torch.testing.assert_close(g2(x2), f(x2), rtol=0, atol=0)
+
+
+def test_a_deep_copy_of_a_graphed_module_computes_with_its_own_parameters_and_may_be_graphed_in_turn():
+    """copy.deepcopy(model) after graphing (an EMA or a teacher): the
+    replaced forward was a closure over the original module, which
+    deepcopy does not copy, so the copy ran the original's graphs with the
+    original's parameters, followed the original's training flag, and sent
+    its gradients to the original's .grad, silently (a helper's review;
+    PyTorch's make_graphed_callables does the same). The copy now runs its
+    own forward eagerly, with its own parameters, and may be graphed in
+    turn; the original stays graphed."""
+    import copy
+
+    torch._dynamo.reset()
+    m = mlp()
+    x = torch.randn(4, 8)
+    make(m, (x,), n=1)
+    ema = copy.deepcopy(m)
+    with torch.no_grad():
+        for p in ema.parameters():
+            p.mul_(0.5)
+
+    def eager(net):
+        return torch.nn.functional.linear(torch.relu(torch.nn.functional.linear(x, net[0].weight, net[0].bias)),
+                                          net[2].weight, net[2].bias)
+
+    got = ema(x)
+    torch.testing.assert_close(got, eager(ema), rtol=0, atol=0)
+    got.sum().backward()
+    assert all(p.grad is None for p in m.parameters()), "the copy's backward wrote the original's .grad"
+    assert all(p.grad is not None for p in ema.parameters())
+    assert _graphed._graphed_state(m) is not None and _graphed._graphed_state(ema) is None
+    make(ema, (x,), n=1)  # not "graphed already"
+    torch.testing.assert_close(ema(x), eager(ema), rtol=0, atol=0)
+    torch.testing.assert_close(m(x), eager(m), rtol=0, atol=0)

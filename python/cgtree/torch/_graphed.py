@@ -39,13 +39,15 @@ it, before any module is changed; other shapes or ``requires_grad`` than the
 samples' compile again instead of failing; outputs kept past their step
 raise on access, where PyTorch's are overwritten by the next replay.
 """
+import types
 import warnings
+import weakref
 
 import torch
 
 from . import _install
 
-_GRAPHED = "_cgtree_graphed"  # on a module's replaced forward: graphed already
+_GRAPHED = "_cgtree_graphed"  # in a graphed module's __dict__: its _Graphed state
 
 
 def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unused_input=False, pool=None):
@@ -91,7 +93,7 @@ def _check(callables, sample_args, num_warmup_iters, need_cuda):
         if not callable(c):
             raise TypeError("make_graphed_callables: %s is %s, not an nn.Module or a function"
                             % (where, type(c).__name__))
-        if isinstance(c, torch.nn.Module) and getattr(c.forward, _GRAPHED, False):
+        if isinstance(c, torch.nn.Module) and _graphed_state(c) is not None:
             raise ValueError("make_graphed_callables: %s (%s) is graphed already" % (where, type(c).__name__))
         for j in range(i):
             if callables[j] is c and isinstance(c, torch.nn.Module):  # a function twice is two graphed functions
@@ -128,6 +130,8 @@ def _make(one, callables, per_args, num_warmup_iters, allow_unused_input, backen
     for i, (c, args) in enumerate(zip(callables, per_args)):
         module = isinstance(c, torch.nn.Module)
         fn = c.forward if module else c
+        if module and _GRAPHED in c.__dict__:  # a deep copy of a graphed module: its own original forward
+            fn = c.__dict__[_GRAPHED].original
         compiled = torch.compile(_own_frame(fn, args), backend=backend, fullgraph=True, dynamic=False)
         params = tuple(c.parameters()) if module else ()
         first = len(decisions)
@@ -149,7 +153,7 @@ def _make(one, callables, per_args, num_warmup_iters, allow_unused_input, backen
     out = []
     for c, module, fn, compiled, graphs in made:
         if module:
-            c.forward = _graphed_forward(c, compiled, fn, c.training, graphs)
+            _graph_forward(c, compiled, fn, graphs)
             out.append(c)
         else:
             compiled._cgtree_graphs = graphs
@@ -205,17 +209,43 @@ def _warm_up(compiled, args, params, n, allow_unused_input):
         del outs
 
 
-def _graphed_forward(module, compiled, original, training, graphs):
-    """The module's new forward: the graphs while its training flag is what
-    it was when graphed, the original forward otherwise (as PyTorch's)."""
-    def forward(*args, **kwargs):
-        if module.training == training:
-            return compiled(*args, **kwargs)
-        return original(*args, **kwargs)
+class _Graphed:
+    """What a graphed module keeps (in its __dict__, under _GRAPHED): the
+    module it was graphed for (a weak reference), its compiled forward, its
+    original forward, its training flag then, and the graphs' decisions."""
 
-    setattr(forward, _GRAPHED, True)
-    forward._cgtree_graphs = graphs
-    return forward
+    def __init__(self, module, compiled, original, graphs):
+        self.owner, self.compiled, self.original = weakref.ref(module), compiled, original
+        self.training, self.graphs = module.training, graphs
+
+
+def _graphed_forward(self, *args, **kwargs):
+    """A graphed module's forward, bound to the module: the graphs while
+    its training flag is what it was when graphed, the original forward
+    otherwise (as PyTorch's). Bound, not a closure over the module: a deep
+    copy of the module (an EMA or a teacher made after graphing) kept the
+    original's closure (deepcopy copies no function), so it computed with
+    the original's parameters and sent its gradients to the original's
+    .grad, silently (a helper's review; PyTorch's closure does so too).
+    deepcopy binds a bound method to the copy, and the state's original
+    forward with it, while the weak reference still names the original:
+    the copy runs its own forward eagerly, and may be graphed in turn."""
+    state = self.__dict__[_GRAPHED]
+    if state.owner() is self and self.training == state.training:
+        return state.compiled(*args, **kwargs)
+    return state.original(*args, **kwargs)
+
+
+def _graph_forward(module, compiled, original, graphs):
+    module.__dict__[_GRAPHED] = _Graphed(module, compiled, original, graphs)
+    module.forward = types.MethodType(_graphed_forward, module)
+
+
+def _graphed_state(module):
+    """module's _Graphed state if it is graphed (a deep copy of a graphed
+    module is not: it runs eagerly), else None."""
+    state = module.__dict__.get(_GRAPHED)
+    return state if state is not None and state.owner() is module else None
 
 
 def graphs_of(graphed):
@@ -225,5 +255,7 @@ def graphs_of(graphed):
     "inference") and, for a segment, "segment" (its nodes' name in
     cgtree.torch.nodes()). Empty when its code was compiled before (another
     callable with the same code and shapes shares its graphs)."""
-    fn = graphed.forward if isinstance(graphed, torch.nn.Module) else graphed
-    return list(getattr(fn, "_cgtree_graphs", ()))
+    if isinstance(graphed, torch.nn.Module):
+        state = _graphed_state(graphed)
+        return list(state.graphs) if state is not None else []
+    return list(getattr(graphed, "_cgtree_graphs", ()))
