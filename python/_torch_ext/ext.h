@@ -586,7 +586,7 @@ struct tx_out_ref {
   uint64_t inference_watch; /* an inference graph's output watched through its memory: the tree's
                              * inference_watches_ended + 1 when noted, so counted in inference_memory_watched
                              * until the watches end; 0: not */
-  int grad;          /* a backward's output: AccumulateGrad may have made it a .grad (stale.c) */
+  int grad;          /* AccumulateGrad may have made it a .grad (stale.c): GRAD_BACKWARD, GRAD_IN_BACKWARD, or 0 */
   int caller_memory; /* it lies inside a STATIC argument of its run (a forward's saved parameter): not the
                       * tree's memory, so never on the step's list, never stale, and passed on as caller memory */
   PyObject *keep;    /* for an output over an input's caller memory (a STATIC input's view, or one moved there:
@@ -618,8 +618,17 @@ int tx_out_ref_dead(tx_out_ref *r); /* its deleter ran (its storage is gone) */
 int tx_tree_run_add(TreeObject *T, struct seg_run *r);
 struct seg_run **tx_tree_runs_detach(TreeObject *T, size_t *n);
 void tx_tree_runs_free(struct seg_run **runs, size_t n);
-/* r is a backward's output whose storage lives: a .grad may be on it. */
+/* tx_out_ref.grad: a backward's output, a gradient of the step; or an
+ * inference graph's made inside a backward (a gradient hook's result, or
+ * a recompute's helper's, no gradient), which AccumulateGrad may take
+ * over as .grad all the same. */
+enum { GRAD_BACKWARD = 1, GRAD_IN_BACKWARD = 2 };
+/* r may be a .grad and its storage lives: a step's end moves it if so. */
 static inline int tx_out_ref_live_grad(tx_out_ref *r) { return r->grad && !tx_out_ref_dead(r); }
+/* r is a backward's output whose storage lives: a gradient of the step. */
+static inline int tx_out_ref_live_backward_output(tx_out_ref *r) {
+  return r->grad == GRAD_BACKWARD && !tx_out_ref_dead(r);
+}
 extern PyTypeObject SegmentType;
 /* tests: _torch_ext._set_variant_mask(m): variants are ANDed with m (all
  * bits by default), so that different keys collide (segment.c). */

@@ -1797,8 +1797,14 @@ static PyObject *build_result(seg_run *r, PyObject *const *args, variant_tmpl *t
    * (`p.register_hook(lambda g: clip(g))`), whose result autograd hands on
    * as the gradient. A hook's output kept by accumulation was marked, not
    * moved, and the next accumulation raised StaleTensorError where
-   * Inductor computes (a helper's review). -1: not asked yet. */
-  int grad = s->backward ? 1 : -1;
+   * Inductor computes (a helper's review). Such an output counts as the
+   * step's gradient only where it is a leaf's .grad (belongs_to_training_
+   * step asks the leaves): a recompute's compiled helper (a mask) whose
+   * result the next forward reads was taken for a gradient, and that
+   * forward went on in the backward's step, a node per call (a review).
+   * Asked only where a tree noted a leaf, where .grad can be. -1: not
+   * asked yet. */
+  int grad = s->backward ? GRAD_BACKWARD : -1;
   if (!out)
     goto fail;
   if (t->has_ties && !r->made_at) { /* once per run: the records of a call's results, for its ties */
@@ -1846,7 +1852,7 @@ static PyObject *build_result(seg_run *r, PyObject *const *args, variant_tmpl *t
           r->made = in;
       }
       if (!item && grad < 0) /* asked once per call, and only of a graph that is no backward's */
-        grad = inference_graph(s) && tx_in_a_backward();
+        grad = inference_graph(s) && tx_trees_have_grad_leaves() && tx_in_a_backward() ? GRAD_IN_BACKWARD : 0;
       if (!item)
         item = make_output(r, args, r->outs[k], m, i >= s->saved_from, grad, r->tree->timed ? &r->ns_made : NULL);
       if (k < r->n_made_at)
@@ -1973,7 +1979,7 @@ static int belongs_to_training_step(void *call) {
   int writes = c->s->arg_written && inference_graph(c->s);
   int alive = 0;
   for (tx_out_ref *o = c->T->step_outputs; o && !alive; o = o->step_next)
-    alive = tx_out_ref_live_grad(o);
+    alive = tx_out_ref_live_backward_output(o);
   for (size_t i = 0; alive && i < c->n; i++) {
     tx_out_ref *o;
     if (c->s->arg_kind[i] > ARG_TENSOR_STATIC)
@@ -1982,7 +1988,7 @@ static int belongs_to_training_step(void *call) {
       PyErr_Clear(); /* a stale output: the call reads it again below, and raises */
       continue;
     }
-    if (o && tx_out_ref_live_grad(o))
+    if (o && tx_out_ref_live_backward_output(o))
       return TX_OPTIMIZER_READS_GRAD;
   }
   /* A graph of neither kind after a backward: does it read a kept .grad?

@@ -228,25 +228,28 @@ def init_hot_path(ptrs_equal=None, mark_step_cls=None, mark=None):
 
 def fake_move_out(ts):
     """cgtree.torch._backend.move_out_of_pool's stand-in: each tensor set_
-    to a new storage, one per old storage, and one for old storages over
-    overlapping memory (so views of one another stay so, as do outputs
-    tied apart), holding the bytes from the lowest storage offset among
-    them on, each at its old storage's place, its layout kept; a boolean
-    per tensor."""
+    to a new storage, one per old storage, and one for old storages whose
+    tensors reach overlapping memory (so views of one another stay so, as
+    do outputs tied apart), holding the bytes from the lowest storage
+    offset among them on, each at its old storage's place, its layout
+    kept; a boolean per tensor."""
     storages = {}
     for t in ts:
         storages.setdefault(t.untyped_storage()._cdata, (t.untyped_storage(), []))[1].append(t)
-    merged, empty = [], []  # [lo, hi, [(old storage, its tensors)]]
-    for old, group in sorted(storages.values(), key=lambda e: e[0].base):
+    spans = sorted(((old.base + min(t.storage_offset_bytes for t in group), old, group)
+                    for old, group in storages.values()), key=lambda e: e[0])
+    merged, apart = [], []  # [lo, hi, [(old storage, its tensors)]]
+    for used, old, group in spans:
         old.check()
-        if not old.nbytes:
-            empty.append([old.base, old.base, [(old, group)]])
-        elif merged and old.base < merged[-1][1]:
+        if used >= old.base + old.nbytes:
+            apart.append([old.base, old.base + old.nbytes, [(old, group)]])
+        elif merged and used < merged[-1][1]:
+            merged[-1][0] = min(merged[-1][0], old.base)
             merged[-1][1] = max(merged[-1][1], old.base + old.nbytes)
             merged[-1][2].append((old, group))
         else:
             merged.append([old.base, old.base + old.nbytes, [(old, group)]])
-    for lo, hi, members in merged + empty:
+    for lo, hi, members in merged + apart:
         ptr = _lib.cgt_torch_alloc(hi - lo, -1, None)
         if ptr is None:
             raise FakeOutOfMemoryError("CUDA out of memory (the simulator)")
@@ -6551,3 +6554,45 @@ def test_a_worker_heads_backward_of_another_id_leaves_the_main_trees_watch_of_a_
         gc.collect()
     main.check()
     worker.check()
+
+
+def test_an_output_made_inside_a_backward_that_is_no_gradient_lets_the_next_forward_that_reads_it_begin_its_step(tree):
+    """A compiled call inside a backward that makes no gradient:
+    checkpointing's recompute calls a compiled helper of inputs that need
+    no grad (a mask, rotary tables: an inference graph), and the model
+    keeps its result for the next forward (a cache). Its outputs, counted
+    as gradients of the step, made the next forward that reads it a reader
+    of the step's gradients: it went on in the backward's step instead of
+    beginning one, every iteration, a node per call up to the bound (a
+    review). Such an output counts only where it is a leaf's .grad (a
+    gradient hook's): the forward begins its step and moves the cached
+    tensor, as any output passed to the call that ends its step."""
+    fw, bw, w, x, t = param_training_pair(tree)
+    mk = segment(tree, Graph(tree, 1.0, 0.0), spans=(16,), name="mask")
+    for _ in range(3):  # recorded and replaying
+        call(mk, x)
+    task = [-1]
+    X.set_graph_task_id(lambda: task[0])
+    try:
+        (m,) = call(mk, x)  # the first forward's cache
+        n0 = tree.stats()["nodes"]
+        began = []
+        for i in range(30):
+            w.grad = None
+            step = tree.stats()["step"]
+            out, saved = call(fw, m, w)  # the forward reads the cached tensor
+            began.append(tree.stats()["step"] == step + 1)
+            task[0] = 7  # autograd runs the backward
+            (g,) = bw(saved, t)
+            Generation.generation += 1  # the recompute's compiled helper
+            (m,) = mk(x)  # inside the backward: no gradient, kept for the next forward
+            w.accumulate(g)
+            task[0] = -1
+            del g, saved, out
+            gc.collect()
+        s = tree.stats()
+        assert all(began[1:]), "forwards that began no step: %s; nodes %d -> %d, steps kept after a backward %d" % (
+            [i for i, b in enumerate(began) if not b], n0, s["nodes"], s["steps_kept_after_backward"])
+        assert s["nodes"] - n0 <= 4
+    finally:
+        X.set_graph_task_id(None)

@@ -569,3 +569,41 @@ def test_move_out_of_pool_moves_tensors_over_storages_that_share_memory_onto_one
     assert torch.equal(bits, torch.tensor([100.0, 110.0, 12.0, 13.0]).view(torch.int32))
     assert torch.equal(other, torch.arange(4.0)) and empty.numel() == 0
 
+
+def test_move_out_of_pool_moves_a_tensor_whose_storage_overlaps_another_only_below_its_data_at_any_alignment():
+    """Two unrelated outputs of one pool: b, a bfloat16 output
+    at storage offset 1 (its storage begins 2 bytes below its data), and a,
+    a float32 output at storage offset 4 (its storage begins 16 bytes below
+    its data, in memory that is b's). Their storages overlap only in a's
+    dead bytes below its offset. Merged onto one copy, a lands at byte
+    at = a.start - b.start = 6 of it, no multiple of 4: a is refused (stays,
+    marked stale: StaleTensorError where eager computes; a review). They
+    are grouped by the bytes their tensors reach: each moves onto a copy of
+    its own."""
+    mem = torch.zeros(16, dtype=torch.float32)  # the pool: 64 bytes, 4-aligned
+    mem[6:10] = torch.tensor([1.0, 2.0, 3.0, 4.0])  # a's data: bytes 24..40
+    bst = torch.from_dlpack(mem.view(torch.bfloat16)[1:9]).untyped_storage()  # bytes 2..18
+    b = torch.empty(0, dtype=torch.bfloat16).set_(bst, 1, (3,))  # data: bytes 4..10
+    ast = torch.from_dlpack(mem[2:10]).untyped_storage()  # bytes 8..40
+    a = torch.empty(0, dtype=torch.float32).set_(ast, 4, (4,))  # data: bytes 24..40
+    bwant, awant = b.clone(), a.clone()
+    assert _backend.move_out_of_pool([b, a]) == [True, True]
+    mem.zero_()
+    assert torch.equal(a, awant) and torch.equal(b, bwant)
+
+
+def test_move_out_of_pool_gives_a_tensor_no_storage_of_an_unrelated_ones_memory():
+    """g, a small output (a .grad AccumulateGrad took over, or
+    any argument) lies in the pool below h = out[-1], a view at a large
+    offset whose storage begins where the plain graph's did, far below it.
+    Their storages overlap only in h's dead bytes: merged, g is set_ onto
+    the whole union (hi - lo bytes), and keeps it alive as long as g lives
+    (a kept .grad: for the rest of training), and g.storage_offset() moved
+    (a review). g gets a storage of its own size."""
+    mem = torch.zeros(1 << 16)  # 256 KiB of pool
+    hst = torch.from_dlpack(mem).untyped_storage()
+    h = torch.empty(0).set_(hst, (1 << 16) - 4, (4,))  # out[-1]: the last 16 bytes, offset 65532
+    g = torch.from_dlpack(mem[100:104])  # 16 bytes of its own storage, inside h's dead zone
+    assert _backend.move_out_of_pool([h, g]) == [True, True]
+    assert g.untyped_storage().nbytes() == 16, g.untyped_storage().nbytes()
+    assert g.storage_offset() == 0

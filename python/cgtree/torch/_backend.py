@@ -129,7 +129,7 @@ def move_out_of_pool(ts):
         new = torch.empty(hi - lo, dtype=torch.uint8, device=members[0][1][0].device)
         for old, group in members:
             at = old.data_ptr() - lo  # where the old storage begins in the new one
-            start = min(t.storage_offset() * t.element_size() for t in group)
+            start = _first_byte(group)
             if old.nbytes() > start:  # an empty tensor may lie at or past its storage's end: nothing to copy
                 src = torch.empty(0, dtype=torch.uint8, device=new.device).set_(old, start, (old.nbytes() - start,))
                 new[at + start:at + old.nbytes()].copy_(src)
@@ -139,27 +139,37 @@ def move_out_of_pool(ts):
 
 
 def _over_one_memory(storages):
-    """The (storage, tensors) pairs grouped where their storages' memory
-    overlaps: [lo, hi, pairs] for each group, [lo, hi) its bytes. cgtree
-    hands out two storages over one memory where a tie cannot be a view
-    (outputs tied apart: another dtype, a view below the earlier output),
-    which eager has as one storage; moved apart, each onto a copy of its
-    own, a write through one was lost to the other, silently (a helper's
-    review). Where their ranges overlap only in bytes below a tensor's
-    offset, merging costs a larger copy, never a wrong number. An empty
-    storage is a group of its own."""
-    spans = sorted(((old.data_ptr(), old.data_ptr() + old.nbytes(), old, group) for old, group in storages),
-                   key=lambda e: e[0])
-    merged, empty = [], []
-    for lo, hi, old, group in spans:
-        if lo == hi:
-            empty.append([lo, hi, [(old, group)]])
-        elif merged and lo < merged[-1][1]:
+    """The (storage, tensors) pairs grouped where the bytes their tensors
+    may reach overlap, from the lowest storage offset among them to the
+    storage's end: [lo, hi, pairs] for each group, lo the lowest storage's
+    first byte, hi the highest end. cgtree hands out two storages over one
+    memory where a tie cannot be a view (outputs tied apart: another dtype,
+    a view below the earlier output), which eager has as one storage; moved
+    apart, each onto a copy of its own, a write through one was lost to the
+    other, silently (a helper's review). Not the storages' whole ranges: a
+    storage made over a pool value at an offset begins below the value, in
+    memory that may be another output's, and grouped by those, unrelated
+    tensors shared one copy, each keeping it all alive, and one whose place
+    there was no multiple of its element size stayed unmoved (a review).
+    A storage none of whose tensors reaches a byte is a group of its own."""
+    spans = sorted(((old.data_ptr() + _first_byte(group), old.data_ptr() + old.nbytes(), old, group)
+                    for old, group in storages), key=lambda e: e[0])
+    merged, apart = [], []
+    for used, hi, old, group in spans:
+        if used >= hi:
+            apart.append([old.data_ptr(), old.data_ptr() + old.nbytes(), [(old, group)]])
+        elif merged and used < merged[-1][1]:
+            merged[-1][0] = min(merged[-1][0], old.data_ptr())
             merged[-1][1] = max(merged[-1][1], hi)
             merged[-1][2].append((old, group))
         else:
-            merged.append([lo, hi, [(old, group)]])
-    return merged + empty
+            merged.append([old.data_ptr(), hi, [(old, group)]])
+    return merged + apart
+
+
+def _first_byte(group):
+    """The first byte of their storage that the tensors of `group` reach."""
+    return min(t.storage_offset() * t.element_size() for t in group)
 
 
 def _set_onto(t, storage, at):
