@@ -462,21 +462,20 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
    * outputs. Begun there, a step marked it, and the block's backward
    * raised StaleTensorError where Inductor computes (a helper's audit).
    * Asked only where a step would begin: once a step. Bounded as any
-   * step held open; at the bound a step begins with a warning, counted in
-   * steps_forced (it began with none, counted nowhere: a review). */
+   * step held open; past the bound the rules below hold (a hook that reads
+   * a gradient of the step goes on as the step's gradient reader: forced
+   * at the bound, a model of 1025 parameters with a compiled hook each
+   * lost the last gradients: a review), and where they begin a step, it
+   * begins with a warning, counted in steps_forced (it began with none,
+   * counted nowhere: a review). */
+  int in_backward_past_bound = 0;
   if (!marked && tx_in_a_backward()) {
     if (T->generations_deferred < PENDING_GENERATIONS_MAX) {
       T->generations_deferred++;
       T->steps_deferred++;
       return 0;
     }
-    if (++T->steps_forced == 1)
-      warn_bound("cgtree.torch: %u compiled calls in a row inside backwards (activation checkpointing's "
-                 "recomputes, gradient hooks) began no step. A step begins now, and gradients the backward still "
-                 "passes on, or outputs of the step the program holds, raise StaleTensorError from here on. Mark "
-                 "where your steps end with torch.compiler.cudagraph_mark_step_begin().",
-                 PENDING_GENERATIONS_MAX);
-    return step_begin_or_unsee(T, gen_before, mark_before);
+    in_backward_past_bound = 1;
   }
   if (!marked && (T->saved_alive || T->forward_memory_watched || T->tied_saved_alive))
     tx_out_ref_queue_drain(); /* activations the backward just freed, outputs just dropped */
@@ -494,8 +493,15 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
   int optimizer = 0;
   if (!marked && !pending && (optimizer = belongs(call)) < 0)
     return unsee(T, gen_before, mark_before);
-  if (marked || (!pending && !optimizer))
+  if (marked || (!pending && !optimizer)) {
+    if (in_backward_past_bound && ++T->steps_forced == 1)
+      warn_bound("cgtree.torch: %u compiled calls in a row inside backwards (activation checkpointing's "
+                 "recomputes, gradient hooks) began no step. A step begins now, and gradients the backward still "
+                 "passes on, or outputs of the step the program holds, raise StaleTensorError from here on. Mark "
+                 "where your steps end with torch.compiler.cudagraph_mark_step_begin().",
+                 PENDING_GENERATIONS_MAX);
     return step_begin_or_unsee(T, gen_before, mark_before);
+  }
   int reads = optimizer == TX_OPTIMIZER_READS_GRAD;
   uint32_t *held = reads ? &T->gradient_reads_held : &T->optimizer_calls_held; /* a count per kind */
   /* A pending backward is bounded by the calls deferred in the step, the

@@ -151,7 +151,12 @@ def _over_one_memory(storages):
     memory that may be another output's, and grouped by those, unrelated
     tensors shared one copy, each keeping it all alive, and one whose place
     there was no multiple of its element size stayed unmoved (a review).
-    A storage none of whose tensors reaches a byte is a group of its own."""
+    A storage none of whose tensors reaches a byte is a group of its own.
+    A group of several storages begins at the lowest one's start rounded
+    down to _ALIGN: its members keep their places' alignment, and a float32
+    over memory a bfloat16 storage at an odd offset reached lay at no
+    multiple of 4 from that storage's start, and stayed unmoved (a
+    review). A storage alone keeps its offsets."""
     spans = sorted(((old.data_ptr() + _first_byte(group), old.data_ptr() + old.nbytes(), old, group)
                     for old, group in storages), key=lambda e: e[0])
     merged, apart = [], []
@@ -164,7 +169,13 @@ def _over_one_memory(storages):
             merged[-1][2].append((old, group))
         else:
             merged.append([old.data_ptr(), hi, [(old, group)]])
+    for m in merged:
+        if len(m[2]) > 1:
+            m[0] -= m[0] % _ALIGN
     return merged + apart
+
+
+_ALIGN = 64  # bytes: what every allocator of PyTorch's gives at least (CPU 64, CUDA 512), and past any element size
 
 
 def _first_byte(group):
