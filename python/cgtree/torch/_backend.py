@@ -153,7 +153,7 @@ def _over_one_memory(storages):
     there was no multiple of its element size stayed unmoved (a review).
     A storage none of whose tensors reaches a byte is a group of its own.
     A group of several storages begins at the lowest one's start rounded
-    down to _ALIGN: its members keep their places' alignment, and a float32
+    down to _ALIGN (_aligned_start): its members keep their places' alignment, and a float32
     over memory a bfloat16 storage at an odd offset reached lay at no
     multiple of 4 from that storage's start, and stayed unmoved (a
     review). A storage alone keeps its offsets."""
@@ -171,8 +171,23 @@ def _over_one_memory(storages):
             merged.append([old.data_ptr(), hi, [(old, group)]])
     for m in merged:
         if len(m[2]) > 1:
-            m[0] -= m[0] % _ALIGN
+            m[0] = _aligned_start(m[0], m[2])
     return merged + apart
+
+
+def _aligned_start(lo, members):
+    """Where a group's new buffer begins: its lowest storage start lo
+    rounded down to _ALIGN, so that every member keeps its place's
+    alignment; or, where a storage begins off its tensors' element size
+    (their data misaligned already, which rounding down kept: each stayed
+    unmoved, a review), the highest place at most _ALIGN - 1 bytes below
+    lo that lands every tensor on an offset of its dtype, else lo rounded
+    down all the same (those that fit nowhere stay, marked stale)."""
+    def fits(at):
+        return all((old.data_ptr() - at) % t.element_size() == 0 for old, group in members for t in group)
+
+    down = lo - lo % _ALIGN
+    return next((at for at in [down] + list(range(lo, lo - _ALIGN, -1)) if fits(at)), down)
 
 
 _ALIGN = 64  # bytes: what every allocator of PyTorch's gives at least (CPU 64, CUDA 512), and past any element size
