@@ -1641,25 +1641,28 @@ static tx_view_pair *view_pair(const tx_out_ref *ref, uint64_t pair) {
  * own backward raised StaleTensorError where Inductor computes (a
  * review). Each backward reads each saved result once, so the counts
  * balance. A backward of unknown pair (compiled autograd's) still ends
- * every hold it can: never too late. */
-static void end_holds_read_by_backward(const SegmentObject *s, TreeObject *T, tx_out_ref *ref) {
+ * every hold it can: never too late. 1 if a hold ended, else 0. */
+static int end_holds_read_by_backward(const SegmentObject *s, TreeObject *T, tx_out_ref *ref) {
+  int ended = 0;
   if (!s->backward || ref->step != T->step) /* a hold of an earlier step ended with it */
-    return;
+    return 0;
   if (ref->saved && ref->counted && (!s->pair || !ref->saved_by || s->pair == ref->saved_by)) {
     ref->saved = 0;
     T->saved_alive--;
     if (s->pair)
-      return; /* one read, one hold (the essay's last paragraph) */
+      return 1; /* one read, one hold (the essay's last paragraph) */
+    ended = 1;
   }
   uint64_t by = ref->tied_saved;
   if (by && (by == TIED_BY_UNKNOWN || !s->pair || s->pair == by)) {
     ref->tied_saved = 0;
     T->tied_saved_alive--;
     if (s->pair)
-      return;
+      return 1;
+    ended = 1;
   }
   if (!ref->saved_views)
-    return;
+    return ended;
   /* Its own forward's hold first, else one of unknown pair; a backward of
    * unknown pair ends any, unknown ones first. */
   tx_view_pair *e = view_pair(ref, s->pair); /* NULL for an unknown pair */
@@ -1672,11 +1675,12 @@ static void end_holds_read_by_backward(const SegmentObject *s, TreeObject *T, tx
       if (ref->views_by[k].n)
         e = &ref->views_by[k];
     if (!e)
-      return;
+      return ended;
     e->n--;
   }
   ref->saved_views--;
   T->tied_saved_alive--;
+  return 1;
 }
 
 /* A training forward saved a view of ref, its VALUE argument
@@ -1736,7 +1740,7 @@ static void saved_view_hold(const SegmentObject *s, TreeObject *T, tx_out_ref *r
 static void backward_read(const SegmentObject *s, TreeObject *T, tx_out_ref *ref) {
   TreeObject *owner = ref->tree;
   if (!owner || owner == T) {
-    end_holds_read_by_backward(s, T, ref);
+    (void)end_holds_read_by_backward(s, T, ref);
     return;
   }
   /* Only a read that ends a hold of the owner's step for a backward (a
@@ -1746,9 +1750,7 @@ static void backward_read(const SegmentObject *s, TreeObject *T, tx_out_ref *ref
    * watch of this step, and its next compiled call began a step that
    * marked `t` (a review); a backward of another pair ends none of the
    * owner's holds, so it ends none of its watches either. */
-  uint64_t holds = owner->saved_alive + owner->tied_saved_alive;
-  end_holds_read_by_backward(s, owner, ref);
-  if (owner->saved_alive + owner->tied_saved_alive != holds)
+  if (end_holds_read_by_backward(s, owner, ref))
     tx_tree_backward_called(owner);
 }
 
@@ -1969,8 +1971,9 @@ static int args_read_kept_grad(call_args *c) {
  * Asked only at a new compiled call with no backward pending; a loop whose
  * zero_grad() dropped the gradients pays one walk of the step's outputs,
  * and for a graph that neither trains nor writes, one read of each noted
- * leaf's .grad per backward (tx_kept_grad_among). TX_OPTIMIZER_READS_GRAD where it reads a
- * .grad, TX_OPTIMIZER_WRITES where it only writes an input, 0 if neither. */
+ * leaf's .grad per backward (tx_kept_grad_among). TX_OPTIMIZER_READS_GRAD
+ * where it reads a .grad, TX_OPTIMIZER_WRITES where it only writes an
+ * input, 0 if neither. */
 static int belongs_to_training_step(void *call) {
   call_args *c = call;
   if (!c->T->backward_this_step)

@@ -153,10 +153,10 @@ def _over_one_memory(storages):
     there was no multiple of its element size stayed unmoved (a review).
     A storage none of whose tensors reaches a byte is a group of its own.
     A group of several storages begins at the lowest one's start rounded
-    down to _ALIGN (_aligned_start): its members keep their places' alignment, and a float32
-    over memory a bfloat16 storage at an odd offset reached lay at no
-    multiple of 4 from that storage's start, and stayed unmoved (a
-    review). A storage alone keeps its offsets."""
+    down to _ALIGN (_aligned_start): its members keep their places'
+    alignment (from that storage's start, a float32 over memory a bfloat16
+    storage at an odd offset reached lay at no multiple of 4, and stayed
+    unmoved: a review). A storage alone keeps its offsets."""
     spans = sorted(((old.data_ptr() + _first_byte(group), old.data_ptr() + old.nbytes(), old, group)
                     for old, group in storages), key=lambda e: e[0])
     merged, apart = [], []
