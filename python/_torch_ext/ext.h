@@ -734,7 +734,9 @@ int tx_stale_mark_step(TreeObject *T);
 int tx_step_outputs_all_leaf_grads(TreeObject *T);
 /* o, an input at a position of a training forward that may get a gradient,
  * is remembered if it is a leaf that requires grad (wr: a weak reference to
- * it). -1 with an exception set (out of host memory). */
+ * it); if it requires grad but is no leaf, the leaves eager ops before the
+ * call pass its gradient on to are (`p.view(-1)`, `p.t()`: stale.c,
+ * note_leaves_behind). -1 with an exception set (out of host memory). */
 int tx_grad_leaf_note(TreeObject *T, PyObject *o, PyObject *wr);
 /* Copies just made on the caller's stream read memory the tree's next
  * work may overwrite: the tree's stream waits for the caller's. An

@@ -124,22 +124,33 @@ void tx_stale_forget(TreeObject *T, tx_out_ref *r) {
  * GIL. */
 static uint64_t kept_grads_generation = 1;
 
-int tx_grad_leaf_note(TreeObject *T, PyObject *o, PyObject *wr) {
-  int yes = 1;
+/* Reads o.requires_grad and o.is_leaf into *requires and *leaf: 0, or -1
+ * with MemoryError set. Anything autograd does not see as a tensor is
+ * neither (its error cleared). */
+static int grad_flags(PyObject *o, int *requires, int *leaf) {
   PyObject *names[2] = {TX.str_requires_grad, TX.str_is_leaf};
-  for (int i = 0; i < 2 && yes; i++) {
+  int *flags[2] = {requires, leaf};
+  *requires = *leaf = 0;
+  for (int i = 0; i < 2; i++) {
     PyObject *v = PyObject_GetAttr(o, names[i]);
-    yes = v ? PyObject_IsTrue(v) : 0;
+    int yes = v ? PyObject_IsTrue(v) : 0;
     Py_XDECREF(v);
     if (yes < 0 || PyErr_Occurred()) {
       if (PyErr_ExceptionMatches(PyExc_MemoryError))
-        return -1; /* out of memory: raised, and the leaf asked about again at the next call */
-      PyErr_Clear(); /* not a tensor as autograd sees one: no .grad to look after */
-      yes = 0;
+        return -1;
+      PyErr_Clear();
+      *requires = *leaf = 0;
+      return 0;
     }
+    *flags[i] = yes;
+    if (!yes)
+      return 0; /* no grad: is_leaf does not matter */
   }
-  if (!yes)
-    return 0;
+  return 0;
+}
+
+/* Remembers leaf o (requires grad) by wr on T's dict. */
+static int note_leaf(TreeObject *T, PyObject *o, PyObject *wr) {
   if (!T->grad_leaves && !(T->grad_leaves = PyDict_New()))
     return -1;
   PyObject *key = PyLong_FromVoidPtr(o);
@@ -171,6 +182,97 @@ int tx_grad_leaf_note(TreeObject *T, PyObject *o, PyObject *wr) {
   Py_DECREF(dead);
   T->grad_leaves_pruned = PyDict_GET_SIZE(T->grad_leaves);
   return 0;
+}
+
+/* The autograd nodes a walk from one input visits at most. */
+enum { LEAF_WALK_NODES = 16 };
+
+/* An attribute autograd's node may lack: a new reference, or NULL with no
+ * exception where it has none (or any error but MemoryError). */
+static PyObject *node_attr(PyObject *node, PyObject *name, int *failed) {
+  PyObject *v = PyObject_GetAttr(node, name);
+  if (!v) {
+    if (PyErr_ExceptionMatches(PyExc_MemoryError))
+      *failed = 1;
+    else
+      PyErr_Clear();
+  }
+  return v;
+}
+
+/* A non-leaf input o that requires grad: the leaves an eager op before the
+ * compiled function passes its gradient on to. `p.view(-1)`, `p.t()`,
+ * `p + c`, a slice of `torch.cat([p1, p2])` taken eagerly reach the
+ * compiled function as new tensors, and p's gradient is a view of the
+ * backward's output that AccumulateGrad takes over as p.grad: p is a leaf
+ * this tree must look after, though it is no argument. Only the leaves
+ * among the arguments were noted, so such a .grad kept past its step was
+ * marked, not moved, and the next accumulation raised where Inductor
+ * computes (a limit the docs stated, found again by a review).
+ *
+ * The walk follows o.grad_fn.next_functions, the autograd graph's public
+ * attributes, to AccumulateGrad nodes (`.variable`, the leaf), through
+ * nodes PyTorch implements in C++ (static types: ViewBackward0,
+ * CatBackward0, ...) only. It stops at a Python autograd Function (a heap
+ * type): AOTAutograd's CompiledFunctionBackward, whose inputs' leaves its
+ * own call noted, and which every activation a graph break hands on has.
+ * So an activation costs one attribute read more per call, and a view of a
+ * parameter a few. At most LEAF_WALK_NODES nodes: what lies further stays
+ * unnoted, and its kept .grad is marked, loud as before. */
+static int note_leaves_behind(TreeObject *T, PyObject *o) {
+  static PyObject *str_grad_fn, *str_next_functions, *str_variable;
+  if (!str_grad_fn && (!(str_grad_fn = PyUnicode_InternFromString("grad_fn")) ||
+                       !(str_next_functions = PyUnicode_InternFromString("next_functions")) ||
+                       !(str_variable = PyUnicode_InternFromString("variable"))))
+    return -1;
+  PyObject *todo[LEAF_WALK_NODES];
+  int n = 0, visited = 0, failed = 0;
+  PyObject *fn = node_attr(o, str_grad_fn, &failed);
+  if (fn && fn != Py_None && !PyType_HasFeature(Py_TYPE(fn), Py_TPFLAGS_HEAPTYPE))
+    todo[n++] = fn;
+  else
+    Py_XDECREF(fn);
+  while (n && !failed) {
+    PyObject *node = todo[--n];
+    visited++;
+    PyObject *next = node_attr(node, str_next_functions, &failed);
+    Py_ssize_t k = next && PyTuple_Check(next) ? PyTuple_GET_SIZE(next) : 0;
+    if (next && k == 0) { /* AccumulateGrad has no next functions */
+      PyObject *var = node_attr(node, str_variable, &failed);
+      int requires = 0, leaf = 0;
+      if (var && !failed && grad_flags(var, &requires, &leaf) < 0)
+        failed = 1;
+      if (var && requires && leaf) {
+        PyObject *wr = PyWeakref_NewRef(var, NULL);
+        if (!wr)
+          PyErr_Clear(); /* no weak references to it: no tensor */
+        else if (note_leaf(T, var, wr) < 0)
+          failed = 1;
+        Py_XDECREF(wr);
+      }
+      Py_XDECREF(var);
+    }
+    for (Py_ssize_t i = 0; i < k && n < LEAF_WALK_NODES && visited + n < LEAF_WALK_NODES; i++) {
+      PyObject *edge = PyTuple_GET_ITEM(next, i); /* (node, input_nr) */
+      PyObject *to = PyTuple_Check(edge) && PyTuple_GET_SIZE(edge) > 0 ? PyTuple_GET_ITEM(edge, 0) : Py_None;
+      if (to != Py_None && !PyType_HasFeature(Py_TYPE(to), Py_TPFLAGS_HEAPTYPE))
+        todo[n++] = Py_NewRef(to);
+    }
+    Py_XDECREF(next);
+    Py_DECREF(node);
+  }
+  while (n)
+    Py_DECREF(todo[--n]);
+  return failed ? -1 : 0;
+}
+
+int tx_grad_leaf_note(TreeObject *T, PyObject *o, PyObject *wr) {
+  int requires, leaf;
+  if (grad_flags(o, &requires, &leaf) < 0)
+    return -1; /* out of memory: raised, and the leaf asked about again at the next call */
+  if (!requires)
+    return 0;
+  return leaf ? note_leaf(T, o, wr) : note_leaves_behind(T, o);
 }
 
 /* Whether leaf.grad shares a storage in `kept` (keys of storages): 1 and

@@ -14,6 +14,7 @@ import ctypes
 import gc
 import sys
 import threading
+import types
 import warnings
 import weakref
 
@@ -4930,6 +4931,78 @@ def test_a_grad_that_outlives_its_step_moves_to_memory_of_its_own_and_a_kept_vie
         param_step(fw, bw, w, x, t)
     assert grad.values() == [10, 15, 20, 25]
     assert tree.stats()["gradients_moved"] == moved0 + 1
+
+
+def eager_op_of(w, nodes=1, python_function_at=None):
+    """w passed through eager ops before the compiled call (`w.view(-1)`,
+    `w.t()`, a slice of `torch.cat`): a new tensor over w's memory that
+    requires grad and is no leaf, whose grad_fn leads through `nodes` nodes
+    to w's AccumulateGrad. PyTorch's C++ nodes have static types, as
+    SimpleNamespace has; a Python autograd Function's node (at index
+    python_function_at) has a class of its own, a heap type."""
+
+    class PythonFunctionBackward:  # as AOTAutograd's CompiledFunctionBackward
+        def __init__(self, next_functions):
+            self.next_functions = next_functions
+
+    node = types.SimpleNamespace(next_functions=(), variable=w)  # AccumulateGrad
+    for i in range(nodes):
+        edges = ((node, 0), (None, 0))
+        node = PythonFunctionBackward(edges) if i == python_function_at else types.SimpleNamespace(
+            next_functions=edges)
+    v = w.view()
+    v.requires_grad, v.is_leaf, v.grad_fn = True, False, node
+    return v
+
+
+@pytest.mark.parametrize("nodes", [1, 3, 15])
+def test_a_grad_kept_past_its_step_moves_where_its_parameter_reaches_the_call_through_an_eager_op(tree, nodes):
+    """w.view(-1) taken eagerly and passed to the compiled forward: the
+    forward's input is no leaf, and its gradient flows through the eager
+    op's backward to w, whose AccumulateGrad takes it over as w.grad (a view
+    of the backward's output). Kept past its step (accumulation,
+    zero_grad(set_to_none=False)), it moves. Only leaves among the arguments
+    were noted, so it was marked instead, and the next accumulation raised
+    StaleTensorError where Inductor computes (a documented limit, found
+    again by a review). The walk follows grad_fn.next_functions and visits
+    at most 16 nodes, AccumulateGrad's included."""
+    fw = segment(tree, ParamForwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR_STATIC), spans=(16, 16), name="fw",
+                 saved_from=1, grad_inputs=(1,))
+    bw = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bw", backward=True)
+    w, x, t = Leaf(4).fill([0, 0, 0, 0]), FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
+
+    def step():
+        out, saved = call(fw, x, eager_op_of(w, nodes))  # a new view each step, as eager makes it
+        (g,) = bw(saved, t)
+        w.accumulate(g)  # the eager op's backward passes g on: AccumulateGrad takes it over
+
+    for _ in range(4):
+        step()
+        w.grad = None
+    gc.collect()
+    assert tree.stats()["replays"] >= 2 and tree.stats()["gradient_leaves"] == 1
+    moved0 = tree.stats()["gradients_moved"]
+    for i in range(3):  # no zero_grad: .grad lives across steps
+        step()
+    assert w.grad.values() == [6, 9, 12, 15]  # 3 steps of [2, 3, 4, 5]: nothing overwritten, nothing raised
+    assert tree.stats()["gradients_moved"] == moved0 + 1
+
+
+@pytest.mark.parametrize("case", ["past_16_nodes", "behind_a_python_function"])
+def test_a_parameter_behind_more_eager_nodes_than_the_walk_visits_or_a_python_function_is_not_noted(tree, case):
+    """Where the walk stops: past 16 nodes (15 eager ones and w's
+    AccumulateGrad are reached), and at a Python autograd
+    Function's node (AOTAutograd's, which every activation a graph break
+    hands on has: its own call noted its leaves). w is then no leaf the tree
+    knows; its kept .grad is marked, loud, as before."""
+    fw = segment(tree, ParamForwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR_STATIC), spans=(16, 16), name="fw",
+                 saved_from=1, grad_inputs=(1,))
+    w, x = Leaf(4).fill([0, 0, 0, 0]), FakeTensor(4).fill([1, 2, 3, 4])
+    v = eager_op_of(w, 16) if case == "past_16_nodes" else eager_op_of(w, 3, python_function_at=1)
+    call(fw, x, v)
+    assert tree.stats()["gradient_leaves"] == 0
+    call(fw, x, eager_op_of(w, 15 if case == "past_16_nodes" else 1))  # the case's condition
+    assert tree.stats()["gradient_leaves"] == 1
 
 
 def test_gradient_accumulation_over_two_forwards_keeps_the_first_gradient(tree):

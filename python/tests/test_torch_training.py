@@ -335,6 +335,47 @@ def test_two_parameters_that_get_one_gradient_keep_gradients_of_their_own_as_und
     assert_same_params(model, ref)
 
 
+EAGER_OPS = {  # how the weights reach the compiled loss: an eager op at each call, and the loss's body
+    "transpose": (lambda w1, w2: (w1.t(), w2.t()), lambda x, a, b: ((x @ a).relu() @ b).square().mean()),
+    "view": (lambda w1, w2: (w1.view(-1), w2.view(-1)),
+             lambda x, a, b: ((x @ a.view(32, 32)).relu() @ b.view(32, 32)).square().mean()),
+    "cat": (lambda w1, w2: (torch.cat([w1, w2]),),
+            lambda x, both: ((x @ both[:32]).relu() @ both[32:]).square().mean()),
+}
+
+
+@pytest.mark.parametrize("op", sorted(EAGER_OPS))
+def test_weights_that_reach_the_compiled_loss_through_an_eager_op_accumulate_their_grad_as_inductor(op):
+    """`w.t()`, `w.view(-1)`, a fused weight `torch.cat([w1, w2])` taken
+    eagerly at each call: the compiled function's inputs are no leaves, and
+    AccumulateGrad takes a view of the backward's output over as each w.grad.
+    Kept past the step (two micro-batches, zero_grad(set_to_none=False)),
+    it must move as any .grad does. Only leaves among the inputs were
+    noted, so it was marked, and the next accumulation raised
+    StaleTensorError where Inductor computes (a documented limit). Losses,
+    gradients and weights bit-equal to Inductor's."""
+    inputs_of, body = EAGER_OPS[op]
+    torch.manual_seed(0)
+    model = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(32, 32, device=DEV) / 6) for _ in range(2)])
+    ref = copy.deepcopy(model)
+    xs = batches(16, width=32)
+    torch._dynamo.reset()
+    losses = {}
+    for m, f in ((model, torch.compile(body, backend="cgtree")), (ref, torch.compile(body))):
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        got = []
+        for i in range(0, len(xs), 2):
+            for x in xs[i:i + 2]:
+                loss = f(x, *inputs_of(m[0], m[1])) / 2
+                loss.backward()
+                got.append(loss.detach().clone())
+            opt.step()
+            opt.zero_grad(set_to_none=False)
+        losses[m is model] = torch.stack(got)
+    assert torch.equal(losses[True], losses[False])
+    assert_same_params(model, ref)
+
+
 def test_a_backward_never_reruns_at_its_first_call():
     """docs/torch.md: an inference graph that mutates nothing runs a second
     time at its first call, through the tree, so that its outputs lie in the
