@@ -348,10 +348,11 @@ EAGER_OPS = {  # how the weights reach the compiled loss: an eager op at each ca
 def test_weights_that_reach_the_compiled_loss_through_an_eager_op_accumulate_their_grad_as_inductor(op):
     """`w.t()`, `w.view(-1)`, a fused weight `torch.cat([w1, w2])` taken
     eagerly at each call: the compiled function's inputs are no leaves, and
-    AccumulateGrad takes a view of the backward's output over as each w.grad.
-    Kept past the step (two micro-batches, zero_grad(set_to_none=False)),
-    it must move as any .grad does. Only leaves among the inputs were
-    noted, so it was marked, and the next accumulation raised
+    AccumulateGrad takes the backward's output (through the eager op's
+    backward: a view of it) over as each w.grad. Kept past the step (two
+    micro-batches a cycle, zero_grad() before each cycle), it must move as
+    any .grad does, once per parameter and cycle. Only leaves among the
+    inputs were noted, so it was marked, and the next accumulation raised
     StaleTensorError where Inductor computes (a documented limit). Losses,
     gradients and weights bit-equal to Inductor's."""
     inputs_of, body = EAGER_OPS[op]
@@ -363,15 +364,19 @@ def test_weights_that_reach_the_compiled_loss_through_an_eager_op_accumulate_the
     losses = {}
     for m, f in ((model, torch.compile(body, backend="cgtree")), (ref, torch.compile(body))):
         opt = torch.optim.SGD(m.parameters(), lr=0.1)
-        got = []
+        got, moved = [], []
         for i in range(0, len(xs), 2):
+            before = ct.stats()["gradients_moved"]
+            opt.zero_grad()
             for x in xs[i:i + 2]:
                 loss = f(x, *inputs_of(m[0], m[1])) / 2
                 loss.backward()
                 got.append(loss.detach().clone())
             opt.step()
-            opt.zero_grad(set_to_none=False)
+            moved.append(ct.stats()["gradients_moved"] - before)
         losses[m is model] = torch.stack(got)
+        if m is model and STEPS_END:
+            assert moved[-3:] == [2] * 3, "gradients moved per cycle: %s, want 2 once warmed up" % moved
     assert torch.equal(losses[True], losses[False])
     assert_same_params(model, ref)
 
