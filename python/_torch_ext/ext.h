@@ -405,8 +405,11 @@ typedef struct tx_py {
   PyObject *oom_error;       /* torch.OutOfMemoryError, or NULL: what a compiled graph's refused allocation raises */
   PyObject *graph_task_id;   /* torch._C._current_graph_task_id, or NULL: -1 unless autograd runs a backward here */
   PyObject *output_mover;    /* cgtree.torch._backend.move_out_of_pool, or NULL: no argument is moved (stale.c) */
+  PyObject *grad_node_kind;  /* cgtree.torch._backend.grad_node_kind, or NULL: no walk behind inputs (stale.c) */
+  PyObject *grad_node_kinds; /* its answers: dict type -> GRAD_NODE_*, or NULL */
   PyObject *str_data_ptr, *str_generation, *str_untyped_storage, *str_cdata, *str_mark_step;
   PyObject *str_grad, *str_is_leaf, *str_requires_grad, *str_clone, *str_set, *str_nbytes; /* gradients (stale.c) */
+  PyObject *str_grad_fn, *str_next_functions, *str_variable; /* autograd's graph behind an input (stale.c) */
   PyObject *str_is_cuda, *str_get_device; /* an input's device, where the exchange API does not give it */
   PyObject *str_storage_offset, *str_element_size; /* an input's layout, for outputs that alias it (segment.c) */
   PyObject *str_dtype, *str_as_strided; /* an output made a view of the caller's tensor (segment.c) */
@@ -738,6 +741,11 @@ int tx_step_outputs_all_leaf_grads(TreeObject *T);
  * call pass its gradient on to are (`p.view(-1)`, `p.t()`: stale.c,
  * note_leaves_behind). -1 with an exception set (out of host memory). */
 int tx_grad_leaf_note(TreeObject *T, PyObject *o, PyObject *wr);
+/* What set_grad_node_kind's function says of an autograd node's type:
+ * the walk behind an input notes AccumulateGrad's variable, goes on
+ * through a node that hands its incoming gradient on to its inputs as it
+ * is or as a view, and stops anywhere else. */
+enum { GRAD_NODE_STOP = 0, GRAD_NODE_ACCUMULATE = 1, GRAD_NODE_PASSES_ON = 2 };
 /* Copies just made on the caller's stream read memory the tree's next
  * work may overwrite: the tree's stream waits for the caller's. An
  * exception already set stays the one set; -1 if the caller's stream could

@@ -1081,6 +1081,16 @@ static PyObject *m_set_output_mover(PyObject *m, PyObject *fn) {
   Py_RETURN_NONE;
 }
 
+static PyObject *m_set_grad_node_kind(PyObject *m, PyObject *fn) {
+  (void)m;
+  if (set_callable_or_none(&TX.grad_node_kind, fn,
+                           "set_grad_node_kind(fn): fn(autograd node type) -> 0 (stop), 1 (AccumulateGrad) or 2 "
+                           "(passes its gradient on), or None") < 0)
+    return NULL;
+  Py_CLEAR(TX.grad_node_kinds); /* the old function's answers */
+  Py_RETURN_NONE;
+}
+
 static PyObject *m_set_graph_task_id(PyObject *m, PyObject *fn) {
   (void)m;
   if (set_callable_or_none(&TX.graph_task_id, fn,
@@ -1462,6 +1472,10 @@ static PyMethodDef module_methods[] = {
     {"set_graph_task_id", m_set_graph_task_id, METH_O,
      "set_graph_task_id(fn): fn() is autograd's current graph task id (torch._C._current_graph_task_id), -1 "
      "outside a backward: a compiled call inside a backward never begins a step. None: not asked"},
+    {"set_grad_node_kind", m_set_grad_node_kind, METH_O,
+     "set_grad_node_kind(fn): fn(type) classifies autograd's node types for the walk from an input that requires "
+     "grad and is no leaf to the parameters behind it: 1 for AccumulateGrad, 2 for a node that hands its gradient "
+     "on as it is or as a view, 0 for any other; asked once per type. None: no walk"},
     {"set_output_mover", m_set_output_mover, METH_O,
      "set_output_mover(fn): fn(tensors) moves the arguments of the call that ends their step out of the pool "
      "(cgtree.torch._backend.move_out_of_pool), those over one storage onto one; a list of booleans, True "
@@ -1523,6 +1537,9 @@ PyMODINIT_FUNC PyInit__torch_ext(void) {
   TX.str_clone = PyUnicode_InternFromString("clone");
   TX.str_set = PyUnicode_InternFromString("set_");
   TX.str_nbytes = PyUnicode_InternFromString("nbytes");
+  TX.str_grad_fn = PyUnicode_InternFromString("grad_fn");
+  TX.str_next_functions = PyUnicode_InternFromString("next_functions");
+  TX.str_variable = PyUnicode_InternFromString("variable");
   TX.str_is_cuda = PyUnicode_InternFromString("is_cuda");
   TX.str_get_device = PyUnicode_InternFromString("get_device");
   TX.str_storage_offset = PyUnicode_InternFromString("storage_offset");
@@ -1538,7 +1555,7 @@ PyMODINIT_FUNC PyInit__torch_ext(void) {
       NULL);
   if (!TX.str_data_ptr || !TX.str_generation || !TX.str_untyped_storage || !TX.str_cdata || !TX.str_mark_step ||
       !TX.str_grad || !TX.str_is_leaf || !TX.str_requires_grad || !TX.str_clone || !TX.str_set || !TX.str_nbytes ||
-      !TX.str_is_cuda ||
+      !TX.str_grad_fn || !TX.str_next_functions || !TX.str_variable || !TX.str_is_cuda ||
       !TX.str_get_device || !TX.str_storage_offset || !TX.str_element_size || !TX.str_dtype ||
       !TX.str_as_strided || !TxError || !TxStaleError ||
       PyModule_AddObjectRef(m, "CgtreeError", TxError) < 0 ||

@@ -184,78 +184,130 @@ static int note_leaf(TreeObject *T, PyObject *o, PyObject *wr) {
   return 0;
 }
 
-/* The autograd nodes a walk from one input visits at most. */
-enum { LEAF_WALK_NODES = 16 };
+/* The nodes that pass a gradient on, which a walk from one input visits at
+ * most; the AccumulateGrad nodes they lead to are not counted. */
+enum { LEAF_WALK_NODES = 64 };
 
-/* An attribute autograd's node may lack: a new reference, or NULL with no
- * exception where it has none (or any error but MemoryError). */
-static PyObject *node_attr(PyObject *node, PyObject *name, int *failed) {
-  PyObject *v = PyObject_GetAttr(node, name);
-  if (!v) {
-    if (PyErr_ExceptionMatches(PyExc_MemoryError))
-      *failed = 1;
-    else
+/* What TX.grad_node_kind says of node's type, asked once per type (the
+ * answers are kept in TX.grad_node_kinds): a GRAD_NODE_* in *kind; 0, or
+ * -1 with MemoryError set. A function that fails or answers anything else
+ * stops the walk there. */
+static int grad_node_kind(PyObject *node, int *kind) {
+  *kind = GRAD_NODE_STOP;
+  if (node == Py_None || !TX.grad_node_kind)
+    return 0;
+  if (!TX.grad_node_kinds && !(TX.grad_node_kinds = PyDict_New()))
+    return -1;
+  PyObject *type = (PyObject *)Py_TYPE(node);
+  PyObject *known = PyDict_GetItemWithError(TX.grad_node_kinds, type); /* borrowed */
+  if (!known) {
+    if (PyErr_Occurred())
+      return -1;
+    PyObject *answer = PyObject_CallOneArg(TX.grad_node_kind, type);
+    long k = answer && PyLong_Check(answer) ? PyLong_AsLong(answer) : GRAD_NODE_STOP;
+    Py_XDECREF(answer);
+    if (PyErr_Occurred()) {
+      if (PyErr_ExceptionMatches(PyExc_MemoryError))
+        return -1;
       PyErr_Clear();
+      k = GRAD_NODE_STOP;
+    }
+    if (k != GRAD_NODE_ACCUMULATE && k != GRAD_NODE_PASSES_ON)
+      k = GRAD_NODE_STOP;
+    PyObject *v = PyLong_FromLong(k);
+    int rc = v ? PyDict_SetItem(TX.grad_node_kinds, type, v) : -1;
+    Py_XDECREF(v);
+    if (rc < 0)
+      return -1;
+    *kind = (int)k;
+    return 0;
   }
-  return v;
+  *kind = (int)PyLong_AsLong(known);
+  return 0;
+}
+
+/* AccumulateGrad node's variable, noted on T if it is a leaf that
+ * requires grad: 0, or -1 with MemoryError set. */
+static int note_accumulated(TreeObject *T, PyObject *node) {
+  PyObject *var = PyObject_GetAttr(node, TX.str_variable);
+  if (!var) {
+    if (PyErr_ExceptionMatches(PyExc_MemoryError))
+      return -1;
+    PyErr_Clear(); /* not autograd's AccumulateGrad after all: nothing to note */
+    return 0;
+  }
+  int requires, leaf, rc = grad_flags(var, &requires, &leaf);
+  if (rc == 0 && requires && leaf) {
+    PyObject *wr = PyWeakref_NewRef(var, NULL);
+    if (wr)
+      rc = note_leaf(T, var, wr);
+    else if (PyErr_ExceptionMatches(PyExc_MemoryError))
+      rc = -1;
+    else
+      PyErr_Clear(); /* no weak references to it: no tensor */
+    Py_XDECREF(wr);
+  }
+  Py_DECREF(var);
+  return rc;
 }
 
 /* A non-leaf input o that requires grad: the leaves an eager op before the
  * compiled function passes its gradient on to. `p.view(-1)`, `p.t()`,
- * `p + c`, a slice of `torch.cat([p1, p2])` taken eagerly reach the
- * compiled function as new tensors, and p's gradient is a view of the
- * backward's output that AccumulateGrad takes over as p.grad: p is a leaf
- * this tree must look after, though it is no argument. Only the leaves
- * among the arguments were noted, so such a .grad kept past its step was
- * marked, not moved, and the next accumulation raised where Inductor
- * computes (a limit the docs stated, found again by a review).
+ * `p + c`, a fused weight `torch.cat([p1, p2])` made eagerly reach the
+ * compiled function as new tensors, and p's gradient is the backward's
+ * output or a view of it, which AccumulateGrad takes over as p.grad: p is
+ * a leaf this tree must look after, though it is no argument. Only the
+ * leaves among the arguments were noted, so such a .grad kept past its
+ * step was marked, not moved, and the next accumulation raised where
+ * Inductor computes (a limit the docs stated, found again by a review).
  *
  * The walk follows o.grad_fn.next_functions, the autograd graph's public
- * attributes, to AccumulateGrad nodes (`.variable`, the leaf), through
- * nodes PyTorch implements in C++ (static types: ViewBackward0,
- * CatBackward0, ...) only. It stops at a Python autograd Function (a heap
- * type): AOTAutograd's CompiledFunctionBackward, whose inputs' leaves its
- * own call noted, and which every activation a graph break hands on has.
- * So an activation costs one attribute read more per call, and a view of a
- * parameter a few. At most LEAF_WALK_NODES nodes: what lies further stays
- * unnoted, and its kept .grad is marked, loud as before. */
+ * attributes, through nodes that hand their gradient on as it is or as a
+ * view (ViewBackward0, TBackward0, CatBackward0, AddBackward0, ...: the
+ * torch door's grad_node_kind says which, by type, once per type) to
+ * AccumulateGrad nodes, whose `.variable` is the leaf. It stops at any
+ * other node: a matmul's or a norm's backward makes new memory, so the
+ * leaves behind it never hold the pool, and an activation an eager layer
+ * made costs one attribute read and one dict lookup per call; AOTAutograd's
+ * CompiledFunctionBackward (every activation a graph break hands on has
+ * one) is a Python autograd Function, whose own call noted its leaves.
+ * At most LEAF_WALK_NODES such nodes: a parameter further away stays
+ * unnoted, and its kept .grad is marked, loud, as before. The leaves one
+ * node leads to are not counted (a review: a cat of 16 parameters lost
+ * the 16th). */
 static int note_leaves_behind(TreeObject *T, PyObject *o) {
-  static PyObject *str_grad_fn, *str_next_functions, *str_variable;
-  if (!str_grad_fn && (!(str_grad_fn = PyUnicode_InternFromString("grad_fn")) ||
-                       !(str_next_functions = PyUnicode_InternFromString("next_functions")) ||
-                       !(str_variable = PyUnicode_InternFromString("variable"))))
-    return -1;
   PyObject *todo[LEAF_WALK_NODES];
-  int n = 0, visited = 0, failed = 0;
-  PyObject *fn = node_attr(o, str_grad_fn, &failed);
-  if (fn && fn != Py_None && !PyType_HasFeature(Py_TYPE(fn), Py_TPFLAGS_HEAPTYPE))
-    todo[n++] = fn;
-  else
-    Py_XDECREF(fn);
+  int n = 0, visited = 0, kind, failed = 0;
+  PyObject *fn = PyObject_GetAttr(o, TX.str_grad_fn);
+  if (!fn) {
+    if (PyErr_ExceptionMatches(PyExc_MemoryError))
+      return -1;
+    PyErr_Clear(); /* no autograd graph to follow */
+    return 0;
+  }
+  if (grad_node_kind(fn, &kind) < 0)
+    failed = 1;
+  else if (kind == GRAD_NODE_PASSES_ON)
+    todo[n++] = Py_NewRef(fn);
+  Py_DECREF(fn);
   while (n && !failed) {
     PyObject *node = todo[--n];
     visited++;
-    PyObject *next = node_attr(node, str_next_functions, &failed);
-    Py_ssize_t k = next && PyTuple_Check(next) ? PyTuple_GET_SIZE(next) : 0;
-    if (next && k == 0) { /* AccumulateGrad has no next functions */
-      PyObject *var = node_attr(node, str_variable, &failed);
-      int requires = 0, leaf = 0;
-      if (var && !failed && grad_flags(var, &requires, &leaf) < 0)
-        failed = 1;
-      if (var && requires && leaf) {
-        PyObject *wr = PyWeakref_NewRef(var, NULL);
-        if (!wr)
-          PyErr_Clear(); /* no weak references to it: no tensor */
-        else if (note_leaf(T, var, wr) < 0)
-          failed = 1;
-        Py_XDECREF(wr);
-      }
-      Py_XDECREF(var);
+    PyObject *next = PyObject_GetAttr(node, TX.str_next_functions);
+    if (!next) {
+      failed = PyErr_ExceptionMatches(PyExc_MemoryError);
+      if (!failed)
+        PyErr_Clear(); /* no edges to follow */
     }
-    for (Py_ssize_t i = 0; i < k && n < LEAF_WALK_NODES && visited + n < LEAF_WALK_NODES; i++) {
+    Py_ssize_t k = next && PyTuple_Check(next) ? PyTuple_GET_SIZE(next) : 0;
+    for (Py_ssize_t i = 0; i < k && !failed; i++) {
       PyObject *edge = PyTuple_GET_ITEM(next, i); /* (node, input_nr) */
       PyObject *to = PyTuple_Check(edge) && PyTuple_GET_SIZE(edge) > 0 ? PyTuple_GET_ITEM(edge, 0) : Py_None;
-      if (to != Py_None && !PyType_HasFeature(Py_TYPE(to), Py_TPFLAGS_HEAPTYPE))
+      if (grad_node_kind(to, &kind) < 0)
+        failed = 1;
+      else if (kind == GRAD_NODE_ACCUMULATE)
+        failed = note_accumulated(T, to) < 0;
+      else if (kind == GRAD_NODE_PASSES_ON && visited + n < LEAF_WALK_NODES)
         todo[n++] = Py_NewRef(to);
     }
     Py_XDECREF(next);

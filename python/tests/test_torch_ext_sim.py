@@ -14,7 +14,6 @@ import ctypes
 import gc
 import sys
 import threading
-import types
 import warnings
 import weakref
 
@@ -125,7 +124,9 @@ class FakeTensor:
 
     def view(self):
         """A new tensor object over the same storage, as y.view(-1) or y[:] is."""
-        return FakeTensor(self.n, ptr=self.ptr, storage=self.storage)
+        t = FakeTensor(self.n, ptr=self.ptr, storage=self.storage)
+        t.storage_offset_bytes = self.storage_offset_bytes
+        return t
 
     storage_offset_bytes = 0  # where its data begins in its storage (storage_offset() * 4)
 
@@ -4933,30 +4934,77 @@ def test_a_grad_that_outlives_its_step_moves_to_memory_of_its_own_and_a_kept_vie
     assert tree.stats()["gradients_moved"] == moved0 + 1
 
 
-def eager_op_of(w, nodes=1, python_function_at=None):
-    """w passed through eager ops before the compiled call (`w.view(-1)`,
-    `w.t()`, a slice of `torch.cat`): a new tensor over w's memory that
-    requires grad and is no leaf, whose grad_fn leads through `nodes` nodes
-    to w's AccumulateGrad. PyTorch's C++ nodes have static types, as
-    SimpleNamespace has; a Python autograd Function's node (at index
-    python_function_at) has a class of its own, a heap type."""
+class AccumulateGradNode:
+    """autograd's AccumulateGrad: no next functions; .variable is the leaf."""
 
-    class PythonFunctionBackward:  # as AOTAutograd's CompiledFunctionBackward
-        def __init__(self, next_functions):
-            self.next_functions = next_functions
+    def __init__(self, variable):
+        self.variable, self.next_functions = variable, ()
 
-    node = types.SimpleNamespace(next_functions=(), variable=w)  # AccumulateGrad
-    for i in range(nodes):
-        edges = ((node, 0), (None, 0))
-        node = PythonFunctionBackward(edges) if i == python_function_at else types.SimpleNamespace(
-            next_functions=edges)
-    v = w.view()
+
+class PassesOnNode:
+    """A node whose backward hands its gradient on as it is or as a view
+    (ViewBackward0, TBackward0, CatBackward0)."""
+
+    def __init__(self, next_functions):
+        self.next_functions = next_functions
+
+
+class MakesNewMemoryNode:
+    """A node whose backward makes new memory (MmBackward0, a slice's):
+    the walk stops there and never reads its edges."""
+    edges_read = 0
+
+    def __init__(self, next_functions):
+        self._next = next_functions
+
+    @property
+    def next_functions(self):
+        MakesNewMemoryNode.edges_read += 1
+        return self._next
+
+
+class PythonFunctionNode(MakesNewMemoryNode):
+    """A Python autograd Function's node, as AOTAutograd's CompiledFunctionBackward."""
+
+
+GRAD_NODE_KINDS = {AccumulateGradNode: 1, PassesOnNode: 2}  # cgtree.torch._grad_nodes' answers for the fakes
+
+
+@pytest.fixture
+def grad_nodes():
+    """The fakes' node kinds, as cgtree.torch sets grad_node_kind; asked once per type."""
+    asked = []
+
+    def kind(node_type):
+        asked.append(node_type)
+        return GRAD_NODE_KINDS.get(node_type, 0)
+
+    X.set_grad_node_kind(kind)
+    yield asked
+    X.set_grad_node_kind(None)
+
+
+def eager_op_of(ws, nodes=1, stop_at=None):
+    """Parameters ws passed through eager ops before the compiled call
+    (`w.view(-1)`, `w.t()`, `torch.cat(ws)`): a new tensor over the first's
+    memory that requires grad and is no leaf, whose grad_fn leads through a
+    chain of `nodes` nodes to the AccumulateGrad of each w; the node at
+    index stop_at (0 is grad_fn) is of that class instead."""
+    ws = ws if isinstance(ws, list) else [ws]
+    edges = tuple((AccumulateGradNode(w), 0) for w in ws)
+    node = None
+    for i in reversed(range(nodes)):
+        cls = stop_at[1] if stop_at and stop_at[0] == i else PassesOnNode
+        node = cls(edges + ((None, 0),))
+        edges = ((node, 0),)
+    v = ws[0].view()
     v.requires_grad, v.is_leaf, v.grad_fn = True, False, node
     return v
 
 
-@pytest.mark.parametrize("nodes", [1, 3, 15])
-def test_a_grad_kept_past_its_step_moves_where_its_parameter_reaches_the_call_through_an_eager_op(tree, nodes):
+@pytest.mark.parametrize("nodes", [1, 3, 64])
+def test_a_grad_kept_past_its_step_moves_where_its_parameter_reaches_the_call_through_an_eager_op(tree, grad_nodes,
+                                                                                                  nodes):
     """w.view(-1) taken eagerly and passed to the compiled forward: the
     forward's input is no leaf, and its gradient flows through the eager
     op's backward to w, whose AccumulateGrad takes it over as w.grad (a view
@@ -4964,8 +5012,8 @@ def test_a_grad_kept_past_its_step_moves_where_its_parameter_reaches_the_call_th
     zero_grad(set_to_none=False)), it moves. Only leaves among the arguments
     were noted, so it was marked instead, and the next accumulation raised
     StaleTensorError where Inductor computes (a documented limit, found
-    again by a review). The walk follows grad_fn.next_functions and visits
-    at most 16 nodes, AccumulateGrad's included."""
+    again by a review). The walk goes through at most 64 nodes that pass a
+    gradient on, and asks each node type's kind once."""
     fw = segment(tree, ParamForwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR_STATIC), spans=(16, 16), name="fw",
                  saved_from=1, grad_inputs=(1,))
     bw = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bw", backward=True)
@@ -4980,29 +5028,76 @@ def test_a_grad_kept_past_its_step_moves_where_its_parameter_reaches_the_call_th
         step()
         w.grad = None
     gc.collect()
-    assert tree.stats()["replays"] >= 2 and tree.stats()["gradient_leaves"] == 1
+    assert tree.stats()["replays"] >= 2
     moved0 = tree.stats()["gradients_moved"]
     for i in range(3):  # no zero_grad: .grad lives across steps
         step()
     assert w.grad.values() == [6, 9, 12, 15]  # 3 steps of [2, 3, 4, 5]: nothing overwritten, nothing raised
     assert tree.stats()["gradients_moved"] == moved0 + 1
+    assert sorted(t.__name__ for t in grad_nodes) == ["AccumulateGradNode", "PassesOnNode"]
 
 
-@pytest.mark.parametrize("case", ["past_16_nodes", "behind_a_python_function"])
-def test_a_parameter_behind_more_eager_nodes_than_the_walk_visits_or_a_python_function_is_not_noted(tree, case):
-    """Where the walk stops: past 16 nodes (15 eager ones and w's
-    AccumulateGrad are reached), and at a Python autograd
+def test_every_parameter_of_a_fused_weight_made_eagerly_is_noted_however_many(tree, grad_nodes):
+    """torch.cat of 100 parameters: one node that leads to 100
+    AccumulateGrad nodes. The walk counts only the nodes it goes through,
+    so every parameter is noted (a review: with every node counted, a cat
+    of 16 lost the 16th, whose kept .grad then raised)."""
+    fw = segment(tree, ParamForwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR_STATIC), spans=(16, 16), name="fw",
+                 saved_from=1, grad_inputs=(1,))
+    ws = [Leaf(4) for _ in range(100)]
+    call(fw, FakeTensor(4).fill([1, 2, 3, 4]), eager_op_of(ws))
+    assert tree.stats()["gradient_leaves"] == 100
+
+
+@pytest.mark.parametrize("case", ["past_64_nodes", "behind_a_node_that_makes_new_memory", "behind_a_python_function"])
+def test_the_walk_behind_an_input_stops_past_64_nodes_and_at_nodes_whose_gradients_are_new_memory(tree, grad_nodes,
+                                                                                                   case):
+    """Where the walk stops, and w is no leaf the tree knows (its kept
+    .grad is marked, loud, as before): past 64 nodes that pass a gradient
+    on; at a node whose backward makes new memory (a matmul's: the leaves
+    behind it never hold the pool, so an activation of an eager layer costs
+    one lookup, and its node's edges are never read); at a Python autograd
     Function's node (AOTAutograd's, which every activation a graph break
-    hands on has: its own call noted its leaves). w is then no leaf the tree
-    knows; its kept .grad is marked, loud, as before."""
+    hands on has: its own call noted its leaves)."""
     fw = segment(tree, ParamForwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR_STATIC), spans=(16, 16), name="fw",
                  saved_from=1, grad_inputs=(1,))
     w, x = Leaf(4).fill([0, 0, 0, 0]), FakeTensor(4).fill([1, 2, 3, 4])
-    v = eager_op_of(w, 16) if case == "past_16_nodes" else eager_op_of(w, 3, python_function_at=1)
+    MakesNewMemoryNode.edges_read = 0
+    if case == "past_64_nodes":
+        v = eager_op_of(w, 65)
+    else:
+        python = case == "behind_a_python_function"
+        v = eager_op_of(w, 3, stop_at=(0, PythonFunctionNode) if python else (1, MakesNewMemoryNode))
     call(fw, x, v)
-    assert tree.stats()["gradient_leaves"] == 0
-    call(fw, x, eager_op_of(w, 15 if case == "past_16_nodes" else 1))  # the case's condition
+    assert tree.stats()["gradient_leaves"] == 0 and MakesNewMemoryNode.edges_read == 0
+    call(fw, x, eager_op_of(w, 64 if case == "past_64_nodes" else 1))  # the case's condition
     assert tree.stats()["gradient_leaves"] == 1
+
+
+def test_out_of_memory_while_walking_behind_an_input_raises_and_the_next_call_notes_the_leaf(tree):
+    """The kind function raises MemoryError once (no memory to answer):
+    the call raises it, leaves nothing set and notes nothing; the next
+    call, with the same input, walks again and notes w."""
+    fw = segment(tree, ParamForwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR_STATIC), spans=(16, 16), name="fw",
+                 saved_from=1, grad_inputs=(1,))
+    w, x = Leaf(4).fill([0, 0, 0, 0]), FakeTensor(4).fill([1, 2, 3, 4])
+    fail = [True]
+
+    def kind(node_type):
+        if fail.pop() if fail else False:
+            raise MemoryError
+        return GRAD_NODE_KINDS.get(node_type, 0)
+
+    X.set_grad_node_kind(kind)
+    try:
+        v = eager_op_of(w, 2)
+        with pytest.raises(MemoryError):
+            call(fw, x, v)
+        assert tree.stats()["gradient_leaves"] == 0
+        call(fw, x, v)
+        assert tree.stats()["gradient_leaves"] == 1
+    finally:
+        X.set_grad_node_kind(None)
 
 
 def test_gradient_accumulation_over_two_forwards_keeps_the_first_gradient(tree):

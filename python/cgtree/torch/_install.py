@@ -99,6 +99,10 @@ def install():
         # an output passed to the call that ends its step moves out of the pool (stale.c)
         from ._backend import move_out_of_pool
         _ext.set_output_mover(move_out_of_pool)
+        # parameters a compiled function reaches through eager ops (w.t(), torch.cat([w1, w2])) are found
+        # behind its inputs, so their kept .grad moves (stale.c, note_leaves_behind)
+        from ._grad_nodes import grad_node_kind
+        _ext.set_grad_node_kind(grad_node_kind)
         # cgtree's C++ library, built against this PyTorch (_cxx.py): PyTorch's recordStream calls reach the
         # allocator, and out of memory raises torch.OutOfMemoryError. Each falls back without it.
         _state["record_stream_hook"] = _record_stream.set_hook()
