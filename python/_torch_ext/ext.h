@@ -381,6 +381,12 @@ void tx_pool_readers_wait(TreeObject *T, void *caller);
  * there may still be read there). 0, or -1 out of host memory with an
  * exception set (nothing changed). */
 int tx_pool_readers_caller(TreeObject *T, void *caller);
+/* A call on another tree reads an output of owner's step on `reader`
+ * (that tree's stream, or the caller's where the call runs plainly): the
+ * owner's launches wait for reader until one of a later step. Under the
+ * GIL. 0, or -1 out of host memory with an exception set (nothing
+ * changed). */
+int tx_pool_readers_other_tree(TreeObject *owner, void *reader);
 void tx_pool_readers_tree_free(TreeObject *T); /* T's notes of callers' streams */
 void tx_pool_readers_figures(uint64_t *streams, uint64_t *waits_made, uint64_t *waits_put_off);
 

@@ -59,6 +59,26 @@
  * must live until the tree's next launch, as a stream record_stream
  * names must live until the free.
  *
+ * A tree of another thread that reads an output is such a reader too
+ * (tx_pool_readers_other_tree). A thread hands y = enc(x) to another,
+ * whose compiled dec(y) runs on its own tree: that tree copies y into its
+ * placeholder (or its graph reads y) on its own stream, or, where dec runs
+ * plainly, on its caller's stream, neither of which the owner's calls ever
+ * came from. The owner's next step writes y's memory again on the owner's
+ * stream, and before this nothing ordered that after the read: dec read
+ * enc's next output, silently (a review). Under plain Inductor y's block
+ * is not reused while y lives. So segment.c, at a call whose tensor
+ * argument lies in an output of another tree's step, notes the stream that
+ * reads it among the owner's callers' streams, with the owner's step: the
+ * owner's launches wait for it until one of a later step, as for a stream
+ * its own calls left. It is looked up only while several trees live, once
+ * per tensor argument that is no output of the calling tree's step. The
+ * owner's notes are touched under the GIL only, by whichever thread, as
+ * the owner's own calls touch them (before their launch, under the GIL).
+ * A read whose call lets the GIL go before it queued its read (a warmup or
+ * a recording runs the graph's Python) may be overtaken by the owner's
+ * launch in between: only a read queued by then is waited for.
+ *
  * A noted stream that captures when a launch would wait for it is waited
  * for at a later launch: too late for that launch, which may overwrite
  * what the stream read before its capture began. torch.cuda.graph
@@ -185,31 +205,49 @@ struct tx_caller_note {
   uint64_t step;
 };
 
+/* T's note of stream, made if it has none (the step is the caller's to
+ * set); NULL out of host memory, with MemoryError set and nothing changed. */
+static struct tx_caller_note *caller_note_of(TreeObject *T, void *stream) {
+  for (size_t i = 0; i < T->n_caller_notes; i++)
+    if (T->caller_notes[i].stream == stream)
+      return &T->caller_notes[i];
+  if (T->n_caller_notes == T->cap_caller_notes) {
+    size_t cap = T->cap_caller_notes ? 2 * T->cap_caller_notes : 4;
+    struct tx_caller_note *grown = realloc(T->caller_notes, cap * sizeof *grown);
+    if (!grown) {
+      PyErr_NoMemory();
+      return NULL;
+    }
+    T->caller_notes = grown;
+    T->cap_caller_notes = cap;
+  }
+  struct tx_caller_note *note = &T->caller_notes[T->n_caller_notes++];
+  note->stream = stream;
+  note->step = 0;
+  return note;
+}
+
 int tx_pool_readers_caller(TreeObject *T, void *caller) {
   if (T->called && caller != T->last_caller && tx_caller_needs_events(T, T->last_caller)) {
-    struct tx_caller_note *note = NULL;
-    for (size_t i = 0; i < T->n_caller_notes && !note; i++)
-      if (T->caller_notes[i].stream == T->last_caller)
-        note = &T->caller_notes[i];
-    if (!note) {
-      if (T->n_caller_notes == T->cap_caller_notes) {
-        size_t cap = T->cap_caller_notes ? 2 * T->cap_caller_notes : 4;
-        struct tx_caller_note *grown = realloc(T->caller_notes, cap * sizeof *grown);
-        if (!grown) {
-          PyErr_NoMemory();
-          return -1; /* nothing changed: the next call notes it again */
-        }
-        T->caller_notes = grown;
-        T->cap_caller_notes = cap;
-      }
-      note = &T->caller_notes[T->n_caller_notes++];
-      note->stream = T->last_caller;
-    }
-    note->step = T->last_caller_step;
+    struct tx_caller_note *note = caller_note_of(T, T->last_caller);
+    if (!note)
+      return -1; /* nothing changed: the next call notes it again */
+    if (note->step < T->last_caller_step)
+      note->step = T->last_caller_step;
   }
   T->last_caller = caller;
   T->last_caller_step = T->step;
   T->called = 1;
+  return 0;
+}
+
+int tx_pool_readers_other_tree(TreeObject *owner, void *reader) {
+  if (!tx_caller_needs_events(owner, reader)) /* the owner's own stream, or one CUDA orders with it */
+    return 0;
+  struct tx_caller_note *note = caller_note_of(owner, reader);
+  if (!note)
+    return -1;
+  note->step = owner->step; /* the step of the output read: the owner's current one */
   return 0;
 }
 

@@ -1219,6 +1219,51 @@ static PyObject *call_plain(SegmentObject *s, PyObject *const *args, size_t n) {
   return res;
 }
 
+static int arg_data_ptr(const SegmentObject *s, PyObject *o, void **ptr);
+
+/* A call of T from caller (the caller's stream) that runs as the plain
+ * graph reads its tensor arguments on caller: each that lies in an output
+ * of another tree's step (another thread's) has that tree's launches wait
+ * for caller, until one of a later step, else its next step may overwrite
+ * the output while the read is queued (pool_readers.c,
+ * tx_pool_readers_other_tree). Looked up only while several trees live.
+ * ptrs: the tensor arguments' pointers as seg_call's argument loop read
+ * them (r->ptrs), or NULL where it did not read them all (a bypassed
+ * call, one off the device) or may not have them any more (after cgt_run,
+ * which runs Python): then they are read here, and one that cannot be
+ * read is skipped (the plain call says what is wrong with it). 0; -1 out
+ * of host memory, with an exception set. */
+static int note_plain_reads_of_other_trees(const SegmentObject *s, TreeObject *T, void *caller,
+                                           PyObject *const *args, void *const *ptrs) {
+  if (!tx_live_trees_besides(T))
+    return 0;
+  for (uint32_t i = 0, k = 0; i < s->n_args; i++) {
+    void *ptr;
+    if (s->arg_kind[i] > ARG_TENSOR_STATIC)
+      continue;
+    if (ptrs) {
+      ptr = ptrs[k++];
+    } else if (arg_data_ptr(s, args[i], &ptr) < 0) {
+      PyErr_Clear();
+      continue;
+    }
+    tx_out_ref *other = ptr ? tx_other_trees_step_output_at(T, ptr, 1) : NULL;
+    if (other && other->tree && tx_pool_readers_other_tree(other->tree, caller) < 0)
+      return -1;
+  }
+  return 0;
+}
+
+/* call_plain for a call of T from caller, whose reads of other trees'
+ * outputs their trees wait for (note_plain_reads_of_other_trees, which
+ * says what ptrs is). */
+static PyObject *call_plain_from(SegmentObject *s, TreeObject *T, void *caller, PyObject *const *args,
+                                 void *const *ptrs, size_t n) {
+  if (note_plain_reads_of_other_trees(s, T, caller, args, ptrs) < 0)
+    return NULL;
+  return call_plain(s, args, n);
+}
+
 static void go_plain(SegmentObject *s, const char *why) {
   if (s->bypass_reason)
     return;
@@ -1229,20 +1274,21 @@ static void go_plain(SegmentObject *s, const char *why) {
 }
 
 /* The plain graph, on the caller's stream, after the tree's work. */
-static PyObject *call_plain_after_tree(SegmentObject *s, TreeObject *T, PyObject *const *args, size_t n) {
+static PyObject *call_plain_after_tree(SegmentObject *s, const seg_run *r, PyObject *const *args, size_t n) {
+  TreeObject *T = r->tree;
   void *caller;
   if (tx_caller_stream(T, &caller) < 0)
     return NULL;
   if (tx_caller_needs_events(T, caller))
     tx_stream_wait(caller, T->stream, T->ev_out);
-  return call_plain(s, args, n);
+  return call_plain_from(s, T, caller, args, r->ptrs, n);
 }
 
 /* A call whose key hashes to the variant of a template made by another
  * key (a 64-bit collision: not expected in the life of any program, but
  * a recording of other ints or offsets would give other numbers, silently).
  * It runs as the plain graph; the first such call says so. */
-static PyObject *call_colliding(SegmentObject *s, TreeObject *T, PyObject *const *args, size_t n) {
+static PyObject *call_colliding(SegmentObject *s, const seg_run *r, PyObject *const *args, size_t n) {
   if (!s->warned_collision) {
     s->warned_collision = 1;
     if (PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
@@ -1252,7 +1298,7 @@ static PyObject *call_colliding(SegmentObject *s, TreeObject *T, PyObject *const
       PyErr_Clear(); /* a warning turned error must not break the call */
   }
   s->collisions++;
-  return call_plain_after_tree(s, T, args, n);
+  return call_plain_after_tree(s, r, args, n);
 }
 
 /* A call whose graph writes into an output of an eager run of the tree (a
@@ -1262,7 +1308,8 @@ static PyObject *call_colliding(SegmentObject *s, TreeObject *T, PyObject *const
  * and the caller's tensor would keep its old numbers. This call runs as the
  * plain graph instead, on the tensors themselves, after the tree's work; the
  * segment stays a segment, and the first such call says so. */
-static PyObject *call_plain_writing_side_value(SegmentObject *s, TreeObject *T, PyObject *const *args, size_t n) {
+static PyObject *call_plain_writing_side_value(SegmentObject *s, const seg_run *r, PyObject *const *args,
+                                               size_t n) {
   if (!s->warned_side_write) {
     s->warned_side_write = 1;
     PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
@@ -1272,7 +1319,7 @@ static PyObject *call_plain_writing_side_value(SegmentObject *s, TreeObject *T, 
                      s->name);
     PyErr_Clear(); /* a warning turned error must not break the call */
   }
-  return call_plain_after_tree(s, T, args, n);
+  return call_plain_after_tree(s, r, args, n);
 }
 
 /* The first call's plain run is done, and what came after it failed (an
@@ -1312,8 +1359,9 @@ static PyObject *ran_then_failed(SegmentObject *s, PyObject *res) {
  * the tensors, as CUDAGraph Trees do with theirs. That run is the graph's
  * first warmup. A graph that mutates an input cannot run twice: it keeps its
  * plain outputs. */
-static PyObject *first_call(SegmentObject *s, const seg_run *r, PyObject *const *args, size_t n, uint64_t variant) {
-  PyObject *res = call_plain(s, args, n);
+static PyObject *first_call(SegmentObject *s, const seg_run *r, void *caller, PyObject *const *args, size_t n,
+                            uint64_t variant) {
+  PyObject *res = call_plain_from(s, r->tree, caller, args, r->ptrs, n);
   if (!res)
     return NULL;
   if (tx_blas_clear() < 0) /* the caller's stream keeps no workspace of ours */
@@ -2212,7 +2260,7 @@ static PyObject *call_bypassed(SegmentObject *s, PyObject *const *args, size_t n
   if (r && s->backward && (r->tree->tied_saved_alive || r->tree->saved_alive || tx_live_trees_besides(r->tree)) &&
       end_holds_of_args_read(s, r->tree, args) < 0)
     return NULL;
-  PyObject *res = call_plain(s, args, n);
+  PyObject *res = r ? call_plain_from(s, r->tree, caller, args, NULL, n) : call_plain(s, args, n);
   if (r)
     plain_saved_hold_step(s, r->tree, res);
   return res;
@@ -2247,7 +2295,8 @@ static int on_device_slow(PyObject *o, int device) {
  * backend copies them onto the GPU, _graphs.onto_device, but not where the
  * forward itself runs plainly). Their host addresses must never be taken
  * for device memory. */
-static PyObject *call_off_device(SegmentObject *s, TreeObject *T, PyObject *const *args, size_t n, size_t i) {
+static PyObject *call_off_device(SegmentObject *s, TreeObject *T, void *caller, PyObject *const *args, size_t n,
+                                 size_t i) {
   /* As call_bypassed's. */
   if (s->backward && (T->tied_saved_alive || T->saved_alive || tx_live_trees_besides(T)) &&
       end_holds_of_args_read(s, T, args) < 0)
@@ -2258,7 +2307,7 @@ static PyObject *call_off_device(SegmentObject *s, TreeObject *T, PyObject *cons
            "memory-efficient attention's random seed and offset: CPU tensors outside a capture)",
            i, T->device);
   go_plain(s, why);
-  return call_plain(s, args, n);
+  return call_plain_from(s, T, caller, args, NULL, n);
 }
 
 /* The call raised, and an allocation of this thread was refused during it:
@@ -2376,7 +2425,7 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
           statics_noted &= static_ptr_note(r, i, ptr);
       }
       if (dev.device_type != kDLCUDA || dev.device_id != T->device)
-        return call_off_device(s, T, args, n, i);
+        return call_off_device(s, T, caller, args, n, i);
       size_t span = s->arg_span[i];
       if (s->dynamic_spans) {
         PyObject *sp = PyObject_CallOneArg(s->span_py, o);
@@ -2448,9 +2497,15 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
       } else {
         r->offs[k] = 0;
         r->args[k] = kind == ARG_TENSOR_STATIC ? cgt_arg_static(ptr, span) : cgt_arg_dynamic(ptr, span);
-        tx_out_ref *other = s->backward && tx_live_trees_besides(T) ? tx_other_trees_step_output_at(T, ptr, span)
-                                                                 : NULL;
-        if (other) /* another thread's forward's: its tree hears of this backward too */
+        /* An output of another tree's step (another thread's): this
+         * tree's stream reads it (cgt_run's copy, or the recording), so
+         * that tree's launches wait for this one's (pool_readers.c); a call
+         * that runs plainly instead notes its caller's stream too
+         * (call_plain_from). */
+        tx_out_ref *other = tx_live_trees_besides(T) ? tx_other_trees_step_output_at(T, ptr, span) : NULL;
+        if (other && other->tree && tx_pool_readers_other_tree(other->tree, T->stream) < 0)
+          return NULL;
+        if (other && s->backward) /* another thread's forward's: its tree hears of this backward too */
           r->read[r->n_read++] = other;
       }
       if (r->args[k].kind == CGT_ARG_VALUE && ref->side_pool && s->arg_written && s->arg_written[i])
@@ -2483,17 +2538,17 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
   if (s->outputs_known) {
     variant_tmpl *known = tmpl_find(s, variant);
     if (known && !key_is(known, r))
-      return call_colliding(s, T, args, n);
+      return call_colliding(s, r, args, n);
   }
   if (writes_side_value && s->outputs_known)
-    return call_plain_writing_side_value(s, T, args, n);
+    return call_plain_writing_side_value(s, r, args, n);
   if (s->n_grad_pos && note_grad_leaves(r, args) < 0)
     return NULL;
   uint64_t t_args = clock_if(timed);
   if (!s->outputs_known) { /* runs on the caller's stream: wait for the tree's outputs */
     if (tx_caller_needs_events(T, caller))
       tx_stream_wait(caller, T->stream, T->ev_out);
-    PyObject *plain = first_call(s, r, args, n, variant);
+    PyObject *plain = first_call(s, r, caller, args, n, variant);
     if (!plain)
       return NULL;
     int keeps_plain = !s->outputs_known || s->bypass_reason;
@@ -2592,13 +2647,13 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
       Py_XDECREF(text);
       clear_exception(r);
       go_plain(s, why);
-      return call_plain(s, args, n);
+      return call_plain_from(s, T, caller, args, NULL, n);
     }
     if (r->want_bypass || st == CGT_ERR_SEGMENT_FAILED) {
       char why[512];
       snprintf(why, sizeof why, "%s (%s)", cgt_status_name(st), cgt_tree_last_error(T->tree));
       go_plain(s, why);
-      return call_plain(s, args, n);
+      return call_plain_from(s, T, caller, args, NULL, n);
     }
     if (st == CGT_ERR_STALE_VALUE) {
       T->stale_refused++;

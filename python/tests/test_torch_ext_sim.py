@@ -6807,3 +6807,64 @@ def test_compiled_gradient_hooks_past_1024_in_one_backward_go_on_reading_the_ste
         del out, g, g2, h
     finally:
         X.set_graph_task_id(None)
+
+
+def test_another_threads_tree_that_reads_an_output_is_waited_for_before_the_owning_tree_overwrites_it():
+    """Thread A (tree A, caller stream sA) hands y = enc(x) to thread B,
+    whose z = dec(y) runs on its own tree from its own stream sB while y
+    lives (under plain Inductor y's block is not reused while alive). Tree
+    B reads y on tree B's stream (its copy into a placeholder, or its
+    recording), or on sB where dec runs plainly. Then A's next step replays
+    enc over y's memory on tree A's stream. Before the fix that stream
+    waited for sA and the streams noted on tree A only: nothing ordered the
+    replay after B's read, so dec could read enc's next output, silently
+    (a review; no stream wait was made). Now a read of another tree's
+    output notes its stream on the owning tree, whose next step's launch
+    waits for it once."""
+    def explicit_tree():
+        t = X.Tree(0, backend="sim")
+        t.explicit_steps = True
+        return t
+
+    ta, tb = explicit_tree(), explicit_tree()
+    enc = segment(ta, Graph(ta, 2.0, 1.0), spans=(16,), name="enc")
+    decoders = {"replayed": segment(tb, Graph(tb, 1.0, 0.0), spans=(16,), name="dec"),
+                "plain": segment(tb, Graph(tb, 1.0, 0.0), spans=(16,), name="dec_plain",
+                                 plain_reason="decided at compile time")}
+    sA, sB = 0x5a1, 0x5b1
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    for how, dec in decoders.items():
+        for _ in range(4):  # both replay from here on
+            ta.step_begin()
+            with caller_stream(sA):
+                (y,) = enc(x)
+            tb.step_begin()
+            with caller_stream(sB):
+                (z,) = dec(y)
+            del y, z
+            gc.collect()
+        ta.step_begin()
+        with caller_stream(sA):
+            (y,) = enc(x)
+        y_ptr = y.ptr
+        tb.step_begin()
+        with caller_stream(sB):
+            (z,) = dec(y)  # B's read of y: on tree B's stream, or on sB for the plain graph
+        assert z.values() == [3, 5, 7, 9], how
+        w0 = X.alloc_figures()["pool_reader_waits"]
+        ta.step_begin()
+        with caller_stream(sA):
+            (y2,) = enc(x)  # A's next step: replays into y's memory while B still holds y
+        assert y2.ptr == y_ptr, "the replay writes where y lies"
+        w1 = X.alloc_figures()["pool_reader_waits"]
+        assert w1 == w0 + 1, "%s: tree A overwrote y without waiting for the stream that read it" % how
+        del y, y2, z
+        gc.collect()
+        ta.step_begin()
+        with caller_stream(sA):
+            (y3,) = enc(x)  # nothing of B read y2: no wait
+        assert X.alloc_figures()["pool_reader_waits"] == w1, how
+        del y3
+        gc.collect()
+    ta.check()
+    tb.check()
