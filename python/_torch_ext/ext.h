@@ -598,6 +598,9 @@ struct tx_out_ref {
   int grad;          /* AccumulateGrad may have made it a .grad (stale.c): GRAD_BACKWARD, GRAD_IN_BACKWARD, or 0 */
   int caller_memory; /* it lies inside a STATIC argument of its run (a forward's saved parameter): not the
                       * tree's memory, so never on the step's list, never stale, and passed on as caller memory */
+  int empty;         /* it has no elements: the byte of pool its value holds is read by nothing, so, as caller
+                      * memory, it is never on the step's list, never stale, counted in no step's live outputs,
+                      * and passed on as an empty tensor (segment.c, make_output) */
   PyObject *keep;    /* for an output over an input's caller memory (a STATIC input's view, or one moved there:
                       * segment.c, over_caller_memory): that input's storage, kept alive as a view's base would be;
                       * released by the drain */

@@ -374,7 +374,7 @@ void tx_out_ref_queue_drain(void) {
       HASH_DEL(T->registry, r);
     if (r->step == T->step) { /* values of ended steps are stale already */
       (void)cgt_value_release(T->tree, r->value);
-      T->alive_this_step -= (uint64_t)(r->counted && !r->caller_memory);
+      T->alive_this_step -= (uint64_t)(r->counted && !r->caller_memory && !r->empty);
       T->saved_alive -= (uint64_t)(r->counted && r->saved);
       T->tied_saved_alive -= (uint64_t)(r->tied_saved != 0) + r->saved_views;
       T->forward_memory_watched -= (uint64_t)(r->watched_until == T->backward_calls + 1);
@@ -416,6 +416,15 @@ static int inside_caller_memory(const seg_run *r, const void *ptr, size_t bytes)
 /* The size of one element of the output m describes, in bytes (1 for a
  * type narrower than a byte). */
 static int64_t out_item_bytes(const out_meta *m) { return m->dtype.bits / 8 ? m->dtype.bits / 8 : 1; }
+
+/* 1 if the output m describes has no elements (a dimension of 0: an empty
+ * KV cache, an empty aux output). */
+static int out_is_empty(const out_meta *m) {
+  for (int32_t d = 0; d < m->ndim; d++)
+    if (m->dims[d] == 0)
+      return 1;
+  return 0;
+}
 
 /* The storage offset, in bytes, of the output m describes, at this call:
  * the template's, or for an output that aliases a tensor input, that
@@ -571,7 +580,24 @@ static PyObject *value_input_view(seg_run *run, PyObject *const *args, cgt_value
 
 /* A tensor over value v, laid out as m says. Steals v: on failure v is
  * released (through the queue). With ns_make (a timed call), PyTorch's
- * share of the work is added there. */
+ * share of the work is added there.
+ *
+ * An output with no elements (an empty KV cache, an empty aux output)
+ * still has a value, one byte of pool (set_outputs), but nothing reads
+ * it: no later step's reuse of that byte can change what the tensor
+ * holds. So it is watched like caller memory, that is not at all: never
+ * on the step's list, never marked stale, counted in no step's live
+ * outputs (alive_this_step) and holding none (saved_alive), and the
+ * argument loop never refuses it as an output of an earlier step. Marked
+ * like any output, it raised StaleTensorError where plain Inductor
+ * computes: passed back to a compiled call (the cache handed to the next
+ * decoding step), or read by an eager op that asks for its data pointer
+ * (torch.cat([old_empty, x]), .sum()) (a reviewer's finding). Its byte
+ * may lie inside another output by a later step; the argument loop takes
+ * an empty argument for a view of that output only where it shares the
+ * output's storage (step_output_holding). An empty view of a non-empty
+ * output is no such output: it is tied to it (tied_output), over its
+ * storage, and shares its mark. */
 static PyObject *make_output(seg_run *run, PyObject *const *args, cgt_value v, const out_meta *m, int saved, int grad,
                              uint64_t *ns_make) {
   TreeObject *T = run->tree;
@@ -621,6 +647,7 @@ static PyObject *make_output(seg_run *run, PyObject *const *args, cgt_value v, c
   r->ptr = ptr;
   r->bytes = bytes;
   r->caller_memory = over_caller || inside_caller_memory(run, ptr, bytes);
+  r->empty = out_is_empty(m);
   r->side_pool = run->outs_side_pool;
   DLTensor *dl = TXE.outputs ? &r->mv.dl_tensor : &r->m.dl_tensor;
   dl->device.device_type = kDLCUDA;
@@ -685,17 +712,18 @@ static PyObject *make_output(seg_run *run, PyObject *const *args, cgt_value v, c
   }
   r->in_registry = 1;
   T->outputs_made++;
-  T->alive_this_step += (uint64_t)!r->caller_memory; /* caller memory: no step overwrites it */
+  int in_tree_memory = !r->caller_memory && !r->empty; /* caller memory, or no element: no step overwrites it */
+  T->alive_this_step += (uint64_t)in_tree_memory;
   r->counted = 1;
-  r->saved = saved && !r->caller_memory; /* caller memory: no step reuses it, and no backward ends a hold of it */
+  r->saved = saved && in_tree_memory; /* no step reuses its memory, and no backward ends a hold of it */
   r->saved_by = r->saved ? run->s->pair : 0;
   r->grad = grad;
   T->saved_alive += (uint64_t)r->saved;
-  if (!r->caller_memory && tx_stale_watch(T, r, t) < 0) { /* an output we could not protect is not handed out */
+  if (in_tree_memory && tx_stale_watch(T, r, t) < 0) { /* an output we could not protect is not handed out */
     Py_DECREF(t);
     return NULL;
   }
-  run->made = r; /* caller memory (a parameter a forward saves): no step reuses it, nothing to watch */
+  run->made = r; /* caller memory (a parameter a forward saves), or empty: no step reuses it, nothing to watch */
   return t;
 }
 
@@ -729,6 +757,16 @@ static PyObject *make_output(seg_run *run, PyObject *const *args, cgt_value v, c
  * dtype, or memory past the earlier tensor's storage) is a tensor of its
  * own as before, counted in outputs_tied_apart.
  *
+ * An empty output has a byte of pool of its own (set_outputs), not the
+ * place in the earlier output where the plain graph's view lay: its place
+ * there is the template's (its storage offset from the earlier output's).
+ * Placed by its own byte, an empty view of y lay anywhere in y's storage
+ * or past it (as_strided checks no bounds for no element), where a lookup
+ * by address took it for another output. A non-empty output tied to an
+ * earlier empty one (y[:0] returned before y) is a tensor of its own: the
+ * empty one's storage covers no memory, and nothing marks it
+ * (make_output).
+ *
  * The tied output, a new reference; NULL with no exception set where it
  * cannot be made (the caller makes it a tensor of its own, v untouched);
  * NULL with an exception set on an error (v released). */
@@ -741,6 +779,9 @@ static PyObject *tied_output(seg_run *run, cgt_value v, const out_meta *m, const
   }
   if (m->alias_arg >= 0 || bm->alias_arg >= 0 || m->dtype.code != bm->dtype.code || m->dtype.bits != bm->dtype.bits ||
       m->dtype.bits < 8)
+    return NULL;
+  int empty = out_is_empty(m);
+  if (out_is_empty(bm) && !empty)
     return NULL;
   void *ptr = NULL;
   size_t bytes = 0;
@@ -755,7 +796,8 @@ static PyObject *tied_output(seg_run *run, cgt_value v, const out_meta *m, const
     (void)cgt_value_release(T->tree, v);
     return NULL;
   }
-  int64_t item = out_item_bytes(m), diff = (int64_t)((char *)ptr - (char *)base_ptr);
+  int64_t item = out_item_bytes(m);
+  int64_t diff = empty ? m->offset_bytes - bm->offset_bytes : (int64_t)((char *)ptr - (char *)base_ptr);
   if (diff < 0 || diff % item != 0 || base_off + diff / item < 0) /* below the earlier output: no lookup by
                                                                       * address (tx_step_output_at) would find it */
     return NULL;
@@ -1628,6 +1670,22 @@ PyObject *tx_set_variant_mask(PyObject *self, PyObject *arg) {
   Py_RETURN_NONE;
 }
 
+/* The live output of T's step that tensor argument o, span bytes at ptr,
+ * lies in: NULL if none, or with an exception set. An empty argument (span
+ * 0) lies in one only where it shares that output's storage (an empty view
+ * of it): an empty output of an earlier step is never marked (make_output),
+ * and the byte of pool it was given may lie inside an output of this step
+ * by now. Taken for that output, it was passed as its value at an offset
+ * (a variant, and a recording, of its own) and, read by a backward, ended
+ * that output's holds of the step. */
+static tx_out_ref *step_output_holding(TreeObject *T, PyObject *o, void *ptr, size_t span) {
+  tx_out_ref *ref = tx_step_output_at(T, ptr, span);
+  if (!ref || span)
+    return ref;
+  int same = tx_stale_same_storage(ref, o);
+  return same == 1 ? ref : NULL;
+}
+
 /* *ptr: tensor argument o of s's data, read as the argument loop reads it:
  * through the exchange API once the segment's first call cross-checked it,
  * else through data_ptr(). 0; -1 with an exception set where it cannot be
@@ -2447,6 +2505,10 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
        * one: they are not on the step's list. */
       if (ref && ref->caller_memory)
         ref = NULL;
+      /* An empty output holds no data a step could overwrite (make_output):
+       * from any step, it is passed on as the empty tensor it is. */
+      if (ref && ref->empty)
+        ref = NULL;
       if (ref && ref->ptr == ptr && ref->step != T->step) {
         /* The entry outlives its tensor object while a view keeps the
          * storage, and CPython gives a new object that address: a view of
@@ -2477,7 +2539,7 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
         r->offs[k] = 0;
         if (s->backward)
           r->read[r->n_read++] = ref;
-      } else if (ptr && (ref = tx_step_output_at(T, ptr, span)) != NULL) {
+      } else if (ptr && (ref = step_output_holding(T, o, ptr, span)) != NULL) {
         /* A view of this step's output (v = y[1:]), or another tensor
          * object over one (a backward's saved activation, unpacked by
          * autograd): the value it lies in, and its offset in the variant,
@@ -2488,6 +2550,8 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
           r->read[r->n_read++] = ref;
         if (r->offs[k]) /* at offset 0 it reads what the value itself would */
           key_add(r, &variant, ((uint64_t)k << 40) ^ (uint64_t)r->offs[k] ^ 0x5eedull);
+      } else if (span == 0 && PyErr_Occurred()) { /* step_output_holding could not read the storage */
+        return NULL;
       } else if (ptr == NULL || span == 0) {
         /* An empty tensor has nothing to read; cgtree needs memory, so it is
          * keyed on a byte of ours and the launch passes the tensor itself. */

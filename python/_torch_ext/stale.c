@@ -25,7 +25,11 @@
  * output made and one call per output still alive at the step's end; an
  * output dropped before then costs nothing more. The `y = f(x)` loop pays
  * one mark per call for the y it is about to drop, and never raises: the
- * old y is never read.
+ * old y is never read. An output with no elements (an empty KV cache) is
+ * never watched: its byte of pool holds nothing a later step could
+ * overwrite, and marked, it raised where Inductor computes (segment.c,
+ * make_output). An empty view of another output shares that output's
+ * storage, and so its mark.
  *
  * The mark leaves the storage (and our DLPack context) alive until PyTorch
  * frees it; the value went stale with its step already, so the drain then

@@ -6868,3 +6868,70 @@ def test_another_threads_tree_that_reads_an_output_is_waited_for_before_the_owni
         gc.collect()
     ta.check()
     tb.check()
+
+
+def test_an_empty_output_kept_past_its_step_is_no_stale_data_and_need_not_raise(tree):
+    """A graph that returns an empty tensor beside its result (an empty KV
+    cache of length 0, an empty aux output). The empty output has no data a
+    later step could overwrite (its value is one byte of pool nothing reads),
+    yet it was watched and marked at its step's end like any output: kept past
+    its step, passing it back to the compiled graph raised StaleTensorError,
+    and so did every PyTorch op that asks for its data_ptr (torch.cat([old_empty,
+    x]), .sum()), where plain Inductor computes. Now it is never marked, never
+    refused, and counted in no step's live or overwritable outputs."""
+    class WithEmpty:
+        def __call__(self, x, e):
+            out = FakeTensor(x.n)
+            X.sim_launch(tree.stream, k_affine, out.ptr, x.ptr, x.n, 2.0, 0.0)
+            return (out, FakeTensor(0, ptr=0))
+
+    seg = segment(tree, WithEmpty(), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 0), name="empty")
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    e0 = FakeTensor(0, ptr=0)
+    for _ in range(3):
+        out, e = call(seg, x, e0)
+    n_marks, before = len(marks), tree.stats()
+    out, e = call(seg, x, e0)  # the empty output e of this step ...
+    out2, e2 = call(seg, x, e0)  # ... lives on into the next step, which marks out
+    marked = {key for key, _ in marks[n_marks:]}
+    assert out.untyped_storage()._cdata in marked, "the non-empty output kept past its step is marked"
+    assert e.untyped_storage()._cdata not in marked
+    assert e.values() == []  # an eager op reading it (torch.cat, .sum()) does not raise
+    out3, e3 = call(seg, x, e)  # the cache handed to the next step, as under Inductor
+    assert out3.values() == [2, 4, 6, 8] and e3.values() == []
+    after = tree.stats()
+    assert after["stale_refused"] == before["stale_refused"]
+    # three steps ended, each with one non-empty output alive (the loop's last out, out, out2), never an empty one
+    assert after["outputs_overwritable"] - before["outputs_overwritable"] == 3
+    del out, e, out2, e2, out3, e3
+    gc.collect()
+
+
+def test_an_empty_view_of_an_output_is_tied_at_its_place_in_it_and_shares_its_mark(tree):
+    """A graph that returns y and an empty view of y at an offset (y[2:2]:
+    a KV cache sliced to length 0). The view is tied to y, over y's storage,
+    so it shares y's stale mark. Its value was one byte of pool of its own,
+    and the view was placed by that byte: anywhere in y's storage or past it
+    (no bounds are checked for no element), where its storage offset was not
+    the plain graph's and a lookup by address could take it for another
+    output. Now it lies where the plain graph's did, and y's mark reaches it."""
+    class WithEmptyView:
+        def __call__(self, x):
+            out = FakeTensor(x.n)
+            X.sim_launch(tree.stream, k_affine, out.ptr, x.ptr, x.n, 2.0, 0.0)
+            return (out, out.narrow(2, 0))
+
+    seg = segment(tree, WithEmptyView(), spans=(16,), name="empty_view")
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    for _ in range(3):
+        call(seg, x)
+    y, v = call(seg, x)
+    assert v.untyped_storage() is y.untyped_storage()
+    assert v.storage_offset() - y.storage_offset() == 2 and v.ptr == y.ptr + 8
+    n_marks = len(marks)
+    call(seg, x)  # the next step marks y's storage, and so v's
+    assert y.untyped_storage()._cdata in {key for key, _ in marks[n_marks:]}
+    with pytest.raises(RuntimeError, match="StaleTensorError"):
+        v.data_ptr()
+    del y, v
+    gc.collect()
