@@ -234,7 +234,8 @@ def fake_move_out(ts):
     tensors reach overlapping memory (so views of one another stay so, as
     do outputs tied apart), holding the bytes from the lowest storage
     offset among them on, each at its old storage's place, its layout
-    kept; a boolean per tensor."""
+    kept; a boolean per tensor. (Fake tensors have no autograd _base, which
+    the real mover moves with a view over its storage.)"""
     storages = {}
     for t in ts:
         storages.setdefault(t.untyped_storage()._cdata, (t.untyped_storage(), []))[1].append(t)

@@ -495,7 +495,9 @@ def test_move_out_of_pool_copies_what_the_tensor_reads_and_keeps_its_object_layo
     unchanged, the old storage left as it was. An inference tensor moves
     too, outside inference mode as well (the mover enters it for the
     set_): it raised StaleTensorError where Inductor reads it (a helper's
-    audit)."""
+    audit). Its autograd base over the old storage moves with it (see
+    test_a_moved_output_view_passed_with_a_view_of_itself_to_a_graph_that_writes_one_computes),
+    so the old storage is written here through a tensor of its own."""
     base = torch.arange(24.0)
     t = base[4:16].view(3, 4).t()  # storage offset 4, strides (1, 4)
     t.mul_(1)  # a version of its own
@@ -506,7 +508,8 @@ def test_move_out_of_pool_copies_what_the_tensor_reads_and_keeps_its_object_layo
     assert t.untyped_storage().data_ptr() != old.data_ptr() and t.untyped_storage().nbytes() == old.nbytes()
     assert (t.storage_offset(), t.size(), t.stride()) == (4, (4, 3), (1, 4))
     assert t._version == version and torch.equal(t, want)
-    base.zero_()  # the old storage is no longer t's
+    assert t._base is base and base.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
+    torch.empty(0, dtype=torch.uint8).set_(old).zero_()  # the old storage is no longer t's
     assert torch.equal(t, want)
     e = torch.empty(0).as_strided((0,), (1,), 5)  # empty, past its 0-byte storage's end
     assert _backend.move_out_of_pool([e]) == [True] and e.numel() == 0 and e.storage_offset() == 5
@@ -526,7 +529,8 @@ def test_move_out_of_pool_moves_tensors_over_one_storage_onto_one_new_storage():
     write in place through one is read through the other, as in eager.
     Moved one by one, each got a copy of its own, and the write was lost
     to the other, silently (two helpers' audits). The copy begins at the
-    lowest storage offset among them."""
+    lowest storage offset among them, here their autograd base's, which
+    moves with them."""
     base = torch.arange(16.0)
     h = base[2:]  # storage offset 2
     v = h[4:].view(2, 5)  # storage offset 6
@@ -537,9 +541,10 @@ def test_move_out_of_pool_moves_tensors_over_one_storage_onto_one_new_storage():
     assert other.untyped_storage().data_ptr() != h.untyped_storage().data_ptr()
     assert (h.storage_offset(), v.storage_offset()) == (2, 6)
     assert torch.equal(h, torch.arange(2.0, 16.0)) and torch.equal(other, torch.arange(4.0))
+    assert base.untyped_storage().data_ptr() == h.untyped_storage().data_ptr()  # h's and v's _base
     h.mul_(10)  # eager: h.zero_() or any write in place
     assert torch.equal(v.flatten(), torch.arange(6.0, 16.0) * 10)
-    base.zero_()  # the old storage is theirs no longer
+    torch.empty(0, dtype=torch.uint8).set_(old).zero_()  # the old storage is theirs no longer
     assert torch.equal(h, torch.arange(2.0, 16.0) * 10)
 
 
@@ -650,3 +655,41 @@ def test_move_out_of_pool_moves_tensors_over_one_memory_whose_storages_begin_off
     assert torch.equal(b.view(torch.int32), bwant.view(torch.int32))
     assert a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
     assert b.data_ptr() - a.data_ptr() == 4
+
+
+def test_a_moved_output_view_passed_with_a_view_of_itself_to_a_graph_that_writes_one_computes():
+    """h = f(x) under no_grad, f returning a view of an intermediate:
+    AOTAutograd regenerates h from the base the graph returns, so h._base
+    is that pool output. The next call's first graph reads h, and the mover
+    set_ h onto a copy, but h._base stayed on the old storage, which the
+    step's end marks. Later k(h, h[:, :1]) with k writing its first
+    argument: AOTAutograd merges the two aliased inputs into a synthetic
+    base taken from their common ._base, and the call raised
+    StaleTensorError where plain Inductor computes (a review). The base on
+    the view's storage now moves with it, onto the same copy, and is left
+    out of the mover's list. (On the CPU: the pool base is an ordinary
+    tensor, marked as the step's end marks its old storage.)"""
+    torch._dynamo.reset()
+    base = torch.arange(12.0)
+    h = base.view(3, 4)[:, 1:]  # the output the program holds: a view of the pool base
+    old = base.untyped_storage()
+    assert _backend.move_out_of_pool([h]) == [True]  # the call that ends its step read it
+    torch._C._set_storage_data_ptr_access_error_msg(old._cdata, "cgtree.torch.StaleTensorError: (the step's mark)")
+    del base, old
+    k = torch.compile(lambda a, b: (a.add_(1), b * 2), backend="aot_eager")  # AOTAutograd, as cgtree's backend
+    _, r = k(h, h[:, :1])
+    assert h.tolist() == [[2.0, 3.0, 4.0], [6.0, 7.0, 8.0], [10.0, 11.0, 12.0]]
+    assert r.tolist() == [[4.0], [12.0], [20.0]]
+    assert h._base.untyped_storage().data_ptr() == h.untyped_storage().data_ptr()  # the base moved with h
+    assert h._base.tolist() == [0.0, 2.0, 3.0, 4.0, 4.0, 6.0, 7.0, 8.0, 8.0, 10.0, 11.0, 12.0]
+    # a base that is passed too moves once; one set_ onto another storage stays where it is
+    b2 = torch.arange(8.0)
+    v2 = b2[4:]
+    w = torch.arange(6.0)
+    u = w[2:]
+    w.set_(torch.arange(6.0, 12.0).untyped_storage())  # u's base now lies elsewhere
+    wold = w.untyped_storage().data_ptr()
+    assert _backend.move_out_of_pool([v2, b2, u]) == [True, True, True]
+    assert v2._base is b2 and v2.untyped_storage().data_ptr() == b2.untyped_storage().data_ptr()
+    assert w.untyped_storage().data_ptr() == wold and u.untyped_storage().data_ptr() != wold
+    assert v2.tolist() == [4.0, 5.0, 6.0, 7.0] and u.tolist() == [2.0, 3.0, 4.0, 5.0]

@@ -119,9 +119,24 @@ def move_out_of_pool(ts):
     another's). The copy runs on the current stream. An inference tensor
     is set_ in inference mode, where PyTorch allows it. A list of booleans,
     one per tensor: False where PyTorch refuses the set_ (a plain
-    RuntimeError), and that tensor stays, to be marked stale."""
+    RuntimeError), and that tensor stays, to be marked stale.
+
+    A view's autograd base over the same storage (t._base: an output that
+    AOTAutograd regenerates as a view of an intermediate has the pool
+    output it returns as its base) moves with it, onto the same copy, and
+    is left out of the list: AOTAutograd reads ._base where a call's inputs
+    alias (a synthetic base for k(h, h[:, :1]) with k writing one), and the
+    stale old base raised StaleTensorError where Inductor computes (a
+    review). Cost: the copy then begins at the base's first byte (usually
+    its storage's first) rather than at the view's, and the base keeps the
+    whole copy alive as it kept the old storage; only where a view has a
+    _base on its storage (_bases)."""
     storages = {}  # the old storage's key -> (that storage, the tensors over it)
-    for t in ts:
+    seen = set()
+    for t in itertools.chain(ts, _bases(ts)):
+        if id(t) in seen:  # a tensor passed twice, or a base passed itself
+            continue
+        seen.add(id(t))
         old = t.untyped_storage()
         storages.setdefault(old._cdata, (old, []))[1].append(t)
     moved = {}
@@ -136,6 +151,26 @@ def move_out_of_pool(ts):
             for t in group:
                 moved[id(t)] = _set_onto(t, new.untyped_storage(), at)
     return [moved[id(t)] for t in ts]
+
+
+def _bases(ts):
+    """The autograd bases (t._base, documented: the tensor a view was made
+    from) of the views among ts that lie on their view's storage, followed
+    up while a base is a view itself (PyTorch makes _base the root, so that
+    is one step): moved apart, the view read the copy and its base the old,
+    stale storage. A base on another storage (a view set_ elsewhere) is no
+    view of its memory any longer, and stays; so does one that requires
+    grad, as an argument that requires grad does (set_ would cut it from
+    autograd's graph; its views require grad too, so segment.c moves none
+    of them: a guard only)."""
+    for t in ts:
+        key = t.untyped_storage()._cdata
+        while t._is_view():
+            b = t._base
+            if b is None or b.requires_grad or b.untyped_storage()._cdata != key:
+                break
+            yield b
+            t = b
 
 
 def _over_one_memory(storages):
