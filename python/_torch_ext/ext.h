@@ -388,6 +388,10 @@ int tx_pool_readers_caller(TreeObject *T, void *caller);
  * changed). */
 int tx_pool_readers_other_tree(TreeObject *owner, void *reader);
 void tx_pool_readers_tree_free(TreeObject *T); /* T's notes of callers' streams */
+/* Drops T's notes of `stream`: a closing tree's own stream, which another
+ * tree noted where the closing tree read its outputs (its work is over by
+ * then, and the handle is about to be destroyed: a review). */
+void tx_pool_readers_forget_stream(TreeObject *T, void *stream);
 void tx_pool_readers_figures(uint64_t *streams, uint64_t *waits_made, uint64_t *waits_put_off);
 
 extern PyTypeObject TreeType;

@@ -219,7 +219,7 @@ int tx_tree_note_forward_output(TreeObject *T, PyObject *out, int by_memory, tx_
     return 0;
   if (by_memory) { /* through the tensor's record, never looked up by its address: a view has none */
     tx_out_ref *r = made;
-    if (r && !r->caller_memory && r->step == T->step && r->watched_until != T->backward_calls + 1) {
+    if (r && !r->caller_memory && !r->empty && r->step == T->step && r->watched_until != T->backward_calls + 1) {
       r->watched_until = T->backward_calls + 1;
       T->forward_memory_watched++;
     }
@@ -275,7 +275,7 @@ int tx_tree_note_forward_output(TreeObject *T, PyObject *out, int by_memory, tx_
  * architecture (one graph). */
 void tx_tree_note_inference_output(TreeObject *T, tx_out_ref *made) {
   tx_out_ref *r = made;
-  if (T->explicit_steps || T->backward_this_step || !r || r->caller_memory || r->step != T->step ||
+  if (T->explicit_steps || T->backward_this_step || !r || r->caller_memory || r->empty || r->step != T->step ||
       r->inference_watch == T->inference_watches_ended + 1)
     return;
   r->inference_watch = T->inference_watches_ended + 1;
@@ -606,7 +606,8 @@ int tx_live_trees_besides(const TreeObject *T) { return live_trees && (live_tree
 
 tx_out_ref *tx_other_trees_step_output_at(const TreeObject *T, void *ptr, size_t span) {
   for (TreeObject *t = live_trees; t; t = t->live_next) {
-    int other = t != T && t->device == T->device && t->step_pages; /* a device's pointers are its own */
+    /* A device's pointers are its own; an idle tree's index outlives its outputs (a review: a lookup each). */
+    int other = t != T && t->device == T->device && t->step_outputs;
     tx_out_ref *o = other ? tx_step_output_at(t, ptr, span ? span : 1) : NULL;
     if (o)
       return o;
@@ -707,6 +708,9 @@ static int tree_init(TreeObject *T, PyObject *a, PyObject *kw) {
 
 void tx_tree_destroy_c(TreeObject *T) {
   (void)cgt_sync(T->tree); /* its stream's work is over: its blocks may be retired */
+  for (TreeObject *t = live_trees; t; t = t->live_next) /* its reads of their outputs are done too */
+    if (t != T)
+      tx_pool_readers_forget_stream(t, T->stream);
   if (T->stream_made != TX_STREAM_HANDED_IN) /* a stream destroyed below; one handed in stays its maker's */
     tx_eager_retire_stream(T->on_simulator ? -1 : T->device, T->stream);
   tx_alloc_note_pool_in_use(&T->pool_in_use_reported, 0);

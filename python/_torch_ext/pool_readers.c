@@ -267,6 +267,14 @@ static void wait_for_callers_left(TreeObject *T, void *caller) {
   T->n_caller_notes = kept;
 }
 
+void tx_pool_readers_forget_stream(TreeObject *T, void *stream) {
+  size_t kept = 0;
+  for (size_t i = 0; i < T->n_caller_notes; i++)
+    if (T->caller_notes[i].stream != stream)
+      T->caller_notes[kept++] = T->caller_notes[i];
+  T->n_caller_notes = kept;
+}
+
 void tx_pool_readers_tree_free(TreeObject *T) {
   free(T->caller_notes);
   T->caller_notes = NULL;

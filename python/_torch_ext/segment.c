@@ -1812,7 +1812,7 @@ static int end_holds_read_by_backward(const SegmentObject *s, TreeObject *T, tx_
  * call between their backwards, keep the step for the second (a flag
  * ended at the first backward: a helper's review). */
 static void saved_view_hold(const SegmentObject *s, TreeObject *T, tx_out_ref *ref) {
-  if (!ref || ref->caller_memory || ref->step != T->step || T->explicit_steps)
+  if (!ref || ref->caller_memory || ref->empty || ref->step != T->step || T->explicit_steps)
     return;
   tx_view_pair *e = view_pair(ref, s->pair);
   if (!e && s->pair) { /* a pair's first view of this output: an entry of its own */
@@ -1889,7 +1889,9 @@ static int end_holds_of_args_read(const SegmentObject *s, TreeObject *T, PyObjec
  * compiled call between their backwards, keep the second's (a helper's
  * review). */
 static void tied_saved_hold(const SegmentObject *s, TreeObject *T, tx_out_ref *ref) {
-  if (!ref || ref->caller_memory || ref->tied_saved || ref->step != T->step || T->explicit_steps)
+  /* An empty record is on no step list, so no backward read could end its hold (a review: a saved empty
+   * output held every later step). */
+  if (!ref || ref->caller_memory || ref->empty || ref->tied_saved || ref->step != T->step || T->explicit_steps)
     return;
   ref->tied_saved = s->pair ? s->pair : TIED_BY_UNKNOWN;
   T->tied_saved_alive++;

@@ -207,20 +207,26 @@ static int grad_node_kind(PyObject *node, int *kind) {
   if (!known) {
     if (PyErr_Occurred())
       return -1;
-    PyObject *answer = PyObject_CallOneArg(TX.grad_node_kind, type);
+    /* Held across the call: a function that calls set_grad_node_kind drops TX's (a review). */
+    PyObject *kinds = Py_NewRef(TX.grad_node_kinds), *fn = Py_NewRef(TX.grad_node_kind);
+    PyObject *answer = PyObject_CallOneArg(fn, type);
+    Py_DECREF(fn);
     long k = answer && PyLong_Check(answer) ? PyLong_AsLong(answer) : GRAD_NODE_STOP;
     Py_XDECREF(answer);
     if (PyErr_Occurred()) {
-      if (PyErr_ExceptionMatches(PyExc_MemoryError))
+      if (PyErr_ExceptionMatches(PyExc_MemoryError)) {
+        Py_DECREF(kinds);
         return -1;
+      }
       PyErr_Clear();
       k = GRAD_NODE_STOP;
     }
     if (k != GRAD_NODE_ACCUMULATE && k != GRAD_NODE_PASSES_ON)
       k = GRAD_NODE_STOP;
     PyObject *v = PyLong_FromLong(k);
-    int rc = v ? PyDict_SetItem(TX.grad_node_kinds, type, v) : -1;
+    int rc = v ? PyDict_SetItem(kinds, type, v) : -1;
     Py_XDECREF(v);
+    Py_DECREF(kinds);
     if (rc < 0)
       return -1;
     *kind = (int)k;

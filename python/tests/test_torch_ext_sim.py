@@ -6936,3 +6936,55 @@ def test_an_empty_view_of_an_output_is_tied_at_its_place_in_it_and_shares_its_ma
         v.data_ptr()
     del y, v
     gc.collect()
+
+
+class EmptySavedForward:
+    """A training forward (saved_from=1) whose output is empty (a batch of
+    no rows, an expert that got no token) and that also saves that output
+    (a sigmoid's): the same object at positions 0 and 1."""
+
+    def __init__(self, tree):
+        self.tree = tree
+
+    def __call__(self, x):
+        e = FakeTensor(0, ptr=0)
+        return (e, e)
+
+
+class TangentCopy:
+    """Its backward: grad = tangent (it reads the saved empty tensor, nothing of it)."""
+
+    def __init__(self, tree):
+        self.tree = tree
+
+    def __call__(self, saved, t):
+        out = FakeTensor(t.n)
+        X.sim_launch(self.tree.stream, k_affine, out.ptr, t.ptr, t.n, 1.0, 0.0)
+        return (out,)
+
+
+def test_a_forward_that_saves_its_empty_output_holds_no_step_past_its_backward(tree):
+    """The empty output a forward also saves was held for the backward as
+    any output tied to a saved result is, but an empty record lies on no
+    step's list, so no backward read could end that hold: while the loop
+    kept `out` bound, every later step was put off (a review: 38 of 40
+    deferred, no replay). An empty output holds nothing a step could
+    overwrite, so it holds no step."""
+    f = segment(tree, EmptySavedForward(tree), spans=(16,), name="empty_sigmoid", saved_from=1)
+    g = segment(tree, Graph(tree, 2.0, 0.0), spans=(16,), name="nonempty_forward", saved_from=1)
+    b = segment(tree, TangentCopy(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(0, 16), name="bw", backward=True)
+    x, t = FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
+    s0 = tree.stats()
+    for _ in range(40):
+        out, saved = call(f, x)  # `out` stays bound into the next iteration's call
+        (h,) = g(x)
+        (gx,) = b(saved, t)
+        assert gx.values() == [1, 1, 1, 1]
+        del saved, gx
+        gc.collect()
+        assert tree.stats()["saved_tied_to_outputs_alive"] == 0
+    tree.check()
+    s = tree.stats()
+    assert s["step"] - s0["step"] >= 39 and s["steps_deferred"] == s0["steps_deferred"] and s["replays"] > 0, s
+    del out, h
+    gc.collect()

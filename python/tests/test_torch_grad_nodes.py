@@ -28,13 +28,14 @@ class Backward(torch.autograd.Function):
 
 
 def chain(v):
-    """The kinds of the nodes from v.grad_fn to the first AccumulateGrad, along first edges."""
+    """The kinds of the nodes from v.grad_fn to the first AccumulateGrad,
+    along the first edge of each that leads anywhere."""
     kinds, node = [], v.grad_fn
     while node is not None:
         kinds.append(grad_node_kind(type(node)))
         if kinds[-1] == ACCUMULATE:
             break
-        node = node.next_functions[0][0]
+        node = next((n for n, _ in node.next_functions if n is not None), None)
     return kinds
 
 
@@ -47,6 +48,13 @@ PASSES = {  # eager ops whose backward hands the parameter the incoming gradient
     "clone": lambda p: p.clone(), "to": lambda p: p.to(torch.float32, copy=True),
     "expand_to_its_shape": lambda p: p.expand(4, 6), "alias": lambda p: torch.ops.aten.alias(p),
     "view_as_real": lambda p: torch.view_as_real(torch.view_as_complex(p.reshape(-1, 2))),
+    # the operand these add to or copy gets the gradient itself (a review found them missing)
+    "copy_": lambda p: torch.zeros(4, 6).copy_(p), "slice_scatter": lambda p: torch.slice_scatter(
+        torch.zeros(8, 6), p, 0, 0, 4), "addcmul": lambda p: torch.addcmul(p, torch.randn(4, 6), torch.randn(4, 6)),
+    "addcdiv": lambda p: torch.addcdiv(p, torch.randn(4, 6), torch.randn(4, 6)),
+    "index_add": lambda p: p.index_add(0, torch.arange(2), torch.randn(2, 6)),
+    "scatter_add": lambda p: p.scatter_add(0, torch.zeros(1, 6, dtype=torch.long), torch.randn(1, 6)),
+    "index_put_accumulate": lambda p: p.index_put((torch.arange(2),), torch.randn(2, 6), accumulate=True),
 }
 NEW_MEMORY = {  # eager ops whose backward makes the parameter's gradient new memory
     "mm": lambda p: p @ torch.ones(6, 2), "slice": lambda p: p[1:], "select": lambda p: p[0],

@@ -128,9 +128,9 @@ def move_out_of_pool(ts):
     alias (a synthetic base for k(h, h[:, :1]) with k writing one), and the
     stale old base raised StaleTensorError where Inductor computes (a
     review). Cost: the copy then begins at the base's first byte (usually
-    its storage's first) rather than at the view's, and the base keeps the
-    whole copy alive as it kept the old storage; only where a view has a
-    _base on its storage (_bases)."""
+    its storage's first) rather than at the view's, at most twice the
+    bytes (a larger base stays, _bases), and the base keeps the whole copy
+    alive as it kept the old storage."""
     storages = {}  # the old storage's key -> (that storage, the tensors over it)
     seen = set()
     for t in itertools.chain(ts, _bases(ts)):
@@ -161,13 +161,21 @@ def _bases(ts):
     stale storage. A base on another storage (a view set_ elsewhere) is no
     view of its memory any longer, and stays; so does one that requires
     grad, as an argument that requires grad does (set_ would cut it from
-    autograd's graph; its views require grad too, so segment.c moves none
-    of them: a guard only)."""
+    autograd's graph). So does a base whose bytes from its first to its
+    storage's end are more than twice the view's: every view the program
+    makes has its base, and with it a view of the end of a large output
+    (h = out[-1] of a sequence's outputs, fed back at each call) copied the
+    whole output at each call, where its tail was copied before (a review);
+    such a base is marked at the step's end, as before."""
     for t in ts:
-        key = t.untyped_storage()._cdata
+        storage = t.untyped_storage()
+        key, end = storage._cdata, storage.nbytes()
+        reach = end - t.storage_offset() * t.element_size()
         while t._is_view():
             b = t._base
             if b is None or b.requires_grad or b.untyped_storage()._cdata != key:
+                break
+            if end - b.storage_offset() * b.element_size() > 2 * max(reach, 1):
                 break
             yield b
             t = b

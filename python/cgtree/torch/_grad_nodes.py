@@ -23,7 +23,11 @@ is:
 Only the node types PyTorch implements in C++ are named here (a Python
 Function's node type is a heap type, whatever its name). The list comes
 from PyTorch's derivatives: each of these backward formulas returns its
-incoming gradient or a view of it for at least one input.
+incoming gradient or a view of it for at least one input. Left out on
+purpose: addmm, addmv and baddbmm, whose `self` gets the gradient itself
+only where it is full-size (a Linear's bias is broadcast, so its gradient
+is a sum): walking through them would follow every eager Linear's input
+back at each call, for a case that hardly occurs.
 """
 import re
 
@@ -32,8 +36,10 @@ ACCUMULATE, PASSES_ON, STOP = 1, 2, 0  # stale.c's GRAD_NODE_*
 _PASSES_ON = frozenset((
     "View", "UnsafeView", "ReshapeAlias", "Alias", "T", "Transpose", "Permute", "Squeeze", "Unsqueeze",
     "Expand", "Cat", "Stack", "Add", "Sub", "Clone", "ToCopy", "ViewAsReal", "ViewAsComplex",
+    # the operand they add to or copy gets the gradient itself (a review found them missing)
+    "Copy", "SliceScatter", "Addcmul", "Addcdiv", "IndexAdd", "ScatterAdd", "IndexPut",
 ))
-_BACKWARD = re.compile(r"^([A-Za-z]+)Backward\d*$")
+_BACKWARD = re.compile(r"^([A-Za-z]+)Backwards?\d*$")  # CopyBackwards, copy_'s, has an s
 _HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by Python code
 
 
