@@ -415,7 +415,7 @@ typedef struct tx_py {
   PyObject *oom_error;       /* torch.OutOfMemoryError, or NULL: what a compiled graph's refused allocation raises */
   PyObject *graph_task_id;   /* torch._C._current_graph_task_id, or NULL: -1 unless autograd runs a backward here */
   PyObject *output_mover;    /* cgtree.torch._backend.move_out_of_pool, or NULL: no argument is moved (stale.c) */
-  PyObject *grad_node_kind;  /* cgtree.torch._backend.grad_node_kind, or NULL: no walk behind inputs (stale.c) */
+  PyObject *grad_node_kind;  /* cgtree.torch._grad_nodes.grad_node_kind, or NULL: no walk behind inputs (stale.c) */
   PyObject *grad_node_kinds; /* its answers: dict type -> GRAD_NODE_*, or NULL */
   PyObject *str_data_ptr, *str_generation, *str_untyped_storage, *str_cdata, *str_mark_step;
   PyObject *str_grad, *str_is_leaf, *str_requires_grad, *str_clone, *str_set, *str_nbytes; /* gradients (stale.c) */

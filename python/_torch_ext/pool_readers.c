@@ -76,8 +76,9 @@
  * owner's notes are touched under the GIL only, by whichever thread, as
  * the owner's own calls touch them (before their launch, under the GIL).
  * A read whose call lets the GIL go before it queued its read (a warmup or
- * a recording runs the graph's Python) may be overtaken by the owner's
- * launch in between: only a read queued by then is waited for.
+ * a recording runs the graph's Python; a random graph's replay takes its
+ * lock) may be overtaken by the owner's launch in between: only a read
+ * queued by then is waited for.
  *
  * A noted stream that captures when a launch would wait for it is waited
  * for at a later launch: too late for that launch, which may overwrite

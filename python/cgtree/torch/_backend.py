@@ -168,6 +168,8 @@ def _bases(ts):
     whole output at each call, where its tail was copied before (a review);
     such a base is marked at the step's end, as before."""
     for t in ts:
+        if not t._is_view():  # most arguments: no base to look at
+            continue
         storage = t.untyped_storage()
         key, end = storage._cdata, storage.nbytes()
         reach = end - t.storage_offset() * t.element_size()
