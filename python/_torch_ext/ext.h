@@ -387,12 +387,24 @@ int tx_pool_readers_caller(TreeObject *T, void *caller);
  * GIL. 0, or -1 out of host memory with an exception set (nothing
  * changed). */
 int tx_pool_readers_other_tree(TreeObject *owner, void *reader);
+/* That read is in flight until the call returns, since the call may let
+ * the GIL go before it queues the read (a warmup, a recording, a plain
+ * graph, a random graph's lock): a call takes the mark of this thread's
+ * reads before it begins and ends those made since when it returns,
+ * however it returns. T's step ends only after each call of another
+ * thread that reads an output of T returned: tx_pool_readers_wait_for_calls,
+ * before the marks, waits for them, the GIL let go (not on a thread with
+ * reads in flight of its own: it returns at once). */
+size_t tx_pool_readers_reads_mark(void);
+void tx_pool_readers_reads_end(size_t mark);
+void tx_pool_readers_wait_for_calls(TreeObject *T);
 void tx_pool_readers_tree_free(TreeObject *T); /* T's notes of callers' streams */
 /* Drops T's notes of `stream`: a closing tree's own stream, which another
  * tree noted where the closing tree read its outputs (its work is over by
  * then, and the handle is about to be destroyed: a review). */
 void tx_pool_readers_forget_stream(TreeObject *T, void *stream);
-void tx_pool_readers_figures(uint64_t *streams, uint64_t *waits_made, uint64_t *waits_put_off);
+void tx_pool_readers_figures(uint64_t *streams, uint64_t *waits_made, uint64_t *waits_put_off,
+                             uint64_t *waits_for_calls);
 
 extern PyTypeObject TreeType;
 extern PyObject *TxError;      /* cgtree.torch.CgtreeError */

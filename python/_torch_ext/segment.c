@@ -2412,6 +2412,7 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
   uint64_t t0 = TX.any_timed ? tx_now_ns() : 0; /* no clock read in a process that times nothing */
   uint64_t refusals = tx_alloc_refusals();
   int capture_mode = tx_dev_ignore_other_captures(); /* another thread's capture stays whole (dev.c) */
+  size_t reads = tx_pool_readers_reads_mark(); /* reads of other trees' outputs this call begins */
   PyObject *res;
   if (n == 1 && !kwnames && PyList_CheckExact(args[0])) {
     PyObject *list = Py_NewRef(args[0]); /* nobody changes it while we run: the caller waits for us */
@@ -2420,6 +2421,7 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
   } else {
     res = seg_call(s, args, n, kwnames, t0);
   }
+  tx_pool_readers_reads_end(reads); /* queued by now, or never to be: their owners' launches may go on */
   tx_dev_heed_other_captures(capture_mode);
   if (!res && tx_alloc_refusals() != refusals)
     out_of_memory_error(s);

@@ -6988,3 +6988,152 @@ def test_a_forward_that_saves_its_empty_output_holds_no_step_past_its_backward(t
     assert s["step"] - s0["step"] >= 39 and s["steps_deferred"] == s0["steps_deferred"] and s["replays"] > 0, s
     del out, h
     gc.collect()
+
+
+class ReadingGraph(Graph):
+    """Graph(1, 0) (z = y) that, while `block` is set, first tells `started`
+    and lets the GIL go until `go`, as a warmup, a recording or a plain
+    graph runs Python between the call's note of y and its read of y;
+    `order` gets "B read" once it read."""
+
+    def __init__(self, tree, stream, order):
+        super().__init__(tree, 1.0, 0.0, stream=stream)
+        self.block, self.order = False, order
+        self.started, self.go = threading.Event(), threading.Event()
+
+    def __call__(self, y, *rest):
+        if self.block:
+            self.started.set()
+            self.go.wait(5)
+            import time
+
+            time.sleep(0.2)  # the owner's step ends here, unless it waits for this call
+        out = super().__call__(y, *rest)
+        self.order.append("B read")
+        return out
+
+
+def test_a_step_ends_only_once_another_threads_call_that_reads_its_output_returned(tree):
+    """Thread A hands y = enc(x) to thread B, whose dec(y) notes its read
+    of y, then runs Python before it reads (its first call runs the plain
+    graph; a warmup, a recording and a random graph's lock let the GIL go
+    there too). A's next step ends meanwhile, and its replay writes y's
+    memory. Before the fix that replay waited for the streams B's call had
+    queued on so far, which held no read of y yet: B read A's next output,
+    silently (z = [21, 41, 61, 81]; on a GPU a recording's copy reads by
+    address). Now A's step ends only once B's call returned; a later step,
+    with no such call in flight, waits for nothing."""
+    trees, order = ThreadTrees(), []
+    X.set_tree_getter(trees)
+    try:
+        stream = lambda: trees(0).stream  # noqa: E731 - each thread's own tree's
+        enc = segment(tree, Graph(tree, 2.0, 1.0, stream=stream), spans=(16,), name="enc")
+        reading = ReadingGraph(tree, stream, order)
+        dec = segment(tree, reading, spans=(16,), name="dec")
+        trees(0).explicit_steps = True  # the main thread is A
+        x = FakeTensor(4).fill([1, 2, 3, 4])
+        for _ in range(3):  # enc replays from here on
+            trees(0).step_begin()
+            (y,) = enc(x)
+            del y
+        trees(0).step_begin()
+        handed = list(enc(x))  # [y]
+        y_ptr, got, errors = handed[0].ptr, [], []
+
+        def b():
+            try:
+                trees(0).explicit_steps = True
+                reading.block = True
+                (z,) = dec(handed[0])
+                got.append(z.values())
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(repr(e))
+
+        th = threading.Thread(target=b)
+        th.start()
+        assert reading.started.wait(5)
+        w0 = X.alloc_figures()["pool_reader_waits_for_calls"]
+        trees(0).step_begin()
+        x.fill([10, 20, 30, 40])
+        reading.go.set()
+        (y2,) = enc(x)  # A's next step: its end waits for B's call, then the replay writes y's memory
+        order.append("A replayed")
+        th.join(10)
+        assert not th.is_alive() and errors == []
+        assert y2.ptr == y_ptr, "the replay writes where y lies"
+        assert got == [[3, 5, 7, 9]], "B's dec read A's next output"
+        assert order == ["B read", "A replayed"]
+        assert X.alloc_figures()["pool_reader_waits_for_calls"] == w0 + 1
+        del handed[:], y2
+        gc.collect()
+        trees(0).step_begin()
+        (y3,) = enc(x)  # nothing in flight: no wait
+        assert y3.values() == [21, 41, 61, 81]
+        assert X.alloc_figures()["pool_reader_waits_for_calls"] == w0 + 1
+        del y3
+        for t in trees.made:
+            t.check()
+    finally:
+        X.set_tree_getter(None)
+
+
+def test_a_thread_with_a_read_of_another_trees_output_in_flight_ends_its_own_steps_without_waiting(tree):
+    """B's dec(yA) reads A's output and, inside its Python (the call in
+    flight), calls B's own segment, whose call ends B's step. A's call
+    dec(yB) reads B's output and waits, inside its Python, for that inner
+    call. Had B's step's end waited for A's call (which reads yB), each
+    thread would wait for the other: a thread with reads in flight of its
+    own ends its steps at once. Both results are right."""
+    trees = ThreadTrees()
+    X.set_tree_getter(trees)
+    inner_done, a_reading = threading.Event(), threading.Event()
+    try:
+        stream = lambda: trees(0).stream  # noqa: E731
+        enc = segment(tree, Graph(tree, 2.0, 1.0, stream=stream), spans=(16,), name="enc")
+        inner = segment(tree, Graph(tree, 1.0, 1.0, stream=stream), spans=(16,), name="inner")
+
+        class WaitsForInner(Graph):
+            def __call__(self, y, *rest):
+                a_reading.set()
+                ok = inner_done.wait(5)
+                out = super().__call__(y, *rest)
+                return out + (ok,)
+
+        class CallsInner(Graph):
+            def __call__(self, y, *rest):
+                assert a_reading.wait(5)
+                trees(0).step_begin()
+                (w,) = inner(y)  # ends B's step: A's call reads an output of it
+                inner_done.set()
+                out = super().__call__(w, *rest)
+                return out
+
+        dec_a = segment(tree, WaitsForInner(tree, 1.0, 0.0, stream=stream), spans=(16,), name="dec_a")
+        dec_b = segment(tree, CallsInner(tree, 1.0, 0.0, stream=stream), spans=(16,), name="dec_b")
+        handed, results, errors = {}, {}, []
+        ready = threading.Barrier(2)
+
+        def work(name, fill, dec):
+            try:
+                trees(0).explicit_steps = True
+                x = FakeTensor(4).fill(fill)
+                for _ in range(4):  # enc replays from the third call on: both outputs lie in pools
+                    trees(0).step_begin()
+                    (handed[name],) = enc(x)
+                ready.wait(5)
+                other = handed["b" if name == "a" else "a"]
+                results[name] = dec(other)[:2]
+                results[name] = (results[name][0].values(),) + tuple(results[name][1:])
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(repr(e))
+                inner_done.set(), a_reading.set()
+
+        ta = threading.Thread(target=work, args=("a", [1, 1, 1, 1], dec_a))
+        tb = threading.Thread(target=work, args=("b", [2, 2, 2, 2], dec_b))
+        ta.start(), tb.start()
+        ta.join(15), tb.join(15)
+        assert not ta.is_alive() and not tb.is_alive() and errors == []
+        assert results["a"] == ([5, 5, 5, 5], True), "A's read waited past B's inner call"
+        assert results["b"] == ([4, 4, 4, 4],)  # inner(yA) = 3 + 1
+    finally:
+        X.set_tree_getter(None)

@@ -8,6 +8,7 @@ Needs a CUDA GPU (skips without one) and imports cgtree.torch first, so
 that its allocator is installed before CUDA starts.
 """
 import copy
+import gc
 import io
 import os
 import threading
@@ -1206,7 +1207,12 @@ def logged_after_a_norm_and_a_step(m, backend, xs, backward_from, norm_of="grad"
     loss and the norm. The norm reads each .grad, or (norm_of
     "a_slice_of_grad") the second half of each, sliced eagerly, as a fused
     QKV gradient split outside the compiled code. The logged pairs,
-    stacked, and cgtree's node count after each iteration."""
+    stacked, and cgtree's node count after each iteration. The count is
+    the process's: trees an earlier test left (an exited thread's, named
+    by an output in a reference cycle) are freed first, else one freed by
+    a collection in the loop lowered it (seen after test_torch_trust.py)."""
+    gc.collect()
+    ct.empty_cache()  # frees exited threads' trees that nothing names any more
     opt = torch.optim.AdamW(m.parameters(), lr=1e-3, capturable=True)
     params = list(m.parameters())
     step = torch.compile(opt.step, backend=backend)

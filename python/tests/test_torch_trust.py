@@ -718,6 +718,106 @@ def test_two_threads_calling_compiled_models_at_once_get_correct_results():
     assert s["trees"] + s["trees_freed"] >= 2  # the threads' trees, freed or not yet
 
 
+_slow_copy_signals = {}  # "inside": set once slow_copy's Python runs, before it reads
+
+
+def _slow_copy_op():
+    """cgtree_test::slow_copy: x.clone() after 0.1 s of Python, which lets
+    the GIL go between a call's look-up of its arguments and its read of x,
+    as a warmup or a recording of any graph may (they run its Python).
+    Defined once per process."""
+    if "op" not in _slow_copy_signals:
+        @torch.library.custom_op("cgtree_test::slow_copy", mutates_args=())
+        def slow_copy(x: torch.Tensor) -> torch.Tensor:
+            inside = _slow_copy_signals.get("inside")
+            if inside is not None:
+                inside.set()
+            time.sleep(0.1)
+            return x.clone()
+
+        @slow_copy.register_fake
+        def _(x):
+            return torch.empty_like(x)
+
+        _slow_copy_signals["op"] = slow_copy
+    return _slow_copy_signals["op"]
+
+
+def test_another_threads_call_that_reads_an_output_keeps_the_owners_step_from_ending_until_it_returned():
+    """Thread A hands y = enc(x) to thread B and begins its next step at
+    once; B's dec(y) runs Python between its look-up of y and its read (its
+    warmup and its recording run slow_copy's 0.1 s of Python). Before, A's
+    step ended meanwhile and marked y: B's read raised where Inductor
+    computes (or, where B's copy read y by address, took A's next output).
+    Now A's step ends only once B's call returned: every z is eager's, and
+    A's steps waited for B's calls."""
+    fresh()
+    slow_copy = _slow_copy_op()
+    enc = torch.compile(lambda x: x * 3 + 1, backend="cgtree")
+    dec = torch.compile(lambda y: slow_copy(y) * 2, backend="cgtree")
+    x0 = torch.zeros(1 << 16, device=DEV)
+    with torch.no_grad():  # compiled here: Dynamo's tracing is not thread-safe
+        dec(enc(x0))
+    torch.cuda.synchronize()
+    import queue
+
+    handed, taken, errors, got = queue.Queue(), queue.Queue(), [], []
+    inside, done = threading.Event(), [-1]  # done[0]: the last round whose dec(y) returned
+    waits_before = _ext.alloc_figures(0)["pool_reader_waits_for_calls"]
+    rounds = 8
+
+    def a():
+        try:
+            ct.set_step_mode("explicit")
+            x = torch.empty(1 << 16, device=DEV)
+            with torch.no_grad():
+                for i in range(rounds):
+                    ct.step_begin()  # ends the step of the y B may still read
+                    x.fill_(float(i))
+                    handed.put((i, enc(x)))
+                    assert taken.get(timeout=10) == i  # B took y and calls dec(y) now
+                    deadline = time.monotonic() + 5
+                    while not (inside.is_set() or done[0] >= i) and time.monotonic() < deadline:
+                        time.sleep(0.001)  # B's call is under way, or over: go on at once
+                    inside.clear()
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append("A: " + repr(e))
+
+    def b():
+        try:
+            ct.set_step_mode("explicit")
+            with torch.no_grad():
+                for _ in range(rounds):
+                    i, y = handed.get(timeout=10)
+                    ct.step_begin()
+                    taken.put(i)
+                    z = dec(y)
+                    del y
+                    done[0] = i
+                    got.append((i, z.clone()))
+                    del z
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append("B: " + repr(e))
+            taken.put(-1)
+
+    _slow_copy_signals["inside"] = inside
+    try:
+        threads = [threading.Thread(target=a), threading.Thread(target=b)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        _slow_copy_signals["inside"] = None
+        while not handed.empty():  # no output of A's tree outlives the test, failed or not
+            handed.get()
+    assert errors == [] and not any(t.is_alive() for t in threads)
+    assert [i for i, _ in got] == list(range(rounds))
+    for i, z in got:
+        assert torch.equal(z, torch.full_like(z, 2.0 * (3 * i + 1))), "B's dec(y) read A's next output (round %d)" % i
+    assert _ext.alloc_figures(0)["pool_reader_waits_for_calls"] > waits_before, "no step of A waited for B's call"
+
+
 def orphaned(trees, seconds=10.0):
     """Waits until each tree is orphaned: a thread's trees are orphaned when
     its OS thread is gone (PyTorch's thread-local stash lets go of them
