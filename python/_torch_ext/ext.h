@@ -387,24 +387,39 @@ int tx_pool_readers_caller(TreeObject *T, void *caller);
  * GIL. 0, or -1 out of host memory with an exception set (nothing
  * changed). */
 int tx_pool_readers_other_tree(TreeObject *owner, void *reader);
-/* That read is in flight until the call returns, since the call may let
- * the GIL go before it queues the read (a warmup, a recording, a plain
- * graph, a random graph's lock): a call takes the mark of this thread's
- * reads before it begins and ends those made since when it returns,
- * however it returns. T's step ends only after each call of another
- * thread that reads an output of T returned: tx_pool_readers_wait_for_calls,
- * before the marks, waits for them, the GIL let go (not on a thread with
- * reads in flight of its own: it returns at once). */
-size_t tx_pool_readers_reads_mark(void);
-void tx_pool_readers_reads_end(size_t mark);
-void tx_pool_readers_wait_for_calls(TreeObject *T);
 void tx_pool_readers_tree_free(TreeObject *T); /* T's notes of callers' streams */
 /* Drops T's notes of `stream`: a closing tree's own stream, which another
  * tree noted where the closing tree read its outputs (its work is over by
  * then, and the handle is about to be destroyed: a review). */
 void tx_pool_readers_forget_stream(TreeObject *T, void *stream);
-void tx_pool_readers_figures(uint64_t *streams, uint64_t *waits_made, uint64_t *waits_put_off,
-                             uint64_t *waits_for_calls);
+void tx_pool_readers_figures(uint64_t *streams, uint64_t *waits_made, uint64_t *waits_put_off);
+
+/* ---------------------------------------------------- reads_in_flight.c */
+
+/* Each compiled call, in seg_vectorcall: begins (the mark to end with) and
+ * ends, however it returns; the reads it began end with it. */
+size_t tx_reads_call_begins(void);
+void tx_reads_call_ends(size_t mark);
+/* A call reads an output of owner's step (tx_pool_readers_other_tree):
+ * in flight until the call returns. 0; -1 out of host memory (MemoryError). */
+int tx_reads_begin(TreeObject *owner);
+/* At T's step's end, before anything of it: waits, the GIL let go, for
+ * each call of another thread that reads an output of T's step, until
+ * none is left, the last look made holding the GIL. In a call made inside
+ * another's Python it waits for nothing: if such a read is in flight, it
+ * raises CgtreeError. 0; -1 with an exception set. */
+int tx_reads_wait_for_calls(TreeObject *T);
+/* Around a step's end's take of its outputs and their marks (stale.c): a
+ * read that looked an argument up across them sees it (tx_reads_crossed). */
+void tx_reads_marks_begin(void);
+void tx_reads_marks_end(void);
+/* Read before an argument's pointer; then, where its look-up found no
+ * output of another tree: 1 if a step's end took outputs meanwhile (the
+ * argument may have been one: read its pointer again, which raises if it
+ * was marked), once every such end under way finished; else 0. */
+uint64_t tx_reads_ends_seen(void);
+int tx_reads_crossed(uint64_t seen);
+void tx_reads_figures(uint64_t *step_waits, uint64_t *rechecks);
 
 extern PyTypeObject TreeType;
 extern PyObject *TxError;      /* cgtree.torch.CgtreeError */

@@ -341,7 +341,8 @@ static int forward_output_pending(TreeObject *T) {
  * leaves a mark for it), so a call's arguments move first. -1 with an
  * exception set. */
 static int tx_tree_step_begin(TreeObject *T) {
-  tx_pool_readers_wait_for_calls(T); /* another thread's calls that read this step's outputs (pool_readers.c) */
+  if (tx_reads_wait_for_calls(T) < 0) /* other threads' calls that read this step's outputs (reads_in_flight.c) */
+    return -1;
   tx_out_ref_queue_drain();
   if (tx_stale_mark_step(T) < 0)
     return -1;
@@ -1151,8 +1152,9 @@ static PyObject *m_alloc_figures(PyObject *m, PyObject *args) {
   tx_alloc_figures_get(&f);
   tx_eager_figures e;
   tx_eager_figures_get(device, &e);
-  uint64_t reader_streams, reader_waits, reader_waits_put_off, reader_waits_for_calls;
-  tx_pool_readers_figures(&reader_streams, &reader_waits, &reader_waits_put_off, &reader_waits_for_calls);
+  uint64_t reader_streams, reader_waits, reader_waits_put_off, reader_waits_for_calls, reads_rechecked;
+  tx_pool_readers_figures(&reader_streams, &reader_waits, &reader_waits_put_off);
+  tx_reads_figures(&reader_waits_for_calls, &reads_rechecked);
   const figure figures[] = {
       {"pool_in_use", f.pool_in_use},
       {"combined_peak", f.combined_peak},
@@ -1183,6 +1185,7 @@ static PyObject *m_alloc_figures(PyObject *m, PyObject *args) {
       {"pool_reader_waits", reader_waits},
       {"pool_reader_waits_put_off", reader_waits_put_off},
       {"pool_reader_waits_for_calls", reader_waits_for_calls},
+      {"pool_reader_reads_rechecked", reads_rechecked},
       {"deferred_frees", e.deferred_frees},
       {"blocks_rehomed", e.blocks_rehomed},
       {"capture_allocations", e.capture_allocations},

@@ -76,25 +76,11 @@
  * owner's notes are touched under the GIL only, by whichever thread, as
  * the owner's own calls touch them (before their launch, under the GIL).
  * A stream wait covers the work queued so far only, and a call may let
- * the GIL go between its note and its read (a warmup, a recording or a
- * plain graph runs the graph's Python; a random graph's replay takes its
- * lock). The owner's next step could then mark y and launch over it in
- * between: the read, queued after, took the new data (a recording's or a
- * replay's copy reads by address) or raised on the mark where Inductor
- * computes (a plain graph reads the tensor). So the read is in flight
- * from the note until the call returns (tx_pool_readers_reads_end, in
- * seg_vectorcall, however the call ends), and the owner's step ends only
- * once every such call of another thread has returned: its end
- * (module.c, tx_tree_step_begin) waits for them first, the GIL let go,
- * before it marks anything; the launches after it wait for the streams
- * as above. No read of the step can begin after that end: its outputs are
- * marked. Only while several trees live does a call note one, and a
- * step's end with none in flight reads one atomic. A call in flight
- * waits for nothing of this, so a waiting step waits for calls that run
- * on. But a thread with reads in flight of its own (a call made inside
- * another's Python) does not wait: the thread it waits for could be in
- * such a nested call too, waiting for this one's outer call. There, as
- * before, only a read queued by the owner's launch is waited for.
+ * the GIL go between its look-up of y and its read (a warmup, a recording
+ * or a plain graph runs the graph's Python): the owner's step must not
+ * end meanwhile. reads_in_flight.c sees to that (its essay): the look-up
+ * begins a read in flight (tx_reads_begin, in tx_pool_readers_other_tree),
+ * and the owner's step ends only once none is left.
  *
  * A noted stream that captures when a launch would wait for it is waited
  * for at a later launch: too late for that launch, which may overwrite
@@ -111,7 +97,6 @@
 
 #include <stdatomic.h>
 #include <stdlib.h>
-#include <string.h>
 
 typedef struct pool_reader {
   void *stream;
@@ -152,88 +137,6 @@ int tx_pool_readers_note(void *stream) {
   r->generation = atomic_fetch_add(&last_generation, 1) + 1;
   pthread_mutex_unlock(&readers_mu);
   return 1;
-}
-
-/* ------------------------------------------------------ reads in flight */
-
-/* A read of another tree's output, from the call's argument loop until the
- * call returns (tx_pool_readers_reads_end): the owner and the reading
- * thread (its this_thread_reads' address). */
-typedef struct read_in_flight {
-  const TreeObject *owner; /* compared, never read: a tree closed meanwhile costs at most a wait for the call */
-  const void *thread;
-} read_in_flight;
-
-static pthread_mutex_t flights_mu = PTHREAD_MUTEX_INITIALIZER; /* never held while the GIL is asked for */
-static pthread_cond_t flights_ended = PTHREAD_COND_INITIALIZER;
-static read_in_flight *flights; /* under flights_mu, in the order they began */
-static size_t n_flights, cap_flights;
-static _Atomic size_t flights_any;             /* n_flights, read without the lock */
-static _Thread_local size_t this_thread_reads; /* this thread's entries among flights */
-static _Atomic uint64_t step_waits;            /* steps' ends that waited for such a call to return */
-
-static int read_begins(TreeObject *owner) {
-  pthread_mutex_lock(&flights_mu);
-  if (n_flights == cap_flights) {
-    size_t cap = cap_flights ? 2 * cap_flights : 8;
-    read_in_flight *grown = realloc(flights, cap * sizeof *grown);
-    if (!grown) {
-      pthread_mutex_unlock(&flights_mu);
-      PyErr_NoMemory();
-      return -1;
-    }
-    flights = grown;
-    cap_flights = cap;
-  }
-  flights[n_flights++] = (read_in_flight){owner, &this_thread_reads};
-  atomic_store(&flights_any, n_flights);
-  this_thread_reads++;
-  pthread_mutex_unlock(&flights_mu);
-  return 0;
-}
-
-size_t tx_pool_readers_reads_mark(void) { return this_thread_reads; }
-
-void tx_pool_readers_reads_end(size_t mark) {
-  if (this_thread_reads == mark)
-    return;
-  pthread_mutex_lock(&flights_mu);
-  /* The newest of this thread's are the ending call's: an outer call's
-   * (a call made inside another's Python) began before them. */
-  for (size_t i = n_flights; i-- > 0 && this_thread_reads > mark;)
-    if (flights[i].thread == &this_thread_reads) {
-      memmove(&flights[i], &flights[i + 1], (n_flights - i - 1) * sizeof *flights);
-      n_flights--;
-      this_thread_reads--;
-    }
-  atomic_store(&flights_any, n_flights);
-  pthread_cond_broadcast(&flights_ended);
-  pthread_mutex_unlock(&flights_mu);
-}
-
-/* 1 if a call of another thread still reads an output of T. Under flights_mu. */
-static int read_by_another_thread(const TreeObject *T) {
-  for (size_t i = 0; i < n_flights; i++)
-    if (flights[i].owner == T && flights[i].thread != &this_thread_reads)
-      return 1;
-  return 0;
-}
-
-void tx_pool_readers_wait_for_calls(TreeObject *T) {
-  if (!atomic_load(&flights_any) || this_thread_reads)
-    return;
-  pthread_mutex_lock(&flights_mu);
-  int busy = read_by_another_thread(T);
-  pthread_mutex_unlock(&flights_mu);
-  if (!busy)
-    return;
-  atomic_fetch_add(&step_waits, 1);
-  Py_BEGIN_ALLOW_THREADS
-  pthread_mutex_lock(&flights_mu);
-  while (read_by_another_thread(T))
-    pthread_cond_wait(&flights_ended, &flights_mu);
-  pthread_mutex_unlock(&flights_mu); /* before the GIL is asked for: a reader ends its read holding it */
-  Py_END_ALLOW_THREADS
 }
 
 static void wait_for_callers_left(TreeObject *T, void *caller);
@@ -342,7 +245,7 @@ int tx_pool_readers_caller(TreeObject *T, void *caller) {
 }
 
 int tx_pool_readers_other_tree(TreeObject *owner, void *reader) {
-  if (read_begins(owner) < 0) /* even on a stream CUDA orders with the owner's: the read may not be queued yet */
+  if (tx_reads_begin(owner) < 0) /* even on a stream CUDA orders with the owner's: the read may not be queued yet */
     return -1;
   if (!tx_caller_needs_events(owner, reader)) /* the owner's own stream, or one CUDA orders with it */
     return 0;
@@ -383,12 +286,10 @@ void tx_pool_readers_tree_free(TreeObject *T) {
   T->n_caller_notes = T->cap_caller_notes = 0;
 }
 
-void tx_pool_readers_figures(uint64_t *streams, uint64_t *waits_made, uint64_t *waits_put_off,
-                             uint64_t *waits_for_calls) {
+void tx_pool_readers_figures(uint64_t *streams, uint64_t *waits_made, uint64_t *waits_put_off) {
   pthread_mutex_lock(&readers_mu);
   *streams = n_readers;
   pthread_mutex_unlock(&readers_mu);
   *waits_made = atomic_load(&waits);
   *waits_put_off = atomic_load(&put_off);
-  *waits_for_calls = atomic_load(&step_waits);
 }

@@ -2412,7 +2412,7 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
   uint64_t t0 = TX.any_timed ? tx_now_ns() : 0; /* no clock read in a process that times nothing */
   uint64_t refusals = tx_alloc_refusals();
   int capture_mode = tx_dev_ignore_other_captures(); /* another thread's capture stays whole (dev.c) */
-  size_t reads = tx_pool_readers_reads_mark(); /* reads of other trees' outputs this call begins */
+  size_t reads = tx_reads_call_begins(); /* reads of other trees' outputs this call begins (reads_in_flight.c) */
   PyObject *res;
   if (n == 1 && !kwnames && PyList_CheckExact(args[0])) {
     PyObject *list = Py_NewRef(args[0]); /* nobody changes it while we run: the caller waits for us */
@@ -2421,7 +2421,7 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
   } else {
     res = seg_call(s, args, n, kwnames, t0);
   }
-  tx_pool_readers_reads_end(reads); /* queued by now, or never to be: their owners' launches may go on */
+  tx_reads_call_ends(reads); /* queued by now, or never to be: their owners' steps may end */
   tx_dev_heed_other_captures(capture_mode);
   if (!res && tx_alloc_refusals() != refusals)
     out_of_memory_error(s);
@@ -2464,6 +2464,9 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
     PyObject *o = args[i];
     uint8_t kind = s->arg_kind[i];
     if (kind <= ARG_TENSOR_STATIC) {
+      uint64_t ends_seen;
+    read_arg:
+      ends_seen = tx_reads_ends_seen(); /* before the pointer: another tree's step may end before the look-up */
       void *ptr;
       DLDevice dev = {kDLCUDA, T->device}; /* a STATIC pointer PyTorch vouched unchanged keeps its device */
       if (kind == ARG_TENSOR_STATIC && statics_same) {
@@ -2570,7 +2573,25 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
          * that tree's launches wait for this one's (pool_readers.c); a call
          * that runs plainly instead notes its caller's stream too
          * (call_plain_from). */
-        tx_out_ref *other = tx_live_trees_besides(T) ? tx_other_trees_step_output_at(T, ptr, span) : NULL;
+        int several = tx_live_trees_besides(T);
+        if (several && tx_reads_crossed(ends_seen)) {
+          /* Another tree's step ended since the pointer was read (Python ran
+           * in between: a span function, a property): the argument may have
+           * been one of its outputs, marked or moved since, and the look-up
+           * by address would find the next step's output there. Read it
+           * again (reads_in_flight.c). */
+          void *again;
+          if (arg_data_ptr(s, o, &again) < 0) {
+            tx_stale_translate(s->name, i);
+            T->stale_refused += (uint64_t)PyErr_ExceptionMatches(TxStaleError);
+            return NULL;
+          }
+          if (again != ptr) { /* moved: looked at afresh, through its pointer read now */
+            statics_noted = statics_same = 0; /* the vouched pointers are no more */
+            goto read_arg;
+          }
+        }
+        tx_out_ref *other = several ? tx_other_trees_step_output_at(T, ptr, span) : NULL;
         if (other && other->tree && tx_pool_readers_other_tree(other->tree, T->stream) < 0)
           return NULL;
         if (other && s->backward) /* another thread's forward's: its tree hears of this backward too */

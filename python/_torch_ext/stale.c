@@ -660,8 +660,16 @@ int tx_stale_mark_step(TreeObject *T) {
   PyObject *text = PyUnicode_FromString(msg);
   if (!text)
     return -1;
+  /* Again: the moves ran Python, where another thread's call may have
+   * begun reading an output (reads_in_flight.c). From this look on to the
+   * last mark no Python runs (PyTorch's mark is C). */
+  if (tx_reads_wait_for_calls(T) < 0) {
+    Py_DECREF(text);
+    return -1;
+  }
   int rc = 0;
   PyObject *type = NULL, *value = NULL, *tb = NULL;
+  tx_reads_marks_begin(); /* a look-up under way that misses an output taken here reads its pointer again */
   tx_out_ref *r = tx_step_outputs_take(T);
   while (r) {
     tx_out_ref *next = r->step_next;
@@ -690,6 +698,7 @@ int tx_stale_mark_step(TreeObject *T) {
     }
     r = next;
   }
+  tx_reads_marks_end();
   Py_DECREF(text);
   if (rc < 0)
     PyErr_Restore(type, value, tb);

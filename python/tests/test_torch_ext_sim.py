@@ -7077,13 +7077,15 @@ def test_a_step_ends_only_once_another_threads_call_that_reads_its_output_return
         X.set_tree_getter(None)
 
 
-def test_a_thread_with_a_read_of_another_trees_output_in_flight_ends_its_own_steps_without_waiting(tree):
+def test_a_step_that_would_end_inside_another_call_while_another_thread_reads_its_output_raises_and_none_hangs(tree):
     """B's dec(yA) reads A's output and, inside its Python (the call in
-    flight), calls B's own segment, whose call ends B's step. A's call
+    flight), calls B's own segment, whose call would end B's step. A's call
     dec(yB) reads B's output and waits, inside its Python, for that inner
     call. Had B's step's end waited for A's call (which reads yB), each
-    thread would wait for the other: a thread with reads in flight of its
-    own ends its steps at once. Both results are right."""
+    thread would wait for the other (the first version let B's step end
+    without waiting: A could read B's next output, silently). A step's end
+    inside another compiled call cannot wait: it raises CgtreeError, and
+    B's step goes on, so A's read is right."""
     trees = ThreadTrees()
     X.set_tree_getter(trees)
     inner_done, a_reading = threading.Event(), threading.Event()
@@ -7132,8 +7134,287 @@ def test_a_thread_with_a_read_of_another_trees_output_in_flight_ends_its_own_ste
         tb = threading.Thread(target=work, args=("b", [2, 2, 2, 2], dec_b))
         ta.start(), tb.start()
         ta.join(15), tb.join(15)
-        assert not ta.is_alive() and not tb.is_alive() and errors == []
+        assert not ta.is_alive() and not tb.is_alive(), "the threads wait for each other"
+        assert len(errors) == 1 and "inside another compiled call" in errors[0], errors
         assert results["a"] == ([5, 5, 5, 5], True), "A's read waited past B's inner call"
-        assert results["b"] == ([4, 4, 4, 4],)  # inner(yA) = 3 + 1
+        assert "b" not in results
     finally:
         X.set_tree_getter(None)
+
+
+class TwoReadsGraph(Graph):
+    """z = y. While armed, the first call (plain: a segment's first call runs
+    the graph itself) lets the GIL go 0.2 s before it reads; a second graph
+    of this class (`second_of`), on its first call, tells `second` and waits
+    (GIL let go) up to 1 s for `a_replayed` before it reads, as a warmup's,
+    a recording's or a plain graph's Python may."""
+
+    def __init__(self, tree, stream, first=None):
+        super().__init__(tree, 1.0, 0.0, stream=stream)
+        self.armed, self.first = False, first
+        self.started, self.go, self.second, self.a_replayed = (threading.Event() for _ in range(4))
+
+    def __call__(self, y, *rest):
+        if self.armed and self.first is None:
+            self.armed = False
+            self.started.set()
+            self.go.wait(5)
+            import time
+
+            time.sleep(0.2)
+        elif self.armed:
+            self.armed = False
+            self.first.second.set()
+            self.first.a_replayed.wait(1)
+        return super().__call__(y, *rest)
+
+
+def test_a_read_begun_while_the_waiting_step_asks_for_the_gil_back_is_waited_for_too(tree):
+    """A's step end waits for B's dec(y); B's call returns, and B, still holding
+    the GIL, calls dec2(y) (a second read of the same output of A's current
+    step: noted, since y is not marked yet) whose Python lets the GIL go
+    before its read. A, woken, takes the GIL back, and marks y and replays
+    over it without looking at the reads in flight again: B's second read
+    takes A's next output (a review; the first version). Now the wait ends
+    with a look made holding the GIL."""
+    import time
+
+    trees = ThreadTrees()
+    X.set_tree_getter(trees)
+    old_interval = sys.getswitchinterval()
+    try:
+        stream = lambda: trees(0).stream  # noqa: E731
+        enc = segment(tree, Graph(tree, 2.0, 1.0, stream=stream), spans=(16,), name="enc")
+        reading = TwoReadsGraph(tree, stream)
+        reading2 = TwoReadsGraph(tree, stream, first=reading)
+        dec = segment(tree, reading, spans=(16,), name="dec")
+        dec2 = segment(tree, reading2, spans=(16,), name="dec2")
+        trees(0).explicit_steps = True
+        x = FakeTensor(4).fill([1, 2, 3, 4])
+        for _ in range(3):
+            trees(0).step_begin()
+            (y,) = enc(x)
+            del y
+        trees(0).step_begin()
+        handed = list(enc(x))
+        got, errors = [], []
+
+        def b():
+            try:
+                trees(0).explicit_steps = True
+                reading.armed = reading2.armed = True
+                (z1,) = dec(handed[0])
+                t = time.perf_counter()
+                while time.perf_counter() - t < 0.05:  # holds the GIL: A wakes and asks for it meanwhile
+                    pass
+                (z2,) = dec2(handed[0])
+                got.append((z1.values(), z2.values()))
+            except Exception as e:  # noqa: BLE001
+                errors.append(repr(e))
+
+        sys.setswitchinterval(5.0)  # B keeps the GIL until it lets it go itself
+        th = threading.Thread(target=b)
+        th.start()
+        assert reading.started.wait(5)
+        trees(0).step_begin()
+        x.fill([10, 20, 30, 40])
+        reading.go.set()
+        (y2,) = enc(x)  # waits for B's dec(y); must wait for its dec2(y) too
+        second_in_flight = reading.second.is_set() and not reading.a_replayed.is_set()
+        reading.a_replayed.set()
+        th.join(10)
+        assert not th.is_alive() and errors == [], errors
+        assert got == [([3, 5, 7, 9], [3, 5, 7, 9])], (
+            "B's dec2(y) read A's next output: %r (A's step ended while it was in flight: %s)" % (got, second_in_flight))
+        del handed[:], y2
+        gc.collect()
+    finally:
+        sys.setswitchinterval(old_interval)
+        X.set_tree_getter(None)
+
+
+def test_a_read_whose_span_function_lets_a_step_end_before_its_look_up_raises_or_reads_right(tree):
+    """B's dec has dynamic spans: its span function (Python) runs between the
+    read of y's pointer and the look-up of y among A's step's outputs. A's
+    step ends meanwhile (no read in flight yet), marks y and replays over it;
+    B's look-up by address found A's next output there (or nothing), and B
+    read it, silently (a review). Now an argument whose look-up a step's end
+    crossed has its pointer read again: y is marked, so B's call raises
+    StaleTensorError."""
+    trees = ThreadTrees()
+    X.set_tree_getter(trees)
+    in_span, a_done, armed = threading.Event(), threading.Event(), [False]
+
+    def slow_span(t):
+        if armed[0] and threading.current_thread() is not threading.main_thread():
+            in_span.set()
+            a_done.wait(2)
+        return t.nbytes
+
+    try:
+        stream = lambda: trees(0).stream  # noqa: E731
+        enc = segment(tree, Graph(tree, 2.0, 1.0, stream=stream), spans=(16,), name="enc")
+        g = Graph(tree, 1.0, 0.0, stream=stream)
+        dec = X.Segment(tree, "dec", g, lambda inputs: g(*inputs), alias, describe, slow_span,
+                        bytes((ARG_TENSOR,)), (16,), 0, True)
+        trees(0).explicit_steps = True
+        x = FakeTensor(4).fill([1, 2, 3, 4])
+        for _ in range(3):
+            trees(0).step_begin()
+            (y,) = enc(x)
+            del y
+        trees(0).step_begin()
+        handed = list(enc(x))
+        got, errors = [], []
+
+        def b():
+            try:
+                trees(0).explicit_steps = True
+                armed[0] = True
+                (z,) = dec(handed[0])
+                got.append(z.values())
+            except Exception as e:  # noqa: BLE001
+                errors.append(repr(e))
+
+        th = threading.Thread(target=b)
+        th.start()
+        assert in_span.wait(5)
+        trees(0).step_begin()
+        x.fill([10, 20, 30, 40])
+        (y2,) = enc(x)  # A's next step
+        a_done.set()
+        th.join(10)
+        assert not th.is_alive()
+        # y's data, or a StaleTensorError (A's step ended before B's look-up); never A's next output
+        assert (errors == [] and got == [[3, 5, 7, 9]]) or (got == [] and "earlier step" in "".join(errors)), (
+            errors, got)
+        assert X.alloc_figures()["pool_reader_reads_rechecked"] >= 1
+        del handed[:], y2
+        gc.collect()
+    finally:
+        X.set_tree_getter(None)
+
+
+def test_a_read_that_begins_while_a_step_end_moves_its_call_arguments_is_waited_for(tree):
+    """A's step end waits for reads in flight, then moves the ending call's
+    arguments out of the pool (the output mover: Python, which may let the
+    GIL go), then marks. B's dec(y) that begins in that Python is not waited
+    for: A marked y and replayed over it before B read (a review). Now the
+    step's end looks again right before it takes its outputs."""
+    trees = ThreadTrees()
+    X.set_tree_getter(trees)
+    in_mover, b_noted = threading.Event(), threading.Event()
+    armed = [False]
+
+    def mover(ts):
+        if armed[0]:
+            armed[0] = False
+            in_mover.set()
+            b_noted.wait(2)  # lets the GIL go, as any Python may at a switch
+        return fake_move_out(ts)
+
+    try:
+        stream = lambda: trees(0).stream  # noqa: E731
+        enc = segment(tree, Graph(tree, 2.0, 1.0, stream=stream), spans=(16,), name="enc")
+        reading = ReadingGraph(tree, stream, [])
+        dec = segment(tree, reading, spans=(16,), name="dec")
+        trees(0).explicit_steps = True
+        x = FakeTensor(4).fill([1, 2, 3, 4])
+        for _ in range(3):
+            trees(0).step_begin()
+            (y,) = enc(x)
+            del y
+        trees(0).step_begin()
+        (y,) = enc(x)
+        (w,) = enc(x)  # another output of the step, which A's ending call takes: it moves
+        handed = [y]
+        del y
+        got, errors = [], []
+
+        def b():
+            try:
+                trees(0).explicit_steps = True
+                assert in_mover.wait(5)
+                reading.block = True
+                reading.started = b_noted  # set once dec's Python runs: its read is noted by then
+                reading.go.set()
+                (z,) = dec(handed[0])
+                got.append(z.values())
+            except Exception as e:  # noqa: BLE001
+                errors.append(repr(e))
+
+        th = threading.Thread(target=b)
+        th.start()
+        X.set_output_mover(mover)
+        armed[0] = True
+        trees(0).step_begin()
+        x.fill([10, 20, 30, 40])
+        (w2,) = enc(w)  # A's ending call passes w: the mover runs after the wait, before the marks
+        th.join(10)
+        assert not th.is_alive()
+        assert errors == [] and got == [[3, 5, 7, 9]], (errors, got)
+        del handed[:], w2, w
+        gc.collect()
+    finally:
+        X.set_output_mover(fake_move_out)
+        X.set_tree_getter(None)
+
+
+def test_a_step_end_inside_a_random_graphs_run_raises_rather_than_wait_for_a_reader_that_waits_for_it(tree):
+    """Thread B's random graph `rnd` holds random_mu while its Python runs
+    (its plain first call); inside, a nested compiled call ends B's step.
+    rnd reads no other tree's output, so B waits for A's call dec_a(yB) --
+    which noted its read of yB and then waits for random_mu (dec_a is random
+    too). Neither returned: a hang (a review). Now a step's end inside
+    another call never waits: it raises CgtreeError there, and A's read,
+    once random_mu is free, reads B's step's output, right."""
+    import time
+
+    trees = ThreadTrees()
+    X.set_tree_getter(trees)
+    stream = lambda: trees(0).stream  # noqa: E731
+    enc = segment(tree, Graph(tree, 2.0, 1.0, stream=stream), spans=(16,), name="enc")
+    inner = segment(tree, Graph(tree, 1.0, 1.0, stream=stream), spans=(16,), name="inner")
+    b_holds, handed, errors, done = threading.Event(), {}, [], []
+
+    def rnd_graph(x):
+        b_holds.set()
+        time.sleep(0.3)  # A's dec_a notes its read of yB and waits for random_mu meanwhile
+        trees(0).step_begin()
+        inner(x)  # would end B's step, nested in rnd's run: raises (it waited for A's call)
+        return Graph(tree, 1.0, 0.0, stream=stream)(x)
+
+    rnd = segment(tree, rnd_graph, spans=(16,), name="rnd", prelaunch=lambda v, c: None)
+    dec_a = segment(tree, Graph(tree, 1.0, 0.0, stream=stream), spans=(16,), name="dec_a",
+                    prelaunch=lambda v, c: None)
+
+    def b():
+        try:
+            trees(0).explicit_steps = True
+            x = FakeTensor(4).fill([1, 1, 1, 1])
+            for _ in range(4):
+                trees(0).step_begin()
+                (handed["b"],) = enc(x)
+            rnd(x)  # reads x only: no read of another tree's output in flight on B
+            done.append("b")
+        except Exception as e:  # noqa: BLE001
+            errors.append(repr(e))
+
+    def a():
+        try:
+            assert b_holds.wait(5)
+            (z,) = dec_a(handed["b"])
+            done.append("a")
+            done.append(z.values())
+        except Exception as e:  # noqa: BLE001
+            errors.append(repr(e))
+
+    ta, tb = threading.Thread(target=a, daemon=True), threading.Thread(target=b, daemon=True)
+    tb.start(), ta.start()
+    ta.join(5), tb.join(5)
+    hung = ta.is_alive() or tb.is_alive()
+    if not hung:
+        X.set_tree_getter(None)
+    assert not hung, ("deadlock: A waits for random_mu, B waits for A's read", errors)
+    assert len(errors) == 1 and "inside another compiled call" in errors[0], errors
+    assert done == ["a", [3, 3, 3, 3]], "A read B's step's output, y = 2 * 1 + 1"

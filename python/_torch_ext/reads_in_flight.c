@@ -1,0 +1,195 @@
+/* reads_in_flight.c — another thread's call that reads an output of a
+ * tree's step: the step does not end under it.
+ *
+ * Each thread runs on trees of its own. A thread may hand an output to
+ * another: y = enc(x) on thread A, dec(y) on thread B, on B's tree. Under
+ * plain Inductor y's block is not reused while y lives; under cgtree A's
+ * next step marks y (stale.c) and its launches write y's memory again.
+ * pool_readers.c orders those launches after B's read on the streams:
+ * B's look-up of y among the outputs of A's step notes the stream that
+ * reads it, and A's launches wait for that stream's work so far. But the
+ * look-up comes before the read, and B's call may let the GIL go in
+ * between: a warmup, a recording and a plain graph run the graph's Python,
+ * a random graph's replay takes its lock. Had A's step ended there, its
+ * replay was queued before B's read, which took A's next output (a
+ * recording's or a replay's copy reads y by address), or raised on the
+ * mark where Inductor computes (a plain graph reads the tensor): seen on
+ * an H200 (test_torch_trust.py) and on the simulator.
+ *
+ * So the look-up begins a read in flight (tx_reads_begin), which lasts
+ * until the call returns (tx_reads_call_ends, in seg_vectorcall, however
+ * the call returns), and a step's end first waits until no call of
+ * another thread reads an output of the step (tx_reads_wait_for_calls),
+ * the GIL let go. The wait ends with a look made holding the GIL: a read
+ * can begin while the waiting thread asks for the GIL back (the reader
+ * holds it then), and the step's end must see that one too (a review).
+ * stale.c waits once more right before it takes the step's outputs: the
+ * moves it makes first (the call's arguments, kept .grad tensors) run
+ * Python, where a read may begin (a review). From that last look to the
+ * marks no Python runs, since PyTorch's mark is a C function (the
+ * simulator's runs Python; see below).
+ *
+ * A reader may also read y's pointer and run Python before its look-up
+ * (a dynamic graph's span function, a property a TorchFunctionMode
+ * serves), and A's step may end in between. The look-up goes by address:
+ * it finds nothing there, or A's next output where A's replay put it, and
+ * the reader read A's next output, silently, with or without a note (a
+ * review). So before its look-up each tensor argument asks whether a
+ * step's end took outputs since its pointer was read (tx_reads_crossed:
+ * two counters, moved around each end's take and marks); if one did,
+ * segment.c reads the pointer again, which raises StaleTensorError if the
+ * argument was a marked output, or gives its new place if a move set_ it
+ * elsewhere. An end under way (its marks running Python, on the
+ * simulator) is waited for first, the GIL let go. The check costs an
+ * atomic read per tensor argument, and two more while several trees live.
+ *
+ * Who waits for whom. Only a thread's outermost call waits: a call made
+ * inside another's Python (a compiled call from a custom op, say) may run
+ * while its thread holds random_mu or captures, and the call it would wait
+ * for may wait for those (a review: a hang). There a step's end that
+ * finds such a read in flight raises CgtreeError instead: it cannot wait,
+ * and ending the step would hand the reader new data. The outermost call
+ * waits in its step's end, before its own look-ups, so a thread that waits
+ * has no read in flight itself, and a thread with reads in flight never
+ * waits: no thread waits for one that waits. A waited-for call may still
+ * block on something the waiting thread was to do (a custom op that waits
+ * on a queue that A fills after its next step): that hangs, where before
+ * the fix it read the wrong data. docs/torch.md states it.
+ *
+ * Entries are compared, never read: a tree freed while a read of it was in
+ * flight costs at most a wait for that call, should another tree take its
+ * address. Out of host memory a read cannot begin: the call raises
+ * MemoryError before it read anything.
+ */
+#include "ext.h"
+
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct read_in_flight {
+  const TreeObject *owner;
+  const void *thread; /* the reading thread's this_thread_reads */
+} read_in_flight;
+
+static pthread_mutex_t flights_mu = PTHREAD_MUTEX_INITIALIZER; /* never held while the GIL is asked for */
+static pthread_cond_t flights_ended = PTHREAD_COND_INITIALIZER;
+static read_in_flight *flights; /* under flights_mu, in the order they began */
+static size_t n_flights, cap_flights;
+static _Atomic size_t flights_any;             /* n_flights, read without the lock */
+static _Thread_local size_t this_thread_reads; /* this thread's entries among flights */
+static _Thread_local unsigned this_thread_calls; /* compiled calls under way on this thread, nested ones too */
+
+static _Atomic uint64_t ends_begun, ends_done; /* steps' ends that began, and finished, taking outputs */
+static _Atomic uint64_t step_waits;            /* steps' ends that waited for a reader's call */
+static _Atomic uint64_t rechecks;              /* look-ups a step's end crossed */
+
+size_t tx_reads_call_begins(void) {
+  this_thread_calls++;
+  return this_thread_reads;
+}
+
+void tx_reads_call_ends(size_t mark) {
+  this_thread_calls--;
+  if (this_thread_reads == mark)
+    return;
+  pthread_mutex_lock(&flights_mu);
+  /* The newest of this thread's are the ending call's: an outer call's
+   * began before them. */
+  for (size_t i = n_flights; i-- > 0 && this_thread_reads > mark;)
+    if (flights[i].thread == &this_thread_reads) {
+      memmove(&flights[i], &flights[i + 1], (n_flights - i - 1) * sizeof *flights);
+      n_flights--;
+      this_thread_reads--;
+    }
+  atomic_store(&flights_any, n_flights);
+  pthread_cond_broadcast(&flights_ended);
+  pthread_mutex_unlock(&flights_mu);
+}
+
+int tx_reads_begin(TreeObject *owner) {
+  pthread_mutex_lock(&flights_mu);
+  if (n_flights == cap_flights) {
+    size_t cap = cap_flights ? 2 * cap_flights : 8;
+    read_in_flight *grown = realloc(flights, cap * sizeof *grown);
+    if (!grown) {
+      pthread_mutex_unlock(&flights_mu);
+      PyErr_NoMemory();
+      return -1;
+    }
+    flights = grown;
+    cap_flights = cap;
+  }
+  flights[n_flights++] = (read_in_flight){owner, &this_thread_reads};
+  atomic_store(&flights_any, n_flights);
+  this_thread_reads++;
+  pthread_mutex_unlock(&flights_mu);
+  return 0;
+}
+
+/* 1 if a call of another thread reads an output of T. Under flights_mu. */
+static int read_by_another_thread(const TreeObject *T) {
+  for (size_t i = 0; i < n_flights; i++)
+    if (flights[i].owner == T && flights[i].thread != &this_thread_reads)
+      return 1;
+  return 0;
+}
+
+static int read_by_another_thread_now(const TreeObject *T) {
+  if (!atomic_load(&flights_any))
+    return 0;
+  pthread_mutex_lock(&flights_mu);
+  int busy = read_by_another_thread(T);
+  pthread_mutex_unlock(&flights_mu);
+  return busy;
+}
+
+int tx_reads_wait_for_calls(TreeObject *T) {
+  if (!read_by_another_thread_now(T))
+    return 0;
+  if (this_thread_calls > 1) {
+    PyErr_Format(TxError,
+                 "cgtree.torch: a step of this thread's tree would end inside another compiled call (a compiled "
+                 "call made from a graph's Python), while another thread's call still reads an output of the "
+                 "step. It cannot wait there, and ending the step would let the next one overwrite what that "
+                 "thread reads. End the step before (cgtree.torch.step_begin() outside the compiled code), or "
+                 "clone the output before handing it to the other thread.");
+    return -1;
+  }
+  atomic_fetch_add(&step_waits, 1);
+  do { /* until a look made holding the GIL finds none: a read may begin while the GIL is asked for back */
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&flights_mu);
+    while (read_by_another_thread(T))
+      pthread_cond_wait(&flights_ended, &flights_mu);
+    pthread_mutex_unlock(&flights_mu); /* before the GIL is asked for: a reader ends its read holding it */
+    Py_END_ALLOW_THREADS
+  } while (read_by_another_thread_now(T));
+  return 0;
+}
+
+void tx_reads_marks_begin(void) { atomic_fetch_add(&ends_begun, 1); }
+
+void tx_reads_marks_end(void) { atomic_fetch_add(&ends_done, 1); }
+
+uint64_t tx_reads_ends_seen(void) { return atomic_load(&ends_begun); }
+
+int tx_reads_crossed(uint64_t seen) {
+  if (atomic_load(&ends_begun) == seen && atomic_load(&ends_done) == seen)
+    return 0;
+  /* An end under way: its marks are not all made (they run Python on the
+   * simulator only); the pointer is read again once they are. */
+  while (atomic_load(&ends_done) != atomic_load(&ends_begun)) {
+    Py_BEGIN_ALLOW_THREADS
+    sched_yield();
+    Py_END_ALLOW_THREADS
+  }
+  atomic_fetch_add(&rechecks, 1);
+  return 1;
+}
+
+void tx_reads_figures(uint64_t *waits, uint64_t *rechecked) {
+  *waits = atomic_load(&step_waits);
+  *rechecked = atomic_load(&rechecks);
+}
