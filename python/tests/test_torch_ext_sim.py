@@ -7013,6 +7013,34 @@ class ReadingGraph(Graph):
         return out
 
 
+def handed_output(trees, enc, x):
+    """The calling thread's tree in explicit steps: enc(x) called until it
+    replays, then once more in a new step; that output y in a list, from
+    which the thread that reads it takes it (and the test drops it)."""
+    trees(0).explicit_steps = True
+    for _ in range(3):  # enc replays from here on
+        trees(0).step_begin()
+        (y,) = enc(x)
+        del y
+    trees(0).step_begin()
+    return list(enc(x))
+
+
+def reader_thread(trees, work, errors):
+    """A started thread, B, that runs work() on a tree of its own in
+    explicit steps; what it raises goes to errors."""
+    def run():
+        try:
+            trees(0).explicit_steps = True
+            work()
+        except Exception as e:  # noqa: BLE001 - the test reports it
+            errors.append(repr(e))
+
+    th = threading.Thread(target=run)
+    th.start()
+    return th
+
+
 def test_a_step_ends_only_once_another_threads_call_that_reads_its_output_returned(tree):
     """Thread A hands y = enc(x) to thread B, whose dec(y) notes its read
     of y, then runs Python before it reads (its first call runs the plain
@@ -7030,27 +7058,16 @@ def test_a_step_ends_only_once_another_threads_call_that_reads_its_output_return
         enc = segment(tree, Graph(tree, 2.0, 1.0, stream=stream), spans=(16,), name="enc")
         reading = ReadingGraph(tree, stream, order)
         dec = segment(tree, reading, spans=(16,), name="dec")
-        trees(0).explicit_steps = True  # the main thread is A
         x = FakeTensor(4).fill([1, 2, 3, 4])
-        for _ in range(3):  # enc replays from here on
-            trees(0).step_begin()
-            (y,) = enc(x)
-            del y
-        trees(0).step_begin()
-        handed = list(enc(x))  # [y]
+        handed = handed_output(trees, enc, x)  # [y]: the main thread is A
         y_ptr, got, errors = handed[0].ptr, [], []
 
         def b():
-            try:
-                trees(0).explicit_steps = True
-                reading.block = True
-                (z,) = dec(handed[0])
-                got.append(z.values())
-            except Exception as e:  # noqa: BLE001 - reported below
-                errors.append(repr(e))
+            reading.block = True
+            (z,) = dec(handed[0])
+            got.append(z.values())
 
-        th = threading.Thread(target=b)
-        th.start()
+        th = reader_thread(trees, b, errors)
         assert reading.started.wait(5)
         w0 = X.alloc_figures()["pool_reader_waits_for_calls"]
         trees(0).step_begin()
@@ -7189,32 +7206,21 @@ def test_a_read_begun_while_the_waiting_step_asks_for_the_gil_back_is_waited_for
         reading2 = TwoReadsGraph(tree, stream, first=reading)
         dec = segment(tree, reading, spans=(16,), name="dec")
         dec2 = segment(tree, reading2, spans=(16,), name="dec2")
-        trees(0).explicit_steps = True
         x = FakeTensor(4).fill([1, 2, 3, 4])
-        for _ in range(3):
-            trees(0).step_begin()
-            (y,) = enc(x)
-            del y
-        trees(0).step_begin()
-        handed = list(enc(x))
+        handed = handed_output(trees, enc, x)  # [y]: the main thread is A
         got, errors = [], []
 
         def b():
-            try:
-                trees(0).explicit_steps = True
-                reading.armed = reading2.armed = True
-                (z1,) = dec(handed[0])
-                t = time.perf_counter()
-                while time.perf_counter() - t < 0.05:  # holds the GIL: A wakes and asks for it meanwhile
-                    pass
-                (z2,) = dec2(handed[0])
-                got.append((z1.values(), z2.values()))
-            except Exception as e:  # noqa: BLE001
-                errors.append(repr(e))
+            reading.armed = reading2.armed = True
+            (z1,) = dec(handed[0])
+            t = time.perf_counter()
+            while time.perf_counter() - t < 0.05:  # holds the GIL: A wakes and asks for it meanwhile
+                pass
+            (z2,) = dec2(handed[0])
+            got.append((z1.values(), z2.values()))
 
         sys.setswitchinterval(5.0)  # B keeps the GIL until it lets it go itself
-        th = threading.Thread(target=b)
-        th.start()
+        th = reader_thread(trees, b, errors)
         assert reading.started.wait(5)
         trees(0).step_begin()
         x.fill([10, 20, 30, 40])
@@ -7257,27 +7263,16 @@ def test_a_read_whose_span_function_lets_a_step_end_before_its_look_up_raises_or
         g = Graph(tree, 1.0, 0.0, stream=stream)
         dec = X.Segment(tree, "dec", g, lambda inputs: g(*inputs), alias, describe, slow_span,
                         bytes((ARG_TENSOR,)), (16,), 0, True)
-        trees(0).explicit_steps = True
         x = FakeTensor(4).fill([1, 2, 3, 4])
-        for _ in range(3):
-            trees(0).step_begin()
-            (y,) = enc(x)
-            del y
-        trees(0).step_begin()
-        handed = list(enc(x))
+        handed = handed_output(trees, enc, x)  # [y]: the main thread is A
         got, errors = [], []
 
         def b():
-            try:
-                trees(0).explicit_steps = True
-                armed[0] = True
-                (z,) = dec(handed[0])
-                got.append(z.values())
-            except Exception as e:  # noqa: BLE001
-                errors.append(repr(e))
+            armed[0] = True
+            (z,) = dec(handed[0])
+            got.append(z.values())
 
-        th = threading.Thread(target=b)
-        th.start()
+        th = reader_thread(trees, b, errors)
         assert in_span.wait(5)
         trees(0).step_begin()
         x.fill([10, 20, 30, 40])
@@ -7318,33 +7313,20 @@ def test_a_read_that_begins_while_a_step_end_moves_its_call_arguments_is_waited_
         enc = segment(tree, Graph(tree, 2.0, 1.0, stream=stream), spans=(16,), name="enc")
         reading = ReadingGraph(tree, stream, [])
         dec = segment(tree, reading, spans=(16,), name="dec")
-        trees(0).explicit_steps = True
         x = FakeTensor(4).fill([1, 2, 3, 4])
-        for _ in range(3):
-            trees(0).step_begin()
-            (y,) = enc(x)
-            del y
-        trees(0).step_begin()
-        (y,) = enc(x)
+        handed = handed_output(trees, enc, x)  # [y]: the main thread is A
         (w,) = enc(x)  # another output of the step, which A's ending call takes: it moves
-        handed = [y]
-        del y
         got, errors = [], []
 
         def b():
-            try:
-                trees(0).explicit_steps = True
-                assert in_mover.wait(5)
-                reading.block = True
-                reading.started = b_noted  # set once dec's Python runs: its read is noted by then
-                reading.go.set()
-                (z,) = dec(handed[0])
-                got.append(z.values())
-            except Exception as e:  # noqa: BLE001
-                errors.append(repr(e))
+            assert in_mover.wait(5)
+            reading.block = True
+            reading.started = b_noted  # set once dec's Python runs: its read is noted by then
+            reading.go.set()
+            (z,) = dec(handed[0])
+            got.append(z.values())
 
-        th = threading.Thread(target=b)
-        th.start()
+        th = reader_thread(trees, b, errors)
         X.set_output_mover(mover)
         armed[0] = True
         trees(0).step_begin()
