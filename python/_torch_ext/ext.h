@@ -419,6 +419,9 @@ void tx_reads_marks_end(void);
  * was marked), once every such end under way finished; else 0. */
 uint64_t tx_reads_ends_seen(void);
 int tx_reads_crossed(uint64_t seen);
+/* Steps' ends this thread refused inside another call, so far: a graph
+ * that raised while one was refused in it is not sent plain for it. */
+uint64_t tx_reads_refusals(void);
 void tx_reads_figures(uint64_t *step_waits, uint64_t *rechecks);
 
 extern PyTypeObject TreeType;

@@ -36,12 +36,20 @@
  * the reader read A's next output, silently, with or without a note (a
  * review). So before its look-up each tensor argument asks whether a
  * step's end took outputs since its pointer was read (tx_reads_crossed:
- * two counters, moved around each end's take and marks); if one did,
+ * two counters, moved around each end's take and marks, and once before
+ * its moves, which set_ outputs elsewhere and free their old storages; an
+ * end under way when the pointer was read counts as one); if one did,
  * segment.c reads the pointer again, which raises StaleTensorError if the
  * argument was a marked output, or gives its new place if a move set_ it
  * elsewhere. An end under way (its marks running Python, on the
  * simulator) is waited for first, the GIL let go. The check costs an
- * atomic read per tensor argument, and two more while several trees live.
+ * atomic read per tensor argument, and one more while several trees live.
+ *
+ * A step's end refused inside another call raises out of that call's
+ * graph; where the outer graph was warming up or recording, segment.c
+ * passes the error on rather than run that graph plainly for good, since
+ * the refusal came of another thread's timing, not of the graph (a
+ * review).
  *
  * Who waits for whom. Only a thread's outermost call waits: a call made
  * inside another's Python (a compiled call from a custom op, say) may run
@@ -80,6 +88,7 @@ static size_t n_flights, cap_flights;
 static _Atomic size_t flights_any;             /* n_flights, read without the lock */
 static _Thread_local size_t this_thread_reads; /* this thread's entries among flights */
 static _Thread_local unsigned this_thread_calls; /* compiled calls under way on this thread, nested ones too */
+static _Thread_local uint64_t this_thread_refusals; /* steps' ends refused inside another call */
 
 static _Atomic uint64_t ends_begun, ends_done; /* steps' ends that began, and finished, taking outputs */
 static _Atomic uint64_t step_waits;            /* steps' ends that waited for a reader's call */
@@ -149,6 +158,7 @@ int tx_reads_wait_for_calls(TreeObject *T) {
   if (!read_by_another_thread_now(T))
     return 0;
   if (this_thread_calls > 1) {
+    this_thread_refusals++;
     PyErr_Format(TxError,
                  "cgtree.torch: a step of this thread's tree would end inside another compiled call (a compiled "
                  "call made from a graph's Python), while another thread's call still reads an output of the "
@@ -173,10 +183,14 @@ void tx_reads_marks_begin(void) { atomic_fetch_add(&ends_begun, 1); }
 
 void tx_reads_marks_end(void) { atomic_fetch_add(&ends_done, 1); }
 
-uint64_t tx_reads_ends_seen(void) { return atomic_load(&ends_begun); }
+uint64_t tx_reads_refusals(void) { return this_thread_refusals; }
+
+/* The ends done so far: one under way then (begun past done) counts as
+ * crossing, since its take may come before the look-up (a review). */
+uint64_t tx_reads_ends_seen(void) { return atomic_load(&ends_done); }
 
 int tx_reads_crossed(uint64_t seen) {
-  if (atomic_load(&ends_begun) == seen && atomic_load(&ends_done) == seen)
+  if (atomic_load(&ends_begun) == seen)
     return 0;
   /* An end under way: its marks are not all made (they run Python on the
    * simulator only); the pointer is read again once they are. */

@@ -2669,7 +2669,7 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
      * tree), else on the tree's stream (_rng.py, RandomDraws.prelaunch). */
     r->fill_stream = caller == NULL && T->blocking ? NULL : T->stream;
   }
-  uint64_t refusals = tx_alloc_refusals();
+  uint64_t refusals = tx_alloc_refusals(), step_refusals = tx_reads_refusals();
   if (s->prelaunch_py)
     random_lock();
   tx_alloc_run_enter(); /* a capture may run until cgt_run returns: eager frees wait (alloc.c) */
@@ -2720,6 +2720,14 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
                    "CUDA out of memory in cgtree.torch's pool, running graph '%s': %s", s->name,
                    cgt_tree_last_error(T->tree));
       s->out_of_memory++;
+      return NULL;
+    }
+    if (r->exc_type && tx_reads_refusals() != step_refusals) {
+      /* A compiled call inside the graph's Python could not end its step
+       * while another thread read its outputs (reads_in_flight.c): that
+       * thread's timing, not the graph, so the graph stays a segment. */
+      PyErr_Restore(r->exc_type, r->exc_value, r->exc_tb);
+      r->exc_type = r->exc_value = r->exc_tb = NULL;
       return NULL;
     }
     if (r->exc_type) {

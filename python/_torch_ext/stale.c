@@ -647,6 +647,13 @@ int tx_stale_mark_step(TreeObject *T) {
   PyObject *batch = T->syncing_call && TX.output_mover ? PyList_New(0) : NULL;
   if (T->syncing_call && TX.output_mover && !batch)
     return -1;
+  /* The moves set_ outputs elsewhere and let their old storages die: a
+   * look-up of another thread that crosses them reads its pointer again
+   * too (reads_in_flight.c; a review). Counted as an end of its own, not
+   * begun here and ended after the marks: a reader would wait for that
+   * end while holding reads the second wait below waits for. */
+  tx_reads_marks_begin();
+  tx_reads_marks_end();
   int moved = move_kept_grads(T, batch) < 0 || tx_move_call_args(T, batch) < 0 ? -1 : 0;
   Py_XDECREF(batch);
   if (moved < 0)

@@ -7400,3 +7400,146 @@ def test_a_step_end_inside_a_random_graphs_run_raises_rather_than_wait_for_a_rea
     assert not hung, ("deadlock: A waits for random_mu, B waits for A's read", errors)
     assert len(errors) == 1 and "inside another compiled call" in errors[0], errors
     assert done == ["a", [3, 3, 3, 3]], "A read B's step's output, y = 2 * 1 + 1"
+
+
+def test_a_look_up_that_crosses_a_step_ends_moves_reads_its_pointer_again(tree):
+    """B's dec(y, w) reads y's pointer P, and y's span function lets the GIL
+    go. A's next call is enc(y): its step's end moves y out of the pool (the
+    mover: Python), and y's old storage dies (its record is drained by any
+    compiled call). B's look-up of P came then, before the end's take and
+    marks: it saw no end (the counters moved around those only) and no
+    output at P, so nothing was in flight; w's span function let the GIL go
+    again, A's step ended without waiting, its replay wrote P, and B's
+    recording copied from P: A's next output, silently (a review). Now the
+    moves count as an end: B's look-up reads y's pointer again, finds it
+    moved, and reads y where it is now."""
+    trees = ThreadTrees()
+    X.set_tree_getter(trees)
+    in_span, moved, looked, a_replayed = (threading.Event() for _ in range(4))
+    armed, once = [False], [False]
+
+    def slow_span(t):
+        if armed[0] and threading.current_thread() is not threading.main_thread():
+            if t.n == 4:  # y
+                in_span.set()
+                moved.wait(5)
+                tree.stats()  # any compiled call of any thread drains dead outputs' records
+            else:  # w, the next argument
+                looked.set()
+                a_replayed.wait(2)
+        return t.nbytes
+
+    def mover(ts):
+        res = fake_move_out(ts)
+        if once[0]:
+            once[0] = False
+            moved.set()
+            looked.wait(2)
+        return res
+
+    try:
+        stream = lambda: trees(0).stream  # noqa: E731
+        enc = segment(tree, Graph(tree, 2.0, 1.0, stream=stream), spans=(16,), name="enc")
+        g = Graph(tree, 1.0, 0.0, stream=stream)
+        dec = X.Segment(tree, "dec", g, lambda inputs: g(*inputs), alias, describe, slow_span,
+                        bytes((ARG_TENSOR, ARG_TENSOR)), (16, 32), 0, True)
+        x, w = FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(8).fill([0] * 8)
+        (z0,) = dec(FakeTensor(4).fill([0, 0, 0, 0]), w)  # dec's first call: its outputs are known now
+        del z0
+        handed = handed_output(trees, enc, x)  # [y]: the main thread is A
+        got, errors = [], []
+
+        def b():
+            (z,) = dec(FakeTensor(4).fill([0, 0, 0, 0]), w)  # B's tree warms dec up
+            del z
+            armed[0] = True
+            (z,) = dec(handed[0], w)  # B's tree records dec: its copy reads y by address
+            got.append(z.values())
+
+        X.set_output_mover(mover)
+        once[0] = True
+        th = reader_thread(trees, b, errors)
+        assert in_span.wait(5)
+        trees(0).step_begin()
+        (y2,) = enc(handed[0])  # A's ending call passes y: it moves, the step ends, the replay writes P
+        a_replayed.set()
+        th.join(10)
+        assert not th.is_alive()
+        assert errors == [] and got == [[3, 5, 7, 9]], ("B read A's next output", errors, got)
+        assert X.alloc_figures()["pool_reader_reads_rechecked"] >= 1
+        del handed[:], y2
+        gc.collect()
+    finally:
+        X.set_output_mover(fake_move_out)
+        X.set_tree_getter(None)
+
+
+def test_a_step_end_refused_inside_a_warmup_passes_its_error_on_and_the_graph_stays_a_segment(tree):
+    """B's outer graph calls, inside its Python, B's inner segment after a
+    step_begin(): while A's dec(yB) reads an output of B's step, that step's
+    end is refused (CgtreeError). Raised inside outer's warmup, the error
+    sent outer plain for good (a warning, plain_reason set, and inner called
+    a second time by the plain rerun): a matter of A's timing, not of the
+    graph (a review). Now the error reaches the caller and outer stays a
+    segment: its next call, with nothing in flight, warms up."""
+    trees = ThreadTrees()
+    X.set_tree_getter(trees)
+    try:
+        stream = lambda: trees(0).stream  # noqa: E731
+        enc = segment(tree, Graph(tree, 2.0, 1.0, stream=stream), spans=(16,), name="enc")
+        inner = segment(tree, Graph(tree, 1.0, 1.0, stream=stream), spans=(16,), name="inner")
+        g = Graph(tree, 1.0, 0.0, stream=stream)
+        a_reading, inner_raised = threading.Event(), []
+
+        def outer_graph(x):
+            trees(0).step_begin()
+            try:
+                inner(x)
+            except Exception as e:  # noqa: BLE001 - counted, then raised on
+                inner_raised.append(repr(e))
+                raise
+            return g(x)
+
+        outer = segment(tree, outer_graph, spans=(16,), name="outer")
+        reading = ReadingGraph(tree, stream, [])
+        dec_a = segment(tree, reading, spans=(16,), name="dec_a")
+        handed, errors, res = {}, [], {}
+
+        def b():
+            x = FakeTensor(4).fill([1, 1, 1, 1])
+            (o,) = outer(x)  # first call: plain, nothing in flight
+            del o
+            for _ in range(3):
+                trees(0).step_begin()
+                (handed["b"],) = enc(x)
+            assert a_reading.wait(5)
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
+                try:
+                    (o,) = outer(x)  # its warmup: inside, inner would end B's step while A reads yB
+                except Exception as e:  # noqa: BLE001 - checked below
+                    res["error"] = repr(e)
+                res["warned"] = [str(m.message) for m in w]
+            reading.go.set()
+            res["info"] = outer.info
+
+        def a():
+            while "b" not in handed:
+                time.sleep(0.01)
+            reading.block, reading.started = True, a_reading
+            (z,) = dec_a(handed["b"])
+            res["a"] = z.values()
+
+        import time
+
+        tb = reader_thread(trees, b, errors)
+        ta = threading.Thread(target=a)
+        ta.start()
+        tb.join(10), ta.join(10)
+        assert not tb.is_alive() and not ta.is_alive() and errors == [], errors
+        assert "inside another compiled call" in res.get("error", ""), res
+        assert not any("without CUDA graphs" in m for m in res["warned"]), "outer went plain for good"
+        assert len(inner_raised) == 1 and not res["info"].get("plain_reason"), (inner_raised, res["info"])
+        assert res["a"] == [3, 3, 3, 3]
+    finally:
+        X.set_tree_getter(None)
