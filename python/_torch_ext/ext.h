@@ -409,16 +409,19 @@ int tx_reads_begin(TreeObject *owner);
  * another's Python it waits for nothing: if such a read is in flight, it
  * raises CgtreeError. 0; -1 with an exception set. */
 int tx_reads_wait_for_calls(TreeObject *T);
-/* Around a step's end's take of its outputs and their marks (stale.c): a
- * read that looked an argument up across them sees it (tx_reads_crossed). */
+/* Around a step's end's moves, and around its take of its outputs and
+ * their marks (stale.c): a look-up that crossed either sees it. */
 void tx_reads_marks_begin(void);
 void tx_reads_marks_end(void);
-/* Read before an argument's pointer; then, where its look-up found no
- * output of another tree: 1 if a step's end took outputs meanwhile (the
- * argument may have been one: read its pointer again, which raises if it
- * was marked), once every such end under way finished; else 0. */
+/* Read before an argument's pointer; before its look-up, crossed says if
+ * a step's end began since (the argument may have been moved or marked).
+ * Then settle (it waits for the ends under way, the GIL let go), read the
+ * pointer again, look it up and note the read, then settled: steps' ends
+ * wait for a settling look-up before their take. */
 uint64_t tx_reads_ends_seen(void);
 int tx_reads_crossed(uint64_t seen);
+void tx_reads_settle(void);
+void tx_reads_settled(void);
 /* Steps' ends this thread refused inside another call, so far: a graph
  * that raised while one was refused in it is not sent plain for it. */
 uint64_t tx_reads_refusals(void);

@@ -35,15 +35,24 @@
  * it finds nothing there, or A's next output where A's replay put it, and
  * the reader read A's next output, silently, with or without a note (a
  * review). So before its look-up each tensor argument asks whether a
- * step's end took outputs since its pointer was read (tx_reads_crossed:
- * two counters, moved around each end's take and marks, and once before
- * its moves, which set_ outputs elsewhere and free their old storages; an
- * end under way when the pointer was read counts as one); if one did,
- * segment.c reads the pointer again, which raises StaleTensorError if the
- * argument was a marked output, or gives its new place if a move set_ it
- * elsewhere. An end under way (its marks running Python, on the
- * simulator) is waited for first, the GIL let go. The check costs an
- * atomic read per tensor argument, and one more while several trees live.
+ * step's end began since its pointer was read (tx_reads_crossed: two
+ * counters, moved around each end's moves, which set_ outputs elsewhere
+ * and free their old storages, and around its take and marks; an end
+ * under way when the pointer was read counts). If one did, the look-up
+ * settles (tx_reads_settle): it waits, the GIL let go, until the ends
+ * under way are over (they wait for nothing), reads the pointer again,
+ * which raises StaleTensorError if the argument was a marked output or
+ * gives its new place if a move set_ it elsewhere, looks it up and notes
+ * its read; and a step's end waits for settling look-ups before its take
+ * (the second wait), so a look-up that crossed the moves is noted before
+ * the outputs are taken (a third review: counted before the moves ran, a
+ * look-up that began during them saw no end and read A's next output).
+ * A settling look-up inside this thread's own end (a call made from its
+ * mover's Python) does not wait for it, and a step's end there waits for
+ * nothing: it raises if it would. The check costs an atomic read per
+ * tensor argument, and one more while several trees live; a settling
+ * look-up waits for every end under way, which a stream of back-to-back
+ * ends of several threads could in theory draw out (a review).
  *
  * A step's end refused inside another call raises out of that call's
  * graph; where the outer graph was warming up or recording, segment.c
@@ -89,8 +98,11 @@ static _Atomic size_t flights_any;             /* n_flights, read without the lo
 static _Thread_local size_t this_thread_reads; /* this thread's entries among flights */
 static _Thread_local unsigned this_thread_calls; /* compiled calls under way on this thread, nested ones too */
 static _Thread_local uint64_t this_thread_refusals; /* steps' ends refused inside another call */
+static _Thread_local unsigned this_thread_ending;   /* this thread's ends under way (between begin and end) */
 
-static _Atomic uint64_t ends_begun, ends_done; /* steps' ends that began, and finished, taking outputs */
+static _Atomic uint64_t ends_begun, ends_done; /* steps' ends (moves, or take and marks) begun, and over */
+static size_t lookups_settling; /* look-ups an end crossed, until they looked up again (under flights_mu) */
+static _Atomic size_t settling_any;   /* lookups_settling, read without the lock */
 static _Atomic uint64_t step_waits;            /* steps' ends that waited for a reader's call */
 static _Atomic uint64_t rechecks;              /* look-ups a step's end crossed */
 
@@ -145,43 +157,55 @@ static int read_by_another_thread(const TreeObject *T) {
   return 0;
 }
 
-static int read_by_another_thread_now(const TreeObject *T) {
-  if (!atomic_load(&flights_any))
-    return 0;
-  pthread_mutex_lock(&flights_mu);
-  int busy = read_by_another_thread(T);
-  pthread_mutex_unlock(&flights_mu);
-  return busy;
-}
+/* 1 if T's step's end must wait: a read of T's by another thread, or a
+ * look-up an end crossed (it may be of T's, and will be noted soon). Under
+ * flights_mu. */
+static int must_wait(const TreeObject *T) { return lookups_settling || read_by_another_thread(T); }
 
 int tx_reads_wait_for_calls(TreeObject *T) {
-  if (!read_by_another_thread_now(T))
-    return 0;
-  if (this_thread_calls > 1) {
-    this_thread_refusals++;
-    PyErr_Format(TxError,
-                 "cgtree.torch: a step of this thread's tree would end inside another compiled call (a compiled "
-                 "call made from a graph's Python), while another thread's call still reads an output of the "
-                 "step. It cannot wait there, and ending the step would let the next one overwrite what that "
-                 "thread reads. End the step before (cgtree.torch.step_begin() outside the compiled code), or "
-                 "clone the output before handing it to the other thread.");
-    return -1;
-  }
-  atomic_fetch_add(&step_waits, 1);
-  do { /* until a look made holding the GIL finds none: a read may begin while the GIL is asked for back */
+  int counted = 0;
+  for (;;) { /* until a look made holding the GIL finds nothing: a read may begin while the GIL is asked back */
+    if (!atomic_load(&flights_any) && !atomic_load(&settling_any))
+      return 0;
+    pthread_mutex_lock(&flights_mu);
+    int reads = read_by_another_thread(T), settling = lookups_settling != 0;
+    pthread_mutex_unlock(&flights_mu);
+    if (!reads && !settling)
+      return 0;
+    /* A settling look-up waits only for ends under way, which wait for
+     * nothing: waiting for it is safe in any call, but for one made inside
+     * this thread's own end (a mover's Python), which it would wait for.
+     * Waiting for a read is safe in a thread's outermost call only. */
+    if ((reads && this_thread_calls > 1) || this_thread_ending) {
+      this_thread_refusals++;
+      PyErr_Format(TxError,
+                   "cgtree.torch: a step of this thread's tree would end inside another compiled call (a "
+                   "compiled call made from a graph's Python), while another thread's call still reads an output "
+                   "of the step. It cannot wait there, and ending the step would let the next one overwrite what "
+                   "that thread reads. End the step before (cgtree.torch.step_begin() outside the compiled "
+                   "code), or clone the output before handing it to the other thread.");
+      return -1;
+    }
+    if (!counted++)
+      atomic_fetch_add(&step_waits, 1);
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&flights_mu);
-    while (read_by_another_thread(T))
+    while (reads ? must_wait(T) : lookups_settling != 0)
       pthread_cond_wait(&flights_ended, &flights_mu);
     pthread_mutex_unlock(&flights_mu); /* before the GIL is asked for: a reader ends its read holding it */
     Py_END_ALLOW_THREADS
-  } while (read_by_another_thread_now(T));
-  return 0;
+  }
 }
 
-void tx_reads_marks_begin(void) { atomic_fetch_add(&ends_begun, 1); }
+void tx_reads_marks_begin(void) {
+  this_thread_ending++;
+  atomic_fetch_add(&ends_begun, 1);
+}
 
-void tx_reads_marks_end(void) { atomic_fetch_add(&ends_done, 1); }
+void tx_reads_marks_end(void) {
+  atomic_fetch_add(&ends_done, 1);
+  this_thread_ending--;
+}
 
 uint64_t tx_reads_refusals(void) { return this_thread_refusals; }
 
@@ -189,18 +213,31 @@ uint64_t tx_reads_refusals(void) { return this_thread_refusals; }
  * crossing, since its take may come before the look-up (a review). */
 uint64_t tx_reads_ends_seen(void) { return atomic_load(&ends_done); }
 
-int tx_reads_crossed(uint64_t seen) {
-  if (atomic_load(&ends_begun) == seen)
-    return 0;
-  /* An end under way: its marks are not all made (they run Python on the
-   * simulator only); the pointer is read again once they are. */
-  while (atomic_load(&ends_done) != atomic_load(&ends_begun)) {
+int tx_reads_crossed(uint64_t seen) { return atomic_load(&ends_begun) != seen; }
+
+void tx_reads_settle(void) {
+  pthread_mutex_lock(&flights_mu);
+  lookups_settling++;
+  atomic_store(&settling_any, lookups_settling);
+  pthread_mutex_unlock(&flights_mu);
+  atomic_fetch_add(&rechecks, 1);
+  /* Ends under way (their moves run Python; the simulator's marks too)
+   * are over before the pointer is read again. They wait for nothing; but
+   * one of this thread's own (a call made from its mover's Python) ends
+   * only after this call returns: then the pointer is read as it is. */
+  while (!this_thread_ending && atomic_load(&ends_done) != atomic_load(&ends_begun)) {
     Py_BEGIN_ALLOW_THREADS
     sched_yield();
     Py_END_ALLOW_THREADS
   }
-  atomic_fetch_add(&rechecks, 1);
-  return 1;
+}
+
+void tx_reads_settled(void) {
+  pthread_mutex_lock(&flights_mu);
+  lookups_settling--;
+  atomic_store(&settling_any, lookups_settling);
+  pthread_cond_broadcast(&flights_ended);
+  pthread_mutex_unlock(&flights_mu);
 }
 
 void tx_reads_figures(uint64_t *waits, uint64_t *rechecked) {

@@ -2573,26 +2573,33 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
          * that tree's launches wait for this one's (pool_readers.c); a call
          * that runs plainly instead notes its caller's stream too
          * (call_plain_from). */
-        int several = tx_live_trees_besides(T);
-        if (several && tx_reads_crossed(ends_seen)) {
-          /* Another tree's step ended since the pointer was read (Python ran
-           * in between: a span function, a property): the argument may have
-           * been one of its outputs, marked or moved since, and the look-up
-           * by address would find the next step's output there. Read it
-           * again (reads_in_flight.c). */
+        int several = tx_live_trees_besides(T), settling = several && tx_reads_crossed(ends_seen);
+        if (settling) {
+          /* Another tree's step's end began since the pointer was read
+           * (Python ran in between: a span function, a property): the
+           * argument may have been one of its outputs, moved or marked
+           * since, and the look-up by address would find the next step's
+           * output there, or nothing. Once the ends under way are over,
+           * read it again (reads_in_flight.c); ends wait for this look-up. */
+          tx_reads_settle();
           void *again;
           if (arg_data_ptr(s, o, &again) < 0) {
+            tx_reads_settled();
             tx_stale_translate(s->name, i);
             T->stale_refused += (uint64_t)PyErr_ExceptionMatches(TxStaleError);
             return NULL;
           }
           if (again != ptr) { /* moved: looked at afresh, through its pointer read now */
+            tx_reads_settled();
             statics_noted = statics_same = 0; /* the vouched pointers are no more */
             goto read_arg;
           }
         }
         tx_out_ref *other = several ? tx_other_trees_step_output_at(T, ptr, span) : NULL;
-        if (other && other->tree && tx_pool_readers_other_tree(other->tree, T->stream) < 0)
+        int noted = other && other->tree ? tx_pool_readers_other_tree(other->tree, T->stream) : 0;
+        if (settling)
+          tx_reads_settled();
+        if (noted < 0)
           return NULL;
         if (other && s->backward) /* another thread's forward's: its tree hears of this backward too */
           r->read[r->n_read++] = other;

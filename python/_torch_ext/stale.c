@@ -649,12 +649,12 @@ int tx_stale_mark_step(TreeObject *T) {
     return -1;
   /* The moves set_ outputs elsewhere and let their old storages die: a
    * look-up of another thread that crosses them reads its pointer again
-   * too (reads_in_flight.c; a review). Counted as an end of its own, not
-   * begun here and ended after the marks: a reader would wait for that
-   * end while holding reads the second wait below waits for. */
+   * once they are over (reads_in_flight.c; two reviews). An end of their
+   * own, bracketed apart from the take and marks: the second wait below
+   * waits for such look-ups, which wait for this bracket only. */
   tx_reads_marks_begin();
-  tx_reads_marks_end();
   int moved = move_kept_grads(T, batch) < 0 || tx_move_call_args(T, batch) < 0 ? -1 : 0;
+  tx_reads_marks_end();
   Py_XDECREF(batch);
   if (moved < 0)
     return -1;
@@ -668,8 +668,9 @@ int tx_stale_mark_step(TreeObject *T) {
   if (!text)
     return -1;
   /* Again: the moves ran Python, where another thread's call may have
-   * begun reading an output (reads_in_flight.c). From this look on to the
-   * last mark no Python runs (PyTorch's mark is C). */
+   * begun reading an output, or crossed them and now reads its pointer
+   * again (reads_in_flight.c). From this look on to the last mark no
+   * Python runs (PyTorch's mark is C). */
   if (tx_reads_wait_for_calls(T) < 0) {
     Py_DECREF(text);
     return -1;

@@ -7512,6 +7512,7 @@ def test_a_step_end_refused_inside_a_warmup_passes_its_error_on_and_the_graph_st
             for _ in range(3):
                 trees(0).step_begin()
                 (handed["b"],) = enc(x)
+            b_ready.set()  # yB of B's step: A reads it now
             assert a_reading.wait(5)
             with warnings.catch_warnings(record=True) as w:
                 warnings.simplefilter("always")
@@ -7524,14 +7525,12 @@ def test_a_step_end_refused_inside_a_warmup_passes_its_error_on_and_the_graph_st
             res["info"] = outer.info
 
         def a():
-            while "b" not in handed:
-                time.sleep(0.01)
+            assert b_ready.wait(5)
             reading.block, reading.started = True, a_reading
             (z,) = dec_a(handed["b"])
             res["a"] = z.values()
 
-        import time
-
+        b_ready = threading.Event()
         tb = reader_thread(trees, b, errors)
         ta = threading.Thread(target=a)
         ta.start()
@@ -7542,4 +7541,75 @@ def test_a_step_end_refused_inside_a_warmup_passes_its_error_on_and_the_graph_st
         assert len(inner_raised) == 1 and not res["info"].get("plain_reason"), (inner_raised, res["info"])
         assert res["a"] == [3, 3, 3, 3]
     finally:
+        X.set_tree_getter(None)
+
+
+def test_a_read_whose_pointer_was_read_during_a_step_ends_moves_is_read_where_it_moved(tree):
+    """As the test above, but B's call begins (counters, pointer) while A's
+    mover runs, before y's set_. The moves were counted as an end before
+    they ran (a bump of both counters), so B's look-up saw no end, found
+    nothing at the freed address, and B's recording read A's next output,
+    silently (a third review). Now the moves are bracketed like the take
+    and marks: B waits for them to end, reads y's pointer again, and reads
+    y where it moved; A's take waits for B's look-up."""
+    trees = ThreadTrees()
+    X.set_tree_getter(trees)
+    in_mover, b_read, moved, looked, a_replayed = (threading.Event() for _ in range(5))
+    armed, once = [False], [False]
+
+    def slow_span(t):
+        if armed[0] and threading.current_thread() is not threading.main_thread():
+            if t.n == 4:  # y
+                b_read.set()
+                moved.wait(5)
+                tree.stats()  # any compiled call of any thread drains dead outputs' records
+            else:
+                looked.set()
+                a_replayed.wait(2)
+        return t.nbytes
+
+    def mover(ts):
+        if once[0]:
+            in_mover.set()
+            b_read.wait(5)  # B's snapshot and pointer: after the bump, before the set_
+        res = fake_move_out(ts)
+        if once[0]:
+            once[0] = False
+            moved.set()
+            looked.wait(2)
+        return res
+
+    try:
+        stream = lambda: trees(0).stream  # noqa: E731
+        enc = segment(tree, Graph(tree, 2.0, 1.0, stream=stream), spans=(16,), name="enc")
+        g = Graph(tree, 1.0, 0.0, stream=stream)
+        dec = X.Segment(tree, "dec", g, lambda inputs: g(*inputs), alias, describe, slow_span,
+                        bytes((ARG_TENSOR, ARG_TENSOR)), (16, 32), 0, True)
+        x, w = FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(8).fill([0] * 8)
+        (z0,) = dec(FakeTensor(4).fill([0, 0, 0, 0]), w)  # dec's first call: its outputs are known now
+        del z0
+        handed = handed_output(trees, enc, x)  # [y]: the main thread is A
+        got, errors = [], []
+
+        def b():
+            (z,) = dec(FakeTensor(4).fill([0, 0, 0, 0]), w)
+            del z
+            armed[0] = True
+            assert in_mover.wait(5)
+            (z,) = dec(handed[0], w)
+            got.append(z.values())
+
+        X.set_output_mover(mover)
+        once[0] = True
+        th = reader_thread(trees, b, errors)
+        trees(0).step_begin()
+        (y2,) = enc(handed[0])
+        a_replayed.set()
+        th.join(10)
+        assert not th.is_alive()
+        assert errors == [] and got == [[3, 5, 7, 9]], ("B read A's next output", errors, got)
+        del handed[:], y2
+        gc.collect()
+    finally:
+        X.set_output_mover(fake_move_out)
         X.set_tree_getter(None)
