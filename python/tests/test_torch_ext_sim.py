@@ -7402,26 +7402,29 @@ def test_a_step_end_inside_a_random_graphs_run_raises_rather_than_wait_for_a_rea
     assert done == ["a", [3, 3, 3, 3]], "A read B's step's output, y = 2 * 1 + 1"
 
 
-def test_a_look_up_that_crosses_a_step_ends_moves_reads_its_pointer_again(tree):
+@pytest.mark.parametrize("b_begins", ["before_the_moves", "during_the_moves"])
+def test_a_look_up_that_crosses_a_step_ends_moves_reads_y_where_it_moved(tree, b_begins):
     """B's dec(y, w) reads y's pointer P, and y's span function lets the GIL
     go. A's next call is enc(y): its step's end moves y out of the pool (the
     mover: Python), and y's old storage dies (its record is drained by any
-    compiled call). B's look-up of P came then, before the end's take and
-    marks: it saw no end (the counters moved around those only) and no
-    output at P, so nothing was in flight; w's span function let the GIL go
-    again, A's step ended without waiting, its replay wrote P, and B's
-    recording copied from P: A's next output, silently (a review). Now the
-    moves count as an end: B's look-up reads y's pointer again, finds it
-    moved, and reads y where it is now."""
+    compiled call). B's look-up of P came then: it saw no end and no output
+    at P, so nothing was in flight; w's span function let the GIL go again,
+    A's step ended without waiting, its replay wrote P, and B's recording
+    copied from P: A's next output, silently. Before the moves counted as an
+    end (a review), when B began before them; and when B began during them,
+    after a bump of the counters made before they ran (a third review). Now
+    the moves are bracketed like the take and marks: B's look-up waits for
+    them to end, reads y's pointer again and reads y where it moved, and
+    A's take waits for B's look-up."""
     trees = ThreadTrees()
     X.set_tree_getter(trees)
-    in_span, moved, looked, a_replayed = (threading.Event() for _ in range(4))
+    b_read, in_mover, moved, looked, a_replayed = (threading.Event() for _ in range(5))
     armed, once = [False], [False]
 
     def slow_span(t):
         if armed[0] and threading.current_thread() is not threading.main_thread():
             if t.n == 4:  # y
-                in_span.set()
+                b_read.set()
                 moved.wait(5)
                 tree.stats()  # any compiled call of any thread drains dead outputs' records
             else:  # w, the next argument
@@ -7430,6 +7433,9 @@ def test_a_look_up_that_crosses_a_step_ends_moves_reads_its_pointer_again(tree):
         return t.nbytes
 
     def mover(ts):
+        if once[0] and b_begins == "during_the_moves":
+            in_mover.set()
+            b_read.wait(5)  # B's counters and pointer: inside the moves, before y's set_
         res = fake_move_out(ts)
         if once[0]:
             once[0] = False
@@ -7453,13 +7459,16 @@ def test_a_look_up_that_crosses_a_step_ends_moves_reads_its_pointer_again(tree):
             (z,) = dec(FakeTensor(4).fill([0, 0, 0, 0]), w)  # B's tree warms dec up
             del z
             armed[0] = True
+            if b_begins == "during_the_moves":
+                assert in_mover.wait(5)
             (z,) = dec(handed[0], w)  # B's tree records dec: its copy reads y by address
             got.append(z.values())
 
         X.set_output_mover(mover)
         once[0] = True
         th = reader_thread(trees, b, errors)
-        assert in_span.wait(5)
+        if b_begins == "before_the_moves":
+            assert b_read.wait(5)
         trees(0).step_begin()
         (y2,) = enc(handed[0])  # A's ending call passes y: it moves, the step ends, the replay writes P
         a_replayed.set()
@@ -7541,75 +7550,4 @@ def test_a_step_end_refused_inside_a_warmup_passes_its_error_on_and_the_graph_st
         assert len(inner_raised) == 1 and not res["info"].get("plain_reason"), (inner_raised, res["info"])
         assert res["a"] == [3, 3, 3, 3]
     finally:
-        X.set_tree_getter(None)
-
-
-def test_a_read_whose_pointer_was_read_during_a_step_ends_moves_is_read_where_it_moved(tree):
-    """As the test above, but B's call begins (counters, pointer) while A's
-    mover runs, before y's set_. The moves were counted as an end before
-    they ran (a bump of both counters), so B's look-up saw no end, found
-    nothing at the freed address, and B's recording read A's next output,
-    silently (a third review). Now the moves are bracketed like the take
-    and marks: B waits for them to end, reads y's pointer again, and reads
-    y where it moved; A's take waits for B's look-up."""
-    trees = ThreadTrees()
-    X.set_tree_getter(trees)
-    in_mover, b_read, moved, looked, a_replayed = (threading.Event() for _ in range(5))
-    armed, once = [False], [False]
-
-    def slow_span(t):
-        if armed[0] and threading.current_thread() is not threading.main_thread():
-            if t.n == 4:  # y
-                b_read.set()
-                moved.wait(5)
-                tree.stats()  # any compiled call of any thread drains dead outputs' records
-            else:
-                looked.set()
-                a_replayed.wait(2)
-        return t.nbytes
-
-    def mover(ts):
-        if once[0]:
-            in_mover.set()
-            b_read.wait(5)  # B's snapshot and pointer: after the bump, before the set_
-        res = fake_move_out(ts)
-        if once[0]:
-            once[0] = False
-            moved.set()
-            looked.wait(2)
-        return res
-
-    try:
-        stream = lambda: trees(0).stream  # noqa: E731
-        enc = segment(tree, Graph(tree, 2.0, 1.0, stream=stream), spans=(16,), name="enc")
-        g = Graph(tree, 1.0, 0.0, stream=stream)
-        dec = X.Segment(tree, "dec", g, lambda inputs: g(*inputs), alias, describe, slow_span,
-                        bytes((ARG_TENSOR, ARG_TENSOR)), (16, 32), 0, True)
-        x, w = FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(8).fill([0] * 8)
-        (z0,) = dec(FakeTensor(4).fill([0, 0, 0, 0]), w)  # dec's first call: its outputs are known now
-        del z0
-        handed = handed_output(trees, enc, x)  # [y]: the main thread is A
-        got, errors = [], []
-
-        def b():
-            (z,) = dec(FakeTensor(4).fill([0, 0, 0, 0]), w)
-            del z
-            armed[0] = True
-            assert in_mover.wait(5)
-            (z,) = dec(handed[0], w)
-            got.append(z.values())
-
-        X.set_output_mover(mover)
-        once[0] = True
-        th = reader_thread(trees, b, errors)
-        trees(0).step_begin()
-        (y2,) = enc(handed[0])
-        a_replayed.set()
-        th.join(10)
-        assert not th.is_alive()
-        assert errors == [] and got == [[3, 5, 7, 9]], ("B read A's next output", errors, got)
-        del handed[:], y2
-        gc.collect()
-    finally:
-        X.set_output_mover(fake_move_out)
         X.set_tree_getter(None)
