@@ -47,6 +47,9 @@
  * (the second wait), so a look-up that crossed the moves is noted before
  * the outputs are taken (a third review: counted before the moves ran, a
  * look-up that began during them saw no end and read A's next output).
+ * A STATIC pointer that PyTorch's one check vouched for before the loop
+ * (no exchange API) counts as read at that check (a fourth review: an
+ * end during an earlier argument's Python went unseen).
  * A settling look-up inside this thread's own end (a call made from its
  * mover's Python) does not wait for it, and a step's end there waits for
  * nothing: it raises if it would. The check costs an atomic read per

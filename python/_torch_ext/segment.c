@@ -2457,6 +2457,7 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
   /* With the exchange API every pointer is read, cheaply; without it, one
    * check of PyTorch's may vouch for the STATIC ones (static_ptrs_unchanged). */
   int fast = TXE.ptrs;
+  uint64_t statics_seen = tx_reads_ends_seen(); /* before PyTorch's check vouches for the STATIC pointers */
   int statics_same = !fast && static_ptrs_unchanged(r, args, n), statics_noted = 1;
   int writes_side_value = 0;
   r->n_read = 0;
@@ -2466,7 +2467,9 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
     if (kind <= ARG_TENSOR_STATIC) {
       uint64_t ends_seen;
     read_arg:
-      ends_seen = tx_reads_ends_seen(); /* before the pointer: another tree's step may end before the look-up */
+      /* Before the pointer: another tree's step may end before the look-up.
+       * A STATIC pointer the check vouched for was read at the check. */
+      ends_seen = kind == ARG_TENSOR_STATIC && statics_same ? statics_seen : tx_reads_ends_seen();
       void *ptr;
       DLDevice dev = {kDLCUDA, T->device}; /* a STATIC pointer PyTorch vouched unchanged keeps its device */
       if (kind == ARG_TENSOR_STATIC && statics_same) {

@@ -7551,3 +7551,77 @@ def test_a_step_end_refused_inside_a_warmup_passes_its_error_on_and_the_graph_st
         assert res["a"] == [3, 3, 3, 3]
     finally:
         X.set_tree_getter(None)
+
+
+def test_a_static_pointer_vouched_for_before_a_step_end_is_read_again_after_it(tree):
+    """B's dec(xb, y, w1..w7): y (A's output) is a STATIC input, and without
+    the exchange API PyTorch's one check vouches for the STATIC pointers
+    before the argument loop. xb's span function (Python) runs in the loop,
+    and A's step ends there (y marked, A's replay writes y2 at y's address).
+    y's counters were read only after that end, its pointer was the vouched
+    one, the look-up found y2, and B's replay read A's next output, silently
+    (a fourth review). Now a vouched pointer counts as read at the check: B
+    settles, reads y's pointer again and raises StaleTensorError."""
+    n_static = 8
+
+    def ptrs_equal(tensors, ptrs, idx):
+        return all(tensors[i].ptr == ptrs[i] for i in idx)
+
+    init_hot_path(ptrs_equal)
+    trees = ThreadTrees()
+    X.set_tree_getter(trees)
+    in_span, a_done, armed = threading.Event(), threading.Event(), [False]
+
+    def slow_span(t):
+        if armed[0] and getattr(t, "is_xb", False) and threading.current_thread() is not threading.main_thread():
+            armed[0] = False
+            in_span.set()
+            a_done.wait(5)
+        return t.nbytes
+
+    def add_first_weight(x, *ws):
+        out = FakeTensor(x.n)
+        X.sim_launch(trees(0).stream, k_add, out.ptr, x.ptr, ws[0].ptr, x.n)
+        return [out]
+
+    try:
+        stream = lambda: trees(0).stream  # noqa: E731
+        enc = segment(tree, Graph(tree, 2.0, 1.0, stream=stream), spans=(16,), name="enc")
+        kinds = (ARG_TENSOR,) + (ARG_TENSOR_STATIC,) * n_static
+        dec = X.Segment(tree, "dec", add_first_weight, lambda inputs: add_first_weight(*inputs), alias, describe,
+                        slow_span, bytes(kinds), (16,) * (n_static + 1), 0, True)
+        x = FakeTensor(4).fill([1, 2, 3, 4])
+        handed = handed_output(trees, enc, x)  # [y] = 2x + 1 = [3, 5, 7, 9]: the main thread is A
+        got, errors = [], []
+
+        def b():
+            xb = FakeTensor(4).fill([0, 0, 0, 0])
+            xb.is_xb = True
+            ws = [FakeTensor(4).fill([0] * 4) for _ in range(n_static - 1)]
+            for _ in range(4):  # replays from here on, y's pointer vouched for at each call
+                trees(0).step_begin()
+                (z,) = call(dec, xb, handed[0], *ws)
+                got.append(z.values())
+                del z
+            armed[0] = True
+            trees(0).step_begin()
+            (z,) = call(dec, xb, handed[0], *ws)
+            got.append(z.values())
+
+        th = reader_thread(trees, b, errors)
+        assert in_span.wait(5)
+        trees(0).step_begin()
+        x.fill([10, 20, 30, 40])
+        (y2,) = enc(x)  # A's next step: y2 = [21, 41, 61, 81] at y's address
+        a_done.set()
+        th.join(10)
+        assert not th.is_alive()
+        assert got[:4] == [[3, 5, 7, 9]] * 4, got
+        # y's data, or a StaleTensorError; never A's next output
+        assert (errors == [] and got[4:] == [[3, 5, 7, 9]]) or (got[4:] == [] and "earlier step" in "".join(errors)), (
+            errors, got)
+        del handed[:], y2
+        gc.collect()
+    finally:
+        X.set_tree_getter(None)
+        init_hot_path()
