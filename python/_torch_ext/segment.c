@@ -2713,14 +2713,16 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
     PyErr_Clear(); /* a warning turned error must not break the call */
   }
   if (st != CGT_OK) {
-    if (r->exc_type && tx_alloc_refusals() != refusals) {
+    if (r->exc_type && (tx_alloc_refusals() != refusals || tx_reads_refusals() != step_refusals)) {
       /* Out of memory while cgtree warmed the graph up or recorded it (the
        * pool could not grow, even after the driver's pools gave their cache
-       * back: alloc.c). The run changed nothing; the error reaches the
-       * caller as it would from the plain graph, and the graph stays a
-       * segment. It is not run plainly instead: a warmup's kernels ran up
-       * to the refusal, and a graph that writes its inputs must not run
-       * twice. */
+       * back: alloc.c), or a compiled call inside the graph's Python could
+       * not end its step while another thread read its outputs
+       * (reads_in_flight.c): no fault of the graph. The run changed
+       * nothing; the error reaches the caller as it would from the plain
+       * graph, and the graph stays a segment. It is not run plainly
+       * instead: a warmup's kernels ran up to the refusal, and a graph
+       * that writes its inputs must not run twice. */
       PyErr_Restore(r->exc_type, r->exc_value, r->exc_tb);
       r->exc_type = r->exc_value = r->exc_tb = NULL;
       return NULL;
@@ -2730,14 +2732,6 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
                    "CUDA out of memory in cgtree.torch's pool, running graph '%s': %s", s->name,
                    cgt_tree_last_error(T->tree));
       s->out_of_memory++;
-      return NULL;
-    }
-    if (r->exc_type && tx_reads_refusals() != step_refusals) {
-      /* A compiled call inside the graph's Python could not end its step
-       * while another thread read its outputs (reads_in_flight.c): that
-       * thread's timing, not the graph, so the graph stays a segment. */
-      PyErr_Restore(r->exc_type, r->exc_value, r->exc_tb);
-      r->exc_type = r->exc_value = r->exc_tb = NULL;
       return NULL;
     }
     if (r->exc_type) {
