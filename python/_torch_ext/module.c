@@ -1335,6 +1335,23 @@ static PyObject *m_set_front_cache_bytes(PyObject *m, PyObject *arg) {
   Py_RETURN_NONE;
 }
 
+/* set_read_wait_warning(seconds): when a step's end that waits for
+ * another thread's call warns (reads_in_flight.c); 0: never. The bound
+ * before, in seconds. */
+static PyObject *m_set_read_wait_warning(PyObject *m, PyObject *arg) {
+  (void)m;
+  double seconds = PyFloat_AsDouble(arg);
+  if (seconds == -1.0 && PyErr_Occurred())
+    return NULL;
+  if (!(seconds >= 0.0 && seconds <= 1e9)) /* NaN too */
+    return PyErr_Format(PyExc_ValueError, "set_read_wait_warning: seconds must be >= 0 and at most 1e9, not %R",
+                        arg);
+  uint64_t ms = (uint64_t)(seconds * 1000.0 + 0.5);
+  if (seconds > 0.0 && ms == 0)
+    ms = 1; /* a bound below a millisecond is not "never" */
+  return PyFloat_FromDouble((double)tx_reads_set_warn_after_ms(ms) / 1000.0);
+}
+
 static void noop_deleter(DLManagedTensor *m) { free(m); }
 
 static void alias_capsule_destructor(PyObject *cap) {
@@ -1517,6 +1534,9 @@ static PyMethodDef module_methods[] = {
      "wait for stream"},
     {"set_cache_bytes", m_set_cache_bytes, METH_O,
      "set_cache_bytes(n): what each device's stream-ordered pool keeps cached (for devices not used yet)"},
+    {"set_read_wait_warning", m_set_read_wait_warning, METH_O,
+     "when a step's end that waits for another thread's call that reads its output warns, in seconds (0: never); "
+     "the bound before"},
     {"set_front_cache_bytes", m_set_front_cache_bytes, METH_O,
      "set_front_cache_bytes(n): the front cache's bound per device (0: off); blocks over it go back to the pool"},
     {"alias_capsule", m_alias_capsule, METH_VARARGS, "a DLPack capsule over caller-owned CUDA memory"},

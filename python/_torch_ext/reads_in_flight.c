@@ -74,7 +74,11 @@
  * waits: no thread waits for one that waits. A waited-for call may still
  * block on something the waiting thread was to do (a custom op that waits
  * on a queue that A fills after its next step): that hangs, where before
- * the fix it read the wrong data. docs/torch.md states it.
+ * the fix it read the wrong data. docs/torch.md states it, and the hang
+ * is not silent: a wait past a bound (10 s, set_read_wait_warning,
+ * CGTREE_TORCH_READ_WAIT_WARN_SECONDS) warns once, naming the reading
+ * thread, and waits on; a warning filter that makes it an error ends the
+ * wait there with that error, the step not ended.
  *
  * Entries are compared, never read: a tree freed while a read of it was in
  * flight costs at most a wait for that call, should another tree take its
@@ -83,14 +87,18 @@
  */
 #include "ext.h"
 
+#include <errno.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef struct read_in_flight {
   const TreeObject *owner;
-  const void *thread; /* the reading thread's this_thread_reads */
+  const void *thread;   /* the reading thread's this_thread_reads */
+  unsigned long ident; /* the reading thread's, as threading.get_ident() gives it (a long wait's warning names it) */
 } read_in_flight;
 
 static pthread_mutex_t flights_mu = PTHREAD_MUTEX_INITIALIZER; /* never held while the GIL is asked for */
@@ -108,6 +116,7 @@ static size_t lookups_settling; /* look-ups an end crossed, until they looked up
 static _Atomic size_t settling_any;   /* lookups_settling, read without the lock */
 static _Atomic uint64_t step_waits;            /* steps' ends that waited for a reader's call */
 static _Atomic uint64_t rechecks;              /* look-ups a step's end crossed */
+static _Atomic uint64_t warn_after_ms = 10000; /* a step's end that waited this long for a reader warns; 0: never */
 
 size_t tx_reads_call_begins(void) {
   this_thread_calls++;
@@ -145,28 +154,61 @@ int tx_reads_begin(TreeObject *owner) {
     flights = grown;
     cap_flights = cap;
   }
-  flights[n_flights++] = (read_in_flight){owner, &this_thread_reads};
+  flights[n_flights++] = (read_in_flight){owner, &this_thread_reads, PyThread_get_thread_ident()};
   atomic_store(&flights_any, n_flights);
   this_thread_reads++;
   pthread_mutex_unlock(&flights_mu);
   return 0;
 }
 
-/* 1 if a call of another thread reads an output of T. Under flights_mu. */
-static int read_by_another_thread(const TreeObject *T) {
+/* The first thread besides this one whose call reads an output of T, 0
+ * if none (thread idents are never 0). Under flights_mu. */
+static unsigned long reader_of(const TreeObject *T) {
   for (size_t i = 0; i < n_flights; i++)
     if (flights[i].owner == T && flights[i].thread != &this_thread_reads)
-      return 1;
+      return flights[i].ident;
   return 0;
 }
+
+static int read_by_another_thread(const TreeObject *T) { return reader_of(T) != 0; }
 
 /* 1 if T's step's end must wait: a read of T's by another thread, or a
  * look-up an end crossed (it may be of T's, and will be noted soon). Under
  * flights_mu. */
 static int must_wait(const TreeObject *T) { return lookups_settling || read_by_another_thread(T); }
 
+/* A step's end has waited long for thread `reader`'s call: say so, since
+ * that call may wait for this thread in turn (a hang). 0; -1 where the
+ * program's warning filter made the warning an error. */
+static int warn_long_wait(uint64_t ms, unsigned long reader) {
+  char msg[640];
+  snprintf(msg, sizeof msg,
+           "cgtree.torch: this thread's step has waited %g s to end, for a compiled call of thread %lu "
+           "(threading.get_ident()) that reads an output of the step: the next step's replay would overwrite what "
+           "that call reads, so the step ends once it returned. If that call waits for something this thread is "
+           "to do after this point, the program hangs here: clone the output before handing it to the other "
+           "thread. (CGTREE_TORCH_READ_WAIT_WARN_SECONDS sets when this warning comes; 0: never.)",
+           (double)ms / 1000.0, reader);
+  return PyErr_WarnEx(PyExc_RuntimeWarning, msg, 1);
+}
+
+/* `ms` from now on flights_mu's condition's clock (CLOCK_REALTIME). */
+static struct timespec deadline_after(uint64_t ms) {
+  struct timespec t;
+  clock_gettime(CLOCK_REALTIME, &t);
+  t.tv_sec += (time_t)(ms / 1000);
+  t.tv_nsec += (long)(ms % 1000) * 1000000L;
+  if (t.tv_nsec >= 1000000000L) {
+    t.tv_sec++;
+    t.tv_nsec -= 1000000000L;
+  }
+  return t;
+}
+
 int tx_reads_wait_for_calls(TreeObject *T) {
-  int counted = 0;
+  int counted = 0, warned = 0;
+  uint64_t warn_ms = atomic_load(&warn_after_ms);
+  struct timespec deadline = {0};
   for (;;) { /* until a look made holding the GIL finds nothing: a read may begin while the GIL is asked back */
     if (!atomic_load(&flights_any) && !atomic_load(&settling_any))
       return 0;
@@ -189,16 +231,33 @@ int tx_reads_wait_for_calls(TreeObject *T) {
                    "code), or clone the output before handing it to the other thread.");
       return -1;
     }
-    if (!counted++)
+    if (!counted++) {
       atomic_fetch_add(&step_waits, 1);
+      if (warn_ms)
+        deadline = deadline_after(warn_ms);
+    }
+    unsigned long late_reader = 0;
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&flights_mu);
-    while (reads ? must_wait(T) : lookups_settling != 0)
-      pthread_cond_wait(&flights_ended, &flights_mu);
+    while (reads ? must_wait(T) : lookups_settling != 0) {
+      if (warned || !warn_ms) {
+        pthread_cond_wait(&flights_ended, &flights_mu);
+      } else if (pthread_cond_timedwait(&flights_ended, &flights_mu, &deadline) == ETIMEDOUT) {
+        warned = 1; /* once per end; a settling look-up alone waits for ends under way, which end */
+        if ((late_reader = reader_of(T)) != 0)
+          break;
+      }
+    }
     pthread_mutex_unlock(&flights_mu); /* before the GIL is asked for: a reader ends its read holding it */
     Py_END_ALLOW_THREADS
+    if (late_reader && warn_long_wait(warn_ms, late_reader) < 0) {
+      this_thread_refusals++; /* the step did not end, for another thread's timing: no fault of the graph's */
+      return -1;
+    }
   }
 }
+
+uint64_t tx_reads_set_warn_after_ms(uint64_t ms) { return atomic_exchange(&warn_after_ms, ms); }
 
 void tx_reads_marks_begin(void) {
   this_thread_ending++;

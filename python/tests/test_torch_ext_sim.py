@@ -7094,6 +7094,99 @@ def test_a_step_ends_only_once_another_threads_call_that_reads_its_output_return
         X.set_tree_getter(None)
 
 
+@pytest.mark.parametrize("filtered", ["shown", "as_an_error"])
+def test_a_step_end_that_waits_long_for_another_threads_read_warns_naming_that_thread(tree, filtered):
+    """A step's end waits for another thread's call that reads its output,
+    and that call may wait in turn for something the waiting thread is to
+    do after its step (a hang, where before the wait the reader read the
+    wrong data). A wait past the bound (set_read_wait_warning; 10 s unless
+    CGTREE_TORCH_READ_WAIT_WARN_SECONDS says) warns once, naming the reading
+    thread by threading.get_ident(), and goes on waiting: B's read is still
+    the output it was handed. Where the program's filter makes warnings
+    errors, A's call raises it before its step ended, its graph stays a
+    segment, and called again once B returned it replays A's next output."""
+    trees, order = ThreadTrees(), []
+    X.set_tree_getter(trees)
+    before = X.set_read_wait_warning(0.05)  # B's read holds A's end 0.2 s
+    try:
+        stream = lambda: trees(0).stream  # noqa: E731 - each thread's own tree's
+        enc = segment(tree, Graph(tree, 2.0, 1.0, stream=stream), spans=(16,), name="enc")
+        reading = ReadingGraph(tree, stream, order)
+        dec = segment(tree, reading, spans=(16,), name="dec")
+        x = FakeTensor(4).fill([1, 2, 3, 4])
+        handed = handed_output(trees, enc, x)
+        got, errors = [], []
+
+        def b():
+            reading.block = True
+            (z,) = dec(handed[0])
+            got.append(z.values())
+
+        th = reader_thread(trees, b, errors)
+        assert reading.started.wait(5)
+        trees(0).step_begin()
+        x.fill([10, 20, 30, 40])
+        reading.go.set()
+        replays = trees(0).stats()["replays"]
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("error" if filtered == "as_an_error" else "always")
+            if filtered == "as_an_error":
+                with pytest.raises(RuntimeWarning, match="thread %d " % th.ident):
+                    enc(x)
+            else:
+                (y2,) = enc(x)
+        order.append("A went on")
+        th.join(10)
+        assert not th.is_alive() and errors == []
+        assert got == [[3, 5, 7, 9]], "B's dec read A's next output"
+        assert order == (["A went on", "B read"] if filtered == "as_an_error" else ["B read", "A went on"])
+        if filtered == "as_an_error":
+            assert seen == []
+            (y2,) = enc(x)  # B returned: the step ends now, and the graph replays
+        else:
+            texts = [str(w.message) for w in seen if issubclass(w.category, RuntimeWarning)]
+            assert len(texts) == 1, texts
+            assert "thread %d " % th.ident in texts[0] and "waited 0.05 s" in texts[0]
+            assert "clone the output" in texts[0]
+        assert y2.values() == [21, 41, 61, 81]
+        assert trees(0).stats()["replays"] == replays + 1
+        del handed[:], y2
+        for t in trees.made:
+            t.check()
+    finally:
+        X.set_read_wait_warning(before)
+        X.set_tree_getter(None)
+
+
+def test_the_read_wait_warnings_bound_comes_from_the_environment_and_refuses_what_is_no_number_of_seconds(
+        monkeypatch):
+    """CGTREE_TORCH_READ_WAIT_WARN_SECONDS, read at install() before
+    anything changes; set_read_wait_warning refuses a bound below 0 or NaN
+    and changes nothing, and gives the bound before."""
+    monkeypatch.setenv("CGTREE_TORCH_NO_INSTALL", "1")
+    install = pytest.importorskip("cgtree.torch._install")
+    monkeypatch.delenv("CGTREE_TORCH_READ_WAIT_WARN_SECONDS", raising=False)
+    assert install.env_read_wait() is None
+    for text, seconds in (("2.5", 2.5), ("0", 0.0), ("600", 600.0)):
+        monkeypatch.setenv("CGTREE_TORCH_READ_WAIT_WARN_SECONDS", text)
+        assert install.env_read_wait() == seconds
+    for bad in ("soon", "-1", "nan", "1e12"):
+        monkeypatch.setenv("CGTREE_TORCH_READ_WAIT_WARN_SECONDS", bad)
+        with pytest.raises(X.CgtreeError, match="CGTREE_TORCH_READ_WAIT_WARN_SECONDS"):
+            install.env_read_wait()
+    before = X.set_read_wait_warning(3)
+    try:
+        for bad in (-1, float("nan"), 1e12):
+            with pytest.raises(ValueError, match="seconds"):
+                X.set_read_wait_warning(bad)
+        with pytest.raises(TypeError):
+            X.set_read_wait_warning("3")
+        assert X.set_read_wait_warning(0.0001) == 3.0  # nothing changed by the refusals
+        assert X.set_read_wait_warning(3) == 0.001  # below a millisecond is a millisecond, not never
+    finally:
+        X.set_read_wait_warning(before)
+
+
 def test_a_step_that_would_end_inside_another_call_while_another_thread_reads_its_output_raises_and_none_hangs(tree):
     """B's dec(yA) reads A's output and, inside its Python (the call in
     flight), calls B's own segment, whose call would end B's step. A's call

@@ -60,6 +60,24 @@ def apply_env_bytes():
         _ext.set_front_cache_bytes(front)
 
 
+def env_read_wait():
+    """CGTREE_TORCH_READ_WAIT_WARN_SECONDS, or None if unset: after how many
+    seconds a step's end that waits for another thread's call (one that
+    reads an output of the step) warns, 0: never (reads_in_flight.c;
+    default 10). Raises CgtreeError for a value that is not a number of
+    seconds."""
+    text = os.environ.get("CGTREE_TORCH_READ_WAIT_WARN_SECONDS")
+    if text is None:
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0.0 <= seconds <= 1e9:  # NaN too
+        raise CgtreeError("CGTREE_TORCH_READ_WAIT_WARN_SECONDS must be a number of seconds >= 0, not %r" % text)
+    return seconds
+
+
 def install():
     """Make cgtree's allocator PyTorch's CUDA allocator (idempotent).
 
@@ -76,7 +94,10 @@ def install():
         if mark is None:  # checked before the allocator is swapped: nothing changed
             raise CgtreeError("cgtree.torch needs torch._C._set_storage_data_ptr_access_error_msg (PyTorch 2.11 "
                               "or later) to make stale outputs raise; this PyTorch is %s" % torch.__version__)
+        read_wait = env_read_wait()  # read before anything changes, as apply_env_bytes reads its own
         apply_env_bytes()
+        if read_wait is not None:
+            _ext.set_read_wait_warning(read_wait)
         alloc = torch.cuda.memory.CUDAPluggableAllocator(_ext.__file__, _ext.ALLOC_FN, _ext.FREE_FN)
         try:
             torch.cuda.memory.change_current_allocator(alloc)
