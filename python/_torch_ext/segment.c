@@ -2346,6 +2346,15 @@ static int on_device_slow(PyObject *o, int device) {
   return index == device;
 }
 
+/* Argument i's pointer could not be read: a stale output's storage
+ * raises on any access, and that error becomes StaleTensorError naming
+ * the graph and the argument (counted as refused). NULL. */
+static PyObject *arg_unreadable(SegmentObject *s, TreeObject *T, size_t i) {
+  tx_stale_translate(s->name, i);
+  T->stale_refused += (uint64_t)PyErr_ExceptionMatches(TxStaleError);
+  return NULL;
+}
+
 /* Argument i of the call is not a CUDA tensor of the tree's device, though
  * the compile saw one there: the graph runs plainly from now on. A compile
  * sees PyTorch's fake tensors, and a fake kernel may put an output on
@@ -2475,11 +2484,8 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
       if (kind == ARG_TENSOR_STATIC && statics_same) {
         ptr = r->static_ptr[i];
       } else if (!(fast && s->outputs_known && tx_exchange_data_ptr(o, &ptr, &dev))) {
-        if (tx_data_ptr_slow(o, &ptr) < 0) {
-          tx_stale_translate(s->name, i); /* a stale output's storage raises on any access */
-          T->stale_refused += (uint64_t)PyErr_ExceptionMatches(TxStaleError);
-          return NULL;
-        }
+        if (tx_data_ptr_slow(o, &ptr) < 0)
+          return arg_unreadable(s, T, i);
         int on = on_device_slow(o, T->device);
         if (on < 0)
           return NULL;
@@ -2588,9 +2594,7 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
           void *again;
           if (arg_data_ptr(s, o, &again) < 0) {
             tx_reads_settled();
-            tx_stale_translate(s->name, i);
-            T->stale_refused += (uint64_t)PyErr_ExceptionMatches(TxStaleError);
-            return NULL;
+            return arg_unreadable(s, T, i);
           }
           if (again != ptr) { /* moved: looked at afresh, through its pointer read now */
             tx_reads_settled();
