@@ -419,12 +419,15 @@ void tx_reads_marks_begin(void);
 void tx_reads_marks_end(void);
 /* Read before an argument's pointer; before its look-up, crossed says if
  * a step's end began since (the argument may have been moved or marked).
- * Then settle (it waits for the ends under way, the GIL let go), read the
- * pointer again, look it up and note the read, then settled: steps' ends
- * wait for a settling look-up before their take. */
+ * Then settle (it waits for the ends under way, the GIL let go, and gives
+ * the ends begun by then), read the pointer again, and where an end began
+ * since (tx_reads_begun_since) read it afresh; else look it up and note
+ * the read, then settled: steps' ends wait for a settling look-up before
+ * their take. */
 uint64_t tx_reads_ends_seen(void);
 int tx_reads_crossed(uint64_t seen);
-void tx_reads_settle(void);
+uint64_t tx_reads_settle(void);
+int tx_reads_begun_since(uint64_t begun);
 void tx_reads_settled(void);
 /* Steps' ends this thread refused inside another call, so far: a graph
  * that raised while one was refused in it is not sent plain for it. */

@@ -47,6 +47,12 @@
  * (the second wait), so a look-up that crossed the moves is noted before
  * the outputs are taken (a third review: counted before the moves ran, a
  * look-up that began during them saw no end and read A's next output).
+ * That second read of the pointer may run Python too, and an end may
+ * begin during it (one that had passed its first wait before the look-up
+ * settled: a settle waits only for ends under way), so it is checked as
+ * the first is: an end begun since the settle's last look sends the
+ * argument back to a fresh read (a fifth review: A moved y during it, the
+ * old address was looked up and found empty, and B read A's next output).
  * A STATIC pointer that PyTorch's one check vouched for before the loop
  * (no exchange API) counts as read at that check (a fourth review: an
  * end during an earlier argument's Python went unseen).
@@ -277,7 +283,7 @@ uint64_t tx_reads_ends_seen(void) { return atomic_load(&ends_done); }
 
 int tx_reads_crossed(uint64_t seen) { return atomic_load(&ends_begun) != seen; }
 
-void tx_reads_settle(void) {
+uint64_t tx_reads_settle(void) {
   pthread_mutex_lock(&flights_mu);
   lookups_settling++;
   atomic_store(&settling_any, lookups_settling);
@@ -292,7 +298,15 @@ void tx_reads_settle(void) {
     sched_yield();
     Py_END_ALLOW_THREADS
   }
+  /* Read holding the GIL, which an end takes to begin: the ends begun
+   * before the pointer is read again. An end that had passed its first
+   * wait but not yet begun its moves (a drain's finaliser ran Python in
+   * between) was not under way here, and may begin while that read runs
+   * Python (a fifth review): the caller compares. */
+  return atomic_load(&ends_begun);
 }
+
+int tx_reads_begun_since(uint64_t begun) { return atomic_load(&ends_begun) != begun; }
 
 void tx_reads_settled(void) {
   pthread_mutex_lock(&flights_mu);

@@ -2590,13 +2590,15 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
            * since, and the look-up by address would find the next step's
            * output there, or nothing. Once the ends under way are over,
            * read it again (reads_in_flight.c); ends wait for this look-up. */
-          tx_reads_settle();
+          uint64_t begun = tx_reads_settle();
           void *again;
           if (arg_data_ptr(s, o, &again) < 0) {
             tx_reads_settled();
             return arg_unreadable(s, T, i);
           }
-          if (again != ptr) { /* moved: looked at afresh, through its pointer read now */
+          /* Moved, or an end began while the pointer was read again (that
+           * read may run Python too): looked at afresh. */
+          if (again != ptr || tx_reads_begun_since(begun)) {
             tx_reads_settled();
             statics_noted = statics_same = 0; /* the vouched pointers are no more */
             goto read_arg;

@@ -7187,6 +7187,191 @@ def test_the_read_wait_warnings_bound_comes_from_the_environment_and_refuses_wha
         X.set_read_wait_warning(before)
 
 
+class PausingStorage(FakeStorage):
+    """A storage whose death runs `hook` once, as a finaliser may: the
+    Python a drain of dead outputs can run (an output over the caller's
+    memory as another dtype holds the caller's storage)."""
+
+    hook = None
+
+    def __del__(self):
+        hook, PausingStorage.hook = PausingStorage.hook, None
+        if hook:
+            hook()
+        super().__del__()
+
+
+class ViewAsAnotherDtype(Graph):
+    """(x as int32, 2x + 1): an output over the caller's memory as another
+    dtype, which holds the caller's storage."""
+
+    def __call__(self, x):
+        v = x.narrow(0, x.n)
+        v.dtype = "int32"
+        return (v, affine(self.stream(), x, 2.0, 1.0))
+
+
+def test_a_settling_look_ups_pointer_read_again_is_checked_for_an_end_that_began_during_it(tree):
+    """A fifth review: B's dec(y, w) settles (C's step's end crossed y's
+    first pointer read) and reads y's pointer again, through Python. A's
+    step end had passed its first wait (it waited for B's dec1(y)) and ran
+    Python before its moves (a drain freed an output that held the
+    caller's storage, whose finaliser ran): not under way, so the settle
+    did not wait for it. While y.data_ptr() ran, A moved y (its old
+    storage died, and a drain freed its record); data_ptr returned the old
+    address P, the look-up found nothing there and noted nothing, A's
+    replay wrote its next output at P, and B's replay copied P: A's next
+    output, silently. The pointer read again is now checked as the first
+    read is: an end begun during it reads it once more."""
+    trees = ThreadTrees()
+    X.set_tree_getter(trees)
+    main = threading.main_thread()
+    ev = {k: threading.Event() for k in ("in_dec1", "a_paused", "a_go", "c_go", "c_done", "moved", "a_replayed")}
+    armed = {"y_span": False, "w_span": False, "reread": False, "mover": False}
+    seen = []
+
+    def a_pauses():  # the drain in A's step end, past its first wait and before its moves
+        seen.append(("drained on the main thread", threading.current_thread() is main))
+        ev["a_paused"].set()
+        ev["a_go"].wait(5)
+
+    class SlowPtr(FakeTensor):
+        def data_ptr(self):
+            p = super().data_ptr()
+            if armed["reread"] and threading.current_thread() is not main:
+                armed["reread"] = False
+                ev["a_go"].set()  # A's end goes on: it moves y, and waits for this look-up
+                assert ev["moved"].wait(5)
+                tree.stats()  # a drain: y's old storage died with the move, and its record goes
+            return p
+
+    def slow_span(t):
+        if armed["y_span"] and t.n == 4 and threading.current_thread() is not main:
+            armed["y_span"] = False  # y's pointer is read: C's step ends, and B's look-up settles
+            ev["c_go"].set()
+            assert ev["c_done"].wait(5)
+            armed["reread"] = True
+        elif armed["w_span"] and t.n == 8 and threading.current_thread() is not main:
+            armed["w_span"] = False  # w, after y's look-up: A's next step replays meanwhile
+            seen.append(("A replayed before B's look-up ended", ev["a_replayed"].wait(2)))
+        return t.nbytes
+
+    def mover(ts):
+        res = fake_move_out(ts)
+        if armed["mover"]:
+            armed["mover"] = False
+            ev["moved"].set()
+        return res
+
+    class DropsV(Graph):
+        """z = y; while armed, waits until A's end waits for this call, then
+        drops the last tensor over v's output."""
+        armed, holder, w0 = False, [], 0
+
+        def __call__(self, y, *rest):
+            if self.armed:
+                self.armed = False
+                ev["in_dec1"].set()
+                for _ in range(500):
+                    if X.alloc_figures()["pool_reader_waits_for_calls"] > self.w0:
+                        break
+                    threading.Event().wait(0.01)
+                seen.append(("A waits for dec1", X.alloc_figures()["pool_reader_waits_for_calls"] - self.w0))
+                self.holder.clear()  # v's output record is queued dead: A's end drains it
+            return super().__call__(y, *rest)
+
+    try:
+        stream = lambda: trees(0).stream  # noqa: E731 - each thread's own tree's
+        enc = segment(tree, Graph(tree, 2.0, 1.0, stream=stream), spans=(16,), name="enc")
+        as_int = segment(tree, ViewAsAnotherDtype(tree, 1.0, 0.0, stream=stream), spans=(16,), name="as_int")
+        enc_c = segment(tree, Graph(tree, 1.0, 1.0, stream=stream), spans=(16,), name="enc_c")
+        drops = DropsV(tree, 1.0, 0.0, stream=stream)
+        dec1 = segment(tree, drops, spans=(16,), name="dec1")
+        g = Graph(tree, 1.0, 0.0, stream=stream)
+        dec = X.Segment(tree, "dec", g, lambda inputs: g(*inputs), alias, describe, slow_span,
+                        bytes((ARG_TENSOR, ARG_TENSOR)), (16, 32), 0, True)
+        w = FakeTensor(8).fill([0] * 8)
+        for f in (dec1, dec):  # their first calls (plain) on the main thread's tree: outputs known
+            out = f(FakeTensor(4).fill([0] * 4), *((w,) if f is dec else ()))
+            del out
+        x = FakeTensor(4).fill([1, 2, 3, 4])
+        trees(0).explicit_steps = True
+        for _ in range(4):  # enc and as_int replay from here on
+            trees(0).step_begin()
+            outs = enc(x), as_int(FakeTensor(4).fill([0] * 4))
+            del outs
+        trees(0).step_begin()
+        (y,) = enc(x)  # [3, 5, 7, 9] at P
+        P = y.ptr
+        y.__class__ = SlowPtr
+        x2 = FakeTensor(4).fill([1, 1, 1, 1])
+        x2.storage.__class__ = PausingStorage
+        v, _ = as_int(x2)
+        assert v.storage is not x2.storage, "a tree's run makes the output over x2's memory, holding its storage"
+        drops.holder.append(v)
+        del v, x2, _
+        handed, got, errors = [y], [], []
+        del y
+
+        def b():
+            for _ in range(4):  # dec replays on B's tree: its copy reads its input by address
+                trees(0).step_begin()
+                (z,) = dec(FakeTensor(4).fill([0] * 4), w)
+                del z
+            trees(0).step_begin()
+            drops.w0 = X.alloc_figures()["pool_reader_waits_for_calls"]
+            drops.armed = True
+            (z1,) = dec1(handed[0])  # a read in flight: A's step end waits for this call
+            del z1
+            assert ev["a_paused"].wait(5)  # A's end drained v's record (this thread's next call would have)
+            armed["y_span"] = armed["w_span"] = True
+            (z,) = dec(handed[0], w)
+            got.append(z.values())
+
+        def c():
+            try:
+                trees(0).explicit_steps = True
+                xc = FakeTensor(4).fill([1, 1, 1, 1])
+                for _ in range(3):
+                    trees(0).step_begin()
+                    (kept,) = enc_c(xc)  # alive: C's step has an output to take at its end
+                assert ev["c_go"].wait(10)
+                trees(0).step_begin()
+                (kept,) = enc_c(xc)  # C's step ends: B's look-up of y crossed an end
+                del kept
+            except Exception as e:  # noqa: BLE001 - the test reports it
+                errors.append("C: " + repr(e))
+            finally:
+                ev["c_done"].set()
+
+        X.set_output_mover(mover)
+        PausingStorage.hook = a_pauses
+        tc = threading.Thread(target=c)
+        tc.start()
+        th = reader_thread(trees, b, errors)
+        armed["mover"] = True
+        assert ev["in_dec1"].wait(5)
+        trees(0).step_begin()
+        (y2,) = enc(handed[0])  # A's ending call passes y: it waits for dec1, moves y, marks, replays at P
+        ev["a_replayed"].set()
+        th.join(10), tc.join(10)
+        assert not th.is_alive() and not tc.is_alive()
+        assert seen == [("A waits for dec1", 1), ("drained on the main thread", True),
+                        ("A replayed before B's look-up ended", True)], seen  # the sequence above, as meant
+        assert ev["moved"].is_set() and ev["c_done"].is_set() and y2.ptr == P and handed[0].ptr != P
+        # y's data, or a StaleTensorError; never A's next output ([7, 11, 15, 19])
+        assert (errors == [] and got == [[3, 5, 7, 9]]) or (got == [] and "earlier step" in "".join(errors)), (
+            "B read A's next output", errors, got)
+        del handed[:], y2
+        for t in trees.made:
+            t.check()
+    finally:
+        PausingStorage.hook = None
+        X.set_output_mover(fake_move_out)
+        X.set_tree_getter(None)
+        gc.collect()
+
+
 def test_a_step_that_would_end_inside_another_call_while_another_thread_reads_its_output_raises_and_none_hangs(tree):
     """B's dec(yA) reads A's output and, inside its Python (the call in
     flight), calls B's own segment, whose call would end B's step. A's call
