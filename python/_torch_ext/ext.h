@@ -426,7 +426,7 @@ void tx_reads_marks_end(void);
  * their take. */
 uint64_t tx_reads_ends_seen(void);
 int tx_reads_crossed(uint64_t seen);
-uint64_t tx_reads_settle(void);
+int tx_reads_settle(uint64_t *begun); /* 0; -1 (CgtreeError) inside this thread's end while another's runs */
 int tx_reads_begun_since(uint64_t begun);
 void tx_reads_settled(void);
 /* Steps' ends this thread refused inside another call, so far: a graph

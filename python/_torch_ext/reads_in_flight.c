@@ -57,7 +57,9 @@
  * (no exchange API) counts as read at that check (a fourth review: an
  * end during an earlier argument's Python went unseen).
  * A settling look-up inside this thread's own end (a call made from its
- * mover's Python) does not wait for it, and a step's end there waits for
+ * mover's Python) waits for no end: it raises CgtreeError where another
+ * thread's end is under way (a sixth review: read as it was, y moved
+ * during the read and was read unnoted), and a step's end there waits for
  * nothing: it raises if it would. The check costs an atomic read per
  * tensor argument, and one more while several trees live; a settling
  * look-up waits for every end under way, which a stream of back-to-back
@@ -249,9 +251,14 @@ int tx_reads_wait_for_calls(TreeObject *T) {
       if (warned || !warn_ms) {
         pthread_cond_wait(&flights_ended, &flights_mu);
       } else if (pthread_cond_timedwait(&flights_ended, &flights_mu, &deadline) == ETIMEDOUT) {
-        warned = 1; /* once per end; a settling look-up alone waits for ends under way, which end */
-        if ((late_reader = reader_of(T)) != 0)
+        if ((late_reader = reader_of(T)) != 0) {
+          warned = 1; /* once per end */
           break;
+        }
+        /* A settling look-up alone (it waits for ends under way, which
+         * end): the bound starts again, for a reader that may come (a
+         * review: it was spent here, and a later reader's hang was silent). */
+        deadline = deadline_after(warn_ms);
       }
     }
     pthread_mutex_unlock(&flights_mu); /* before the GIL is asked for: a reader ends its read holding it */
@@ -283,16 +290,33 @@ uint64_t tx_reads_ends_seen(void) { return atomic_load(&ends_done); }
 
 int tx_reads_crossed(uint64_t seen) { return atomic_load(&ends_begun) != seen; }
 
-uint64_t tx_reads_settle(void) {
+int tx_reads_settle(uint64_t *begun) {
+  /* Inside this thread's own end (a call made from Python its moves
+   * ran), waiting is out: that end is over only after this call returns,
+   * and another thread's end under way may run such a call too, waiting
+   * for this one. Read as it is, the pointer may be one another thread's
+   * end is moving (a sixth review: y moved during the read, its old
+   * address was looked up, found empty and read unnoted), so such a
+   * look-up raises, as a step's end there does (tx_reads_wait_for_calls).
+   * The GIL is held from this look to the snapshot below: no end begins
+   * in between. */
+  uint64_t done = atomic_load(&ends_done);
+  if (this_thread_ending && atomic_load(&ends_begun) - done > this_thread_ending) {
+    this_thread_refusals++;
+    PyErr_Format(TxError,
+                 "cgtree.torch: a compiled call made inside this thread's step end (from Python its moves ran) "
+                 "reads an output of another thread's step while that thread's step is ending; it cannot wait "
+                 "there, and reading on could take the next step's data. Make the call outside the step's end, or "
+                 "clone the output before handing it to this thread.");
+    return -1;
+  }
   pthread_mutex_lock(&flights_mu);
   lookups_settling++;
   atomic_store(&settling_any, lookups_settling);
   pthread_mutex_unlock(&flights_mu);
   atomic_fetch_add(&rechecks, 1);
   /* Ends under way (their moves run Python; the simulator's marks too)
-   * are over before the pointer is read again. They wait for nothing; but
-   * one of this thread's own (a call made from its mover's Python) ends
-   * only after this call returns: then the pointer is read as it is. */
+   * are over before the pointer is read again. They wait for nothing. */
   while (!this_thread_ending && atomic_load(&ends_done) != atomic_load(&ends_begun)) {
     Py_BEGIN_ALLOW_THREADS
     sched_yield();
@@ -303,7 +327,8 @@ uint64_t tx_reads_settle(void) {
    * wait but not yet begun its moves (a drain's finaliser ran Python in
    * between) was not under way here, and may begin while that read runs
    * Python (a fifth review): the caller compares. */
-  return atomic_load(&ends_begun);
+  *begun = atomic_load(&ends_begun);
+  return 0;
 }
 
 int tx_reads_begun_since(uint64_t begun) { return atomic_load(&ends_begun) != begun; }

@@ -2590,7 +2590,9 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
            * since, and the look-up by address would find the next step's
            * output there, or nothing. Once the ends under way are over,
            * read it again (reads_in_flight.c); ends wait for this look-up. */
-          uint64_t begun = tx_reads_settle();
+          uint64_t begun;
+          if (tx_reads_settle(&begun) < 0)
+            return NULL;
           void *again;
           if (arg_data_ptr(s, o, &again) < 0) {
             tx_reads_settled();

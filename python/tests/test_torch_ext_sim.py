@@ -7158,6 +7158,114 @@ def test_a_step_end_that_waits_long_for_another_threads_read_warns_naming_that_t
         X.set_tree_getter(None)
 
 
+def test_a_step_end_that_first_waits_for_a_settling_look_up_still_warns_of_a_long_read_after_it(tree):
+    """A's step end waits first for B's settling look-up alone (C's end
+    crossed it) past the bound, then for B's read of y that the look-up
+    began, past the bound again. The first timeout spent the warning (a
+    sixth review): the wait went on without a bound, and a reader's hang
+    after it would have been silent. The bound now starts again there, so
+    the long read warns, naming B."""
+    import time
+
+    trees = ThreadTrees()
+    X.set_tree_getter(trees)
+    main = threading.main_thread()
+    ev = {k: threading.Event() for k in ("b_settling", "c_go", "c_done")}
+    armed = {"y_span": False, "w_span": False, "reread": False}
+    w0 = [0]
+
+    class SlowPtr(FakeTensor):
+        def data_ptr(self):
+            p = super().data_ptr()
+            if armed["reread"] and threading.current_thread() is not main:
+                armed["reread"] = False  # B's look-up settles: A's end waits for it alone
+                ev["b_settling"].set()
+                for _ in range(500):
+                    if X.alloc_figures()["pool_reader_waits_for_calls"] > w0[0]:
+                        break
+                    time.sleep(0.01)
+                time.sleep(0.15)  # past the bound
+            return p
+
+    def slow_span(t):
+        if armed["y_span"] and t.n == 4 and threading.current_thread() is not main:
+            armed["y_span"] = False  # y's pointer is read: C's step ends, and B's look-up settles
+            ev["c_go"].set()
+            assert ev["c_done"].wait(5)
+            armed["reread"] = True
+        elif armed["w_span"] and t.n == 8 and threading.current_thread() is not main:
+            armed["w_span"] = False  # y's read is in flight: past the bound again
+            time.sleep(0.15)
+        return t.nbytes
+
+    before = X.set_read_wait_warning(0.05)
+    try:
+        stream = lambda: trees(0).stream  # noqa: E731 - each thread's own tree's
+        enc = segment(tree, Graph(tree, 2.0, 1.0, stream=stream), spans=(16,), name="enc")
+        enc_c = segment(tree, Graph(tree, 1.0, 1.0, stream=stream), spans=(16,), name="enc_c")
+        g = Graph(tree, 1.0, 0.0, stream=stream)
+        dec = X.Segment(tree, "dec", g, lambda inputs: g(*inputs), alias, describe, slow_span,
+                        bytes((ARG_TENSOR, ARG_TENSOR)), (16, 32), 0, True)
+        w = FakeTensor(8).fill([0] * 8)
+        out = dec(FakeTensor(4).fill([0] * 4), w)  # its first call (plain): outputs known
+        del out
+        x = FakeTensor(4).fill([1, 2, 3, 4])
+        handed = handed_output(trees, enc, x)  # y = [3, 5, 7, 9]: the main thread is A
+        handed[0].__class__ = SlowPtr
+        got, errors = [], []
+
+        def b():
+            for _ in range(4):  # dec replays on B's tree
+                trees(0).step_begin()
+                (z,) = dec(FakeTensor(4).fill([0] * 4), w)
+                del z
+            trees(0).step_begin()
+            w0[0] = X.alloc_figures()["pool_reader_waits_for_calls"]
+            armed["y_span"] = armed["w_span"] = True
+            (z,) = dec(handed[0], w)
+            got.append(z.values())
+
+        def c():
+            try:
+                trees(0).explicit_steps = True
+                xc = FakeTensor(4).fill([1, 1, 1, 1])
+                for _ in range(3):
+                    trees(0).step_begin()
+                    (kept,) = enc_c(xc)  # alive: C's step has an output to take at its end
+                assert ev["c_go"].wait(10)
+                trees(0).step_begin()
+                (kept,) = enc_c(xc)  # C's step ends: B's look-up of y crossed an end
+                del kept
+            except Exception as e:  # noqa: BLE001 - the test reports it
+                errors.append("C: " + repr(e))
+            finally:
+                ev["c_done"].set()
+
+        tc = threading.Thread(target=c)
+        tc.start()
+        th = reader_thread(trees, b, errors)
+        assert ev["b_settling"].wait(10)
+        trees(0).step_begin()
+        x.fill([10, 20, 30, 40])
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            (y2,) = enc(x)  # A's end waits for B's settle, then for B's read
+        th.join(10), tc.join(10)
+        assert not th.is_alive() and not tc.is_alive() and errors == []
+        assert got == [[3, 5, 7, 9]], "B's dec read A's next output"
+        assert X.alloc_figures()["pool_reader_waits_for_calls"] == w0[0] + 1
+        texts = [str(m.message) for m in seen if issubclass(m.category, RuntimeWarning)]
+        assert len(texts) == 1 and "thread %d " % th.ident in texts[0], texts
+        assert y2.values() == [21, 41, 61, 81]
+        del handed[:], y2
+        for t in trees.made:
+            t.check()
+    finally:
+        X.set_read_wait_warning(before)
+        X.set_tree_getter(None)
+        gc.collect()
+
+
 def test_the_read_wait_warnings_bound_comes_from_the_environment_and_refuses_what_is_no_number_of_seconds(
         monkeypatch):
     """CGTREE_TORCH_READ_WAIT_WARN_SECONDS, read at install() before
@@ -7367,6 +7475,162 @@ def test_a_settling_look_ups_pointer_read_again_is_checked_for_an_end_that_began
             t.check()
     finally:
         PausingStorage.hook = None
+        X.set_output_mover(fake_move_out)
+        X.set_tree_getter(None)
+        gc.collect()
+
+
+class TwoTreesPerThread(ThreadTrees):
+    """ThreadTrees, but a thread whose `alt` is set gets a second tree of
+    its own (as a thread with trees on two devices has). use_alt switches
+    the calling thread, and sets the getter again: segments cache the
+    getter's tree per thread until then."""
+
+    def use_alt(self, on):
+        self.local.alt = on
+        X.set_tree_getter(self)
+
+    def __call__(self, device):
+        if getattr(self.local, "alt", False):
+            if not hasattr(self.local, "alt_tree"):
+                self.local.alt_tree = X.Tree(0, backend="sim")
+                self.made.append(self.local.alt_tree)
+            return self.local.alt_tree
+        return super().__call__(device)
+
+
+def test_a_settling_look_up_inside_its_own_threads_end_raises_while_another_threads_end_is_under_way(tree):
+    """A sixth review: B's dec(y, w) is called from Python that B's own step
+    end runs (its mover): this_thread_ending, so tx_reads_settle waits for
+    NO end under way, not only B's own. A's end is under way (in its
+    moves) when B settles; during B's second read of y's pointer A moves y
+    (its old storage at P dies and a drain drops its record), the read
+    returns P, no end BEGAN since the settle, so the look-up at P finds
+    nothing and notes nothing; A's second wait passes and A takes and
+    marks its outputs while B's call will copy P, which no note orders
+    before A's next replay over P (silently wrong data on a GPU, where
+    the copy is queued). It cannot wait there (that end may run such a
+    call too, waiting for this one), so it raises CgtreeError; called
+    again outside its end, B's dec reads y where it moved."""
+    trees = TwoTreesPerThread()
+    X.set_tree_getter(trees)
+    main = threading.main_thread()
+    ev = {k: threading.Event() for k in ("b_ready", "a_in_mover", "b_rereading", "moved", "b_in_end")}
+    armed = {"a_mover": False, "b_mover": False, "y_span": False, "w_span": False, "reread": False}
+    seen, got, errors, used, at_read, a_step, refused = [], [], [], [], [], [0], []
+
+    class SlowPtr(FakeTensor):
+        def data_ptr(self):
+            p = super().data_ptr()
+            if armed["reread"] and threading.current_thread() is not main:
+                armed["reread"] = False
+                ev["b_rereading"].set()  # A's mover goes on: it moves y
+                seen.append(("A moved y during B's re-read", ev["moved"].wait(5)))
+                tree.stats()  # a drain: y's old storage died with the move, and its record goes
+                used.append(p)  # the address B's look-up goes by, and its replay's copy reads
+            return p
+
+    def slow_span(t):
+        if armed["y_span"] and t.n == 4 and threading.current_thread() is not main:
+            armed["y_span"] = False
+            armed["reread"] = True  # crossed already: A's end and B's own are under way
+        elif armed["w_span"] and t.n == 8 and threading.current_thread() is not main:
+            armed["w_span"] = False  # after y's look-up: A's step ends meanwhile, unless it waits for this call
+            a_tree = trees.made[0]
+            for _ in range(200):  # A's step ends (take, marks) unless it waits for this call
+                if a_tree.stats()["step"] > a_step[0]:
+                    break
+                threading.Event().wait(0.01)
+            at_read.append((a_tree.stats()["step"] > a_step[0], handed[0].ptr))
+        return t.nbytes
+
+    try:
+        stream = lambda: trees(0).stream  # noqa: E731 - the calling thread's tree's
+        enc = segment(tree, Graph(tree, 2.0, 1.0, stream=stream), spans=(16,), name="enc")
+        enc_b = segment(tree, Graph(tree, 1.0, 1.0, stream=stream), spans=(16,), name="enc_b")
+        g = Graph(tree, 1.0, 0.0, stream=stream)
+        dec = X.Segment(tree, "dec", g, lambda inputs: g(*inputs), alias, describe, slow_span,
+                        bytes((ARG_TENSOR, ARG_TENSOR)), (16, 32), 0, True)
+        w = FakeTensor(8).fill([0] * 8)
+        out = dec(FakeTensor(4).fill([0] * 4), w)  # its first call (plain): outputs known
+        del out
+        x = FakeTensor(4).fill([1, 2, 3, 4])
+        handed = handed_output(trees, enc, x)  # y = [3, 5, 7, 9] at P, A's (the main thread's)
+        P = handed[0].ptr
+        handed[0].__class__ = SlowPtr
+
+        def a_or_b_mover(ts):
+            on_main = threading.current_thread() is main
+            if on_main and armed["a_mover"]:
+                armed["a_mover"] = False
+                ev["a_in_mover"].set()
+                seen.append(("B re-reads while A's moves are under way", ev["b_rereading"].wait(5)))
+                res = fake_move_out(ts)
+                ev["moved"].set()
+                return res
+            if not on_main and armed["b_mover"]:
+                armed["b_mover"] = False
+                ev["b_in_end"].set()
+                armed["y_span"] = armed["w_span"] = True
+                trees.use_alt(True)  # dec runs on B's other tree
+                try:
+                    (z,) = dec(handed[0], w)
+                    got.append(z.values())
+                except X.CgtreeError as e:
+                    refused.append(str(e))
+                    armed["w_span"] = armed["reread"] = False
+                    ev["b_rereading"].set()  # A's mover goes on
+                finally:
+                    trees.use_alt(False)
+            return fake_move_out(ts)
+
+        def b():
+            trees.use_alt(True)
+            trees(0).explicit_steps = True
+            for _ in range(4):  # dec replays on B's other tree: its copy reads its input by address
+                trees(0).step_begin()
+                (z,) = dec(FakeTensor(4).fill([0] * 4), w)
+                del z
+            trees(0).step_begin()
+            trees.use_alt(False)
+            xb = FakeTensor(4).fill([1, 1, 1, 1])
+            for _ in range(4):  # enc_b replays on B's tree
+                trees(0).step_begin()
+                (u,) = enc_b(xb)
+                del u
+            trees(0).step_begin()
+            kept = list(enc_b(xb))  # alive, and passed to the call that ends B's step: B's end moves it
+            ev["b_ready"].set()
+            assert ev["a_in_mover"].wait(5)
+            armed["b_mover"] = True
+            trees(0).step_begin()
+            (u2,) = enc_b(kept[0])  # B's end: its mover calls dec(y, w)
+            del u2, kept
+            trees.use_alt(True)  # outside its end, B's dec reads y where it moved
+            trees(0).step_begin()
+            (z,) = dec(handed[0], w)
+            got.append(z.values())
+            trees.use_alt(False)
+
+        X.set_output_mover(a_or_b_mover)
+        th = reader_thread(trees, b, errors)
+        assert ev["b_ready"].wait(10)  # B's warm-ups are over before A's end begins
+        armed["a_mover"] = True
+        a_step[0] = trees(0).stats()["step"]
+        trees(0).step_begin()
+        (y2,) = enc(handed[0])  # A's end: moves y (waiting in its mover for B's re-read), marks, replays
+        th.join(10)
+        assert not th.is_alive()
+        assert ev["b_in_end"].is_set(), (seen, errors)
+        assert seen == [("B re-reads while A's moves are under way", True)], (seen, errors)  # the sequence, as meant
+        assert y2.ptr == P and handed[0].ptr != P
+        assert len(refused) == 1 and "inside this thread's step end" in refused[0], refused
+        assert used == [] and at_read == [], "B read y's old address P unnoted while A's step ended"
+        assert errors == [] and got == [[3, 5, 7, 9]], (errors, got)
+        del handed[:], y2
+        for t in trees.made:
+            t.check()
+    finally:
         X.set_output_mover(fake_move_out)
         X.set_tree_getter(None)
         gc.collect()
