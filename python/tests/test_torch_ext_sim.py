@@ -7041,6 +7041,31 @@ def reader_thread(trees, work, errors):
     return th
 
 
+def b_reading_y(tree, trees, order):
+    """Thread A, the caller, hands y = enc(x) = [3, 5, 7, 9] to thread B,
+    whose dec(y) (a ReadingGraph, blocked) has noted its read of y and
+    waits for `reading.go` before it reads: enc, x, handed ([y]), got
+    (B's results), errors (B's), th (B's thread) and reading, as names."""
+    import types
+
+    stream = lambda: trees(0).stream  # noqa: E731 - each thread's own tree's
+    r = types.SimpleNamespace(got=[], errors=[])
+    r.enc = segment(tree, Graph(tree, 2.0, 1.0, stream=stream), spans=(16,), name="enc")
+    r.reading = ReadingGraph(tree, stream, order)
+    dec = segment(tree, r.reading, spans=(16,), name="dec")
+    r.x = FakeTensor(4).fill([1, 2, 3, 4])
+    r.handed = handed_output(trees, r.enc, r.x)
+
+    def b():
+        r.reading.block = True
+        (z,) = dec(r.handed[0])
+        r.got.append(z.values())
+
+    r.th = reader_thread(trees, b, r.errors)
+    assert r.reading.started.wait(5)
+    return r
+
+
 def test_a_step_ends_only_once_another_threads_call_that_reads_its_output_returned(tree):
     """Thread A hands y = enc(x) to thread B, whose dec(y) notes its read
     of y, then runs Python before it reads (its first call runs the plain
@@ -7054,21 +7079,9 @@ def test_a_step_ends_only_once_another_threads_call_that_reads_its_output_return
     trees, order = ThreadTrees(), []
     X.set_tree_getter(trees)
     try:
-        stream = lambda: trees(0).stream  # noqa: E731 - each thread's own tree's
-        enc = segment(tree, Graph(tree, 2.0, 1.0, stream=stream), spans=(16,), name="enc")
-        reading = ReadingGraph(tree, stream, order)
-        dec = segment(tree, reading, spans=(16,), name="dec")
-        x = FakeTensor(4).fill([1, 2, 3, 4])
-        handed = handed_output(trees, enc, x)  # [y]: the main thread is A
-        y_ptr, got, errors = handed[0].ptr, [], []
-
-        def b():
-            reading.block = True
-            (z,) = dec(handed[0])
-            got.append(z.values())
-
-        th = reader_thread(trees, b, errors)
-        assert reading.started.wait(5)
+        r = b_reading_y(tree, trees, order)  # the main thread is A
+        enc, x, handed, got, errors, th, reading = r.enc, r.x, r.handed, r.got, r.errors, r.th, r.reading
+        y_ptr = handed[0].ptr
         w0 = X.alloc_figures()["pool_reader_waits_for_calls"]
         trees(0).step_begin()
         x.fill([10, 20, 30, 40])
@@ -7094,6 +7107,11 @@ def test_a_step_ends_only_once_another_threads_call_that_reads_its_output_return
         X.set_tree_getter(None)
 
 
+def runtime_warnings(seen):
+    """The texts of the RuntimeWarnings among warnings recorded."""
+    return [str(m.message) for m in seen if issubclass(m.category, RuntimeWarning)]
+
+
 @pytest.mark.parametrize("filtered", ["shown", "as_an_error"])
 def test_a_step_end_that_waits_long_for_another_threads_read_warns_naming_that_thread(tree, filtered):
     """A step's end waits for another thread's call that reads its output,
@@ -7109,21 +7127,8 @@ def test_a_step_end_that_waits_long_for_another_threads_read_warns_naming_that_t
     X.set_tree_getter(trees)
     before = X.set_read_wait_warning(0.05)  # B's read holds A's end 0.2 s
     try:
-        stream = lambda: trees(0).stream  # noqa: E731 - each thread's own tree's
-        enc = segment(tree, Graph(tree, 2.0, 1.0, stream=stream), spans=(16,), name="enc")
-        reading = ReadingGraph(tree, stream, order)
-        dec = segment(tree, reading, spans=(16,), name="dec")
-        x = FakeTensor(4).fill([1, 2, 3, 4])
-        handed = handed_output(trees, enc, x)
-        got, errors = [], []
-
-        def b():
-            reading.block = True
-            (z,) = dec(handed[0])
-            got.append(z.values())
-
-        th = reader_thread(trees, b, errors)
-        assert reading.started.wait(5)
+        r = b_reading_y(tree, trees, order)
+        enc, x, handed, got, errors, th, reading = r.enc, r.x, r.handed, r.got, r.errors, r.th, r.reading
         trees(0).step_begin()
         x.fill([10, 20, 30, 40])
         reading.go.set()
@@ -7144,7 +7149,7 @@ def test_a_step_end_that_waits_long_for_another_threads_read_warns_naming_that_t
             assert seen == []
             (y2,) = enc(x)  # B returned: the step ends now, and the graph replays
         else:
-            texts = [str(w.message) for w in seen if issubclass(w.category, RuntimeWarning)]
+            texts = runtime_warnings(seen)
             assert len(texts) == 1, texts
             assert "thread %d " % th.ident in texts[0] and "waited 0.05 s" in texts[0]
             assert "clone the output" in texts[0]
@@ -7158,6 +7163,94 @@ def test_a_step_end_that_waits_long_for_another_threads_read_warns_naming_that_t
         X.set_tree_getter(None)
 
 
+def spanned_dec(tree, stream, span_fn):
+    """dec(y, w) = (y,) with span_fn as its dynamic span function (y of 4
+    floats, w of 8), and w; its first call (plain) made on the calling
+    thread's tree, so that its outputs are known."""
+    g = Graph(tree, 1.0, 0.0, stream=stream)
+    dec = X.Segment(tree, "dec", g, lambda inputs: g(*inputs), alias, describe, span_fn,
+                    bytes((ARG_TENSOR, ARG_TENSOR)), (16, 32), 0, True)
+    w = FakeTensor(8).fill([0] * 8)
+    out = dec(FakeTensor(4).fill([0] * 4), w)
+    del out
+    return dec, w
+
+
+def replays_here(trees, dec, w):
+    """dec called on the calling thread's tree until it replays (its copy
+    reads its input by address), then a new step begun."""
+    for _ in range(4):
+        trees(0).step_begin()
+        (z,) = dec(FakeTensor(4).fill([0] * 4), w)
+        del z
+    trees(0).step_begin()
+
+
+def step_end_on_cue(trees, enc_c, ev, errors):
+    """A started thread, C, on a tree of its own in explicit steps, whose
+    step holds an output; its step ends once ev["c_go"] is set (a step's
+    end that crosses another thread's look-up), and ev["c_done"] is set
+    after. What it raises goes to errors."""
+    def c():
+        try:
+            trees(0).explicit_steps = True
+            xc = FakeTensor(4).fill([1, 1, 1, 1])
+            for _ in range(3):
+                trees(0).step_begin()
+                (kept,) = enc_c(xc)  # alive: C's step has an output to take at its end
+            assert ev["c_go"].wait(10)
+            trees(0).step_begin()
+            (kept,) = enc_c(xc)  # C's step ends
+            del kept
+        except Exception as e:  # noqa: BLE001 - the test reports it
+            errors.append("C: " + repr(e))
+        finally:
+            ev["c_done"].set()
+
+    t = threading.Thread(target=c)
+    t.start()
+    return t
+
+
+class CrossedLookUp:
+    """Thread B's look-up of y (4 floats) in spanned_dec's dec(y, w),
+    crossed by thread C's step end (step_end_on_cue): once armed, y's span
+    function cues C's end and waits for it, so the look-up settles and
+    reads y's pointer again through data_ptr of `ptr_class` (the class to
+    give y), which runs on_reread(p) first; w's span function then runs
+    on_w(), y's read in flight. Both run once per arm(), on threads other
+    than the main one."""
+
+    def __init__(self, ev, on_reread, on_w):
+        self.ev, self.armed = ev, {"y": False, "w": False, "reread": False}
+        crossed = self
+
+        class SlowPtr(FakeTensor):
+            def data_ptr(self):
+                p = super().data_ptr()
+                if crossed.armed["reread"] and threading.current_thread() is not threading.main_thread():
+                    crossed.armed["reread"] = False
+                    on_reread(p)
+                return p
+
+        self.ptr_class, self.on_w = SlowPtr, on_w
+
+    def arm(self):
+        self.armed["y"] = self.armed["w"] = True
+
+    def span(self, t):
+        if threading.current_thread() is not threading.main_thread():
+            if self.armed["y"] and t.n == 4:  # y's pointer is read: C's step ends, and the look-up settles
+                self.armed["y"] = False
+                self.ev["c_go"].set()
+                assert self.ev["c_done"].wait(5)
+                self.armed["reread"] = True
+            elif self.armed["w"] and t.n == 8:
+                self.armed["w"] = False
+                self.on_w()
+        return t.nbytes
+
+
 def test_a_step_end_that_first_waits_for_a_settling_look_up_still_warns_of_a_long_read_after_it(tree):
     """A's step end waits first for B's settling look-up alone (C's end
     crossed it) past the bound, then for B's read of y that the look-up
@@ -7169,80 +7262,38 @@ def test_a_step_end_that_first_waits_for_a_settling_look_up_still_warns_of_a_lon
 
     trees = ThreadTrees()
     X.set_tree_getter(trees)
-    main = threading.main_thread()
     ev = {k: threading.Event() for k in ("b_settling", "c_go", "c_done")}
-    armed = {"y_span": False, "w_span": False, "reread": False}
     w0 = [0]
 
-    class SlowPtr(FakeTensor):
-        def data_ptr(self):
-            p = super().data_ptr()
-            if armed["reread"] and threading.current_thread() is not main:
-                armed["reread"] = False  # B's look-up settles: A's end waits for it alone
-                ev["b_settling"].set()
-                for _ in range(500):
-                    if X.alloc_figures()["pool_reader_waits_for_calls"] > w0[0]:
-                        break
-                    time.sleep(0.01)
-                time.sleep(0.15)  # past the bound
-            return p
+    def settles_long(p):  # B's look-up settles: A's end waits for it alone, past the bound
+        ev["b_settling"].set()
+        for _ in range(500):
+            if X.alloc_figures()["pool_reader_waits_for_calls"] > w0[0]:
+                break
+            time.sleep(0.01)
+        time.sleep(0.15)
 
-    def slow_span(t):
-        if armed["y_span"] and t.n == 4 and threading.current_thread() is not main:
-            armed["y_span"] = False  # y's pointer is read: C's step ends, and B's look-up settles
-            ev["c_go"].set()
-            assert ev["c_done"].wait(5)
-            armed["reread"] = True
-        elif armed["w_span"] and t.n == 8 and threading.current_thread() is not main:
-            armed["w_span"] = False  # y's read is in flight: past the bound again
-            time.sleep(0.15)
-        return t.nbytes
+    crossed = CrossedLookUp(ev, settles_long, lambda: time.sleep(0.15))  # w: y's read in flight past it again
 
     before = X.set_read_wait_warning(0.05)
     try:
         stream = lambda: trees(0).stream  # noqa: E731 - each thread's own tree's
         enc = segment(tree, Graph(tree, 2.0, 1.0, stream=stream), spans=(16,), name="enc")
         enc_c = segment(tree, Graph(tree, 1.0, 1.0, stream=stream), spans=(16,), name="enc_c")
-        g = Graph(tree, 1.0, 0.0, stream=stream)
-        dec = X.Segment(tree, "dec", g, lambda inputs: g(*inputs), alias, describe, slow_span,
-                        bytes((ARG_TENSOR, ARG_TENSOR)), (16, 32), 0, True)
-        w = FakeTensor(8).fill([0] * 8)
-        out = dec(FakeTensor(4).fill([0] * 4), w)  # its first call (plain): outputs known
-        del out
+        dec, w = spanned_dec(tree, stream, crossed.span)
         x = FakeTensor(4).fill([1, 2, 3, 4])
         handed = handed_output(trees, enc, x)  # y = [3, 5, 7, 9]: the main thread is A
-        handed[0].__class__ = SlowPtr
+        handed[0].__class__ = crossed.ptr_class
         got, errors = [], []
 
         def b():
-            for _ in range(4):  # dec replays on B's tree
-                trees(0).step_begin()
-                (z,) = dec(FakeTensor(4).fill([0] * 4), w)
-                del z
-            trees(0).step_begin()
+            replays_here(trees, dec, w)
             w0[0] = X.alloc_figures()["pool_reader_waits_for_calls"]
-            armed["y_span"] = armed["w_span"] = True
+            crossed.arm()
             (z,) = dec(handed[0], w)
             got.append(z.values())
 
-        def c():
-            try:
-                trees(0).explicit_steps = True
-                xc = FakeTensor(4).fill([1, 1, 1, 1])
-                for _ in range(3):
-                    trees(0).step_begin()
-                    (kept,) = enc_c(xc)  # alive: C's step has an output to take at its end
-                assert ev["c_go"].wait(10)
-                trees(0).step_begin()
-                (kept,) = enc_c(xc)  # C's step ends: B's look-up of y crossed an end
-                del kept
-            except Exception as e:  # noqa: BLE001 - the test reports it
-                errors.append("C: " + repr(e))
-            finally:
-                ev["c_done"].set()
-
-        tc = threading.Thread(target=c)
-        tc.start()
+        tc = step_end_on_cue(trees, enc_c, ev, errors)  # its end crosses B's look-up of y
         th = reader_thread(trees, b, errors)
         assert ev["b_settling"].wait(10)
         trees(0).step_begin()
@@ -7254,12 +7305,11 @@ def test_a_step_end_that_first_waits_for_a_settling_look_up_still_warns_of_a_lon
         assert not th.is_alive() and not tc.is_alive() and errors == []
         assert got == [[3, 5, 7, 9]], "B's dec read A's next output"
         assert X.alloc_figures()["pool_reader_waits_for_calls"] == w0[0] + 1
-        texts = [str(m.message) for m in seen if issubclass(m.category, RuntimeWarning)]
+        texts = runtime_warnings(seen)
         assert len(texts) == 1 and "thread %d " % th.ident in texts[0], texts
         assert y2.values() == [21, 41, 61, 81]
         del handed[:], y2
-        for t in trees.made:
-            t.check()
+        assert all(t.check() is None for t in trees.made)
     finally:
         X.set_read_wait_warning(before)
         X.set_tree_getter(None)
@@ -7335,7 +7385,7 @@ def test_a_settling_look_ups_pointer_read_again_is_checked_for_an_end_that_began
     X.set_tree_getter(trees)
     main = threading.main_thread()
     ev = {k: threading.Event() for k in ("in_dec1", "a_paused", "a_go", "c_go", "c_done", "moved", "a_replayed")}
-    armed = {"y_span": False, "w_span": False, "reread": False, "mover": False}
+    armed = {"mover": False}
     seen = []
 
     def a_pauses():  # the drain in A's step end, past its first wait and before its moves
@@ -7343,26 +7393,15 @@ def test_a_settling_look_ups_pointer_read_again_is_checked_for_an_end_that_began
         ev["a_paused"].set()
         ev["a_go"].wait(5)
 
-    class SlowPtr(FakeTensor):
-        def data_ptr(self):
-            p = super().data_ptr()
-            if armed["reread"] and threading.current_thread() is not main:
-                armed["reread"] = False
-                ev["a_go"].set()  # A's end goes on: it moves y, and waits for this look-up
-                assert ev["moved"].wait(5)
-                tree.stats()  # a drain: y's old storage died with the move, and its record goes
-            return p
+    def moved_during_reread(p):
+        ev["a_go"].set()  # A's end goes on: it moves y, and waits for this look-up
+        assert ev["moved"].wait(5)
+        tree.stats()  # a drain: y's old storage died with the move, and its record goes
 
-    def slow_span(t):
-        if armed["y_span"] and t.n == 4 and threading.current_thread() is not main:
-            armed["y_span"] = False  # y's pointer is read: C's step ends, and B's look-up settles
-            ev["c_go"].set()
-            assert ev["c_done"].wait(5)
-            armed["reread"] = True
-        elif armed["w_span"] and t.n == 8 and threading.current_thread() is not main:
-            armed["w_span"] = False  # w, after y's look-up: A's next step replays meanwhile
-            seen.append(("A replayed before B's look-up ended", ev["a_replayed"].wait(2)))
-        return t.nbytes
+    def after_y(_=None):  # w, after y's look-up: A's next step replays meanwhile
+        seen.append(("A replayed before B's look-up ended", ev["a_replayed"].wait(2)))
+
+    crossed = CrossedLookUp(ev, moved_during_reread, after_y)
 
     def mover(ts):
         res = fake_move_out(ts)
@@ -7395,13 +7434,9 @@ def test_a_settling_look_ups_pointer_read_again_is_checked_for_an_end_that_began
         enc_c = segment(tree, Graph(tree, 1.0, 1.0, stream=stream), spans=(16,), name="enc_c")
         drops = DropsV(tree, 1.0, 0.0, stream=stream)
         dec1 = segment(tree, drops, spans=(16,), name="dec1")
-        g = Graph(tree, 1.0, 0.0, stream=stream)
-        dec = X.Segment(tree, "dec", g, lambda inputs: g(*inputs), alias, describe, slow_span,
-                        bytes((ARG_TENSOR, ARG_TENSOR)), (16, 32), 0, True)
-        w = FakeTensor(8).fill([0] * 8)
-        for f in (dec1, dec):  # their first calls (plain) on the main thread's tree: outputs known
-            out = f(FakeTensor(4).fill([0] * 4), *((w,) if f is dec else ()))
-            del out
+        dec, w = spanned_dec(tree, stream, crossed.span)
+        out = dec1(FakeTensor(4).fill([0] * 4))  # its first call (plain) on the main thread's tree: outputs known
+        del out
         x = FakeTensor(4).fill([1, 2, 3, 4])
         trees(0).explicit_steps = True
         for _ in range(4):  # enc and as_int replay from here on
@@ -7411,7 +7446,7 @@ def test_a_settling_look_ups_pointer_read_again_is_checked_for_an_end_that_began
         trees(0).step_begin()
         (y,) = enc(x)  # [3, 5, 7, 9] at P
         P = y.ptr
-        y.__class__ = SlowPtr
+        y.__class__ = crossed.ptr_class
         x2 = FakeTensor(4).fill([1, 1, 1, 1])
         x2.storage.__class__ = PausingStorage
         v, _ = as_int(x2)
@@ -7422,40 +7457,19 @@ def test_a_settling_look_ups_pointer_read_again_is_checked_for_an_end_that_began
         del y
 
         def b():
-            for _ in range(4):  # dec replays on B's tree: its copy reads its input by address
-                trees(0).step_begin()
-                (z,) = dec(FakeTensor(4).fill([0] * 4), w)
-                del z
-            trees(0).step_begin()
+            replays_here(trees, dec, w)
             drops.w0 = X.alloc_figures()["pool_reader_waits_for_calls"]
             drops.armed = True
             (z1,) = dec1(handed[0])  # a read in flight: A's step end waits for this call
             del z1
             assert ev["a_paused"].wait(5)  # A's end drained v's record (this thread's next call would have)
-            armed["y_span"] = armed["w_span"] = True
+            crossed.arm()
             (z,) = dec(handed[0], w)
             got.append(z.values())
 
-        def c():
-            try:
-                trees(0).explicit_steps = True
-                xc = FakeTensor(4).fill([1, 1, 1, 1])
-                for _ in range(3):
-                    trees(0).step_begin()
-                    (kept,) = enc_c(xc)  # alive: C's step has an output to take at its end
-                assert ev["c_go"].wait(10)
-                trees(0).step_begin()
-                (kept,) = enc_c(xc)  # C's step ends: B's look-up of y crossed an end
-                del kept
-            except Exception as e:  # noqa: BLE001 - the test reports it
-                errors.append("C: " + repr(e))
-            finally:
-                ev["c_done"].set()
-
         X.set_output_mover(mover)
         PausingStorage.hook = a_pauses
-        tc = threading.Thread(target=c)
-        tc.start()
+        tc = step_end_on_cue(trees, enc_c, ev, errors)  # its end crosses B's look-up of y
         th = reader_thread(trees, b, errors)
         armed["mover"] = True
         assert ev["in_dec1"].wait(5)
@@ -7548,12 +7562,7 @@ def test_a_settling_look_up_inside_its_own_threads_end_raises_while_another_thre
         stream = lambda: trees(0).stream  # noqa: E731 - the calling thread's tree's
         enc = segment(tree, Graph(tree, 2.0, 1.0, stream=stream), spans=(16,), name="enc")
         enc_b = segment(tree, Graph(tree, 1.0, 1.0, stream=stream), spans=(16,), name="enc_b")
-        g = Graph(tree, 1.0, 0.0, stream=stream)
-        dec = X.Segment(tree, "dec", g, lambda inputs: g(*inputs), alias, describe, slow_span,
-                        bytes((ARG_TENSOR, ARG_TENSOR)), (16, 32), 0, True)
-        w = FakeTensor(8).fill([0] * 8)
-        out = dec(FakeTensor(4).fill([0] * 4), w)  # its first call (plain): outputs known
-        del out
+        dec, w = spanned_dec(tree, stream, slow_span)
         x = FakeTensor(4).fill([1, 2, 3, 4])
         handed = handed_output(trees, enc, x)  # y = [3, 5, 7, 9] at P, A's (the main thread's)
         P = handed[0].ptr
@@ -7587,11 +7596,7 @@ def test_a_settling_look_up_inside_its_own_threads_end_raises_while_another_thre
         def b():
             trees.use_alt(True)
             trees(0).explicit_steps = True
-            for _ in range(4):  # dec replays on B's other tree: its copy reads its input by address
-                trees(0).step_begin()
-                (z,) = dec(FakeTensor(4).fill([0] * 4), w)
-                del z
-            trees(0).step_begin()
+            replays_here(trees, dec, w)  # on B's other tree
             trees.use_alt(False)
             xb = FakeTensor(4).fill([1, 1, 1, 1])
             for _ in range(4):  # enc_b replays on B's tree
@@ -7988,12 +7993,8 @@ def test_a_look_up_that_crosses_a_step_ends_moves_reads_y_where_it_moved(tree, b
     try:
         stream = lambda: trees(0).stream  # noqa: E731
         enc = segment(tree, Graph(tree, 2.0, 1.0, stream=stream), spans=(16,), name="enc")
-        g = Graph(tree, 1.0, 0.0, stream=stream)
-        dec = X.Segment(tree, "dec", g, lambda inputs: g(*inputs), alias, describe, slow_span,
-                        bytes((ARG_TENSOR, ARG_TENSOR)), (16, 32), 0, True)
-        x, w = FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(8).fill([0] * 8)
-        (z0,) = dec(FakeTensor(4).fill([0, 0, 0, 0]), w)  # dec's first call: its outputs are known now
-        del z0
+        dec, w = spanned_dec(tree, stream, slow_span)
+        x = FakeTensor(4).fill([1, 2, 3, 4])
         handed = handed_output(trees, enc, x)  # [y]: the main thread is A
         got, errors = [], []
 
