@@ -411,7 +411,7 @@ int tx_reads_begin(TreeObject *owner);
 int tx_reads_wait_for_calls(TreeObject *T);
 /* A step's end that waited this long for another thread's call warns (a
  * RuntimeWarning naming the thread; an error where the program's filter
- * makes it one), once per end; 0: never. The bound before. */
+ * makes it one), once per wait; 0: never. The bound before. */
 uint64_t tx_reads_set_warn_after_ms(uint64_t ms);
 /* Around a step's end's moves, and around its take of its outputs and
  * their marks (stale.c): a look-up that crossed either sees it. */

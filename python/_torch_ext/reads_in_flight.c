@@ -84,7 +84,7 @@
  * on a queue that A fills after its next step): that hangs, where before
  * the fix it read the wrong data. docs/torch.md states it, and the hang
  * is not silent: a wait past a bound (10 s, set_read_wait_warning,
- * CGTREE_TORCH_READ_WAIT_WARN_SECONDS) warns once, naming the reading
+ * CGTREE_TORCH_READ_WAIT_WARN_SECONDS) warns once per wait, naming the reading
  * thread, and waits on; a warning filter that makes it an error ends the
  * wait there with that error, the step not ended.
  *
@@ -252,7 +252,7 @@ int tx_reads_wait_for_calls(TreeObject *T) {
         pthread_cond_wait(&flights_ended, &flights_mu);
       } else if (pthread_cond_timedwait(&flights_ended, &flights_mu, &deadline) == ETIMEDOUT) {
         if ((late_reader = reader_of(T)) != 0) {
-          warned = 1; /* once per end */
+          warned = 1; /* once per wait: an end waits twice at most (before its moves, and after) */
           break;
         }
         /* A settling look-up alone (it waits for ends under way, which

@@ -8168,3 +8168,116 @@ def test_a_static_pointer_vouched_for_before_a_step_end_is_read_again_after_it(t
     finally:
         X.set_tree_getter(None)
         init_hot_path()
+
+
+def test_a_read_wait_warning_made_an_error_in_the_second_wait_leaves_a_step_the_retry_ends_right(tree):
+    """A seventh review: as
+    test_a_read_that_begins_while_a_step_end_moves_its_call_arguments_is_waited_for,
+    but B's read outlasts the bound and the filter makes the warning an error: A's call raises from stale.c's second
+    wait, after its moves. Once B returned, the retried call ends the step;
+    B read y, and A's moved argument w reads right."""
+    trees = ThreadTrees()
+    X.set_tree_getter(trees)
+    in_mover, b_noted = threading.Event(), threading.Event()
+    armed = [False]
+
+    def mover(ts):
+        if armed[0]:
+            armed[0] = False
+            in_mover.set()
+            b_noted.wait(2)
+        return fake_move_out(ts)
+
+    before = X.set_read_wait_warning(0.05)
+    try:
+        stream = lambda: trees(0).stream  # noqa: E731
+        enc = segment(tree, Graph(tree, 2.0, 1.0, stream=stream), spans=(16,), name="enc")
+        reading = ReadingGraph(tree, stream, [])
+        dec = segment(tree, reading, spans=(16,), name="dec")
+        x = FakeTensor(4).fill([1, 2, 3, 4])
+        handed = handed_output(trees, enc, x)
+        (w,) = enc(x)
+        got, errors = [], []
+
+        def b():
+            assert in_mover.wait(5)
+            reading.block = True
+            reading.started = b_noted
+            reading.go.set()
+            (z,) = dec(handed[0])
+            got.append(z.values())
+
+        th = reader_thread(trees, b, errors)
+        X.set_output_mover(mover)
+        armed[0] = True
+        trees(0).step_begin()
+        x.fill([10, 20, 30, 40])
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with pytest.raises(RuntimeWarning):
+                enc(w)
+        th.join(10)
+        assert not th.is_alive()
+        assert errors == [] and got == [[3, 5, 7, 9]], (errors, got)
+        assert w.values() == [3, 5, 7, 9]
+        (w2,) = enc(w)
+        assert w2.values() == [7, 11, 15, 19]
+        (y3,) = enc(x)
+        assert y3.values() == [21, 41, 61, 81]
+        del handed[:], w2, w, y3
+        gc.collect()
+        for t in trees.made:
+            t.check()
+    finally:
+        X.set_read_wait_warning(before)
+        X.set_output_mover(fake_move_out)
+        X.set_tree_getter(None)
+
+
+def test_a_settling_look_up_whose_pointer_read_again_raises_leaves_no_step_end_waiting(tree):
+    """A seventh review: B's look-up of y settles (C's end crossed it) and reading y's
+    pointer again raises: B's call raises that error, and A's next step end
+    (y no longer read) waits for nothing: it ends within seconds."""
+    trees = ThreadTrees()
+    X.set_tree_getter(trees)
+    ev = {k: threading.Event() for k in ("c_go", "c_done")}
+
+    def boom(p):
+        raise ValueError("the re-read failed")
+
+    crossed = CrossedLookUp(ev, boom, lambda: None)
+    try:
+        stream = lambda: trees(0).stream  # noqa: E731
+        enc = segment(tree, Graph(tree, 2.0, 1.0, stream=stream), spans=(16,), name="enc")
+        enc_c = segment(tree, Graph(tree, 1.0, 1.0, stream=stream), spans=(16,), name="enc_c")
+        dec, w = spanned_dec(tree, stream, crossed.span)
+        x = FakeTensor(4).fill([1, 2, 3, 4])
+        handed = handed_output(trees, enc, x)
+        y = crossed.ptr_class(4).fill(handed[0].values())  # not A's: only the error path matters here
+        errors, c_errors = [], []
+        rc0 = X.alloc_figures()["pool_reader_reads_rechecked"]
+        tc = step_end_on_cue(trees, enc_c, ev, c_errors)
+
+        def b():
+            (z,) = dec(FakeTensor(4).fill([0, 0, 0, 0]), w)
+            del z
+            crossed.arm()
+            with pytest.raises(ValueError, match="the re-read failed"):
+                dec(y, w)
+
+        th = reader_thread(trees, b, errors)
+        th.join(10)
+        tc.join(10)
+        assert not th.is_alive() and not tc.is_alive()
+        assert errors == [] and c_errors == [], (errors, c_errors)
+        assert X.alloc_figures()["pool_reader_reads_rechecked"] >= rc0 + 1, "the look-up did not settle"
+        w0 = X.alloc_figures()["pool_reader_waits_for_calls"]
+        trees(0).step_begin()
+        (y2,) = enc(x)  # on the main thread (A): hangs here if lookups_settling leaked (run under `timeout`)
+        assert y2.values() == [3, 5, 7, 9]
+        assert X.alloc_figures()["pool_reader_waits_for_calls"] == w0
+        del y2
+        del handed[:]
+        gc.collect()
+    finally:
+        X.set_tree_getter(None)
