@@ -7837,12 +7837,16 @@ def test_a_read_whose_span_function_lets_a_step_end_before_its_look_up_raises_or
         X.set_tree_getter(None)
 
 
-def test_a_read_that_begins_while_a_step_end_moves_its_call_arguments_is_waited_for(tree):
+@pytest.mark.parametrize("warning", ["none", "as_an_error"])
+def test_a_read_that_begins_while_a_step_end_moves_its_call_arguments_is_waited_for(tree, warning):
     """A's step end waits for reads in flight, then moves the ending call's
     arguments out of the pool (the output mover: Python, which may let the
     GIL go), then marks. B's dec(y) that begins in that Python is not waited
     for: A marked y and replayed over it before B read (a review). Now the
-    step's end looks again right before it takes its outputs."""
+    step's end looks again right before it takes its outputs. With the read
+    wait's warning made an error (a seventh review), A's call raises it from
+    that second wait, after its moves; once B returned, the retried call
+    ends the step, and A's moved argument w reads right."""
     trees = ThreadTrees()
     X.set_tree_getter(trees)
     in_mover, b_noted = threading.Event(), threading.Event()
@@ -7855,6 +7859,7 @@ def test_a_read_that_begins_while_a_step_end_moves_its_call_arguments_is_waited_
             b_noted.wait(2)  # lets the GIL go, as any Python may at a switch
         return fake_move_out(ts)
 
+    before = X.set_read_wait_warning(0.05 if warning == "as_an_error" else 10)
     try:
         stream = lambda: trees(0).stream  # noqa: E731
         enc = segment(tree, Graph(tree, 2.0, 1.0, stream=stream), spans=(16,), name="enc")
@@ -7878,13 +7883,29 @@ def test_a_read_that_begins_while_a_step_end_moves_its_call_arguments_is_waited_
         armed[0] = True
         trees(0).step_begin()
         x.fill([10, 20, 30, 40])
-        (w2,) = enc(w)  # A's ending call passes w: the mover runs after the wait, before the marks
+        if warning == "as_an_error":
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                with pytest.raises(RuntimeWarning):
+                    enc(w)  # B's read outlasts the bound in the second wait
+        else:
+            (w2,) = enc(w)  # A's ending call passes w: the mover runs after the wait, before the marks
         th.join(10)
         assert not th.is_alive()
         assert errors == [] and got == [[3, 5, 7, 9]], (errors, got)
+        if warning == "as_an_error":
+            assert w.values() == [3, 5, 7, 9]
+            (w2,) = enc(w)  # the retry ends the step
+            assert w2.values() == [7, 11, 15, 19]
+            (y3,) = enc(x)
+            assert y3.values() == [21, 41, 61, 81]
+            del y3
         del handed[:], w2, w
         gc.collect()
+        for t in trees.made:
+            t.check()
     finally:
+        X.set_read_wait_warning(before)
         X.set_output_mover(fake_move_out)
         X.set_tree_getter(None)
 
@@ -8170,74 +8191,11 @@ def test_a_static_pointer_vouched_for_before_a_step_end_is_read_again_after_it(t
         init_hot_path()
 
 
-def test_a_read_wait_warning_made_an_error_in_the_second_wait_leaves_a_step_the_retry_ends_right(tree):
-    """A seventh review: as
-    test_a_read_that_begins_while_a_step_end_moves_its_call_arguments_is_waited_for,
-    but B's read outlasts the bound and the filter makes the warning an error: A's call raises from stale.c's second
-    wait, after its moves. Once B returned, the retried call ends the step;
-    B read y, and A's moved argument w reads right."""
-    trees = ThreadTrees()
-    X.set_tree_getter(trees)
-    in_mover, b_noted = threading.Event(), threading.Event()
-    armed = [False]
-
-    def mover(ts):
-        if armed[0]:
-            armed[0] = False
-            in_mover.set()
-            b_noted.wait(2)
-        return fake_move_out(ts)
-
-    before = X.set_read_wait_warning(0.05)
-    try:
-        stream = lambda: trees(0).stream  # noqa: E731
-        enc = segment(tree, Graph(tree, 2.0, 1.0, stream=stream), spans=(16,), name="enc")
-        reading = ReadingGraph(tree, stream, [])
-        dec = segment(tree, reading, spans=(16,), name="dec")
-        x = FakeTensor(4).fill([1, 2, 3, 4])
-        handed = handed_output(trees, enc, x)
-        (w,) = enc(x)
-        got, errors = [], []
-
-        def b():
-            assert in_mover.wait(5)
-            reading.block = True
-            reading.started = b_noted
-            reading.go.set()
-            (z,) = dec(handed[0])
-            got.append(z.values())
-
-        th = reader_thread(trees, b, errors)
-        X.set_output_mover(mover)
-        armed[0] = True
-        trees(0).step_begin()
-        x.fill([10, 20, 30, 40])
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            with pytest.raises(RuntimeWarning):
-                enc(w)
-        th.join(10)
-        assert not th.is_alive()
-        assert errors == [] and got == [[3, 5, 7, 9]], (errors, got)
-        assert w.values() == [3, 5, 7, 9]
-        (w2,) = enc(w)
-        assert w2.values() == [7, 11, 15, 19]
-        (y3,) = enc(x)
-        assert y3.values() == [21, 41, 61, 81]
-        del handed[:], w2, w, y3
-        gc.collect()
-        for t in trees.made:
-            t.check()
-    finally:
-        X.set_read_wait_warning(before)
-        X.set_output_mover(fake_move_out)
-        X.set_tree_getter(None)
-
-
 def test_a_settling_look_up_whose_pointer_read_again_raises_leaves_no_step_end_waiting(tree):
-    """A seventh review: B's look-up of y settles (C's end crossed it) and reading y's
-    pointer again raises: B's call raises that error, and A's next step end
-    (y no longer read) waits for nothing: it ends within seconds."""
+    """A seventh review: B's look-up of y settles (C's end crossed it) and
+    reading y's pointer again raises: B's call raises that error, and A's
+    next step end (y no longer read) waits for nothing: it ends within
+    seconds."""
     trees = ThreadTrees()
     X.set_tree_getter(trees)
     ev = {k: threading.Event() for k in ("c_go", "c_done")}
