@@ -290,6 +290,14 @@ uint64_t tx_reads_ends_seen(void) { return atomic_load(&ends_done); }
 
 int tx_reads_crossed(uint64_t seen) { return atomic_load(&ends_begun) != seen; }
 
+/* Steps' ends under way on other threads than this one (begun, not over,
+ * less this thread's own). done is read first: begun, read after, is never
+ * below it. */
+static uint64_t others_ending(void) {
+  uint64_t done = atomic_load(&ends_done);
+  return atomic_load(&ends_begun) - done - this_thread_ending;
+}
+
 int tx_reads_settle(uint64_t *begun) {
   /* Inside this thread's own end (a call made from Python its moves
    * ran), waiting is out: that end is over only after this call returns,
@@ -300,8 +308,7 @@ int tx_reads_settle(uint64_t *begun) {
    * look-up raises, as a step's end there does (tx_reads_wait_for_calls).
    * The GIL is held from this look to the snapshot below: no end begins
    * in between. */
-  uint64_t done = atomic_load(&ends_done);
-  if (this_thread_ending && atomic_load(&ends_begun) - done > this_thread_ending) {
+  if (this_thread_ending && others_ending()) {
     this_thread_refusals++;
     PyErr_Format(TxError,
                  "cgtree.torch: a compiled call made inside this thread's step end (from Python its moves ran) "
@@ -315,9 +322,11 @@ int tx_reads_settle(uint64_t *begun) {
   atomic_store(&settling_any, lookups_settling);
   pthread_mutex_unlock(&flights_mu);
   atomic_fetch_add(&rechecks, 1);
-  /* Ends under way (their moves run Python; the simulator's marks too)
-   * are over before the pointer is read again. They wait for nothing. */
-  while (!this_thread_ending && atomic_load(&ends_done) != atomic_load(&ends_begun)) {
+  /* Other threads' ends under way (their moves run Python; the
+   * simulator's marks too) are over before the pointer is read again. They
+   * wait for nothing. (Inside this thread's own end there are none: it
+   * would have raised above, and none began since, the GIL held.) */
+  while (others_ending()) {
     Py_BEGIN_ALLOW_THREADS
     sched_yield();
     Py_END_ALLOW_THREADS
