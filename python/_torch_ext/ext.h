@@ -415,8 +415,8 @@ int tx_reads_wait_for_calls(TreeObject *T);
 uint64_t tx_reads_set_warn_after_ms(uint64_t ms);
 /* Around a step's end's moves, and around its take of its outputs and
  * their marks (stale.c): a look-up that crossed either sees it. */
-void tx_reads_marks_begin(void);
-void tx_reads_marks_end(void);
+void tx_reads_outputs_change_begin(void);
+void tx_reads_outputs_change_end(void);
 /* Read before an argument's pointer; before its look-up, crossed says if
  * a step's end began since (the argument may have been moved or marked).
  * Then settle (it waits for the ends under way, the GIL let go, and gives

@@ -272,12 +272,12 @@ int tx_reads_wait_for_calls(TreeObject *T) {
 
 uint64_t tx_reads_set_warn_after_ms(uint64_t ms) { return atomic_exchange(&warn_after_ms, ms); }
 
-void tx_reads_marks_begin(void) {
+void tx_reads_outputs_change_begin(void) {
   this_thread_ending++;
   atomic_fetch_add(&ends_begun, 1);
 }
 
-void tx_reads_marks_end(void) {
+void tx_reads_outputs_change_end(void) {
   atomic_fetch_add(&ends_done, 1);
   this_thread_ending--;
 }

@@ -652,9 +652,9 @@ int tx_stale_mark_step(TreeObject *T) {
    * once they are over (reads_in_flight.c; two reviews). An end of their
    * own, bracketed apart from the take and marks: the second wait below
    * waits for such look-ups, which wait for this bracket only. */
-  tx_reads_marks_begin();
+  tx_reads_outputs_change_begin();
   int moved = move_kept_grads(T, batch) < 0 || tx_move_call_args(T, batch) < 0 ? -1 : 0;
-  tx_reads_marks_end();
+  tx_reads_outputs_change_end();
   Py_XDECREF(batch);
   if (moved < 0)
     return -1;
@@ -677,7 +677,8 @@ int tx_stale_mark_step(TreeObject *T) {
   }
   int rc = 0;
   PyObject *type = NULL, *value = NULL, *tb = NULL;
-  tx_reads_marks_begin(); /* a look-up under way that misses an output taken here reads its pointer again */
+  /* a look-up under way that misses an output taken here reads its pointer again */
+  tx_reads_outputs_change_begin();
   tx_out_ref *r = tx_step_outputs_take(T);
   while (r) {
     tx_out_ref *next = r->step_next;
@@ -706,7 +707,7 @@ int tx_stale_mark_step(TreeObject *T) {
     }
     r = next;
   }
-  tx_reads_marks_end();
+  tx_reads_outputs_change_end();
   Py_DECREF(text);
   if (rc < 0)
     PyErr_Restore(type, value, tb);
