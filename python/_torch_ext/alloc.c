@@ -222,7 +222,7 @@ void *cgt_torch_alloc(ssize_t size, int device, void *stream) {
     return p ? p : refused((size_t)size, device, 0);
   }
   void *p = NULL;
-  pool_ptr *e = malloc(sizeof *e);
+  pool_ptr *e = tx_malloc(sizeof *e);
   if (!e || cgt_launch_alloc(l, (size_t)size, &p) != CGT_OK) {
     free(e);
     pthread_mutex_lock(&tx_alloc_mu);

@@ -258,7 +258,7 @@ void *tx_dev_pool_alloc(size_t bytes, int device, void *stream, uint64_t keep_by
     tls_pool_error = sim_pool_error;
     return NULL;
   }
-  void *p = malloc(bytes);
+  void *p = malloc(bytes); /* the simulator's device memory: sim_fail_pool_allocs fails it */
   tls_pool_error = p ? 0 : TX_ERR_OUT_OF_MEMORY;
   return p;
 }
@@ -506,7 +506,7 @@ static int capture_deps_add(void *stream, unsigned long long capture, cudaGraph_
     return 0;
   if (*n + nd > *cap) {
     size_t grown_cap = 2 * (*n + nd) + 4;
-    cudaGraphNode_t *grown = realloc(*deps, grown_cap * sizeof *grown);
+    cudaGraphNode_t *grown = tx_realloc(*deps, grown_cap * sizeof *grown);
     if (!grown)
       return -1;
     *deps = grown;

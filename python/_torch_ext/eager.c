@@ -253,7 +253,7 @@ static front_bin *bin_get_locked(front_key key) {
   if (bin)
     return bin;
   bins_sweep_if_grown_locked();
-  bin = calloc(1, sizeof *bin);
+  bin = tx_calloc(1, sizeof *bin);
   if (!bin)
     return NULL;
   bin->key = key;
@@ -385,7 +385,7 @@ static void *mark_in_use_locked(eager_block *b, size_t size) {
  * cache goes back to the pool, the pool is trimmed, and it is tried once
  * more (not inside a capture: capture is the one open on stream, or 0). */
 static void *alloc_from_driver(size_t size, int device, void *stream, unsigned long long capture) {
-  eager_block *b = calloc(1, sizeof *b);
+  eager_block *b = tx_calloc(1, sizeof *b);
   if (!b)
     return NULL;
   size_t bytes = counted_bytes(size);
@@ -556,7 +556,7 @@ static int used_on_add_locked(eager_block *b, void *stream) {
       return 1;
   if (b->n_used == b->cap_used) {
     size_t cap = b->cap_used ? 2 * b->cap_used : 2;
-    void **grown = realloc(b->used_on, cap * sizeof *grown);
+    void **grown = tx_realloc(b->used_on, cap * sizeof *grown);
     if (!grown)
       return 0;
     b->used_on = grown;

@@ -268,7 +268,7 @@ static void timed_capsule_destructor(PyObject *cap) {
 
 static timed_block *timed_make(void *ptr, PyObject *shape, int device, int versioned) {
   Py_ssize_t nd = PyTuple_GET_SIZE(shape);
-  timed_block *b = calloc(1, sizeof *b);
+  timed_block *b = tx_calloc(1, sizeof *b);
   if (!b)
     return NULL;
   int64_t stride = 1;

@@ -34,9 +34,13 @@
  * insertion clears it first and checks it after; lookups and deletions
  * never allocate. */
 extern _Thread_local int tx_hash_oomed;
-void *tx_hash_malloc(size_t bytes); /* malloc, which a test can make fail (module.c, _fail_hash_alloc) */
+/* malloc, calloc and realloc, which a test can make fail (module.c,
+ * _fail_host_alloc): every host allocation of the extension uses them. */
+void *tx_malloc(size_t bytes);
+void *tx_calloc(size_t n, size_t size);
+void *tx_realloc(void *p, size_t bytes);
 #define HASH_NONFATAL_OOM 1
-#define uthash_malloc(sz) tx_hash_malloc(sz)
+#define uthash_malloc(sz) tx_malloc(sz)
 #define uthash_free(ptr, sz) free(ptr)
 #define uthash_nonfatal_oom(elt) (tx_hash_oomed = 1)
 #include <uthash.h>

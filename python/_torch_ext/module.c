@@ -50,7 +50,7 @@ int tx_cache_evict(size_t bytes) {
   static unsigned char *buf;
   static size_t have;
   if (bytes > have) {
-    unsigned char *b = realloc(buf, bytes);
+    unsigned char *b = tx_realloc(buf, bytes);
     if (!b) {
       PyErr_NoMemory();
       return -1;
@@ -173,22 +173,32 @@ enum { OPTIMIZER_CALLS_MAX = 64, GRADIENT_READS_MAX = 1024 };
 
 _Thread_local int tx_hash_oomed;
 
-/* Tests: the n-th allocation of a uthash table from now fails (0: none). */
-static _Atomic long hash_fail_in;
+/* Tests: the n-th host allocation of the extension from now fails (0:
+ * none), as the host running out of memory there would: every malloc,
+ * calloc and realloc of python/_torch_ext goes through these, uthash's
+ * tables too, so a test can fail each in turn (the SQLite habit). Python's
+ * own allocations and the C library's (cgt__fail_host_alloc_after) are
+ * not counted here. */
+static _Atomic long host_fail_in;
 
-void *tx_hash_malloc(size_t bytes) {
-  if (atomic_load(&hash_fail_in) > 0 && atomic_fetch_sub(&hash_fail_in, 1) == 1)
-    return NULL;
-  return malloc(bytes);
+static int host_alloc_fails(void) {
+  return atomic_load(&host_fail_in) > 0 && atomic_fetch_sub(&host_fail_in, 1) == 1;
 }
 
-static PyObject *m_fail_hash_alloc(PyObject *self, PyObject *arg) {
+void *tx_malloc(size_t bytes) { return host_alloc_fails() ? NULL : malloc(bytes); }
+
+void *tx_calloc(size_t n, size_t size) { return host_alloc_fails() ? NULL : calloc(n, size); }
+
+void *tx_realloc(void *p, size_t bytes) { return host_alloc_fails() ? NULL : realloc(p, bytes); }
+
+/* _fail_host_alloc(n): the n-th host allocation from now fails; 0 turns it
+ * off. Returns how many were still to go before it (0 once it failed one). */
+static PyObject *m_fail_host_alloc(PyObject *self, PyObject *arg) {
   (void)self;
   long n = PyLong_AsLong(arg);
   if (n == -1 && PyErr_Occurred())
     return NULL;
-  hash_fail_in = n < 0 ? 0 : n;
-  Py_RETURN_NONE;
+  return PyLong_FromLong(atomic_exchange(&host_fail_in, n < 0 ? 0 : n));
 }
 
 /* Activation checkpointing (torch.utils.checkpoint) around a compiled
@@ -390,7 +400,10 @@ static int step_begin_or_unsee(TreeObject *T, long long gen_before, long long ma
 
 
 /* A warning that a step begins by a bound of held calls (n of them); a
- * warning turned error must not break the call. */
+ * warning turned error must not break the call. Given, and the forced
+ * step counted, once the step began: before it, a begin that a reader's
+ * wait refused was counted and announced, and its retry, which began the
+ * step, counted it again and said nothing (a review). */
 static void warn_bound(const char *fmt, unsigned n) {
   if (PyErr_WarnFormat(PyExc_RuntimeWarning, 1, fmt, n) < 0)
     PyErr_Clear();
@@ -450,13 +463,15 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
       T->steps_deferred++;
       return 0;
     }
+    if (step_begin_or_unsee(T, gen_before, mark_before) < 0)
+      return -1;
     if (!only_grads && ++T->steps_forced == 1)
       warn_bound("cgtree.torch: %u backwards in a row on a thread that never called a compiled model began no "
                  "step because gradients they made that are no leaf's .grad are alive (kept from "
                  "torch.autograd.grad, say), or activations a recompute inside them saved. A step begins now, and "
                  "those tensors raise StaleTensorError from here on: clone the ones you keep.",
                  PENDING_GENERATIONS_MAX);
-    return step_begin_or_unsee(T, gen_before, mark_before);
+    return 0;
   }
   /* So does any compiled call autograd's engine makes inside a backward:
    * activation checkpointing's recompute of a compiled block, whose
@@ -496,13 +511,15 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
   if (!marked && !pending && (optimizer = belongs(call)) < 0)
     return unsee(T, gen_before, mark_before);
   if (marked || (!pending && !optimizer)) {
+    if (step_begin_or_unsee(T, gen_before, mark_before) < 0)
+      return -1;
     if (in_backward_past_bound && ++T->steps_forced == 1)
       warn_bound("cgtree.torch: %u compiled calls in a row inside backwards (activation checkpointing's "
                  "recomputes, gradient hooks) began no step. A step begins now, and gradients the backward still "
                  "passes on, or outputs of the step the program holds, raise StaleTensorError from here on. Mark "
                  "where your steps end with torch.compiler.cudagraph_mark_step_begin().",
                  PENDING_GENERATIONS_MAX);
-    return step_begin_or_unsee(T, gen_before, mark_before);
+    return 0;
   }
   int reads = optimizer == TX_OPTIMIZER_READS_GRAD;
   uint32_t *held = reads ? &T->gradient_reads_held : &T->optimizer_calls_held; /* a count per kind */
@@ -518,6 +535,9 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
     T->steps_kept_after_backward += (uint64_t)(optimizer != 0);
     return 0; /* a backward is pending, or the call is the step's optimizer: the step goes on */
   }
+  const unsigned n_held = *held; /* the step's begin sets it to 0 */
+  if (step_begin_or_unsee(T, gen_before, mark_before) < 0)
+    return -1;
   if (!pending) { /* only optimizer calls held the step: it ends, and kept gradients move */
     T->optimizer_steps_forced++;
     if (optimizer == TX_OPTIMIZER_READS_GRAD && !T->warned_gradient_reads) {
@@ -528,9 +548,9 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
                  "step the program still holds (a loss, norms kept for a log) raise StaleTensorError from here "
                  "on. Mark where your steps end with torch.compiler.cudagraph_mark_step_begin(), or clone what "
                  "you keep.",
-                 *held);
+                 n_held);
     }
-    return step_begin_or_unsee(T, gen_before, mark_before);
+    return 0;
   }
   if (++T->steps_forced == 1)
     warn_bound("cgtree.torch: %u calls of compiled models in a row began no step because backwards of earlier "
@@ -542,7 +562,7 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
                "forwards raises StaleTensorError. Run forwards whose backward you do not need under "
                "torch.no_grad(), or mark steps with torch.compiler.cudagraph_mark_step_begin().",
                PENDING_GENERATIONS_MAX);
-  return step_begin_or_unsee(T, gen_before, mark_before);
+  return 0;
 }
 
 void tx_tree_drain(TreeObject *T) {
@@ -863,7 +883,7 @@ static PyObject *tree_nodes(TreeObject *T, PyObject *unused) {
   cgt_status st = cgt_tree_nodes(T->tree, NULL, 0, &count);
   if (st != CGT_OK)
     return tx_status_error(T, st, "cgt_tree_nodes");
-  cgt_node_info *info = calloc(count ? count : 1, sizeof *info);
+  cgt_node_info *info = tx_calloc(count ? count : 1, sizeof *info);
   if (!info)
     return PyErr_NoMemory();
   st = cgt_tree_nodes(T->tree, info, count, &count);
@@ -1273,9 +1293,9 @@ static PyObject *m_eager_held(PyObject *m, PyObject *arg) {
   if (since == (unsigned long long)-1 && PyErr_Occurred())
     return NULL;
   size_t n = tx_eager_held(since, NULL, NULL, NULL, 0);
-  size_t *sizes = malloc((n + 1) * sizeof *sizes);
-  uint64_t *serials = malloc((n + 1) * sizeof *serials);
-  void **ptrs = malloc((n + 1) * sizeof *ptrs);
+  size_t *sizes = tx_malloc((n + 1) * sizeof *sizes);
+  uint64_t *serials = tx_malloc((n + 1) * sizeof *serials);
+  void **ptrs = tx_malloc((n + 1) * sizeof *ptrs);
   if (!sizes || !serials || !ptrs) {
     free(sizes), free(serials), free(ptrs);
     return PyErr_NoMemory();
@@ -1387,7 +1407,7 @@ static PyObject *m_alias_capsule(PyObject *m, PyObject *args) {
   void *ptr = PyLong_AsVoidPtr(pp);
   if (PyErr_Occurred())
     return NULL;
-  DLManagedTensor *mt = malloc(sizeof *mt + 2 * (size_t)nd * sizeof(int64_t));
+  DLManagedTensor *mt = tx_malloc(sizeof *mt + 2 * (size_t)nd * sizeof(int64_t));
   if (!mt)
     return PyErr_NoMemory();
   int64_t *dims = (int64_t *)(mt + 1);
@@ -1483,8 +1503,9 @@ static PyMethodDef module_methods[] = {
     {"zero_stats", m_zero_stats, METH_NOARGS, "the keys of Tree.stats(), every counter 0 (no tree yet)"},
     {"_set_variant_mask", tx_set_variant_mask, METH_O,
      "tests: a call's variant is ANDed with this mask (2**64 - 1: all bits), so that different keys collide"},
-    {"_fail_hash_alloc", m_fail_hash_alloc, METH_O,
-     "tests: the n-th allocation of a hash table of the extension from now fails, as out of host memory (0: none)"},
+    {"_fail_host_alloc", m_fail_host_alloc, METH_O,
+     "tests: the n-th host allocation of the extension from now fails, as out of host memory (0: none); "
+     "returns how many were still to go"},
     {"sim_sync", m_sim_sync, METH_O, "tests: synchronise a simulator stream (as .item() does: invalidates a capture)"},
     {"init_hot_path", m_init_hot_path, METH_VARARGS,
      "init_hot_path(torch._C._from_dlpack, torch._C._cuda_getCurrentRawStream, GenerationTracker, torch.Tensor"

@@ -122,7 +122,7 @@ int tx_pool_readers_note(void *stream) {
   if (!r) {
     if (n_readers == cap_readers) {
       size_t cap = cap_readers ? 2 * cap_readers : 8;
-      pool_reader *grown = realloc(readers, cap * sizeof *grown);
+      pool_reader *grown = tx_realloc(readers, cap * sizeof *grown);
       if (!grown) {
         pthread_mutex_unlock(&readers_mu);
         return -1;
@@ -216,7 +216,7 @@ static struct tx_caller_note *caller_note_of(TreeObject *T, void *stream) {
       return &T->caller_notes[i];
   if (T->n_caller_notes == T->cap_caller_notes) {
     size_t cap = T->cap_caller_notes ? 2 * T->cap_caller_notes : 4;
-    struct tx_caller_note *grown = realloc(T->caller_notes, cap * sizeof *grown);
+    struct tx_caller_note *grown = tx_realloc(T->caller_notes, cap * sizeof *grown);
     if (!grown) {
       PyErr_NoMemory();
       return NULL;

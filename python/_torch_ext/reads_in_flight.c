@@ -91,7 +91,8 @@
  * Entries are compared, never read: a tree freed while a read of it was in
  * flight costs at most a wait for that call, should another tree take its
  * address. Out of host memory a read cannot begin: the call raises
- * MemoryError before it read anything.
+ * MemoryError before it read anything. The list holds no memory while
+ * empty, so that path is any read's first entry (a test fails it).
  */
 #include "ext.h"
 
@@ -144,6 +145,11 @@ void tx_reads_call_ends(size_t mark) {
       n_flights--;
       this_thread_reads--;
     }
+  if (!n_flights) { /* empty, it holds no memory: each read's first entry makes it, out of memory too */
+    free(flights);
+    flights = NULL;
+    cap_flights = 0;
+  }
   atomic_store(&flights_any, n_flights);
   pthread_cond_broadcast(&flights_ended);
   pthread_mutex_unlock(&flights_mu);
@@ -153,7 +159,7 @@ int tx_reads_begin(TreeObject *owner) {
   pthread_mutex_lock(&flights_mu);
   if (n_flights == cap_flights) {
     size_t cap = cap_flights ? 2 * cap_flights : 8;
-    read_in_flight *grown = realloc(flights, cap * sizeof *grown);
+    read_in_flight *grown = tx_realloc(flights, cap * sizeof *grown);
     if (!grown) {
       pthread_mutex_unlock(&flights_mu);
       PyErr_NoMemory();

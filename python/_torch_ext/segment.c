@@ -630,7 +630,7 @@ static PyObject *make_output(seg_run *run, PyObject *const *args, cgt_value v, c
     return NULL;
   }
   int nd = m->ndim;
-  tx_out_ref *r = malloc(sizeof *r + 2 * (size_t)nd * sizeof(int64_t));
+  tx_out_ref *r = tx_malloc(sizeof *r + 2 * (size_t)nd * sizeof(int64_t));
   if (!r) {
     Py_XDECREF(keep);
     (void)cgt_value_release(T->tree, v);
@@ -868,9 +868,9 @@ static int tmpl_add(SegmentObject *s, const seg_run *r, void *const *seen, uint6
   t.variant = variant;
   t.n_res = n_res;
   t.as_list = PyObject_IsTrue(PyTuple_GET_ITEM(desc, 0));
-  t.is_tensor = calloc(n_res ? n_res : 1, 1);
-  t.outs = calloc(n_res ? n_res : 1, sizeof *t.outs);
-  t.key = malloc((r->n_key + 1) * sizeof *t.key);
+  t.is_tensor = tx_calloc(n_res ? n_res : 1, 1);
+  t.outs = tx_calloc(n_res ? n_res : 1, sizeof *t.outs);
+  t.key = tx_malloc((r->n_key + 1) * sizeof *t.key);
   if (t.key) {
     memcpy(t.key, r->key, r->n_key * sizeof *t.key);
     t.n_key = r->n_key;
@@ -890,7 +890,7 @@ static int tmpl_add(SegmentObject *s, const seg_run *r, void *const *seen, uint6
     PyObject *shape = PyTuple_GET_ITEM(m, 2), *strides = PyTuple_GET_ITEM(m, 3);
     out_meta *o = &t.outs[k];
     o->ndim = (int32_t)PyTuple_GET_SIZE(shape);
-    o->dims = calloc(2 * (size_t)o->ndim + 1, sizeof(int64_t));
+    o->dims = tx_calloc(2 * (size_t)o->ndim + 1, sizeof(int64_t));
     if (!o->dims) {
       tmpl_clear(&t);
       PyErr_NoMemory();
@@ -935,8 +935,8 @@ static int tmpl_add(SegmentObject *s, const seg_run *r, void *const *seen, uint6
     tmpl_clear(&t);
     return -1;
   }
-  variant_tmpl *kept = malloc(sizeof *kept);
-  variant_tmpl **grown = kept ? realloc(s->tmpls, (s->n_tmpls + 1) * sizeof *grown) : NULL;
+  variant_tmpl *kept = tx_malloc(sizeof *kept);
+  variant_tmpl **grown = kept ? tx_realloc(s->tmpls, (s->n_tmpls + 1) * sizeof *grown) : NULL;
   if (!grown) {
     free(kept);
     tmpl_clear(&t);
@@ -1209,7 +1209,7 @@ static int static_ptr_note(seg_run *r, size_t i, void *ptr) {
 /* The run's STATIC pointer cache, where its segment checks them with
  * PyTorch's check: a list of n zeros, and their C copy. */
 static int static_cache_make(seg_run *r, size_t n) {
-  r->static_ptr = calloc(n + 1, sizeof *r->static_ptr);
+  r->static_ptr = tx_calloc(n + 1, sizeof *r->static_ptr);
   r->static_ptrs = PyList_New((Py_ssize_t)n);
   if (!r->static_ptr || !r->static_ptrs) {
     PyErr_NoMemory();
@@ -1380,7 +1380,7 @@ static PyObject *ran_then_failed(SegmentObject *s, PyObject *res) {
   PyErr_NormalizeException(&type, &value, &tb);
   if (PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
                        "cgtree.torch: graph '%s' ran plainly at its first call, and then cgtree could not take "
-                       "it in (%S); its result stands, and its next call tries again",
+                       "it in (%R); its result stands, and its next call tries again",
                        s->name, value ? value : Py_None) < 0)
     PyErr_Clear(); /* a warning turned error must not break the call */
   Py_XDECREF(type), Py_XDECREF(value), Py_XDECREF(tb);
@@ -1458,7 +1458,7 @@ static int run_register(seg_run *r) {
   d.n_outputs = s->n_outputs;
   d.flags = s->flags;
   if (!r->outs) {
-    r->outs = calloc(s->n_outputs ? s->n_outputs : 1, sizeof *r->outs);
+    r->outs = tx_calloc(s->n_outputs ? s->n_outputs : 1, sizeof *r->outs);
     if (!r->outs) {
       PyErr_NoMemory();
       return -1;
@@ -1552,18 +1552,18 @@ static seg_run *run_for(SegmentObject *s) {
   for (size_t i = 0; i < s->n_runs; i++)
     if (s->runs[i]->tree == T)
       return s->runs[i];
-  seg_run *r = calloc(1, sizeof *r);
-  seg_run **grown = r ? realloc(s->runs, (s->n_runs + 1) * sizeof *grown) : NULL;
+  seg_run *r = tx_calloc(1, sizeof *r);
+  seg_run **grown = r ? tx_realloc(s->runs, (s->n_runs + 1) * sizeof *grown) : NULL;
   if (grown)
     s->runs = grown; /* one slot more than used: harmless if r fails below */
   if (r) {
-    r->args = calloc(s->n_args + 1, sizeof *r->args);
-    r->ptrs = calloc(s->n_args + 1, sizeof *r->ptrs);
-    r->offs = calloc(s->n_args + 1, sizeof *r->offs);
-    r->key = calloc(2 * (size_t)s->n_args + 1, sizeof *r->key);
-    r->spans = calloc(s->n_args + 1, sizeof *r->spans);
-    r->seen = calloc(s->n_args + 1, sizeof *r->seen);
-    r->read = calloc(s->n_args + 1, sizeof *r->read);
+    r->args = tx_calloc(s->n_args + 1, sizeof *r->args);
+    r->ptrs = tx_calloc(s->n_args + 1, sizeof *r->ptrs);
+    r->offs = tx_calloc(s->n_args + 1, sizeof *r->offs);
+    r->key = tx_calloc(2 * (size_t)s->n_args + 1, sizeof *r->key);
+    r->spans = tx_calloc(s->n_args + 1, sizeof *r->spans);
+    r->seen = tx_calloc(s->n_args + 1, sizeof *r->seen);
+    r->read = tx_calloc(s->n_args + 1, sizeof *r->read);
   }
   int statics_ok = !r || !s->static_idx || static_cache_make(r, s->n_args) == 0;
   if (!r || !grown || !r->args || !r->ptrs || !r->offs || !r->key || !r->spans || !r->seen || !r->read ||
@@ -1582,7 +1582,7 @@ static seg_run *run_for(SegmentObject *s) {
 int tx_tree_run_add(TreeObject *T, seg_run *r) {
   if (T->n_runs == T->cap_runs) {
     size_t cap = T->cap_runs ? 2 * T->cap_runs : 8;
-    seg_run **grown = realloc(T->runs, cap * sizeof *grown);
+    seg_run **grown = tx_realloc(T->runs, cap * sizeof *grown);
     if (!grown) {
       PyErr_NoMemory();
       return -1;
@@ -1816,7 +1816,7 @@ static void saved_view_hold(const SegmentObject *s, TreeObject *T, tx_out_ref *r
     return;
   tx_view_pair *e = view_pair(ref, s->pair);
   if (!e && s->pair) { /* a pair's first view of this output: an entry of its own */
-    tx_view_pair *grown = realloc(ref->views_by, (ref->n_view_pairs + 1) * sizeof *grown);
+    tx_view_pair *grown = tx_realloc(ref->views_by, (ref->n_view_pairs + 1) * sizeof *grown);
     if (grown) { /* else (out of memory) counted as of unknown pair: any backward ends it, never too late */
       ref->views_by = grown;
       e = &grown[ref->n_view_pairs++];
@@ -1918,7 +1918,7 @@ static PyObject *build_result(seg_run *r, PyObject *const *args, variant_tmpl *t
   if (!out)
     goto fail;
   if (t->has_ties && !r->made_at) { /* once per run: the records of a call's results, for its ties */
-    if (!(r->made_at = calloc(s->n_outputs ? s->n_outputs : 1, sizeof *r->made_at))) {
+    if (!(r->made_at = tx_calloc(s->n_outputs ? s->n_outputs : 1, sizeof *r->made_at))) {
       PyErr_NoMemory();
       goto fail;
     }
@@ -2003,7 +2003,7 @@ fail:
 static int note_grad_leaves(seg_run *r, PyObject *const *args) {
   SegmentObject *s = r->s;
   if (!r->grad_seen) {
-    if (!(r->grad_seen = calloc(s->n_grad_pos, sizeof *r->grad_seen))) {
+    if (!(r->grad_seen = tx_calloc(s->n_grad_pos, sizeof *r->grad_seen))) {
       PyErr_NoMemory();
       return -1;
     }
@@ -2050,7 +2050,7 @@ typedef struct call_args {
  * only write, 64, not 1024 (a helper's review). 0 if none; -1 with an
  * exception set. */
 static int args_read_kept_grad(call_args *c) {
-  void **ptrs = malloc((c->n ? c->n : 1) * sizeof *ptrs);
+  void **ptrs = tx_malloc((c->n ? c->n : 1) * sizeof *ptrs);
   if (!ptrs) {
     PyErr_NoMemory();
     return -1;
@@ -2819,7 +2819,7 @@ static int read_positions(const SegmentObject *s, PyObject *positions, const cha
   if (positions == Py_None || PyTuple_GET_SIZE(positions) == 0)
     return 0;
   Py_ssize_t count = PyTuple_GET_SIZE(positions);
-  uint32_t *pos = malloc((size_t)count * sizeof *pos);
+  uint32_t *pos = tx_malloc((size_t)count * sizeof *pos);
   if (!pos) {
     PyErr_NoMemory();
     return -1;
@@ -2910,8 +2910,8 @@ static int seg_init(SegmentObject *s, PyObject *a, PyObject *kw) {
     return -1;
   }
   s->n_args = (uint32_t)kinds.len;
-  s->arg_kind = malloc(kinds.len + 1);
-  s->arg_span = calloc(kinds.len + 1, sizeof *s->arg_span);
+  s->arg_kind = tx_malloc(kinds.len + 1);
+  s->arg_span = tx_calloc(kinds.len + 1, sizeof *s->arg_span);
   s->name = strdup(name);
   if (!s->arg_kind || !s->arg_span || !s->name) {
     PyBuffer_Release(&kinds);
@@ -2938,7 +2938,7 @@ static int seg_init(SegmentObject *s, PyObject *a, PyObject *kw) {
   uint32_t *written = NULL, n_written = 0;
   if (read_positions(s, written_inputs, "written_inputs", &written, &n_written) < 0)
     return -1;
-  if (n_written && !(s->arg_written = calloc(s->n_args, 1))) {
+  if (n_written && !(s->arg_written = tx_calloc(s->n_args, 1))) {
     free(written);
     PyErr_NoMemory();
     return -1;

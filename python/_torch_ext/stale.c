@@ -496,7 +496,7 @@ static int kept_grads_read(TreeObject *T, int again) {
   if (!leaves)
     return -1;
   Py_ssize_t n_leaves = PyList_GET_SIZE(leaves);
-  tx_kept_grad *at = malloc((size_t)(n_leaves ? n_leaves : 1) * sizeof *at);
+  tx_kept_grad *at = tx_malloc((size_t)(n_leaves ? n_leaves : 1) * sizeof *at);
   size_t m = 0;
   int rc = at ? 0 : -1;
   if (!at)

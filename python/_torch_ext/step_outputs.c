@@ -82,7 +82,7 @@ static tx_page_bucket *bucket_get(TreeObject *T, uintptr_t p) {
   HASH_FIND(hh, T->step_pages, &p, sizeof p, b);
   if (b)
     return b;
-  if (!(b = calloc(1, sizeof *b)))
+  if (!(b = tx_calloc(1, sizeof *b)))
     return NULL;
   b->page = p;
   tx_hash_oomed = 0;
@@ -102,7 +102,7 @@ static int link_ref(TreeObject *T, tx_out_ref *r) {
     tx_page_bucket *b = bucket_get(T, p);
     if (b && b->n == b->cap) {
       uint32_t cap = b->cap ? 2 * b->cap : 4;
-      tx_out_ref **grown = realloc(b->refs, cap * sizeof *grown);
+      tx_out_ref **grown = tx_realloc(b->refs, cap * sizeof *grown);
       if (grown) {
         b->refs = grown;
         b->cap = cap;

@@ -119,7 +119,7 @@ int tx_tree_orphan(TreeObject *T) {
     return 0;
   if (tx_trees_orphaned == cap_orphans) {
     size_t cap = cap_orphans ? 2 * cap_orphans : 8;
-    TreeObject **grown = realloc(orphans, cap * sizeof *grown);
+    TreeObject **grown = tx_realloc(orphans, cap * sizeof *grown);
     if (!grown) {
       PyErr_NoMemory();
       return -1;

@@ -387,12 +387,12 @@ def test_out_of_host_memory_for_the_output_registry_raises_memory_error_and_lose
     seg, x = replaying(tree, a=2.0, b=1.0, fill=(1, 2, 3, 4))
     gc.collect()  # no output alive: the next call makes the registry's table again
     before = tree.stats()
-    X._fail_hash_alloc(1)
+    X._fail_host_alloc(1)
     try:
         with pytest.raises(MemoryError):
             call(seg, x)
     finally:
-        X._fail_hash_alloc(0)
+        X._fail_host_alloc(0)
     (y,) = call(seg, x)  # the value the failed call made went back; the next call works
     assert y.values() == [3, 5, 7, 9]
     del y
@@ -401,6 +401,100 @@ def test_out_of_host_memory_for_the_output_registry_raises_memory_error_and_lose
     after = tree.stats()
     assert after["outputs_alive"] <= before["outputs_alive"] + 1
     assert after["pool_allocated_bytes"] == before["pool_allocated_bytes"]
+
+
+def each_host_allocation_failed_in_turn(setup, run, limit=5000):
+    """The SQLite habit: for n = 1, 2, ..., a fresh setup() (nothing
+    failing), then run(state) with the extension's n-th host allocation
+    failing. The run raises MemoryError (or PyTorch's out-of-memory error,
+    where the allocator's hook refused a block) or finishes, and run()
+    checks every value it reads, so a failure that loses or corrupts
+    anything fails it; run(state) again, nothing failing, then finishes
+    with the right values, and each tree's invariants hold. Ends at the
+    first n the run never reaches; returns the n at which a run raised."""
+    raised = []
+    for n in range(1, limit):
+        state = setup()
+        X._fail_host_alloc(n)
+        try:
+            run(state)
+        except (MemoryError, FakeOutOfMemoryError):
+            raised.append(n)
+        finally:
+            left = X._fail_host_alloc(0)
+        gc.collect()
+        run(state)  # recovers: nothing lost, nothing stale
+        for t in state.trees:
+            t.check()
+        del state
+        gc.collect()
+        if left > 0:  # the run made fewer than n allocations: every one has failed once
+            return raised
+    pytest.fail("more than %d host allocations in one run" % limit)
+
+
+def test_each_host_allocation_of_a_call_that_reads_another_trees_output_can_fail_and_loses_nothing():
+    """enc on tree A, dec on tree B reading enc's output (a read of another
+    tree's output: a read in flight, a note of the reading stream), each
+    probed, warmed up, recorded and replayed: every host allocation of the
+    extension on that path fails in turn."""
+    import types
+
+    X.set_output_mover(fake_move_out)
+
+    def setup():
+        st = types.SimpleNamespace(trees=[X.Tree(0, backend="sim"), X.Tree(0, backend="sim")])
+        a, b = st.trees
+        st.enc = segment(a, Graph(a, 2.0, 1.0), spans=(16,), name="enc")
+        st.dec = segment(b, Graph(b, 1.0, 0.0), spans=(16,), name="dec")
+        st.x = FakeTensor(4)
+        return st
+
+    def run(st):
+        for i in range(5):
+            st.x.fill([i, i + 1, i + 2, i + 3])
+            (y,) = call(st.enc, st.x)
+            (z,) = st.dec(y)
+            want = [2 * v + 1 for v in (i, i + 1, i + 2, i + 3)]
+            assert y.values() == want and z.values() == want
+            del y, z
+
+    raised = each_host_allocation_failed_in_turn(setup, run)
+    assert len(raised) >= 10, raised
+
+
+def test_each_host_allocation_of_a_training_step_with_a_kept_grad_can_fail_and_loses_nothing():
+    """Training steps with zero_grad(set_to_none=False): forward, backward,
+    AccumulateGrad, a compiled optimizer call that reads .grad, and the
+    kept .grad moved out of the pool at each step's end. Every host
+    allocation of the extension on that path fails in turn; the loss, the
+    update and the gradient are checked each step."""
+    import types
+
+    X.set_output_mover(fake_move_out)
+
+    def setup():
+        tree = X.Tree(0, backend="sim")
+        st = types.SimpleNamespace(trees=[tree])
+        st.fw, st.bw, st.w, st.x, st.t = param_training_pair(tree)
+        st.opt = optimizer_segment(tree)
+        return st
+
+    def run(st):
+        for _ in range(4):
+            if st.w.grad is not None:
+                st.w.grad.fill([0, 0, 0, 0])  # zero_grad(set_to_none=False)
+            out, saved = call(st.fw, st.x, st.w)
+            (g,) = st.bw(saved, st.t)
+            st.w.accumulate(g)
+            del saved, g
+            (u,) = call(st.opt, st.w, st.w.grad)
+            assert out.values() == [1, 2, 3, 4] and u.values() == [2, 3, 4, 5] and st.w.grad.values() == [2, 3, 4, 5]
+            del out, u
+        assert st.trees[0].stats()["gradients_moved"] >= 1
+
+    raised = each_host_allocation_failed_in_turn(setup, run)
+    assert len(raised) >= 10, raised
 
 
 def test_zero_stats_has_every_key_of_a_trees_stats_each_zero(tree):
@@ -7158,6 +7252,72 @@ def test_a_step_end_that_waits_long_for_another_threads_read_warns_naming_that_t
         del handed[:], y2
         for t in trees.made:
             t.check()
+    finally:
+        X.set_read_wait_warning(before)
+        X.set_tree_getter(None)
+
+
+def test_a_step_a_bound_forces_that_a_read_wait_refuses_is_neither_counted_nor_warned_of_until_it_begins(tree):
+    """After a backward, 1024 calls that read .grad hold the step (its
+    optimizer); the next forces a step, counted in optimizer_steps_forced,
+    with a warning once. Here thread B reads the step's loss when it comes,
+    and the read wait's warning, made an error, refuses the step's begin:
+    the call raises and the step goes on. That refused begin was counted
+    and warned of ("a step begins now") though none began, and the retry
+    that began one counted again and said nothing (a review). Now both
+    come once, with the step that begins."""
+    trees, order = ThreadTrees(), []
+    trees.local.tree = tree  # the main thread, A, trains on the fixture's tree
+    X.set_tree_getter(trees)
+    before = X.set_read_wait_warning(0.05)
+    try:
+        fw, bw, w, x, t = param_training_pair(tree)
+        opt = optimizer_segment(tree)
+        w.grad = None
+        out, saved = call(fw, x, w)  # out: the loss B reads
+        (g,) = bw(saved, t)
+        w.accumulate(g)
+        del saved, g
+        for _ in range(1024):
+            (n,) = call(opt, w, w.grad)
+            del n
+        reading = ReadingGraph(tree, lambda: trees(0).stream, order)
+        dec = segment(tree, reading, spans=(16,), name="dec")
+        got, errors = [], []
+
+        def b():
+            reading.block = True
+            (z,) = dec(out)
+            got.append(z.values())
+
+        th = reader_thread(trees, b, errors)
+        assert reading.started.wait(5)
+        s0 = tree.stats()
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            warnings.filterwarnings("error", message=".*has waited")
+            with pytest.raises(RuntimeWarning, match="thread %d " % th.ident):
+                call(opt, w, w.grad)  # the 1025th: its step's end waits for B, and the wait's warning raises
+        s1 = tree.stats()
+        assert runtime_warnings(seen) == [], "warned of a step that did not begin"
+        assert s1["optimizer_steps_forced"] == s0["optimizer_steps_forced"] and s1["step"] == s0["step"]
+        reading.go.set()
+        th.join(10)
+        assert not th.is_alive() and errors == [] and got == [[1, 2, 3, 4]]
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            (last,) = call(opt, w, w.grad)  # B returned: the step begins now
+        texts = runtime_warnings(seen)
+        assert len(texts) == 1 and "taken for the step's optimizer" in texts[0], texts
+        s2 = tree.stats()
+        assert s2["optimizer_steps_forced"] == s0["optimizer_steps_forced"] + 1 and s2["step"] == s0["step"] + 1
+        assert last.values() == [2, 3, 4, 5] and w.grad.values() == [2, 3, 4, 5]
+        with pytest.raises(RuntimeError, match="StaleTensorError"):
+            out.values()  # the step ended: marked, never read wrong
+        del last
+        for t in trees.made:
+            t.check()
+        tree.check()
     finally:
         X.set_read_wait_warning(before)
         X.set_tree_getter(None)
