@@ -329,6 +329,7 @@ typedef struct TreeObject {
   uint64_t steps_deferred;       /* all such calls */
   uint64_t steps_kept_after_backward; /* calls that began no step as the step's optimizer (module.c) */
   int backward_this_step;        /* a backward segment ran in this step */
+  int grad_readers_step;         /* this step began at a call that read a kept .grad (TX_OPTIMIZER_READS_GRAD_FIRST) */
   int step_mark_pending;         /* step_begin() was called: the next call begins a step (module.c) */
   int ran_other_than_backward;   /* a segment that is no backward ran on this tree (module.c) */
   uint64_t steps_forced;         /* steps begun with backwards pending (PENDING_GENERATIONS_MAX) */
@@ -498,8 +499,11 @@ int tx_in_a_backward(void);
  * exception set. */
 int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), void *call);
 /* What belongs(call) answers of a call after a backward with none pending
- * (module.c, "The optimizer"): 0, the call begins a step. */
-enum { TX_OPTIMIZER_WRITES = 1, TX_OPTIMIZER_READS_GRAD = 2 };
+ * (module.c, "The optimizer"): 0, the call begins a step. The last: it
+ * reads a kept .grad with nothing of the step alive, so it begins a step
+ * (that costs nothing), and later calls that read a kept .grad go on in
+ * that step as in the backward's (grad_readers_step). */
+enum { TX_OPTIMIZER_WRITES = 1, TX_OPTIMIZER_READS_GRAD = 2, TX_OPTIMIZER_READS_GRAD_FIRST = 3 };
 /* The current stream of the tree's device, where the caller enqueues
  * (segment.c); -1 with an exception set. */
 int tx_caller_stream(TreeObject *T, void **out);

@@ -369,6 +369,7 @@ static int tx_tree_step_begin(TreeObject *T) {
   T->tied_saved_alive = 0;
   forward_watches_end(T);
   T->backward_this_step = 0;
+  T->grad_readers_step = 0;
   T->generations_deferred = 0;
   T->optimizer_calls_held = 0;
   T->gradient_reads_held = 0;
@@ -510,9 +511,13 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
   int optimizer = 0;
   if (!marked && !pending && (optimizer = belongs(call)) < 0)
     return unsee(T, gen_before, mark_before);
+  const int first_reader = optimizer == TX_OPTIMIZER_READS_GRAD_FIRST;
+  if (first_reader)
+    optimizer = 0; /* it begins a step, in which later readers of a kept .grad go on */
   if (marked || (!pending && !optimizer)) {
     if (step_begin_or_unsee(T, gen_before, mark_before) < 0)
       return -1;
+    T->grad_readers_step = first_reader;
     if (in_backward_past_bound && ++T->steps_forced == 1)
       warn_bound("cgtree.torch: %u compiled calls in a row inside backwards (activation checkpointing's "
                  "recomputes, gradient hooks) began no step. A step begins now, and gradients the backward still "

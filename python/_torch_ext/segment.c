@@ -2084,7 +2084,7 @@ static int args_read_kept_grad(call_args *c) {
  * input, 0 if neither. */
 static int belongs_to_training_step(void *call) {
   call_args *c = call;
-  if (!c->T->backward_this_step)
+  if (!c->T->backward_this_step && !c->T->grad_readers_step)
     return 0;
   /* No backward, no training forward, and it writes an input in place. */
   int writes = c->s->arg_written && inference_graph(c->s);
@@ -2103,14 +2103,21 @@ static int belongs_to_training_step(void *call) {
       return TX_OPTIMIZER_READS_GRAD;
   }
   /* A graph of neither kind after a backward: does it read a kept .grad?
-   * Only while an output of the step lives, which the step is held for:
-   * with none, beginning a step costs nothing, and an analysis loop that
-   * reads .grad at every call held the step up to the bound, a recording
-   * per call (a review). */
-  if (inference_graph(c->s) && tx_trees_have_grad_leaves() && (tx_out_ref_queue_drain(), c->T->alive_this_step)) {
+   * It is held for the step only while an output of the step lives: with
+   * none, beginning a step costs nothing, and an analysis loop that reads
+   * .grad at every call held the step up to the bound, a recording per
+   * call (a review). But such a call's own output then lives in the step
+   * it began, and the next call that reads a kept .grad (the optimizer's
+   * next parameter, where the forward ran plainly and the backward's
+   * outputs went into kept .grad tensors) began another step and marked
+   * it: StaleTensorError where Inductor computes (a helper's fault loop).
+   * So that step is a gradient readers' step, which later readers join as
+   * they join the backward's (grad_readers_step). */
+  if (inference_graph(c->s) && tx_trees_have_grad_leaves()) {
+    tx_out_ref_queue_drain(); /* outputs just dropped */
     int reads = args_read_kept_grad(c);
     if (reads)
-      return reads < 0 ? -1 : TX_OPTIMIZER_READS_GRAD;
+      return reads < 0 ? -1 : c->T->alive_this_step ? TX_OPTIMIZER_READS_GRAD : TX_OPTIMIZER_READS_GRAD_FIRST;
   }
   return writes ? TX_OPTIMIZER_WRITES : 0;
 }

@@ -420,15 +420,23 @@ def each_host_allocation_failed_in_turn(setup, run, limit=5000):
             run(state)
         except (MemoryError, FakeOutOfMemoryError):
             raised.append(n)
+        except BaseException as e:
+            e.add_note("in the run whose allocation %d failed" % n)
+            raise
         finally:
             left = X._fail_host_alloc(0)
         gc.collect()
-        run(state)  # recovers: nothing lost, nothing stale
-        for t in state.trees:
-            t.check()
+        try:
+            run(state)  # recovers: nothing lost, nothing stale
+            for t in state.trees:
+                t.check()
+        except BaseException as e:
+            e.add_note("in the run after allocation %d failed (raised: %s)" % (n, raised[-1:] == [n]))
+            raise
         del state
         gc.collect()
         if left > 0:  # the run made fewer than n allocations: every one has failed once
+            print("fault loop: %d allocations failed in turn, %d raised" % (n - 1, len(raised)))
             return raised
     pytest.fail("more than %d host allocations in one run" % limit)
 
@@ -7092,7 +7100,7 @@ class ReadingGraph(Graph):
 
     def __init__(self, tree, stream, order):
         super().__init__(tree, 1.0, 0.0, stream=stream)
-        self.block, self.order = False, order
+        self.block, self.order, self.pause = False, order, 0.2
         self.started, self.go = threading.Event(), threading.Event()
 
     def __call__(self, y, *rest):
@@ -7101,7 +7109,7 @@ class ReadingGraph(Graph):
             self.go.wait(5)
             import time
 
-            time.sleep(0.2)  # the owner's step ends here, unless it waits for this call
+            time.sleep(self.pause)  # the owner's step ends here, unless it waits for this call
         out = super().__call__(y, *rest)
         self.order.append("B read")
         return out
@@ -8399,3 +8407,784 @@ def test_a_settling_look_up_whose_pointer_read_again_raises_leaves_no_step_end_w
         gc.collect()
     finally:
         X.set_tree_getter(None)
+
+
+# ---- More fault loops (a review): each path's host allocations failed in turn. ----
+
+def _ns(**kw):
+    import types
+
+    return types.SimpleNamespace(**kw)
+
+
+def test_each_host_allocation_of_calls_over_several_variants_with_graph_eviction_can_fail_and_loses_nothing():
+    """Int arguments key three variants through a budget of two graphs:
+    new variant templates, evictions, re-recordings."""
+    X.set_output_mover(fake_move_out)
+
+    def setup():
+        t = X.Tree(0, backend="sim", max_graphs=2)
+        g = Graph(t, 1.0, 0.0)
+
+        def scaled(x, k):
+            (y,) = g(x)
+            X.sim_launch(t.stream, k_affine, y.ptr, y.ptr, y.n, float(k), 0.0)
+            return (y,)
+
+        return _ns(trees=[t], seg=segment(t, scaled, kinds=(ARG_TENSOR, ARG_INT), spans=(16, 0), name="shapes"),
+                   x=FakeTensor(4).fill([1, 2, 3, 4]))
+
+    def run(st):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for i in range(12):
+                k = 1 + i % 3
+                (y,) = call(st.seg, st.x, k)
+                assert y.values() == [k * v for v in [1, 2, 3, 4]]
+                del y
+
+    raised = each_host_allocation_failed_in_turn(setup, run)
+    assert len(raised) >= 10, raised
+
+
+def test_each_host_allocation_of_calls_with_inputs_of_two_sizes_can_fail_and_loses_nothing():
+    """Dynamic shapes: the same segment called with 4 and 8 elements, the size
+    passed as an int (a SymInt), as Dynamo's dynamic graphs take it: two variants."""
+    X.set_output_mover(fake_move_out)
+
+    def setup():
+        t = X.Tree(0, backend="sim")
+        g = Graph(t, 2.0, 1.0)
+        return _ns(trees=[t], seg=segment(t, lambda x, n: g(x), kinds=(ARG_TENSOR, ARG_INT), spans=(0, 0), name="dyn"),
+                   xs=[FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(8).fill([1, 2, 3, 4, 5, 6, 7, 8])])
+
+    def run(st):
+        for i in range(10):
+            x = st.xs[i % 2]
+            (y,) = call(st.seg, x, x.n)
+            assert y.values() == [2 * v + 1 for v in x.values()]
+            del y
+
+    raised = each_host_allocation_failed_in_turn(setup, run)
+    assert len(raised) >= 10, raised
+
+
+def test_each_host_allocation_of_views_of_an_output_passed_to_the_next_segment_can_fail_and_loses_nothing():
+    X.set_output_mover(fake_move_out)
+
+    def setup():
+        t = X.Tree(0, backend="sim")
+        return _ns(trees=[t], s1=segment(t, Graph(t, 2.0, 0.0), spans=(16,), name="one"),
+                   s2=segment(t, Graph(t, 1.0, 1.0), spans=(8,), name="two"),
+                   s3=segment(t, Graph(t, 1.0, 0.0), spans=(16,), name="three"),
+                   x=FakeTensor(4).fill([1, 2, 3, 4]))
+
+    def run(st):
+        for i in range(8):
+            Generation.generation += 1
+            (a,) = st.s1(st.x)
+            start = 1 + i % 2
+            (b,) = st.s2(a.narrow(start, 2))
+            (c,) = st.s3(a)  # a itself too: a value twice in one step
+            assert b.values() == [2 * v + 1 for v in [1, 2, 3, 4][start:start + 2]]
+            assert c.values() == [2, 4, 6, 8]
+            del a, b, c
+
+    raised = each_host_allocation_failed_in_turn(setup, run)
+    assert len(raised) >= 10, raised
+
+
+def test_each_host_allocation_of_calls_through_the_exchange_api_can_fail_and_loses_nothing():
+    X.set_output_mover(fake_move_out)
+    _, good = probes()
+    assert X.setup_exchange(X.test_exchange_api(make_from_versioned, "v1"), (XTensor,), good)["pointers"]
+    try:
+        def setup():
+            t = X.Tree(0, backend="sim")
+            return _ns(trees=[t], seg=weighted_segment(t, 3, "xchg"), x=XTensor(4),
+                       ws=[XTensor(4).fill([10, 10, 10, 10]) for _ in range(3)])
+
+        def run(st):
+            for i in range(6):
+                st.x.fill([1 + i, 2, 3, 4])
+                (y,) = call(st.seg, st.x, *st.ws)
+                assert y.values() == [11 + i, 12, 13, 14]
+                del y
+
+        raised = each_host_allocation_failed_in_turn(setup, run)
+        assert len(raised) >= 10, raised
+    finally:
+        X.setup_exchange(None, (), [])
+
+
+def test_each_host_allocation_of_the_eager_allocator_can_fail_and_loses_nothing():
+    """The allocator hooks outside any launch: allocations of two streams,
+    record_stream, frees into the front cache, hits, empty_cache."""
+    def setup():
+        X.empty_cache(-1)
+        return _ns(trees=[])
+
+    def run(st):
+        held = []
+        try:
+            for i in range(6):
+                for s in (S1, S2):
+                    n = 1000 + 600 * (i % 3)
+                    p = eager_alloc(n, s)
+                    if not p:
+                        raise FakeOutOfMemoryError("refused")
+                    held.append((p, n, s))
+                    if i % 2:
+                        if not X.record_stream(p, S2 if s == S1 else S1):
+                            raise AssertionError("record_stream refused a block of ours")
+                for p, n, s in held[:-1]:
+                    eager_free(p, n, s)
+                del held[:-1]
+        finally:
+            for p, n, s in held:
+                eager_free(p, n, s)
+        X.empty_cache(-1)
+        assert eager_figures()["front_cache_blocks"] == 0
+
+    raised = each_host_allocation_failed_in_turn(setup, run)
+    assert len(raised) >= 3, raised
+
+
+def test_each_host_allocation_of_explicit_steps_with_outputs_kept_across_them_can_fail_and_loses_nothing():
+    X.set_output_mover(fake_move_out)
+
+    def setup():
+        t = X.Tree(0, backend="sim")
+        st = _ns(trees=[t], seg=segment(t, Graph(t, 1.0, 1.0), spans=(16,)), x=FakeTensor(4).fill([0, 0, 0, 0]))
+        for _ in range(3):  # the plain first call, a warmup, a recording: then the outputs lie in the pool
+            call(st.seg, st.x)
+        return st
+
+    def run(st):
+        kept = []
+        Generation.generation += 1
+        for i in range(6):
+            for _ in range(2):
+                (y,) = st.seg(st.x)
+                assert y.values() == [1, 1, 1, 1]
+                kept.append((y, y.view()))
+            st.trees[0].step_begin()
+            assert all(v.values() == [1, 1, 1, 1] for _, v in kept[-2:])
+        (y,) = st.seg(st.x)  # that call began a step: everything kept before it is stale
+        for a, v in kept:
+            for t in (a, v):
+                with pytest.raises(RuntimeError, match="StaleTensorError"):
+                    t.values()
+        assert y.values() == [1, 1, 1, 1]
+
+    raised = each_host_allocation_failed_in_turn(setup, run)
+    assert len(raised) >= 10, raised
+
+
+def test_each_host_allocation_of_a_thread_whose_tree_is_orphaned_can_fail_and_loses_nothing():
+    X.set_output_mover(fake_move_out)
+
+    def setup():
+        main = X.Tree(0, backend="sim")
+        trees = ThreadTrees()
+        seg = segment(main, Graph(main, 2.0, 1.0, stream=lambda: trees(0).stream), spans=(16,), name="exits")
+        return _ns(trees=[main], getter=trees, seg=seg, ran_on=None, tx=FakeTensor(4), mx=FakeTensor(4))
+
+    def run(st):
+        kept, errors = [], []
+
+        def work():
+            try:
+                x = st.tx.fill([1, 2, 3, 4])
+                for _ in range(4):
+                    (y,) = call(st.seg, x)
+                    assert y.values() == [3, 5, 7, 9]
+                kept.append(y)
+            except BaseException as e:  # noqa: BLE001
+                errors.append(e.with_traceback(None))  # no frame kept: it holds the last output y
+
+        X.set_tree_getter(st.getter)
+        try:
+            in_a_thread(work)
+            if not st.getter.made or st.getter.made[-1] is st.ran_on:
+                raise errors[0]  # the thread's tree was never made
+            dead = st.ran_on = st.getter.made[-1]
+            dead.orphan()
+            x = st.mx.fill([0, 1, 2, 3])
+            err = errors[0] if errors else None
+            if err is not None:
+                err.__context__ = err.__cause__ = None  # the failed launch's frames hold the output it made
+            if err is None:
+                (z,) = call(st.seg, x)
+                assert kept[0].values() == [3, 5, 7, 9]
+                del kept[:]
+            (z,) = call(st.seg, x)
+            assert z.values() == [1, 3, 5, 7]
+            (z,) = call(st.seg, x)
+            assert dead.closed, (errors, dead.stats()["outputs_alive"])
+            if err is not None:
+                raise err
+        finally:
+            X.set_tree_getter(None)
+
+    raised = each_host_allocation_failed_in_turn(setup, run)
+    assert len(raised) >= 10, raised
+
+
+def test_each_host_allocation_of_a_backward_only_tree_with_accumulated_grads_can_fail_and_loses_nothing():
+    X.set_output_mover(fake_move_out)
+
+    def setup():
+        fw_tree, bw_tree = X.Tree(0, backend="sim"), X.Tree(0, backend="sim")
+        fw = segment(fw_tree, ParamForwardGraph(fw_tree), kinds=(ARG_TENSOR, ARG_TENSOR_STATIC), spans=(16, 16),
+                     name="fw", saved_from=1, grad_inputs=(1,))
+        bw = segment(bw_tree, BackwardGraph(bw_tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bw",
+                     backward=True)
+        return _ns(trees=[fw_tree, bw_tree], fw=fw, bw=bw, w=Leaf(4).fill([0, 0, 0, 0]),
+                   x=FakeTensor(4).fill([1, 2, 3, 4]), t=FakeTensor(4).fill([1, 1, 1, 1]))
+
+    def run(st):
+        for i in range(8):
+            if st.w.grad is not None:
+                st.w.grad.fill([0, 0, 0, 0])
+            out, saved = call(st.fw, st.x, st.w)
+            (g,) = st.bw(saved, st.t)
+            assert g.values() == [2, 3, 4, 5]
+            st.w.accumulate(g)
+            del out, saved, g
+            assert st.w.grad.values() == [2, 3, 4, 5]
+
+    raised = each_host_allocation_failed_in_turn(setup, run)
+    assert len(raised) >= 10, raised
+
+
+class TwoParamForward:
+    """out = x + w1 + w2, saving x."""
+
+    def __init__(self, tree):
+        self.tree = tree
+
+    def __call__(self, x, w1, w2):
+        tmp, out, saved = FakeTensor(x.n), FakeTensor(x.n), FakeTensor(x.n)
+        X.sim_launch(self.tree.stream, k_add, tmp.ptr, x.ptr, w1.ptr, x.n)
+        X.sim_launch(self.tree.stream, k_add, out.ptr, tmp.ptr, w2.ptr, x.n)
+        X.sim_launch(self.tree.stream, k_affine, saved.ptr, x.ptr, x.n, 1.0, 0.0)
+        return (out, saved)
+
+
+class TwoGradBackward:
+    """grads: saved + t and 2 * saved + t."""
+
+    def __init__(self, tree):
+        self.tree = tree
+
+    def __call__(self, saved, t):
+        g1, g2, tmp = FakeTensor(saved.n), FakeTensor(saved.n), FakeTensor(saved.n)
+        X.sim_launch(self.tree.stream, k_add, g1.ptr, saved.ptr, t.ptr, saved.n)
+        X.sim_launch(self.tree.stream, k_affine, tmp.ptr, saved.ptr, saved.n, 2.0, 0.0)
+        X.sim_launch(self.tree.stream, k_add, g2.ptr, tmp.ptr, t.ptr, saved.n)
+        return (g1, g2)
+
+
+def test_each_host_allocation_of_training_steps_with_two_kept_grads_moved_can_fail_and_loses_nothing():
+    X.set_output_mover(fake_move_out)
+
+    def setup():
+        tree = X.Tree(0, backend="sim")
+        fw = segment(tree, TwoParamForward(tree), kinds=(ARG_TENSOR, ARG_TENSOR_STATIC, ARG_TENSOR_STATIC),
+                     spans=(16, 16, 16), name="fw", saved_from=1, grad_inputs=(1, 2))
+        bw = segment(tree, TwoGradBackward(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bw",
+                     backward=True)
+        return _ns(trees=[tree], fw=fw, bw=bw, opt=optimizer_segment(tree), w1=Leaf(4).fill([0, 0, 0, 0]),
+                   w2=Leaf(4).fill([1, 1, 1, 1]), x=FakeTensor(4).fill([1, 2, 3, 4]),
+                   t=FakeTensor(4).fill([1, 1, 1, 1]))
+
+    def run(st):
+        for _ in range(5):
+            for w in (st.w1, st.w2):
+                if w.grad is not None:
+                    w.grad.fill([0, 0, 0, 0])
+            out, saved = call(st.fw, st.x, st.w1, st.w2)
+            g1, g2 = st.bw(saved, st.t)
+            st.w1.accumulate(g1)
+            st.w2.accumulate(g2)
+            del saved, g1, g2
+            (u1,) = call(st.opt, st.w1, st.w1.grad)
+            (u2,) = call(st.opt, st.w2, st.w2.grad)
+            assert out.values() == [2, 3, 4, 5]
+            assert u1.values() == [2, 3, 4, 5] and u2.values() == [4, 6, 8, 10], (u1.values(), u2.values())
+            assert st.w1.grad.values() == [2, 3, 4, 5] and st.w2.grad.values() == [3, 5, 7, 9]
+            del out, u1, u2
+
+    raised = each_host_allocation_failed_in_turn(setup, run)
+    assert len(raised) >= 10, raised
+
+
+def test_each_host_allocation_of_two_heads_saving_the_backbones_output_can_fail_and_loses_nothing():
+    """Two heads (pairs 1 and 2) save h, an output of the step, as a view
+    (tx_view_pair entries), a compiled call between the backwards."""
+    X.set_output_mover(fake_move_out)
+
+    def setup():
+        tree = X.Tree(0, backend="sim")
+        st = _ns(trees=[tree], backbone=segment(tree, Graph(tree, 2.0, 0.0), spans=(16,), name="backbone"),
+                 other=segment(tree, Graph(tree, 1.0, 1.0), spans=(16,), name="other"),
+                 x=FakeTensor(4).fill([1, 2, 3, 4]), t=FakeTensor(4).fill([1, 1, 1, 1]))
+        st.head1, st.bw1 = paired(tree, HeadSavingItsInput(tree), "head1", 1)
+        st.head2, st.bw2 = paired(tree, HeadSavingItsInput(tree), "head2", 2)
+        return st
+
+    def run(st):
+        for i in range(5):
+            (h,) = call(st.backbone, st.x)
+            z1, s1 = call(st.head1, h)
+            z2, s2 = call(st.head2, h)
+            assert z1.values() == z2.values() == [4, 8, 12, 16]
+            del h, z1, z2
+            (g1,) = st.bw1(s1, st.t)
+            assert g1.values() == [3, 5, 7, 9]
+            del s1, g1
+            (o,) = call(st.other, st.x)
+            assert o.values() == [2, 3, 4, 5]
+            del o
+            (g2,) = st.bw2(s2, st.t)
+            assert g2.values() == [3, 5, 7, 9], "iteration %d" % i
+            del s2, g2
+
+    raised = each_host_allocation_failed_in_turn(setup, run)
+    assert len(raised) >= 10, raised
+
+
+def test_each_host_allocation_of_the_x_equals_f_of_x_loop_with_moves_in_both_modes_can_fail_and_loses_nothing():
+    """x = f(x): the call that ends x's step moves x (implicit steps), and
+    the same loop in explicit mode with step_begin(); an output kept and a
+    stale output refused too."""
+    X.set_output_mover(fake_move_out)
+
+    def setup():
+        a, b = X.Tree(0, backend="sim"), X.Tree(0, backend="sim")
+        b.explicit_steps = True
+        return _ns(trees=[a, b], sa=segment(a, Graph(a, 2.0, 1.0), spans=(16,), name="fa"),
+                   sb=segment(b, Graph(b, 2.0, 1.0), spans=(16,), name="fb"),
+                   x0=[FakeTensor(4), FakeTensor(4)], z=FakeTensor(4).fill([0, 0, 0, 0]))
+
+    def run(st):
+        for seg, explicit, x in ((st.sa, False, st.x0[0]), (st.sb, True, st.x0[1])):
+            x.fill([1, 2, 3, 4])
+            want = [1.0, 2.0, 3.0, 4.0]
+            for i in range(6):
+                kept = x
+                if explicit:
+                    st.trees[1].step_begin()
+                    (x,) = seg(x)
+                else:
+                    (x,) = call(seg, x)
+                want = [2 * v + 1 for v in want]
+                assert x.values() == want
+                assert kept.values() == [(v - 1) / 2 for v in want]
+        (y1,) = call(st.sa, st.z)
+        (y2,) = call(st.sa, st.z)
+        assert y2.values() == [1, 1, 1, 1]
+        if st.trees[0].stats()["replays"] >= 1:  # y1 is the tree's (not a plain first call's): stale
+            with pytest.raises(X.StaleTensorError):
+                call(st.sa, y1)
+
+    raised = each_host_allocation_failed_in_turn(setup, run)
+    assert len(raised) >= 10, raised
+
+
+def test_each_host_allocation_of_many_outputs_with_record_stream_and_introspection_can_fail_and_loses_nothing():
+    """40 outputs a call (the step list and its page index grow), a stream
+    record_stream names for an output (pool_readers.c), tree.nodes() and
+    eager_held()."""
+    X.set_output_mover(fake_move_out)
+
+    def setup():
+        t = X.Tree(0, backend="sim")
+        return _ns(trees=[t], many=segment(t, ManyGraph(t, 40), spans=(16,), name="many"),
+                   reader=segment(t, Graph(t, 1.0, 0.5), spans=(8,), name="reader"), x=FakeTensor(4).fill([1, 2, 3, 4]))
+
+    def run(st):
+        since = X.eager_serial()
+        for i in range(5):
+            outs = call(st.many, st.x)
+            assert outs[39].values() == [40, 41, 42, 43]
+            _lib.cgt_torch_record_stream(outs[7].ptr, 0x7a11 + i)
+            (r,) = st.reader(outs[39].narrow(1, 2))
+            assert r.values() == [41.5, 42.5]
+            del outs, r
+        nodes = st.trees[0].nodes()
+        assert len(nodes) >= 1
+        X.eager_held(since)
+
+    raised = each_host_allocation_failed_in_turn(setup, run)
+    assert len(raised) >= 10, raised
+
+
+def test_each_host_allocation_of_branches_that_restore_a_checkpoint_can_fail_and_loses_nothing():
+    X.set_output_mover(fake_move_out)
+
+    def setup():
+        t = X.Tree(0, backend="sim")
+        segs = [segment(t, Graph(t, a, b), spans=(16,), name=n) for a, b, n in
+                ((1.0, 0.0, "one"), (2.0, 0.0, "two"), (-1.0, 0.0, "three"), (1.0, 10.0, "four"))]
+        return _ns(trees=[t], segs=segs, xs=[FakeTensor(4).fill([v] * 4) for v in (1.0, -1.0)])
+
+    def run(st):
+        s1, s2, s3, s4 = st.segs
+        for i in range(8):
+            x = st.xs[i % 2]
+            v = x.values()[0]
+            Generation.generation += 1
+            (y,) = s1(x)
+            (z,) = (s2 if y.values()[0] > 0 else s3)(y)
+            del y
+            (w,) = s4(z)
+            assert w.values() == ([12.0] * 4 if v > 0 else [11.0] * 4)
+            del z, w
+
+    raised = each_host_allocation_failed_in_turn(setup, run)
+    assert len(raised) >= 10, raised
+
+
+def test_a_forward_that_runs_plainly_then_two_optimizer_calls_reading_kept_grads_leave_the_first_ones_output_readable(
+        tree):
+    """No fault injected: the state the fault loop above reaches for one
+    step (a training forward's first call not taken in) is that of a
+    forward that runs plainly for good. With a recorded backward, its
+    gradients accumulated into kept .grad (zero_grad(set_to_none=False)),
+    and an optimizer of two compiled calls, each reading one .grad, the
+    second call begins a step and marks the first call's output: the
+    program's read of it raises StaleTensorError where Inductor computes."""
+    fw = segment(tree, TwoParamForward(tree), kinds=(ARG_TENSOR, ARG_TENSOR_STATIC, ARG_TENSOR_STATIC),
+                 spans=(16, 16, 16), name="fw", saved_from=1, grad_inputs=(1, 2), plain_reason="the test says so")
+    bw = segment(tree, TwoGradBackward(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bw",
+                 backward=True)
+    opt = optimizer_segment(tree)
+    w1, w2 = Leaf(4).fill([0, 0, 0, 0]), Leaf(4).fill([1, 1, 1, 1])
+    x, t = FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
+    for i in range(5):
+        for w in (w1, w2):
+            if w.grad is not None:
+                w.grad.fill([0, 0, 0, 0])
+        out, saved = call(fw, x, w1, w2)
+        g1, g2 = bw(saved, t)
+        w1.accumulate(g1)
+        w2.accumulate(g2)
+        del saved, g1, g2
+        (u1,) = call(opt, w1, w1.grad)
+        (u2,) = call(opt, w2, w2.grad)
+        assert u1.values() == [2, 3, 4, 5], "iteration %d" % i
+        assert u2.values() == [4, 6, 8, 10]
+        del out, u1, u2
+
+
+def test_each_host_allocation_of_making_calling_and_dropping_trees_and_segments_can_fail_and_loses_nothing():
+    """Trees and segments made inside the run (Tree and Segment's own
+    allocations), called, then dropped with an output alive; eager blocks
+    on a tree's stream, one freed into the front cache under it, while the
+    tree goes."""
+    X.set_output_mover(fake_move_out)
+
+    def setup():
+        return _ns(trees=[], x=FakeTensor(4).fill([1, 2, 3, 4]))
+
+    def run(st):
+        t = X.Tree(0, backend="sim")
+        seg = segment(t, Graph(t, 2.0, 1.0), spans=(16,), name="short")
+        w = weighted_segment(t, 2, "weighted")
+        ws = [FakeTensor(4).fill([1, 1, 1, 1]) for _ in range(2)]
+        for _ in range(4):
+            (y,) = call(seg, st.x)
+            assert y.values() == [3, 5, 7, 9]
+            (z,) = w(st.x, *ws)  # in y's step
+            assert z.values() == [2, 3, 4, 5]
+        live = _lib.cgt_torch_alloc(4096, -1, t.stream)
+        cached = _lib.cgt_torch_alloc(4096, -1, t.stream)
+        if cached:
+            _lib.cgt_torch_free(cached, 4096, -1, t.stream)
+        del seg, w, t
+        gc.collect()
+        assert y.values() == [3, 5, 7, 9]  # the tree's output outlives the objects
+        del y, z
+        gc.collect()
+        X.empty_cache(-1)
+        if live:
+            _lib.cgt_torch_free(live, 4096, -1, None)
+        if not (live and cached):
+            raise FakeOutOfMemoryError("an eager block was refused")
+
+    raised = each_host_allocation_failed_in_turn(setup, run)
+    assert len(raised) >= 10, raised
+
+
+def test_each_host_allocation_of_a_random_graph_with_a_prelaunch_function_can_fail_and_loses_nothing():
+    X.set_output_mover(fake_move_out)
+
+    def setup():
+        t = X.Tree(0, backend="sim")
+        gen = Generator(t)
+        return _ns(trees=[t], gen=gen, seg=random_segment(t, gen), x=FakeTensor(4).fill([1, 2, 3, 4]))
+
+    def run(st):
+        for _ in range(6):
+            before = st.gen.offset
+            (y,) = call(st.seg, st.x)
+            v = y.values()
+            # the state the graph read: the offset the prelaunch wrote (or the last one, in a plain run)
+            assert v[1:] == [v[0] + 1, v[0] + 2, v[0] + 3] and v[0] - 1 in (before - 1, before, 0 - 1 + before), v
+            del y
+
+    raised = each_host_allocation_failed_in_turn(setup, run)
+    assert len(raised) >= 5, raised
+
+
+def test_each_host_allocation_of_training_steps_with_an_in_place_optimizer_and_a_saved_parameter_can_fail():
+    """The forward saves w itself; the optimizer writes w in place (written_inputs)."""
+    X.set_output_mover(fake_move_out)
+
+    def setup():
+        tree = X.Tree(0, backend="sim")
+        st = _ns(trees=[tree])
+        st.fw = segment(tree, SavesParamGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR_STATIC), spans=(16, 16),
+                        name="fw", saved_from=1, grad_inputs=(1,))
+        st.bw = segment(tree, UsesParamBackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR_STATIC, ARG_TENSOR),
+                        spans=(16, 16, 16), name="bw", backward=True)
+        st.opt = segment(tree, SGDGraph(tree), kinds=(ARG_TENSOR_STATIC, ARG_TENSOR), spans=(16, 16), name="opt",
+                         written_inputs=(0,))
+        st.w, st.x, st.t = Leaf(4), FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
+        return st
+
+    def run(st):
+        st.w.fill([0, 0, 0, 0])
+        want_w = [0, 0, 0, 0]
+        for i in range(5):
+            st.w.grad = None
+            out, saved, w_saved = call(st.fw, st.x, st.w)
+            assert out.values() == [a + b for a, b in zip([1, 2, 3, 4], want_w)], i
+            (g,) = st.bw(saved, w_saved, st.t)
+            del saved, w_saved
+            st.w.accumulate(g)
+            del g
+            try:
+                call(st.opt, st.w, st.w.grad)
+            except (MemoryError, FakeOutOfMemoryError):
+                assert st.w.values() == want_w  # not applied: nothing half done
+                raise
+            want_w = [a + b for a, b in zip(want_w, [2, 3, 4, 5])]
+            assert st.w.values() == want_w, i
+
+    raised = each_host_allocation_failed_in_turn(setup, run)
+    assert len(raised) >= 10, raised
+
+
+def test_each_host_allocation_of_another_threads_calls_reading_an_output_can_fail_and_loses_nothing():
+    """Thread A (the main one, explicit steps) hands y = enc(x) to a thread
+    B, whose dec(y) runs on B's tree while A's next step waits for that
+    read (reads_in_flight.c); B's first read blocks until A's step end
+    began."""
+    X.set_output_mover(fake_move_out)
+
+    def setup():
+        main = X.Tree(0, backend="sim")
+        trees = ThreadTrees()
+        order = []
+        stream = lambda: trees(0).stream  # noqa: E731
+        st = _ns(trees=[main], getter=trees, order=order, x=FakeTensor(4),
+                 enc=segment(main, Graph(main, 2.0, 1.0, stream=stream), spans=(16,), name="enc"),
+                 reading=ReadingGraph(main, stream, order))
+        st.reading.pause = 0.02  # long enough for A's end to reach its wait, 2x128 times over
+        st.dec = segment(main, st.reading, spans=(16,), name="dec")
+        return st
+
+    def run(st):
+        X.set_tree_getter(st.getter)
+        try:
+            for i in range(4):
+                st.getter(0).explicit_steps = True
+                st.getter(0).step_begin()
+                st.x.fill([i, i + 1, i + 2, i + 3])
+                handed = list(st.enc(st.x))
+                got, errors = [], []
+                st.reading.block = i == 0
+                st.reading.started.clear()
+                st.reading.go.clear()
+
+                def b():
+                    (z,) = st.dec(handed[0])
+                    got.append(z.values())
+
+                th = reader_thread(st.getter, b, errors)
+                if i == 0:
+                    st.reading.started.wait(0.5)  # B may have failed before its read
+                    st.reading.go.set()
+                    st.getter(0).step_begin()
+                    (y2,) = st.enc(st.x)  # its step end waits for B's read
+                    del y2
+                th.join(10)
+                assert not th.is_alive()
+                if errors:
+                    if "MemoryError" in errors[0] or "out of memory" in errors[0]:
+                        raise MemoryError(errors[0])
+                    raise AssertionError(errors)
+                assert got == [[2 * v + 1 for v in (i, i + 1, i + 2, i + 3)]], (i, got)
+                handed.clear()  # B is done with it: y dies here
+        finally:
+            st.reading.block = False
+            X.set_tree_getter(None)
+        for t in st.getter.made:
+            t.check()
+
+    raised = each_host_allocation_failed_in_turn(setup, run)
+    assert len(raised) >= 10, raised
+
+
+def test_each_host_allocation_of_a_frozen_backbone_a_head_through_an_eager_op_and_a_kept_grad_can_fail():
+    """A frozen backbone that reruns its first call (rerun_first), a head
+    saving its input (pair 1) whose parameter reaches it through an eager
+    op of 3 nodes (the walk behind an input), a compiled call between
+    forward and backward, and the kept .grad accumulated over steps."""
+    X.set_output_mover(fake_move_out)
+    X.set_grad_node_kind(lambda node_type: GRAD_NODE_KINDS.get(node_type, 0))
+    try:
+        def setup():
+            tree = X.Tree(0, backend="sim")
+            st = _ns(trees=[tree], backbone=frozen_backbone(tree),
+                     other=segment(tree, Graph(tree, 1.0, 1.0), spans=(16,), name="other"),
+                     fw=segment(tree, ParamForwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR_STATIC), spans=(16, 16),
+                                name="fw", saved_from=1, grad_inputs=(1,), pair=1),
+                     bw=segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16),
+                                name="bw", backward=True, pair=1),
+                     w=Leaf(4).fill([0, 0, 0, 0]), x=FakeTensor(4).fill([1, 2, 3, 4]),
+                     t=FakeTensor(4).fill([1, 1, 1, 1]))
+            return st
+
+        def run(st):
+            st.w.grad = None
+            for i in range(5):
+                (h,) = call(st.backbone, st.x)  # 5x
+                assert h.values() == [5, 10, 15, 20]
+                out, saved = call(st.fw, h, eager_op_of(st.w, 3))  # h + w, saving h
+                assert out.values() == [5, 10, 15, 20]
+                del h, out
+                (o,) = call(st.other, st.x)  # a compiled call before the backward
+                assert o.values() == [2, 3, 4, 5]
+                del o
+                (g,) = st.bw(saved, st.t)
+                assert g.values() == [6, 11, 16, 21]
+                st.w.accumulate(g)
+                del saved, g
+                assert st.w.grad.values() == [(i + 1) * v for v in (6, 11, 16, 21)], i
+
+        raised = each_host_allocation_failed_in_turn(setup, run)
+        assert len(raised) >= 10, raised
+    finally:
+        X.set_grad_node_kind(None)
+
+
+def test_each_host_allocation_of_a_teacher_a_student_and_a_checkpointed_recompute_can_fail_and_loses_nothing():
+    """An inference output (the teacher's) held for the training forward
+    that may read it (inference watches), then a checkpointed block B whose
+    recompute is a compiled call inside the backward (graph task id)."""
+    X.set_output_mover(fake_move_out)
+    task = [-1]
+    X.set_graph_task_id(lambda: task[0])
+    try:
+        def setup():
+            tree = X.Tree(0, backend="sim")
+            gb = ForwardGraph(tree)
+            return _ns(trees=[tree],
+                       teacher=segment(tree, Graph(tree, 5.0, 0.0), spans=(16,), name="teacher"),
+                       student=segment(tree, ForwardGraph(tree), spans=(16,), name="student", saved_from=1),
+                       bw=segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16),
+                                  name="bw", backward=True),
+                       fb=X.Segment(tree, "fwB", gb, lambda inputs: gb(*inputs), alias, describe, span,
+                                    bytes((ARG_TENSOR,)), (16,), 0, False, True, saved_from=1),
+                       fc=segment(tree, ForwardGraph(tree), spans=(16,), name="fwC", saved_from=1),
+                       bb=segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16),
+                                  name="bwB", backward=True),
+                       bc=segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16),
+                                  name="bwC", backward=True),
+                       g=FakeTensor(4).fill([1, 1, 1, 1]), x=FakeTensor(4).fill([1, 2, 3, 4]))
+
+        def run(st):
+            try:
+                for i in range(4):
+                    task[0] = -1
+                    (t,) = call(st.teacher, st.x)
+                    y, saved = call(st.student, st.x)
+                    assert t.values() == [5, 10, 15, 20]
+                    task[0] = 3
+                    (gx,) = st.bw(saved, st.g)
+                    assert gx.values() == [4, 7, 10, 13]
+                    del t, y, saved, gx
+                    task[0] = -1
+                    h, sb = call(st.fb, st.x)
+                    del sb  # checkpointing keeps none of B's saved tensors
+                    y, sc = st.fc(h)
+                    task[0] = 7
+                    (gh,) = st.bc(sc, st.g)
+                    del sc
+                    h2, sb2 = call(st.fb, st.x)  # the recompute, inside the backward
+                    (gxb,) = st.bb(sb2, gh)
+                    assert gxb.values() == [3 * a + 3 * 2 * a + 1 for a in (1, 2, 3, 4)], i
+                    del h, y, gh, h2, sb2, gxb
+            finally:
+                task[0] = -1
+
+        raised = each_host_allocation_failed_in_turn(setup, run)
+        assert len(raised) >= 10, raised
+    finally:
+        X.set_graph_task_id(None)
+
+
+@pytest.mark.xfail(strict=True, reason="a known limit (docs/torch.md, out of host memory): a record_stream that "
+                   "raised MemoryError noted nothing, as PyTorch's own allocator's may; passes once it is fixed")
+def test_a_block_whose_record_stream_was_refused_for_want_of_host_memory_is_not_reused_before_that_streams_work():
+    """record_stream(p, S2) comes after the work queued on S2 that reads p
+    (`with torch.cuda.stream(s2): y = x * 2; x.record_stream(s2)`). Out of
+    host memory the record is refused and the hook raises (bad_alloc), but
+    nothing keeps x alive: the program drops it (unwinding), its block is
+    freed with no recorded stream, and goes to the front cache, which
+    hands it to the next allocation of S1 at once, while S2 may still read
+    it."""
+    X.empty_cache(-1)
+    p = eager_alloc(4096, S1)
+    X._fail_host_alloc(1)
+    try:
+        with pytest.raises(MemoryError):
+            X.record_stream(p, S2)
+    finally:
+        X._fail_host_alloc(0)
+    f0 = eager_figures()
+    eager_free(p, 4096, S1)  # x dies
+    q = eager_alloc(4000, S1)
+    try:
+        assert q != p, "the block S2 still reads serves S1's next allocation at once"
+        assert eager_figures()["front_cache_blocks"] == f0["front_cache_blocks"]
+    finally:
+        eager_free(q, 4000, S1)
+        X.empty_cache(-1)
+
+
+@pytest.mark.xfail(strict=True, reason="a known limit (docs/torch.md, out of host memory): a record_stream that "
+                   "raised MemoryError noted nothing, as PyTorch's own allocator's may; passes once it is fixed")
+def test_an_outputs_reader_stream_whose_note_was_refused_for_want_of_host_memory_is_still_waited_for(tree):
+    """The same for a compiled graph's output: record_stream(y, s) notes s
+    for the trees' next launches (pool_readers.c). Refused out of host
+    memory, y dies and the next replay overwrites its memory with no wait
+    for s."""
+    seg, x = replaying(tree)
+    (y,) = call(seg, x)
+    stream = 0x7a5500 + (id(tree) & 0xff) * 16  # a stream never noted before: its entry must be allocated
+    f0 = X.alloc_figures()
+    X._fail_host_alloc(1)
+    try:
+        with pytest.raises(MemoryError):
+            X.record_stream(y.ptr, stream)
+    finally:
+        left = X._fail_host_alloc(0)
+    assert left == 0, "the note allocated nothing (the readers' table had room): the case is not reached"
+    del y
+    call(seg, x)
+    assert X.alloc_figures()["pool_reader_waits"] > f0["pool_reader_waits"], "the replay did not wait for s"
