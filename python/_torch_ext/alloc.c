@@ -293,10 +293,34 @@ void cgt_torch_free(void *ptr, ssize_t size, int device, void *stream) {
  * Tensor.record_stream itself). eager.c keeps the stream on an eager
  * block, and the block's free waits for it; for other memory (a compiled
  * graph's output) the trees' next launches wait for it (pool_readers.c). */
+static _Atomic uint64_t records_refused, records_refused_synced;
+
+/* Out of host memory a record cannot be kept: its note (eager.c's list of
+ * the block's streams, pool_readers.c's of reading streams) could not
+ * grow, and the call fails. Nothing kept the memory from reuse then: the
+ * tensor dies as the error unwinds, an eager block went to the front cache
+ * and served its stream's next allocation, a compiled output's memory was
+ * overwritten by the next replay, while the named stream still read it (a
+ * helper's fault loops). So before it fails, the host waits for that
+ * stream's work so far, which holds the read a program queues before its
+ * record_stream (the usual order); work it queues there after the failed
+ * call is its own to order. Where the memory is no CUDA memory (the
+ * simulator) or the stream captures, nothing can wait: counted apart. */
+static int record_refused(void *ptr, void *stream) {
+  atomic_fetch_add(&records_refused, 1);
+  atomic_fetch_add(&records_refused_synced, (uint64_t)tx_dev_sync_stream_reading(ptr, stream));
+  return -1;
+}
+
+void tx_alloc_records_refused(uint64_t *refused, uint64_t *synced) {
+  *refused = atomic_load(&records_refused);
+  *synced = atomic_load(&records_refused_synced);
+}
+
 int tx_alloc_record_stream(void *ptr, void *stream) {
   int rc = tx_eager_record_stream(ptr, stream);
-  if (rc == 0 && tx_pool_readers_note(stream) < 0) /* not an eager block: a compiled graph's output, maybe */
-    return -1;
+  if (rc < 0 || (rc == 0 && tx_pool_readers_note(stream) < 0)) /* rc 0: not an eager block: a graph's output, maybe */
+    return record_refused(ptr, stream);
   return rc;
 }
 

@@ -412,6 +412,24 @@ void tx_dev_stream_destroy(void *stream, int device) {
 #endif
 }
 
+int tx_dev_sync_stream_reading(const void *ptr, void *stream) {
+#ifdef CGT_HAVE_CUDA
+  struct cudaPointerAttributes a;
+  int done = 0;
+  int mode = tx_dev_ignore_other_captures();
+  if (cudaPointerGetAttributes(&a, ptr) == cudaSuccess && a.type == cudaMemoryTypeDevice && a.device >= 0 &&
+      tx_dev_capture_id(a.device, stream) == 0)
+    WITH_DEVICE(a.device, done = cudaStreamSynchronize((cudaStream_t)stream) == cudaSuccess);
+  (void)cudaGetLastError();
+  tx_dev_heed_other_captures(mode);
+  return done;
+#else
+  (void)ptr;
+  (void)stream;
+  return 0;
+#endif
+}
+
 int tx_dev_stream_device(void *stream) {
 #if defined(CGT_HAVE_CUDA) && CUDART_VERSION >= 12080
   int device = -1;

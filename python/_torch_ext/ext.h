@@ -76,6 +76,9 @@ int tx_alloc_reclaim(void *tree_object, size_t bytes);
  * for the trees' next launches (pool_readers.c), -1 out of host memory
  * (nothing changed). */
 int tx_alloc_record_stream(void *ptr, void *stream);
+/* Records refused for want of host memory, and those whose stream the host
+ * waited for before the call failed (alloc.c, record_refused). */
+void tx_alloc_records_refused(uint64_t *refused, uint64_t *synced);
 
 typedef struct tx_alloc_figures {
   size_t eager_in_use, eager_peak; /* outside the pool, counted as PyTorch counts memory_allocated */
@@ -233,6 +236,10 @@ void tx_dev_stream_after(void *waiter, void *signaller, int device); /* waiter w
 void *tx_dev_stream_create(int device); /* a non-blocking stream of device, NULL if CUDA refuses (or none) */
 void tx_dev_stream_destroy(void *stream, int device); /* its work done first; NULL: no-op */
 int tx_dev_stream_device(void *stream); /* the stream's device; -1 if unknown, and for NULL (whose legacy stream?) */
+/* Waits on the host for stream's work so far, where ptr is CUDA device
+ * memory and stream is not capturing: 1 if it waited, else 0 (the
+ * simulator's memory, a capture, an error). */
+int tx_dev_sync_stream_reading(const void *ptr, void *stream);
 void tx_stream_wait(void *waiter, void *signaller, void *event); /* waiter waits for signaller's work so far */
 void tx_event_record(void *event, void *stream); /* no-op for a NULL event */
 void tx_event_wait(void *stream, void *event);   /* stream waits for the event's last record; no-op for NULL */

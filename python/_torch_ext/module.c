@@ -1180,6 +1180,8 @@ static PyObject *m_alloc_figures(PyObject *m, PyObject *args) {
   uint64_t reader_streams, reader_waits, reader_waits_put_off, reader_waits_for_calls, reads_rechecked;
   tx_pool_readers_figures(&reader_streams, &reader_waits, &reader_waits_put_off);
   tx_reads_figures(&reader_waits_for_calls, &reads_rechecked);
+  uint64_t records_refused, records_refused_synced;
+  tx_alloc_records_refused(&records_refused, &records_refused_synced);
   const figure figures[] = {
       {"pool_in_use", f.pool_in_use},
       {"combined_peak", f.combined_peak},
@@ -1206,6 +1208,8 @@ static PyObject *m_alloc_figures(PyObject *m, PyObject *args) {
       {"num_alloc_retries", e.num_alloc_retries},
       {"num_ooms", e.num_ooms},
       {"recorded_streams", e.recorded_streams},
+      {"records_refused", records_refused},
+      {"records_refused_synced", records_refused_synced},
       {"pool_reader_streams", reader_streams},
       {"pool_reader_waits", reader_waits},
       {"pool_reader_waits_put_off", reader_waits_put_off},

@@ -457,6 +457,43 @@ def test_record_stream_keeps_a_block_from_another_stream_until_its_work_is_done(
     assert torch.all(y == 2)  # the side stream read 1s, not z's -1s
 
 
+def test_a_record_stream_refused_for_want_of_host_memory_waits_for_the_streams_work_before_it_raises():
+    """x is read on a side stream, then x.record_stream(side), as PyTorch
+    asks. Out of host memory the record's note cannot grow and the call
+    raises; x then dies with nothing to keep its block from the next
+    allocation of its stream (the front cache), while the side stream
+    still reads it (a helper's fault loop). So the host waits for the side
+    stream's work before the call raises (records_refused_synced): it is
+    done when the error comes, and y read x's ones, not z's -1s. (On an
+    H200 the side stream was done there even with cgtree's wait taken
+    out: PyTorch's path from the refused hook to the error waited too.)"""
+    from cgtree import _torch_ext
+
+    before = ct.memory_stats()  # first: reading the figures may wait for the device
+    side = torch.cuda.Stream()
+    x = torch.ones(1 << 22, device=DEV)
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(4_000_000_000)  # a kernel of about 2 s on the side stream (the error path is slow)...
+        y = x * 2  # ...then one that reads x
+    _torch_ext._fail_host_alloc(1)  # the note's list of streams is the block's first allocation
+    try:
+        with pytest.raises((MemoryError, RuntimeError)):
+            x.record_stream(side)
+    finally:
+        left = _torch_ext._fail_host_alloc(0)
+    assert left == 0, "record_stream allocated nothing: the case is not reached"
+    assert side.query(), "the side stream's work was not done when record_stream raised"
+    after = ct.memory_stats()
+    assert after["records_refused"] == before["records_refused"] + 1
+    assert after["records_refused_synced"] == before["records_refused_synced"] + 1
+    del x
+    z = torch.zeros(1 << 22, device=DEV)  # may reuse x's block: its reader is done
+    z.fill_(-1)
+    torch.cuda.synchronize()
+    assert torch.all(y == 2)
+
+
 def test_pytorchs_record_stream_calls_reach_the_allocator_through_the_hook_and_tensors_method_is_pytorchs():
     from cgtree.torch import _record_stream
 

@@ -196,7 +196,9 @@ def memory_stats(device=None):
     of cgtree's might run or a capture not its own was known open;
     ``driver_alloc_errors``: allocations the driver's pool refused for
     another cause than memory (raised as "CUDA error: ...", not counted in
-    num_ooms).
+    num_ooms); ``records_refused``: record_stream calls that failed for
+    want of host memory, and ``records_refused_synced``: those of them
+    whose stream the host waited for before the call failed.
 
     cgtree's own figures keep their names: eager_* for memory outside the
     pool (parameters, inputs, eager ops), pool_* for the pools of the
