@@ -509,7 +509,9 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
  * (module.c, "The optimizer"): 0, the call begins a step. The last: it
  * reads a kept .grad with nothing of the step alive, so it begins a step
  * (that costs nothing), and later calls that read a kept .grad go on in
- * that step as in the backward's (grad_readers_step). */
+ * that step as in the backward's (grad_readers_step); and where in such a
+ * step the call repeats its segment's last call of the step (the same
+ * arguments), it begins a readers' step of its own. */
 enum { TX_OPTIMIZER_WRITES = 1, TX_OPTIMIZER_READS_GRAD = 2, TX_OPTIMIZER_READS_GRAD_FIRST = 3 };
 /* The current stream of the tree's device, where the caller enqueues
  * (segment.c); -1 with an exception set. */
@@ -778,6 +780,12 @@ typedef struct tx_kept_grad {
  * -1 with an exception set. One read of .grad per leaf per backward, and
  * one per hit. */
 int tx_kept_grad_among(TreeObject *T, void *const *ptrs, size_t n);
+/* T's cache of where those .grad lie, read in the step before, holds for
+ * the step just begun: the call that began it read it a moment ago (a
+ * gradient readers' step; a reread there cost a per-parameter update a
+ * read of every leaf's .grad more per step: a review). Where the begin
+ * moved a .grad, the cache is read again all the same. */
+void tx_kept_grads_carry(TreeObject *T);
 /* T's cache of where those .grad lie, emptied (a tree's end). */
 void tx_kept_grads_free(TreeObject *T);
 /* n .grad tensors moved out of T's pool: counted, and every tree's cache

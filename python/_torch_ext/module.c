@@ -154,7 +154,15 @@ int tx_check_probes(PyObject *probes, Py_ssize_t width, PyTypeObject *t0, PyType
  * a warning once: a compiled function called once per parameter (Muon's
  * orthogonalisation, a per-parameter norm) makes as many calls as the
  * model has matrices, and at 64 a model of more lost its logged loss (a
- * helper's audit).
+ * helper's audit). The step that bound begins is a gradient readers' step.
+ *
+ * A gradient readers' step. With nothing of the step alive, a call that
+ * reads a kept .grad begins a step (free: nothing lives to mark), and later
+ * readers of a kept .grad go on in it as in a backward's
+ * (T->grad_readers_step; segment.c, belongs_to_training_step, which also
+ * tells a repeated call, an analysis loop's, to begin one of its own).
+ * Its outputs are an optimizer's: they hold no training forward
+ * (tx_tree_note_inference_output).
  *
  * Gradients. A backward's outputs are handed out like any other, so
  * AccumulateGrad takes a gradient over as .grad where .grad was None, as
@@ -262,7 +270,10 @@ int tx_tree_note_forward_output(TreeObject *T, PyObject *out, int by_memory, tx_
  * output bound) begins a step at each call as before. Only before the
  * first backward: what runs after it in the step is its optimizer, its
  * gradient clipping or norm, whose outputs a loop keeps for its log, and a
- * hold on them would join every training step to the next. Only once:
+ * hold on them would join every training step to the next; nor in a
+ * gradient readers' step, whose calls are those (held there, the next
+ * iteration's forward joined it, and its readers reached the bound: a
+ * review). Only once:
  * the training forward it held is in the step, and its saved activations
  * hold the step until its backward, so the watches end there. A loop that
  * calls a trainable head many times on one feature made under no_grad,
@@ -285,8 +296,8 @@ int tx_tree_note_forward_output(TreeObject *T, PyObject *out, int by_memory, tx_
  * architecture (one graph). */
 void tx_tree_note_inference_output(TreeObject *T, tx_out_ref *made) {
   tx_out_ref *r = made;
-  if (T->explicit_steps || T->backward_this_step || !r || r->caller_memory || r->empty || r->step != T->step ||
-      r->inference_watch == T->inference_watches_ended + 1)
+  if (T->explicit_steps || T->backward_this_step || T->grad_readers_step || !r || r->caller_memory || r->empty ||
+      r->step != T->step || r->inference_watch == T->inference_watches_ended + 1)
     return;
   r->inference_watch = T->inference_watches_ended + 1;
   T->inference_memory_watched++;
@@ -518,6 +529,8 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
     if (step_begin_or_unsee(T, gen_before, mark_before) < 0)
       return -1;
     T->grad_readers_step = first_reader;
+    if (first_reader)
+      tx_kept_grads_carry(T);
     if (in_backward_past_bound && ++T->steps_forced == 1)
       warn_bound("cgtree.torch: %u compiled calls in a row inside backwards (activation checkpointing's "
                  "recomputes, gradient hooks) began no step. A step begins now, and gradients the backward still "
@@ -545,10 +558,15 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
     return -1;
   if (!pending) { /* only optimizer calls held the step: it ends, and kept gradients move */
     T->optimizer_steps_forced++;
+    /* Readers of a .grad go on reading kept ones: the step begun is a
+     * readers' step, which the next 1024 join (begun plain, each later
+     * reader began a step and marked the last one's output: a review). */
+    T->grad_readers_step = optimizer == TX_OPTIMIZER_READS_GRAD;
     if (optimizer == TX_OPTIMIZER_READS_GRAD && !T->warned_gradient_reads) {
       T->warned_gradient_reads = 1;
       warn_bound("cgtree.torch: %u calls of compiled models after a backward, each reading a gradient or updating "
-                 "an input in place (taken for the step's optimizer), went on in the backward's step. A step "
+                 "an input in place (taken for the step's optimizer), went on in one step (a backward's, or one a call "
+                 "that read a kept .grad began). A step "
                  "begins now: gradients kept as .grad move out of the pool and stay right, but outputs of the "
                  "step the program still holds (a loss, norms kept for a log) raise StaleTensorError from here "
                  "on. Mark where your steps end with torch.compiler.cudagraph_mark_step_begin(), or clone what "

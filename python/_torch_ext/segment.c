@@ -210,6 +210,11 @@ typedef struct seg_run {
   void **static_ptr;
   PyObject *static_ptrs;
   int static_known;
+  /* The arguments of this run's last call that read a kept .grad (a hash
+   * of them: args_read_kept_grad), and its step: a call with the same ones
+   * in that step repeats it (belongs_to_training_step, "A repeat"). */
+  uint64_t grad_read_args;
+  uint64_t grad_read_step;
 } seg_run;
 
 struct SegmentObject {
@@ -2037,6 +2042,9 @@ typedef struct call_args {
   TreeObject *T;
   PyObject *const *args;
   size_t n;
+  seg_run *r;
+  int reads_kept_grad; /* args_read_kept_grad found one... */
+  uint64_t args_hash;  /* ...and hashed the arguments: each tensor's data pointer, the rest's hash */
 } call_args;
 
 /* 1 if a tensor argument of the call lies in a leaf's .grad of memory of
@@ -2048,7 +2056,8 @@ typedef struct call_args {
  * step, and the loss the loop logs raised StaleTensorError where Inductor
  * computes; a per-parameter update came under the bound of calls that
  * only write, 64, not 1024 (a helper's review). 0 if none; -1 with an
- * exception set. */
+ * exception set. Where 1, c->args_hash tells these arguments from others
+ * (splitmix64's finaliser over each, as the variant's key_add). */
 static int args_read_kept_grad(call_args *c) {
   void **ptrs = tx_malloc((c->n ? c->n : 1) * sizeof *ptrs);
   if (!ptrs) {
@@ -2056,18 +2065,28 @@ static int args_read_kept_grad(call_args *c) {
     return -1;
   }
   size_t m = 0;
+  uint64_t h = 0;
   for (size_t i = 0; i < c->n; i++) {
-    void *ptr;
-    if (c->s->arg_kind[i] > ARG_TENSOR_STATIC)
-      continue;
-    if (arg_data_ptr(c->s, c->args[i], &ptr) < 0) {
+    void *ptr = NULL;
+    uint64_t x;
+    if (c->s->arg_kind[i] > ARG_TENSOR_STATIC) {
+      Py_hash_t v = PyObject_Hash(c->args[i]);
+      if (v == -1)
+        PyErr_Clear(); /* unhashable: its calls are told apart by the rest */
+      x = (uint64_t)v;
+    } else if (arg_data_ptr(c->s, c->args[i], &ptr) < 0) {
       PyErr_Clear(); /* a stale output: the call reads it again, and raises */
-      continue;
+      x = 0;
+    } else {
+      ptrs[m++] = ptr;
+      x = (uint64_t)(uintptr_t)ptr;
     }
-    ptrs[m++] = ptr;
+    h = fmix64(h ^ fmix64(x + 0x9e3779b97f4a7c15ull));
   }
   int rc = tx_kept_grad_among(c->T, ptrs, m);
   free(ptrs);
+  c->reads_kept_grad = rc == 1;
+  c->args_hash = h;
   return rc;
 }
 
@@ -2112,12 +2131,32 @@ static int belongs_to_training_step(void *call) {
    * outputs went into kept .grad tensors) began another step and marked
    * it: StaleTensorError where Inductor computes (a helper's fault loop).
    * So that step is a gradient readers' step, which later readers join as
-   * they join the backward's (grad_readers_step). */
+   * they join the backward's (grad_readers_step), whether or not an
+   * output lives (an in-place update returns none: each began a step and
+   * read every leaf's .grad again, a review).
+   *
+   * A repeat: in a gradient readers' step, a call of a segment with the
+   * arguments of its last call in the step (the analysis loop's next
+   * probe, `score = probe(w.grad)` kept bound) begins a readers' step of
+   * its own, as it would with the last output dropped, and as
+   * reduce-overhead begins a generation where a function runs again;
+   * joined, it made a recording per call up to the bound (a review). A
+   * per-parameter update reads another .grad at each call, a metric
+   * against several references takes another tensor, a norm before them
+   * is another segment: they join. Only the same call again, its output
+   * kept (a list of one norm of one .grad, made 600 times), raises
+   * StaleTensorError where Inductor computes, as reduce-overhead does. */
   if (inference_graph(c->s) && tx_trees_have_grad_leaves()) {
     tx_out_ref_queue_drain(); /* outputs just dropped */
     int reads = args_read_kept_grad(c);
+    if (reads < 0)
+      return -1;
+    if (reads && c->T->grad_readers_step) {
+      int repeat = c->r->grad_read_step == c->T->step && c->r->grad_read_args == c->args_hash;
+      return repeat ? TX_OPTIMIZER_READS_GRAD_FIRST : TX_OPTIMIZER_READS_GRAD;
+    }
     if (reads)
-      return reads < 0 ? -1 : c->T->alive_this_step ? TX_OPTIMIZER_READS_GRAD : TX_OPTIMIZER_READS_GRAD_FIRST;
+      return c->T->alive_this_step ? TX_OPTIMIZER_READS_GRAD : TX_OPTIMIZER_READS_GRAD_FIRST;
   }
   return writes ? TX_OPTIMIZER_WRITES : 0;
 }
@@ -2256,13 +2295,17 @@ static seg_run *run_in_step(SegmentObject *s, PyObject *const *args, size_t n, v
   seg_run *r = run_for(s);
   if (!r)
     return NULL;
-  call_args this_call = {s, r->tree, args, n};
+  call_args this_call = {s, r->tree, args, n, r, 0, 0};
   void *outer = r->tree->syncing_call; /* set where an outer call's sync ran Python that made this call */
   r->tree->syncing_call = &this_call;  /* a step that begins here moves this call's arguments first */
   int rc = tx_tree_sync_step(r->tree, s->backward, belongs_to_training_step, &this_call);
   r->tree->syncing_call = outer;
   if (rc < 0)
     return NULL;
+  if (this_call.reads_kept_grad) { /* its step is known now (a repeat) */
+    r->grad_read_args = this_call.args_hash;
+    r->grad_read_step = r->tree->step;
+  }
   if (s->backward)
     tx_tree_backward_called(r->tree);
   else if (!r->tree->ran_other_than_backward && !tx_in_a_backward())

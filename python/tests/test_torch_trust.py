@@ -466,24 +466,36 @@ def test_a_record_stream_refused_for_want_of_host_memory_waits_for_the_streams_w
     stream's work before the call raises (records_refused_synced): it is
     done when the error comes, and y read x's ones, not z's -1s. (On an
     H200 the side stream was done there even with cgtree's wait taken
-    out: PyTorch's path from the refused hook to the error waited too.)"""
+    out, the first refusal's path to the error being slower than the
+    kernel: so one refusal is made first, with nothing on the stream.)"""
     from cgtree import _torch_ext
 
-    before = ct.memory_stats()  # first: reading the figures may wait for the device
     side = torch.cuda.Stream()
+    w = torch.ones(16, device=DEV)
+    torch.cuda.synchronize()
+    _torch_ext._fail_host_alloc(1)
+    try:
+        with pytest.raises((MemoryError, RuntimeError)):
+            w.record_stream(side)
+    finally:
+        _torch_ext._fail_host_alloc(0)
+    del w
+    before = ct.memory_stats()  # first: reading the figures may wait for the device
     x = torch.ones(1 << 22, device=DEV)
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         torch.cuda._sleep(4_000_000_000)  # a kernel of about 2 s on the side stream (the error path is slow)...
         y = x * 2  # ...then one that reads x
     _torch_ext._fail_host_alloc(1)  # the note's list of streams is the block's first allocation
+    began = time.perf_counter()
     try:
         with pytest.raises((MemoryError, RuntimeError)):
             x.record_stream(side)
     finally:
         left = _torch_ext._fail_host_alloc(0)
+    took = time.perf_counter() - began
     assert left == 0, "record_stream allocated nothing: the case is not reached"
-    assert side.query(), "the side stream's work was not done when record_stream raised"
+    assert side.query(), "the side stream's work was not done when record_stream raised (%.3f s)" % took
     after = ct.memory_stats()
     assert after["records_refused"] == before["records_refused"] + 1
     assert after["records_refused_synced"] == before["records_refused_synced"] + 1
