@@ -619,6 +619,32 @@ int tx_exchange_cross_check(PyObject *o, void *ptr);
  * an exception set, and then m's deleter may or may not have run. */
 PyObject *tx_exchange_make_tensor(DLManagedTensorVersioned *m);
 
+/* ------------------------------------------------------- read_memo.c */
+/* What a segment's last call in a tree read (its arguments), committed
+ * once that call returned; and the candidate of the call at hand. */
+typedef struct tx_read_memo {
+  uint32_t n;          /* arguments */
+  int ok, cand_ok;     /* a memo, and a candidate, are kept */
+  uint64_t step, cand_step; /* the steps they ran in */
+  uint64_t *vals;      /* (kind, value) per argument: the memo's n, then the candidate's */
+  PyObject **refs;     /* a weak reference per tensor argument (else NULL): the memo's, then the candidate's */
+} tx_read_memo;
+/* A new candidate of n arguments: 0, or -1 out of host memory (none is
+ * kept; no exception). */
+int tx_read_memo_begin(tx_read_memo *m, uint32_t n);
+/* Argument i of the candidate: a tensor whose data lie at ptr, or an int,
+ * a float or None; any other value, or a failure, leaves no candidate. */
+void tx_read_memo_arg(tx_read_memo *m, uint32_t i, PyObject *arg, int tensor, uintptr_t ptr);
+/* The step the candidate's call runs in. */
+void tx_read_memo_stamp(tx_read_memo *m, uint64_t step);
+/* 1 if the candidate repeats the memo in `step`: the same live tensors at
+ * the same addresses, equal ints, floats of the same bits, None. */
+int tx_read_memo_repeats(tx_read_memo *m, uint64_t step);
+/* The candidate becomes the memo (its call returned a result), or goes. */
+void tx_read_memo_commit(tx_read_memo *m);
+void tx_read_memo_drop(tx_read_memo *m);
+void tx_read_memo_free(tx_read_memo *m);
+
 /* ------------------------------------------------------- segment.c */
 
 enum { TIED_BY_UNKNOWN = 1 }; /* tx_out_ref.tied_saved where the forward's pair is unknown (pairs start at 2) */
@@ -780,12 +806,6 @@ typedef struct tx_kept_grad {
  * -1 with an exception set. One read of .grad per leaf per backward, and
  * one per hit. */
 int tx_kept_grad_among(TreeObject *T, void *const *ptrs, size_t n);
-/* T's cache of where those .grad lie, read in the step before, holds for
- * the step just begun: the call that began it read it a moment ago (a
- * gradient readers' step; a reread there cost a per-parameter update a
- * read of every leaf's .grad more per step: a review). Where the begin
- * moved a .grad, the cache is read again all the same. */
-void tx_kept_grads_carry(TreeObject *T);
 /* T's cache of where those .grad lie, emptied (a tree's end). */
 void tx_kept_grads_free(TreeObject *T);
 /* n .grad tensors moved out of T's pool: counted, and every tree's cache

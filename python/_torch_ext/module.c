@@ -529,8 +529,6 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
     if (step_begin_or_unsee(T, gen_before, mark_before) < 0)
       return -1;
     T->grad_readers_step = first_reader;
-    if (first_reader)
-      tx_kept_grads_carry(T);
     if (in_backward_past_bound && ++T->steps_forced == 1)
       warn_bound("cgtree.torch: %u compiled calls in a row inside backwards (activation checkpointing's "
                  "recomputes, gradient hooks) began no step. A step begins now, and gradients the backward still "

@@ -210,11 +210,10 @@ typedef struct seg_run {
   void **static_ptr;
   PyObject *static_ptrs;
   int static_known;
-  /* The arguments of this run's last call that read a kept .grad (a hash
-   * of them: args_read_kept_grad), and its step: a call with the same ones
-   * in that step repeats it (belongs_to_training_step, "A repeat"). */
-  uint64_t grad_read_args;
-  uint64_t grad_read_step;
+  /* The arguments of this run's last call that read a kept .grad, and its
+   * step: a call with the same ones in that step repeats it
+   * (belongs_to_training_step, "A repeat"; read_memo.c). */
+  tx_read_memo memo;
 } seg_run;
 
 struct SegmentObject {
@@ -1532,6 +1531,7 @@ static TreeObject *current_tree(SegmentObject *s) {
  * reference (which a registered run holds for the tree); reads nothing of
  * the segment, which may be gone. */
 static void run_free(seg_run *r) {
+  tx_read_memo_free(&r->memo);
   free(r->args), free(r->ptrs), free(r->offs), free(r->outs), free(r->key), free(r->spans), free(r->seen);
   free(r->read);
   for (uint32_t j = 0; r->grad_seen && j < r->n_grad_seen; j++)
@@ -2035,6 +2035,10 @@ static int note_grad_leaves(seg_run *r, PyObject *const *args) {
   return 0;
 }
 
+/* The run whose call at hand read a kept .grad: its memo is committed
+ * when the call returns a result (seg_vectorcall; read_memo.c). */
+static _Thread_local seg_run *tls_memo_pending;
+
 /* A call's arguments, for tx_tree_sync_step's question whether the call
  * reads gradients of the step. */
 typedef struct call_args {
@@ -2043,8 +2047,7 @@ typedef struct call_args {
   PyObject *const *args;
   size_t n;
   seg_run *r;
-  int reads_kept_grad; /* args_read_kept_grad found one... */
-  uint64_t args_hash;  /* ...and hashed the arguments: each tensor's data pointer, the rest's hash */
+  int reads_kept_grad; /* args_read_kept_grad found one (and r->memo holds the call's candidate) */
 } call_args;
 
 /* 1 if a tensor argument of the call lies in a leaf's .grad of memory of
@@ -2056,8 +2059,8 @@ typedef struct call_args {
  * step, and the loss the loop logs raised StaleTensorError where Inductor
  * computes; a per-parameter update came under the bound of calls that
  * only write, 64, not 1024 (a helper's review). 0 if none; -1 with an
- * exception set. Where 1, c->args_hash tells these arguments from others
- * (splitmix64's finaliser over each, as the variant's key_add). */
+ * exception set. The arguments are the candidate of the run's memo
+ * (read_memo.c). */
 static int args_read_kept_grad(call_args *c) {
   void **ptrs = tx_malloc((c->n ? c->n : 1) * sizeof *ptrs);
   if (!ptrs) {
@@ -2065,28 +2068,25 @@ static int args_read_kept_grad(call_args *c) {
     return -1;
   }
   size_t m = 0;
-  uint64_t h = 0;
+  tx_read_memo *memo = &c->r->memo;
+  (void)tx_read_memo_begin(memo, (uint32_t)c->n); /* out of memory: no candidate, so no repeat */
   for (size_t i = 0; i < c->n; i++) {
-    void *ptr = NULL;
-    uint64_t x;
+    void *ptr;
     if (c->s->arg_kind[i] > ARG_TENSOR_STATIC) {
-      Py_hash_t v = PyObject_Hash(c->args[i]);
-      if (v == -1)
-        PyErr_Clear(); /* unhashable: its calls are told apart by the rest */
-      x = (uint64_t)v;
-    } else if (arg_data_ptr(c->s, c->args[i], &ptr) < 0) {
-      PyErr_Clear(); /* a stale output: the call reads it again, and raises */
-      x = 0;
-    } else {
-      ptrs[m++] = ptr;
-      x = (uint64_t)(uintptr_t)ptr;
+      tx_read_memo_arg(memo, (uint32_t)i, c->args[i], 0, 0);
+      continue;
     }
-    h = fmix64(h ^ fmix64(x + 0x9e3779b97f4a7c15ull));
+    if (arg_data_ptr(c->s, c->args[i], &ptr) < 0) {
+      PyErr_Clear(); /* a stale output: the call reads it again, and raises */
+      tx_read_memo_drop(memo);
+      continue;
+    }
+    ptrs[m++] = ptr;
+    tx_read_memo_arg(memo, (uint32_t)i, c->args[i], 1, (uintptr_t)ptr);
   }
   int rc = tx_kept_grad_among(c->T, ptrs, m);
   free(ptrs);
   c->reads_kept_grad = rc == 1;
-  c->args_hash = h;
   return rc;
 }
 
@@ -2137,22 +2137,22 @@ static int belongs_to_training_step(void *call) {
    *
    * A repeat: in a gradient readers' step, a call of a segment with the
    * arguments of its last call in the step (the analysis loop's next
-   * probe, `score = probe(w.grad)` kept bound) begins a readers' step of
-   * its own, as it would with the last output dropped, and as
-   * reduce-overhead begins a generation where a function runs again;
-   * joined, it made a recording per call up to the bound (a review). A
-   * per-parameter update reads another .grad at each call, a metric
-   * against several references takes another tensor, a norm before them
-   * is another segment: they join. Only the same call again, its output
-   * kept (a list of one norm of one .grad, made 600 times), raises
-   * StaleTensorError where Inductor computes, as reduce-overhead does. */
+   * probe, `score = probe(w, w.grad)` kept bound) begins a readers' step
+   * of its own, as it would with the last output dropped, and as
+   * reduce-overhead begins a generation at every call; joined, it made a
+   * node per call up to the bound (a review). A per-parameter update reads
+   * another .grad at each call, a metric against several references takes
+   * another tensor (a live one: read_memo.c), a norm before them is
+   * another segment: they join. Only the same call again with the same
+   * tensors, its output kept (a list of one norm of one .grad, made 600
+   * times), raises StaleTensorError where Inductor computes. */
   if (inference_graph(c->s) && tx_trees_have_grad_leaves()) {
     tx_out_ref_queue_drain(); /* outputs just dropped */
     int reads = args_read_kept_grad(c);
     if (reads < 0)
       return -1;
     if (reads && c->T->grad_readers_step) {
-      int repeat = c->r->grad_read_step == c->T->step && c->r->grad_read_args == c->args_hash;
+      int repeat = tx_read_memo_repeats(&c->r->memo, c->T->step);
       return repeat ? TX_OPTIMIZER_READS_GRAD_FIRST : TX_OPTIMIZER_READS_GRAD;
     }
     if (reads)
@@ -2295,16 +2295,18 @@ static seg_run *run_in_step(SegmentObject *s, PyObject *const *args, size_t n, v
   seg_run *r = run_for(s);
   if (!r)
     return NULL;
-  call_args this_call = {s, r->tree, args, n, r, 0, 0};
+  call_args this_call = {s, r->tree, args, n, r, 0};
   void *outer = r->tree->syncing_call; /* set where an outer call's sync ran Python that made this call */
   r->tree->syncing_call = &this_call;  /* a step that begins here moves this call's arguments first */
   int rc = tx_tree_sync_step(r->tree, s->backward, belongs_to_training_step, &this_call);
   r->tree->syncing_call = outer;
-  if (rc < 0)
-    return NULL;
-  if (this_call.reads_kept_grad) { /* its step is known now (a repeat) */
-    r->grad_read_args = this_call.args_hash;
-    r->grad_read_step = r->tree->step;
+  if (rc < 0 || !this_call.reads_kept_grad) {
+    tx_read_memo_drop(&r->memo);
+    if (rc < 0)
+      return NULL;
+  } else { /* a reader of a kept .grad: its memo, once the call returned (seg_vectorcall) */
+    tx_read_memo_stamp(&r->memo, r->tree->step);
+    tls_memo_pending = r;
   }
   if (s->backward)
     tx_tree_backward_called(r->tree);
@@ -2472,6 +2474,8 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
   uint64_t refusals = tx_alloc_refusals();
   int capture_mode = tx_dev_ignore_other_captures(); /* another thread's capture stays whole (dev.c) */
   size_t reads = tx_reads_call_begins(); /* reads of other trees' outputs this call begins (reads_in_flight.c) */
+  seg_run *memo_outer = tls_memo_pending; /* a call the Python of an outer call made */
+  tls_memo_pending = NULL;
   PyObject *res;
   if (n == 1 && !kwnames && PyList_CheckExact(args[0])) {
     PyObject *list = Py_NewRef(args[0]); /* nobody changes it while we run: the caller waits for us */
@@ -2481,6 +2485,13 @@ static PyObject *seg_vectorcall(PyObject *self, PyObject *const *args, size_t na
     res = seg_call(s, args, n, kwnames, t0);
   }
   tx_reads_call_ends(reads); /* queued by now, or never to be: their owners' steps may end */
+  if (tls_memo_pending) { /* the call read a kept .grad: it is its segment's last call that ran, or it failed */
+    if (res)
+      tx_read_memo_commit(&tls_memo_pending->memo);
+    else
+      tx_read_memo_drop(&tls_memo_pending->memo);
+  }
+  tls_memo_pending = memo_outer;
   tx_dev_heed_other_captures(capture_mode);
   if (!res && tx_alloc_refusals() != refusals)
     out_of_memory_error(s);

@@ -435,11 +435,6 @@ void tx_kept_grads_moved(TreeObject *T, uint64_t n) {
   kept_grads_generation += (uint64_t)(n != 0);
 }
 
-void tx_kept_grads_carry(TreeObject *T) {
-  if (T->kept_grads_step + 1 == T->step)
-    T->kept_grads_step = T->step; /* the backwards and moves still say whether it holds */
-}
-
 void tx_kept_grads_free(TreeObject *T) {
   for (size_t i = 0; i < T->n_kept_grads; i++)
     Py_DECREF(T->kept_grads[i].leaf);

@@ -1,0 +1,156 @@
+/* read_memo.c — what a segment's last call in a tree read, so that the
+ * same call made again in the same step is told a repeat.
+ *
+ * After a backward whose step holds nothing alive (the loss dropped, or a
+ * forward that ran as the plain graph), a compiled call that reads a kept
+ * .grad begins a gradient readers' step, and later readers of a kept .grad
+ * join it (module.c, "A gradient readers' step"): a per-parameter
+ * optimizer's first output then stays readable through its second call.
+ * But an analysis loop, `score = probe(w, w.grad)` a hundred times with
+ * the last score bound, joined it too: a new node per call, run as a
+ * warm-up, never replayed, up to the bound of 1024 held calls, and a
+ * warning that blamed a backward (a review). PyTorch's trees begin a
+ * generation at every such call; cgtree begins a readers' step of its own
+ * where a call repeats the last call of its segment in the step: the same
+ * arguments, which segment.c's belongs_to_training_step asks of this file.
+ *
+ * "The same" must never take two calls for one: a repeat begins a step,
+ * which marks the earlier call's output, and a program that kept it (a
+ * metric against several references, each result kept) would raise
+ * StaleTensorError where Inductor computes. So a tensor argument is the
+ * same only as the same live object at the same address: a reference
+ * made per call (ref.to("cuda")) dies and the next one often lies where
+ * it lay, even at the same object address, and a hash of addresses took
+ * them for one (a review); so the memo keeps a weak reference to each
+ * tensor, dead with it. An int is the same only as an equal int, a float
+ * only as the same bits, and None as None: Python's hashes made -1 and -2
+ * one value (a review). Any other argument makes the call no repeat, nor
+ * one a later call repeats.
+ *
+ * The memo is the last call's that ran: a call builds a candidate while
+ * its step is settled (tx_read_memo_begin, tx_read_memo_arg), stamps it
+ * with the step it runs in, and commits it only once the call returned a
+ * result (seg_vectorcall); a call that failed after its step was settled
+ * (out of host memory, then retried) left a memo that took the retry for
+ * a repeat, which began a step and marked the first norm (a review).
+ *
+ * Out of host memory the memo is simply not kept: the call is then no
+ * repeat, which joins it to the step (the rule before this file).
+ */
+#include "ext.h"
+
+#include <string.h>
+
+/* An argument's entry: what kind, and its value. */
+enum { MEMO_TENSOR = 1, MEMO_INT, MEMO_FLOAT, MEMO_NONE };
+
+static void refs_clear(PyObject **refs, uint32_t n) {
+  for (uint32_t i = 0; refs && i < n; i++)
+    Py_CLEAR(refs[i]);
+}
+
+int tx_read_memo_begin(tx_read_memo *m, uint32_t n) {
+  m->cand_ok = 0;
+  if (!m->vals) {
+    size_t cells = n ? n : 1;
+    m->vals = tx_calloc(4 * cells, sizeof *m->vals); /* two per argument, for the memo and the candidate */
+    m->refs = tx_calloc(2 * cells, sizeof *m->refs);
+    if (!m->vals || !m->refs) {
+      free(m->vals), free(m->refs);
+      m->vals = NULL, m->refs = NULL;
+      return -1;
+    }
+    m->n = n;
+  }
+  if (m->n != n)
+    return -1;
+  refs_clear(m->refs + m->n, m->n);
+  m->cand_ok = 1;
+  return 0;
+}
+
+/* The candidate's cells: after the memo's. */
+static uint64_t *cand_vals(tx_read_memo *m) { return m->vals + 2 * (size_t)m->n; }
+
+void tx_read_memo_arg(tx_read_memo *m, uint32_t i, PyObject *arg, int tensor, uintptr_t ptr) {
+  if (!m->cand_ok || i >= m->n)
+    return;
+  uint64_t *v = cand_vals(m) + 2 * (size_t)i;
+  if (tensor) {
+    PyObject *ref = PyWeakref_NewRef(arg, NULL);
+    if (!ref) {
+      PyErr_Clear(); /* no weak reference to it: this call is no repeat, nor one a later call repeats */
+      m->cand_ok = 0;
+      return;
+    }
+    m->refs[m->n + i] = ref;
+    v[0] = MEMO_TENSOR, v[1] = (uint64_t)ptr;
+  } else if (arg == Py_None) {
+    v[0] = MEMO_NONE, v[1] = 0;
+  } else if (PyLong_Check(arg)) {
+    int overflow = 0;
+    long long x = PyLong_AsLongLongAndOverflow(arg, &overflow);
+    if (overflow || (x == -1 && PyErr_Occurred())) {
+      PyErr_Clear();
+      m->cand_ok = 0;
+      return;
+    }
+    v[0] = MEMO_INT, v[1] = (uint64_t)x;
+  } else if (PyFloat_Check(arg)) {
+    double d = PyFloat_AS_DOUBLE(arg);
+    v[0] = MEMO_FLOAT;
+    memcpy(&v[1], &d, sizeof d);
+  } else {
+    m->cand_ok = 0;
+  }
+}
+
+void tx_read_memo_stamp(tx_read_memo *m, uint64_t step) { m->cand_step = step; }
+
+/* 1 if the weak references name one live object. */
+static int same_live_object(PyObject *a, PyObject *b) {
+  if (!a || !b)
+    return 0;
+  PyObject *x = tx_weakref_get(a), *y = tx_weakref_get(b);
+  int same = x && x == y;
+  Py_XDECREF(x);
+  Py_XDECREF(y);
+  return same;
+}
+
+int tx_read_memo_repeats(tx_read_memo *m, uint64_t step) {
+  if (!m->ok || !m->cand_ok || m->step != step)
+    return 0;
+  const uint64_t *was = m->vals, *now = cand_vals(m);
+  for (uint32_t i = 0; i < m->n; i++) {
+    if (was[2 * i] != now[2 * i] || was[2 * i + 1] != now[2 * i + 1])
+      return 0;
+    if (now[2 * i] == MEMO_TENSOR && !same_live_object(m->refs[i], m->refs[m->n + i]))
+      return 0;
+  }
+  return 1;
+}
+
+void tx_read_memo_commit(tx_read_memo *m) {
+  if (!m->cand_ok)
+    return;
+  memcpy(m->vals, cand_vals(m), 2 * (size_t)m->n * sizeof *m->vals);
+  refs_clear(m->refs, m->n);
+  memcpy(m->refs, m->refs + m->n, (size_t)m->n * sizeof *m->refs); /* the references move */
+  memset(m->refs + m->n, 0, (size_t)m->n * sizeof *m->refs);
+  m->step = m->cand_step;
+  m->ok = 1;
+  m->cand_ok = 0;
+}
+
+void tx_read_memo_drop(tx_read_memo *m) {
+  m->cand_ok = 0;
+  refs_clear(m->refs ? m->refs + m->n : NULL, m->n);
+}
+
+void tx_read_memo_free(tx_read_memo *m) {
+  refs_clear(m->refs, 2 * m->n);
+  free(m->vals);
+  free(m->refs);
+  memset(m, 0, sizeof *m);
+}
