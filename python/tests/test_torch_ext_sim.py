@@ -5515,13 +5515,17 @@ def test_a_per_parameter_update_after_the_backward_reads_the_leaves_grad_once_no
     tree.check()
 
 
-def test_an_analysis_loop_reading_a_kept_grad_after_training_begins_a_step_at_each_call(tree):
+@pytest.mark.parametrize("keep_score", [False, True])
+def test_an_analysis_loop_reading_a_kept_grad_after_training_begins_a_step_at_each_call(tree, keep_score):
     """After training with zero_grad(set_to_none=False), a loop of compiled
     calls that read the kept .grad (a gradient probe) and drop their
     outputs: with nothing of the step alive there is nothing to hold it
     for, so each call begins a step and replays one node (held as the
     step's gradient reader, it made a recording per call up to the bound,
-    then warned: a review)."""
+    then warned: a review). With `score` kept bound into the next
+    iteration, as a Python loop does, each call repeats the last (the same
+    segment, the same arguments) and begins a readers' step of its own
+    (joined to the readers' step, each made a node: a review)."""
     fw, bw, w, x, t = param_training_pair(tree)
     probe = optimizer_segment(tree)
     w.grad = None
@@ -5538,7 +5542,9 @@ def test_an_analysis_loop_reading_a_kept_grad_after_training_begins_a_step_at_ea
         warnings.simplefilter("error")
         for _ in range(100):
             (score,) = call(probe, w, w.grad)
-            del score
+            assert score.values() == [a + b for a, b in zip(w.values(), w.grad.values())]
+            if not keep_score:
+                del score
     s = tree.stats()
     assert s["nodes"] - s0["nodes"] <= 2 and s["steps_kept_after_backward"] == s0["steps_kept_after_backward"]
     tree.check()
@@ -8852,44 +8858,20 @@ def test_each_host_allocation_of_branches_that_restore_a_checkpoint_can_fail_and
     assert len(raised) >= 10, raised
 
 
+@pytest.mark.parametrize("keep_outputs", [False, True])
 def test_a_forward_that_runs_plainly_then_two_optimizer_calls_reading_kept_grads_leave_the_first_ones_output_readable(
-        tree):
+        tree, keep_outputs):
     """No fault injected: the state the fault loop above reaches for one
     step (a training forward's first call not taken in) is that of a
     forward that runs plainly for good. With a recorded backward, its
     gradients accumulated into kept .grad (zero_grad(set_to_none=False)),
     and an optimizer of two compiled calls, each reading one .grad, the
-    second call begins a step and marks the first call's output: the
-    program's read of it raises StaleTensorError where Inductor computes."""
-    fw = segment(tree, TwoParamForward(tree), kinds=(ARG_TENSOR, ARG_TENSOR_STATIC, ARG_TENSOR_STATIC),
-                 spans=(16, 16, 16), name="fw", saved_from=1, grad_inputs=(1, 2), plain_reason="the test says so")
-    bw = segment(tree, TwoGradBackward(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bw",
-                 backward=True)
-    opt = optimizer_segment(tree)
-    w1, w2 = Leaf(4).fill([0, 0, 0, 0]), Leaf(4).fill([1, 1, 1, 1])
-    x, t = FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
-    for i in range(5):
-        for w in (w1, w2):
-            if w.grad is not None:
-                w.grad.fill([0, 0, 0, 0])
-        out, saved = call(fw, x, w1, w2)
-        g1, g2 = bw(saved, t)
-        w1.accumulate(g1)
-        w2.accumulate(g2)
-        del saved, g1, g2
-        (u1,) = call(opt, w1, w1.grad)
-        (u2,) = call(opt, w2, w2.grad)
-        assert u1.values() == [2, 3, 4, 5], "iteration %d" % i
-        assert u2.values() == [4, 6, 8, 10]
-        del out, u1, u2
-
-
-def test_a_gradient_readers_steps_outputs_kept_bound_hold_no_training_forward(tree):
-    """The loop above with u1, u2 kept bound into the next iteration (no
-    del): they are the step's optimizer outputs, which hold no training
-    forward. Watched as inference outputs, they held the next forward in
-    the readers' step, whose held calls then carried on to the bound (a
-    review)."""
+    second call began a step and marked the first call's output: the
+    program's read of it raised StaleTensorError where Inductor computes.
+    With u1, u2 kept bound into the next iteration: they are the step's
+    optimizer outputs, which hold no training forward (watched as
+    inference outputs, they held the next forward in the readers' step,
+    whose held calls then carried on to the bound: a review)."""
     fw = segment(tree, TwoParamForward(tree), kinds=(ARG_TENSOR, ARG_TENSOR_STATIC, ARG_TENSOR_STATIC),
                  spans=(16, 16, 16), name="fw", saved_from=1, grad_inputs=(1, 2), plain_reason="the test says so")
     bw = segment(tree, TwoGradBackward(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bw",
@@ -8912,7 +8894,10 @@ def test_a_gradient_readers_steps_outputs_kept_bound_hold_no_training_forward(tr
             del saved, g1, g2
             (u1,) = call(opt, w1, w1.grad)
             (u2,) = call(opt, w2, w2.grad)
-            assert u1.values() == [2, 3, 4, 5] and u2.values() == [4, 6, 8, 10]
+            assert u1.values() == [2, 3, 4, 5], "iteration %d" % i
+            assert u2.values() == [4, 6, 8, 10]
+            if not keep_outputs:
+                del out, u1, u2
     assert tree.stats()["steps_held_for_inference_outputs"] == 0
     tree.check()
 
@@ -9018,35 +9003,6 @@ def test_a_per_parameter_update_with_the_loss_dropped_reads_each_leafs_grad_once
         if i >= 2:
             assert tree.stats()["step"] == step + 1, "iteration %d: the updates began more than one step" % i
             assert CountingLeaf.reads <= 4 * n, "iteration %d: %d reads of .grad" % (i, CountingLeaf.reads)
-    tree.check()
-
-
-def test_an_analysis_loop_that_keeps_its_last_score_bound_begins_a_readers_step_at_each_call(tree):
-    """The analysis loop of test_an_analysis_loop_reading_a_kept_grad_after_training_begins_a_step_at_each_call,
-    with `score` kept bound into the next iteration, as a Python loop does:
-    each call repeats the last (the same segment, the same arguments) and
-    begins a readers' step of its own, so one node replays. Joined to the
-    readers' step, each made a recording, and the 1025th warned (a
-    review)."""
-    fw, bw, w, x, t = param_training_pair(tree)
-    probe = optimizer_segment(tree)
-    w.grad = None
-    for i in range(3):
-        if w.grad is not None:
-            w.grad.fill([0, 0, 0, 0])
-        out, saved = call(fw, x, w)
-        (g,) = bw(saved, t)
-        w.accumulate(g)
-        del out, saved, g
-        gc.collect()
-    s0 = tree.stats()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        for _ in range(100):
-            (score,) = call(probe, w, w.grad)
-            assert score.values() == [a + b for a, b in zip(w.values(), w.grad.values())]
-    s = tree.stats()
-    assert s["nodes"] - s0["nodes"] <= 2, s["nodes"] - s0["nodes"]
     tree.check()
 
 
