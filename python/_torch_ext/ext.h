@@ -475,6 +475,7 @@ typedef struct tx_py {
   PyObject *str_is_cuda, *str_get_device; /* an input's device, where the exchange API does not give it */
   PyObject *str_storage_offset, *str_element_size; /* an input's layout, for outputs that alias it (segment.c) */
   PyObject *str_dtype, *str_as_strided; /* an output made a view of the caller's tensor (segment.c) */
+  PyObject *str_version; /* a tensor's count of writes in place (read_memo.c) */
 } tx_py;
 extern tx_py TX;
 
@@ -622,23 +623,25 @@ PyObject *tx_exchange_make_tensor(DLManagedTensorVersioned *m);
 /* ------------------------------------------------------- read_memo.c */
 /* What a segment's last call in a tree read (its arguments), committed
  * once that call returned; and the candidate of the call at hand. */
+typedef struct tx_read_cell tx_read_cell;
 typedef struct tx_read_memo {
   uint32_t n;          /* arguments */
   int ok, cand_ok;     /* a memo, and a candidate, are kept */
   uint64_t step, cand_step; /* the steps they ran in */
-  uint64_t *vals;      /* (kind, value) per argument: the memo's n, then the candidate's */
-  PyObject **refs;     /* a weak reference per tensor argument (else NULL): the memo's, then the candidate's */
+  tx_read_cell *cells; /* one per argument: the memo's n, then the candidate's */
 } tx_read_memo;
 /* A new candidate of n arguments: 0, or -1 out of host memory (none is
  * kept; no exception). */
 int tx_read_memo_begin(tx_read_memo *m, uint32_t n);
-/* Argument i of the candidate: a tensor whose data lie at ptr, or an int,
- * a float or None; any other value, or a failure, leaves no candidate. */
+/* Argument i of the candidate: a tensor whose data lie at ptr, or a bool,
+ * an int, a float or None; any other value, or a failure, leaves no
+ * candidate. */
 void tx_read_memo_arg(tx_read_memo *m, uint32_t i, PyObject *arg, int tensor, uintptr_t ptr);
 /* The step the candidate's call runs in. */
 void tx_read_memo_stamp(tx_read_memo *m, uint64_t step);
 /* 1 if the candidate repeats the memo in `step`: the same live tensors at
- * the same addresses, equal ints, floats of the same bits, None. */
+ * the same addresses, written in place no more since, equal bools and
+ * ints, floats of the same bits, None. */
 int tx_read_memo_repeats(tx_read_memo *m, uint64_t step);
 /* The candidate becomes the memo (its call returned a result), or goes. */
 void tx_read_memo_commit(tx_read_memo *m);

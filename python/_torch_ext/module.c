@@ -1621,6 +1621,7 @@ PyMODINIT_FUNC PyInit__torch_ext(void) {
   TX.str_element_size = PyUnicode_InternFromString("element_size");
   TX.str_dtype = PyUnicode_InternFromString("dtype");
   TX.str_as_strided = PyUnicode_InternFromString("as_strided");
+  TX.str_version = PyUnicode_InternFromString("_version");
   TxError = PyErr_NewExceptionWithDoc("cgtree._torch_ext.CgtreeError",
                                       "cgtree's torch.compile backend could not do what was asked.", PyExc_RuntimeError,
                                       NULL);
@@ -1632,7 +1633,7 @@ PyMODINIT_FUNC PyInit__torch_ext(void) {
       !TX.str_grad || !TX.str_is_leaf || !TX.str_requires_grad || !TX.str_clone || !TX.str_set || !TX.str_nbytes ||
       !TX.str_grad_fn || !TX.str_next_functions || !TX.str_variable || !TX.str_is_cuda ||
       !TX.str_get_device || !TX.str_storage_offset || !TX.str_element_size || !TX.str_dtype ||
-      !TX.str_as_strided || !TxError || !TxStaleError ||
+      !TX.str_as_strided || !TX.str_version || !TxError || !TxStaleError ||
       PyModule_AddObjectRef(m, "CgtreeError", TxError) < 0 ||
       PyModule_AddObjectRef(m, "StaleTensorError", TxStaleError) < 0 ||
       PyModule_AddObjectRef(m, "Tree", (PyObject *)&TreeType) < 0 ||

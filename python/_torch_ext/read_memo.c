@@ -22,10 +22,13 @@
  * made per call (ref.to("cuda")) dies and the next one often lies where
  * it lay, even at the same object address, and a hash of addresses took
  * them for one (a review); so the memo keeps a weak reference to each
- * tensor, dead with it. An int is the same only as an equal int, a float
- * only as the same bits, and None as None: Python's hashes made -1 and -2
- * one value (a review). Any other argument makes the call no repeat, nor
- * one a later call repeats.
+ * tensor, dead with it, and its count of writes in place (Tensor._version):
+ * a buffer refilled for each call (buf.copy_(ref)) is the same object at
+ * the same address, but not the same argument. A bool is the same only as
+ * an equal bool, an int only as an equal int, a float only as the same
+ * bits, and None as None: Python's hashes made -1 and -2 one value (a
+ * review). Any other argument makes the call no repeat, nor one a later
+ * call repeats.
  *
  * The memo is the last call's that ran: a call builds a candidate while
  * its step is settled (tx_read_memo_begin, tx_read_memo_arg), stamps it
@@ -41,41 +44,54 @@
 
 #include <string.h>
 
-/* An argument's entry: what kind, and its value. */
-enum { MEMO_TENSOR = 1, MEMO_INT, MEMO_FLOAT, MEMO_NONE };
+/* An argument's entry: what kind, its value, and for a tensor a weak
+ * reference and its count of writes in place. */
+enum { MEMO_TENSOR = 1, MEMO_BOOL, MEMO_INT, MEMO_FLOAT, MEMO_NONE };
+struct tx_read_cell {
+  uint64_t kind, value, version;
+  PyObject *ref;
+};
 
-static void refs_clear(PyObject **refs, uint32_t n) {
-  for (uint32_t i = 0; refs && i < n; i++)
-    Py_CLEAR(refs[i]);
+static void refs_clear(tx_read_cell *c, uint32_t n) {
+  for (uint32_t i = 0; c && i < n; i++)
+    Py_CLEAR(c[i].ref);
 }
+
+/* The candidate's cells: after the memo's. */
+static tx_read_cell *cand(tx_read_memo *m) { return m->cells + m->n; }
 
 int tx_read_memo_begin(tx_read_memo *m, uint32_t n) {
   m->cand_ok = 0;
-  if (!m->vals) {
-    size_t cells = n ? n : 1;
-    m->vals = tx_calloc(4 * cells, sizeof *m->vals); /* two per argument, for the memo and the candidate */
-    m->refs = tx_calloc(2 * cells, sizeof *m->refs);
-    if (!m->vals || !m->refs) {
-      free(m->vals), free(m->refs);
-      m->vals = NULL, m->refs = NULL;
+  if (!m->cells) {
+    m->cells = tx_calloc(2 * (size_t)(n ? n : 1), sizeof *m->cells);
+    if (!m->cells)
       return -1;
-    }
     m->n = n;
   }
   if (m->n != n)
     return -1;
-  refs_clear(m->refs + m->n, m->n);
+  refs_clear(cand(m), m->n);
   m->cand_ok = 1;
   return 0;
 }
 
-/* The candidate's cells: after the memo's. */
-static uint64_t *cand_vals(tx_read_memo *m) { return m->vals + 2 * (size_t)m->n; }
+/* A tensor's count of writes in place; 0 where it has none to tell. */
+static uint64_t version_of(PyObject *t) {
+  PyObject *v = PyObject_GetAttr(t, TX.str_version);
+  unsigned long long x = v ? PyLong_AsUnsignedLongLong(v) : 0;
+  Py_XDECREF(v);
+  if (PyErr_Occurred()) {
+    PyErr_Clear();
+    x = 0;
+  }
+  return (uint64_t)x;
+}
 
 void tx_read_memo_arg(tx_read_memo *m, uint32_t i, PyObject *arg, int tensor, uintptr_t ptr) {
   if (!m->cand_ok || i >= m->n)
     return;
-  uint64_t *v = cand_vals(m) + 2 * (size_t)i;
+  tx_read_cell *c = cand(m) + i;
+  c->version = 0;
   if (tensor) {
     PyObject *ref = PyWeakref_NewRef(arg, NULL);
     if (!ref) {
@@ -83,10 +99,12 @@ void tx_read_memo_arg(tx_read_memo *m, uint32_t i, PyObject *arg, int tensor, ui
       m->cand_ok = 0;
       return;
     }
-    m->refs[m->n + i] = ref;
-    v[0] = MEMO_TENSOR, v[1] = (uint64_t)ptr;
+    c->ref = ref;
+    c->kind = MEMO_TENSOR, c->value = (uint64_t)ptr, c->version = version_of(arg);
   } else if (arg == Py_None) {
-    v[0] = MEMO_NONE, v[1] = 0;
+    c->kind = MEMO_NONE, c->value = 0;
+  } else if (PyBool_Check(arg)) {
+    c->kind = MEMO_BOOL, c->value = arg == Py_True;
   } else if (PyLong_Check(arg)) {
     int overflow = 0;
     long long x = PyLong_AsLongLongAndOverflow(arg, &overflow);
@@ -95,11 +113,11 @@ void tx_read_memo_arg(tx_read_memo *m, uint32_t i, PyObject *arg, int tensor, ui
       m->cand_ok = 0;
       return;
     }
-    v[0] = MEMO_INT, v[1] = (uint64_t)x;
+    c->kind = MEMO_INT, c->value = (uint64_t)x;
   } else if (PyFloat_Check(arg)) {
     double d = PyFloat_AS_DOUBLE(arg);
-    v[0] = MEMO_FLOAT;
-    memcpy(&v[1], &d, sizeof d);
+    c->kind = MEMO_FLOAT;
+    memcpy(&c->value, &d, sizeof d);
   } else {
     m->cand_ok = 0;
   }
@@ -121,11 +139,12 @@ static int same_live_object(PyObject *a, PyObject *b) {
 int tx_read_memo_repeats(tx_read_memo *m, uint64_t step) {
   if (!m->ok || !m->cand_ok || m->step != step)
     return 0;
-  const uint64_t *was = m->vals, *now = cand_vals(m);
+  const tx_read_cell *now = cand(m);
   for (uint32_t i = 0; i < m->n; i++) {
-    if (was[2 * i] != now[2 * i] || was[2 * i + 1] != now[2 * i + 1])
+    const tx_read_cell *was = &m->cells[i];
+    if (was->kind != now[i].kind || was->value != now[i].value || was->version != now[i].version)
       return 0;
-    if (now[2 * i] == MEMO_TENSOR && !same_live_object(m->refs[i], m->refs[m->n + i]))
+    if (now[i].kind == MEMO_TENSOR && !same_live_object(was->ref, now[i].ref))
       return 0;
   }
   return 1;
@@ -134,10 +153,9 @@ int tx_read_memo_repeats(tx_read_memo *m, uint64_t step) {
 void tx_read_memo_commit(tx_read_memo *m) {
   if (!m->cand_ok)
     return;
-  memcpy(m->vals, cand_vals(m), 2 * (size_t)m->n * sizeof *m->vals);
-  refs_clear(m->refs, m->n);
-  memcpy(m->refs, m->refs + m->n, (size_t)m->n * sizeof *m->refs); /* the references move */
-  memset(m->refs + m->n, 0, (size_t)m->n * sizeof *m->refs);
+  refs_clear(m->cells, m->n);
+  memcpy(m->cells, cand(m), (size_t)m->n * sizeof *m->cells); /* the references move */
+  memset(cand(m), 0, (size_t)m->n * sizeof *m->cells);
   m->step = m->cand_step;
   m->ok = 1;
   m->cand_ok = 0;
@@ -145,12 +163,11 @@ void tx_read_memo_commit(tx_read_memo *m) {
 
 void tx_read_memo_drop(tx_read_memo *m) {
   m->cand_ok = 0;
-  refs_clear(m->refs ? m->refs + m->n : NULL, m->n);
+  refs_clear(m->cells ? cand(m) : NULL, m->n);
 }
 
 void tx_read_memo_free(tx_read_memo *m) {
-  refs_clear(m->refs, 2 * m->n);
-  free(m->vals);
-  free(m->refs);
+  refs_clear(m->cells, 2 * m->n);
+  free(m->cells);
   memset(m, 0, sizeof *m);
 }

@@ -164,9 +164,12 @@ class FakeTensor:
         self.storage.check()
         return list((ctypes.c_float * self.n).from_address(self.ptr))
 
+    _version = 0  # writes in place (fill), as Tensor._version counts them
+
     def fill(self, vals):
         self.storage.check()
         (ctypes.c_float * self.n).from_address(self.ptr)[:] = vals
+        self._version += 1
         return self
 
     def clone(self):
@@ -9086,6 +9089,28 @@ def test_a_metric_against_references_made_per_call_at_one_address_keeps_every_re
     tree.check()
 
 
+def test_a_metric_against_one_buffer_refilled_for_each_call_keeps_every_result(tree):
+    """The metric of one kept .grad against references copied into one
+    buffer for each call (buf.copy_(ref)), each result kept: the same
+    object at the same address, but written in place between the calls
+    (its _version), so no call repeats another."""
+    fw, bw, ws = many_param_training(tree, 1)
+    metric = optimizer_segment(tree)
+    x, t = FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
+    (w,) = ws
+    buf = FakeTensor(4)
+    for i in range(4):
+        kept_grad_training_step(fw, bw, ws, x, t)
+        got, wants = [], []
+        for k in (10, 20, 30):
+            buf.fill([k, k, k, k])
+            wants.append(plus(buf, w.grad))
+            got.append(call(metric, buf, w.grad)[0])
+        for j, (v, want) in enumerate(zip(got, wants)):
+            assert v.values() == want, (i, j)
+    tree.check()
+
+
 def shifted_graph(tree):
     """A graph of a tensor and an int: out = g + k."""
 
@@ -9097,7 +9122,7 @@ def shifted_graph(tree):
     return shifted
 
 
-def test_int_arguments_whose_python_hashes_are_equal_are_no_repeat(tree):
+def test_int_and_bool_arguments_whose_python_hashes_are_equal_are_no_repeat(tree):
     """A metric of a kept .grad with an int argument (a symbolic int: one
     segment, a variant per value), called with -1 then -2, both results
     kept: Python hashes -1 and -2 alike, and a memo of hashes took the
@@ -9106,11 +9131,11 @@ def test_int_arguments_whose_python_hashes_are_equal_are_no_repeat(tree):
     fw, bw, ws = many_param_training(tree, 1)
     (w,) = ws
     x, t = FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
-    assert hash(-1) == hash(-2)
+    assert hash(-1) == hash(-2) and hash(True) == hash(1)
     metric = segment(tree, shifted_graph(tree), kinds=(ARG_TENSOR, ARG_INT), spans=(16, 0), name="shift")
     for i in range(4):
         kept_grad_training_step(fw, bw, ws, x, t)
-        got = [(k, call(metric, w.grad, k)[0]) for k in (-1, -2)]
+        got = [(k, call(metric, w.grad, k)[0]) for k in (-1, -2, 1, True)]
         for k, v in got:
             assert v.values() == [a + k for a in w.grad.values()], (i, k)
     tree.check()
