@@ -24,7 +24,11 @@
  * them for one (a review); so the memo keeps a weak reference to each
  * tensor, dead with it, and its count of writes in place (Tensor._version):
  * a buffer refilled for each call (buf.copy_(ref)) is the same object at
- * the same address, but not the same argument. A bool is the same only as
+ * the same address, but not the same argument. A compiled call that
+ * writes an input in place (an optimizer's update between two probes of
+ * w) ends every repeat too: AOTAutograd counts such writes in _version
+ * only where autograd sees them, and the tree counts them all
+ * (input_writes, segment.c's run_in_step). A bool is the same only as
  * an equal bool, an int only as an equal int, a float only as the same
  * bits, and None as None: Python's hashes made -1 and -2 one value (a
  * review). Any other argument makes the call no repeat, nor one a later
@@ -123,7 +127,10 @@ void tx_read_memo_arg(tx_read_memo *m, uint32_t i, PyObject *arg, int tensor, ui
   }
 }
 
-void tx_read_memo_stamp(tx_read_memo *m, uint64_t step) { m->cand_step = step; }
+void tx_read_memo_stamp(tx_read_memo *m, uint64_t step, uint64_t writes) {
+  m->cand_step = step;
+  m->cand_writes = writes;
+}
 
 /* 1 if the weak references name one live object. */
 static int same_live_object(PyObject *a, PyObject *b) {
@@ -136,8 +143,8 @@ static int same_live_object(PyObject *a, PyObject *b) {
   return same;
 }
 
-int tx_read_memo_repeats(tx_read_memo *m, uint64_t step) {
-  if (!m->ok || !m->cand_ok || m->step != step)
+int tx_read_memo_repeats(tx_read_memo *m, uint64_t step, uint64_t writes) {
+  if (!m->ok || !m->cand_ok || m->step != step || m->writes != writes)
     return 0;
   const tx_read_cell *now = cand(m);
   for (uint32_t i = 0; i < m->n; i++) {
@@ -157,6 +164,7 @@ void tx_read_memo_commit(tx_read_memo *m) {
   memcpy(m->cells, cand(m), (size_t)m->n * sizeof *m->cells); /* the references move */
   memset(cand(m), 0, (size_t)m->n * sizeof *m->cells);
   m->step = m->cand_step;
+  m->writes = m->cand_writes;
   m->ok = 1;
   m->cand_ok = 0;
 }
