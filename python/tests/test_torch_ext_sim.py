@@ -5486,35 +5486,55 @@ class CountingLeaf(Leaf):
         self._grad = g
 
 
-def test_a_per_parameter_update_after_the_backward_reads_the_leaves_grad_once_not_at_every_call(tree):
-    """A per-parameter compiled update after the backward, .grad kept: each
-    of its N calls asked whether it reads a kept .grad, and each read all N
-    leaves' .grad, N squared per step (a review). They are read once per
-    backward."""
-    n = 24
+def many_param_training(tree, n, leaf=Leaf):
+    """A forward over n parameters (the first gets the backward's
+    gradient), its backward, and n leaves whose .grad is kept (memory of
+    their own, zeroed in place each step)."""
     first = ParamForwardGraph(tree)
     fw = segment(tree, lambda x, *ws: first(x, ws[0]), kinds=(ARG_TENSOR,) + (ARG_TENSOR_STATIC,) * n,
                  spans=(16,) * (n + 1), name="fw", saved_from=1, grad_inputs=tuple(range(1, n + 1)))
     bw = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bw", backward=True)
+    ws = [leaf(4).fill([k, k, k, k]) for k in range(n)]
+    for w in ws:
+        w.grad = FakeTensor(4).fill([0, 0, 0, 0])
+    return fw, bw, ws
+
+
+@pytest.mark.parametrize("keep_loss", [True, False])
+def test_a_per_parameter_update_after_the_backward_reads_the_leaves_grad_once_not_at_every_call(tree, keep_loss):
+    """A per-parameter compiled update after the backward, .grad kept: each
+    of its N calls asked whether it reads a kept .grad, and each read all N
+    leaves' .grad, N squared per step (a review). They are read once per
+    backward. With the loss dropped, the update (in place, returning
+    nothing) finds nothing alive: its first call begins a readers' step,
+    which the rest join (each began a step, and read every leaf's .grad
+    again: a review), and the cache of where .grad lie is read once more
+    there (carried into it, it missed a .grad replaced in between: a
+    review)."""
+    n = 24
+    fw, bw, ws = many_param_training(tree, n, leaf=CountingLeaf)
     upd = segment(tree, SGDGraph(tree), kinds=(ARG_TENSOR_STATIC, ARG_TENSOR), spans=(16, 16), name="upd",
                   written_inputs=(0,))
-    ws = [CountingLeaf(4).fill([0, 0, 0, 0]) for _ in range(n)]
-    for w in ws:
-        w.grad = FakeTensor(4).fill([0, 0, 0, 0])  # kept .grad, memory of its own
     x, t = FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
     for i in range(4):
-        out, saved = call(fw, x, *ws)  # out: the loss the loop logs
-        logged = out.values()
-        (g,) = bw(saved, t)
-        ws[0].accumulate(g)
-        del saved, g
+        if keep_loss:
+            out, saved = call(fw, x, *ws)  # out: the loss the loop logs
+            logged = out.values()
+            (g,) = bw(saved, t)
+            ws[0].accumulate(g)
+            del saved, g
+        else:
+            kept_grad_training_step(fw, bw, ws, x, t)
         gc.collect()
         step, CountingLeaf.reads = tree.stats()["step"], 0
         for w in ws:
-            call(upd, w, w.grad)
-        if i >= 2:  # recorded and replayed: the step's outputs live, and each call asks
+            call(upd, w, w.grad)  # the test's own read of .grad, then cgtree's
+        if i >= 2 and keep_loss:  # recorded and replayed: the step's outputs live, and each call asks
             assert tree.stats()["step"] == step and out.values() == logged
             assert CountingLeaf.reads <= 3 * n, "iteration %d: %d reads of .grad" % (i, CountingLeaf.reads)
+        elif i >= 2:
+            assert tree.stats()["step"] == step + 1, "iteration %d: the updates began more than one step" % i
+            assert CountingLeaf.reads <= 4 * n, "iteration %d: %d reads of .grad" % (i, CountingLeaf.reads)
     tree.check()
 
 
@@ -8905,20 +8925,6 @@ def test_a_forward_that_runs_plainly_then_two_optimizer_calls_reading_kept_grads
     tree.check()
 
 
-def many_param_training(tree, n, leaf=Leaf):
-    """A forward over n parameters (the first gets the backward's
-    gradient), its backward, and n leaves whose .grad is kept (memory of
-    their own, zeroed in place each step)."""
-    first = ParamForwardGraph(tree)
-    fw = segment(tree, lambda x, *ws: first(x, ws[0]), kinds=(ARG_TENSOR,) + (ARG_TENSOR_STATIC,) * n,
-                 spans=(16,) * (n + 1), name="fw", saved_from=1, grad_inputs=tuple(range(1, n + 1)))
-    bw = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bw", backward=True)
-    ws = [leaf(4).fill([k, k, k, k]) for k in range(n)]
-    for w in ws:
-        w.grad = FakeTensor(4).fill([0, 0, 0, 0])
-    return fw, bw, ws
-
-
 def kept_grad_training_step(fw, bw, ws, x, t):
     """zero_grad(set_to_none=False), forward, backward, accumulation; the
     loss is dropped, so nothing of the step lives after it."""
@@ -8981,31 +8987,6 @@ def test_past_the_bound_the_step_a_gradient_reader_forces_is_a_readers_step_that
         assert stale >= 1000, (i, stale)
         del norms
     assert tree.stats()["optimizer_steps_forced"] == 2
-    tree.check()
-
-
-def test_a_per_parameter_update_with_the_loss_dropped_reads_each_leafs_grad_once_per_backward(tree):
-    """An in-place SGD update per parameter (returning nothing) after a
-    backward whose loss was dropped: the first call reads a kept .grad
-    with nothing alive and begins a readers' step, which the rest join.
-    Each began a step, and read every leaf's .grad again (a review). The
-    cache of where .grad lie is read after the backward and once more in
-    the readers' step (carried into it, it missed a .grad replaced in
-    between: a review)."""
-    n = 24
-    fw, bw, ws = many_param_training(tree, n, leaf=CountingLeaf)
-    upd = segment(tree, SGDGraph(tree), kinds=(ARG_TENSOR_STATIC, ARG_TENSOR), spans=(16, 16), name="upd",
-                  written_inputs=(0,))
-    x, t = FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
-    for i in range(4):
-        kept_grad_training_step(fw, bw, ws, x, t)
-        gc.collect()
-        step, CountingLeaf.reads = tree.stats()["step"], 0
-        for w in ws:
-            call(upd, w, w.grad)  # the test's own read of .grad, then cgtree's
-        if i >= 2:
-            assert tree.stats()["step"] == step + 1, "iteration %d: the updates began more than one step" % i
-            assert CountingLeaf.reads <= 4 * n, "iteration %d: %d reads of .grad" % (i, CountingLeaf.reads)
     tree.check()
 
 
