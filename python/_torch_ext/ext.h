@@ -357,7 +357,6 @@ typedef struct TreeObject {
   struct tx_kept_grad *kept_grads;
   size_t n_kept_grads;
   uint64_t kept_grads_step, kept_grads_backwards; /* when read (backwards: backward_calls + 1; 0: never) */
-  uint64_t input_writes; /* calls of segments that write an input in place (read_memo.c: no repeat across one) */
   uint64_t kept_grads_generation;
   /* The segment call whose step is being brought up to date (segment.c,
    * run_in_step), or NULL: a step that begins there first moves that
@@ -629,7 +628,7 @@ typedef struct tx_read_memo {
   uint32_t n;          /* arguments */
   int ok, cand_ok;     /* a memo, and a candidate, are kept */
   uint64_t step, cand_step; /* the steps they ran in */
-  uint64_t writes, cand_writes; /* the tree's input_writes after them */
+  uint64_t writes, cand_writes; /* the calls that wrote an input in place before them, process-wide */
   tx_read_cell *cells; /* one per argument: the memo's n, then the candidate's */
 } tx_read_memo;
 /* A new candidate of n arguments: 0, or -1 out of host memory (none is
@@ -639,14 +638,16 @@ int tx_read_memo_begin(tx_read_memo *m, uint32_t n);
  * an int, a float or None; any other value, or a failure, leaves no
  * candidate. */
 void tx_read_memo_arg(tx_read_memo *m, uint32_t i, PyObject *arg, int tensor, uintptr_t ptr);
-/* The step the candidate's call runs in, and the tree's count of calls
- * that wrote an input in place (its own included). */
-void tx_read_memo_stamp(tx_read_memo *m, uint64_t step, uint64_t writes);
+/* The step the candidate's call runs in, and the count of calls that
+ * wrote an input in place so far (in every tree; its own not yet). */
+void tx_read_memo_stamp(tx_read_memo *m, uint64_t step);
+/* A call of a segment that writes an input in place: no repeat across it. */
+void tx_read_memo_note_input_write(void);
 /* 1 if the candidate repeats the memo in `step`, with no compiled call
- * that writes an input in place since (`writes`): the same live tensors
+ * that writes an input in place since, in any tree: the same live tensors
  * at the same addresses, written in place no more since, equal bools and
  * ints, floats of the same bits, None. */
-int tx_read_memo_repeats(tx_read_memo *m, uint64_t step, uint64_t writes);
+int tx_read_memo_repeats(tx_read_memo *m, uint64_t step);
 /* The candidate becomes the memo (its call returned a result), or goes. */
 void tx_read_memo_commit(tx_read_memo *m);
 void tx_read_memo_drop(tx_read_memo *m);

@@ -26,9 +26,15 @@
  * a buffer refilled for each call (buf.copy_(ref)) is the same object at
  * the same address, but not the same argument. A compiled call that
  * writes an input in place (an optimizer's update between two probes of
- * w) ends every repeat too: AOTAutograd counts such writes in _version
- * only where autograd sees them, and the tree counts them all
- * (input_writes, segment.c's run_in_step). A bool is the same only as
+ * w, or the update called twice) ends every repeat too: AOTAutograd
+ * counts such writes in _version only where autograd sees them, so this
+ * file counts them all, in every tree of the process (a worker thread's
+ * update writes the w this thread reads), and a call that writes is
+ * stamped before its own write is counted (a review). Writes that bump no
+ * _version and run no compiled call (through .data, DLPack, a kernel of
+ * another library) stay unseen: the later call is taken for a repeat, and
+ * the earlier call's output, if kept, raises StaleTensorError (loud, as
+ * docs/torch.md says). A bool is the same only as
  * an equal bool, an int only as an equal int, a float only as the same
  * bits, and None as None: Python's hashes made -1 and -2 one value (a
  * review). Any other argument makes the call no repeat, nor one a later
@@ -46,7 +52,13 @@
  */
 #include "ext.h"
 
+#include <stdatomic.h>
 #include <string.h>
+
+/* Calls of segments that write an input in place, in every tree. */
+static _Atomic uint64_t input_writes;
+
+void tx_read_memo_note_input_write(void) { atomic_fetch_add_explicit(&input_writes, 1, memory_order_relaxed); }
 
 /* An argument's entry: what kind, its value, and for a tensor a weak
  * reference and its count of writes in place. */
@@ -127,9 +139,9 @@ void tx_read_memo_arg(tx_read_memo *m, uint32_t i, PyObject *arg, int tensor, ui
   }
 }
 
-void tx_read_memo_stamp(tx_read_memo *m, uint64_t step, uint64_t writes) {
+void tx_read_memo_stamp(tx_read_memo *m, uint64_t step) {
   m->cand_step = step;
-  m->cand_writes = writes;
+  m->cand_writes = atomic_load_explicit(&input_writes, memory_order_relaxed);
 }
 
 /* 1 if the weak references name one live object. */
@@ -143,7 +155,8 @@ static int same_live_object(PyObject *a, PyObject *b) {
   return same;
 }
 
-int tx_read_memo_repeats(tx_read_memo *m, uint64_t step, uint64_t writes) {
+int tx_read_memo_repeats(tx_read_memo *m, uint64_t step) {
+  uint64_t writes = atomic_load_explicit(&input_writes, memory_order_relaxed);
   if (!m->ok || !m->cand_ok || m->step != step || m->writes != writes)
     return 0;
   const tx_read_cell *now = cand(m);

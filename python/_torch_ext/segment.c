@@ -2152,7 +2152,7 @@ static int belongs_to_training_step(void *call) {
     if (reads < 0)
       return -1;
     if (reads && c->T->grad_readers_step) {
-      int repeat = tx_read_memo_repeats(&c->r->memo, c->T->step, c->T->input_writes);
+      int repeat = tx_read_memo_repeats(&c->r->memo, c->T->step);
       return repeat ? TX_OPTIMIZER_READS_GRAD_FIRST : TX_OPTIMIZER_READS_GRAD;
     }
     if (reads)
@@ -2300,16 +2300,16 @@ static seg_run *run_in_step(SegmentObject *s, PyObject *const *args, size_t n, v
   r->tree->syncing_call = &this_call;  /* a step that begins here moves this call's arguments first */
   int rc = tx_tree_sync_step(r->tree, s->backward, belongs_to_training_step, &this_call);
   r->tree->syncing_call = outer;
-  if (rc == 0 && s->arg_written)
-    r->tree->input_writes++; /* no repeat across it (read_memo.c) */
   if (rc < 0 || !this_call.reads_kept_grad) {
     tx_read_memo_drop(&r->memo);
     if (rc < 0)
       return NULL;
   } else { /* a reader of a kept .grad: its memo, once the call returned (seg_vectorcall) */
-    tx_read_memo_stamp(&r->memo, r->tree->step, r->tree->input_writes);
+    tx_read_memo_stamp(&r->memo, r->tree->step);
     tls_memo_pending = r;
   }
+  if (s->arg_written)
+    tx_read_memo_note_input_write(); /* after its stamp: the same call again reads what this one wrote */
   if (s->backward)
     tx_tree_backward_called(r->tree);
   else if (!r->tree->ran_other_than_backward && !tx_in_a_backward())

@@ -9092,19 +9092,24 @@ def test_a_metric_against_one_buffer_refilled_for_each_call_keeps_every_result(t
     tree.check()
 
 
-@pytest.mark.parametrize("write", ["clip", "compiled_update"])
+@pytest.mark.parametrize("write", ["clip", "compiled_update", "compiled_update_twice", "another_trees_compiled_update",
+                                   "write_through_data"])
 def test_a_norm_before_and_after_a_write_in_place_keeps_both(tree, write):
     """The norm of a kept .grad logged before and after a write in place,
     both kept: clipping .grad (clip_grad_norm_'s mul_, counted in
-    _version), or a compiled SGD step that writes w (the tree counts
-    compiled writes, whether or not PyTorch counted them in _version; the
+    _version), a compiled SGD step that writes w, once or twice, in this
+    tree or in another (a worker thread's): compiled writes are counted in
+    every tree, whether or not PyTorch counted them in _version (the
     simulator's fakes do not). The same call but for the write between, so
-    no repeat (taken for one, the second call marked the first norm: a
-    review)."""
+    no repeat (taken for one, the second call marked the first norm: three
+    reviews). A write through .data bumps no _version and runs no compiled
+    call: cgtree cannot see it, takes the second call for a repeat, and the
+    first norm raises StaleTensorError (documented); never a wrong value."""
     fw, bw, ws = many_param_training(tree, 1)
     x, t = FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
     norm = optimizer_segment(tree)
-    upd = segment(tree, SGDGraph(tree), kinds=(ARG_TENSOR_STATIC, ARG_TENSOR), spans=(16, 16), name="upd",
+    other = X.Tree(0, backend="sim") if write == "another_trees_compiled_update" else tree
+    upd = segment(other, SGDGraph(other), kinds=(ARG_TENSOR_STATIC, ARG_TENSOR), spans=(16, 16), name="upd",
                   written_inputs=(0,))
     (w,) = ws
     for i in range(4):
@@ -9113,13 +9118,56 @@ def test_a_norm_before_and_after_a_write_in_place_keeps_both(tree, write):
         (before,) = call(norm, w, w.grad)
         if write == "clip":
             w.grad.fill([v * 0.5 for v in w.grad.values()])
+        elif write == "write_through_data":
+            w.grad.view().fill([v * 0.5 for v in w.grad.values()])  # a view has a _version of its own, as .data
         else:
-            call(upd, w, w.grad)
+            for _ in range(2 if write == "compiled_update_twice" else 1):
+                call(upd, w, w.grad)
         want1 = plus(w, w.grad)
         (after,) = call(norm, w, w.grad)
         assert after.values() == want1
-        assert before.values() == want0, i
+        try:
+            assert before.values() == want0, i
+        except RuntimeError as e:
+            assert write == "write_through_data" and "StaleTensorError" in str(e), e
         del before, after
+    tree.check()
+    other.check()
+
+
+class UpdateThenNormGraph:
+    """A compiled update that returns a value of what it wrote: w += g (in
+    place, under no_grad: AOTAutograd bumps no _version), out = w + g."""
+
+    def __init__(self, tree):
+        self.tree = tree
+
+    def __call__(self, w, g):
+        X.sim_launch(self.tree.stream, k_add, w.ptr, w.ptr, g.ptr, w.n)
+        out = FakeTensor(w.n)
+        X.sim_launch(self.tree.stream, k_add, out.ptr, w.ptr, g.ptr, w.n)
+        return (out,)
+
+
+def test_a_compiled_in_place_update_called_twice_with_the_same_arguments_keeps_its_first_result(tree):
+    """An iterative solver's inner steps: the same compiled in-place update
+    of w by its kept .grad, twice, each result kept. The second call reads
+    the w the first wrote, so it is no repeat: its memo is stamped before
+    its own write is counted (stamped after, it compared equal, began a
+    readers' step and marked the first result: a review)."""
+    fw, bw, ws = many_param_training(tree, 1)
+    x, t = FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
+    upd = segment(tree, UpdateThenNormGraph(tree), kinds=(ARG_TENSOR_STATIC, ARG_TENSOR), spans=(16, 16),
+                  name="upd", written_inputs=(0,))
+    (w,) = ws
+    for i in range(4):
+        kept_grad_training_step(fw, bw, ws, x, t)
+        (a,) = call(upd, w, w.grad)
+        want = a.values()
+        (b,) = call(upd, w, w.grad)
+        assert b.values() == plus(w, w.grad)
+        assert a.values() == want, i
+        del a, b
     tree.check()
 
 
