@@ -26,11 +26,14 @@
  * a buffer refilled for each call (buf.copy_(ref)) is the same object at
  * the same address, but not the same argument. A compiled call that
  * writes an input in place (an optimizer's update between two probes of
- * w, or the update called twice) ends every repeat too: AOTAutograd
- * counts such writes in _version only where autograd sees them, so this
- * file counts them all, in every tree of the process (a worker thread's
- * update writes the w this thread reads), and a call that writes is
- * stamped before its own write is counted (a review). Writes that bump no
+ * w, or the update called twice) ends every repeat too. PyTorch counts
+ * such a write in the input's _version (AOTAutograd bumps it after the
+ * graph ran: measured on torch 2.11, on the CPU), but a tensor without a
+ * version counter (an inference tensor) tells nothing, nor do the
+ * simulator's fakes; so this file counts those calls as well, in every
+ * tree of the process (a worker thread's update writes the w this thread
+ * reads), and a call that writes is stamped before its own write is
+ * counted (a review, on the simulator). Writes that bump no
  * _version and run no compiled call (through .data, DLPack, a kernel of
  * another library) stay unseen: the later call is taken for a repeat, and
  * the earlier call's output, if kept, raises StaleTensorError (loud, as

@@ -9099,8 +9099,8 @@ def test_a_norm_before_and_after_a_write_in_place_keeps_both(tree, write):
     both kept: clipping .grad (clip_grad_norm_'s mul_, counted in
     _version), a compiled SGD step that writes w, once or twice, in this
     tree or in another (a worker thread's): compiled writes are counted in
-    every tree, whether or not PyTorch counted them in _version (the
-    simulator's fakes do not). The same call but for the write between, so
+    every tree, as PyTorch counts them in _version (the simulator's fakes
+    do not, nor do inference tensors). The same call but for the write between, so
     no repeat (taken for one, the second call marked the first norm: three
     reviews). A write through .data bumps no _version and runs no compiled
     call: cgtree cannot see it, takes the second call for a repeat, and the
@@ -9153,8 +9153,9 @@ def test_a_compiled_in_place_update_called_twice_with_the_same_arguments_keeps_i
     """An iterative solver's inner steps: the same compiled in-place update
     of w by its kept .grad, twice, each result kept. The second call reads
     the w the first wrote, so it is no repeat: its memo is stamped before
-    its own write is counted (stamped after, it compared equal, began a
-    readers' step and marked the first result: a review)."""
+    its own write is counted (stamped after, it compared equal where no
+    _version told the write, as here, began a readers' step and marked the
+    first result: a review)."""
     fw, bw, ws = many_param_training(tree, 1)
     x, t = FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
     upd = segment(tree, UpdateThenNormGraph(tree), kinds=(ARG_TENSOR_STATIC, ARG_TENSOR), spans=(16, 16),

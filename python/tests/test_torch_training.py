@@ -1285,6 +1285,70 @@ def test_the_loss_logged_after_a_compiled_gradient_norm_and_step_stays_readable_
         assert nodes[-1] == nodes[7], "the tree grew a node per call: %s" % nodes
 
 
+def logged_around_a_compiled_update(m, backend, xs, update):
+    """A loop that zeroes .grad in place, drops the loss after its backward
+    (so the first compiled reader of a kept .grad begins a gradient
+    readers' step), then logs a compiled sum of w * .grad before and after
+    a compiled SGD update of w under no_grad (AOTAutograd then bumps no
+    _version): the update once, twice, or once on a worker thread (its own
+    tree). The logged pairs, stacked, read after the second sum."""
+    gc.collect()
+    ct.empty_cache()
+    params = list(m.parameters())
+    probe = torch.compile(lambda ws, gs: torch.stack([(w * g).sum() for w, g in zip(ws, gs)]).sum(), backend=backend)
+
+    @torch.compile(backend=backend)
+    def sgd(ws, gs):
+        for w, g in zip(ws, gs):
+            w.sub_(0.01 * g)
+
+    loss_of = torch.compile(lambda x: m(x).square().mean(), backend=backend)
+    errors = []
+
+    def update_once():
+        try:
+            with torch.no_grad():
+                sgd(params, [p.grad for p in params])
+        except Exception as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(repr(e))
+
+    logged = []
+    for x in xs:
+        for p in params:
+            if p.grad is not None:
+                p.grad.zero_()
+        loss_of(x).backward()
+        before = probe(params, [p.grad for p in params])
+        if update == "in_a_worker_thread":
+            worker = threading.Thread(target=update_once)
+            worker.start()
+            worker.join()
+        else:
+            for _ in range(2 if update == "twice" else 1):
+                update_once()
+        after = probe(params, [p.grad for p in params])
+        logged.append(torch.stack([before, after]).detach().clone())
+    assert errors == []
+    return torch.stack(logged)
+
+
+@pytest.mark.parametrize("update", ["once", "twice", "in_a_worker_thread"])
+def test_a_probe_logged_before_and_after_a_compiled_update_keeps_both_and_matches_inductor(update):
+    """Both probes stay readable, and equal Inductor's, where the update ran
+    once, twice or on a worker thread. On the simulator, whose tensors
+    count no writes, the second update was taken for a repeat of the first
+    and a worker's went uncounted, so the first probe raised
+    StaleTensorError (a review). Here PyTorch counts the compiled writes in
+    w's _version, so this passed before that fix too (one H200): it checks
+    the real path, not the fix."""
+    _, model, _, ref = pair(mlp())
+    xs = batches(8)
+    got = logged_around_a_compiled_update(model, "cgtree", xs, update)
+    want = logged_around_a_compiled_update(ref, "inductor", xs, update)
+    assert torch.equal(got, want), (got, want)
+    assert_same_params(model, ref)
+
+
 def test_a_compiled_adamw_step_matches_inductor():
     train_with_compiled_step(lambda ps: torch.optim.AdamW(ps, lr=1e-3, capturable=True), width=64, steps=10,
                              compiled="model", set_to_none=False)
