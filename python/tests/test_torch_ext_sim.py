@@ -9314,8 +9314,10 @@ def test_random_training_programs_with_gradient_readers_read_every_kept_output_r
     """A review's random programs (40 operations each): training steps,
     recorded and plain; .grad zeroed, set to None or replaced; readers of
     a kept .grad (one, all parameters, a temporary reference, an int
-    argument, an in-place update, a kept output read again); a backward
-    with no forward; explicit marks; outputs kept or dropped at random.
+    argument, an in-place update, one that returns a value, one in another
+    tree, a kept output read again, one call repeated); a write of .grad
+    that bumps no _version (as through .data); a backward with no forward;
+    explicit marks; outputs kept or dropped at random.
     After every operation each kept output reads what it read when made,
     or raises StaleTensorError: never a wrong value."""
     import random
@@ -9334,6 +9336,11 @@ def test_random_training_programs_with_gradient_readers_read_every_kept_output_r
     pfw = segment(tree, lambda x, *w: first(x, w[0]), kinds=(ARG_TENSOR,) + (ARG_TENSOR_STATIC,) * n,
                   spans=(16,) * (n + 1), name="pfw", saved_from=1, grad_inputs=tuple(range(1, n + 1)),
                   plain_reason="the test says so")
+    other = X.Tree(0, backend="sim")  # a worker thread's
+    oupd = segment(other, SGDGraph(other), kinds=(ARG_TENSOR_STATIC, ARG_TENSOR), spans=(16, 16), name="oupd",
+                   written_inputs=(0,))
+    updr = segment(tree, UpdateThenNormGraph(tree), kinds=(ARG_TENSOR_STATIC, ARG_TENSOR), spans=(16, 16),
+                   name="updr", written_inputs=(0,))
     x, t = FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
     kept = []  # (tensor, what it read when made, label)
     log = []
@@ -9364,13 +9371,14 @@ def test_random_training_programs_with_gradient_readers_read_every_kept_output_r
         warnings.simplefilter("ignore")  # the plain reason's, the bounds'
         for it in range(40):
             op = rng.choice(["train"] * 3 + ["read", "read", "read", "metric", "shift", "upd", "chain", "drop",
-                             "drop", "replace", "none", "mark", "eagerbw", "ptrain", "read2"])
+                             "drop", "replace", "none", "mark", "eagerbw", "ptrain", "read2", "dataw", "updret",
+                             "again", "again", "oupd"])
             log.append(op)
             w = ws[rng.randrange(n)]
             try:
                 if op in ("train", "ptrain"):
                     train(fw if op == "train" else pfw)
-                elif op in ("read", "metric", "shift", "upd", "chain") and w.grad is not None:
+                elif op in ("read", "metric", "shift", "upd", "chain", "updret", "oupd") and w.grad is not None:
                     o = None
                     if op == "read":
                         want = plus(w, w.grad)
@@ -9384,10 +9392,13 @@ def test_random_training_programs_with_gradient_readers_read_every_kept_output_r
                         k = rng.choice([-1, -2, 3])
                         want = [a + k for a in w.grad.values()]
                         (o,) = call(sh, w.grad, k)
-                    elif op == "upd":
+                    elif op in ("upd", "oupd"):
                         want_w = plus(w, w.grad)
-                        call(upd, w, w.grad)
+                        call(upd if op == "upd" else oupd, w, w.grad)
                         assert w.values() == want_w, ("silently wrong update", seed, log[-12:])
+                    elif op == "updret":
+                        (o,) = call(updr, w, w.grad)
+                        want = plus(w, w.grad)
                     else:
                         live = []
                         for e in kept:
@@ -9421,6 +9432,16 @@ def test_random_training_programs_with_gradient_readers_read_every_kept_output_r
                             if rng.random() < 0.7:
                                 kept.append((o, want, "r2_%d" % it))
                             del o
+                elif op == "again" and w.grad is not None:
+                    for _ in range(rng.randrange(1, 4)):
+                        want = plus(w, w.grad)
+                        (o,) = call(opt, w, w.grad)
+                        assert o.values() == want, ("silently wrong at the call", seed, op, log[-12:])
+                        if rng.random() < 0.5:
+                            kept.append((o, want, "%s%d" % (op, it)))
+                        del o
+                elif op == "dataw" and w.grad is not None:
+                    w.grad.view().fill([v + 1 for v in w.grad.values()])  # a view has a _version of its own, as .data
                 elif op == "drop" and kept:
                     kept.pop(rng.randrange(len(kept)))
                 elif op == "replace" and w.grad is not None:
@@ -9435,6 +9456,7 @@ def test_random_training_programs_with_gradient_readers_read_every_kept_output_r
             check()
     check()
     tree.check()
+    other.check()
 
 
 def test_each_host_allocation_of_making_calling_and_dropping_trees_and_segments_can_fail_and_loses_nothing():
