@@ -33,15 +33,16 @@
  * simulator's fakes; so this file counts those calls as well, in every
  * tree of the process (a worker thread's update writes the w this thread
  * reads), and a call that writes is stamped before its own write is
- * counted (a review, on the simulator). Writes that bump no
- * _version and run no compiled call (through .data, DLPack, a kernel of
- * another library) stay unseen: the later call is taken for a repeat, and
- * the earlier call's output, if kept, raises StaleTensorError (loud, as
- * docs/torch.md says). A bool is the same only as
- * an equal bool, an int only as an equal int, a float only as the same
- * bits, and None as None: Python's hashes made -1 and -2 one value (a
- * review). Any other argument makes the call no repeat, nor one a later
- * call repeats.
+ * counted (a review, on the simulator). Writes that bump no _version
+ * and run no compiled call (through .data, DLPack, a kernel of another
+ * library, a collective) stay unseen: the later call is taken for a
+ * repeat, and the earlier call's output, if kept, raises StaleTensorError
+ * (loud, as docs/torch.md says).
+ *
+ * A bool is the same only as an equal bool, an int only as an equal int,
+ * a float only as the same bits, and None as None: Python's hashes made
+ * -1 and -2 one value (a review). Any other argument makes the call no
+ * repeat, nor one a later call repeats.
  *
  * The memo is the last call's that ran: a call builds a candidate while
  * its step is settled (tx_read_memo_begin, tx_read_memo_arg), stamps it
