@@ -562,11 +562,17 @@ static PyObject *value_input_view(seg_run *run, PyObject *const *args, cgt_value
     return NULL;
   void *ptr = NULL;
   size_t bytes = 0;
-  if (cgt_value_ptr(T->tree, v, &ptr, &bytes) != CGT_OK ||
-      (char *)ptr != (char *)run->ptrs[m->alias_k] + m->alias_rel)
+  if (cgt_value_ptr(T->tree, v, &ptr, &bytes) != CGT_OK)
     return NULL; /* make_output reports an error */
   tx_out_ref *in = tx_step_output_at(T, run->ptrs[m->alias_k], run->spans[m->alias_k]);
   if (!in)
+    return NULL;
+  /* The output lies where the view would, in the argument's memory; or,
+   * for an argument in the side pool, in the placeholder the tree copied
+   * it into (a graph that writes such an argument runs plainly, seg_call,
+   * so the copy's bytes are the argument's: handed out over the copy, the
+   * output missed the program's later writes to the argument: a review). */
+  if ((char *)ptr != (char *)run->ptrs[m->alias_k] + m->alias_rel && !in->side_pool)
     return NULL;
   PyObject *view = caller_view(args[m->alias_arg], m, args);
   if (!view) {
@@ -985,7 +991,7 @@ static cgt_status set_outputs(seg_run *r, cgt_launch *l, PyObject *res) {
   SegmentObject *s = r->s;
   for (uint32_t k = 0; k < s->n_targs; k++) { /* where the graph saw each input: its placeholder, or itself */
     void *p = cgt_launch_input(l, k);
-    r->seen[k] = (char *)p + r->offs[k] == (char *)r->ptrs[k] || r->ptrs[k] == NULL ? r->ptrs[k] : p;
+    r->seen[k] = (char *)p + r->offs[k] == (char *)r->ptrs[k] || r->ptrs[k] == NULL ? r->ptrs[k] : (char *)p + r->offs[k];
   }
   PyObject *desc = PyObject_CallOneArg(s->describe_py, res);
   if (!desc) {
@@ -1109,8 +1115,13 @@ static cgt_status seg_launch(cgt_launch *l, void *user) {
       if ((char *)p + r->offs[k] == (char *)r->ptrs[k] || r->ptrs[k] == NULL) { /* the caller's own memory, or a value */
         Py_INCREF(o);
         item = o;
-      } else { /* a DYNAMIC input: the graph must read the pool placeholder */
-        PyObject *pp = PyLong_FromVoidPtr(p);
+      } else {
+        /* A DYNAMIC input, or a VALUE outside the graph pool (an eager
+         * run's output, in the side pool), which the tree copies whole
+         * into a placeholder too: the graph must read the placeholder,
+         * where the argument lies in it (a view at an offset read the
+         * value's first bytes: a review). */
+        PyObject *pp = PyLong_FromVoidPtr((char *)p + r->offs[k]);
         item = pp ? PyObject_CallFunctionObjArgs(s->alias_py, o, pp, NULL) : NULL;
         Py_XDECREF(pp);
       }
