@@ -2302,6 +2302,22 @@ class DoublesInPlace:
         return ()
 
 
+def eager_run_maker(t, route):
+    """A segment of (x, w STATIC) -> 2x + 1 whose runs cgtree makes eagerly,
+    so its output lies in the side pool: its capture fails (a host sync, as
+    torch.cond's device predicate makes), or (route past_the_rerecord_limit,
+    t made with rerecord_limit=1) the caller passes a new w at each step."""
+    if route == "capture_fails":
+        g = Graph(t, 2.0, 1.0)
+
+        def syncing(x, w):
+            X.sim_sync(t.stream)
+            return g(x)
+
+        return segment(t, syncing, kinds=(ARG_TENSOR, ARG_TENSOR_STATIC), spans=(16, 16), name="syncs")
+    return segment(t, Graph(t, 2.0, 1.0), kinds=(ARG_TENSOR, ARG_TENSOR_STATIC), spans=(16, 16), name="new_w")
+
+
 @pytest.mark.parametrize("route", ["capture_fails", "past_the_rerecord_limit", "a_view_past_the_rerecord_limit"])
 def test_a_graph_that_writes_an_output_of_an_eager_run_writes_that_output_itself(route):
     """An output of a run cgtree made eagerly (a capture that failed, or a
@@ -2311,16 +2327,7 @@ def test_a_graph_that_writes_an_output_of_an_eager_run_writes_that_output_itself
     the old numbers: the call runs as the plain graph instead, on the tensor
     itself (a view of it: the part the view covers)."""
     t = X.Tree(0, backend="sim", rerecord_limit=1)
-    if route == "capture_fails":
-        g = Graph(t, 2.0, 1.0)
-
-        def syncing(x, w):  # a host sync under capture, as torch.cond's device predicate makes
-            X.sim_sync(t.stream)
-            return g(x)
-
-        make = segment(t, syncing, kinds=(ARG_TENSOR, ARG_TENSOR_STATIC), spans=(16, 16), name="syncs")
-    else:
-        make = segment(t, Graph(t, 2.0, 1.0), kinds=(ARG_TENSOR, ARG_TENSOR_STATIC), spans=(16, 16), name="new_w")
+    make = eager_run_maker(t, route.replace("a_view_", ""))
     view = route.startswith("a_view")
     write = segment(t, DoublesInPlace(t), kinds=(ARG_TENSOR_STATIC,), spans=(8 if view else 16,), name="doubles",
                     written_inputs=(0,))
@@ -2356,16 +2363,7 @@ def test_a_graph_that_reads_an_output_of_an_eager_run_reads_it_and_returns_it_as
     graph reads the view where it lies in the copy, and the returned input
     is a view of y itself."""
     t = X.Tree(0, backend="sim", rerecord_limit=1)
-    if route == "capture_fails":
-        g = Graph(t, 2.0, 1.0)
-
-        def syncing(x, w):  # a host sync under capture, as torch.cond's device predicate makes
-            X.sim_sync(t.stream)
-            return g(x)
-
-        make = segment(t, syncing, kinds=(ARG_TENSOR, ARG_TENSOR_STATIC), spans=(16, 16), name="syncs")
-    else:
-        make = segment(t, Graph(t, 2.0, 1.0), kinds=(ARG_TENSOR, ARG_TENSOR_STATIC), spans=(16, 16), name="new_w")
+    make = eager_run_maker(t, route)
     if read == "a_view_at_an_offset":
         reader = segment(t, Graph(t, 1.0, 0.0), kinds=(ARG_TENSOR,), spans=(8,), name="reads")
     else:
