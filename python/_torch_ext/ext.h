@@ -803,9 +803,11 @@ int tx_call_is_training_forward(const TreeObject *T);
 /* ------------------------------------------------------------ stale.c */
 
 /* A leaf's .grad where T last read it: [begin, end), and the leaf (a weak
- * reference), which a hit asks again. */
+ * reference), which a hit asks again; reach: the highest end among it and
+ * those that begin below it (ranges may nest: one leaf's .grad a slice of
+ * another's, as a flat gradient buffer's views are). */
 typedef struct tx_kept_grad {
-  uintptr_t begin, end;
+  uintptr_t begin, end, reach;
   PyObject *leaf;
 } tx_kept_grad;
 /* 1 if one of ptrs[0..n) lies in the .grad of a leaf that a live tree

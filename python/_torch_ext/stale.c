@@ -521,6 +521,8 @@ static int kept_grads_read(TreeObject *T, int again) {
     return -1;
   }
   qsort(at, m, sizeof *at, kept_grad_order);
+  for (size_t i = 0; i < m; i++)
+    at[i].reach = i && at[i - 1].reach > at[i].end ? at[i - 1].reach : at[i].end;
   tx_kept_grads_free(T);
   T->kept_grads = at;
   T->n_kept_grads = m;
@@ -531,7 +533,11 @@ static int kept_grads_read(TreeObject *T, int again) {
 }
 
 /* The cached .grad whose range holds ptr (the last to begin at or below
- * it), or NULL. */
+ * it that does), or NULL. Ranges may nest: past the end of the last one
+ * to begin below ptr (a slice that another leaf has as its .grad), an
+ * earlier, larger one may still hold it, and taking the slice's for the
+ * answer missed a read of the larger .grad's tail (a review); the reach
+ * says when no earlier one can. */
 static const tx_kept_grad *kept_grad_at(const TreeObject *T, uintptr_t ptr) {
   size_t lo = 0, hi = T->n_kept_grads; /* the first to begin above ptr is in [lo, hi] */
   while (lo < hi) {
@@ -541,7 +547,10 @@ static const tx_kept_grad *kept_grad_at(const TreeObject *T, uintptr_t ptr) {
     else
       hi = mid;
   }
-  return lo && ptr < T->kept_grads[lo - 1].end ? &T->kept_grads[lo - 1] : NULL;
+  for (size_t i = lo; i-- > 0 && ptr < T->kept_grads[i].reach;)
+    if (ptr < T->kept_grads[i].end)
+      return &T->kept_grads[i];
+  return NULL;
 }
 
 /* 1 if ptr still lies in the .grad of e's leaf, 0 if not (that .grad was

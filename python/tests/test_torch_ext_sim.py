@@ -9253,6 +9253,34 @@ def test_int_and_bool_arguments_whose_python_hashes_are_equal_are_no_repeat(tree
     tree.check()
 
 
+def test_a_read_of_a_kept_grad_past_a_slice_that_another_leaf_has_as_grad_is_a_gradient_read(tree):
+    """w1.grad is a slice of w0.grad (as a flat gradient buffer's views
+    are): a call that reads the tail of w0.grad, past w1's slice, reads a
+    kept .grad as a read of its head does, and joins the readers' step.
+    The look-up took the last range to begin below the pointer (w1's
+    slice) for the only one that could hold it: a miss, so the call began
+    a step and marked the norm logged before it (a review)."""
+    fw, bw, ws = many_param_training(tree, 2)
+    norm = optimizer_segment(tree)
+    tail = segment(tree, Graph(tree, 1.0, 0.0), spans=(8,), name="tail")
+    x, t = FakeTensor(4).fill([1, 2, 3, 4]), FakeTensor(4).fill([1, 1, 1, 1])
+    ws[1].grad = ws[0].grad.narrow(1, 1)  # w1.grad: element 1 of w0.grad
+    for i in range(4):
+        for w in ws:  # zero_grad(set_to_none=False)
+            w.grad.fill([0] * w.grad.n)
+        out, saved = call(fw, x, *ws)
+        (g,) = bw(saved, t)
+        ws[0].accumulate(g)
+        del out, saved, g
+        (a,) = call(norm, ws[0], ws[0].grad)  # begins a gradient readers' step
+        want = plus(ws[0], ws[0].grad)
+        (b,) = call(tail, ws[0].grad.narrow(2, 2))  # elements 2 and 3 of the kept w0.grad
+        assert b.values() == ws[0].grad.values()[2:]
+        assert a.values() == want, i
+        del a, b
+    tree.check()
+
+
 def test_a_grad_replaced_after_the_cache_was_read_is_still_a_reader_in_the_readers_step(tree):
     """The cache of where .grad lie is read by a norm that joins the
     backward's step (the loss alive); the loss is dropped and one .grad is
