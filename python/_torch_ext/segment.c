@@ -990,8 +990,8 @@ static void go_plain_described(SegmentObject *s, PyObject *desc, const char *fal
 static cgt_status set_outputs(seg_run *r, cgt_launch *l, PyObject *res) {
   SegmentObject *s = r->s;
   for (uint32_t k = 0; k < s->n_targs; k++) { /* where the graph saw each input: its placeholder, or itself */
-    void *p = cgt_launch_input(l, k);
-    r->seen[k] = (char *)p + r->offs[k] == (char *)r->ptrs[k] || r->ptrs[k] == NULL ? r->ptrs[k] : (char *)p + r->offs[k];
+    char *at = (char *)cgt_launch_input(l, k) + r->offs[k]; /* seg_launch passed the graph that */
+    r->seen[k] = at == (char *)r->ptrs[k] || r->ptrs[k] == NULL ? r->ptrs[k] : at;
   }
   PyObject *desc = PyObject_CallOneArg(s->describe_py, res);
   if (!desc) {
