@@ -250,7 +250,7 @@ struct SegmentObject {
    * optimizer step) may go on in its backward's step
    * (belongs_to_training_step; module.c, "The optimizer"). A call where
    * such an input is an output of an eager run of the tree does not go
-   * through cgt_run (call_plain_writing_side_value). */
+   * through cgt_run (call_plain_over_side_value). */
   uint8_t *arg_written;
   int warned_side_write; /* the first such call was reported */
   int warned_collision;  /* the first call whose variant key collided was reported (call_colliding) */
@@ -1358,25 +1358,51 @@ static PyObject *call_colliding(SegmentObject *s, const seg_run *r, PyObject *co
   return call_plain_after_tree(s, r, args, n);
 }
 
+/* 1 if an output of template t is a view, as another dtype, of a tensor
+ * argument in side_values (a bit per argument k < 63; bit 63 stands for
+ * every k from 63 on). */
+static int views_as_other_dtype(const variant_tmpl *t, uint64_t side_values) {
+  if (!side_values)
+    return 0;
+  for (uint32_t i = 0, k = 0; i < t->n_res; i++) {
+    if (!t->is_tensor[i])
+      continue;
+    const out_meta *m = &t->outs[k++];
+    if (m->alias_arg >= 0 && !m->alias_same_dtype && side_values >> (m->alias_k < 63 ? m->alias_k : 63) & 1)
+      return 1;
+  }
+  return 0;
+}
+
+static void plain_saved_hold_step(SegmentObject *s, TreeObject *T, PyObject *res);
+
 /* A call whose graph writes into an output of an eager run of the tree (a
- * failed capture's, or a node's past the rerecord limit). That output lies
- * in the tree's side pool, and cgt_run passes such a VALUE through a
- * placeholder copy (docs/api.md, cgt_run), so the graph would write the copy
- * and the caller's tensor would keep its old numbers. This call runs as the
- * plain graph instead, on the tensors themselves, after the tree's work; the
- * segment stays a segment, and the first such call says so. */
-static PyObject *call_plain_writing_side_value(SegmentObject *s, const seg_run *r, PyObject *const *args,
-                                               size_t n) {
+ * failed capture's, or a node's past the rerecord limit), or returns a view
+ * of one as another dtype. That output lies in the tree's side pool, and
+ * cgt_run passes such a VALUE through a placeholder copy (docs/api.md,
+ * cgt_run), so the graph would write the copy and the caller's tensor would
+ * keep its old numbers; and a view of the copy as another dtype (the dtype
+ * keeps value_input_view from making it a view of the caller's tensor)
+ * would miss the program's later writes to that tensor, silently (a
+ * review). This call runs as the plain graph instead, on the tensors
+ * themselves, after the tree's work; the segment stays a segment, and the
+ * first such call says so. A training forward's saved results hold the step
+ * until its backward, as at any plain call (a review: a second forward
+ * before the backwards began a step and marked the first one's input). */
+static PyObject *call_plain_over_side_value(SegmentObject *s, const seg_run *r, PyObject *const *args, size_t n) {
   if (!s->warned_side_write) {
     s->warned_side_write = 1;
     PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
                      "cgtree.torch: graph '%s' writes into an output of a run cgtree made eagerly (a graph whose "
-                     "capture failed, or a node past the rerecord limit); such calls run as the plain graph, so "
-                     "that the write lands in that output",
+                     "capture failed, or a node past the rerecord limit), or returns a view of one as another "
+                     "dtype; such calls run as the plain graph, so that the write lands in that output and the "
+                     "view is of it",
                      s->name);
     PyErr_Clear(); /* a warning turned error must not break the call */
   }
-  return call_plain_after_tree(s, r, args, n);
+  PyObject *res = call_plain_after_tree(s, r, args, n);
+  plain_saved_hold_step(s, r->tree, res);
+  return res;
 }
 
 /* The first call's plain run is done, and what came after it failed (an
@@ -2543,6 +2569,7 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
   uint64_t statics_seen = tx_reads_ends_seen(); /* before PyTorch's check vouches for the STATIC pointers */
   int statics_same = !fast && static_ptrs_unchanged(r, args, n), statics_noted = 1;
   int writes_side_value = 0;
+  uint64_t side_values = 0; /* the tensor arguments k < 64 that are side-pool VALUEs; bit 63: one at 63 or past */
   r->n_read = 0;
   for (size_t i = 0; i < n; i++) {
     PyObject *o = args[i];
@@ -2689,8 +2716,10 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
         if (other && s->backward) /* another thread's forward's: its tree hears of this backward too */
           r->read[r->n_read++] = other;
       }
-      if (r->args[k].kind == CGT_ARG_VALUE && ref->side_pool && s->arg_written && s->arg_written[i])
-        writes_side_value = 1;
+      if (r->args[k].kind == CGT_ARG_VALUE && ref->side_pool) {
+        side_values |= 1ull << (k < 63 ? k : 63);
+        writes_side_value |= s->arg_written && s->arg_written[i];
+      }
       k++;
     } else if (kind == ARG_INT) {
       long long x = PyLong_AsLongLong(o);
@@ -2716,15 +2745,13 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
   if (!statics_same && s->static_idx)
     r->static_known = statics_noted && !fast; /* every STATIC pointer was read, and noted, just now */
   variant &= variant_mask;
-  if (s->outputs_known) {
-    variant_tmpl *known = tmpl_find(s, variant);
-    if (known && !key_is(known, r))
-      return call_colliding(s, r, args, n);
-  }
-  if (writes_side_value && s->outputs_known)
-    return call_plain_writing_side_value(s, r, args, n);
+  variant_tmpl *known = s->outputs_known ? tmpl_find(s, variant) : NULL;
+  if (known && !key_is(known, r))
+    return call_colliding(s, r, args, n);
   if (s->n_grad_pos && note_grad_leaves(r, args) < 0)
     return NULL;
+  if (s->outputs_known && (writes_side_value || (known && views_as_other_dtype(known, side_values))))
+    return call_plain_over_side_value(s, r, args, n);
   uint64_t t_args = clock_if(timed);
   if (!s->outputs_known) { /* runs on the caller's stream: wait for the tree's outputs */
     if (tx_caller_needs_events(T, caller))

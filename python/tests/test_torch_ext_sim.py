@@ -2351,7 +2351,8 @@ def test_a_graph_that_writes_an_output_of_an_eager_run_writes_that_output_itself
 
 
 @pytest.mark.parametrize("route", ["capture_fails", "past_the_rerecord_limit"])
-@pytest.mark.parametrize("read", ["a_view_at_an_offset", "returned_as_it_is", "a_view_returned_as_it_is"])
+@pytest.mark.parametrize("read", ["a_view_at_an_offset", "returned_as_it_is", "a_view_returned_as_it_is",
+                                  "a_view_as_another_dtype_returned"])
 def test_a_graph_that_reads_an_output_of_an_eager_run_reads_it_and_returns_it_as_inductor_does(route, read):
     """An output of a run cgtree made eagerly lies in the side pool, and the
     tree copies such a VALUE whole into a placeholder for a recorded graph
@@ -2359,13 +2360,16 @@ def test_a_graph_that_reads_an_output_of_an_eager_run_reads_it_and_returns_it_as
     placeholder's start, so the graph read y[0:2]; and a graph that returns
     its input (a forward that saves it, a custom Function's view) handed
     back a tensor over the copy, which missed the program's later write to
-    y, where under Inductor it is y. Both silently (a review). Now the
-    graph reads the view where it lies in the copy, and the returned input
-    is a view of y itself."""
+    y, where under Inductor it is y; so did a view of it as another dtype.
+    All silently (two reviews). Now the graph reads the view where it lies
+    in the copy, the returned input is a view of y itself, and a graph
+    that returns a view of it as another dtype runs as the plain graph."""
     t = X.Tree(0, backend="sim", rerecord_limit=1)
     make = eager_run_maker(t, route)
     if read == "a_view_at_an_offset":
         reader = segment(t, Graph(t, 1.0, 0.0), kinds=(ARG_TENSOR,), spans=(8,), name="reads")
+    elif read == "a_view_as_another_dtype_returned":
+        reader = segment(t, ReturnsInputView(t, "int32"), kinds=(ARG_TENSOR,), spans=(16,), name="as_int32")
     else:
         reader = segment(t, lambda y: (y, affine(t.stream, y, 1.0, 0.0)), kinds=(ARG_TENSOR,),
                          spans=(8 if read.startswith("a_view") else 16,), name="returns")
@@ -2383,6 +2387,12 @@ def test_a_graph_that_reads_an_output_of_an_eager_run_reads_it_and_returns_it_as
                 (z,) = reader(y.narrow(1, 2))  # in the step, as a graph after a graph break
                 if z.values() != [2 * i + 3, 2 * i + 5]:
                     bad.append((i, z.values()))
+            elif read == "a_view_as_another_dtype_returned":
+                v, z, _ = reader(y)  # v: y[1:] as int32 (the simulator's fakes keep the float bits)
+                assert z.values() == [2 * (2 * (i + j) + 1) + 1 for j in range(4)], i
+                y.fill([100 + i, 200 + i, 300 + i, 400 + i])  # under Inductor v is a view of y: it reads the write
+                if v.values() != [200 + i, 300 + i, 400 + i]:
+                    bad.append((i, v.values()))
             else:
                 view = read.startswith("a_view")
                 v, _ = reader(y.narrow(1, 2) if view else y)
@@ -2391,6 +2401,51 @@ def test_a_graph_that_reads_an_output_of_an_eager_run_reads_it_and_returns_it_as
                     bad.append((i, v.values()))
     assert t.stats()["eager_runs"] > 0  # some y lay in the side pool
     assert bad == []
+    t.check()
+
+
+class HeadWritingAndSavingItsInput:
+    """A training forward that writes its input in place (h += 1), then
+    returns 2h and saves h itself (as a Linear saves its input)."""
+
+    def __init__(self, tree):
+        self.tree = tree
+
+    def __call__(self, h):
+        X.sim_launch(self.tree.stream, k_affine, h.ptr, h.ptr, h.n, 1.0, 1.0)
+        return (affine(self.tree.stream, h, 2.0, 0.0), h)
+
+
+@pytest.mark.parametrize("route", ["capture_fails", "past_the_rerecord_limit"])
+def test_a_forward_that_writes_and_saves_an_output_of_an_eager_run_holds_the_step_until_its_backward(route):
+    """A training forward that writes its input runs plainly where that
+    input lies in the side pool, and it saves that input. Its saved result
+    now holds the step until its backward, as at any plain call: held by
+    nothing, the second forward of a contrastive pair began a step and
+    raised StaleTensorError on y, where eager computes (a review)."""
+    t = X.Tree(0, backend="sim", rerecord_limit=1)
+    make = eager_run_maker(t, route)
+    head = segment(t, HeadWritingAndSavingItsInput(t), kinds=(ARG_TENSOR_STATIC,), spans=(16,), name="head",
+                   saved_from=1, written_inputs=(0,))
+    bw = segment(t, BackwardGraph(t), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bw", backward=True)
+    x, w, ws, g = FakeTensor(4), FakeTensor(4), [], FakeTensor(4).fill([1, 1, 1, 1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for i in range(8):
+            if route != "capture_fails":
+                w = FakeTensor(4)
+                ws.append(w)
+            x.fill([i, i + 1, i + 2, i + 3])
+            (y,) = call(make, x, w)  # [2i + 1, ...]
+            z1, s1 = call(head, y)  # y += 1
+            z2, s2 = call(head, y)  # a second forward before the backwards: y += 1 again
+            assert z2.values() == [2 * (2 * (i + j) + 3) for j in range(4)], i
+            (g1,) = bw(s1, g)
+            (g2,) = bw(s2, g)
+            assert g1.values() == g2.values() == [2 * (i + j) + 4 for j in range(4)], i
+            del y, z1, s1, z2, s2, g1, g2
+            gc.collect()
+    assert t.stats()["eager_runs"] > 0
     t.check()
 
 
