@@ -996,6 +996,40 @@ def test_a_graph_that_writes_an_output_of_a_graph_whose_capture_failed_writes_th
     assert len(said) == 1, [str(c.message) for c in caught]
 
 
+def test_a_view_of_an_output_of_a_node_past_the_rerecord_limit_is_read_where_it_lies_by_the_next_graph():
+    """A graph that writes a buffer passed anew at every call (a mutated
+    input is STATIC: its address keys the node) is recorded anew each time,
+    up to the rerecord limit (32), and from then on its node runs eagerly:
+    its output lies in cgtree's side pool, which a recorded graph reads
+    through a placeholder copy. A view of that output at an offset, made
+    eagerly and passed to a second compiled function, must be read where it
+    lies: it was read at the copy's first bytes (simulator:
+    test_a_graph_that_reads_an_output_of_an_eager_run_reads_it_and_returns_it_as_inductor_does)."""
+    def scale(x, buf):
+        buf.add_(1)
+        return x * buf
+
+    def after(v):
+        return v * 2 + 1
+
+    fresh()
+    f1 = torch.compile(scale, backend="cgtree")
+    f2 = torch.compile(after, backend="cgtree")
+    x = torch.randn(16, 64, device=DEV)
+    bufs = []  # kept, so that no buffer's address comes back
+    before = ct.stats()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for i in range(48):
+            buf = torch.full((16, 64), float(i), device=DEV)
+            bufs.append(buf)
+            y = f1(x, buf)
+            got = f2(y[:, 8:])
+            want = after((x * (i + 1))[:, 8:])
+            torch.testing.assert_close(got, want, msg="call %d" % i)
+    assert ct.stats()["eager_runs"] > before["eager_runs"]  # the case this test is about did happen
+
+
 def test_dynamic_shapes_record_once_per_shape_and_a_budget_bounds_them():
     """torch.compile(dynamic=True): one recording per concrete shape; with a
     budget of 2 graphs, five shapes in turn evict (a warning says so once),
