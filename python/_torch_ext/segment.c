@@ -987,12 +987,22 @@ static void go_plain_described(SegmentObject *s, PyObject *desc, const char *fal
     go_plain(s, why ? why : fallback);
 }
 
+/* Where the graph reads tensor input k in launch l: the argument itself
+ * (the caller's own memory, a value read in place, or NULL for an empty
+ * tensor), or, for a DYNAMIC input or a VALUE outside the graph pool (an
+ * eager run's output, in the side pool), which the tree copies whole into
+ * a placeholder, the place the argument lies in that placeholder (taken at
+ * the placeholder's start, a view at an offset read the value's first
+ * bytes: a review). seg_launch passes the graph that; set_outputs notes it. */
+static char *input_seen(const seg_run *r, cgt_launch *l, uint32_t k) {
+  char *at = (char *)cgt_launch_input(l, k) + r->offs[k];
+  return at == (char *)r->ptrs[k] || r->ptrs[k] == NULL ? r->ptrs[k] : at;
+}
+
 static cgt_status set_outputs(seg_run *r, cgt_launch *l, PyObject *res) {
   SegmentObject *s = r->s;
-  for (uint32_t k = 0; k < s->n_targs; k++) { /* where the graph saw each input: its placeholder, or itself */
-    char *at = (char *)cgt_launch_input(l, k) + r->offs[k]; /* seg_launch passed the graph that */
-    r->seen[k] = at == (char *)r->ptrs[k] || r->ptrs[k] == NULL ? r->ptrs[k] : at;
-  }
+  for (uint32_t k = 0; k < s->n_targs; k++) /* where the graph saw each input: its placeholder, or itself */
+    r->seen[k] = input_seen(r, l, k);
   PyObject *desc = PyObject_CallOneArg(s->describe_py, res);
   if (!desc) {
     stash_exception(r);
@@ -1111,17 +1121,12 @@ static cgt_status seg_launch(cgt_launch *l, void *user) {
   for (uint32_t i = 0; i < s->n_args; i++) {
     PyObject *o = r->cur[i], *item;
     if (s->arg_kind[i] <= ARG_TENSOR_STATIC) {
-      void *p = cgt_launch_input(l, k);
-      if ((char *)p + r->offs[k] == (char *)r->ptrs[k] || r->ptrs[k] == NULL) { /* the caller's own memory, or a value */
+      char *at = input_seen(r, l, k);
+      if (at == (char *)r->ptrs[k]) { /* the argument itself */
         Py_INCREF(o);
         item = o;
-      } else {
-        /* A DYNAMIC input, or a VALUE outside the graph pool (an eager
-         * run's output, in the side pool), which the tree copies whole
-         * into a placeholder too: the graph must read the placeholder,
-         * where the argument lies in it (a view at an offset read the
-         * value's first bytes: a review). */
-        PyObject *pp = PyLong_FromVoidPtr((char *)p + r->offs[k]);
+      } else { /* the placeholder: the graph reads the copy, through o's layout */
+        PyObject *pp = PyLong_FromVoidPtr(at);
         item = pp ? PyObject_CallFunctionObjArgs(s->alias_py, o, pp, NULL) : NULL;
         Py_XDECREF(pp);
       }
@@ -2569,7 +2574,7 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
   uint64_t statics_seen = tx_reads_ends_seen(); /* before PyTorch's check vouches for the STATIC pointers */
   int statics_same = !fast && static_ptrs_unchanged(r, args, n), statics_noted = 1;
   int writes_side_value = 0;
-  uint64_t side_values = 0; /* the tensor arguments k < 64 that are side-pool VALUEs; bit 63: one at 63 or past */
+  uint64_t side_values = 0; /* the tensor arguments k < 63 that are side-pool VALUEs; bit 63: one at 63 or past */
   r->n_read = 0;
   for (size_t i = 0; i < n; i++) {
     PyObject *o = args[i];
