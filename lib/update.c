@@ -245,6 +245,7 @@ void update__adopt(cgt_tree *t, node *from, node *n, run_prep *r, int updated) {
   n->evictions = from->evictions;
   n->evict_reason = from->evict_reason;
   n->updates = from->updates + 1;
+  n->updates_unreplayed = from->updates_unreplayed + 1; /* a capture no replay followed yet (node.c) */
 
   /* The identity: from's id and slot; n's id was the newest and goes back. */
   uint32_t lo = 0, hi = t->n_nodes - 1;
