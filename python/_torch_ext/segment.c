@@ -287,6 +287,7 @@ struct SegmentObject {
   variant_tmpl **tmpls;
   size_t n_tmpls;
   uint64_t calls, plain_calls;
+  uint32_t eager_streak; /* calls in a row whose run the tree made eagerly: at EAGER_STREAK_PLAIN it goes plain */
   uint64_t out_of_memory; /* calls that raised because an allocation of theirs was refused */
   /* Replays, and what the benchmarks report of them where the tree was made
    * with time_launches (CGTREE_TORCH_TIME_LAUNCHES=1; otherwise the call
@@ -1325,6 +1326,16 @@ static PyObject *call_plain_from(SegmentObject *s, TreeObject *T, void *caller, 
     return NULL;
   return call_plain(s, args, n);
 }
+
+/* A graph whose node is past the rerecord limit runs eagerly through the
+ * tree, its outputs in the side pool: a buffer it writes in place (STATIC)
+ * passed at a new address at every call is a new key at every call. That
+ * cost 1.9x the plain graph's time on an H200 (bench/torch_moving_static.py),
+ * about what a capture per call had cost before update in place counted
+ * toward the limit. So once the tree ran a graph eagerly this many calls in
+ * a row (no replay, recording or warm-up between), it runs as the plain
+ * graph from then on, at Inductor's speed. */
+enum { EAGER_STREAK_PLAIN = 16 };
 
 static void go_plain(SegmentObject *s, const char *why) {
   if (s->bypass_reason)
@@ -2885,6 +2896,14 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
      * at Inductor's speed, rather than as an eager node of the tree. */
     char why[512];
     snprintf(why, sizeof why, "its capture failed (%s)", cgt_tree_last_error(T->tree));
+    go_plain(s, why);
+  } else if (!r->outs_side_pool) {
+    s->eager_streak = 0;
+  } else if (++s->eager_streak == EAGER_STREAK_PLAIN) {
+    char why[256];
+    snprintf(why, sizeof why, "the tree ran it eagerly %u calls in a row (its node is past the rerecord limit: a "
+             "buffer it writes in place, or another static input, comes at a new address at every call)",
+             (unsigned)EAGER_STREAK_PLAIN);
     go_plain(s, why);
   }
   if (tx_caller_needs_events(T, caller))

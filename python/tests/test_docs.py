@@ -31,7 +31,7 @@ TORCH_DOC = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "torch.m
 @pytest.mark.skipif(not os.path.exists(TORCH_DOC), reason="docs/ is not beside the tests (installed elsewhere)")
 def test_every_test_docs_torch_md_cites_exists():
     """docs/torch.md backs each promise with a test by name: each name it
-    cites is a test function in python/tests."""
+    cites is a test function in python/tests or in the C suites (test/)."""
     import glob
     import re
 
@@ -40,4 +40,6 @@ def test_every_test_docs_torch_md_cites_exists():
     defined = set()
     for path in glob.glob(os.path.join(os.path.dirname(__file__), "test_*.py")):
         defined |= set(re.findall(r"^def (test_[a-z0-9_]+)\(", open(path).read(), re.M))
+    for path in glob.glob(os.path.join(os.path.dirname(__file__), "..", "..", "test", "*.c")):
+        defined |= set(re.findall(r"^static void (test_[a-z0-9_]+)\(void \*\*state\)", open(path).read(), re.M))
     assert sorted(cited - defined) == []

@@ -2350,6 +2350,37 @@ def test_a_graph_that_writes_an_output_of_an_eager_run_writes_that_output_itself
     t.check()
 
 
+def test_a_graph_run_eagerly_sixteen_calls_in_a_row_runs_as_the_plain_graph_from_then_on():
+    """Past the rerecord limit (a STATIC input at a new address at every
+    call) the tree runs the graph eagerly, its outputs in the side pool,
+    which cost 1.9x the plain graph's time on an H200
+    (bench/torch_moving_static.py). After 16 such calls in a row the graph
+    runs as the plain graph, with a warning once, and its results stay
+    right; a replay between eager runs starts the count again."""
+    t = X.Tree(0, backend="sim", rerecord_limit=1)
+    make = eager_run_maker(t, "past_the_rerecord_limit")
+    x, w0, ws = FakeTensor(4), FakeTensor(4), []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(60):
+            # the first w (a plain first call, a warm-up, a recording), then again at every fourth call up
+            # to 30: a replay
+            w = w0 if i < 3 or (i < 30 and i % 4 == 0) else FakeTensor(4)
+            ws.append(w)  # kept, so no address comes back
+            x.fill([i, i + 1, i + 2, i + 3])
+            (y,) = call(make, x, w)
+            assert y.values() == [2 * i + 1, 2 * i + 3, 2 * i + 5, 2 * i + 7], i
+            if i == 28:  # the last replay
+                assert make.info["plain_reason"] is None  # replays broke every streak
+                eager_then, plain_then = t.stats()["eager_runs"], make.info["plain_calls"]
+    said = [str(c.message) for c in caught if "eagerly 16 calls in a row" in str(c.message)]
+    assert len(said) == 1 and "'new_w'" in said[0]
+    assert "rerecord limit" in make.info["plain_reason"]
+    assert t.stats()["eager_runs"] - eager_then == 16  # then plain: the tree ran it no more
+    assert make.info["plain_calls"] - plain_then == 60 - 29 - 16
+    t.check()
+
+
 @pytest.mark.parametrize("route", ["capture_fails", "past_the_rerecord_limit"])
 @pytest.mark.parametrize("read", ["a_view_at_an_offset", "returned_as_it_is", "a_view_returned_as_it_is",
                                   "a_view_as_another_dtype_returned"])
