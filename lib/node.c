@@ -302,6 +302,8 @@ static void node_set_state(cgt_tree *t, node *n, node_state to, char *reason) {
   cgt_assert(transition_legal(n->state, to));
   cgt_assert((to == NODE_RECORDED || to == NODE_WARMUP) == (reason == NULL));
   n->state = to;
+  if (to == NODE_WARMUP)
+    n->updates_unreplayed = 0; /* evicted: its next recording is a fresh one */
   if (to == NODE_RECORDED || to == NODE_WARMUP)
     return;
   cgt_assert(!n->graph && !n->exec); /* a WARMUP node holds no run_prep */
