@@ -114,8 +114,7 @@ typedef struct cgt_options {
   void *stream;              /* cudaStream_t to run on (stays the caller's); NULL: the tree creates its own
                                 (blocking) stream. Must be NULL on the simulator */
   uint32_t warmup_runs;      /* eager runs of a (segment, variant) before it may be recorded; default 1; 0 = record at once */
-  uint32_t rerecord_limit;   /* max recorded children per (parent, segment, variant), an update in place
-                                counting as one until its node replays; past it the run is eager; default 32 */
+  uint32_t rerecord_limit;   /* max recorded children per (parent, segment, variant); past it the run is eager; default 32 */
   size_t pool_chunk_bytes;   /* granularity of pool growth; default 2 MiB */
   size_t pool_reserve_bytes; /* reserve this much at create; default 0 */
   void (*log_fn)(void *user, int level, const char *msg); /* NULL: stderr, filtered by CGT_LOG */

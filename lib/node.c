@@ -267,22 +267,22 @@ static void node_unlink_newest(cgt_tree *t, node *n) {
 }
 
 /* Recordings a parent already has of (segment, variant), for rerecord_limit:
- * the limit bounds graphs, so WARMUP nodes (no graph) do not count. It also
- * bounds captures: an update in place is a capture too, and one that no
- * replay follows counts as a recording until the node replays. A buffer
- * written in place (STATIC) passed at a new address at every call updates
- * a node at every call, never replays, and a capture per call cost 1.9x to
- * 2.4x of the plain call's time (bench/torch_moving_static.py); counted,
- * it reaches the limit, and its new keys run on the overflow node. Weights
- * reloaded now and then update each node once, then replay: a node's count
- * is back to its one recording at its next replay. */
+ * the limit bounds graphs, so WARMUP nodes (no graph) do not count, except
+ * a node the recording budget evicted before it ever replayed (evict.c):
+ * under a tight budget a buffer written in place (STATIC) at a new address
+ * at every step makes a recording that never replays, the least recently
+ * used, evicted at the next recording, and not counted the parent never
+ * reached the limit: a capture at every step, for good (a review). Such a
+ * node counts until pruning removes it (prune_after_steps), so the limit
+ * bounds captures per that many steps. */
 static uint32_t count_recordings(const node *parent, cgt_segment id, uint64_t variant) {
-  uint64_t count = 0;
+  uint32_t count = 0;
   for (const node *first = parent->children; first; first = (const node *)first->hh.next)
     for (const node *c = first; c; c = c->next_same_key)
-      if (c->segment == id && c->variant == variant && c->state == NODE_RECORDED)
-        count += 1 + (uint64_t)c->updates_unreplayed;
-  return count > UINT32_MAX ? UINT32_MAX : (uint32_t)count;
+      if (c->segment == id && c->variant == variant &&
+          (c->state == NODE_RECORDED || (c->state == NODE_WARMUP && c->unreplayed)))
+        count++;
+  return count;
 }
 
 /* The state machine's only legal moves: a node is made WARMUP
@@ -302,8 +302,6 @@ static void node_set_state(cgt_tree *t, node *n, node_state to, char *reason) {
   cgt_assert(transition_legal(n->state, to));
   cgt_assert((to == NODE_RECORDED || to == NODE_WARMUP) == (reason == NULL));
   n->state = to;
-  if (to == NODE_WARMUP)
-    n->updates_unreplayed = 0; /* evicted: its next recording is a fresh one */
   if (to == NODE_RECORDED || to == NODE_WARMUP)
     return;
   cgt_assert(!n->graph && !n->exec); /* a WARMUP node holds no run_prep */
@@ -570,7 +568,7 @@ static void replay_commit(cgt_tree *t, node *n, cgt_value *outputs) {
     t->stats.input_copy_bytes += n->placeholders[i].bytes;
   }
   n->replays++;
-  n->updates_unreplayed = 0;
+  n->unreplayed = 0;
   n->last_step = t->step;
   n->last_use = ++t->use_clock;
   n->parent->next_exec = n->exec;
@@ -825,6 +823,7 @@ static void record_commit(cgt_tree *t, node *n, const segment_rec *seg, warm_cou
   n->last_step = t->step;
   n->last_use = ++t->use_clock;
   n->recorded_step = t->step;
+  n->unreplayed = 1; /* until it replays: no update in place from it (update.c) */
   n->graph_bytes = evict__node_bytes(t, n);
   w->runs++;
   t->stats.recordings++;

@@ -94,7 +94,8 @@ struct node {
   uint64_t evictions;       /* cgt_node_info.evictions */
   const char *evict_reason; /* static: why it was last evicted */
   uint64_t updates;         /* cgt_node_info.updates */
-  uint32_t updates_unreplayed; /* updates in place since its last replay: recordings to rerecord_limit */
+  uint8_t unreplayed;       /* recorded or updated since its last replay: not updated in place (update.c);
+                               evicted so, still a recording to rerecord_limit (node.c, count_recordings) */
   uint8_t marked;           /* evict.c and update.c: in the subtree being walked */
   /* cgt_tree_path_hash after a run of this node: the parent's, with this
    * node's (segment, variant) mixed in. Every successful run moves the path

@@ -70,6 +70,18 @@ static void fill(float *h, float base, float step) {
     h[i] = base + step * (float)i;
 }
 
+/* One step of a segment x + w (x: 0, 1, 2...; w: w_value everywhere, STATIC),
+ * its result checked. */
+static void step_with_weights(cgt_tree *t, cgt_segment s, float *x, float *w, float w_value, const char *what,
+                              int step) {
+  CHECK_OK(t, cgt_step_begin(t));
+  cgt_arg a[2] = {cgt_arg_dynamic(x, N * sizeof(float)), cgt_arg_static(w, N * sizeof(float))};
+  cgt_value v = run_checked(t, s, 0, a, 2);
+  float expected[N];
+  fill(expected, w_value, 1);
+  expect_floats(t, v, expected, N, what, step);
+}
+
 static cgt_tree *budget_tree(cgt_mode mode, uint32_t max_graphs, size_t max_bytes, uint32_t defer, uint32_t no_update) {
   cgt_options o;
   cgt_options_init(&o);
@@ -225,14 +237,8 @@ static void test_weights_that_alternate_between_two_buffers_get_a_node_each(void
   fill(hw[0], 1, 0);
   fill(hw[1], 2, 0);
   float *x = test_dev_floats(hx, N), *w[2] = {test_dev_floats(hw[0], N), test_dev_floats(hw[1], N)};
-  for (int step = 0; step < 4 * QUIET; step++) {
-    CHECK_OK(t, cgt_step_begin(t));
-    cgt_arg a[2] = {cgt_arg_dynamic(x, N * sizeof(float)), cgt_arg_static(w[step % 2], N * sizeof(float))};
-    cgt_value v = run_checked(t, s, 0, a, 2);
-    float expected[N];
-    fill(expected, (float)(1 + step % 2), 1);
-    expect_floats(t, v, expected, N, "double buffered", step);
-  }
+  for (int step = 0; step < 4 * QUIET; step++)
+    step_with_weights(t, s, x, w[step % 2], (float)(1 + step % 2), "double buffered", step);
   assert_int_equal(test_node_count(t), 2);
   assert_int_equal(test_stats(t).updates, 0);
   CHECK_OK(t, cgt_sync(t));
@@ -263,55 +269,162 @@ static cgt_tree *limited_tree(uint32_t limit) {
   return test_tree_new(CGT_MODE_TREE, &o);
 }
 
-/* A buffer written in place is STATIC, and a program may pass a new one at
- * every step (a fresh output buffer per call, kept): every step is a new
- * key, whose capture updates a quiet sibling, and no node ever replays. An
- * update no replay followed counts as a recording for the rerecord limit,
- * so past it the new keys run on the overflow node, with no capture: once
- * there, the steps add no recording and no update. Before, every step was
- * a capture and an update, for good (1.9x to 2.4x the plain call's time on
- * an H200: bench/torch_moving_static.py). */
-static void test_weights_at_a_new_address_every_step_update_up_to_the_rerecord_limit_then_run_eagerly(void **state) {
-  (void)state;
-  enum { LIMIT = 8, STEPS = 40 };
-  cgt_tree *t = limited_tree(LIMIT);
+/* Runs `steps` steps of a segment x + w whose STATIC w is a new buffer at
+ * every step (kept, so no address comes back), checking every result; the
+ * tree's stats at the middle step and at the end. Frees what it made. */
+static void run_a_new_buffer_each_step(cgt_tree *t, int steps, cgt_stats *middle, cgt_stats *end) {
+  enum { MAX_STEPS = 64 };
+  assert_true(steps <= MAX_STEPS);
   weighted u = {0};
   cgt_segment s = register_weighted(t, "new_buffer_each_step", &u);
   float hx[N];
   fill(hx, 0, 1);
-  float *x = test_dev_floats(hx, N), *w[STEPS];
-  cgt_stats settled = {0};
-  for (int step = 0; step < STEPS; step++) {
+  float *x = test_dev_floats(hx, N), *w[MAX_STEPS];
+  for (int step = 0; step < steps; step++) {
     float hw[N];
     fill(hw, (float)step, 0);
-    w[step] = test_dev_floats(hw, N); /* kept: no address comes back */
-    CHECK_OK(t, cgt_step_begin(t));
-    cgt_arg a[2] = {cgt_arg_dynamic(x, N * sizeof(float)), cgt_arg_static(w[step], N * sizeof(float))};
-    cgt_value v = run_checked(t, s, 0, a, 2);
-    float expected[N];
-    fill(expected, (float)step, 1);
-    expect_floats(t, v, expected, N, "a new buffer each step", step);
-    if (step == STEPS / 2)
-      settled = test_stats(t);
+    w[step] = test_dev_floats(hw, N);
+    step_with_weights(t, s, x, w[step], (float)step, "a new buffer each step", step);
+    if (step == steps / 2)
+      *middle = test_stats(t);
   }
-  cgt_stats end = test_stats(t);
-  assert_true(end.updates > 0);                         /* it did update in place at first */
-  assert_true(end.recordings <= 2 * LIMIT);             /* captures, updates included, are bounded */
-  assert_int_equal(end.recordings, settled.recordings); /* the second half captured nothing */
-  assert_int_equal(end.updates, settled.updates);
-  assert_int_equal(end.eager_runs - settled.eager_runs, STEPS - 1 - STEPS / 2);
-  assert_true(test_node_count(t) <= LIMIT + 2);
+  *end = test_stats(t);
   CHECK_OK(t, cgt_sync(t));
   test_dev_free(x);
-  for (int step = 0; step < STEPS; step++)
+  for (int step = 0; step < steps; step++)
     test_dev_free(w[step]);
+}
+
+/* A buffer written in place is STATIC, and a program may pass a new one at
+ * every step (a fresh output buffer per call, kept): every step is a new
+ * key. Its capture updated a quiet sibling in place at every step, for
+ * good (1.86x to 2.44x the plain call's time on an H200:
+ * bench/torch_moving_static.py). A sibling that never replayed since its
+ * recording is not updated, so each step records a node of its own, up to
+ * the rerecord limit; past it the new keys run on the overflow node, with
+ * no capture. */
+static void test_weights_at_a_new_address_every_step_record_up_to_the_rerecord_limit_then_run_eagerly(void **state) {
+  (void)state;
+  enum { LIMIT = 8, STEPS = 40 };
+  cgt_tree *t = limited_tree(LIMIT);
+  cgt_stats middle, end;
+  run_a_new_buffer_each_step(t, STEPS, &middle, &end);
+  assert_int_equal(end.updates, 0);                   /* no node replayed: none is updated */
+  assert_int_equal(end.recordings, LIMIT);            /* captures are bounded */
+  assert_int_equal(end.recordings, middle.recordings); /* the second half captured nothing */
+  assert_int_equal(end.eager_runs - middle.eager_runs, STEPS - 1 - STEPS / 2);
+  assert_true(test_node_count(t) <= LIMIT + 2);
+  test_tree_free(t);
+}
+
+/* The same under a recording budget below the limit: each new recording
+ * never replays, so it is the least recently used one and is evicted at
+ * the next recording, back to WARMUP. Not counted, the parent never reached
+ * the limit, and every step was a capture (a review). A node evicted before
+ * it ever replayed counts until it is pruned. */
+static void test_weights_at_a_new_address_every_step_under_a_graph_budget_stop_being_captured(void **state) {
+  (void)state;
+  enum { LIMIT = 8, STEPS = 60 };
+  cgt_options o;
+  cgt_options_init(&o);
+  o.rerecord_limit = LIMIT;
+  o.max_graphs = 3;
+  cgt_tree *t = test_tree_new(CGT_MODE_TREE, &o);
+  cgt_stats middle, end;
+  run_a_new_buffer_each_step(t, STEPS, &middle, &end);
+  assert_true(end.evictions > 0);
+  assert_int_equal(end.recordings, LIMIT);
+  assert_int_equal(end.recordings, middle.recordings);
+  test_tree_free(t);
+}
+
+/* A buffer that cycles through P addresses (an allocator's recycled blocks,
+ * a ring of buffers): with P above UPDATE_QUIET_STEPS each node was updated
+ * away before its address came back, a capture at most steps, for good (a
+ * review: 140 captures in 200 steps for a ring of 8). Now each address gets
+ * a node, and the ring replays. */
+static void test_a_buffer_cycling_through_a_few_addresses_settles_into_replays(void **state) {
+  (void)state;
+  enum { STEPS = 120, MAX_PERIOD = 12 };
+  for (int period = 2; period <= MAX_PERIOD; period++) {
+    cgt_tree *t = limited_tree(32);
+    weighted u = {0};
+    cgt_segment s = register_weighted(t, "ring", &u);
+    float hx[N];
+    fill(hx, 0, 1);
+    float *x = test_dev_floats(hx, N), *w[MAX_PERIOD];
+    for (int b = 0; b < period; b++) {
+      float hw[N];
+      fill(hw, (float)b, 0);
+      w[b] = test_dev_floats(hw, N);
+    }
+    cgt_stats half = {0};
+    for (int step = 0; step < STEPS; step++) {
+      int b = step % period;
+      if (step == STEPS / 2)
+        half = test_stats(t);
+      step_with_weights(t, s, x, w[b], (float)b, "a ring of buffers", step);
+    }
+    cgt_stats end = test_stats(t);
+    if (end.recordings != half.recordings || end.replays - half.replays != STEPS - STEPS / 2)
+      fail_msg("a ring of %d buffers: the second half made %llu recordings and %llu replays in %d steps", period,
+               (unsigned long long)(end.recordings - half.recordings),
+               (unsigned long long)(end.replays - half.replays), STEPS - STEPS / 2);
+    CHECK_OK(t, cgt_sync(t));
+    test_dev_free(x);
+    for (int b = 0; b < period; b++)
+      test_dev_free(w[b]);
+    test_tree_free(t);
+  }
+}
+
+/* Weights that alternate between two buffers get a node each; then both
+ * are reloaded: each node is updated once, and nothing runs eagerly (a
+ * review: with the limit counting updates, the first update filled a limit
+ * of 3 and the second buffer went to the overflow node, for good). */
+static void test_double_buffered_weights_reloaded_update_both_nodes(void **state) {
+  (void)state;
+  cgt_tree *t = limited_tree(3);
+  weighted u = {0};
+  cgt_segment s = register_weighted(t, "double_buffered_reload", &u);
+  float hx[N], hw[N];
+  fill(hx, 0, 1);
+  float *x = test_dev_floats(hx, N), *w[2];
+  for (int b = 0; b < 2; b++) {
+    fill(hw, (float)(1 + b), 0);
+    w[b] = test_dev_floats(hw, N);
+  }
+  int step = 0;
+  cgt_stats s0 = {0};
+  for (int round = 0; round < 2; round++) {
+    if (round == 1) { /* the reload: both buffers at new addresses, new values */
+      CHECK_OK(t, cgt_sync(t));
+      s0 = test_stats(t);
+      for (int b = 0; b < 2; b++) {
+        fill(hw, (float)(11 + b), 0);
+        float *fresh = test_dev_floats(hw, N);
+        test_dev_free(w[b]);
+        w[b] = fresh;
+      }
+    }
+    for (int k = 0; k < 4 * QUIET; k++, step++)
+      step_with_weights(t, s, x, w[step % 2], (float)(10 * round + 1 + step % 2), "double buffered, reloaded", step);
+  }
+  cgt_stats s1 = test_stats(t);
+  assert_int_equal(s1.updates - s0.updates, 2); /* each buffer's node updated once */
+  assert_int_equal(s1.eager_runs, s0.eager_runs);
+  assert_int_equal(test_node_count(t), 2);
+  CHECK_OK(t, cgt_sync(t));
+  test_dev_free(x);
+  test_dev_free(w[0]);
+  test_dev_free(w[1]);
   test_tree_free(t);
 }
 
 /* Weights reloaded more times than the rerecord limit, with replays
  * between reloads: each reload updates every node once, and its replays
- * bring the node's count back to its one recording, so every reload is
- * an update in place and nothing runs eagerly. */
+ * make the node updatable again, so every reload is an update in place,
+ * the tree keeps its size and nothing runs eagerly. */
 static void test_weights_reloaded_more_often_than_the_rerecord_limit_update_in_place_at_every_reload(void **state) {
   (void)state;
   enum { LIMIT = 4, RELOADS = 12 };
@@ -730,7 +843,10 @@ const struct CMUnitTest budget_tests[] = {
     cmocka_unit_test(test_update_refused_by_the_device_falls_back_to_a_fresh_instantiate),
     cmocka_unit_test(test_weights_that_alternate_between_two_buffers_get_a_node_each),
     cmocka_unit_test(test_no_update_in_place_records_a_new_node_for_moved_weights),
-    cmocka_unit_test(test_weights_at_a_new_address_every_step_update_up_to_the_rerecord_limit_then_run_eagerly),
+    cmocka_unit_test(test_weights_at_a_new_address_every_step_record_up_to_the_rerecord_limit_then_run_eagerly),
+    cmocka_unit_test(test_weights_at_a_new_address_every_step_under_a_graph_budget_stop_being_captured),
+    cmocka_unit_test(test_a_buffer_cycling_through_a_few_addresses_settles_into_replays),
+    cmocka_unit_test(test_double_buffered_weights_reloaded_update_both_nodes),
     cmocka_unit_test(test_weights_reloaded_more_often_than_the_rerecord_limit_update_in_place_at_every_reload),
     cmocka_unit_test(test_an_update_with_each_host_allocation_failing_changes_nothing),
     cmocka_unit_test(test_reloaded_gemm_weights_update_in_place_and_match_eager),

@@ -287,7 +287,7 @@ struct SegmentObject {
   variant_tmpl **tmpls;
   size_t n_tmpls;
   uint64_t calls, plain_calls;
-  uint32_t eager_streak; /* calls in a row whose run the tree made eagerly: at EAGER_STREAK_PLAIN it goes plain */
+  uint32_t eager_calls_mask; /* its last 32 calls the tree ran: a bit set for each run eagerly (EAGER_RUNS_PLAIN) */
   uint64_t out_of_memory; /* calls that raised because an allocation of theirs was refused */
   /* Replays, and what the benchmarks report of them where the tree was made
    * with time_launches (CGTREE_TORCH_TIME_LAUNCHES=1; otherwise the call
@@ -1330,12 +1330,19 @@ static PyObject *call_plain_from(SegmentObject *s, TreeObject *T, void *caller, 
 /* A graph whose node is past the rerecord limit runs eagerly through the
  * tree, its outputs in the side pool: a buffer it writes in place (STATIC)
  * passed at a new address at every call is a new key at every call. That
- * cost 1.9x the plain graph's time on an H200 (bench/torch_moving_static.py),
- * about what a capture per call had cost before update in place counted
- * toward the limit. So once the tree ran a graph eagerly this many calls in
- * a row (no replay, recording or warm-up between), it runs as the plain
- * graph from then on, at Inductor's speed. */
-enum { EAGER_STREAK_PLAIN = 16 };
+ * cost 1.89x the plain graph's time on an H200 (bench/torch_moving_static.py).
+ * So once the tree ran a graph eagerly in this many of its last 32 calls
+ * through the tree, it runs as the plain graph from then on, at Inductor's
+ * speed. Half, not a run in a row: a graph called at two places of a step,
+ * one of which replays, stayed eager at the other for good (a review). */
+enum { EAGER_RUNS_PLAIN = 16 };
+
+static unsigned bits_set(uint32_t x) {
+  unsigned n = 0;
+  for (; x; x &= x - 1)
+    n++;
+  return n;
+}
 
 static void go_plain(SegmentObject *s, const char *why) {
   if (s->bypass_reason)
@@ -1391,6 +1398,18 @@ static int views_as_other_dtype(const variant_tmpl *t, uint64_t side_values) {
 }
 
 static void plain_saved_hold_step(SegmentObject *s, TreeObject *T, PyObject *res);
+
+/* The call at which the segment went plain (go_plain: its warm-up or
+ * recording raised, an argument is off the device), as the plain graph; a
+ * training forward's saved results hold the step until its backward, as at
+ * every plain call (a review: held nowhere, a second forward of a pair
+ * began a step and marked the first one's saved input, and its backward
+ * raised StaleTensorError where Inductor computes). */
+static PyObject *call_plain_gone(SegmentObject *s, TreeObject *T, void *caller, PyObject *const *args, size_t n) {
+  PyObject *res = call_plain_from(s, T, caller, args, NULL, n);
+  plain_saved_hold_step(s, T, res);
+  return res;
+}
 
 /* A call whose graph writes into an output of an eager run of the tree (a
  * failed capture's, or a node's past the rerecord limit), or returns a view
@@ -2483,7 +2502,7 @@ static PyObject *call_off_device(SegmentObject *s, TreeObject *T, void *caller, 
            "memory-efficient attention's random seed and offset: CPU tensors outside a capture)",
            i, T->device);
   go_plain(s, why);
-  return call_plain_from(s, T, caller, args, NULL, n);
+  return call_plain_gone(s, T, caller, args, n);
 }
 
 /* The call raised, and an allocation of this thread was refused during it:
@@ -2873,13 +2892,13 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
       Py_XDECREF(text);
       clear_exception(r);
       go_plain(s, why);
-      return call_plain_from(s, T, caller, args, NULL, n);
+      return call_plain_gone(s, T, caller, args, n);
     }
     if (r->want_bypass || st == CGT_ERR_SEGMENT_FAILED) {
       char why[512];
       snprintf(why, sizeof why, "%s (%s)", cgt_status_name(st), cgt_tree_last_error(T->tree));
       go_plain(s, why);
-      return call_plain_from(s, T, caller, args, NULL, n);
+      return call_plain_gone(s, T, caller, args, n);
     }
     if (st == CGT_ERR_STALE_VALUE) {
       T->stale_refused++;
@@ -2897,14 +2916,15 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
     char why[512];
     snprintf(why, sizeof why, "its capture failed (%s)", cgt_tree_last_error(T->tree));
     go_plain(s, why);
-  } else if (!r->outs_side_pool) {
-    s->eager_streak = 0;
-  } else if (++s->eager_streak == EAGER_STREAK_PLAIN) {
-    char why[256];
-    snprintf(why, sizeof why, "the tree ran it eagerly %u calls in a row (its node is past the rerecord limit: a "
-             "buffer it writes in place, or another static input, comes at a new address at every call)",
-             (unsigned)EAGER_STREAK_PLAIN);
-    go_plain(s, why);
+  } else {
+    s->eager_calls_mask = s->eager_calls_mask << 1 | (uint32_t)(r->outs_side_pool != 0);
+    if (r->outs_side_pool && bits_set(s->eager_calls_mask) == EAGER_RUNS_PLAIN) {
+      char why[256];
+      snprintf(why, sizeof why, "the tree ran it eagerly in %u of its last 32 calls (its node is past the rerecord "
+               "limit: a buffer it writes in place, or another static input, comes at a new address at each call)",
+               (unsigned)EAGER_RUNS_PLAIN);
+      go_plain(s, why);
+    }
   }
   if (tx_caller_needs_events(T, caller))
     tx_stream_wait(caller, T->stream, T->ev_out);

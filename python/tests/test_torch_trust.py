@@ -1039,12 +1039,12 @@ def test_a_view_of_an_output_of_a_graph_whose_capture_failed_is_read_and_returne
 
 def test_a_view_of_an_output_of_a_node_past_the_rerecord_limit_is_read_where_it_lies_by_the_next_graph():
     """A graph that writes a buffer passed anew at every call (a mutated
-    input is STATIC: its address keys the node) is captured anew each time:
-    it updates a sibling in place, and an update no replay follows counts
-    toward the rerecord limit (32), so from then on its node runs eagerly
-    (before, it updated at every call for good: 116 updates in 120 calls on
-    an H200, and no eager run), 16 calls, and then the graph runs as the
-    plain graph. Meanwhile its output lies in cgtree's side pool,
+    input is STATIC: its address keys the node) is recorded anew each time
+    up to the rerecord limit (32): a recording that never replayed is not
+    updated in place (before, each call updated one, for good: 116 updates
+    in 120 calls on an H200, and no eager run). Then its node runs eagerly,
+    16 calls, and then the graph runs as the plain graph. Meanwhile its
+    output lies in cgtree's side pool,
     which a recorded graph reads through a placeholder copy. A view of that
     output at an offset, made eagerly and passed to a second compiled
     function, must be read where it lies: it was read at the copy's first
@@ -1075,9 +1075,10 @@ def test_a_view_of_an_output_of_a_node_past_the_rerecord_limit_is_read_where_it_
             torch.testing.assert_close(got, want, msg="call %d" % i)
     end = ct.stats()
     seen = {k: end[k] - before[k] for k in ("eager_runs", "recordings", "updates", "replays")}
-    assert seen["eager_runs"] >= 16 and seen["recordings"] <= 50, seen  # captures bounded (80 before), then the case
+    # captures bounded (scale's up to the limit, each with after's under it), then the case at hand
+    assert seen["eager_runs"] >= 16 and seen["recordings"] <= 72, seen
     reasons = [s.info["plain_reason"] or "" for s in _backend._segments[first:]]
-    assert any("eagerly 16 calls in a row" in r for r in reasons), reasons  # then scale runs as the plain graph
+    assert any("eagerly in 16 of its last 32 calls" in r for r in reasons), reasons  # then scale runs plainly
 
 
 def test_dynamic_shapes_record_once_per_shape_and_a_budget_bounds_them():
