@@ -271,10 +271,10 @@ static void node_unlink_newest(cgt_tree *t, node *n) {
  * a node the recording budget evicted before it ever replayed (evict.c):
  * under a tight budget a buffer written in place (STATIC) at a new address
  * at every step makes a recording that never replays, the least recently
- * used, evicted at the next recording, and not counted the parent never
- * reached the limit: a capture at every step, for good (a review). Such a
- * node counts until pruning removes it (prune_after_steps), so the limit
- * bounds captures per that many steps. */
+ * used, evicted at the next recording; while evicted nodes did not count,
+ * the parent never reached the limit, and every step was a capture, for
+ * good (a review). Such a node counts until pruning removes it
+ * (prune_after_steps), so the limit bounds captures per that many steps. */
 static uint32_t count_recordings(const node *parent, cgt_segment id, uint64_t variant) {
   uint32_t count = 0;
   for (const node *first = parent->children; first; first = (const node *)first->hh.next)
