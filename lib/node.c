@@ -268,10 +268,11 @@ static void node_unlink_newest(cgt_tree *t, node *n) {
 
 /* Recordings a parent already has of (segment, variant), for rerecord_limit:
  * the limit bounds graphs, so WARMUP nodes (no graph) do not count, except
- * a node the recording budget evicted before it ever replayed (evict.c):
- * under a tight budget a buffer written in place (STATIC) at a new address
- * at every step makes a recording that never replays, the least recently
- * used, evicted at the next recording; while evicted nodes did not count,
+ * a node the recording budget evicted before it replayed since it was last
+ * recorded or updated (evict.c): under a tight budget a buffer written in
+ * place (STATIC) at a new address at every step makes a recording that
+ * never replays, the least recently used, evicted at the next recording;
+ * while evicted nodes did not count,
  * the parent never reached the limit, and every step was a capture, for
  * good (a review). Such a node counts until pruning removes it
  * (prune_after_steps), so the limit bounds captures per that many steps. */
@@ -1029,10 +1030,14 @@ typedef struct run_decision {
 /* 1, with the reason in why, if parent already holds rerecord_limit
  * recordings of (segment, variant), so a node of it may not record. Checked
  * when the recording would happen: a sibling may have recorded since a
- * WARMUP node was made. */
+ * WARMUP node was made. self: the WARMUP node that would record, or NULL
+ * for a new one; an evicted one is counted already, and its recording
+ * replaces that count (a review: counted twice, it turned EAGER). */
 static int over_rerecord_limit(const cgt_tree *t, const node *parent, cgt_segment id, uint64_t variant,
-                               char why[WHY_BYTES]) {
+                               const node *self, char why[WHY_BYTES]) {
   uint32_t recordings = count_recordings(parent, id, variant);
+  if (self && self->state == NODE_WARMUP && self->unreplayed)
+    recordings--; /* the node about to record is counted already: its recording replaces that count */
   if (recordings < t->opt.rerecord_limit)
     return 0;
   snprintf(why, WHY_BYTES, "rerecord limit: the parent already has %u recordings of this segment and variant",
@@ -1092,7 +1097,7 @@ static run_action node_decide(const cgt_tree *t, node *first, cgt_segment id, co
       const warm_count *w = warm_find(t, id, variant);
       if ((w ? w->runs : 0) < t->opt.warmup_runs)
         return decided(d, RUN_WARMUP, warm);
-      if (over_rerecord_limit(t, t->cur, id, variant, d->why))
+      if (over_rerecord_limit(t, t->cur, id, variant, warm, d->why))
         return decided(d, RUN_EAGER, warm);
       return decided(d, RUN_RECORD, warm);
     }
@@ -1115,7 +1120,7 @@ static run_action node_decide(const cgt_tree *t, node *first, cgt_segment id, co
     snprintf(d->why, WHY_BYTES, "declared uncapturable");
     return decided(d, RUN_OVERFLOW, NULL);
   }
-  if (over_rerecord_limit(t, t->cur, id, variant, d->why))
+  if (over_rerecord_limit(t, t->cur, id, variant, NULL, d->why))
     return decided(d, first ? RUN_EAGER : RUN_OVERFLOW, NULL);
   const warm_count *w = warm_find(t, id, variant);
   if (in_warmup || (w ? w->runs : 0) < t->opt.warmup_runs)
