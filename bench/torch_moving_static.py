@@ -20,12 +20,9 @@ process (x * buf is exact), and for cgtree its recordings, updates in place and
 eager runs over the timed calls. Prints a Markdown table.
 """
 import argparse
-import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from mode_rounds import child_result, interleaved_rounds, median_round, run_child  # noqa: E402
+from mode_rounds import child_result, interleaved_rounds, median_round, run_child
 
 WARMUP = 20
 

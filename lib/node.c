@@ -272,15 +272,16 @@ static void node_unlink_newest(cgt_tree *t, node *n) {
  * recorded or updated (evict.c): under a tight budget a buffer written in
  * place (STATIC) at a new address at every step makes a recording that
  * never replays, the least recently used, evicted at the next recording;
- * while evicted nodes did not count,
- * the parent never reached the limit, and every step was a capture, for
- * good (a review). Such a node counts until pruning removes it
- * (prune_after_steps), so the limit bounds captures per that many steps. */
-static uint32_t count_recordings(const node *parent, cgt_segment id, uint64_t variant) {
+ * while evicted nodes did not count, the parent never reached the limit,
+ * and every step was a capture, for good (a review). Such a node counts
+ * until pruning removes it (prune_after_steps), so the limit bounds
+ * captures per that many steps.
+ * except: a node left out (the one about to record), or NULL. */
+static uint32_t count_recordings(const node *parent, cgt_segment id, uint64_t variant, const node *except) {
   uint32_t count = 0;
   for (const node *first = parent->children; first; first = (const node *)first->hh.next)
     for (const node *c = first; c; c = c->next_same_key)
-      if (c->segment == id && c->variant == variant &&
+      if (c != except && c->segment == id && c->variant == variant &&
           (c->state == NODE_RECORDED || (c->state == NODE_WARMUP && c->unreplayed)))
         count++;
   return count;
@@ -1035,9 +1036,7 @@ typedef struct run_decision {
  * replaces that count (a review: counted twice, it turned EAGER). */
 static int over_rerecord_limit(const cgt_tree *t, const node *parent, cgt_segment id, uint64_t variant,
                                const node *self, char why[WHY_BYTES]) {
-  uint32_t recordings = count_recordings(parent, id, variant);
-  if (self && self->state == NODE_WARMUP && self->unreplayed)
-    recordings--; /* the node about to record is counted already: its recording replaces that count */
+  uint32_t recordings = count_recordings(parent, id, variant, self);
   if (recordings < t->opt.rerecord_limit)
     return 0;
   snprintf(why, WHY_BYTES, "rerecord limit: the parent already has %u recordings of this segment and variant",
@@ -1112,7 +1111,7 @@ static run_action node_decide(const cgt_tree *t, node *first, cgt_segment id, co
    * such nodes: one per (parent, segment, variant), whatever its inputs. */
   int no_capture = (seg->flags & CGT_SEGMENT_NO_CAPTURE) != 0;
   node *overflow = first ? NULL : find_overflow(t->cur, id, variant);
-  if (overflow && (no_capture || count_recordings(t->cur, id, variant) >= t->opt.rerecord_limit))
+  if (overflow && (no_capture || count_recordings(t->cur, id, variant, NULL) >= t->opt.rerecord_limit))
     return decided(d, RUN_OVERFLOW, overflow);
 
   /* A new node. */

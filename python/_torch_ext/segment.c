@@ -1337,13 +1337,6 @@ static PyObject *call_plain_from(SegmentObject *s, TreeObject *T, void *caller, 
  * one of which replays, stayed eager at the other for good (a review). */
 enum { EAGER_RUNS_PLAIN = 16 };
 
-static unsigned bits_set(uint32_t x) {
-  unsigned n = 0;
-  for (; x; x &= x - 1)
-    n++;
-  return n;
-}
-
 static void go_plain(SegmentObject *s, const char *why) {
   if (s->bypass_reason)
     return;
@@ -1399,13 +1392,15 @@ static int views_as_other_dtype(const variant_tmpl *t, uint64_t side_values) {
 
 static void plain_saved_hold_step(SegmentObject *s, TreeObject *T, PyObject *res);
 
-/* The call at which the segment went plain (go_plain: its warm-up or
- * recording raised, an argument is off the device), as the plain graph; a
- * training forward's saved results hold the step until its backward, as at
- * every plain call (a review: held nowhere, a second forward of a pair
- * began a step and marked the first one's saved input, and its backward
- * raised StaleTensorError where Inductor computes). */
-static PyObject *call_plain_gone(SegmentObject *s, TreeObject *T, void *caller, PyObject *const *args, size_t n) {
+/* A call of T, in its step, as the plain graph: a call of a segment plain
+ * from before (call_bypassed), or the call at which it goes plain (go_plain:
+ * its warm-up or recording raised, an argument is off the device). A
+ * training forward's saved results hold the step until its backward (a
+ * review: held nowhere at the call that went plain, a second forward of a
+ * pair began a step and marked the first one's saved input, and its
+ * backward raised StaleTensorError where Inductor computes). */
+static PyObject *call_plain_in_step(SegmentObject *s, TreeObject *T, void *caller, PyObject *const *args,
+                                    size_t n) {
   PyObject *res = call_plain_from(s, T, caller, args, NULL, n);
   plain_saved_hold_step(s, T, res);
   return res;
@@ -2446,10 +2441,7 @@ static PyObject *call_bypassed(SegmentObject *s, PyObject *const *args, size_t n
   if (r && s->backward && (r->tree->tied_saved_alive || r->tree->saved_alive || tx_live_trees_besides(r->tree)) &&
       end_holds_of_args_read(s, r->tree, args) < 0)
     return NULL;
-  PyObject *res = r ? call_plain_from(s, r->tree, caller, args, NULL, n) : call_plain(s, args, n);
-  if (r)
-    plain_saved_hold_step(s, r->tree, res);
-  return res;
+  return r ? call_plain_in_step(s, r->tree, caller, args, n) : call_plain(s, args, n);
 }
 
 /* 1 if o, a tensor argument, lies on `device`, read through PyTorch's
@@ -2502,7 +2494,7 @@ static PyObject *call_off_device(SegmentObject *s, TreeObject *T, void *caller, 
            "memory-efficient attention's random seed and offset: CPU tensors outside a capture)",
            i, T->device);
   go_plain(s, why);
-  return call_plain_gone(s, T, caller, args, n);
+  return call_plain_in_step(s, T, caller, args, n);
 }
 
 /* The call raised, and an allocation of this thread was refused during it:
@@ -2892,13 +2884,13 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
       Py_XDECREF(text);
       clear_exception(r);
       go_plain(s, why);
-      return call_plain_gone(s, T, caller, args, n);
+      return call_plain_in_step(s, T, caller, args, n);
     }
     if (r->want_bypass || st == CGT_ERR_SEGMENT_FAILED) {
       char why[512];
       snprintf(why, sizeof why, "%s (%s)", cgt_status_name(st), cgt_tree_last_error(T->tree));
       go_plain(s, why);
-      return call_plain_gone(s, T, caller, args, n);
+      return call_plain_in_step(s, T, caller, args, n);
     }
     if (st == CGT_ERR_STALE_VALUE) {
       T->stale_refused++;
@@ -2918,7 +2910,7 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
     go_plain(s, why);
   } else {
     s->eager_calls_mask = s->eager_calls_mask << 1 | (uint32_t)(r->outs_side_pool != 0);
-    if (r->outs_side_pool && bits_set(s->eager_calls_mask) == EAGER_RUNS_PLAIN) {
+    if (r->outs_side_pool && __builtin_popcount(s->eager_calls_mask) == EAGER_RUNS_PLAIN) {
       char why[256];
       snprintf(why, sizeof why, "the tree ran it eagerly in %u of its last 32 calls (its node is past the rerecord "
                "limit: a buffer it writes in place, or another static input, comes at a new address at each call)",
