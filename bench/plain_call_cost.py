@@ -4,8 +4,8 @@ pays for being a segment.
 
 A graph cgtree must not record (it restores the generator's state, or it
 went plain at run time) is a Segment all the same, plain from the start, so
-that its calls mark the tree's steps (python/_torch_ext/segment.c,
-call_bypassed). Before, a graph plain by the compile's decision was handed
+that its calls mark the tree's steps (python/_torch_ext/seg_plain.c,
+seg_call_bypassed). Before, a graph plain by the compile's decision was handed
 back to AOTAutograd as Inductor's own callable. This measures, on the CPU
 (the simulator's tree; no torch, no GPU), ns per call of:
 

@@ -11,7 +11,7 @@
  * turns its refusal into PyTorch's out-of-memory error (their names are
  * fixed in module.c's ALLOC_FN and FREE_FN).
  *
- * This file only routes. While segment.c runs a launch function (warmup or
+ * This file only routes. While seg_launch.c runs a launch function (warmup or
  * recording of a node), this thread's current launch is set, and every
  * allocation is cgt_launch_alloc on that launch. A free of such a block
  * inside the same launch is cgt_launch_free (a temporary, reused by later

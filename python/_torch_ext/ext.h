@@ -9,7 +9,8 @@
  *              pools behind a small front cache for same-stream reuse,
  *              record_stream, frees set aside during captures.
  *   segment.c  the hot path: one compiled graph as a cgtree segment; tensors in,
- *              cgt_run, tensors out (DLPack), all in C.
+ *              cgt_run, tensors out (DLPack), all in C. What its calls need
+ *              besides is in the seg_*.c files its header, segment.h, lists.
  *   stale.c    outputs kept past their step raise on any access.
  *   module.c   the module, the Tree object (one per device and thread), steps,
  *              stats and helpers.
@@ -271,7 +272,7 @@ typedef struct TreeObject {
   int explicit_steps;    /* steps begin only at step_begin() and cudagraph_mark_step_begin() */
   /* The thread whose tree it is (PyThread_get_thread_ident; the making
    * thread unless cgtree.torch says otherwise): only that thread keeps it
-   * in its per-thread cache of trees (segment.c, current_tree). */
+   * in its per-thread cache of trees (seg_runs.c, current_tree). */
   unsigned long owner_thread;
   /* A cgt_run of segment.c on this tree is under way (on its thread, which
    * may have let the GIL go inside it): other threads leave the C tree
@@ -280,10 +281,10 @@ typedef struct TreeObject {
   tx_out_ref *registry;  /* output tensors handed out and still alive, keyed by the tensor object */
   uint64_t outputs_made, stale_refused;
   /* Outputs the plain graph returned tied to an earlier one (the same
-   * object, or over its storage), handed out tied (segment.c, tied_output),
+   * object, or over its storage), handed out tied (seg_outputs.c, tied_output),
    * and those that could not be, made tensors of their own. */
   uint64_t outputs_tied, outputs_tied_apart;
-  uint64_t outputs_viewing_values; /* outputs made views of a VALUE argument (segment.c, value_input_view) */
+  uint64_t outputs_viewing_values; /* outputs made views of a VALUE argument (seg_outputs.c, value_input_view) */
   uint64_t replays_seen; /* the tree's replay count after the last cgt_run of segment.c (its timers) */
   uint64_t capture_failures_seen; /* and its capture failures (a failure turns the segment plain) */
   uint64_t eager_runs_seen; /* and its eager runs (their outputs lie in the side pool) */
@@ -310,7 +311,7 @@ typedef struct TreeObject {
   uint64_t saved_alive;
   uint64_t tied_saved_alive; /* holds of this step's outputs for saved results tied to them or viewing them
                               * (tx_out_ref.tied_saved, .saved_views; a plain forward's saved results among
-                              * the views: segment.c, plain_saved_hold_step) */
+                              * the views: seg_steps.c, seg_plain_saved_hold_step) */
   /* Weak references to the outputs training forwards of this step handed
    * the program since the last backward call (module.c,
    * tx_tree_note_forward_output): one alive that requires grad is a
@@ -318,7 +319,7 @@ typedef struct TreeObject {
    * checkpointing keeps none). NULL until the first. */
   PyObject *forward_outs;
   /* Such outputs watched through their memory instead (a new tensor over
-   * it is what the program holds: segment.c, memory_watched): those of
+   * it is what the program holds: segment.h, memory_watched): those of
    * them alive, counted down by the drain (tx_out_ref.watched_until). */
   uint64_t forward_memory_watched;
   /* Outputs of inference graphs (no backward, no saved activation: a
@@ -358,8 +359,8 @@ typedef struct TreeObject {
   size_t n_kept_grads;
   uint64_t kept_grads_step, kept_grads_backwards; /* when read (backwards: backward_calls + 1; 0: never) */
   uint64_t kept_grads_generation;
-  /* The segment call whose step is being brought up to date (segment.c,
-   * run_in_step), or NULL: a step that begins there first moves that
+  /* The segment call whose step is being brought up to date (seg_steps.c,
+   * seg_run_in_step), or NULL: a step that begins there first moves that
    * call's arguments that lie in outputs of the ending step
    * (tx_move_call_args), and how many it moved so far. */
   void *syncing_call;
@@ -368,7 +369,7 @@ typedef struct TreeObject {
   char orphaned;           /* its thread exited: no call will come but a backward of outputs still alive */
   char closed;             /* its C tree and pools are gone; a husk that reports last_stats (both: T_BOOL members) */
   uint64_t out_refs;       /* output records (tx_out_ref) not yet freed: tensors that may name the tree */
-  struct seg_run **runs;   /* the segments' runs in this tree (segment.c), dropped at its close */
+  struct seg_run **runs;   /* the segments' runs in this tree (seg_runs.c), dropped at its close */
   size_t n_runs, cap_runs;
   size_t pool_in_use_reported; /* what it last told alloc.c (tx_alloc_note_pool_in_use) */
   struct TreeObject *live_prev, *live_next; /* on module.c's list of initialised trees (under the GIL) */
@@ -457,8 +458,8 @@ typedef struct tx_py {
   PyObject *generation_cls;  /* torch._dynamo.mutation_guard.GenerationTracker */
   PyObject *tensor_type;     /* torch.Tensor */
   PyObject *data_ptr;        /* torch.Tensor.data_ptr, called unbound: no method lookup per input */
-  PyObject *blas_clear;      /* torch._C._cuda_clearCublasWorkspaces, or NULL (see segment.c) */
-  PyObject *ptrs_equal;      /* torch._C._tensors_data_ptrs_at_indices_equal, or NULL (see segment.c) */
+  PyObject *blas_clear;      /* torch._C._cuda_clearCublasWorkspaces, or NULL (see seg_launch.c) */
+  PyObject *ptrs_equal;      /* torch._C._tensors_data_ptrs_at_indices_equal, or NULL (see seg_runs.c) */
   PyObject *storage_mark;    /* torch._C._set_storage_data_ptr_access_error_msg, or NULL (stale.c) */
   PyObject *tree_for;        /* cgtree.torch's tree of the calling thread for a device, or NULL: one tree */
   uint64_t tree_epoch;       /* moves at each set_tree_getter: per-thread caches of trees are dropped */
@@ -473,8 +474,8 @@ typedef struct tx_py {
   PyObject *str_grad, *str_is_leaf, *str_requires_grad, *str_clone, *str_set, *str_nbytes; /* gradients (stale.c) */
   PyObject *str_grad_fn, *str_next_functions, *str_variable; /* autograd's graph behind an input (stale.c) */
   PyObject *str_is_cuda, *str_get_device; /* an input's device, where the exchange API does not give it */
-  PyObject *str_storage_offset, *str_element_size; /* an input's layout, for outputs that alias it (segment.c) */
-  PyObject *str_dtype, *str_as_strided; /* an output made a view of the caller's tensor (segment.c) */
+  PyObject *str_storage_offset, *str_element_size; /* an input's layout, for outputs that alias it (seg_outputs.c) */
+  PyObject *str_dtype, *str_as_strided; /* an output made a view of the caller's tensor (seg_outputs.c) */
   PyObject *str_version; /* a tensor's count of writes in place (read_memo.c) */
 } tx_py;
 extern tx_py TX;
@@ -515,7 +516,7 @@ int tx_tree_sync_step(TreeObject *T, int backward, int (*belongs)(void *call), v
  * arguments), it begins a readers' step of its own. */
 enum { TX_OPTIMIZER_WRITES = 1, TX_OPTIMIZER_READS_GRAD = 2, TX_OPTIMIZER_READS_GRAD_FIRST = 3 };
 /* The current stream of the tree's device, where the caller enqueues
- * (segment.c); -1 with an exception set. */
+ * (seg_runs.c); -1 with an exception set. */
 int tx_caller_stream(TreeObject *T, void **out);
 /* Work on `caller` needs events to be ordered with T's stream: the legacy
  * default stream (NULL) is ordered with a blocking tree stream by CUDA
@@ -547,7 +548,7 @@ static inline void tx_trees_close_if_any(void) {
 }
 uint64_t tx_trees_closed(void); /* trees freed so far */
 PyObject *tx_status_error(TreeObject *T, cgt_status st, const char *what);
-int tx_blas_clear(void); /* drop cuBLAS's workspaces (segment.c); -1 with an exception set */
+int tx_blas_clear(void); /* drop cuBLAS's workspaces (seg_launch.c); -1 with an exception set */
 
 static inline uint64_t tx_now_ns(void) { /* the hot path's timers and the benchmarks' */
   struct timespec ts;
@@ -562,7 +563,7 @@ int tx_cache_evict(size_t bytes);
 
 /* The fast way to read a tensor's data pointer (exchange.c) shares
  * these. */
-/* o's data pointer through tensor.data_ptr(), the Python API (segment.c);
+/* o's data pointer through tensor.data_ptr(), the Python API (seg_runs.c);
  * -1 with an exception set. */
 int tx_data_ptr_slow(PyObject *o, void **out);
 /* A fast way's pointer for o disagreed with data_ptr()'s: warns that `way`
@@ -653,7 +654,7 @@ void tx_read_memo_commit(tx_read_memo *m);
 void tx_read_memo_drop(tx_read_memo *m);
 void tx_read_memo_free(tx_read_memo *m);
 
-/* ------------------------------------------------------- segment.c */
+/* ---------------------------------- segment.c and the seg_*.c files */
 
 enum { TIED_BY_UNKNOWN = 1 }; /* tx_out_ref.tied_saved where the forward's pair is unknown (pairs start at 2) */
 /* Holds of one output kept by saved views of forwards of one pair (tx_out_ref.views_by). */
@@ -675,14 +676,14 @@ struct tx_out_ref {
                       * backward has not read */
   uint64_t saved_by; /* a saved activation's forward: its pair with its backward (SegmentObject.pair; 0 unknown) */
   uint32_t saved_views; /* training forwards' saved results that are views of this output as their VALUE
-                          * argument, whose backwards have not read it (segment.c, value_input_view), counted
+                          * argument, whose backwards have not read it (seg_outputs.c, value_input_view), counted
                           * in the tree's tied_saved_alive */
   tx_view_pair *views_by; /* saved_views by the savers' pair, one entry per pair seen (malloc'd; freed with the
                            * record); NULL until a view is saved */
   uint32_t n_view_pairs;  /* entries in views_by */
   uint32_t views_unknown; /* of saved_views, those of an unknown pair (or with no room for their pair's entry):
                            * any backward that reads the memory ends one */
-  uint64_t tied_saved; /* a training forward saved a result tied to this output (segment.c, tied_output): its
+  uint64_t tied_saved; /* a training forward saved a result tied to this output (seg_outputs.c, tied_output): its
                          * pair (or TIED_BY_UNKNOWN; 0: none), counted in the tree's tied_saved_alive until its
                          * backward reads it, it dies, or its step ends */
   uint64_t watched_until; /* a training forward's output watched through its memory: the tree's backward_calls + 1
@@ -695,9 +696,9 @@ struct tx_out_ref {
                       * tree's memory, so never on the step's list, never stale, and passed on as caller memory */
   int empty;         /* it has no elements: the byte of pool its value holds is read by nothing, so, as caller
                       * memory, it is never on the step's list, never stale, counted in no step's live outputs,
-                      * and passed on as an empty tensor (segment.c, make_output) */
+                      * and passed on as an empty tensor (seg_outputs.c, make_output) */
   PyObject *keep;    /* for an output over an input's caller memory (a STATIC input's view, or one moved there:
-                      * segment.c, over_caller_memory): that input's storage, kept alive as a view's base would be;
+                      * seg_outputs.c, over_caller_memory): that input's storage, kept alive as a view's base would be;
                       * released by the drain */
   int side_pool;     /* made by an eager run of the tree (a failed capture, a node past the rerecord limit): it
                       * lies in the tree's side pool, which cgt_run copies into a placeholder when passed on */
@@ -738,7 +739,7 @@ static inline int tx_out_ref_live_backward_output(tx_out_ref *r) {
 }
 extern PyTypeObject SegmentType;
 /* tests: _torch_ext._set_variant_mask(m): variants are ANDed with m (all
- * bits by default), so that different keys collide (segment.c). */
+ * bits by default), so that different keys collide (seg_runs.c). */
 PyObject *tx_set_variant_mask(PyObject *self, PyObject *arg);
 
 /* 1 if [p, p + n) lies inside [base, base + base_bytes) (no overflow). */

@@ -105,7 +105,7 @@ int tx_check_probes(PyObject *probes, Py_ssize_t width, PyTypeObject *t0, PyType
  * backward has not read (T->saved_alive): autograd frees them when their
  * backward has run or when the graph dies unused, and their backward's
  * read ends the hold of those it keeps (retain_graph, a kept frame,
- * compute-sanitizer's host backtraces of Triton's launches: segment.c,
+ * compute-sanitizer's host backtraces of Triton's launches: seg_holds.c,
  * end_holds_read_by_backward), as PyTorch's trees end a pending backward
  * at the backward. A count, not a flag: two forwards then two
  * backwards keep one step until both ran. A forward whose graph a program
@@ -159,7 +159,7 @@ int tx_check_probes(PyObject *probes, Py_ssize_t width, PyTypeObject *t0, PyType
  * A gradient readers' step. With nothing of the step alive, a call that
  * reads a kept .grad begins a step (free: nothing lives to mark), and later
  * readers of a kept .grad go on in it as in a backward's
- * (T->grad_readers_step; segment.c, belongs_to_training_step, which also
+ * (T->grad_readers_step; seg_steps.c, belongs_to_training_step, which also
  * tells a repeated call, an analysis loop's, to begin one of its own).
  * Its outputs are an optimizer's: they hold no training forward
  * (tx_tree_note_inference_output).
@@ -225,7 +225,7 @@ static PyObject *m_fail_host_alloc(PyObject *self, PyObject *arg) {
  * One kind of output is watched through its memory instead: a view of an
  * intermediate, which AOTAutograd hands the program as a new tensor over
  * our output (_unsafe_view), so that our object dies at once. The
- * forward's compile names them (segment.c, memory_watched), and the drain
+ * forward's compile names them (segment.h, memory_watched), and the drain
  * counts them down as they die (T->forward_memory_watched). */
 static void forward_outs_forget(TreeObject *T) {
   if (T->forward_outs && PyList_GET_SIZE(T->forward_outs))

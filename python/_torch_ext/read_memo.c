@@ -12,7 +12,7 @@
  * warning that blamed a backward (a review). PyTorch's trees begin a
  * generation at every such call; cgtree begins a readers' step of its own
  * where a call repeats the last call of its segment in the step: the same
- * arguments, which segment.c's belongs_to_training_step asks of this file.
+ * arguments, which seg_steps.c's belongs_to_training_step asks of this file.
  *
  * "The same" must never take two calls for one: a repeat begins a step,
  * which marks the earlier call's output, and a program that kept it (a

@@ -27,7 +27,7 @@
  * one mark per call for the y it is about to drop, and never raises: the
  * old y is never read. An output with no elements (an empty KV cache) is
  * never watched: its byte of pool holds nothing a later step could
- * overwrite, and marked, it raised where Inductor computes (segment.c,
+ * overwrite, and marked, it raised where Inductor computes (seg_outputs.c,
  * make_output). An empty view of another output shares that output's
  * storage, and so its mark.
  *

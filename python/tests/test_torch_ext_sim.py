@@ -9944,7 +9944,7 @@ def test_a_training_forward_that_raises_at_its_warmup_holds_its_saved_input_unti
     """A head (saving its input h, an output of this step) whose warm-up
     raises (a call PyTorch refuses under capture) goes plain at that call
     and runs as the plain graph. That plain call must hold the step for its
-    saved h as call_bypassed's does: the second forward of a contrastive
+    saved h as seg_call_bypassed's does: the second forward of a contrastive
     pair began a step, and the first backward raised StaleTensorError where
     Inductor computes."""
     backbone = frozen_backbone(tree)
@@ -9983,7 +9983,7 @@ class CpuFake(FakeTensor):
 
 
 def test_a_training_forward_that_turns_plain_at_an_argument_off_the_device_holds_its_saved_input(tree):
-    """As above, through call_off_device: the plain call held nothing."""
+    """As above, through seg_call_off_device: the plain call held nothing."""
     backbone = frozen_backbone(tree)
     hg = HeadSavingItsInput(tree)
     head = segment(tree, lambda h, seed: hg(h), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="head",

@@ -400,7 +400,7 @@ def test_random_graphs_replayed_on_two_threads_trees_at_once_draw_each_of_induct
     stream and caller's stream (explicit steps: non-blocking streams). Every
     tree's launches read the one state of the device's generator, so the
     writes of that state before a launch must wait until every launch
-    enqueued before it has read it (segment.c's event). A write that
+    enqueued before it has read it (seg_launch.c's event). A write that
     overtook a read would make two calls draw the same numbers and skip
     others, silently. So the draws of all calls, as a multiset, must be
     Inductor's first ones, each once, and each thread's own draws must come

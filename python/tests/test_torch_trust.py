@@ -1243,7 +1243,7 @@ def test_a_custom_autograd_functions_view_of_its_input_is_a_view_of_the_callers_
     returned it (custom_function_view), and the graph read a DYNAMIC
     input's copy: the view read the copy, 4..10 where Inductor's read 5..11
     after the caller's later writes, silently (an H100, before
-    segment.c's over_caller_memory)."""
+    seg_outputs.c's over_caller_memory)."""
     def f(x, w):
         v = _NarrowOf.apply(x)
         return v, (v * w).sum()

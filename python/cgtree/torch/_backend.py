@@ -66,8 +66,8 @@ Inductor's speed, with a warning naming the reason once: graphs with no
 CUDA tensor, graphs that save or restore the generator's state, inputs on
 several devices, dtypes DLPack cannot describe. Where their tensors lie on
 one GPU they are Segments all the same, plain from the start, so that
-their calls mark the steps of that device's tree (segment.c,
-call_bypassed).
+their calls mark the steps of that device's tree (seg_plain.c,
+seg_call_bypassed).
 """
 import functools
 import itertools
@@ -93,7 +93,7 @@ def alias(t, ptr):
     """t's layout over the memory at ptr (a pool placeholder): what the graph
     reads while it is warmed up or recorded for a DYNAMIC input. Its storage
     offset is t's too, as in the plain call: a view of it the graph returns
-    then has the storage offset the plain graph's has (segment.c, out_meta)."""
+    then has the storage offset the plain graph's has (segment.h, out_meta)."""
     global _from_dlpack
     if _from_dlpack is None:
         _from_dlpack = getattr(torch._C, "_from_dlpack", None) or torch.utils.dlpack.from_dlpack
@@ -464,7 +464,7 @@ def inner_compile(gm, example_inputs, **kwargs):
             return run(*inputs)
 
     # A graph that mutates no input may run a second time at its first call,
-    # so that what it returns lies in the pool (segment.c, first_call). Not
+    # so that what it returns lies in the pool (seg_plain.c, seg_first_call). Not
     # a backward: Inductor may reuse the memory of saved activations
     # AOTAutograd donates to it (torch._functorch.config.donated_buffer), so
     # its first run changes its inputs. Not a random graph: the second run
@@ -475,11 +475,11 @@ def inner_compile(gm, example_inputs, **kwargs):
         extra["memory_watched_outputs"] = remade
     # The inputs the graph writes in place. A forward that writes some (an optimizer step) and runs after a
     # backward goes on in that backward's step (module.c, "The optimizer"); a write into an output of a run
-    # cgtree made eagerly must reach that output (segment.c, call_plain_writing_side_value).
+    # cgtree made eagerly must reach that output (seg_plain.c, seg_call_plain_over_side_value).
     extra["written_inputs"] = tuple(i for i in sorted(mutated) if kinds[i] in (ARG_TENSOR, ARG_TENSOR_STATIC))
     record["segment"] = name = "graph%d" % next(_counter)  # its nodes' "segment" in cgtree.torch.nodes()
     # A graph that must run plainly is a Segment all the same, plain from the start: its calls mark the
-    # steps of its device's tree as a recorded graph's would (segment.c, call_bypassed), so that the
+    # steps of its device's tree as a recorded graph's would (seg_plain.c, seg_call_bypassed), so that the
     # compiled optimizer step after a plain forward and backward knows where its step begins.
     extra["plain_reason"] = why
     seg = _ext.Segment(tree, name, plain, launch, alias, describe, span, bytes(kinds),

@@ -52,7 +52,7 @@ def ties(res):
     program a tensor it also saves for the backward (a sigmoid's output),
     and views of one buffer where it returns several; they must share
     autograd's version counter, so that a write to one in place raises at
-    the backward, as under Inductor (segment.c, tied_output). A storage
+    the backward, as under Inductor (seg_outputs.c, tied_output). A storage
     without memory (data pointer 0) ties nothing."""
     first_seen = {}  # a tensor object's id: its first position (res keeps every one alive)
     first_over = {}  # a storage's data pointer: the position of the first result over it

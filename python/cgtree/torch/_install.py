@@ -206,7 +206,7 @@ def blas_clear():
     cuBLASLt workspace PyTorch keeps (one per (handle, stream)), or None on a
     PyTorch without it. With it, each launch function drops the workspaces
     before and after it runs its graph, so the workspace its matmuls take is
-    a temporary of the launch in the pool (python/_torch_ext/segment.c says
+    a temporary of the launch in the pool (python/_torch_ext/seg_launch.c says
     why); without it, prewarm_blas gives the tree's stream its workspace
     outside the pool instead."""
     return getattr(torch._C, "_cuda_clearCublasWorkspaces", None)

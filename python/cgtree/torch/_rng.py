@@ -208,11 +208,11 @@ class RandomDraws:
     def prelaunch(self, variant, on_current=False):
         """Right before a launch of a recording: seed and offset written,
         the generator advanced by what the recording draws. on_current (from
-        segment.c): the caller's current stream is the legacy default
+        seg_launch.c): the caller's current stream is the legacy default
         stream and the tree's stream is blocking, so CUDA orders the two
         both ways and the writes go on the current stream, without the cost
         of switching streams (8 us; bench/rng_prelaunch_cost.py); else on
-        the tree's. segment.c has made that stream wait for every launch of
+        the tree's. seg_launch.c has made that stream wait for every launch of
         a random graph enqueued so far, on any tree of the device."""
         bracket = getattr(self.recorded, "bracket", None)
         first = bracket is not None  # the first launch of the recording just made
