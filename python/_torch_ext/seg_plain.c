@@ -254,13 +254,6 @@ PyObject *seg_call_bypassed(SegmentObject *s, PyObject *const *args, size_t n, P
   /* else call_plain says what is wrong */
   if (!kwnames && n == s->n_args && !(r = seg_run_in_step(s, args, n, &caller)))
     return NULL;
-  /* A training forward that runs plainly still has a recorded backward,
-   * whose outputs AccumulateGrad takes over as .grad: its leaves are noted
-   * as a recorded forward's are, so that such a .grad kept past its step
-   * (accumulation) is moved, not marked stale (a helper's audit: the next
-   * accumulation raised StaleTensorError where Inductor computes). */
-  if (r && s->n_grad_pos && seg_note_grad_leaves(r, args) < 0)
-    return NULL;
   if (r && s->backward && (r->tree->tied_saved_alive || r->tree->saved_alive || tx_live_trees_besides(r->tree)) &&
       seg_end_holds_of_args_read(s, r->tree, args) < 0)
     return NULL;

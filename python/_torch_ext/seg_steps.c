@@ -308,6 +308,20 @@ seg_run *seg_run_in_step(SegmentObject *s, PyObject *const *args, size_t n, void
   seg_run *r = seg_run_for(s);
   if (!r)
     return NULL;
+  /* A training forward's leaves are noted before a step may end here: a
+   * parameter new since the last call (weights reloaded as new parameters,
+   * load_state_dict(sd, assign=True)) may have taken over, as .grad, a
+   * gradient of the ending step that the program accumulates into (new.grad
+   * = old.grad), and the step's end moves only the .grad of noted leaves.
+   * Noted after the step began, the new parameter's was marked, and the
+   * next accumulation raised StaleTensorError where eager computes (a
+   * helper's hunt). Noted at every call, recorded or plain: a training
+   * forward that runs plainly still has a recorded backward, whose outputs
+   * AccumulateGrad takes over as .grad, moved, not marked, when their step
+   * ends (a helper's audit: noted for recorded forwards only, the next
+   * accumulation raised StaleTensorError where Inductor computes). */
+  if (s->n_grad_pos && seg_note_grad_leaves(r, args) < 0)
+    return NULL;
   call_args this_call = {s, r->tree, args, n, r, 0};
   void *outer = r->tree->syncing_call; /* set where an outer call's sync ran Python that made this call */
   r->tree->syncing_call = &this_call;  /* a step that begins here moves this call's arguments first */

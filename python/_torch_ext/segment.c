@@ -320,8 +320,6 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
   variant_tmpl *known = s->outputs_known ? seg_tmpl_find(s, variant) : NULL;
   if (known && !seg_key_is(known, r))
     return seg_call_colliding(s, r, args, n);
-  if (s->n_grad_pos && seg_note_grad_leaves(r, args) < 0)
-    return NULL;
   if (s->outputs_known && (writes_side_value || (known && seg_views_as_other_dtype(known, side_values))))
     return seg_call_plain_over_side_value(s, r, args, n);
   uint64_t t_args = clock_if(timed);

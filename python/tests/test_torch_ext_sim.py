@@ -5180,6 +5180,46 @@ def test_a_backwards_output_becomes_grad_without_a_copy_and_the_usual_loop_moves
     assert s["gradients_moved"] == moved0 and s["gradient_leaves"] == 1
 
 
+@pytest.mark.parametrize("plain", [False, True])
+def test_a_reloaded_parameter_that_took_the_accumulated_grad_over_accumulates_into_it_at_the_next_micro_batch(
+        tree, plain):
+    """Micro-batches a step each, .grad kept between them, and between two
+    micro-batches the weights reloaded as new parameters
+    (load_state_dict(sd, assign=True)) that take the accumulated gradient
+    over (new.grad = old.grad). The next forward's call ends the step, and
+    the new parameter's .grad, a backward output of that step, must move,
+    not be marked: the call's leaves were noted only after its step began,
+    so the new parameter was noted by no call yet and the next
+    accumulation raised StaleTensorError where eager computes (helper-88's
+    hunt). Also for a forward that runs as the plain graph."""
+    if plain:
+        fw = segment(tree, ParamForwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR_STATIC), spans=(16, 16),
+                     name="fw", saved_from=1, grad_inputs=(1,), plain_reason="inputs on several devices")
+        bw = segment(tree, BackwardGraph(tree), kinds=(ARG_TENSOR, ARG_TENSOR), spans=(16, 16), name="bw",
+                     backward=True)
+        w, t = Leaf(4).fill([0, 0, 0, 0]), FakeTensor(4).fill([1, 1, 1, 1])
+        for _ in range(4):
+            param_step(fw, bw, w, FakeTensor(4).fill([1, 2, 3, 4]), t)
+            w.grad = None
+    else:
+        fw, bw, w, _, t = param_training_pair(tree)
+    moved0 = tree.stats()["gradients_moved"]
+    xs0, xs1 = [1, 2, 3, 4], [0, 1, 0, 1]
+    param_step(fw, bw, w, FakeTensor(4).fill(xs0), t)  # micro-batch 0: w.grad = xs0 + 1
+    gc.collect()
+    new = Leaf(4).fill([5, 5, 5, 5])  # the reloaded weight
+    new.grad, w.grad = w.grad, None  # the accumulated gradient carried over
+    w = new
+    out, saved = call(fw, FakeTensor(4).fill(xs1), w)  # micro-batch 1: its call ends micro-batch 0's step
+    assert out.values() == [5, 6, 5, 6]
+    (g,) = bw(saved, t)
+    w.accumulate(g)
+    assert w.grad.values() == [a + b + 2 for a, b in zip(xs0, xs1)]
+    assert tree.stats()["gradients_moved"] == moved0 + 1
+    del out, saved, g
+    tree.check()
+
+
 def test_a_gradient_kept_outside_grad_is_an_output_like_any_other_and_raises_after_its_step(tree):
     """torch.autograd.grad's list: the backward's output, kept by the
     program, never taken over as a leaf's .grad. It is not moved; the next

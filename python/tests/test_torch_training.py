@@ -220,6 +220,34 @@ def test_gradient_accumulation_over_micro_batches_matches_inductor():
     assert_same_params(model, ref)
 
 
+def test_weights_reloaded_as_new_parameters_between_micro_batches_keep_the_accumulated_gradient_as_inductor():
+    """load_state_dict(sd, assign=True) before a cycle's last micro-batch
+    makes new parameters, and the program carries the accumulated gradient
+    over (new.grad = old.grad). The next forward's call ends the step that
+    gradient was made in: it moves with the new parameter, not marked (it
+    raised StaleTensorError at the next accumulation on the simulator:
+    helper-88's hunt)."""
+    cf, model, rf, ref = pair(mlp())
+    xs = batches(12)
+    for m, f in ((model, cf), (ref, rf)):
+        for cycle in range(0, len(xs), 3):
+            for p in m.parameters():
+                p.grad = None
+            for j, x in enumerate(xs[cycle:cycle + 3]):
+                if j == 2:
+                    old = dict(m.named_parameters())
+                    m.load_state_dict({k: v.detach().clone() for k, v in m.state_dict().items()}, assign=True)
+                    for k, p in m.named_parameters():
+                        assert p is not old[k]
+                        p.grad = old[k].grad
+                    del old
+                (f(x).square().mean() / 3).backward()
+            with torch.no_grad():
+                for p in m.parameters():
+                    p -= 1e-2 * p.grad
+    assert_same_params(model, ref)
+
+
 def test_backwards_called_from_a_thread_that_never_called_a_compiled_model_replay_and_accumulate_as_inductor():
     """loss.backward() called from a worker thread that never called a
     compiled model runs on trees of autograd's thread, where only backwards
