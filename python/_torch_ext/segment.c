@@ -452,8 +452,8 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
     snprintf(why, sizeof why, "its capture failed (%s)", cgt_tree_last_error(T->tree));
     seg_go_plain(s, why);
   } else {
-    s->eager_calls_mask = s->eager_calls_mask << 1 | (uint32_t)(r->outs_side_pool != 0);
-    if (r->outs_side_pool && __builtin_popcount(s->eager_calls_mask) == EAGER_RUNS_PLAIN) {
+    r->eager_calls_mask = r->eager_calls_mask << 1 | (uint32_t)(r->outs_side_pool != 0);
+    if (r->outs_side_pool && __builtin_popcount(r->eager_calls_mask) == EAGER_RUNS_PLAIN) {
       char why[256];
       snprintf(why, sizeof why, "the tree ran it eagerly in %u of its last 32 calls (its node is past the rerecord "
                "limit: a buffer it writes in place, or another static input, comes at a new address at each call)",

@@ -107,6 +107,7 @@ typedef struct seg_run {
   PyObject **grad_seen; /* a weak reference to the object last seen at each of the segment's grad_pos */
   uint32_t n_grad_seen; /* its length (the segment's n_grad_pos), so that freeing a run needs no segment */
   int outs_side_pool; /* the run at hand was eager: its outputs lie in the tree's side pool */
+  uint32_t eager_calls_mask; /* its last 32 calls through this tree: a bit set for each eager run (EAGER_RUNS_PLAIN) */
   uint64_t *key;      /* the call at hand's variant key (key_add), 2 entries per argument at most */
   uint32_t n_key;
   size_t *spans;      /* each tensor input's byte span at the call at hand */
@@ -204,7 +205,6 @@ struct SegmentObject {
   variant_tmpl **tmpls;
   size_t n_tmpls;
   uint64_t calls, plain_calls;
-  uint32_t eager_calls_mask; /* its last 32 calls the tree ran: a bit set for each run eagerly (EAGER_RUNS_PLAIN) */
   uint64_t out_of_memory; /* calls that raised because an allocation of theirs was refused */
   /* Replays, and what the benchmarks report of them where the tree was made
    * with time_launches (CGTREE_TORCH_TIME_LAUNCHES=1; otherwise the call
@@ -233,10 +233,14 @@ static inline int inference_graph(const SegmentObject *s) {
  * tree, its outputs in the side pool: a buffer it writes in place (STATIC)
  * passed at a new address at every call is a new key at every call. That
  * cost 1.89x the plain graph's time on an H200 (bench/torch_moving_static.py).
- * So once the tree ran a graph eagerly in this many of its last 32 calls
- * through the tree, it runs as the plain graph from then on, at Inductor's
- * speed. Half, not a run in a row: a graph called at two places of a step,
- * one of which replays, stayed eager at the other for good (a review). */
+ * So once a tree ran a graph eagerly in this many of its last 32 calls
+ * through that tree, it runs as the plain graph from then on, at Inductor's
+ * speed, on every tree. Half, not a run in a row: a graph called at two
+ * places of a step, one of which replays, stayed eager at the other for
+ * good (a review). Counted per tree (seg_run), not over the segment's calls
+ * on every tree: another thread's replays of the graph kept the share of
+ * one tree's eager runs under half, and that tree ran it eagerly for good
+ * (a helper's hunt). */
 enum { EAGER_RUNS_PLAIN = 16 };
 
 /* The variant: a hash of the call's key, everything host-side that changes

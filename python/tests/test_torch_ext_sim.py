@@ -2408,6 +2408,77 @@ def test_a_graph_called_at_two_places_of_a_step_one_of_them_eager_runs_as_the_pl
     t.check()
 
 
+def test_another_threads_replays_of_a_graph_do_not_keep_a_tree_that_runs_it_eagerly_from_the_plain_graph():
+    """The 16 of 32 calls are counted per tree: thread A passes its STATIC
+    input at a new address at every call (every call of A's tree an eager
+    run), while thread B replays the same graph twice for each of A's calls.
+    Counted over the segment's calls on every tree, B's replays kept A's
+    share under half, and A's tree ran the graph eagerly for good
+    (helper-89's hunt: 77 eager runs in 80 calls, never plain)."""
+    import threading
+
+    class Trees(ThreadTrees):
+        def __call__(self, device):
+            if not hasattr(self.local, "tree"):
+                self.local.tree = X.Tree(0, backend="sim", rerecord_limit=1)
+                self.local.tree.explicit_steps = True
+                self.made.append(self.local.tree)
+            return self.local.tree
+
+    trees, base = Trees(), X.Tree(0, backend="sim")
+    seg = segment(base, Graph(base, 2.0, 1.0, stream=lambda: trees(0).stream), kinds=(ARG_TENSOR, ARG_TENSOR_STATIC),
+                  spans=(16, 16), name="shared")
+    turns, errors, n = threading.Barrier(2, timeout=30), [], 80
+
+    def a():
+        x, ws = FakeTensor(4), []
+        for i in range(n):
+            trees(0).step_begin()
+            ws.append(FakeTensor(4))  # kept: no address comes back
+            x.fill([i, 0, 0, 0])
+            (y,) = call(seg, x, ws[-1])
+            assert y.values() == [2 * i + 1, 1, 1, 1]
+            turns.wait()
+            turns.wait()
+
+    def b():
+        x, w0 = FakeTensor(4).fill([1, 1, 1, 1]), FakeTensor(4)
+        for _ in range(n):
+            turns.wait()  # A's call first
+            for _ in range(2):
+                trees(0).step_begin()
+                (y,) = call(seg, x, w0)
+                assert y.values() == [3, 3, 3, 3]
+            turns.wait()
+
+    def guarded(work):
+        def run():
+            try:
+                work()
+            except BaseException as e:  # noqa: BLE001 - reported below
+                errors.append(repr(e))
+                turns.abort()
+        return run
+
+    X.set_tree_getter(trees)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            threads = [threading.Thread(target=guarded(w)) for w in (a, b)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+    finally:
+        X.set_tree_getter(None)
+    assert errors == []
+    assert seg.info["plain_reason"] is not None and "16 of its last 32" in seg.info["plain_reason"]
+    eager = trees.made[0].stats()["eager_runs"]
+    assert eager <= 16 + 3, "thread A's tree ran the graph eagerly %d times in %d calls" % (eager, n)
+    for t in trees.made:
+        t.check()
+
+
 @pytest.mark.parametrize("route", ["capture_fails", "past_the_rerecord_limit"])
 @pytest.mark.parametrize("read", ["a_view_at_an_offset", "returned_as_it_is", "a_view_returned_as_it_is",
                                   "a_view_as_another_dtype_returned"])
