@@ -260,11 +260,24 @@ cgt_status fuse__flush(cgt_tree *t) {
   return st;
 }
 
+/* 1 if a held node's segment has a prelaunch function: one set after its
+ * replay was held back (replays of such a segment are not held back, but
+ * cgt_segment_set_prelaunch may come between). A fused launch calls none, so
+ * such work goes node by node, each launch after its prelaunch. */
+static int any_prelaunch(const cgt_tree *t, node *const *held, uint32_t n) {
+  for (uint32_t i = 0; i < n; i++)
+    if (t->segments[held[i]->segment - 1].prelaunch)
+      return 1;
+  return 0;
+}
+
 static cgt_status flush_held(cgt_tree *t, node *const *held, uint32_t n) {
   fuse_state *q = &t->fuse;
   q->n_held = 0; /* empty whatever happens: work is never launched twice */
   if (n == 1)
     return node__launch(t, held[0]);
+  if (any_prelaunch(t, held, n))
+    return launch_one_by_one(t, held, n);
   fuse_span *s = span_get(t, held[0], held[n - 1], n);
   if (!s)
     return launch_one_by_one(t, held, n);

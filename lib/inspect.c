@@ -49,6 +49,8 @@ cgt_status cgt_tree_stats(const cgt_tree *t, cgt_stats *out) {
    * there but its (empty) host allocations. */
   add_pool(t->pool, &out->pool_reserved_bytes, &out->pool_allocated_bytes, &out->pool_peak_bytes, &out->host_allocs);
   add_pool(t->side_pool, &side_reserved, &side_allocated, &out->side_pool_peak_bytes, &out->host_allocs);
+  out->pool_peak_bytes += t->retired_pool_peak_bytes; /* private pools destroyed so far */
+  out->host_allocs += t->retired_host_allocs;
   evict__totals(t, &out->graphs, &out->graph_bytes);
   return CGT_OK;
 }
@@ -132,7 +134,9 @@ cgt_status cgt_tree_write_dot(const cgt_tree *t, FILE *f) {
           first, t->nodes[i]->id, length, (unsigned long long)launches);
   }
   fprintf(f, "}\n");
-  if (!ferror(f))
+  /* Flushed, so that a write the device refuses (a full disk) is seen here,
+   * not at the caller's fclose; f stays open. */
+  if (fflush(f) == 0 && !ferror(f))
     return CGT_OK;
   return REFUSE(t, CGT_ERR_BACKEND, "cgt_tree_write_dot: writing to f failed (%s)",
                 errno ? strerror(errno) : "the stream's error flag is set");

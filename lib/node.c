@@ -171,6 +171,21 @@ int node__liveness_ok(const cgt_tree *t, const node *n) {
   return 1;
 }
 
+/* Destroys n's private pool (CGT_MODE_SEPARATE), keeping what it counted:
+ * pool_peak_bytes is a high-water mark and host_allocs counts the
+ * allocations made so far, so neither may fall when a recording is evicted
+ * or a node pruned (a review: the peak fell from 512 to 256). */
+static void retire_own_pool(cgt_tree *t, node *n) {
+  if (!n->own_pool)
+    return;
+  pool_stats s;
+  pool_get_stats(n->own_pool, &s);
+  t->retired_pool_peak_bytes += s.peak_bytes;
+  t->retired_host_allocs += s.host_allocs;
+  pool_destroy(n->own_pool);
+  n->own_pool = NULL;
+}
+
 void node__destroy(cgt_tree *t, node *n) {
   fuse__forget_node(t, n);
   if (n->graph || n->exec)
@@ -179,10 +194,8 @@ void node__destroy(cgt_tree *t, node *n) {
     t->dev.ops->graph_destroy(&t->dev, n->exec_graph, NULL);
   if (n->ckpt)
     pool_checkpoint_free(n->ckpt);
-  if (n->own_pool)
-    pool_destroy(n->own_pool);
+  retire_own_pool(t, n);
   HASH_CLEAR(hh, n->children);
-  free(n->reason);
   free(n->dead);
   free(n->placeholders);
   free(n->outputs);
@@ -297,17 +310,17 @@ static inline int transition_legal(node_state from, node_state to) {
 }
 
 /* Every change of a node's state goes through here. reason: why the node
- * runs eagerly from now on (EAGER and OVERFLOW; the node takes it over),
- * NULL for RECORDED and WARMUP. Cannot fail: the reason was allocated before
+ * runs eagerly from now on (EAGER and OVERFLOW; the tree's text, which
+ * outlives the node: a record's reason is valid until cgt_tree_destroy),
+ * NULL for RECORDED and WARMUP. Cannot fail: the reason was interned before
  * the run that commits the change. */
-static void node_set_state(cgt_tree *t, node *n, node_state to, char *reason) {
+static void node_set_state(cgt_tree *t, node *n, node_state to, const char *reason) {
   cgt_assert(transition_legal(n->state, to));
   cgt_assert((to == NODE_RECORDED || to == NODE_WARMUP) == (reason == NULL));
   n->state = to;
   if (to == NODE_RECORDED || to == NODE_WARMUP)
     return;
   cgt_assert(!n->graph && !n->exec); /* a WARMUP node holds no run_prep */
-  free(n->reason);
   n->reason = reason;
   tree__log(t, CGT_LOG_WARN, "node %u (segment '%s') runs eagerly from now on%s: %s", n->id,
             t->segments[n->segment - 1].name, to == NODE_OVERFLOW ? " for every new key" : "", reason);
@@ -486,14 +499,12 @@ static cgt_status run_eagerly(cgt_tree *t, node *n, cgt_segment id, const segmen
  * failing run leaves the node as it was. */
 static cgt_status run_eager_node(cgt_tree *t, node *n, const segment_rec *seg, const char *why, node_state to,
                                  cgt_value *outputs) {
-  char *reason = NULL;
-  if (why && !(reason = tree__strdup(t, why)))
+  const char *reason = NULL;
+  if (why && !(reason = tree__intern(t, why)))
     return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory to turn node %u eager", n->id);
   cgt_status st = run_eagerly(t, n, n->segment, seg, n->variant, t->side_pool, outputs);
-  if (st != CGT_OK) {
-    free(reason);
-    return st;
-  }
+  if (st != CGT_OK)
+    return st; /* the interned reason stays the tree's, for the next try */
   if (reason)
     node_set_state(t, n, to, reason);
   return CGT_OK;
@@ -1110,6 +1121,16 @@ static run_action node_decide(const cgt_tree *t, node *first, cgt_segment id, co
    * the tree stops growing. A segment declared uncapturable has nothing but
    * such nodes: one per (parent, segment, variant), whatever its inputs. */
   int no_capture = (seg->flags & CGT_SEGMENT_NO_CAPTURE) != 0;
+  /* Weights reloaded at new addresses update a sibling in place whatever
+   * the rerecord limit says: an update adds no recording, so the limit does
+   * not bound it (a review: double-buffered weights under a limit of 2 ran
+   * on the overflow node for good after a reload). Only a sibling that
+   * replayed since it was recorded qualifies, so a buffer that moves at
+   * every call still meets the limit below. */
+  const warm_count *w = warm_find(t, id, variant);
+  int warm_enough = !in_warmup && (w ? w->runs : 0) >= t->opt.warmup_runs;
+  if (!first && !no_capture && warm_enough && (d->update_from = update__candidate(t, seg->n_inputs)))
+    return decided(d, RUN_RECORD, NULL);
   node *overflow = first ? NULL : find_overflow(t->cur, id, variant);
   if (overflow && (no_capture || count_recordings(t->cur, id, variant, NULL) >= t->opt.rerecord_limit))
     return decided(d, RUN_OVERFLOW, overflow);
@@ -1121,11 +1142,8 @@ static run_action node_decide(const cgt_tree *t, node *first, cgt_segment id, co
   }
   if (over_rerecord_limit(t, t->cur, id, variant, NULL, d->why))
     return decided(d, first ? RUN_EAGER : RUN_OVERFLOW, NULL);
-  const warm_count *w = warm_find(t, id, variant);
-  if (in_warmup || (w ? w->runs : 0) < t->opt.warmup_runs)
+  if (!warm_enough)
     return decided(d, RUN_WARMUP, NULL);
-  if (!first)
-    d->update_from = update__candidate(t, seg->n_inputs);
   return decided(d, RUN_RECORD, NULL);
 }
 
@@ -1286,7 +1304,7 @@ void node__drop_recording(cgt_tree *t, node *n, const char *reason) {
   if (n->exec_graph)
     t->dev.ops->graph_destroy(&t->dev, n->exec_graph, NULL);
   pool_checkpoint_free(n->ckpt);
-  pool_destroy(n->own_pool);
+  retire_own_pool(t, n);
   free(n->dead);
   free(n->placeholders);
   free(n->outputs);

@@ -54,7 +54,7 @@ struct node {
   uint64_t eager_runs; /* cgt_node_info.eager_runs: every run of the launch
                           function outside a capture on this node, warmups
                           included (cgt_stats counts those apart) */
-  char *reason;        /* why EAGER or OVERFLOW */
+  const char *reason;  /* why EAGER or OVERFLOW: the tree's text (tree__intern) */
   uint8_t pruned;      /* node__prune: on its way out */
 
   /* Key under the parent (node.c: key_build). Nodes that share a key are

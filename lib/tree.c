@@ -118,6 +118,29 @@ char *tree__strdup(cgt_tree *t, const char *s) {
   return d;
 }
 
+/* A text the tree keeps until it is destroyed. The texts are few (why a
+ * node runs eagerly: a capture's failure, the rerecord limit), so a list
+ * searched from the start serves; each text is kept once, so a program that
+ * turns nodes EAGER and prunes them for days keeps no more than its texts. */
+typedef struct interned_text {
+  struct interned_text *next;
+  char text[];
+} interned_text;
+
+const char *tree__intern(cgt_tree *t, const char *s) {
+  for (interned_text *e = t->reasons; e; e = e->next)
+    if (strcmp(e->text, s) == 0)
+      return e->text;
+  size_t n = strlen(s) + 1;
+  interned_text *e = tree__malloc(t, sizeof *e + n);
+  if (!e)
+    return NULL;
+  memcpy(e->text, s, n);
+  e->next = t->reasons;
+  t->reasons = e;
+  return e->text;
+}
+
 static void *tree_realloc(void *owner, void *ptr, size_t bytes) {
   return host_alloc_fails(owner) ? NULL : realloc(ptr, bytes);
 }
@@ -415,6 +438,11 @@ void cgt_tree_destroy(cgt_tree *t) {
   free(t->key_buf);
   free(t->args);
   free(t->graph_dot_dir);
+  while (t->reasons) {
+    interned_text *next = t->reasons->next;
+    free(t->reasons);
+    t->reasons = next;
+  }
   free(t);
 }
 

@@ -162,6 +162,13 @@ struct cgt_tree {
   fuse_state fuse; /* held-back replays and fused executables (defer_launch) */
   cgt_stats stats;
   char *graph_dot_dir; /* CGT_GRAPH_DOT_DIR: write every recorded graph there */
+  /* Every EAGER reason the tree has given a node, each text once (tree__intern): a node record's reason
+   * stays valid until cgt_tree_destroy, also after its node was pruned or evicted. */
+  struct interned_text *reasons;
+  /* What the private pools (CGT_MODE_SEPARATE) destroyed so far had counted: their peaks and host
+   * allocations stay in cgt_tree_stats' sums, which must never fall (node__retire_own_pool). */
+  size_t retired_pool_peak_bytes;
+  uint64_t retired_host_allocs;
 
   /* Device memory of every pool of the tree (graph pool, side pool, private
    * pools; placeholders live in them), as chunks taken from the backend and
@@ -219,6 +226,8 @@ static inline int tree__grow(cgt_tree *t, void **array, uint32_t *cap, uint32_t 
 }
 int tree__grow_zeroed(cgt_tree *t, void **array, uint32_t *cap, uint32_t need, size_t elem_bytes);
 char *tree__strdup(cgt_tree *t, const char *s);
+/* The tree's one copy of text s, kept until cgt_tree_destroy; NULL when there is no host memory. */
+const char *tree__intern(cgt_tree *t, const char *s);
 cgt_status tree__backend_fail(cgt_tree *t, cgt_status s, const char *what);
 /* CLOCK_MONOTONIC in nanoseconds: options.time_launches's clock. */
 static inline uint64_t tree__now_ns(void) {

@@ -257,10 +257,13 @@ cgt_status cgt_value_ptr(cgt_tree *t, cgt_value v, void **ptr, size_t *bytes) {
   if (!ptr && !bytes)
     return tree__fail(t, CGT_ERR_INVALID_ARGUMENT, "cgt_value_ptr: ptr and bytes are both NULL");
   value_slot *s;
-  cgt_status st = fuse__flush(t); /* the caller may touch the memory next */
-  if (st != CGT_OK)
-    return st;
-  st = value__resolve(t, v, &s);
+  /* A handle refused changes nothing: looked at before held-back work is
+   * launched (the flush moves fused_launches), and again after it. */
+  cgt_status st = value__resolve(t, v, &s);
+  if (st == CGT_OK)
+    st = fuse__flush(t); /* the caller may touch the memory next */
+  if (st == CGT_OK)
+    st = value__resolve(t, v, &s);
   if (st != CGT_OK)
     return st;
   if (ptr)
@@ -299,10 +302,9 @@ cgt_status cgt_value_copy_out(cgt_tree *t, cgt_value v, void *dst, size_t bytes)
   if (t->launch.active)
     return tree__fail(t, CGT_ERR_STATE, "cgt_value_copy_out: not allowed inside a launch function");
   value_slot *s;
-  cgt_status st = fuse__flush(t); /* the copy must read what held-back work writes */
-  if (st != CGT_OK)
-    return st;
-  st = value__resolve(t, v, &s);
+  /* Bad input changes nothing: checked before held-back work is launched
+   * (the flush moves fused_launches). */
+  cgt_status st = value__resolve(t, v, &s);
   if (st != CGT_OK)
     return st;
   if (!dst)
@@ -312,6 +314,11 @@ cgt_status cgt_value_copy_out(cgt_tree *t, cgt_value v, void *dst, size_t bytes)
                       s->mem.bytes);
   if (bytes == 0)
     return CGT_OK;
+  st = fuse__flush(t); /* the copy must read what held-back work writes */
+  if (st == CGT_OK)
+    st = value__resolve(t, v, &s);
+  if (st != CGT_OK)
+    return st;
   int saved = tree__device_enter(t);
   st = t->dev.ops->copy(&t->dev, dst, s->mem.ptr, bytes);
   tree__device_leave(t, saved);

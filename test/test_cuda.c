@@ -18,6 +18,7 @@ int main(void) {
   failed += test_run_group("recording budget and update in place (cuda)", budget_tests, budget_test_count);
   failed += test_run_group("prelaunch functions (cuda)", prelaunch_tests, prelaunch_test_count);
   failed += test_run_group("contract promises (cuda)", contract_tests, contract_test_count);
+  failed += test_run_group("audit of api.md (cuda)", audit_tests, audit_test_count);
   failed += test_run_group("differential fuzz (cuda)", fuzz_tests, fuzz_test_count);
   failed += test_run_group("cuda only", cuda_specific_tests, cuda_specific_test_count);
   return failed ? 1 : 0;

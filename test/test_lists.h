@@ -19,6 +19,8 @@ extern const struct CMUnitTest prelaunch_tests[];
 extern const size_t prelaunch_test_count;
 extern const struct CMUnitTest contract_tests[];
 extern const size_t contract_test_count;
+extern const struct CMUnitTest audit_tests[];
+extern const size_t audit_test_count;
 extern const struct CMUnitTest cuda_specific_tests[];
 extern const size_t cuda_specific_test_count;
 

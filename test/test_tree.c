@@ -11,6 +11,7 @@ int main(void) {
   failed += test_run_group("recording budget and update in place (sim)", budget_tests, budget_test_count);
   failed += test_run_group("prelaunch functions (sim)", prelaunch_tests, prelaunch_test_count);
   failed += test_run_group("contract promises (sim)", contract_tests, contract_test_count);
+  failed += test_run_group("audit of api.md (sim)", audit_tests, audit_test_count);
   failed += test_run_group("differential fuzz (sim)", fuzz_tests, fuzz_test_count);
   return failed ? 1 : 0;
 }
