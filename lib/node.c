@@ -1121,16 +1121,6 @@ static run_action node_decide(const cgt_tree *t, node *first, cgt_segment id, co
    * the tree stops growing. A segment declared uncapturable has nothing but
    * such nodes: one per (parent, segment, variant), whatever its inputs. */
   int no_capture = (seg->flags & CGT_SEGMENT_NO_CAPTURE) != 0;
-  /* Weights reloaded at new addresses update a sibling in place whatever
-   * the rerecord limit says: an update adds no recording, so the limit does
-   * not bound it (a review: double-buffered weights under a limit of 2 ran
-   * on the overflow node for good after a reload). Only a sibling that
-   * replayed since it was recorded qualifies, so a buffer that moves at
-   * every call still meets the limit below. */
-  const warm_count *w = warm_find(t, id, variant);
-  int warm_enough = !in_warmup && (w ? w->runs : 0) >= t->opt.warmup_runs;
-  if (!first && !no_capture && warm_enough && (d->update_from = update__candidate(t, seg->n_inputs)))
-    return decided(d, RUN_RECORD, NULL);
   node *overflow = first ? NULL : find_overflow(t->cur, id, variant);
   if (overflow && (no_capture || count_recordings(t->cur, id, variant, NULL) >= t->opt.rerecord_limit))
     return decided(d, RUN_OVERFLOW, overflow);
@@ -1140,10 +1130,18 @@ static run_action node_decide(const cgt_tree *t, node *first, cgt_segment id, co
     snprintf(d->why, WHY_BYTES, "declared uncapturable");
     return decided(d, RUN_OVERFLOW, NULL);
   }
+  /* Past the limit nothing is captured, updates in place included: a buffer
+   * at a new address at every call would otherwise take over, one update
+   * after another, the recordings that replay (a fixed buffer's beside it),
+   * and leave them nothing but the overflow node (tried after an audit, and
+   * taken back: docs/api.md names the limit). */
   if (over_rerecord_limit(t, t->cur, id, variant, NULL, d->why))
     return decided(d, first ? RUN_EAGER : RUN_OVERFLOW, NULL);
-  if (!warm_enough)
+  const warm_count *w = warm_find(t, id, variant);
+  if (in_warmup || (w ? w->runs : 0) < t->opt.warmup_runs)
     return decided(d, RUN_WARMUP, NULL);
+  if (!first)
+    d->update_from = update__candidate(t, seg->n_inputs);
   return decided(d, RUN_RECORD, NULL);
 }
 

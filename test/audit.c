@@ -888,12 +888,14 @@ static void test_without_cgt_fuse_cache_a_tree_keeps_64_fused_executables(void *
  * recorded child, so rerecord_limit ("recorded children per (parent,
  * segment, variant)") is not passed by it. With rerecord_limit = 2 and a
  * site that holds two recordings (double-buffered weights, both replayed
- * and quiet), a reload of one buffer was a new key past the limit to
- * node_decide, which asked the limit before looking for a sibling to
- * update, so it ran eagerly on the overflow node for good (the audit); the
- * same reload under a limit of 3 updated. node_decide now looks for an
- * update first. */
-static void test_reloaded_weights_update_in_place_at_a_site_that_reached_rerecord_limit(void **state) {
+ * and quiet), a reload of one buffer is a new key past the limit, and it
+ * ran eagerly on the overflow node (the audit), where under a limit of 3
+ * it updated. Looking for an update first was tried and taken back: a
+ * buffer at a new address at every call then took over the recording of
+ * a fixed buffer beside it, which lost its replays for good. docs/api.md
+ * now says so: "Past the limit nothing is captured, updates included".
+ * Under a limit of 3 the reload updates; under 2 it runs eagerly, right. */
+static void test_reloaded_weights_update_in_place_below_rerecord_limit_and_run_eagerly_at_it(void **state) {
   (void)state;
   for (uint32_t limit = 3; limit >= 2; limit--) {
     weights_fixture f;
@@ -920,7 +922,9 @@ static void test_reloaded_weights_update_in_place_at_a_site_that_reached_rerecor
     for (int step = 0; step < 4; step++)
       weights_step(t, &f, w[0], 5, "reloaded buffer");
     cgt_stats s1 = test_stats(t);
-    if (s1.updates != 1 || test_node_count(t) != 2 || s1.replays - s0.replays != 3)
+    if (limit == 2 && s1.updates == 0 && s1.eager_runs - s0.eager_runs == 4 && s1.recordings == s0.recordings)
+      ; /* the documented limit: past it nothing is captured */
+    else if (limit == 2 || s1.updates != 1 || test_node_count(t) != 2 || s1.replays - s0.replays != 3)
       fail_msg("rerecord_limit %u, a site with 2 recordings, one buffer reloaded: %llu updates (expected 1), %zu nodes "
                "(expected 2), %llu eager runs and %llu replays in the 4 steps after",
                limit, (unsigned long long)s1.updates, test_node_count(t),
@@ -1167,7 +1171,7 @@ const struct CMUnitTest audit_tests[] = {
     cmocka_unit_test(test_a_segment_without_a_name_is_named_segment_and_a_null_trees_error_reads_no_tree),
     cmocka_unit_test(test_write_dot_to_a_full_disk_is_a_backend_error),
     cmocka_unit_test(test_without_cgt_fuse_cache_a_tree_keeps_64_fused_executables),
-    cmocka_unit_test(test_reloaded_weights_update_in_place_at_a_site_that_reached_rerecord_limit),
+    cmocka_unit_test(test_reloaded_weights_update_in_place_below_rerecord_limit_and_run_eagerly_at_it),
     cmocka_unit_test(test_an_evicted_unreplayed_recording_stops_counting_toward_rerecord_limit_once_pruned),
     cmocka_unit_test(test_a_recording_evicts_until_the_tree_is_back_within_its_byte_budget),
     cmocka_unit_test(test_a_budget_of_two_graphs_evicts_the_oldest_recording_with_its_subtree_and_counts_exactly),
