@@ -166,7 +166,7 @@ struct cgt_tree {
    * stays valid until cgt_tree_destroy, also after its node was pruned or evicted. */
   struct interned_text *reasons;
   /* What the private pools (CGT_MODE_SEPARATE) destroyed so far had counted: their peaks and host
-   * allocations stay in cgt_tree_stats' sums, which must never fall (node__retire_own_pool). */
+   * allocations stay in cgt_tree_stats' sums, which must never fall (node.c, retire_own_pool). */
   size_t retired_pool_peak_bytes;
   uint64_t retired_host_allocs;
 
