@@ -242,6 +242,7 @@ static node *node_create(cgt_tree *t, node *first, cgt_segment id, uint64_t vari
     last->next_same_key = n;
   } else if (!children_add(t, t->cur, n)) {
     free(n);
+    t->next_id--; /* the node never existed: its id is the next node's (a fuzz found the gap) */
     return NULL;
   }
   t->nodes[t->n_nodes++] = n;

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "test_lists.h"
+#include "tree_hooks.h"
 
 #define N 64
 
@@ -1157,6 +1158,68 @@ static void test_a_segment_of_exactly_2_to_the_20_inputs_or_outputs_registers_an
   test_tree_free(t);
 }
 
+/* Found by helper-90's fuzz of option combinations (stale values and
+ * injected host-memory faults, seed 23100, TREE+defer): "On any failure
+ * nothing changed: ... no node was created" and "Node ids are 1-based, in
+ * creation order ... ids are never reused"; node.c gives a failed first
+ * run's id back (node_unlink_newest: "the node never existed for the
+ * caller: its id is free again"). But when node_create's insertion into the
+ * parent's table of children runs out of host memory, the node is freed
+ * after t->next_id++ and its id is lost: the next node skips it, so the list
+ * has a gap no pruning or eviction explains (nodes + nodes_pruned +
+ * nodes_evicted < the largest id), and two trees fed the same program give
+ * their nodes different ids. Each host allocation of a new root is failed
+ * in turn; after each failure the same run, repeated, must make node 1. */
+static void test_a_run_whose_new_node_runs_out_of_host_memory_does_not_use_up_a_node_id(void **state) {
+  (void)state;
+  if (test_backend != CGT_BACKEND_SIM)
+    skip();
+  enum { NF = 64 };
+  float h[NF];
+  for (int i = 0; i < NF; i++)
+    h[i] = (float)i;
+  float *x = test_dev_floats(h, NF);
+  int failures_seen = 0;
+  for (long long k = 0; k < 64; k++) {
+    cgt_options o;
+    cgt_options_init(&o);
+    o.warmup_runs = 1;
+    cgt_tree *t = test_tree_new(CGT_MODE_TREE, &o);
+    test_affine u = {.a = 2, .b = 1, .n = NF};
+    cgt_segment s = test_register_affine(t, "a", &u);
+    cgt_arg a = cgt_arg_static(x, sizeof h);
+    cgt_value v = {0};
+    cgt__fail_host_alloc_after(t, k, 1);
+    cgt_status st = cgt_run(t, s, 0, &a, 1, &v, 1);
+    cgt__fail_host_alloc_after(t, -1, 0);
+    CHECK_TREE(t);
+    if (st == CGT_OK) {
+      test_tree_free(t);
+      break; /* k allocations were enough: every earlier one has been failed */
+    }
+    if (st != CGT_ERR_OUT_OF_MEMORY && st != CGT_ERR_SEGMENT_FAILED) /* the launch function's own allocation */
+      fail_msg("host allocation %lld failed: cgt_run returned %s", k + 1, cgt_status_name(st));
+    failures_seen++;
+    CHECK_OK(t, cgt_run(t, s, 0, &a, 1, &v, 1));
+    CHECK_TREE(t);
+    cgt_node_info info[2];
+    size_t n = 0;
+    CHECK_OK(t, cgt_tree_nodes(t, info, 2, &n));
+    assert_int_equal(n, 1);
+    cgt_stats st2 = test_stats(t);
+    if (info[0].id != 1)
+      fail_msg("host allocation %lld of the run failed (%s); run again, its node has id %u, not 1 (nodes %llu, "
+               "pruned %llu, evicted %llu: id %u was used up by the failed run)",
+               k + 1, cgt_tree_last_error(t), info[0].id, (unsigned long long)st2.nodes,
+               (unsigned long long)st2.nodes_pruned, (unsigned long long)st2.nodes_evicted, info[0].id - 1);
+    CHECK_OK(t, cgt_sync(t));
+    test_tree_free(t);
+  }
+  assert_true(failures_seen > 0);
+  test_dev_free(x);
+}
+
+
 const struct CMUnitTest audit_tests[] = {
     cmocka_unit_test(test_a_value_call_refusing_a_foreign_value_moves_no_counter_while_replays_are_held_back),
     cmocka_unit_test(test_a_run_that_fails_moves_no_counter_but_launches_the_replays_held_back_before_it),
@@ -1179,5 +1242,6 @@ const struct CMUnitTest audit_tests[] = {
     cmocka_unit_test(test_pool_peak_bytes_and_host_allocs_never_decrease_when_a_recording_is_evicted),
     cmocka_unit_test(test_a_capture_failure_that_recovers_returns_ok_and_leaves_its_message_as_last_error),
     cmocka_unit_test(test_a_nodes_reason_string_stays_valid_until_tree_destroy_even_after_the_node_is_pruned),
+    cmocka_unit_test(test_a_run_whose_new_node_runs_out_of_host_memory_does_not_use_up_a_node_id),
 };
 const size_t audit_test_count = sizeof audit_tests / sizeof audit_tests[0];
