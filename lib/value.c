@@ -258,12 +258,11 @@ cgt_status cgt_value_ptr(cgt_tree *t, cgt_value v, void **ptr, size_t *bytes) {
     return tree__fail(t, CGT_ERR_INVALID_ARGUMENT, "cgt_value_ptr: ptr and bytes are both NULL");
   value_slot *s;
   /* A handle refused changes nothing: looked at before held-back work is
-   * launched (the flush moves fused_launches), and again after it. */
+   * launched (the flush moves fused_launches). The flush kills and moves no
+   * value, so s stays the value's slot. */
   cgt_status st = value__resolve(t, v, &s);
   if (st == CGT_OK)
     st = fuse__flush(t); /* the caller may touch the memory next */
-  if (st == CGT_OK)
-    st = value__resolve(t, v, &s);
   if (st != CGT_OK)
     return st;
   if (ptr)
@@ -314,9 +313,7 @@ cgt_status cgt_value_copy_out(cgt_tree *t, cgt_value v, void *dst, size_t bytes)
                       s->mem.bytes);
   if (bytes == 0)
     return CGT_OK;
-  st = fuse__flush(t); /* the copy must read what held-back work writes */
-  if (st == CGT_OK)
-    st = value__resolve(t, v, &s);
+  st = fuse__flush(t); /* the copy must read what held-back work writes; it leaves s as it was */
   if (st != CGT_OK)
     return st;
   int saved = tree__device_enter(t);

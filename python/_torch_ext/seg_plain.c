@@ -251,7 +251,7 @@ PyObject *seg_first_call(SegmentObject *s, const seg_run *r, void *caller, PyObj
 PyObject *seg_call_bypassed(SegmentObject *s, PyObject *const *args, size_t n, PyObject *kwnames) {
   seg_run *r = NULL;
   void *caller;
-  /* else call_plain says what is wrong */
+  /* Keywords or another count of arguments: no step is marked, and call_plain says what is wrong. */
   if (!kwnames && n == s->n_args && !(r = seg_run_in_step(s, args, n, &caller)))
     return NULL;
   if (r && s->backward && (r->tree->tied_saved_alive || r->tree->saved_alive || tx_live_trees_besides(r->tree)) &&

@@ -1811,11 +1811,7 @@ def test_two_threads_run_one_segment_on_their_own_trees_with_correct_results(tre
             errors.append(repr(e))
 
     try:
-        threads = [threading.Thread(target=work, args=(k,)) for k in (1, 2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        in_threads(lambda: work(1), lambda: work(2))
     finally:
         X.set_tree_getter(None)
     assert errors == []
@@ -1841,12 +1837,20 @@ class ThreadTrees:
         return self.local.tree
 
 
-def in_a_thread(work):
+def in_threads(*works):
+    """Runs each of works in a thread of its own, all at once, and waits for
+    every one."""
     import threading
 
-    t = threading.Thread(target=work)
-    t.start()
-    t.join()
+    threads = [threading.Thread(target=w) for w in works]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def in_a_thread(work):
+    in_threads(work)
 
 
 def test_an_exited_threads_tree_is_freed_once_its_last_output_dies_and_the_segment_runs_on(tree):
@@ -2464,11 +2468,7 @@ def test_another_threads_replays_of_a_graph_do_not_keep_a_tree_that_runs_it_eage
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            threads = [threading.Thread(target=guarded(w)) for w in (a, b)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
+            in_threads(guarded(a), guarded(b))
     finally:
         X.set_tree_getter(None)
     assert errors == []
