@@ -33,18 +33,26 @@ def installed():
     return _state["installed"]
 
 
-def _env_bytes(name):
-    """The number of bytes environment variable `name` says, or None if unset."""
+def _env_count(name, what, limit=1 << 64):
+    """The whole number >= 0 (and < limit) environment variable `name`
+    says, or None if unset or empty. Raises CgtreeError naming the variable
+    for anything else: a bad value is refused where it is read, not passed
+    on to fail later as some other call's error."""
     text = os.environ.get(name)
-    if text is None:
+    if text is None or text == "":
         return None
     try:
         n = int(text)
     except ValueError:
         n = -1
-    if n < 0 or n >= 1 << 64:
-        raise CgtreeError("%s must be a number of bytes >= 0, not %r" % (name, text))
+    if n < 0 or n >= limit:
+        raise CgtreeError("%s must be %s >= 0, not %r" % (name, what, text))
     return n
+
+
+def _env_bytes(name):
+    """The number of bytes environment variable `name` says, or None if unset."""
+    return _env_count(name, "a number of bytes")
 
 
 def apply_env_bytes():
@@ -338,7 +346,8 @@ def tree_for(device):
     trees = _thread_trees()
     entry = trees.get(device)
     if entry is None:
-        warmup = int(os.environ.get("CGTREE_TORCH_WARMUP_RUNS", "1"))
+        warmup = _env_count("CGTREE_TORCH_WARMUP_RUNS", "a number of runs", 1 << 31)
+        warmup = 1 if warmup is None else warmup
         # The benchmarks' split of cgt_run into the graph launch and the rest.
         timed = os.environ.get("CGTREE_TORCH_TIME_LAUNCHES", "0") == "1"
         explicit = getattr(_local, "explicit", False)
@@ -368,7 +377,8 @@ def tree_for(device):
 
 
 # The recording budget of trees made from now on (cgtree.torch.set_budget).
-_budget = {"max_graphs": int(os.environ.get("CGTREE_TORCH_MAX_GRAPHS", "0") or 0), "max_graph_bytes": 0}
+_budget = {"max_graphs": _env_count("CGTREE_TORCH_MAX_GRAPHS", "a number of graphs", 1 << 32) or 0,
+           "max_graph_bytes": 0}
 
 
 def set_budget(max_graphs=0, max_graph_bytes=0):
