@@ -317,6 +317,82 @@ def test_the_cublas_workspace_lives_in_the_pool_as_a_temporary_of_the_launch():
     assert int(replays) > 0 and float(worst) < 1e-3
 
 
+def test_what_the_installed_allocator_turns_off_raises_or_does_nothing_and_no_install_keeps_pytorchs():
+    """docs/torch.md: "import cgtree.torch replaces PyTorch's CUDA allocator
+    for the whole process. What that turns off: torch.cuda.memory_stats(),
+    max_memory_allocated() and friends raise (use
+    cgtree.torch.memory_stats()...), torch.cuda.empty_cache() has nothing to
+    empty (use cgtree.torch.empty_cache()), and mode="reduce-overhead"
+    refuses to run in the same process. Set CGTREE_TORCH_NO_INSTALL=1 to
+    import without installing." Each in a fresh process: installed, every
+    one of PyTorch's figures raises, empty_cache() leaves cgtree's figures
+    as they were, and a reduce-overhead model raises (never returns a
+    value); with CGTREE_TORCH_NO_INSTALL=1, PyTorch's allocator serves and
+    its figures work."""
+    code = textwrap.dedent("""
+        import torch, cgtree.torch as ct
+        x = torch.randn(1024, device="cuda")
+        torch.randn(4096, device="cuda")  # freed at once: a block cgtree's front cache keeps
+        print("INSTALLED", ct.installed())
+        for name in ("memory_stats", "max_memory_allocated", "memory_allocated", "memory_reserved"):
+            try:
+                getattr(torch.cuda, name)()
+                print("FIGURE", name, "ran")
+            except Exception as e:
+                print("FIGURE", name, "raised")
+        if ct.installed():
+            keys = ("reserved_bytes.all.current", "eager_in_use", "front_cache_bytes")
+            before = [ct.memory_stats()[k] for k in keys]
+            torch.cuda.empty_cache()
+            print("EMPTY", [ct.memory_stats()[k] for k in keys] == before, before[2] > 0)
+            f = torch.compile(lambda t: t * 2 + 1, mode="reduce-overhead")
+            try:
+                for _ in range(3):
+                    y = f(x)
+                torch.cuda.synchronize()
+                print("REDUCE_OVERHEAD ran", bool((y == x * 2 + 1).all()))
+            except Exception as e:
+                print("REDUCE_OVERHEAD raised", type(e).__name__)
+    """)
+    for no_install in ("", "1"):
+        env = dict(os.environ)
+        env.pop("CGTREE_TORCH_NO_INSTALL", None)
+        if no_install:
+            env["CGTREE_TORCH_NO_INSTALL"] = no_install
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=200, env=env)
+        lines = out.stdout.splitlines()
+        assert ("INSTALLED %s" % (not no_install)) in lines, (out.stdout, out.stderr[-2000:])
+        figures = [l.split()[2] for l in lines if l.startswith("FIGURE")]
+        assert figures == (["ran"] * 4 if no_install else ["raised"] * 4), lines
+        if not no_install:
+            assert "EMPTY True True" in lines, lines  # a front-cached block there to empty, kept
+            assert "REDUCE_OVERHEAD raised" in " ".join(lines), (lines, out.stderr[-2000:])
+
+
+def test_a_warmup_runs_variable_that_is_no_count_is_refused_naming_it_at_the_first_compiled_call():
+    """docs/api.md, Environment: a cgtree.torch variable that takes a number
+    and holds something else raises CgtreeError naming the variable where it
+    is read: CGTREE_TORCH_WARMUP_RUNS when a device's tree is made, at the
+    first compiled call (int() of it raised its own ValueError there, and
+    -1 wrapped to 4 billion warm-up runs)."""
+    code = textwrap.dedent("""
+        import torch, cgtree.torch as ct
+        f = torch.compile(lambda t: t * 2 + 1, backend="cgtree")
+        try:
+            f(torch.randn(1024, device="cuda"))
+            print("RAN")
+        except Exception as e:
+            print("RAISED", type(e).__name__, e)
+    """)
+    for bad in ("two", "-1"):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=200,
+                             env=dict(os.environ, CGTREE_TORCH_WARMUP_RUNS=bad))
+        # Raised where the tree is made, inside the backend's compile: Dynamo wraps it (BackendCompilerFailed).
+        said = out.stdout[out.stdout.find("RAISED"):] if "RAISED" in out.stdout else ""
+        assert "CgtreeError: CGTREE_TORCH_WARMUP_RUNS must be a number of runs" in said, (out.stdout,
+                                                                                          out.stderr[-2000:])
+
+
 def test_install_after_cuda_started_raises_a_clear_error():
     code = textwrap.dedent("""
         import os, torch
