@@ -408,3 +408,86 @@ def test_an_explicit_mark_begins_a_step_though_an_output_holds_it_and_the_held_o
                 assert t.values() == ([5, 10, 15, 20] if hold == "a_teachers_output" else [2, 4, 6, 8])
             del t
             gc.collect()
+
+
+# ---- Outputs, steps and staleness ----
+
+def test_outputs_kept_in_a_list_across_calls_all_raise_but_the_last(tree):
+    """"preds = [m(x) for x in xs] keeps every output across calls: all but
+    the last raise when read." The test named for outputs in lists checks
+    that each kept output is right or raises; here every one but the last
+    raises, and a view of one made afterwards too, each with the mark's
+    message, and the last reads right."""
+    seg, _ = S.replaying(tree, a=2.0, b=0.0)
+    xs = [FakeTensor(4).fill([i, i, i, i]) for i in range(5)]
+    preds = [call(seg, x)[0] for x in xs]
+    for p in preds[:-1]:
+        with pytest.raises(RuntimeError, match=r"^cgtree\.torch\.StaleTensorError"):
+            p.values()
+        with pytest.raises(RuntimeError, match="StaleTensorError"):
+            p.view().values()
+    assert preds[-1].values() == [8, 8, 8, 8]
+    kept = [call(seg, x)[0].clone() for x in xs]  # the way out the docs give: clone
+    assert [k.values() for k in kept] == [[2 * i] * 4 for i in range(5)]
+
+
+def test_identical_layers_that_share_one_frame_each_compute_with_their_own_parameters_and_grads():
+    """"shared only by modules of one class (one forward) whose samples
+    have one layout (identical layers), which then share their graphs":
+    the test beside it counted the frames only. Shared graphs must not
+    mean shared weights: each layer computes with its own parameters and
+    its backward writes its own .grad, in training and under no_grad."""
+    torch._dynamo.reset()
+    c = Counting()
+    torch.manual_seed(2)
+    layers = tuple(torch.nn.Linear(8, 8) for _ in range(4))
+    x = torch.randn(4, 8)
+    make(layers, tuple((x,) for _ in layers), n=1, backend=c.backend)
+    compiles = len(c.runs)
+    for layer in layers:
+        xi = torch.randn(4, 8)
+        y = layer(xi)
+        torch.testing.assert_close(y, torch.nn.functional.linear(xi, layer.weight, layer.bias), rtol=0, atol=0)
+        y.square().sum().backward()
+        w = layer.weight.detach().requires_grad_()
+        b = layer.bias.detach().requires_grad_()
+        torch.nn.functional.linear(xi, w, b).square().sum().backward()
+        torch.testing.assert_close(layer.weight.grad, w.grad)
+        torch.testing.assert_close(layer.bias.grad, b.grad)
+        with torch.no_grad():
+            torch.testing.assert_close(layer(xi), torch.nn.functional.linear(xi, layer.weight, layer.bias),
+                                       rtol=0, atol=0)
+    assert len(c.runs) > compiles  # the graphs ran (not the original forwards)
+    for i, a in enumerate(layers):  # each .grad its own: none was written by another layer's backward
+        for b in layers[i + 1:]:
+            assert not torch.equal(a.weight.grad, b.weight.grad)
+
+
+def test_retain_graph_raises_aotautograds_donated_buffer_error_and_works_with_donated_buffers_off():
+    """"loss.backward(retain_graph=True) then a second backward raises
+    AOTAutograd's error about donated buffers, as under torch.compile ...
+    Set torch._functorch.config.donated_buffer = False before the
+    callables are graphed". AOTAutograd's check runs in the backward and
+    reads the flag then: it is the backward that retains the graph that
+    raises (not only a second one), and the flag set before graphing and
+    left so makes both backwards compute, the second as the first."""
+    was = torch._functorch.config.donated_buffer
+    try:
+        for donated in (True, False):
+            torch._dynamo.reset()
+            torch._functorch.config.donated_buffer = donated
+            m = mlp()
+            make(m, (torch.randn(4, 8),), n=1, backend=Counting().backend)
+            loss = m(torch.randn(4, 8)).square().sum()
+            if donated:
+                with pytest.raises(RuntimeError, match="donated buffers"):
+                    loss.backward(retain_graph=True)
+                continue
+            loss.backward(retain_graph=True)
+            first = [p.grad.clone() for p in m.parameters()]
+            loss.backward()
+            for p, g in zip(m.parameters(), first):
+                torch.testing.assert_close(p.grad, 2 * g)
+    finally:
+        torch._functorch.config.donated_buffer = was
+        torch._dynamo.reset()
