@@ -491,3 +491,42 @@ def test_retain_graph_raises_aotautograds_donated_buffer_error_and_works_with_do
     finally:
         torch._functorch.config.donated_buffer = was
         torch._dynamo.reset()
+
+
+# ---- Threads: an exited thread's trees are freed at empty_cache() too ----
+
+def test_an_exited_threads_tree_whose_outputs_died_is_freed_at_empty_cache_with_no_compiled_call(tree):
+    """"A thread's trees are freed after the thread: once it has exited and
+    no output of theirs lives ..., at the next call of a compiled model or
+    at cgtree.torch.empty_cache()": the tests beside it free at a call, or
+    ask inside a run (and see it refused there). Here no call comes: the
+    cache's emptying frees it, keeps its counters, and counts it freed; one
+    whose output still lives stays, and reads right."""
+    trees = S.ThreadTrees()
+    seg = segment(tree, Graph(tree, 2.0, 1.0, stream=lambda: trees(0).stream), spans=(16,), name="exits_ec")
+    X.set_tree_getter(trees)
+    kept = []
+
+    def work():
+        x = FakeTensor(4).fill([1, 2, 3, 4])
+        for _ in range(4):  # plain first call, warmup, recording, replay
+            (y,) = call(seg, x)
+        kept.append(y)
+
+    try:
+        S.in_a_thread(work)
+        (dead,) = trees.made
+        dead.orphan()
+        freed = X.alloc_figures()["trees_freed"]
+        X.empty_cache(-1)
+        assert not dead.closed and kept[0].values() == [3, 5, 7, 9]  # its output lives: it stays
+        del kept[:]
+        gc.collect()
+        assert not dead.closed  # freed at a call or at empty_cache, not inside a deleter
+        X.empty_cache(-1)
+        assert dead.closed and X.alloc_figures()["trees_freed"] == freed + 1
+        s = dead.stats()
+        assert s["recordings"] == 1 and s["replays"] == 1  # its counters stay
+        assert s["pool_reserved_bytes"] == s["nodes"] == s["outputs_alive"] == 0
+    finally:
+        X.set_tree_getter(None)
