@@ -21,6 +21,8 @@ extern const struct CMUnitTest contract_tests[];
 extern const size_t contract_test_count;
 extern const struct CMUnitTest audit_tests[];
 extern const size_t audit_test_count;
+extern const struct CMUnitTest fuzz_options_tests[];
+extern const size_t fuzz_options_test_count;
 extern const struct CMUnitTest cuda_specific_tests[];
 extern const size_t cuda_specific_test_count;
 

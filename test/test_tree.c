@@ -13,5 +13,7 @@ int main(void) {
   failed += test_run_group("contract promises (sim)", contract_tests, contract_test_count);
   failed += test_run_group("audit of api.md (sim)", audit_tests, audit_test_count);
   failed += test_run_group("differential fuzz (sim)", fuzz_tests, fuzz_test_count);
+  failed +=
+      test_run_group("differential fuzz of option combinations (sim)", fuzz_options_tests, fuzz_options_test_count);
   return failed ? 1 : 0;
 }
