@@ -325,3 +325,122 @@ def test_a_frozen_trunk_or_a_detached_feature_before_a_trainable_head_trains_as_
         held = after["steps_held_for_inference_outputs"] - before["steps_held_for_inference_outputs"]
         assert held >= 4
     assert after["replays"] - before["replays"] >= 8, "forwards and backwards should replay"
+
+
+def test_a_graphed_module_with_dropout_replays_fresh_masks_bit_equal_to_plain_inductor():
+    """docs/torch.md, Graphed eager modules: "random graphs, dropout
+    included, are recorded". A graphed module with dropout trains, seeded
+    after the graphing, to Inductor's very losses and weights (the plain
+    reference warmed up once, its gradients then cleared, so that neither
+    compiles inside the timed loop); its forward and backward replay, none
+    runs plainly, and two calls on one input draw two masks."""
+    def model():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Dropout(0.3),
+                                   torch.nn.Linear(64, 1)).to(DEV)
+
+    fresh()
+    m, ref = model(), model()
+    ct.make_graphed_callables(m, (torch.randn(16, 32, device=DEV),))
+    f_ref = plain(ref)
+    f_ref(torch.randn(16, 32, device=DEV)).sum().backward()
+    for p in ref.parameters():
+        p.grad = None
+    xs = prog.data(8)
+
+    def train(mod, f):
+        opt = torch.optim.SGD(mod.parameters(), lr=0.05)
+        torch.manual_seed(11)
+        losses = []
+        for x in xs:
+            loss = (f(x) - 1).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss.detach().clone())
+        return losses
+
+    want = train(ref, f_ref)
+    before = ct.stats()
+    got = train(m, m)
+    after = ct.stats()
+    same_all(got, want)
+    same_all(list(m.parameters()), list(ref.parameters()))
+    assert after["replays"] - before.get("replays", 0) >= 2 * 6, "forward and backward should replay"
+    assert after.get("graphs_plain", 0) == before.get("graphs_plain", 0)
+    with torch.no_grad():
+        x = xs[0]
+        a, b = m(x).clone(), m(x).clone()
+    assert not torch.equal(a, b), "a replay drew the same mask again"
+
+
+def test_a_graphed_modules_output_kept_past_its_step_raises_on_access():
+    """docs/torch.md, Graphed eager modules: "Outputs kept past their step
+    raise on access; PyTorch's are overwritten silently by the next replay
+    of their graph." Once the module replays, an output kept across the
+    next call raises the stale mark's error when read (a view made before
+    its step ended too), and the
+    last call's output reads the eager value."""
+    fresh()
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)).to(DEV)
+    ct.make_graphed_callables(m, (torch.randn(16, 32, device=DEV),))
+    xs = prog.data(6)
+    with torch.no_grad():
+        for x in xs[:3]:
+            m(x)  # replays from here
+        before = ct.stats()["replays"]
+        kept = m(xs[3])
+        view = kept[2:]
+        last = m(xs[4])
+        assert ct.stats()["replays"] - before >= 2
+        for t in (kept, view):
+            with pytest.raises(RuntimeError, match="StaleTensorError"):  # the storage's mark (docs/torch.md)
+                t.sum()
+        want = torch.nn.functional.linear(torch.relu(torch.nn.functional.linear(xs[4], m[0].weight, m[0].bias)),
+                                          m[2].weight, m[2].bias)
+        close(last, want)
+
+
+def test_retain_graph_through_a_graphed_module_needs_donated_buffers_off_and_then_matches_inductor():
+    """docs/torch.md, Graphed eager modules: "loss.backward(retain_graph=True)
+    itself raises AOTAutograd's error about donated buffers ... Set
+    torch._functorch.config.donated_buffer = False before the callables are
+    graphed and leave it so". With cgtree's backend on a GPU: the retaining
+    backward raises with the flag on; with it off, both backwards compute,
+    and the gradients (twice the first) are plain Inductor's bit for bit."""
+    was = torch._functorch.config.donated_buffer
+    try:
+        for donated in (True, False):
+            fresh()
+            torch._functorch.config.donated_buffer = donated
+            torch.manual_seed(0)
+            # Another width for each case: with one width, on an H200, the second case's second backward read
+            # other gradients than its first (twice the first expected), cgtree's and plain Inductor's alike,
+            # after the first case's backward raised; not explained (a fresh process with the flag off: equal).
+            width = 64 if donated else 48
+            m = torch.nn.Sequential(torch.nn.Linear(32, width), torch.nn.ReLU(), torch.nn.Linear(width, 1)).to(DEV)
+            ref = copy.deepcopy(m)
+            ct.make_graphed_callables(m, (torch.randn(16, 32, device=DEV),))
+            x = prog.data(1)[0]
+            if donated:
+                loss = m(x).square().sum()
+                with pytest.raises(RuntimeError, match="donated buffers"):
+                    loss.backward(retain_graph=True)
+                continue
+            grads = {}
+            for name, mod, f in (("cgtree", m, m), ("inductor", ref, plain(ref))):
+                for _ in range(3):  # the last round replays
+                    for p in mod.parameters():
+                        p.grad = None
+                    loss = f(x).square().sum()
+                    loss.backward(retain_graph=True)
+                    first = [p.grad.clone() for p in mod.parameters()]
+                    loss.backward()
+                grads[name] = first + [p.grad.clone() for p in mod.parameters()]
+            same_all(grads["cgtree"], grads["inductor"])
+            for g1, g2 in zip(grads["cgtree"][:4], grads["cgtree"][4:]):
+                assert torch.equal(g2, 2 * g1)
+    finally:
+        torch._functorch.config.donated_buffer = was
+        fresh()

@@ -1559,3 +1559,28 @@ def test_an_lr_scheduler_sets_the_rate_of_every_step_and_every_replay_uses_it(lr
     for p, q in zip(opt.param_groups[0]["params"], ref_opt.param_groups[0]["params"]):
         for key in opt.state[p]:
             assert torch.equal(opt.state[p][key], ref_opt.state[q][key]), "optimizer state %s differs" % key
+
+
+def test_create_graph_gives_inductors_gradients_and_a_backward_through_them_raises_aotautograds_error():
+    """docs/torch.md, Training, retain_graph row: "create_graph=True ...
+    AOTAutograd has no double backward". The first-order gradients of
+    torch.autograd.grad(..., create_graph=True) are plain Inductor's bit for
+    bit (recorded, then replayed), and a backward through them raises
+    AOTAutograd's own error, as under Inductor: never a wrong second
+    derivative."""
+    torch._dynamo.reset()
+    m = mlp()
+    ref = copy.deepcopy(m)
+    x = batches(1)[0]
+    got, want = [], []
+    for mod, out in ((m, got), (ref, want)):
+        f = torch.compile(mod, backend="cgtree" if mod is m else "inductor")
+        for _ in range(3):
+            loss = f(x).square().mean()
+            grads = torch.autograd.grad(loss, list(mod.parameters()), create_graph=True)
+            out.append([g.detach().clone() for g in grads])
+            with pytest.raises(RuntimeError, match="does not currently support double backward"):
+                sum(g.square().sum() for g in grads).backward()
+    for a, b in zip(got, want):
+        for g, h in zip(a, b):
+            assert torch.equal(g, h)
