@@ -236,3 +236,54 @@ def test_trees_made_inside_a_backward_without_a_callers_stash_are_nobodys():
     Probe.apply(torch.ones(2, requires_grad=True)).sum().backward()
     assert seen == {"outside": threading.get_ident(), "inside": 0}
 
+
+
+def test_a_tree_made_on_another_thread_for_an_explicit_callers_backward_takes_the_callers_mode(monkeypatch):
+    """A backward runs on autograd's device thread, on the trees of the
+    thread that called backward() (PyTorch copies that thread's stash in);
+    where that thread has no tree on the backward's device yet, autograd's
+    thread makes it. It is the caller's tree, so it takes the caller's step
+    mode: for a caller in explicit mode, explicit steps and a non-blocking
+    stream. It took autograd's thread's own mode (threading.local says
+    nothing of the caller): automatic, on a blocking stream (a helper's
+    hunt). Here another thread with the caller's trees stashed stands for
+    autograd's (on a CPU a backward runs on its caller's thread), and the
+    tree is a stand-in that records how it was made (a real one needs a
+    GPU)."""
+    made = []
+
+    class FakeTree:
+        stream, closed = 0, False
+
+        def __init__(self, device, **kw):
+            made.append(kw)
+
+        def orphan(self):
+            pass
+
+    monkeypatch.setattr(_install._ext, "Tree", FakeTree)
+    monkeypatch.setattr(_install._ext, "exchange_info", lambda: {"stream": True})
+    monkeypatch.setattr(_install.torch.cuda, "ExternalStream", lambda *a, **k: None)
+    monkeypatch.setattr(_install, "_all_trees", [])
+    got = {}
+
+    def caller():
+        _install.set_explicit_steps(True)
+        trees = _install._thread_trees()
+
+        def autograds_thread():
+            _install._stash_in_tls(_install._TLS_KEY, trees)
+            tree, _ = _install.tree_for(0)
+            got["explicit_steps"], got["owner"] = tree.explicit_steps, tree.owner_thread
+
+        t = threading.Thread(target=autograds_thread)
+        t.start()
+        t.join()
+        got["caller"] = threading.get_ident()
+        trees.clear()
+
+    t = threading.Thread(target=caller)
+    t.start()
+    t.join()
+    assert made and made[0]["nonblocking"] is True, made
+    assert got == {"explicit_steps": True, "owner": got["caller"], "caller": got["caller"]}, got

@@ -305,11 +305,14 @@ class _ThreadTrees(dict):
     made inside a backward on a thread without a caller's stash (autograd's
     device thread, where a backward's caller had no trees) are nobody's (0):
     that thread runs every caller's backward, so the hot path asks for its
-    tree at each call rather than keep these as its own."""
+    tree at each call rather than keep these as its own. ``explicit``: the
+    thread's step mode (set_explicit_steps), which the trees made for it
+    take, also where autograd's thread makes one for its backward."""
 
     def __init__(self):
         super().__init__()
         self.owner = 0 if _in_a_backward() else threading.get_ident()
+        self.explicit = bool(getattr(_local, "explicit", False))
 
     def __del__(self):
         if sys.is_finalizing():  # the process ends: CUDA may be gone, nothing is worth freeing
@@ -350,7 +353,9 @@ def tree_for(device):
         warmup = 1 if warmup is None else warmup
         # The benchmarks' split of cgt_run into the graph launch and the rest.
         timed = os.environ.get("CGTREE_TORCH_TIME_LAUNCHES", "0") == "1"
-        explicit = getattr(_local, "explicit", False)
+        # The mode of the thread whose trees these are: on autograd's thread, making a tree for a
+        # backward's caller, the caller's (its own _local says nothing of the caller).
+        explicit = trees.explicit
         budget = {k: v for k, v in _budget.items() if v}
         # A thread that runs beside others (explicit mode) gets a non-blocking
         # stream, so that another thread's work on the legacy default stream
@@ -409,8 +414,11 @@ def set_explicit_steps(on):
     torch.compiler.cudagraph_mark_step_begin(). Trees this thread makes
     while True run on a non-blocking stream (see tree_for)."""
     _local.explicit = bool(on)
-    for tree, _ in getattr(_local, "trees", {}).values():
-        tree.explicit_steps = bool(on)
+    trees = getattr(_local, "trees", None)
+    if trees is not None:
+        trees.explicit = bool(on)  # what tree_for reads, also on autograd's thread for this thread's backwards
+        for tree, _ in trees.values():
+            tree.explicit_steps = bool(on)
 
 
 def thread_trees():
