@@ -11,6 +11,14 @@ compares two builds of the extension on one machine (a refactor of
 segment.c, say), not cgtree with anything else.
 
     PYTHONPATH=<a package with the built _torch_ext> python3 bench/sim_replay_cost.py [--static 16]
+
+--shapes N: the segment takes an int as well (a dynamic shape's size, which
+keys the variant), and is called with N other sizes first, twice each,
+under a recording budget of 4 graphs, before the timed replays of the last
+size: a replay's cost after many shapes came and went (the segment keeps
+one output template per size, found through a hash index: a linear scan
+of them cost a replay 10x at 20,000 shapes). --shapes 0 times the same
+segment with one size.
 """
 import argparse
 import os
@@ -28,8 +36,11 @@ def main():
     ap.add_argument("--static", type=int, default=16)
     ap.add_argument("--calls", type=int, default=20000)
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--shapes", type=int, default=None)
     a = ap.parse_args()
     T.X.set_output_mover(T.fake_move_out)
+    if a.shapes is not None:
+        return shapes(a)
     tree = T.X.Tree(0, backend="sim")
     seg = T.weighted_segment(tree, a.static, "w")
     x = T.FakeTensor(4)
@@ -49,6 +60,38 @@ def main():
     print("sim_replay_cost: %d STATIC inputs, ns per replayed call, median %.0f, fastest %.0f (%d x %d calls; %s, "
           "Python %s)" % (a.static, statistics.median(times), min(times), a.reps, a.calls,
                           platform.processor() or platform.machine(), platform.python_version()))
+
+
+def shapes(a):
+    tree = T.X.Tree(0, backend="sim", max_graphs=4)
+    g = T.Graph(tree, 1.0, 0.0)
+
+    def scaled(x, k):
+        (y,) = g(x)
+        T.X.sim_launch(tree.stream, T.k_affine, y.ptr, y.ptr, y.n, float(k), 0.0)
+        return (y,)
+
+    seg = T.segment(tree, scaled, kinds=(T.ARG_TENSOR, T.ARG_INT), spans=(16, 0), name="shapes")
+    x = T.FakeTensor(4)
+    for k in range(2, a.shapes + 2):
+        T.call(seg, x, k)
+        T.call(seg, x, k)
+    last = a.shapes + 2
+    for _ in range(5):
+        T.call(seg, x, last)
+    replays0 = tree.stats()["replays"]
+    times = []
+    for _ in range(a.reps):
+        t0 = time.perf_counter_ns()
+        for _ in range(a.calls):
+            T.Generation.generation += 1
+            seg(x, last)
+        times.append((time.perf_counter_ns() - t0) / a.calls)
+    replays = tree.stats()["replays"] - replays0
+    assert replays == a.reps * a.calls, "every timed call should have replayed (%d)" % replays
+    print("sim_replay_cost: after %d other shapes, ns per replayed call, median %.0f, fastest %.0f (%d x %d calls; "
+          "%s, Python %s)" % (a.shapes, statistics.median(times), min(times), a.reps, a.calls,
+                              platform.processor() or platform.machine(), platform.python_version()))
 
 
 if __name__ == "__main__":

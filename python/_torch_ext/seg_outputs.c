@@ -537,10 +537,43 @@ static PyObject *tied_output(seg_run *run, cgt_value v, const out_meta *m, const
 /* ------------------------------------------------------- templates */
 
 variant_tmpl *seg_tmpl_find(SegmentObject *s, uint64_t variant) {
-  for (size_t i = 0; i < s->n_tmpls; i++)
-    if (s->tmpls[i]->variant == variant)
-      return s->tmpls[i];
+  size_t mask = s->tmpl_slots - 1;
+  for (size_t i = s->tmpl_slots ? (size_t)variant & mask : 0; s->tmpl_slots && s->tmpl_index[i]; i = (i + 1) & mask)
+    if (s->tmpl_index[i]->variant == variant)
+      return s->tmpl_index[i];
   return NULL;
+}
+
+static void tmpl_index_put(variant_tmpl **slots, size_t n_slots, variant_tmpl *t) {
+  size_t i = (size_t)t->variant & (n_slots - 1);
+  while (slots[i])
+    i = (i + 1) & (n_slots - 1);
+  slots[i] = t;
+}
+
+/* Room in s's template list and index for one more; -1 (MemoryError set,
+ * nothing changed) if the host has none. */
+static int tmpl_room_for_one_more(SegmentObject *s) {
+  variant_tmpl **grown = tx_realloc(s->tmpls, (s->n_tmpls + 1) * sizeof *grown);
+  if (!grown) {
+    PyErr_NoMemory();
+    return -1;
+  }
+  s->tmpls = grown; /* a list one longer than its count: harmless */
+  if (2 * (s->n_tmpls + 1) <= s->tmpl_slots)
+    return 0;
+  size_t n_slots = s->tmpl_slots ? 2 * s->tmpl_slots : 16;
+  variant_tmpl **slots = tx_calloc(n_slots, sizeof *slots);
+  if (!slots) {
+    PyErr_NoMemory();
+    return -1;
+  }
+  for (size_t i = 0; i < s->n_tmpls; i++) /* in the order added: each probe sequence keeps it */
+    tmpl_index_put(slots, n_slots, s->tmpls[i]);
+  free(s->tmpl_index);
+  s->tmpl_index = slots;
+  s->tmpl_slots = n_slots;
+  return 0;
 }
 
 void seg_tmpl_clear(variant_tmpl *t) {
@@ -656,16 +689,16 @@ int seg_tmpl_add(SegmentObject *s, const seg_run *r, void *const *seen, uint64_t
     return -1;
   }
   variant_tmpl *kept = tx_malloc(sizeof *kept);
-  variant_tmpl **grown = kept ? tx_realloc(s->tmpls, (s->n_tmpls + 1) * sizeof *grown) : NULL;
-  if (!grown) {
+  if (!kept || tmpl_room_for_one_more(s) < 0) {
     free(kept);
     seg_tmpl_clear(&t);
-    PyErr_NoMemory();
+    if (!PyErr_Occurred())
+      PyErr_NoMemory();
     return -1;
   }
   *kept = t;
-  s->tmpls = grown;
   s->tmpls[s->n_tmpls++] = kept;
+  tmpl_index_put(s->tmpl_index, s->tmpl_slots, kept);
   *n_tensors = k;
   return 0;
 }

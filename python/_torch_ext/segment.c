@@ -678,6 +678,7 @@ static void seg_dealloc(SegmentObject *s) {
     free(s->tmpls[i]);
   }
   free(s->tmpls);
+  free(s->tmpl_index);
   free(s->arg_kind);
   free(s->arg_span);
   free(s->grad_pos);

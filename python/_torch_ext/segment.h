@@ -204,6 +204,15 @@ struct SegmentObject {
    * another thread may add one and grow this array. */
   variant_tmpl **tmpls;
   size_t n_tmpls;
+  /* The same templates by variant, an open-addressing table (linear
+   * probing; tmpl_slots a power of two, at most half full, 0: none yet):
+   * a call finds its template in a probe or two however many shapes the
+   * segment has seen. A scan of tmpls cost a replay 10x at 20,000 shapes
+   * (a helper's hunt). Variants are splitmix64-finalised hashes, so their
+   * low bits index it. Templates are never removed, so a probe sequence
+   * holds them in the order they were added, as the scan found them. */
+  variant_tmpl **tmpl_index;
+  size_t tmpl_slots;
   uint64_t calls, plain_calls;
   uint64_t out_of_memory; /* calls that raised because an allocation of theirs was refused */
   /* Replays, and what the benchmarks report of them where the tree was made
