@@ -7,7 +7,8 @@
  * for the tree's life. With one, every recording that succeeds ends here:
  * while the tree holds more than its budget, the RECORDED node with the
  * oldest use (node.last_use: the tree's use clock at its last replay or
- * recording) that is not on the current path is evicted.
+ * recording) that is not on the current path and has no RECORDED node
+ * below it is evicted: recordings go leaves first.
  *
  * Evicting node X drops its whole subtree, because everything below X was
  * recorded on top of X's recording: its descendants' checkpoints are deltas
@@ -17,8 +18,15 @@
  * WARMUP, keeps its id and counters, and shows why in the node list
  * (cgt_node_info.evictions, evict_reason). Its (segment, variant) has
  * warmed up already, so the next run that reaches X records it at once.
- * LRU order makes the subtree the right thing to drop: a descendant runs
- * only right after X in the same step, so none was used later than X.
+ * Leaves first, because a descendant runs after X (later in X's step), so
+ * the oldest recording is mostly an inner node: taking it with its subtree
+ * dropped the newer recordings below it too. Two shapes of a training step
+ * (a forward and its backward each, 4 graphs) under a budget of 3 evicted
+ * a forward and its backward at every recording and never replayed (a
+ * helper's hunt); leaves first, the other shape's backward goes and the
+ * forwards replay. Where no recording off the path is such a leaf (each
+ * holds one that must stay: of a key group, one that is not the last), the
+ * oldest recording off the path goes, with its subtree, as before.
  *
  * What stays true across an eviction:
  *   - The current path is never evicted (X is not an ancestor of t->cur),
@@ -103,19 +111,36 @@ static void mark_path(cgt_tree *t, uint8_t on) {
     a->marked = on;
 }
 
-/* The least recently used recording that may go, or NULL. */
+/* Sets recorded_below on every node with a RECORDED node in its subtree.
+ * Children come after their parents in t->nodes (ids in order), so one
+ * backward pass carries each mark up. */
+static void mark_recorded_below(cgt_tree *t) {
+  for (uint32_t i = 0; i < t->n_nodes; i++)
+    t->nodes[i]->recorded_below = 0;
+  for (uint32_t i = t->n_nodes; i-- > 0;) {
+    node *n = t->nodes[i];
+    if ((n->state == NODE_RECORDED || n->recorded_below) && n->parent != &t->root)
+      n->parent->recorded_below = 1;
+  }
+}
+
+/* The least recently used recording that may go, a leaf of the recordings
+ * where one may (see the top of the file), or NULL. */
 static node *victim(cgt_tree *t) {
-  node *best = NULL;
+  node *leaf = NULL, *any = NULL;
   mark_path(t, 1);
+  mark_recorded_below(t);
   for (uint32_t i = 0; i < t->n_nodes; i++) {
     node *n = t->nodes[i];
     if (n->state != NODE_RECORDED || n->marked || n->next_same_key)
       continue;
-    if (!best || n->last_use < best->last_use)
-      best = n;
+    if (!any || n->last_use < any->last_use)
+      any = n;
+    if (!n->recorded_below && (!leaf || n->last_use < leaf->last_use))
+      leaf = n;
   }
   mark_path(t, 0);
-  return best;
+  return leaf ? leaf : any;
 }
 
 /* Removes x's descendants and drops x's recording. */

@@ -798,9 +798,11 @@ static void test_eviction_keeps_the_liveness_invariant(void **state) {
 }
 
 /* A -> B -> C replayed until fused into one launch, then A -> D, whose
- * recording evicts B (the least recently used off the path) with C: the
- * span A..C goes with them, and the tree stays sound. */
-static void test_eviction_drops_a_fused_span_through_the_evicted_node(void **state) {
+ * recording evicts C (the oldest recording off the path with none below
+ * it: B, older, has C): the span A..C, which ends at C, goes with it, and
+ * the tree stays sound; back on A -> B -> C, C records again and evicts D,
+ * and the chain fuses again. */
+static void test_eviction_drops_a_fused_span_ending_at_the_evicted_node(void **state) {
   (void)state;
   cgt_tree *t = budget_tree(CGT_MODE_TREE, 3, 0, 1, 0);
   test_affine u[4] = {{.a = 2, .b = 1, .n = N}, {.a = -1, .b = 2, .n = N}, {.a = 3, .b = 0, .n = N},
@@ -834,21 +836,23 @@ static void test_eviction_drops_a_fused_span_through_the_evicted_node(void **sta
     if (step == 7)
       fused_before_eviction = test_stats(t).fused_launches;
     if (step == 9) {
-      /* A, B back in WARMUP with its reason, and D; C went with B. */
-      cgt_node_info info[4];
+      /* A and B recorded, C back in WARMUP with its reason, and D. */
+      cgt_node_info info[5];
       size_t count;
-      CHECK_OK(t, cgt_tree_nodes(t, info, 4, &count));
-      assert_int_equal(count, 3);
+      CHECK_OK(t, cgt_tree_nodes(t, info, 5, &count));
+      assert_int_equal(count, 4);
       assert_int_equal(info[1].segment, s[1]);
-      assert_int_equal(info[1].state, CGT_NODE_WARMUP);
-      assert_int_equal(info[1].evictions, 1);
-      assert_non_null(strstr(info[1].evict_reason, "max_graphs"));
+      assert_int_equal(info[1].state, CGT_NODE_RECORDED);
+      assert_int_equal(info[2].segment, s[2]);
+      assert_int_equal(info[2].state, CGT_NODE_WARMUP);
+      assert_int_equal(info[2].evictions, 1);
+      assert_non_null(strstr(info[2].evict_reason, "max_graphs"));
     }
   }
   cgt_stats st = test_stats(t);
   assert_true(fused_before_eviction > 0);
   assert_true(st.evictions >= 2);
-  assert_true(st.nodes_evicted >= 1);
+  assert_int_equal(st.nodes_evicted, 0); /* leaves went: no descendant was removed */
   assert_true(st.fused_launches > fused_before_eviction); /* fused again after re-recording */
   CHECK_OK(t, cgt_sync(t));
   test_dev_free(x);
@@ -899,7 +903,7 @@ const struct CMUnitTest budget_tests[] = {
     cmocka_unit_test(test_a_budget_of_graphs_bounds_the_tree_and_results_stay_those_of_eager),
     cmocka_unit_test(test_a_byte_budget_evicts_to_stay_under_its_bytes),
     cmocka_unit_test(test_eviction_keeps_the_liveness_invariant),
-    cmocka_unit_test(test_eviction_drops_a_fused_span_through_the_evicted_node),
+    cmocka_unit_test(test_eviction_drops_a_fused_span_ending_at_the_evicted_node),
     cmocka_unit_test(test_nonsense_budgets_are_refused_and_make_no_tree),
 };
 const size_t budget_test_count = sizeof budget_tests / sizeof budget_tests[0];

@@ -911,8 +911,10 @@ void fz_run_test(const fz_config *cfg, uint64_t first_seed, uint32_t n_seeds, ui
   fz_config budgeted = *cfg;
   int must_evict = cfg->max_graphs != 0; /* a budget of the test's own, not the soak's */
   const char *budget = getenv("CGT_FUZZ_BUDGET");
+  int soak_budget = 0;
   if (budget && *budget && !cfg->max_graphs && !cfg->max_graph_bytes) {
     budgeted.max_graphs = (uint32_t)strtoul(budget, NULL, 10);
+    soak_budget = budgeted.max_graphs != 0;
     cfg = &budgeted;
   }
   const char *one = getenv("CGT_FUZZ_SEED");
@@ -962,11 +964,12 @@ void fz_run_test(const fz_config *cfg, uint64_t first_seed, uint32_t n_seeds, ui
     assert_true(tot.s[FZ_TREE].replays > 0);
     assert_true(tot.s[FZ_SEPARATE].recordings > 0);
     assert_true(tot.s[FZ_SEPARATE].replays > 0);
-    assert_true(tot.s[FZ_DEFER].fused_launches > 0);
+    if (!soak_budget) /* the soak's budget of a few graphs can leave a config no chain of replays to fuse */
+      assert_true(tot.s[FZ_DEFER].fused_launches > 0);
     if (must_evict)
       assert_true(tot.s[FZ_TREE].evictions > 0 && tot.s[FZ_DEFER].evictions > 0);
     /* Nor by never doing what its config asks for. */
-    if (cfg->separate_defer)
+    if (cfg->separate_defer && !soak_budget)
       assert_true(tot.s[FZ_SEPARATE_DEFER].fused_launches > 0);
     if (cfg->stale_percent)
       assert_true(tot.stale_tries > 0);
