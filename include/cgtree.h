@@ -134,9 +134,10 @@ typedef struct cgt_options {
                                  launch of the kernels from the rest of its time; 0 (default) = don't */
   /* Extension (issue 23): a recording budget for long-running programs. When a recording leaves the
    * tree holding more than max_graphs recorded graphs, or more than max_graph_bytes in their executables
-   * and checkpoints, the least recently replayed RECORDED node that is not on the current path is
-   * evicted with its subtree: its graph and checkpoint are dropped, the node goes back to WARMUP (it
-   * records again when reached) and its descendants are removed. 0 = no cap (the default). */
+   * and checkpoints, the least recently replayed RECORDED node that is not on the current path, is
+   * the last of its key group and has no such recording below it (leaves first) is evicted with its
+   * subtree: its graph and checkpoint are dropped, the node goes back to WARMUP (it records again
+   * when reached) and its descendants are removed. 0 = no cap (the default). */
   uint32_t max_graphs;     /* at most 1 << 24; more is CGT_ERR_INVALID_ARGUMENT */
   size_t max_graph_bytes;  /* 0, or at least CGT_MIN_GRAPH_BYTES; less is CGT_ERR_INVALID_ARGUMENT */
   /* Extension (issue 23): 0 (default) = when a run would record a new node only because STATIC

@@ -7,8 +7,9 @@
  * for the tree's life. With one, every recording that succeeds ends here:
  * while the tree holds more than its budget, the RECORDED node with the
  * oldest use (node.last_use: the tree's use clock at its last replay or
- * recording) that is not on the current path and has no RECORDED node
- * below it is evicted: recordings go leaves first.
+ * recording) that is not on the current path and has no recording below
+ * it that could go by itself (see mark_recorded_below) is evicted:
+ * recordings go leaves first.
  *
  * Evicting node X drops its whole subtree, because everything below X was
  * recorded on top of X's recording: its descendants' checkpoints are deltas
@@ -111,15 +112,22 @@ static void mark_path(cgt_tree *t, uint8_t on) {
     a->marked = on;
 }
 
-/* Sets recorded_below on every node with a RECORDED node in its subtree.
- * Children come after their parents in t->nodes (ids in order), so one
- * backward pass carries each mark up. */
+/* Sets recorded_below on every node with a recording in its subtree that
+ * may go by itself (RECORDED, the last of its key group). A recording that
+ * may not (a later member of its group runs eagerly for good, or waits in
+ * WARMUP to be pruned) marks nothing: else it and its ancestors could never
+ * go while any leaf elsewhere could, and old unused recordings held the
+ * budget while the ones in use evicted one another and never replayed (a
+ * helper's review); such a subtree goes whole when it is the oldest, as
+ * before. Children come after their parents in t->nodes (ids in order), so
+ * one backward pass carries each mark up. */
 static void mark_recorded_below(cgt_tree *t) {
   for (uint32_t i = 0; i < t->n_nodes; i++)
     t->nodes[i]->recorded_below = 0;
   for (uint32_t i = t->n_nodes; i-- > 0;) {
     node *n = t->nodes[i];
-    if ((n->state == NODE_RECORDED || n->recorded_below) && n->parent != &t->root)
+    int may_go = n->state == NODE_RECORDED && !n->next_same_key;
+    if ((may_go || n->recorded_below) && n->parent != &t->root)
       n->parent->recorded_below = 1;
   }
 }

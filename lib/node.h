@@ -97,7 +97,7 @@ struct node {
   uint8_t unreplayed;       /* recorded or updated since its last replay: not updated in place (update.c);
                                evicted so, still a recording to rerecord_limit (node.c, count_recordings) */
   uint8_t marked;           /* evict.c and update.c: in the subtree being walked */
-  uint8_t recorded_below;   /* evict.c, while it picks a victim: a RECORDED node lies in the subtree */
+  uint8_t recorded_below;   /* evict.c, while it picks a victim: a recording that may go lies below */
   /* cgt_tree_path_hash after a run of this node: the parent's, with this
    * node's (segment, variant) mixed in. Every successful run moves the path
    * to its node, so the path hash is the current node's, computed once. */

@@ -859,6 +859,90 @@ static void test_eviction_drops_a_fused_span_ending_at_the_evicted_node(void **s
   test_tree_free(t);
 }
 
+/* A stale subtree A -> B -> C1 whose key group under B holds a later
+ * sibling C2 that is not RECORDED (C recorded with a dead, then run with a
+ * live: C2; under rerecord_limit 1 it turns EAGER at once, with the default
+ * it is a WARMUP node once the budget has evicted it) is never used again;
+ * then the program alternates two one-segment steps E and F. Budget 4: the
+ * stale subtree's 3 recordings and E and F do not fit, E and F alone do.
+ * The rule before leaves first evicted A, the oldest, with its subtree, and
+ * E and F replay from then on. The first leaves-first rule counted C1 (not
+ * the last of its group, so it may not go by itself) as a recording below A
+ * and B, so they were never leaves, and while E or F was a leaf off the
+ * path it went instead: E evicted F, F evicted E, no step replayed, and the
+ * stale recordings kept 3 of the 4 graphs (for good with an EAGER C2, which
+ * prune_after_steps never removes; for 1.5 x prune_after_steps with a
+ * WARMUP one; a helper's review). C1 now marks nothing (evict.c,
+ * mark_recorded_below): A is a leaf, the oldest, and goes with its subtree. */
+static void stale_key_group_then_two_alternating_steps(uint32_t rerecord_limit) {
+  cgt_options o;
+  cgt_options_init(&o);
+  o.max_graphs = 4;
+  o.rerecord_limit = rerecord_limit;
+  cgt_tree *t = test_tree_new(CGT_MODE_TREE, &o);
+  test_affine u[5] = {{.a = 2, .b = 1, .n = N}, {.a = 1, .b = 3, .n = N}, {.a = -1, .b = 0, .n = N},
+                      {.a = 4, .b = -1, .n = N}, {.a = 3, .b = 2, .n = N}};
+  cgt_segment s[5];
+  for (int i = 0; i < 5; i++) {
+    char name[8];
+    snprintf(name, sizeof name, "%c", "ABCEF"[i]);
+    s[i] = test_register_affine(t, name, &u[i]);
+  }
+  float hx[N];
+  fill(hx, 1, 1);
+  float *x = test_dev_floats(hx, N);
+  /* Phase 1: A, B, C with a released (C1 records), then with a kept (C2). */
+  for (int step = 0; step < 8; step++) {
+    int keep = step >= 4;
+    CHECK_OK(t, cgt_step_begin(t));
+    cgt_arg ax = cgt_arg_dynamic(x, N * sizeof(float));
+    cgt_value a = run_checked(t, s[0], 0, &ax, 1);
+    cgt_arg aa = cgt_arg_value(a);
+    cgt_value b = run_checked(t, s[1], 0, &aa, 1);
+    if (!keep)
+      CHECK_OK(t, cgt_value_release(t, a));
+    cgt_arg ab = cgt_arg_value(b);
+    cgt_value c = run_checked(t, s[2], 0, &ab, 1);
+    float want[N];
+    for (int i = 0; i < N; i++)
+      want[i] = -(2 * hx[i] + 1 + 3);
+    expect_floats(t, c, want, N, "stale chain", step);
+  }
+  /* Phase 2: E and F alternate, 40 steps, far fewer than prune_after_steps. */
+  uint64_t replays_before = test_stats(t).replays;
+  for (int step = 0; step < 40; step++) {
+    int f = step & 1;
+    CHECK_OK(t, cgt_step_begin(t));
+    cgt_arg ax = cgt_arg_dynamic(x, N * sizeof(float));
+    cgt_value v = run_checked(t, s[3 + f], 0, &ax, 1);
+    float want[N];
+    for (int i = 0; i < N; i++)
+      want[i] = u[3 + f].a * hx[i] + u[3 + f].b;
+    expect_floats(t, v, want, N, "alternating step", step);
+  }
+  cgt_stats st = test_stats(t);
+  assert_true(st.graphs <= 4);
+  /* E and F fit the budget together: after their first recordings (and an
+   * eviction to make room) every step should replay. */
+  if (st.replays - replays_before < 30)
+    fail_msg("phase 2: %llu replays in 40 steps (expected at least 30), %llu graphs, %llu evictions",
+             (unsigned long long)(st.replays - replays_before), (unsigned long long)st.graphs,
+             (unsigned long long)st.evictions);
+  CHECK_OK(t, cgt_sync(t));
+  test_dev_free(x);
+  test_tree_free(t);
+}
+
+static void test_a_stale_subtree_pinned_by_an_eager_key_group_member_does_not_starve_the_budget(void **state) {
+  (void)state;
+  stale_key_group_then_two_alternating_steps(1);
+}
+
+static void test_a_stale_subtree_pinned_by_a_warmup_key_group_member_does_not_starve_the_budget(void **state) {
+  (void)state;
+  stale_key_group_then_two_alternating_steps(0);
+}
+
 static void test_nonsense_budgets_are_refused_and_make_no_tree(void **state) {
   (void)state;
   cgt_options o;
@@ -905,5 +989,7 @@ const struct CMUnitTest budget_tests[] = {
     cmocka_unit_test(test_eviction_keeps_the_liveness_invariant),
     cmocka_unit_test(test_eviction_drops_a_fused_span_ending_at_the_evicted_node),
     cmocka_unit_test(test_nonsense_budgets_are_refused_and_make_no_tree),
+    cmocka_unit_test(test_a_stale_subtree_pinned_by_an_eager_key_group_member_does_not_starve_the_budget),
+    cmocka_unit_test(test_a_stale_subtree_pinned_by_a_warmup_key_group_member_does_not_starve_the_budget),
 };
 const size_t budget_test_count = sizeof budget_tests / sizeof budget_tests[0];
