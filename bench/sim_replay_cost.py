@@ -45,21 +45,31 @@ def main():
     seg = T.weighted_segment(tree, a.static, "w")
     x = T.FakeTensor(4)
     ws = [T.FakeTensor(4) for _ in range(a.static)]
+    report("%d STATIC inputs" % a.static, timed_replays(a, tree, seg, x, *ws), a)
+
+
+def timed_replays(a, tree, seg, *args):
+    """ns per call of a.reps rounds of a.calls calls of seg(*args), after 5
+    untimed calls; every timed call must have replayed."""
     for _ in range(5):
-        T.call(seg, x, *ws)
+        T.call(seg, *args)
     replays0 = tree.stats()["replays"]
     times = []
     for _ in range(a.reps):
         t0 = time.perf_counter_ns()
         for _ in range(a.calls):
             T.Generation.generation += 1
-            seg(x, *ws)
+            seg(*args)
         times.append((time.perf_counter_ns() - t0) / a.calls)
     replays = tree.stats()["replays"] - replays0
     assert replays == a.reps * a.calls, "every timed call should have replayed (%d)" % replays
-    print("sim_replay_cost: %d STATIC inputs, ns per replayed call, median %.0f, fastest %.0f (%d x %d calls; %s, "
-          "Python %s)" % (a.static, statistics.median(times), min(times), a.reps, a.calls,
-                          platform.processor() or platform.machine(), platform.python_version()))
+    return times
+
+
+def report(what, times, a):
+    print("sim_replay_cost: %s, ns per replayed call, median %.0f, fastest %.0f (%d x %d calls; %s, Python %s)" % (
+        what, statistics.median(times), min(times), a.reps, a.calls, platform.processor() or platform.machine(),
+        platform.python_version()))
 
 
 def shapes(a):
@@ -77,22 +87,7 @@ def shapes(a):
         T.call(seg, x, k)
         T.call(seg, x, k)
     last = a.shapes + 2
-    for _ in range(5):
-        T.call(seg, x, last)
-    replays0 = tree.stats()["replays"]
-    times = []
-    for _ in range(a.reps):
-        t0 = time.perf_counter_ns()
-        for _ in range(a.calls):
-            T.Generation.generation += 1
-            seg(x, last)
-        times.append((time.perf_counter_ns() - t0) / a.calls)
-    replays = tree.stats()["replays"] - replays0
-    assert replays == a.reps * a.calls, "every timed call should have replayed (%d)" % replays
-    print("sim_replay_cost: after %d other shapes, ns per replayed call, median %.0f, fastest %.0f (%d x %d calls; "
-          "%s, Python %s)" % (a.shapes, statistics.median(times), min(times), a.reps, a.calls,
-                              platform.processor() or platform.machine(), platform.python_version()))
-
+    report("after %d other shapes" % a.shapes, timed_replays(a, tree, seg, x, last), a)
 
 if __name__ == "__main__":
     main()
