@@ -321,7 +321,7 @@ def test_step_begin_and_set_step_mode_act_on_the_calling_threads_trees_only():
             for d in mine:
                 del trees[d]
             trees.update(saved)
-            _install._local.explicit = False
+            _install.set_explicit_steps(False)
     finally:
         acted.set()
         t.join()

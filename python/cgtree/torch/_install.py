@@ -22,7 +22,7 @@ StaleTensorError = _ext.StaleTensorError
 _lock = threading.Lock()
 _state = {"installed": False, "allocator": None, "error": None, "exchange": None, "exchange_stream": None,
           "record_stream_hook": None, "oom_error": None}
-_local = threading.local()  # per thread: .trees {device: (Tree, torch stream over its stream)}, .explicit
+_local = threading.local()  # per thread: .trees {device: (Tree, torch stream over its stream)}
 _all_trees = []  # every (Tree, stream) of every thread not freed yet (_prune_freed_locked drops the freed)
 _freed = {}  # the counters of freed trees (Tree.stats() at their close), summed
 _blas_ready = set()  # tree streams that have their cuBLAS workspace (prewarm_blas)
@@ -312,7 +312,7 @@ class _ThreadTrees(dict):
     def __init__(self):
         super().__init__()
         self.owner = 0 if _in_a_backward() else threading.get_ident()
-        self.explicit = bool(getattr(_local, "explicit", False))
+        self.explicit = False
 
     def __del__(self):
         if sys.is_finalizing():  # the process ends: CUDA may be gone, nothing is worth freeing
@@ -413,12 +413,10 @@ def set_explicit_steps(on):
     a compiled model; True, only at step_begin() and
     torch.compiler.cudagraph_mark_step_begin(). Trees this thread makes
     while True run on a non-blocking stream (see tree_for)."""
-    _local.explicit = bool(on)
-    trees = getattr(_local, "trees", None)
-    if trees is not None:
-        trees.explicit = bool(on)  # what tree_for reads, also on autograd's thread for this thread's backwards
-        for tree, _ in trees.values():
-            tree.explicit_steps = bool(on)
+    trees = _thread_trees()
+    trees.explicit = bool(on)  # what tree_for reads, also on autograd's thread for this thread's backwards
+    for tree, _ in trees.values():
+        tree.explicit_steps = bool(on)
 
 
 def thread_trees():
