@@ -717,3 +717,61 @@ def test_a_view_of_the_end_of_a_large_output_moves_with_a_copy_of_its_tail_and_i
         torch.Tensor.copy_ = real
     assert sum(copied) == 256 * 4 and torch.equal(h, want)
     assert h.untyped_storage().data_ptr() != old and out.untyped_storage().data_ptr() == old
+
+
+# One process, one fresh cache directory: a backward compiled with donated
+# buffers (a plain backward, the flag on), then the same graph compiled
+# where the backward retains its graph (the flag off; the flag on and a
+# first backward that retains), each after a Dynamo reset. Prints, per
+# phase, the largest difference of the second backward's gradients from
+# twice the first's ("raised" where PyTorch refused).
+DONATION = textwrap.dedent('''
+    import json, sys, torch
+    from cgtree.torch import _backend
+
+    def phase(kind):
+        torch._dynamo.reset()
+        torch._functorch.config.donated_buffer = kind != "retain-off"
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+        f = torch.compile(m, backend=_backend.compile_graph)
+        x = torch.randn(16, 32)
+        worst = 0.0
+        for _ in range(2):
+            for p in m.parameters():
+                p.grad = None
+            loss = f(x).square().sum()
+            if kind == "plain":
+                loss.backward()
+                continue
+            try:
+                loss.backward(retain_graph=True)
+            except RuntimeError:
+                return "raised"
+            first = [p.grad.clone() for p in m.parameters()]
+            loss.backward()
+            worst = max([worst] + [float((p.grad - 2 * g).abs().max()) for p, g in zip(m.parameters(), first)])
+        return worst
+
+    print(json.dumps({k: phase(k) for k in sys.argv[1:]}))
+''')
+
+
+def test_a_backward_compiled_with_donated_buffers_never_comes_back_from_inductors_cache_to_a_retained_graph(tmp_path):
+    """Inductor reuses the memory of saved activations AOTAutograd donates
+    to a backward, so that backward must run once. Inductor's FX graph
+    cache key (PyTorch 2.11) does not say what was donated: the same graph
+    compiled again for a backward that retains its graph (donated_buffer
+    off, or a first backward that retains) got the donated backward from
+    the cache, and its second backward read activations the first had
+    overwritten: gradients wrong by up to 3.7 on the CPU, silently (plain
+    Inductor does the same with the flag off). cgtree keys its backwards'
+    compiles by the donated indices (cache_key_tag): both retained
+    backwards compute twice the first's gradients exactly."""
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"), CGTREE_TORCH_NO_INSTALL="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    r = subprocess.run([sys.executable, "-c", DONATION, "plain", "retain-off", "retain-on"], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got == {"plain": 0.0, "retain-off": 0.0, "retain-on": 0.0}, got

@@ -69,6 +69,7 @@ one GPU they are Segments all the same, plain from the start, so that
 their calls mark the steps of that device's tree (seg_plain.c,
 seg_call_bypassed).
 """
+import contextlib
 import functools
 import itertools
 import warnings
@@ -391,6 +392,27 @@ def _backward_static(example_inputs, kwargs):
     return tuple(i for i, static in zip(tensors, saved) if static)
 
 
+def _cache_keyed_by_donation(backward):
+    """A backward's compile, keyed in Inductor's FX graph cache by the saved
+    activations AOTAutograd donates to it. Inductor reuses a donated
+    activation's memory once the backward has read it, so that backward must
+    run once; AOTAutograd donates none where the backward may run twice
+    (donated_buffer off; a first backward that retains or creates a graph)
+    and its check raises only where it donated. But the cache key (PyTorch
+    2.11) has no donated indices: a backward compiled with donation, in this
+    process or in an earlier one sharing the cache directory, came back to
+    the compile without it, and a retained graph's second backward read
+    activations the first had overwritten: wrong gradients, silently
+    (bench/donated_cache_probe.py; plain Inductor does the same where the
+    flag is off). torch.compiler.config.cache_key_tag, which the key
+    includes, now names the donated indices Inductor's lowering reads."""
+    if not backward:
+        return contextlib.nullcontext()
+    donated = getattr(_fw_metadata(), "bw_donated_idxs", None) or ()
+    tag = "%s|cgtree-donated:%s" % (torch.compiler.config.cache_key_tag, ",".join(map(str, sorted(donated))))
+    return torch.compiler.config.patch(cache_key_tag=tag)
+
+
 def inner_compile(gm, example_inputs, **kwargs):
     """compile_fx's inner_compile: Inductor compiles (CUDA graphs off), then
     the graph becomes a Segment unless it must run plainly."""
@@ -411,7 +433,8 @@ def inner_compile(gm, example_inputs, **kwargs):
         remade = _outputs_remade(saved_from)
         if saved_inputs is not None:  # where the saved tensors begin is known: never a user's output
             saved_cuda = saved_on_cuda(gm, saved_from)
-    compiled = compile_fx_inner(gm, example_inputs, **kwargs)
+    with _cache_keyed_by_donation(backward):
+        compiled = compile_fx_inner(gm, example_inputs, **kwargs)
     static_idxs = tuple(kwargs.get("static_input_idxs") or ())
     mutated, known = mutated_inputs(compiled, len(example_inputs))
     if backward:
