@@ -72,6 +72,7 @@ seg_call_bypassed).
 import contextlib
 import functools
 import itertools
+import threading
 import warnings
 
 import torch
@@ -405,12 +406,28 @@ def _cache_keyed_by_donation(backward):
     activations the first had overwritten: wrong gradients, silently
     (bench/donated_cache_probe.py; plain Inductor does the same where the
     flag is off). torch.compiler.config.cache_key_tag, which the key
-    includes, now names the donated indices Inductor's lowering reads."""
+    includes, now names the donated indices Inductor's lowering reads.
+    The tag is process-wide configuration, and AOTAutograd compiles a
+    backward lazily, at its first run, outside Dynamo's compile lock: our
+    lock keeps two backwards compiling at once on two threads from keying
+    each other's compile. A limit: a plain Inductor backward (another
+    backend) compiling on another thread at that very moment is keyed with
+    our tag too, with its own donation."""
     if not backward:
         return contextlib.nullcontext()
     donated = getattr(_fw_metadata(), "bw_donated_idxs", None) or ()
-    tag = "%s|cgtree-donated:%s" % (torch.compiler.config.cache_key_tag, ",".join(map(str, sorted(donated))))
-    return torch.compiler.config.patch(cache_key_tag=tag)
+    return _donation_keyed(",".join(map(str, sorted(donated))))
+
+
+@contextlib.contextmanager
+def _donation_keyed(donated):
+    with _donation_lock:
+        tag = "%s|cgtree-donated:%s" % (torch.compiler.config.cache_key_tag, donated)
+        with torch.compiler.config.patch(cache_key_tag=tag):
+            yield
+
+
+_donation_lock = threading.RLock()
 
 
 def inner_compile(gm, example_inputs, **kwargs):
