@@ -394,37 +394,41 @@ def _backward_static(example_inputs, kwargs):
 
 
 def _cache_keyed_by_donation(backward):
-    """A backward's compile, keyed in Inductor's FX graph cache by the saved
-    activations AOTAutograd donates to it. Inductor reuses a donated
-    activation's memory once the backward has read it, so that backward must
-    run once; AOTAutograd donates none where the backward may run twice
-    (donated_buffer off; a first backward that retains or creates a graph)
-    and its check raises only where it donated. But the cache key (PyTorch
-    2.11) has no donated indices: a backward compiled with donation, in this
-    process or in an earlier one sharing the cache directory, came back to
-    the compile without it, and a retained graph's second backward read
-    activations the first had overwritten: wrong gradients, silently
+    """A backward's compile that never takes from Inductor's FX graph cache
+    code compiled to reuse activations it must keep. Inductor reuses the
+    memory of the saved activations AOTAutograd donates to a backward once
+    it has read them, so such a backward must run once; AOTAutograd donates
+    none where the backward may run twice (donated_buffer off; a first
+    backward that retains or creates a graph), and its check raises only
+    where it donated. But the cache key (PyTorch 2.11) has no donated
+    indices: a backward compiled with donation, in this process or in an
+    earlier one sharing the cache directory, came back to the compile
+    without it, and a retained graph's second backward read activations the
+    first had overwritten: wrong gradients, silently
     (bench/donated_cache_probe.py; plain Inductor does the same where the
-    flag is off). torch.compiler.config.cache_key_tag, which the key
-    includes, now names the donated indices Inductor's lowering reads.
-    The tag is process-wide configuration, and AOTAutograd compiles a
-    backward lazily, at its first run, outside Dynamo's compile lock: our
-    lock keeps two backwards compiling at once on two threads from keying
-    each other's compile. A limit: a plain Inductor backward (another
-    backend) compiling on another thread at that very moment is keyed with
-    our tag too, with its own donation."""
-    if not backward:
+    flag is off). So a backward compiled with no donated buffer skips that
+    cache (it compiles afresh); one with donated buffers uses it: for one
+    graph AOTAutograd donates either none or the same ones, and code that
+    reuses fewer is right too. (Keying the compile by its donated indices
+    through torch.compiler.config.cache_key_tag was tried: that tag keys
+    Triton's autotuning results as well, so the backward's reductions could
+    pick other configurations than plain Inductor's, and its gradients lost
+    their last bits of equality.) The switch is process-wide configuration,
+    and AOTAutograd compiles a backward lazily, at its first run, outside
+    Dynamo's compile lock: our lock keeps cgtree's backwards compiling one
+    at a time. A limit: another backend's compile on another thread at that
+    very moment skips the cache too (slower, never wrong)."""
+    if not backward or getattr(_fw_metadata(), "bw_donated_idxs", None):
         return contextlib.nullcontext()
-    donated = getattr(_fw_metadata(), "bw_donated_idxs", None) or ()
-    return _donation_keyed(",".join(map(str, sorted(donated))))
+    return _without_fx_graph_cache()
 
 
 @contextlib.contextmanager
-def _donation_keyed(donated):
-    with _donation_lock:
-        tag = "%s|cgtree-donated:%s" % (torch.compiler.config.cache_key_tag, donated)
-        with torch.compiler.config.patch(cache_key_tag=tag):
-            yield
+def _without_fx_graph_cache():
+    from torch._inductor import config as inductor_config
+
+    with _donation_lock, inductor_config.patch(fx_graph_cache=False):
+        yield
 
 
 _donation_lock = threading.RLock()
