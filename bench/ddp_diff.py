@@ -122,7 +122,7 @@ def rank_main(a):
                      % (a.rank, m, m0, k, steps, lsteps, "; ".join(where)))
     st = ct.stats() if ct is not None else {}
     lines.append("rank %d cgtree stats: recordings %s replays %s graphs %s plain %s" % (
-        a.rank, st.get("recordings"), st.get("replays"), st.get("graphs"), st.get("graphs_plain")))
+        a.rank, st.get("recordings"), st.get("replays"), st.get("graphs_compiled"), st.get("graphs_plain")))
     print("\n".join(lines), flush=True)
     dist.barrier(device_ids=[a.rank])
     dist.destroy_process_group()

@@ -361,7 +361,7 @@ def child(example, mode, out_dir, warm, timed):
         m = ct.memory_stats()
         res.update(recordings=s.get("recordings", 0), replays=s.get("replays", 0) - before.get("replays", 0),
                    nodes=s.get("nodes", 0), checkpoint_restores=s.get("checkpoint_restores", 0),
-                   pool_peak=m["pool_peak"], eager_peak=m["eager_peak"], graphs=s["graphs"],
+                   pool_peak=m["pool_peak"], eager_peak=m["eager_peak"], graphs=s["graphs_compiled"],
                    graphs_plain=s["graphs_plain"], eager_runs=s.get("eager_runs", 0),
                    capture_failures=s.get("capture_failures", 0), stale_refused=s.get("stale_refused", 0),
                    outputs_overwritable=s.get("outputs_overwritable", 0))

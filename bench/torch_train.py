@@ -313,7 +313,7 @@ def child(name, mode, out_dir, warm, timed, optimizer="eager", profile=False, tr
             res["cgtree_timers"] = "off"
         s = ct.stats()
         res.update(recordings=s.get("recordings", 0), recordings_after_warmup=s.get("recordings", 0) - rec0,
-                   replays=s.get("replays", 0), graphs=s["graphs"], graphs_plain=s["graphs_plain"],
+                   replays=s.get("replays", 0), graphs=s["graphs_compiled"], graphs_plain=s["graphs_plain"],
                    steps_deferred=s.get("steps_deferred", 0), gradients_moved=s.get("gradients_moved", 0),
                    steps_kept_after_backward=s.get("steps_kept_after_backward", 0),
                    plain_reasons=sorted({sg.info["plain_reason"] for sg in segments if sg.info["plain_reason"]}))

@@ -19,6 +19,7 @@
  * cgtree.torch, and handed to init_hot_path(); this module never imports
  * torch itself, so the allocator can be loaded before torch touches CUDA.
  */
+#include <limits.h>
 #include <stdatomic.h>
 
 #include "ext.h"
@@ -658,6 +659,32 @@ tx_out_ref *tx_other_trees_step_output_at(const TreeObject *T, void *ptr, size_t
   return NULL;
 }
 
+/* PyArg converters for Tree's counts: an int that fits, else ValueError
+ * naming the range. The "I" and "K" formats wrap what does not fit (a
+ * max_graphs of 2**32 + 1 was a budget of one graph: a helper's hunt). */
+static int count_arg(PyObject *o, unsigned long long max, unsigned long long *out) {
+  unsigned long long v = PyLong_Check(o) ? PyLong_AsUnsignedLongLong(o) : (unsigned long long)-1;
+  if (PyLong_Check(o) && !PyErr_Occurred() && v <= max) {
+    *out = v;
+    return 1;
+  }
+  PyErr_Clear();
+  PyErr_Format(PyExc_ValueError, "Tree: a count must be an int from 0 to %llu, not %R", max, o);
+  return 0;
+}
+
+static int u32_arg(PyObject *o, void *out) {
+  unsigned long long v;
+  if (!count_arg(o, UINT32_MAX, &v))
+    return 0;
+  *(unsigned int *)out = (unsigned int)v;
+  return 1;
+}
+
+static int u64_arg(PyObject *o, void *out) {
+  return count_arg(o, ULLONG_MAX, out);
+}
+
 static int tree_init(TreeObject *T, PyObject *a, PyObject *kw) {
   static char *kwlist[] = {"device", "warmup_runs", "rerecord_limit", "backend", "time_launches", "stream",
                            "max_graphs", "max_graph_bytes", "nonblocking", NULL};
@@ -666,8 +693,9 @@ static int tree_init(TreeObject *T, PyObject *a, PyObject *kw) {
   unsigned long long max_graph_bytes = 0;
   const char *backend = "cuda";
   PyObject *stream_obj = Py_None;
-  if (!PyArg_ParseTupleAndKeywords(a, kw, "i|IIspOIKp", kwlist, &device, &warmup, &rerecord, &backend,
-                                   &time_launches, &stream_obj, &max_graphs, &max_graph_bytes, &nonblocking))
+  if (!PyArg_ParseTupleAndKeywords(a, kw, "i|O&O&spOO&O&p", kwlist, &device, u32_arg, &warmup, u32_arg, &rerecord,
+                                   &backend, &time_launches, &stream_obj, u32_arg, &max_graphs, u64_arg,
+                                   &max_graph_bytes, &nonblocking))
     return -1;
   if (nonblocking && stream_obj != Py_None) {
     PyErr_SetString(PyExc_ValueError, "Tree: stream and nonblocking=True: a stream handed in is the caller's");

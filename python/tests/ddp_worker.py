@@ -143,7 +143,7 @@ def main():
 
         after = ct.stats()
         res["forward_graphs"] = sum(1 for d in decisions if d["graph"] == "forward")
-        res["graphs"] = after["graphs"]
+        res["graphs"] = after["graphs_compiled"]
         res["graphs_plain"] = after["graphs_plain"]
         res["after_warm_up"] = {k: after.get(k, 0) - before.get(k, 0)
                                 for k in ("recordings", "replays", "warmups", "eager_runs", "capture_failures")}

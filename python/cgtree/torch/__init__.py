@@ -116,7 +116,10 @@ def set_step_mode(mode):
 def stats():
     """cgtree's counters summed over devices and threads (recordings,
     replays, pool figures...) plus the backend's own (outputs made, stale
-    arguments refused, graphs run plainly). Trees of threads that exited
+    arguments refused, graphs run plainly). ``graphs`` counts the
+    recordings the trees hold, which a budget bounds; ``graphs_compiled``
+    the graphs torch.compile handed the backend, ``graphs_plain`` those of
+    them that run as plain Inductor graphs. Trees of threads that exited
     are freed once none of their outputs lives: their counters stay in the
     sums, and what they held (pool, graphs, nodes) leaves them; ``trees``
     counts the trees alive, ``trees_freed`` those freed."""
@@ -139,7 +142,9 @@ def stats():
     total["record_stream_hook"] = 1 if hook and hook[0] else 0
     thrower = _install._state["oom_error"]  # eager out of memory raises torch.OutOfMemoryError (_oom_error.py)
     total["torch_out_of_memory_error"] = 1 if thrower and thrower[0] else 0
-    total["graphs"] = len(_segments)
+    # graphs: the recordings the trees hold (what a budget's max_graphs bounds), summed above;
+    # graphs_compiled: the graphs torch.compile handed the backend, graphs_plain those run plainly
+    total["graphs_compiled"] = len(_segments)
     total["graphs_plain"] = sum(1 for s in _segments if s.info["plain_reason"] is not None)
     return total
 

@@ -386,15 +386,18 @@ _budget = {"max_graphs": _env_count("CGTREE_TORCH_MAX_GRAPHS", "a number of grap
            "max_graph_bytes": 0}
 
 
+MAX_GRAPHS_LIMIT = 1 << 24  # CGT_MAX_GRAPHS_LIMIT (include/cgtree.h): the C library refuses more
+
+
 def set_budget(max_graphs=0, max_graph_bytes=0):
     """The recording budget of the trees made from now on: at most
     max_graphs recorded graphs and max_graph_bytes in their executables
     (0: no cap). Past it the least recently replayed recordings off the
     current path are evicted and made again when reached (docs/api.md,
     "Recording budget"). Checked by cgtree's C library when a tree is made."""
-    for name, v in (("max_graphs", max_graphs), ("max_graph_bytes", max_graph_bytes)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise ValueError("set_budget: %s must be an int >= 0, not %r" % (name, v))
+    for name, v, top in (("max_graphs", max_graphs, MAX_GRAPHS_LIMIT), ("max_graph_bytes", max_graph_bytes, 2**64 - 1)):
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= top:
+            raise ValueError("set_budget: %s must be an int from 0 to %d, not %r" % (name, top, v))
     _budget["max_graphs"], _budget["max_graph_bytes"] = max_graphs, max_graph_bytes
 
 
