@@ -16,8 +16,9 @@ activations a second backward reads, and no error: silently wrong
 gradients. Each scenario is a sequence of phases, each phase a process of
 its own (or one process, where the scenario says so), sharing one fresh
 cache directory (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR) made for the
-scenario; the scenarios run at once. A phase compiles a 32-64-1 MLP (the same shapes in every phase)
-and runs three steps:
+scenario; the scenarios run at once. A phase compiles an MLP (the same
+shapes in every phase: python/tests/donation_phase.py, which the CPU test
+python/tests/test_torch_cache_hunt_sim.py runs too) and trains three steps:
 
 - plain: the flag on, `loss.backward()` (a backward compiled with donation);
 - retain-off: the flag off, `loss.backward(retain_graph=True)` then
@@ -37,6 +38,8 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "tests"))
+
 SCENARIOS = {
     "retain-off alone": [["retain-off"]],
     "plain, then retain-off (two processes)": [["plain"], ["retain-off"]],
@@ -46,31 +49,12 @@ SCENARIOS = {
 
 
 def phase(backend, kind):
-    """One phase in this process: its result dict."""
-    import torch
-    torch._dynamo.reset()
-    torch._functorch.config.donated_buffer = kind != "retain-off"
-    torch.manual_seed(0)
-    m = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)).cuda()
-    f = torch.compile(m, backend=backend)
-    x = torch.randn(16, 32, device="cuda")
-    worst = 0.0
-    for _ in range(3):
-        for p in m.parameters():
-            p.grad = None
-        loss = f(x).square().sum()
-        if kind == "plain":
-            loss.backward()
-            continue
-        try:
-            loss.backward(retain_graph=True)
-        except RuntimeError as e:
-            return {"kind": kind, "result": "raised", "error": str(e)[:120]}
-        first = [p.grad.clone() for p in m.parameters()]
-        loss.backward()
-        worst = max([worst] + [float((p.grad - 2 * g).abs().max()) for p, g in zip(m.parameters(), first)])
-    if kind == "plain":
-        return {"kind": kind, "result": "ran"}
+    """One phase in this process (python/tests/donation_phase.py, on the GPU): its result dict."""
+    from donation_phase import phase as run_phase
+
+    worst = run_phase(backend, kind, device="cuda", steps=3)
+    if kind == "plain" or worst == "raised":
+        return {"kind": kind, "result": "ran" if kind == "plain" else "raised"}
     return {"kind": kind, "result": "2x" if worst == 0 else "WRONG", "max_diff": worst}
 
 

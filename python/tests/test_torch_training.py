@@ -7,6 +7,7 @@ weights bit for bit (the kernels are the same, so are the numbers).
 Needs a CUDA GPU (skips without one) and imports cgtree.torch first, so
 that its allocator is installed before CUDA starts.
 """
+import contextlib
 import copy
 import gc
 import io
@@ -56,6 +57,18 @@ def pair(model):
     torch._dynamo.reset()
     ref = copy.deepcopy(model)
     return torch.compile(model, backend="cgtree"), model, torch.compile(ref), ref
+
+
+@contextlib.contextmanager
+def donation_off():
+    """Donated buffers off, as PyTorch requires for a graph retained or
+    differentiated twice, and Inductor's FX graph cache off for both sides:
+    its key does not say what was donated, so plain Inductor, the
+    reference, could be handed a backward an earlier test compiled with
+    donation (cgtree's backend skips the cache for such a backward itself:
+    docs/torch.md, the retain_graph row)."""
+    with torch._functorch.config.patch(donated_buffer=False), torch._inductor.config.patch(fx_graph_cache=False):
+        yield
 
 
 def same(a, b):
@@ -456,7 +469,7 @@ def test_a_backward_never_reruns_at_its_first_call():
 def test_retain_graph_runs_the_backward_twice_on_the_same_activations():
     # A backward that runs twice cannot take over its saved activations'
     # memory: PyTorch requires donated buffers off for retain_graph.
-    with torch._functorch.config.patch(donated_buffer=False):
+    with donation_off():
         cf, model, rf, ref = pair(mlp())
         for m, f in ((model, cf), (ref, rf)):
             for x in batches(4):
@@ -473,7 +486,7 @@ def test_a_retained_graph_loop_with_a_compiled_loss_replays_and_matches_inductor
     iteration 513) a forced step made the compiled loss raise
     StaleTensorError (a helper's audit). Their backward's read ends their
     hold: each iteration is a step, and it replays."""
-    with torch._functorch.config.patch(donated_buffer=False):
+    with donation_off():
         cf, model, rf, ref = pair(mlp())
         xs = batches(8)
         losses = {}
@@ -866,7 +879,7 @@ def test_the_middle_call_of_a_chain_of_one_compiled_cell_keeps_its_holds_through
             got.append(loss0.detach().clone())
         return torch.stack(got)
 
-    with torch._functorch.config.patch(donated_buffer=False):  # a retained graph, as PyTorch requires
+    with donation_off():  # a retained graph, as PyTorch requires
         want = run(ref, "inductor")
         before = ct.stats()
         got = run(cell, "cgtree")
@@ -1415,7 +1428,7 @@ def test_a_compiled_optimizer_step_after_a_backward_with_retain_graph_updates_th
     them the parameters themselves (the forward saves them for its
     backward): the compiled step must still write the parameters, not a
     copy of them."""
-    with torch._functorch.config.patch(donated_buffer=False):
+    with donation_off():
         train_with_compiled_step(COMPILED_OPTIMIZERS["sgd_momentum"], steps=8, retain_graph=True)
 
 
@@ -1490,7 +1503,7 @@ def test_training_resumed_from_a_checkpoint_repeats_the_steps_after_it_and_match
         params_first = [p.detach().clone() for p in m.parameters()]
         if backend == "cgtree":
             made = ct.stats()["recordings"] + ct.stats()["updates"]
-            graphs = ct.stats()["graphs"]
+            graphs = ct.stats()["graphs_compiled"]
         buf.seek(0)
         ck = torch.load(buf)
         shapes = [t.shape for s in opt.state.values() for t in s.values()]
@@ -1511,7 +1524,7 @@ def test_training_resumed_from_a_checkpoint_repeats_the_steps_after_it_and_match
     assert_same_params(model, ref)
     # Dynamo's guards name the optimizer's state tensors (mark_static_address(guard=True)): the step over
     # the loaded state is a graph of its own, recorded anew
-    assert ct.stats()["graphs"] > graphs, "Dynamo should compile the step over the loaded state anew"
+    assert ct.stats()["graphs_compiled"] > graphs, "Dynamo should compile the step over the loaded state anew"
     if STEPS_END:
         assert ct.stats()["recordings"] + ct.stats()["updates"] > made, "the step over the loaded state was not recorded anew"
 
@@ -1577,7 +1590,7 @@ def test_create_graph_gives_inductors_gradients_and_a_backward_through_them_rais
     ref = copy.deepcopy(m)
     x = batches(1)[0]
     got, want = [], []
-    with torch._functorch.config.patch(donated_buffer=False):
+    with donation_off():
         for mod, out in ((m, got), (ref, want)):
             f = torch.compile(mod, backend="cgtree" if mod is m else "inductor")
             for _ in range(3):

@@ -393,32 +393,40 @@ def _backward_static(example_inputs, kwargs):
     return tuple(i for i, static in zip(tensors, saved) if static)
 
 
-def _cache_keyed_by_donation(backward):
-    """A backward's compile that never takes from Inductor's FX graph cache
-    code compiled to reuse activations it must keep. Inductor reuses the
-    memory of the saved activations AOTAutograd donates to a backward once
-    it has read them, so such a backward must run once; AOTAutograd donates
-    none where the backward may run twice (donated_buffer off; a first
-    backward that retains or creates a graph), and its check raises only
-    where it donated. But the cache key (PyTorch 2.11) has no donated
-    indices: a backward compiled with donation, in this process or in an
-    earlier one sharing the cache directory, came back to the compile
-    without it, and a retained graph's second backward read activations the
-    first had overwritten: wrong gradients, silently
-    (bench/donated_cache_probe.py; plain Inductor does the same where the
-    flag is off). So a backward compiled with no donated buffer skips that
-    cache (it compiles afresh); one with donated buffers uses it: for one
-    graph AOTAutograd donates either none or the same ones, and code that
-    reuses fewer is right too. (Keying the compile by its donated indices
-    through torch.compiler.config.cache_key_tag was tried: that tag keys
-    Triton's autotuning results as well, so the backward's reductions could
-    pick other configurations than plain Inductor's, and its gradients lost
-    their last bits of equality.) The switch is process-wide configuration,
-    and AOTAutograd compiles a backward lazily, at its first run, outside
-    Dynamo's compile lock: our lock keeps cgtree's backwards compiling one
-    at a time. A limit: another backend's compile on another thread at that
-    very moment skips the cache too (slower, never wrong)."""
-    if not backward or getattr(_fw_metadata(), "bw_donated_idxs", None):
+def _fx_graph_cache_where_safe(backward):
+    """Inductor's FX graph cache for the compiles whose key says all that
+    decides their code; the others compile afresh. Its key (PyTorch 2.11)
+    leaves out two things that change the code, and each gave wrong
+    values, silently, where a compile came back from the cache to a program
+    that differed in it (bench/donated_cache_probe.py; a helper's hunt,
+    python/tests/test_torch_cache_hunt_sim.py):
+
+    - the saved activations AOTAutograd donates to a backward, whose memory
+      Inductor then reuses once read: a backward compiled with donation came
+      back to a retaining backward (donated_buffer off, or a first backward
+      that retains), whose second backward read overwritten activations.
+      So a backward with no donated buffer compiles afresh; one with donated
+      buffers uses the cache (for one graph AOTAutograd donates none or the
+      same ones, and code that reuses fewer is right too);
+    - torch.get_default_dtype(), which decides the dtype of an integer
+      tensor's true division at lowering: a graph compiled under float64
+      came back to a float32 program, whose forward then saved float64
+      activations that its backward, compiled afresh (cgtree turns
+      AOTAutograd's cache off), read as float32: gradients off by 1e25. So
+      under a default dtype other than float32 every graph compiles afresh
+      (and leaves nothing in the cache for float32 programs).
+
+    Keying the compile through torch.compiler.config.cache_key_tag instead
+    was tried: that tag keys Triton's autotuning results too, so cgtree's
+    reductions could pick other configurations than plain Inductor's, and
+    19 GPU tests lost bit-equality with Inductor. The switch is process-wide
+    configuration: Dynamo's compile lock, which Inductor takes around a
+    backward's lazy compile too (compile_fx_backward), keeps any other
+    compile from running meanwhile, and our own lock keeps cgtree's in turn
+    should that change. A limit: an entry plain Inductor wrote under
+    another default dtype can still come back to cgtree's float32 compile."""
+    donated = getattr(_fw_metadata(), "bw_donated_idxs", None) if backward else True
+    if donated and torch.get_default_dtype() == torch.float32:
         return contextlib.nullcontext()
     return _without_fx_graph_cache()
 
@@ -427,11 +435,11 @@ def _cache_keyed_by_donation(backward):
 def _without_fx_graph_cache():
     from torch._inductor import config as inductor_config
 
-    with _donation_lock, inductor_config.patch(fx_graph_cache=False):
+    with _cache_off_lock, inductor_config.patch(fx_graph_cache=False):
         yield
 
 
-_donation_lock = threading.RLock()
+_cache_off_lock = threading.RLock()
 
 
 def inner_compile(gm, example_inputs, **kwargs):
@@ -454,7 +462,7 @@ def inner_compile(gm, example_inputs, **kwargs):
         remade = _outputs_remade(saved_from)
         if saved_inputs is not None:  # where the saved tensors begin is known: never a user's output
             saved_cuda = saved_on_cuda(gm, saved_from)
-    with _cache_keyed_by_donation(backward):
+    with _fx_graph_cache_where_safe(backward):
         compiled = compile_fx_inner(gm, example_inputs, **kwargs)
     static_idxs = tuple(kwargs.get("static_input_idxs") or ())
     mutated, known = mutated_inputs(compiled, len(example_inputs))

@@ -1,0 +1,196 @@
+"""Hunts for compiles in an earlier phase (the same process after
+torch._dynamo.reset(), or an earlier process sharing the cache directory)
+that make a later phase compute wrong values under cgtree's backend, where
+the same program compiled in a fresh cache directory computes right. CPU
+only: cgtree's backend (compile_graph) on CPU tensors goes through the same
+inner_compile hook and Inductor's FX graph cache, and runs the plain
+Inductor graphs (CGTREE_TORCH_NO_INSTALL=1). Each case runs its phases in
+subprocesses with a cache directory of their own.
+
+Found: torch.get_default_dtype() decides the dtype of an integer tensor's
+true division (torch.arange(4) / 3), which Inductor works out at lowering
+time (type promotion, torch._prims_common), but neither the FX graph's
+code (aten.div.Tensor of an int64 tensor carries no dtype) nor Inductor's
+FX graph cache key (PyTorch 2.11) has it. (torch.ones(4) was not hit: its
+decomposition names the dtype.) A graph compiled under one default dtype comes back from the
+cache to a program running under another: a float32 program gets float64
+outputs; and since cgtree turns AOTAutograd's cache off, its forward comes
+back from phase 1 while its backward (whose graph differs: no dtype
+conversions) is compiled afresh, so the backward reads the float64 saved
+activation as float32: gradients wrong by 1e25, silently. Plain Inductor
+after a plain Inductor phase gets the whole phase-1 pair from AOTAutograd's
+cache: float64 outputs, gradients off by float rounding only; after a
+cgtree phase (which leaves no AOTAutograd entry) it is as wrong as cgtree.
+The same happens in one process with no reset at all: Dynamo recompiles
+when the default dtype changes, and the recompile hits the cache. cgtree's
+backend now compiles afresh under a default dtype other than float32
+(_backend._fx_graph_cache_where_safe), and these cases pass.
+
+The guard: donated buffers (torch._functorch.config.donated_buffer) with
+activation checkpointing, and from a plain Inductor compile, never reach a
+retained graph's second backward (a backward with no donated buffer
+compiles afresh: _backend._fx_graph_cache_where_safe). Clean in the same
+hunt (not kept as tests): retain with the flag on; grads of a subset and of the
+input; create_graph (raises, as fresh); frozen/unfrozen parameters; no_grad
+then training and back; dynamic=True, mark_dynamic; an activation memory
+budget; BatchNorm; dropout under checkpointing; freezing with other
+weights; automatic-dynamic PGO state from an earlier process."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+
+def _env(tmp_path):
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"), CGTREE_TORCH_NO_INSTALL="1")
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.abspath(__file__))] + [p for p in sys.path if p])
+    return env
+
+
+def _run(script, args, tmp_path):
+    """Runs script with args in a process of its own, sharing tmp_path's
+    cache directory; its last line of output, as JSON."""
+    r = subprocess.run([sys.executable, "-c", script] + list(args), env=_env(tmp_path), capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+# One phase per argument (a default dtype), each after a Dynamo reset: a
+# graph whose integer true division's dtype is the default dtype, compiled
+# through cgtree's backend; per phase, whether the output has eager's dtype
+# and values (a fresh compile's: equal to eager bit for bit).
+DEFAULT_DTYPE_INFERENCE = textwrap.dedent('''
+    import json, sys, torch
+    from cgtree.torch import _backend
+
+    def f(x):
+        return x + torch.arange(4) / 3
+
+    def phase(default):
+        torch._dynamo.reset()
+        torch.set_default_dtype(getattr(torch, default))
+        x = torch.ones(4, dtype=torch.float32)
+        with torch.no_grad():
+            out = torch.compile(f, backend=_backend.compile_graph)(x)
+            want = f(x)
+        return {"dtype": str(out.dtype), "eager_dtype": str(want.dtype),
+                "max_diff": float((out.double() - want.double()).abs().max())}
+
+    print(json.dumps([phase(d) for d in sys.argv[1:]]))
+''')
+
+
+def test_a_graph_compiled_under_a_float64_default_dtype_never_comes_back_from_the_cache_to_a_float32_program(
+        tmp_path):
+    """torch.arange(4) / 3 is float64 under a float64 default dtype, float32
+    under float32; the traced graph does not say which (aten.div.Tensor of
+    an int64 tensor), Inductor decides at lowering time, and its FX graph
+    cache key does not include the default dtype. Phase 1 (float64 default)
+    compiles x + arange(4) / 3 for a float32 x, whose output is float64;
+    phase 2 (float32 default, the same process after a reset) got that
+    compile from the cache: a float64 output where eager and a fresh
+    compile give float32 (and 1/3 to float64 precision, 2e-8 off)."""
+    got = _run(DEFAULT_DTYPE_INFERENCE, ["float64", "float32"], tmp_path)
+    assert got[0] == {"dtype": "torch.float64", "eager_dtype": "torch.float64", "max_diff": 0.0}, got
+    assert got[1] == {"dtype": "torch.float32", "eager_dtype": "torch.float32", "max_diff": 0.0}, got
+
+
+# A training step of a float32 Linear whose output is scaled by
+# torch.arange(4) / 3 (float32 or float64, as the default dtype says),
+# through cgtree's backend; one phase per argument (a default dtype), each
+# after a Dynamo reset: the output's dtype and its and the weight
+# gradient's largest difference from eager (a fresh compile's: 0.0, bit for
+# bit).
+DEFAULT_DTYPE_TRAINING = textwrap.dedent('''
+    import json, sys, torch
+    from cgtree.torch import _backend
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = torch.nn.Linear(8, 4, dtype=torch.float32)
+
+        def forward(self, x):
+            return self.l(x) * (torch.arange(4) / 3)
+
+    def phase(default):
+        torch._dynamo.reset()
+        torch.set_default_dtype(getattr(torch, default))
+        torch.manual_seed(0)
+        m = M()
+        x = torch.randn(2, 8, dtype=torch.float32)
+        out = torch.compile(m, backend=_backend.compile_graph)(x)
+        out.square().sum().backward()
+        got, grad = out.detach().clone(), m.l.weight.grad.clone()
+        m.l.weight.grad = None
+        want = m(x)
+        want.square().sum().backward()
+        return {"dtype": str(got.dtype), "eager_dtype": str(want.dtype),
+                "out_diff": float((got.double() - want.double()).abs().max()),
+                "grad_diff": float((grad.double() - m.l.weight.grad.double()).abs().max())}
+
+    print(json.dumps([phase(d) for d in sys.argv[1:]]))
+''')
+
+
+def test_a_training_step_after_a_phase_with_a_float64_default_dtype_computes_a_fresh_compiles_gradients(tmp_path):
+    """A phase with a float64 default dtype (the same process after a
+    reset; an earlier process sharing the cache directory does the same)
+    compiled the forward of the same graph code: its output and the
+    activation it saves (arange(4) / 3) are float64. cgtree turns
+    AOTAutograd's cache off, so the float32 phase retraces: its forward
+    graph's code is the same and comes back from Inductor's FX graph cache
+    (float64), its backward's is not (phase 1's had dtype conversions) and
+    is compiled afresh for a float32 saved activation. It reads the float64
+    bits as float32: weight gradients wrong by about 5e25, silently (plain
+    Inductor gets phase 1's forward and backward from AOTAutograd's cache:
+    float64 outputs, gradients 2.4e-7 off)."""
+    got = _run(DEFAULT_DTYPE_TRAINING, ["float64", "float32"], tmp_path)
+    assert got[0] == {"dtype": "torch.float64", "eager_dtype": "torch.float64", "out_diff": 0.0,
+                      "grad_diff": 0.0}, got
+    assert got[1] == {"dtype": "torch.float32", "eager_dtype": "torch.float32", "out_diff": 0.0,
+                      "grad_diff": 0.0}, got
+
+
+# One phase per argument, "backend:kind:ckpt", each after a Dynamo reset
+# (python/tests/donation_phase.py). backend: cgtree or inductor (plain);
+# ckpt: "ckpt" checkpoints the first block, "-" does not. Prints per phase
+# the largest difference of the second backward's gradients from twice the
+# first's (0.0 for "plain").
+DONATION = textwrap.dedent('''
+    import json, sys
+    from cgtree.torch import _backend
+    from donation_phase import phase
+
+    def run(spec):
+        backend, kind, ckpt = spec.split(":")
+        return phase(_backend.compile_graph if backend == "cgtree" else backend, kind, ckpt == "ckpt")
+
+    print(json.dumps({k: run(k) for k in sys.argv[1:]}))
+''')
+
+
+def test_a_backward_compiled_with_donated_buffers_never_comes_back_from_inductors_cache_to_a_retained_graph(
+        tmp_path):
+    """Inductor reuses the memory of saved activations AOTAutograd donates
+    to a backward, so that backward must run once, and the FX graph cache
+    key does not say what was donated. A backward compiled with donation (a
+    plain backward, the flag on: cgtree's, with and without activation
+    checkpointing, whose backward recomputes the block, or plain
+    Inductor's) came back to the same graph compiled for a retaining
+    backward (the flag off; the flag on and a first backward that retains),
+    whose second backward read activations the first had overwritten:
+    gradients wrong by up to 3.7, silently. Now every retained graph's
+    second backward computes twice the first's gradients exactly (a
+    backward with no donated buffer compiles afresh,
+    _backend._fx_graph_cache_where_safe)."""
+    phases = ["cgtree:plain:ckpt", "cgtree:retain-off:ckpt", "cgtree:retain-on:ckpt", "inductor:plain:-",
+              "cgtree:retain-off:-", "cgtree:plain:-", "cgtree:retain-on:-"]
+    got = _run(DONATION, phases, tmp_path)
+    assert got == dict.fromkeys(phases, 0.0), got
