@@ -66,8 +66,13 @@ def donation_off():
     its key does not say what was donated, so plain Inductor, the
     reference, could be handed a backward an earlier test compiled with
     donation (cgtree's backend skips the cache for such a backward itself:
-    docs/torch.md, the retain_graph row)."""
-    with torch._functorch.config.patch(donated_buffer=False), torch._inductor.config.patch(fx_graph_cache=False):
+    docs/torch.md, the retain_graph row). Both sides then compile afresh,
+    and Inductor's deterministic mode has their reductions pick the same
+    configurations, not the one each benchmark found fastest (on a fresh
+    H200 the retain-graph test's bias gradients differed in their last bits
+    without it)."""
+    with torch._functorch.config.patch(donated_buffer=False), \
+            torch._inductor.config.patch(fx_graph_cache=False, deterministic=True):
         yield
 
 
