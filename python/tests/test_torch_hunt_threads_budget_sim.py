@@ -594,8 +594,8 @@ def test_cgtree_torch_stats_graphs_counts_the_recordings_the_trees_hold_as_the_b
     with a budget of 2 graphs each, both full: cgtree.torch.stats()
     should say 4 graphs held (the sum over trees, as for every other tree
     counter), or at least what the trees say."""
-    torch_pkg = pytest.importorskip("cgtree.torch")
-    from cgtree.torch import _install
+    _install = pytest.importorskip("cgtree.torch._install")  # needs torch (cgtree.torch imports without it)
+    import cgtree.torch as torch_pkg
 
     trees = PerThreadTrees(explicit=True, max_graphs=2)
     m = Model(trees)
@@ -664,11 +664,11 @@ def test_a_max_graph_bytes_past_64_bits_is_refused_not_wrapped_to_the_least_budg
 
 
 def test_cgtree_torch_set_budget_refuses_a_max_graphs_the_library_would_not_take():
-    """set_budget checks only int >= 0, and says the C library checks the
-    rest when a tree is made; a budget the library cannot even see (past
-    32 bits) should be refused here or there, never wrapped."""
-    ct = pytest.importorskip("cgtree.torch")
-    from cgtree.torch import _install
+    """A budget the library cannot even see (past 32 bits) is refused here
+    or there, never wrapped: set_budget took any int >= 0, and the tree
+    tree_for made from it held one graph."""
+    _install = pytest.importorskip("cgtree.torch._install")  # needs torch (cgtree.torch imports without it)
+    import cgtree.torch as ct
 
     saved = dict(_install._budget)
     try:
