@@ -144,14 +144,31 @@ enum { RANDOM_DEVICES = 64 };
 static void *random_done[RANDOM_DEVICES];
 static pthread_mutex_t random_mu = PTHREAD_MUTEX_INITIALIZER;
 
-void seg_random_lock(void) {
+/* Whether this thread holds random_mu: a random graph's run called inside
+ * another's (a compiled call in the graph's own Python, as a custom op's)
+ * would wait for its own thread for good, and every other thread's random
+ * graph behind it (a helper's hunt). It raises instead. */
+static _Thread_local int random_held_here;
+
+int seg_random_lock(void) {
+  if (random_held_here) {
+    PyErr_SetString(TxError, "cgtree.torch: a graph that draws random numbers was called inside another's run "
+                             "(a compiled call in a compiled graph's Python): cgtree cannot order their draws; "
+                             "call it outside, or compile both into one graph");
+    return -1;
+  }
   if (pthread_mutex_trylock(&random_mu) != 0) {
     Py_BEGIN_ALLOW_THREADS pthread_mutex_lock(&random_mu);
     Py_END_ALLOW_THREADS
   }
+  random_held_here = 1;
+  return 0;
 }
 
-void seg_random_unlock(void) { pthread_mutex_unlock(&random_mu); }
+void seg_random_unlock(void) {
+  random_held_here = 0;
+  pthread_mutex_unlock(&random_mu);
+}
 
 /* The event of T's device; NULL on the simulator (its trees have no CUDA
  * events, and their streams are not CUDA streams): nothing to order. */

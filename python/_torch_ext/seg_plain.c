@@ -29,7 +29,8 @@ static PyObject *call_plain(SegmentObject *s, PyObject *const *args, size_t n) {
   s->plain_calls++;
   if (!s->prelaunch_py)
     return PyObject_Vectorcall(s->compiled, args, n, NULL);
-  seg_random_lock();
+  if (seg_random_lock() < 0)
+    return NULL;
   PyObject *res = PyObject_Vectorcall(s->compiled, args, n, NULL);
   seg_random_unlock();
   return res;

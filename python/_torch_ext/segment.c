@@ -359,8 +359,8 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
     r->fill_stream = caller == NULL && T->blocking ? NULL : T->stream;
   }
   uint64_t refusals = tx_alloc_refusals(), step_refusals = tx_reads_refusals();
-  if (s->prelaunch_py)
-    seg_random_lock();
+  if (s->prelaunch_py && seg_random_lock() < 0)
+    return NULL;
   tx_alloc_run_enter(); /* a capture may run until cgt_run returns: eager frees wait (alloc.c) */
   T->in_run++;
   cgt_status st = cgt_run(T->tree, r->seg, variant, r->args, s->n_targs, r->outs, s->n_outputs);

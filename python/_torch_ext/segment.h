@@ -283,7 +283,7 @@ PyObject *seg_build_result(seg_run *r, PyObject *const *args, variant_tmpl *t);
 
 void seg_clear_exception(seg_run *r);
 void seg_go_plain_described(SegmentObject *s, PyObject *desc, const char *fallback);
-void seg_random_lock(void);
+int seg_random_lock(void); /* -1, CgtreeError set: this thread holds it already */
 int seg_random_done_event(int device);
 cgt_status seg_launch(cgt_launch *l, void *user);
 cgt_status seg_prelaunch(void *user, void *stream, uint64_t variant);
