@@ -1668,6 +1668,7 @@ PyMODINIT_FUNC PyInit__torch_ext(void) {
       PyModule_AddObjectRef(m, "Segment", (PyObject *)&SegmentType) < 0 ||
       PyModule_AddStringConstant(m, "ALLOC_FN", "cgt_torch_alloc_or_throw") < 0 ||
       PyModule_AddStringConstant(m, "FREE_FN", "cgt_torch_free") < 0 ||
+      PyModule_AddIntConstant(m, "MAX_GRAPHS_LIMIT", CGT_MAX_GRAPHS_LIMIT) < 0 ||
       PyModule_AddFunctions(m, tx_exchange_methods) < 0) {
     Py_DECREF(m);
     return NULL;

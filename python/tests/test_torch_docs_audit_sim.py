@@ -264,12 +264,12 @@ def test_a_number_variable_that_holds_no_number_is_refused_at_import_naming_it()
     import with int()'s own ValueError, and "-3" reach every tree as the C
     library's CGT_ERR_INVALID_ARGUMENT at the first compiled call; an empty
     value is unset (no budget)."""
-    for bad in ("lots", "-3", "1.5"):
+    for bad in ("lots", "-3", "1.5", str((1 << 24) + 1)):
         r = fresh_python("import cgtree.torch\n", CGTREE_TORCH_MAX_GRAPHS=bad)
         assert r.returncode != 0, (bad, r.stdout)
         last = r.stderr.strip().splitlines()[-1]
         assert "CgtreeError" in last and "CGTREE_TORCH_MAX_GRAPHS" in last and repr(bad) in last, (bad, last)
-    for good, budget in (("", 0), ("7", 7)):
+    for good, budget in (("", 0), ("7", 7), (str(1 << 24), 1 << 24)):
         r = fresh_python("import cgtree.torch as ct\nprint(ct._install._budget['max_graphs'])\n",
                          CGTREE_TORCH_MAX_GRAPHS=good)
         assert r.returncode == 0 and r.stdout.split() == [str(budget)], (good, r.stdout, r.stderr[-300:])

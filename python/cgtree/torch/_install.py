@@ -381,12 +381,12 @@ def tree_for(device):
     return entry
 
 
+MAX_GRAPHS_LIMIT = _ext.MAX_GRAPHS_LIMIT  # CGT_MAX_GRAPHS_LIMIT (include/cgtree.h): the C library refuses more
+
 # The recording budget of trees made from now on (cgtree.torch.set_budget).
-_budget = {"max_graphs": _env_count("CGTREE_TORCH_MAX_GRAPHS", "a number of graphs", 1 << 32) or 0,
+_budget = {"max_graphs": _env_count("CGTREE_TORCH_MAX_GRAPHS", "a number of graphs up to %d" % MAX_GRAPHS_LIMIT,
+                                    MAX_GRAPHS_LIMIT + 1) or 0,
            "max_graph_bytes": 0}
-
-
-MAX_GRAPHS_LIMIT = 1 << 24  # CGT_MAX_GRAPHS_LIMIT (include/cgtree.h): the C library refuses more
 
 
 def set_budget(max_graphs=0, max_graph_bytes=0):
