@@ -194,3 +194,58 @@ def test_a_backward_compiled_with_donated_buffers_never_comes_back_from_inductor
               "cgtree:retain-off:-", "cgtree:plain:-", "cgtree:retain-on:-"]
     got = _run(DONATION, phases, tmp_path)
     assert got == dict.fromkeys(phases, 0.0), got
+
+
+
+def test_fx_graph_cache_stays_off_where_the_environment_forces_it_on(tmp_path, monkeypatch):
+    """torch._inductor.config.fx_graph_cache is a Config with
+    env_name_force="TORCHINDUCTOR_FX_GRAPH_CACHE": where the variable is 1
+    (as guides on compile caching suggest), config.patch(fx_graph_cache=
+    False) sets user_override, which the forced value shadows
+    (torch/utils/_config_module.py __getattr__), so
+    _fx_graph_cache_where_safe is a no-op: the float64 phase's forward
+    comes back to the float32 program, float64 output, gradients off by
+    5e25 (a review)."""
+    monkeypatch.setenv("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")
+    got = _run(DEFAULT_DTYPE_TRAINING, ["float64", "float32"], tmp_path)
+    assert got[1] == {"dtype": "torch.float32", "eager_dtype": "torch.float32", "out_diff": 0.0,
+                      "grad_diff": 0.0}, got
+
+
+# Two phases, each after a Dynamo reset: an inference Linear through
+# cgtree's backend; per phase, how many times inner_compile ran.
+INNER_COMPILE_CALLS = textwrap.dedent('''
+    import json, torch
+    from cgtree.torch import _backend
+
+    calls = []
+    orig = _backend.inner_compile
+
+    def spy(gm, ex, **kw):
+        calls.append(1)
+        return orig(gm, ex, **kw)
+
+    _backend.inner_compile = spy
+
+    def phase():
+        torch._dynamo.reset()
+        calls.clear()
+        m = torch.nn.Linear(8, 4)
+        with torch.no_grad():
+            torch.compile(m, backend=_backend.compile_graph)(torch.randn(2, 8))
+        return len(calls)
+
+    print(json.dumps([phase(), phase()]))
+''')
+
+
+def test_aotautograds_cache_stays_off_where_the_environment_forces_it_on(tmp_path, monkeypatch):
+    """torch._functorch.config.enable_autograd_cache has
+    env_name_force="TORCHINDUCTOR_AUTOGRAD_CACHE": with it 1, compile_graph's
+    patch(enable_autograd_cache=False) is a no-op, and the second phase's
+    graph comes back from AOTAutograd's cache without calling inner_compile:
+    it runs as plain Inductor, never a Segment (counters: autograd_cache_hit
+    1). The same holds for TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE=1
+    (enable_remote_autograd_cache, which cgtree leaves alone)."""
+    monkeypatch.setenv("TORCHINDUCTOR_AUTOGRAD_CACHE", "1")
+    assert _run(INNER_COMPILE_CALLS, [], tmp_path) == [1, 1]
