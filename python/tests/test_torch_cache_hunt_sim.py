@@ -249,3 +249,51 @@ def test_aotautograds_cache_stays_off_where_the_environment_forces_it_on(tmp_pat
     (enable_remote_autograd_cache, which cgtree leaves alone)."""
     monkeypatch.setenv("TORCHINDUCTOR_AUTOGRAD_CACHE", "1")
     assert _run(INNER_COMPILE_CALLS, [], tmp_path) == [1, 1]
+
+
+# Phases A and B, each after a Dynamo reset: the same MLP through cgtree's
+# backend; B also returns r.detach(), an activation its backward reads. Per
+# phase B: how far r is from eager's value before and after the backward.
+DONATED_SUBSET = textwrap.dedent('''
+    import json, sys, torch
+    from cgtree.torch import _backend
+
+    class M(torch.nn.Module):
+        def __init__(self, ret):
+            super().__init__()
+            self.l1, self.l2, self.l3 = torch.nn.Linear(32, 64), torch.nn.Linear(64, 64), torch.nn.Linear(64, 1)
+            self.ret = ret
+
+        def forward(self, x):
+            r = torch.relu(self.l1(x))
+            h = torch.tanh(self.l2(r))
+            out = self.l3(h * h.sigmoid())
+            return (out, r.detach()) if self.ret else out
+
+    def phase(kind):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        m = M(kind == "B")
+        x = torch.randn(16, 32)
+        res = torch.compile(m, backend=_backend.compile_graph)(x)
+        want = torch.relu(m.l1(x)).detach()
+        out, r = res if kind == "B" else (res, want)
+        before = float((r - want).abs().max())
+        out.square().sum().backward()
+        return [before, float((r - want).abs().max())]
+
+    print(json.dumps([phase(k) for k in sys.argv[1:]]))
+''')
+
+
+def test_a_backward_that_donates_fewer_buffers_never_gets_one_compiled_with_more_from_the_cache(tmp_path):
+    """The same backward graph can follow forwards whose saved activations
+    AOTAutograd donates differently: B returns r.detach(), a saved
+    activation, so r is not donated (bw_donated_idxs [4, 5]) where A donated
+    it ([3, 4, 5]); the backward graph's code is the same. B's donated set is
+    not empty, so _fx_graph_cache_where_safe lets the cache serve A's
+    backward, which reuses r's memory: the r the program holds is
+    overwritten by the backward (1.9 off), silently. Fresh, B gives [0, 0]
+    (a review; plain Inductor does the same after A)."""
+    got = _run(DONATED_SUBSET, ["A", "B"], tmp_path)
+    assert got[1] == [0.0, 0.0], got
