@@ -209,7 +209,7 @@ def worker(a):
     res["stamps"] = stamps
     if ct is not None:
         s = ct.stats()
-        res["cgtree"] = {k: s.get(k, 0) for k in ("graphs", "graphs_plain", "recordings", "replays", "warmups",
+        res["cgtree"] = {k: s.get(k, 0) for k in ("graphs_compiled", "graphs_plain", "recordings", "replays", "warmups",
                                                    "eager_runs", "capture_failures", "steps_deferred")}
     dist.barrier(device_ids=[a.rank]) if cuda else dist.barrier()
     dist.destroy_process_group()

@@ -103,7 +103,7 @@ def main():
     f = torch.compile(model, backend="cgtree")
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     x = torch.randn(16, 256, device="cuda")
-    keys = ("saved_activations_alive", "steps_deferred", "recordings", "replays", "graphs", "graphs_plain",
+    keys = ("saved_activations_alive", "steps_deferred", "recordings", "replays", "graphs_compiled", "graphs_plain",
             "gradients_moved")
     for i in range(a.steps):
         opt.zero_grad(set_to_none=True)

@@ -659,18 +659,32 @@ tx_out_ref *tx_other_trees_step_output_at(const TreeObject *T, void *ptr, size_t
   return NULL;
 }
 
-/* PyArg converters for Tree's counts: an int that fits, else ValueError
- * naming the range. The "I" and "K" formats wrap what does not fit (a
- * max_graphs of 2**32 + 1 was a budget of one graph: a helper's hunt). */
+/* PyArg converters for Tree's counts: an int (or an object with
+ * __index__, a numpy integer) that fits, else TypeError for another type
+ * (a bool too: True is no count) and ValueError naming the range. The "I"
+ * and "K" formats wrap what does not fit (a max_graphs of 2**32 + 1 was a
+ * budget of one graph: a helper's hunt). */
 static int count_arg(PyObject *o, unsigned long long max, unsigned long long *out) {
-  unsigned long long v = PyLong_Check(o) ? PyLong_AsUnsignedLongLong(o) : (unsigned long long)-1;
-  if (PyLong_Check(o) && !PyErr_Occurred() && v <= max) {
-    *out = v;
-    return 1;
+  if (PyBool_Check(o) || !PyIndex_Check(o)) {
+    PyErr_Format(PyExc_TypeError, "Tree: a count must be an int, not %.100s", Py_TYPE(o)->tp_name);
+    return 0;
   }
+  PyObject *n = PyNumber_Index(o);
+  if (!n)
+    return 0;
+  unsigned long long v = PyLong_AsUnsignedLongLong(n);
+  int fits = !(v == (unsigned long long)-1 && PyErr_Occurred()) && v <= max;
   PyErr_Clear();
-  PyErr_Format(PyExc_ValueError, "Tree: a count must be an int from 0 to %llu, not %R", max, o);
-  return 0;
+  if (fits) {
+    *out = v;
+  } else {
+    PyObject *text = PyObject_Str(n);
+    if (text)
+      PyErr_Format(PyExc_ValueError, "Tree: a count must be from 0 to %llu, not %U", max, text);
+    Py_XDECREF(text);
+  }
+  Py_DECREF(n);
+  return fits;
 }
 
 static int u32_arg(PyObject *o, void *out) {
@@ -1669,6 +1683,7 @@ PyMODINIT_FUNC PyInit__torch_ext(void) {
       PyModule_AddStringConstant(m, "ALLOC_FN", "cgt_torch_alloc_or_throw") < 0 ||
       PyModule_AddStringConstant(m, "FREE_FN", "cgt_torch_free") < 0 ||
       PyModule_AddIntConstant(m, "MAX_GRAPHS_LIMIT", CGT_MAX_GRAPHS_LIMIT) < 0 ||
+      PyModule_AddIntConstant(m, "MIN_GRAPH_BYTES", (long)CGT_MIN_GRAPH_BYTES) < 0 ||
       PyModule_AddFunctions(m, tx_exchange_methods) < 0) {
     Py_DECREF(m);
     return NULL;

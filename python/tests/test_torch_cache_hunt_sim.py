@@ -23,13 +23,21 @@ cache: float64 outputs, gradients off by float rounding only; after a
 cgtree phase (which leaves no AOTAutograd entry) it is as wrong as cgtree.
 The same happens in one process with no reset at all: Dynamo recompiles
 when the default dtype changes, and the recompile hits the cache. cgtree's
-backend now compiles afresh under a default dtype other than float32
-(_backend._fx_graph_cache_where_safe), and these cases pass.
+backend now keys its compiles by the default dtype
+(_backend._cache_keyed_by_what_it_omits), and these cases pass.
 
 The guard: donated buffers (torch._functorch.config.donated_buffer) with
 activation checkpointing, and from a plain Inductor compile, never reach a
-retained graph's second backward (a backward with no donated buffer
-compiles afresh: _backend._fx_graph_cache_where_safe). Clean in the same
+retained graph's second backward (a backward's cache key carries the
+indices of its donated buffers: _backend._cache_keyed_by_what_it_omits).
+
+Found by a review since: the same backward graph after forwards that donate
+different sets (one also returns a saved activation, which is then not
+donated) came back compiled with more donated and overwrote the activation
+the program held; TORCHINDUCTOR_FX_GRAPH_CACHE=1 defeated the first fix
+(turning the cache off by a config patch, which the forced variable
+shadows); TORCHINDUCTOR_AUTOGRAD_CACHE=1 kept AOTAutograd's cache on, so a
+graph came back from it ungraphed, untold (now a CgtreeError). Clean in the same
 hunt (not kept as tests): retain with the flag on; grads of a subset and of the
 input; create_graph (raises, as fresh); frozen/unfrozen parameters; no_grad
 then training and back; dynamic=True, mark_dynamic; an activation memory
@@ -37,8 +45,10 @@ budget; BatchNorm; dropout under checkpointing; freezing with other
 weights; automatic-dynamic PGO state from an earlier process."""
 import json
 import os
+import pathlib
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import pytest
@@ -187,25 +197,26 @@ def test_a_backward_compiled_with_donated_buffers_never_comes_back_from_inductor
     backward (the flag off; the flag on and a first backward that retains),
     whose second backward read activations the first had overwritten:
     gradients wrong by up to 3.7, silently. Now every retained graph's
-    second backward computes twice the first's gradients exactly (a
-    backward with no donated buffer compiles afresh,
-    _backend._fx_graph_cache_where_safe)."""
-    phases = ["cgtree:plain:ckpt", "cgtree:retain-off:ckpt", "cgtree:retain-on:ckpt", "inductor:plain:-",
-              "cgtree:retain-off:-", "cgtree:plain:-", "cgtree:retain-on:-"]
+    second backward computes twice the first's gradients exactly (the
+    donated indices key a backward's compile, and cgtree's compiles never
+    read plain Inductor's entries: _backend._cache_keyed_by_what_it_omits)."""
+    phases = ["cgtree:plain:-", "cgtree:retain-off:-", "cgtree:plain:ckpt", "cgtree:retain-off:ckpt",
+              "cgtree:retain-on:ckpt", "inductor:plain:-", "cgtree:retain-on:-"]
     got = _run(DONATION, phases, tmp_path)
     assert got == dict.fromkeys(phases, 0.0), got
 
 
-
-def test_fx_graph_cache_stays_off_where_the_environment_forces_it_on(tmp_path, monkeypatch):
+def test_a_cache_the_environment_forces_on_still_never_hands_a_float64_compile_to_a_float32_program(tmp_path,
+                                                                                                   monkeypatch):
     """torch._inductor.config.fx_graph_cache is a Config with
     env_name_force="TORCHINDUCTOR_FX_GRAPH_CACHE": where the variable is 1
     (as guides on compile caching suggest), config.patch(fx_graph_cache=
     False) sets user_override, which the forced value shadows
-    (torch/utils/_config_module.py __getattr__), so
-    _fx_graph_cache_where_safe is a no-op: the float64 phase's forward
-    comes back to the float32 program, float64 output, gradients off by
-    5e25 (a review)."""
+    (torch/utils/_config_module.py __getattr__), so the first fix, which
+    turned the cache off that way, was a no-op: the float64 phase's forward
+    came back to the float32 program, float64 output, gradients off by
+    5e25 (a review). Now the default dtype keys the compile, whatever the
+    variable says."""
     monkeypatch.setenv("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")
     got = _run(DEFAULT_DTYPE_TRAINING, ["float64", "float32"], tmp_path)
     assert got[1] == {"dtype": "torch.float32", "eager_dtype": "torch.float32", "out_diff": 0.0,
@@ -213,7 +224,8 @@ def test_fx_graph_cache_stays_off_where_the_environment_forces_it_on(tmp_path, m
 
 
 # Two phases, each after a Dynamo reset: an inference Linear through
-# cgtree's backend; per phase, how many times inner_compile ran.
+# cgtree's backend; per phase, how many times inner_compile ran, or the
+# error the compile raised (its type's name and message).
 INNER_COMPILE_CALLS = textwrap.dedent('''
     import json, torch
     from cgtree.torch import _backend
@@ -231,24 +243,33 @@ INNER_COMPILE_CALLS = textwrap.dedent('''
         torch._dynamo.reset()
         calls.clear()
         m = torch.nn.Linear(8, 4)
-        with torch.no_grad():
-            torch.compile(m, backend=_backend.compile_graph)(torch.randn(2, 8))
-        return len(calls)
+        try:
+            with torch.no_grad():
+                torch.compile(m, backend=_backend.compile_graph)(torch.randn(2, 8))
+        except Exception as e:  # Dynamo wraps the backend's error; the cause is ours
+            cause = getattr(e, "inner_exception", None) or e.__cause__ or e
+            return [type(cause).__name__, str(cause)]
+        return ["compiled", len(calls)]
 
     print(json.dumps([phase(), phase()]))
 ''')
 
 
-def test_aotautograds_cache_stays_off_where_the_environment_forces_it_on(tmp_path, monkeypatch):
+def test_a_forced_aotautograd_cache_is_refused_with_an_error_naming_the_variable(tmp_path, monkeypatch):
     """torch._functorch.config.enable_autograd_cache has
     env_name_force="TORCHINDUCTOR_AUTOGRAD_CACHE": with it 1, compile_graph's
-    patch(enable_autograd_cache=False) is a no-op, and the second phase's
-    graph comes back from AOTAutograd's cache without calling inner_compile:
-    it runs as plain Inductor, never a Segment (counters: autograd_cache_hit
-    1). The same holds for TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE=1
-    (enable_remote_autograd_cache, which cgtree leaves alone)."""
+    patch(enable_autograd_cache=False) was a no-op, and the second phase's
+    graph came back from AOTAutograd's cache without calling inner_compile:
+    it ran as plain Inductor, never a Segment, untold (a review). Now every
+    compile raises CgtreeError naming the variable, and none reaches
+    Inductor; unset, the same script compiles through inner_compile in
+    both phases."""
     monkeypatch.setenv("TORCHINDUCTOR_AUTOGRAD_CACHE", "1")
-    assert _run(INNER_COMPILE_CALLS, [], tmp_path) == [1, 1]
+    got = _run(INNER_COMPILE_CALLS, [], tmp_path)
+    assert [g[0] for g in got] == ["CgtreeError", "CgtreeError"], got
+    assert all("TORCHINDUCTOR_AUTOGRAD_CACHE='1'" in g[1] and "unset" in g[1] for g in got), got
+    monkeypatch.delenv("TORCHINDUCTOR_AUTOGRAD_CACHE")
+    assert _run(INNER_COMPILE_CALLS, [], tmp_path) == [["compiled", 1], ["compiled", 1]]
 
 
 # Phases A and B, each after a Dynamo reset: the same MLP through cgtree's
@@ -291,9 +312,69 @@ def test_a_backward_that_donates_fewer_buffers_never_gets_one_compiled_with_more
     AOTAutograd donates differently: B returns r.detach(), a saved
     activation, so r is not donated (bw_donated_idxs [4, 5]) where A donated
     it ([3, 4, 5]); the backward graph's code is the same. B's donated set is
-    not empty, so _fx_graph_cache_where_safe lets the cache serve A's
-    backward, which reuses r's memory: the r the program holds is
-    overwritten by the backward (1.9 off), silently. Fresh, B gives [0, 0]
-    (a review; plain Inductor does the same after A)."""
+    not empty, so the first fix (the cache off only for a backward that
+    donates nothing) let the cache serve A's backward, which reuses r's
+    memory: the r the program held was overwritten by the backward (1.9
+    off), silently (a review; plain Inductor does the same after A). Now the
+    donated indices key the backward's compile; fresh, B gives [0, 0]."""
     got = _run(DONATED_SUBSET, ["A", "B"], tmp_path)
     assert got[1] == [0.0, 0.0], got
+
+
+# One phase per argument ("keyed": a CustomGraphPass with a uuid; "plain": a
+# bare function), each after a Dynamo reset: an inference graph through
+# cgtree's backend with the program's own post-grad pass set; per phase, how
+# often the pass ran, the output's distance from eager, and Inductor's
+# FX graph cache hits and misses.
+OWN_POST_GRAD_PASS = textwrap.dedent('''
+    import json, sys, torch
+    from torch._inductor import config as inductor_config
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+    from torch._dynamo.utils import counters
+    from cgtree.torch import _backend
+
+    ran = []
+
+    class Keyed(CustomGraphPass):
+        def __call__(self, graph):
+            ran.append(len(graph.nodes))
+
+        def uuid(self):
+            return "test-keyed-pass-1"
+
+    def plain(graph):
+        ran.append(len(graph.nodes))
+
+    def f(x):
+        return torch.relu(x) * 3 + 1
+
+    def phase(kind):
+        torch._dynamo.reset()
+        ran.clear()
+        counters.clear()
+        x = torch.randn(8)
+        with inductor_config.patch(post_grad_custom_post_pass=Keyed() if kind == "keyed" else plain):
+            out = torch.compile(f, backend=_backend.compile_graph)(x)
+            left = inductor_config.post_grad_custom_post_pass
+        return [len(ran), float((out - f(x)).abs().max()), counters["inductor"]["fxgraph_cache_hit"],
+                counters["inductor"]["fxgraph_cache_miss"], left is not None and type(left).__name__]
+
+    print(json.dumps([phase(k) for k in sys.argv[1:]]))
+''')
+
+
+def test_a_programs_own_post_grad_pass_runs_inside_cgtrees_and_keys_or_skips_the_cache_as_alone():
+    """cgtree keys Inductor's FX graph cache through the post-grad custom
+    pass slot (_backend._cache_keyed_by_what_it_omits), standing in for the
+    program's own pass: that pass must still run at every compile that is
+    not a hit, its uuid must still key the cache (a keyed pass: a miss, then a hit), a bare
+    function, which Inductor cannot key, must still keep the cache out (no
+    hit), and the program's pass must be back in the slot after the
+    compile."""
+    with tempfile.TemporaryDirectory() as d:
+        keyed = _run(OWN_POST_GRAD_PASS, ["keyed", "keyed"], pathlib.Path(d))
+    # compiled once, running the pass (a miss); then a hit, which stands for the pass's work
+    assert keyed == [[1, 0.0, 0, 1, "Keyed"], [0, 0.0, 1, 0, "Keyed"]], keyed
+    with tempfile.TemporaryDirectory() as d:
+        plain = _run(OWN_POST_GRAD_PASS, ["plain", "plain"], pathlib.Path(d))
+    assert [p[0] >= 1 and p[1] == 0.0 and p[2] == 0 and p[4] == "function" for p in plain] == [True, True], plain

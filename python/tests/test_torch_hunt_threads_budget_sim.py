@@ -688,6 +688,56 @@ def test_cgtree_torch_set_budget_refuses_a_max_graphs_the_library_would_not_take
         _install._budget.update(saved)
 
 
+def test_a_trees_counts_take_ints_and_index_objects_and_refuse_bools_and_other_types_with_type_error():
+    """Tree's count arguments (warmup_runs, rerecord_limit, max_graphs,
+    max_graph_bytes): an object with __index__ (a numpy integer) counts as
+    its int, as the "I" and "K" formats it replaced took it; True is no
+    count (TypeError, as set_budget refuses bools); a float or a string is a
+    TypeError, a negative int or one past the range a ValueError that says
+    the range (a review: every wrong type was a ValueError, bools passed as
+    1 and 0, and __index__ objects were refused)."""
+
+    class Five:
+        def __index__(self):
+            return 5
+
+    t = X.Tree(0, backend="sim", warmup_runs=Five(), max_graphs=Five())
+    assert t.stats()["graphs"] == 0
+    for kw in ("warmup_runs", "rerecord_limit", "max_graphs", "max_graph_bytes"):
+        for bad in (True, 1.0, "3", None):
+            with pytest.raises(TypeError, match="count must be an int"):
+                X.Tree(0, backend="sim", **{kw: bad})
+        with pytest.raises(ValueError, match="from 0 to"):
+            X.Tree(0, backend="sim", **{kw: -1})
+    with pytest.raises(ValueError, match="from 0 to 4294967295, not 4294967296"):
+        X.Tree(0, backend="sim", max_graphs=2 ** 32)
+
+
+def test_cgtree_torch_set_budget_refuses_a_byte_budget_below_the_librarys_floor_at_the_call():
+    """docs/api.md: max_graph_bytes is 0 or at least CGT_MIN_GRAPH_BYTES
+    (4096). set_budget took 1 to 4095 and the C library refused it only
+    when the first tree was made, at some later compiled call (a review).
+    Now the call raises ValueError naming the floor, and changes nothing;
+    4096 and 0 are taken."""
+    _install = pytest.importorskip("cgtree.torch._install")  # needs torch (cgtree.torch imports without it)
+    import cgtree.torch as ct
+
+    assert X.MIN_GRAPH_BYTES == 4096
+    saved = dict(_install._budget)
+    try:
+        ct.set_budget(max_graphs=3, max_graph_bytes=8192)
+        for bad in (1, 4095):
+            with pytest.raises(ValueError, match="at least 4096"):
+                ct.set_budget(max_graph_bytes=bad)
+            assert _install._budget == {"max_graphs": 3, "max_graph_bytes": 8192}
+        ct.set_budget(max_graph_bytes=4096)
+        assert _install._budget["max_graph_bytes"] == 4096
+        ct.set_budget()
+        assert _install._budget == {"max_graphs": 0, "max_graph_bytes": 0}
+    finally:
+        _install._budget.update(saved)
+
+
 # ------------------------------------------------------------------ 6. update in place under a byte budget
 
 class AddW:

@@ -72,6 +72,7 @@ seg_call_bypassed).
 import contextlib
 import functools
 import itertools
+import os
 import threading
 import warnings
 
@@ -393,53 +394,87 @@ def _backward_static(example_inputs, kwargs):
     return tuple(i for i, static in zip(tensors, saved) if static)
 
 
-def _fx_graph_cache_where_safe(backward):
-    """Inductor's FX graph cache for the compiles whose key says all that
-    decides their code; the others compile afresh. Its key (PyTorch 2.11)
-    leaves out two things that change the code, and each gave wrong
-    values, silently, where a compile came back from the cache to a program
-    that differed in it (bench/donated_cache_probe.py; a helper's hunt,
-    python/tests/test_torch_cache_hunt_sim.py):
+@contextlib.contextmanager
+def _cache_keyed_by_what_it_omits(backward):
+    """Inductor's FX graph cache keyed by what its key (PyTorch 2.11) leaves
+    out and the compiled code depends on. Each of these gave wrong values,
+    silently, where a compile came back from the cache to a program that
+    differed in it (bench/donated_cache_probe.py; python/tests/
+    test_torch_cache_hunt_sim.py, helpers' hunts and a review):
 
     - the saved activations AOTAutograd donates to a backward, whose memory
-      Inductor then reuses once read: a backward compiled with donation came
+      Inductor then reuses once read. A backward compiled with donation came
       back to a retaining backward (donated_buffer off, or a first backward
-      that retains), whose second backward read overwritten activations.
-      So a backward with no donated buffer compiles afresh; one with donated
-      buffers uses the cache (for one graph AOTAutograd donates none or the
-      same ones, and code that reuses fewer is right too);
+      that retains), whose second backward read overwritten activations;
+      and one backward graph can follow forwards that donate different sets
+      (a forward that also returns a saved activation does not donate it),
+      so one compiled with more donated overwrote an activation the program
+      held;
     - torch.get_default_dtype(), which decides the dtype of an integer
       tensor's true division at lowering: a graph compiled under float64
       came back to a float32 program, whose forward then saved float64
-      activations that its backward, compiled afresh (cgtree turns
-      AOTAutograd's cache off), read as float32: gradients off by 1e25. So
-      under a default dtype other than float32 every graph compiles afresh
-      (and leaves nothing in the cache for float32 programs).
+      activations that its backward read as float32 (gradients off by 1e25).
 
-    Keying the compile through torch.compiler.config.cache_key_tag instead
-    was tried: that tag keys Triton's autotuning results too, so cgtree's
-    reductions could pick other configurations than plain Inductor's, and
-    19 GPU tests lost bit-equality with Inductor. The switch is process-wide
-    configuration: Dynamo's compile lock, which Inductor takes around a
-    backward's lazy compile too (compile_fx_backward), keeps any other
-    compile from running meanwhile, and our own lock keeps cgtree's in turn
-    should that change. A limit: an entry plain Inductor wrote under
-    another default dtype can still come back to cgtree's float32 compile."""
-    donated = getattr(_fw_metadata(), "bw_donated_idxs", None) if backward else True
-    if donated and torch.get_default_dtype() == torch.float32:
-        return contextlib.nullcontext()
-    return _without_fx_graph_cache()
+    The way in is the one Inductor documents for state a compile depends on
+    (torch._inductor.custom_graph_pass.CustomGraphPass): a post-grad pass
+    whose uuid() the cache key hashes. Ours changes no graph: it runs the
+    program's own post-grad pass, if any, and its uuid carries the donated
+    indices the compile reads (a backward), the default dtype, and that
+    pass's uuid (None, where that pass has none, makes Inductor skip the
+    cache, as that pass alone would). So cgtree's compiles never share
+    entries with plain Inductor's, which lack that pass: none of plain
+    Inductor's entries comes back to cgtree either.
 
-
-@contextlib.contextmanager
-def _without_fx_graph_cache():
+    Turning the cache off for such compiles (the first fix) missed the
+    second donation case, and the variable TORCHINDUCTOR_FX_GRAPH_CACHE=1
+    overrides a config patch (a review). Keying through
+    torch.compiler.config.cache_key_tag was tried too: that tag keys
+    Triton's autotuning results, so cgtree's reductions could pick other
+    configurations than plain Inductor's, and 19 GPU tests lost
+    bit-equality with Inductor; a custom pass's uuid keys the FX graph
+    only. The slot is process-wide configuration: Dynamo's compile lock,
+    which Inductor takes around a backward's lazy compile too
+    (compile_fx_backward), keeps any other compile from running meanwhile,
+    and our own lock keeps cgtree's in turn should that change."""
     from torch._inductor import config as inductor_config
 
-    with _cache_off_lock, inductor_config.patch(fx_graph_cache=False):
-        yield
+    facts = (str(torch.get_default_dtype()),)
+    if backward:
+        donated = getattr(_fw_metadata(), "bw_donated_idxs", None)
+        facts += (None if donated is None else tuple(donated),)
+    with _cache_key_lock:
+        keyed = _cache_key_pass()(facts, inductor_config.post_grad_custom_post_pass)
+        with inductor_config.patch(post_grad_custom_post_pass=keyed):
+            yield
 
 
-_cache_off_lock = threading.RLock()
+_cache_key_lock = threading.RLock()
+
+
+@functools.cache
+def _cache_key_pass():
+    """The class of _cache_keyed_by_what_it_omits's pass, made at first use
+    (Inductor's modules are imported at the first compile, not at ours)."""
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    class CacheKeyPass(CustomGraphPass):
+        """A post-grad pass that changes nothing but the FX graph cache key
+        (_cache_keyed_by_what_it_omits): it runs the pass it stands in for."""
+
+        def __init__(self, facts, inner):
+            self.facts, self.inner = facts, inner
+
+        def __call__(self, graph):
+            if self.inner is not None:
+                self.inner(graph)
+
+        def uuid(self):
+            if self.inner is None:
+                return ("cgtree.torch", self.facts)
+            inner = self.inner.uuid() if isinstance(self.inner, CustomGraphPass) else None
+            return None if inner is None else ("cgtree.torch", self.facts, inner)
+
+    return CacheKeyPass
 
 
 def inner_compile(gm, example_inputs, **kwargs):
@@ -462,7 +497,7 @@ def inner_compile(gm, example_inputs, **kwargs):
         remade = _outputs_remade(saved_from)
         if saved_inputs is not None:  # where the saved tensors begin is known: never a user's output
             saved_cuda = saved_on_cuda(gm, saved_from)
-    with _fx_graph_cache_where_safe(backward):
+    with _cache_keyed_by_what_it_omits(backward):
         compiled = compile_fx_inner(gm, example_inputs, **kwargs)
     static_idxs = tuple(kwargs.get("static_input_idxs") or ())
     mutated, known = mutated_inputs(compiled, len(example_inputs))
@@ -551,6 +586,23 @@ def compile_graph(gm, example_inputs):
     directly: a graph without CUDA tensors compiles as plain Inductor)."""
     from torch._inductor.compile_fx import compile_fx
 
-    with torch._functorch.config.patch(enable_autograd_cache=False):
+    with torch._functorch.config.patch(enable_autograd_cache=False, enable_remote_autograd_cache=False):
+        _refuse_a_forced_autograd_cache()
         return compile_fx(gm, example_inputs, inner_compile=inner_compile,
                           config_patches={"triton.cudagraphs": False})
+
+
+def _refuse_a_forced_autograd_cache():
+    """Raises CgtreeError where AOTAutograd's cache stays on under our patch:
+    TORCHINDUCTOR_AUTOGRAD_CACHE=1 forces it past any config patch
+    (torch/utils/_config_module.py). On a hit AOTAutograd hands back
+    Inductor's compiled graphs without calling inner_compile: they would run
+    as plain Inductor graphs, untold, and its key leaves out the default
+    dtype (a float64 compile comes back to a float32 program: float64
+    outputs, as under plain Inductor). A clear error, once per compile,
+    rather than a program quietly ungraphed or wrong (a review)."""
+    if torch._functorch.config.enable_autograd_cache:
+        raise _install.CgtreeError(
+            "AOTAutograd's cache stays on (TORCHINDUCTOR_AUTOGRAD_CACHE=%r forces it): cgtree's backend needs it off, "
+            "since a graph it hands back skips cgtree and runs ungraphed; unset the variable"
+            % os.environ.get("TORCHINDUCTOR_AUTOGRAD_CACHE"))

@@ -394,10 +394,14 @@ def set_budget(max_graphs=0, max_graph_bytes=0):
     max_graphs recorded graphs and max_graph_bytes in their executables
     (0: no cap). Past it the least recently replayed recordings off the
     current path are evicted and made again when reached (docs/api.md,
-    "Recording budget"). Checked by cgtree's C library when a tree is made."""
+    "Recording budget"). Checked here as cgtree's C library checks it when
+    a tree is made, so a bad budget fails at this call, not later."""
     for name, v, top in (("max_graphs", max_graphs, MAX_GRAPHS_LIMIT), ("max_graph_bytes", max_graph_bytes, 2**64 - 1)):
         if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= top:
             raise ValueError("set_budget: %s must be an int from 0 to %d, not %r" % (name, top, v))
+    if 0 < max_graph_bytes < _ext.MIN_GRAPH_BYTES:
+        raise ValueError("set_budget: max_graph_bytes must be 0 (no cap) or at least %d (CGT_MIN_GRAPH_BYTES), not %d"
+                         % (_ext.MIN_GRAPH_BYTES, max_graph_bytes))
     _budget["max_graphs"], _budget["max_graph_bytes"] = max_graphs, max_graph_bytes
 
 
