@@ -421,9 +421,16 @@ def _cache_keyed_by_what_it_omits(backward):
     program's own post-grad pass, if any, and its uuid carries the donated
     indices the compile reads (a backward), the default dtype, and that
     pass's uuid (None, where that pass has none, makes Inductor skip the
-    cache, as that pass alone would). So cgtree's compiles never share
-    entries with plain Inductor's, which lack that pass: none of plain
-    Inductor's entries comes back to cgtree either.
+    cache, as that pass alone would). So those compiles never share
+    entries with plain Inductor's, which lack that pass. A forward (or
+    inference) graph under float32, whose code no donation changes, keeps
+    plain Inductor's key: it shares plain Inductor's entries, and so its
+    compiled code and the autotuning choices that decide a reduction's last
+    bits. A keyed backward autotunes its reductions apart, so with empty
+    caches its last bits can differ from a plain Inductor compile's, as two
+    plain compiles' can (an H200, 2 runs of 2; Inductor's deterministic
+    mode made them agree). A limit: an entry plain Inductor wrote under
+    another default dtype can still come back to cgtree's float32 forward.
 
     Turning the cache off for such compiles (the first fix) missed the
     second donation case, and the variable TORCHINDUCTOR_FX_GRAPH_CACHE=1
@@ -438,7 +445,11 @@ def _cache_keyed_by_what_it_omits(backward):
     and our own lock keeps cgtree's in turn should that change."""
     from torch._inductor import config as inductor_config
 
-    facts = (str(torch.get_default_dtype()),)
+    dtype = torch.get_default_dtype()
+    if not backward and dtype == torch.float32:
+        yield  # plain Inductor's key, its entries shared: see above
+        return
+    facts = (str(dtype),)
     if backward:
         donated = getattr(_fw_metadata(), "bw_donated_idxs", None)
         facts += (None if donated is None else tuple(donated),)
