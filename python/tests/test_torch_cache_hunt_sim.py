@@ -197,9 +197,9 @@ def test_a_backward_compiled_with_donated_buffers_never_comes_back_from_inductor
     backward (the flag off; the flag on and a first backward that retains),
     whose second backward read activations the first had overwritten:
     gradients wrong by up to 3.7, silently. Now every retained graph's
-    second backward computes twice the first's gradients exactly (the
-    donated indices key a backward's compile, and cgtree's compiles never
-    read plain Inductor's entries: _backend._cache_keyed_by_what_it_omits)."""
+    second backward computes twice the first's gradients exactly (a
+    backward donated less than every activation it may be keys its compile
+    by the donated indices: _backend._cache_keyed_by_what_it_omits)."""
     phases = ["cgtree:plain:-", "cgtree:retain-off:-", "cgtree:plain:ckpt", "cgtree:retain-off:ckpt",
               "cgtree:retain-on:ckpt", "inductor:plain:-", "cgtree:retain-on:-"]
     got = _run(DONATION, phases, tmp_path)
@@ -378,3 +378,36 @@ def test_a_programs_own_post_grad_pass_runs_inside_cgtrees_and_keys_or_skips_the
     with tempfile.TemporaryDirectory() as d:
         plain = _run(OWN_POST_GRAD_PASS, ["plain", "plain"], pathlib.Path(d))
     assert [p[0] >= 1 and p[1] == 0.0 and p[2] == 0 and p[4] == "function" for p in plain] == [True, True], plain
+
+
+# Two phases in one process, each after a Dynamo reset, sharing a cache
+# directory: plain Inductor trains donation_phase's MLP (with activation
+# checkpointing or without), then cgtree's backend trains it; per phase the
+# FX graph cache's hits and misses.
+SHARED = textwrap.dedent('''
+    import json, sys
+    from torch._dynamo.utils import counters
+    from cgtree.torch import _backend
+    from donation_phase import phase
+
+    def run(backend, ckpt):
+        counters.clear()
+        phase(_backend.compile_graph if backend == "cgtree" else backend, "plain", ckpt == "ckpt")
+        return [counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"]]
+
+    ckpt = sys.argv[1]
+    print(json.dumps([run("inductor", ckpt), run("cgtree", ckpt)]))
+''')
+
+
+@pytest.mark.parametrize("ckpt", ["-", "ckpt"])
+def test_a_common_training_step_shares_plain_inductors_cache_entries_forward_and_backward(tmp_path, ckpt):
+    """A backward donated every saved activation that is not an input of
+    its forward keeps plain Inductor's cache key (an entry of its graph was
+    compiled with no more donated), as a float32 forward does: cgtree's
+    compile after plain Inductor's is a hit for both graphs, so it runs
+    plain Inductor's code and autotuning choices. Keyed, such a backward
+    autotuned apart on an H200 with empty caches and a training loop's
+    losses differed from plain Inductor's in the last bits."""
+    got = _run(SHARED, [ckpt], tmp_path)
+    assert got == [[0, 2], [2, 0]], got

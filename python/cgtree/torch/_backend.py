@@ -319,6 +319,10 @@ def _plain_reason(example_inputs, kwargs, restores_rng, unsafe_op=None):
 # is a STATIC input of the forward (a parameter, a buffer, an input it
 # writes); read by the backward's compile.
 _saved_by_graph = {}
+# graph_id -> the positions among a training forward's saved tensors of those
+# that are not its inputs: what AOTAutograd may donate to its backward
+# (_donates_all_it_may).
+_donatable_by_graph = {}
 
 
 def _fw_metadata():
@@ -395,7 +399,7 @@ def _backward_static(example_inputs, kwargs):
 
 
 @contextlib.contextmanager
-def _cache_keyed_by_what_it_omits(backward):
+def _cache_keyed_by_what_it_omits(backward, graph_id):
     """Inductor's FX graph cache keyed by what its key (PyTorch 2.11) leaves
     out and the compiled code depends on. Each of these gave wrong values,
     silently, where a compile came back from the cache to a program that
@@ -422,15 +426,22 @@ def _cache_keyed_by_what_it_omits(backward):
     indices the compile reads (a backward), the default dtype, and that
     pass's uuid (None, where that pass has none, makes Inductor skip the
     cache, as that pass alone would). So those compiles never share
-    entries with plain Inductor's, which lack that pass. A forward (or
-    inference) graph under float32, whose code no donation changes, keeps
-    plain Inductor's key: it shares plain Inductor's entries, and so its
-    compiled code and the autotuning choices that decide a reduction's last
-    bits. A keyed backward autotunes its reductions apart, so with empty
-    caches its last bits can differ from a plain Inductor compile's, as two
-    plain compiles' can (an H200, 2 runs of 2; Inductor's deterministic
-    mode made them agree). A limit: an entry plain Inductor wrote under
-    another default dtype can still come back to cgtree's float32 forward.
+    entries with plain Inductor's, which lack that pass.
+
+    The common compiles keep plain Inductor's key and share its entries,
+    so their compiled code, and the autotuning choices that decide a
+    reduction's last bits, are plain Inductor's: a forward (or inference)
+    graph under float32, whose code no donation changes, and a backward
+    under float32 that is donated every saved activation that is not an
+    input of its forward (_donates_all_it_may): an entry of its graph can
+    have been compiled with no more. Keyed, a training loop's backward
+    autotuned its reductions apart from plain Inductor's on an H200 with
+    empty caches, and the losses differed in the last bits (2 runs of 2).
+    Limits: an entry plain Inductor wrote under another default dtype can
+    still come back to cgtree's float32 forward; and one backward graph
+    whose forwards differ in which saved activations are their own inputs
+    (one saves an input where another saves a tensor it computed) could
+    share an entry compiled with that tensor donated.
 
     Turning the cache off for such compiles (the first fix) missed the
     second donation case, and the variable TORCHINDUCTOR_FX_GRAPH_CACHE=1
@@ -446,7 +457,7 @@ def _cache_keyed_by_what_it_omits(backward):
     from torch._inductor import config as inductor_config
 
     dtype = torch.get_default_dtype()
-    if not backward and dtype == torch.float32:
+    if dtype == torch.float32 and (not backward or _donates_all_it_may(graph_id)):
         yield  # plain Inductor's key, its entries shared: see above
         return
     facts = (str(dtype),)
@@ -460,6 +471,22 @@ def _cache_keyed_by_what_it_omits(backward):
 
 
 _cache_key_lock = threading.RLock()
+
+
+def _donates_all_it_may(graph_id):
+    """True if the backward being compiled (of forward graph_id) is donated
+    every saved activation its forward's compile found is not one of the
+    forward's inputs (_donatable_by_graph), and at least one: AOTAutograd
+    donates no input, and fewer where the first backward retains its graph,
+    donated_buffer is off, or an activation is also a user output or an
+    output of the backward. False where anything is unknown."""
+    md = _fw_metadata()
+    donated = getattr(md, "bw_donated_idxs", None)
+    symints = getattr(md, "num_symints_saved_for_bw", None)
+    may = _donatable_by_graph.get(graph_id)
+    if not donated or not isinstance(symints, int) or not may:
+        return False
+    return set(may) <= {d - symints for d in donated}
 
 
 @functools.cache
@@ -508,7 +535,7 @@ def inner_compile(gm, example_inputs, **kwargs):
         remade = _outputs_remade(saved_from)
         if saved_inputs is not None:  # where the saved tensors begin is known: never a user's output
             saved_cuda = saved_on_cuda(gm, saved_from)
-    with _cache_keyed_by_what_it_omits(backward):
+    with _cache_keyed_by_what_it_omits(backward, kwargs.get("graph_id")):
         compiled = compile_fx_inner(gm, example_inputs, **kwargs)
     static_idxs = tuple(kwargs.get("static_input_idxs") or ())
     mutated, known = mutated_inputs(compiled, len(example_inputs))
@@ -518,6 +545,8 @@ def inner_compile(gm, example_inputs, **kwargs):
         statics = set(static_idxs) | set(mutated)
         _saved_by_graph[kwargs["graph_id"]] = (None if saved_inputs is None else
                                                [i is not None and i in statics for i in saved_inputs])
+        if saved_inputs is not None:
+            _donatable_by_graph[kwargs["graph_id"]] = tuple(k for k, i in enumerate(saved_inputs) if i is None)
     record = {"static_input_idxs": static_idxs, "mutated_input_idxs": sorted(mutated),
               "mutations_known": known, "random": rng, "plain_reason": why,
               "graph": ("backward" if backward else "compiled_autograd" if autograd_graph else
