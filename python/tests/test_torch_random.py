@@ -47,21 +47,7 @@ def assert_same_sequence(want, got):
             assert a.shape == b.shape and torch.equal(a, b), "call %d, result %d differs from Inductor's" % (i, j)
 
 
-class Replays:
-    """What cgtree's graphs did inside the with-block: replays, and graphs
-    that went plain."""
-
-    def __enter__(self):
-        self.before = ct.stats()
-        self.graphs = len(_backend._segments)
-        return self
-
-    def __exit__(self, *exc):
-        after = ct.stats()
-        self.replays = after.get("replays", 0) - self.before.get("replays", 0)
-        self.recordings = after.get("recordings", 0) - self.before.get("recordings", 0)
-        self.plain = [s.info["plain_reason"] for s in _backend._segments[self.graphs:]
-                      if s.info["plain_reason"] is not None]
+Replays = torch_gpu.Replays
 
 
 def test_a_random_graph_is_recorded_and_every_replay_draws_inductors_next_numbers():

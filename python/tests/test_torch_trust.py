@@ -715,15 +715,7 @@ def test_tensors_on_two_devices_never_share_a_block_and_each_device_counts_its_o
             torch.testing.assert_close(cg(x), m1(x))
 
 
-def stream_is_non_blocking(handle):
-    """cuStreamGetFlags of a raw stream handle (the driver's, always there
-    beside a GPU): CU_STREAM_NON_BLOCKING is 1."""
-    import ctypes
-
-    flags = ctypes.c_uint(0)
-    rc = ctypes.CDLL("libcuda.so.1").cuStreamGetFlags(ctypes.c_void_p(handle), ctypes.byref(flags))
-    assert rc == 0, "cuStreamGetFlags returned %d" % rc
-    return bool(flags.value & 1)
+stream_is_non_blocking = torch_gpu.stream_is_non_blocking
 
 
 def test_two_threads_calling_compiled_models_at_once_get_correct_results():

@@ -62,3 +62,36 @@ def _launch_frames_kept():
 
 
 LAUNCH_FRAMES_KEPT = ct.installed() and _launch_frames_kept()
+
+
+class Replays:
+    """What cgtree's graphs did inside the with-block: recordings, replays,
+    graphs compiled, and the reasons of those that went plain."""
+
+    def __enter__(self):
+        from cgtree.torch import _backend
+
+        self.before = ct.stats()
+        self.graphs = len(_backend._segments)
+        return self
+
+    def __exit__(self, *exc):
+        from cgtree.torch import _backend
+
+        after = ct.stats()
+        self.replays = after.get("replays", 0) - self.before.get("replays", 0)
+        self.recordings = after.get("recordings", 0) - self.before.get("recordings", 0)
+        self.compiled = after["graphs_compiled"] - self.before["graphs_compiled"]
+        self.plain = [s.info["plain_reason"] for s in _backend._segments[self.graphs:]
+                      if s.info["plain_reason"] is not None]
+
+
+def stream_is_non_blocking(handle):
+    """cuStreamGetFlags of a raw stream handle (the driver's, always there
+    beside a GPU): CU_STREAM_NON_BLOCKING is 1."""
+    import ctypes
+
+    flags = ctypes.c_uint(0)
+    rc = ctypes.CDLL("libcuda.so.1").cuStreamGetFlags(ctypes.c_void_p(handle), ctypes.byref(flags))
+    assert rc == 0, "cuStreamGetFlags returned %d" % rc
+    return bool(flags.value & 1)
