@@ -156,8 +156,10 @@ cgt_status cgt_launch_alloc(cgt_launch *l, size_t bytes, void **ptr) {
   if (!ptr)
     return tree__fail(l->tree, CGT_ERR_INVALID_ARGUMENT, "cgt_launch_alloc: ptr is NULL");
   cgt_tree *t = l->tree;
-  if (!tree__grow(t, (void **)&l->allocs, &l->allocs_cap, l->n_allocs + 1, sizeof *l->allocs))
+  if (!tree__grow(t, (void **)&l->allocs, &l->allocs_cap, l->n_allocs + 1, sizeof *l->allocs)) {
+    l->oom = 1; /* the run fails with CGT_ERR_OUT_OF_MEMORY, as for pool memory */
     return tree__fail(t, CGT_ERR_OUT_OF_MEMORY, "no host memory to track launch allocations");
+  }
   void *p;
   t->dev.error[0] = '\0'; /* a refused chunk leaves its reason here */
   cgt_status st = pool_alloc(l->pool, bytes, &p);
