@@ -124,11 +124,14 @@ cgt_status fz_launch(cgt_launch *l, void *user) {
   case SK_RANDOM:
     if (n > FZ_RANDOM_FLOATS)
       n = FZ_RANDOM_FLOATS;
+    /* The allocation first: an injected fault fails it (fz_run runs the
+     * segment again), and a run that fails cannot take back a draw the
+     * launch function already made (api.md, Conventions). */
+    FZ_TRY(cgt_launch_alloc(l, n * sizeof(float), &p));
     if (u->random->active[u->index] && !fz_capturing(stream, u->random)) {
       FZ_TRY(k->fill(stream, u->random->state, fz_random_value(u->random->ctr), FZ_RANDOM_FLOATS));
       u->random->ctr++;
     }
-    FZ_TRY(cgt_launch_alloc(l, n * sizeof(float), &p));
     FZ_TRY(k->add(stream, x, u->random->state, p, n));
     return cgt_launch_set_output(l, 0, p, n * sizeof(float));
   case SK_AFFINE:
