@@ -86,19 +86,7 @@ def test_a_generator_passed_to_an_op_breaks_the_graph_draws_eagers_numbers_and_t
 # --- 2. activation checkpointing in AOTAutograd's host-side form --------------------------------------------------
 
 
-class CheckpointedDropout(torch.nn.Module):
-    """A block recomputed in the backward (torch.utils.checkpoint, inside the
-    compiled model) that draws a dropout mask, and a head outside it."""
-
-    def __init__(self):
-        super().__init__()
-        self.a, self.b, self.head = torch.nn.Linear(64, 128), torch.nn.Linear(128, 128), torch.nn.Linear(128, 1)
-
-    def block(self, x):
-        return torch.nn.functional.dropout(torch.relu(self.b(torch.relu(self.a(x)))), 0.3, training=self.training)
-
-    def forward(self, x):
-        return self.head(torch.utils.checkpoint.checkpoint(self.block, x, use_reentrant=False))
+from test_torch_random import CheckpointedDropout  # noqa: E402  (the random file's checkpointed dropout)
 
 
 def rng_operators_inductor_compiles(model, x):
@@ -301,12 +289,7 @@ def test_an_eager_random_op_on_another_thread_while_a_random_graph_is_recorded_f
 # --- 4. compiled autograd's first call, with gradients accumulating ------------------------------------------------
 
 
-def mlp(width=64, depth=3, seed=0):
-    torch.manual_seed(seed)
-    layers = []
-    for _ in range(depth):
-        layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
-    return torch.nn.Sequential(*layers, torch.nn.Linear(width, 1)).to(DEV)
+from test_torch_training import mlp  # noqa: E402
 
 
 def micro_step_of(model):
