@@ -336,7 +336,14 @@ def test_a_write_in_place_to_an_output_the_forward_also_saves_raises_at_the_back
     written values and the gradients came out wrong, silently (a helper's
     audit on an H100: off by up to 5.6). Now it raises as Inductor does, at
     every call (warm-up, recording, replays); without the write the numbers
-    are Inductor's."""
+    are Inductor's, to the last bits a reduction's configuration decides:
+    this backward is donated less than it may be (the saved output is not
+    donated), so cgtree keys its compile apart from plain Inductor's
+    (docs/torch.md, "Inductor's own FX graph cache"), and on a fresh H200
+    its bias gradient's reduction picked another configuration than plain
+    Inductor's in 5 of 10 cold runs (this test twice, a probe eight times):
+    the bias then differed by 1.5e-8. Plain Inductor compiling the same
+    backward twice reused its first choice (6 runs of 6)."""
     cf, model, rf, ref = pair(SigmoidHead().to(DEV))
     xs = batches(6, width=16)
     for f in (cf, rf):
@@ -349,8 +356,9 @@ def test_a_write_in_place_to_an_output_the_forward_also_saves_raises_at_the_back
     tied = ct.stats()["outputs_tied"]
     got = train(cf, model, xs)
     want = train(rf, ref, xs)
-    assert torch.equal(got, want)
-    assert_same_params(model, ref)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+    for (n, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7, msg=lambda m: "parameter %s: %s" % (n, m))
     if STEPS_END:
         assert ct.stats()["outputs_tied"] > tied, "the saved output was not handed out tied to the program's"
 

@@ -450,7 +450,10 @@ def _cache_keyed_by_what_it_omits(backward, graph_id):
     Triton's autotuning results, so cgtree's reductions could pick other
     configurations than plain Inductor's, and 19 GPU tests lost
     bit-equality with Inductor; a custom pass's uuid keys the FX graph
-    only. The slot is process-wide configuration: Dynamo's compile lock,
+    only. Even so a keyed backward can autotune apart: one keyed because
+    its forward returns a saved activation picked another configuration
+    than plain Inductor's for the same kernel source in 5 of 10 cold runs
+    on an H200 (a bias off by 1.5e-8), for a reason not understood. The slot is process-wide configuration: Dynamo's compile lock,
     which Inductor takes around a backward's lazy compile too
     (compile_fx_backward), keeps any other compile from running meanwhile,
     and our own lock keeps cgtree's in turn should that change."""
