@@ -343,7 +343,9 @@ def test_a_write_in_place_to_an_output_the_forward_also_saves_raises_at_the_back
     its bias gradient's reduction picked another configuration than plain
     Inductor's in 5 of 10 cold runs (this test twice, a probe eight times):
     the bias then differed by 1.5e-8. Plain Inductor compiling the same
-    backward twice reused its first choice (6 runs of 6)."""
+    backward twice reused its first choice (6 runs of 6); the later compile
+    re-benchmarks where Inductor's compile workers are not ready yet
+    (docs/torch.md, "Inductor's own FX graph cache")."""
     cf, model, rf, ref = pair(SigmoidHead().to(DEV))
     xs = batches(6, width=16)
     for f in (cf, rf):

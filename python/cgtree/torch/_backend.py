@@ -69,6 +69,7 @@ one GPU they are Segments all the same, plain from the start, so that
 their calls mark the steps of that device's tree (seg_plain.c,
 seg_call_bypassed).
 """
+import collections
 import contextlib
 import functools
 import itertools
@@ -315,14 +316,14 @@ def _plain_reason(example_inputs, kwargs, restores_rng, unsafe_op=None):
     return None, device
 
 
-# graph_id -> for each tensor the forward saves for its backward, whether it
-# is a STATIC input of the forward (a parameter, a buffer, an input it
-# writes); read by the backward's compile.
-_saved_by_graph = {}
-# graph_id -> the positions among a training forward's saved tensors of those
-# that are not its inputs: what AOTAutograd may donate to its backward
+# graph_id -> what a training forward's compile found of the tensors it
+# saves for its backward, which the backward's compile reads: for each, whether
+# it is a STATIC input of the forward (a parameter, a buffer, an input it
+# writes), or None where unknown (_backward_static); and the positions of
+# those that are not its inputs, what AOTAutograd may donate to the backward
 # (_donates_all_it_may).
-_donatable_by_graph = {}
+_SavedByForward = collections.namedtuple("_SavedByForward", "static donatable")
+_saved_by_graph = {}
 
 
 def _fw_metadata():
@@ -390,7 +391,7 @@ def _backward_static(example_inputs, kwargs):
     """The backward's STATIC inputs: the saved tensors that are static
     inputs of its forward, when the forward's compile told us (else none:
     every saved tensor not in the pool is copied, which is always right)."""
-    saved = _saved_by_graph.get(kwargs.get("graph_id"))
+    saved = getattr(_saved_by_graph.get(kwargs.get("graph_id")), "static", None)
     fixed = len(kwargs.get("static_input_idxs") or ())  # AOTAutograd: every input before the tangents
     tensors = [i for i in range(fixed) if isinstance(example_inputs[i], torch.Tensor)]
     if saved is None or len(saved) != len(tensors):
@@ -453,19 +454,21 @@ def _cache_keyed_by_what_it_omits(backward, graph_id):
     only. Even so a keyed backward can autotune apart: one keyed because
     its forward returns a saved activation picked another configuration
     than plain Inductor's for the same kernel source in 5 of 10 cold runs
-    on an H200 (a bias off by 1.5e-8), for a reason not understood. The slot is process-wide configuration: Dynamo's compile lock,
+    on an H200 (a bias off by 1.5e-8): the later compile, made before
+    Inductor's compile workers were ready, was handed the kernel object
+    the first had tuned and benchmarked it again (docs/torch.md). The slot is process-wide configuration: Dynamo's compile lock,
     which Inductor takes around a backward's lazy compile too
     (compile_fx_backward), keeps any other compile from running meanwhile,
     and our own lock keeps cgtree's in turn should that change."""
     from torch._inductor import config as inductor_config
 
     dtype = torch.get_default_dtype()
-    if dtype == torch.float32 and (not backward or _donates_all_it_may(graph_id)):
+    donated = getattr(_fw_metadata(), "bw_donated_idxs", None) if backward else None
+    if dtype == torch.float32 and (not backward or _donates_all_it_may(graph_id, donated)):
         yield  # plain Inductor's key, its entries shared: see above
         return
     facts = (str(dtype),)
     if backward:
-        donated = getattr(_fw_metadata(), "bw_donated_idxs", None)
         facts += (None if donated is None else tuple(donated),)
     with _cache_key_lock:
         keyed = _cache_key_pass()(facts, inductor_config.post_grad_custom_post_pass)
@@ -476,17 +479,16 @@ def _cache_keyed_by_what_it_omits(backward, graph_id):
 _cache_key_lock = threading.RLock()
 
 
-def _donates_all_it_may(graph_id):
-    """True if the backward being compiled (of forward graph_id) is donated
-    every saved activation its forward's compile found is not one of the
-    forward's inputs (_donatable_by_graph), and at least one: AOTAutograd
+def _donates_all_it_may(graph_id, donated):
+    """True if the backward being compiled (of forward graph_id), donated
+    the saved tensors at positions donated (AOTAutograd's bw_donated_idxs),
+    is donated every saved activation its forward's compile found is not one
+    of the forward's inputs (_saved_by_graph), and at least one: AOTAutograd
     donates no input, and fewer where the first backward retains its graph,
     donated_buffer is off, or an activation is also a user output or an
     output of the backward. False where anything is unknown."""
-    md = _fw_metadata()
-    donated = getattr(md, "bw_donated_idxs", None)
-    symints = getattr(md, "num_symints_saved_for_bw", None)
-    may = _donatable_by_graph.get(graph_id)
+    symints = getattr(_fw_metadata(), "num_symints_saved_for_bw", None)
+    may = getattr(_saved_by_graph.get(graph_id), "donatable", None)
     if not donated or not isinstance(symints, int) or not may:
         return False
     return set(may) <= {d - symints for d in donated}
@@ -546,10 +548,9 @@ def inner_compile(gm, example_inputs, **kwargs):
         static_idxs = _backward_static(example_inputs, kwargs)
     if forward_training and kwargs.get("graph_id") is not None:
         statics = set(static_idxs) | set(mutated)
-        _saved_by_graph[kwargs["graph_id"]] = (None if saved_inputs is None else
-                                               [i is not None and i in statics for i in saved_inputs])
-        if saved_inputs is not None:
-            _donatable_by_graph[kwargs["graph_id"]] = tuple(k for k, i in enumerate(saved_inputs) if i is None)
+        _saved_by_graph[kwargs["graph_id"]] = _SavedByForward(
+            None if saved_inputs is None else [i is not None and i in statics for i in saved_inputs],
+            None if saved_inputs is None else tuple(k for k, i in enumerate(saved_inputs) if i is None))
     record = {"static_input_idxs": static_idxs, "mutated_input_idxs": sorted(mutated),
               "mutations_known": known, "random": rng, "plain_reason": why,
               "graph": ("backward" if backward else "compiled_autograd" if autograd_graph else
