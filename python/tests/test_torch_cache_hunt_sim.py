@@ -24,7 +24,11 @@ cgtree phase (which leaves no AOTAutograd entry) it is as wrong as cgtree.
 The same happens in one process with no reset at all: Dynamo recompiles
 when the default dtype changes, and the recompile hits the cache. cgtree's
 backend now keys its compiles by the default dtype
-(_backend._cache_keyed_by_what_it_omits), and these cases pass.
+(_backend._cache_keyed_by_what_it_omits), and these cases pass. Shared
+with plain Inductor's key under float32, a graph the default dtype can
+change still got plain Inductor's float64 entry (float64 outputs,
+gradients off by 5e25): such a graph is now keyed under float32 too
+(_backend._reads_the_default_dtype).
 
 The guard: donated buffers (torch._functorch.config.donated_buffer) with
 activation checkpointing, and from a plain Inductor compile, never reach a
@@ -82,12 +86,13 @@ DEFAULT_DTYPE_INFERENCE = textwrap.dedent('''
     def f(x):
         return x + torch.arange(4) / 3
 
-    def phase(default):
+    def phase(spec):  # "float64", or "inductor:float64" for plain Inductor's compile
+        backend, _, default = spec.rpartition(":")
         torch._dynamo.reset()
         torch.set_default_dtype(getattr(torch, default))
         x = torch.ones(4, dtype=torch.float32)
         with torch.no_grad():
-            out = torch.compile(f, backend=_backend.compile_graph)(x)
+            out = torch.compile(f, backend=backend or _backend.compile_graph)(x)
             want = f(x)
         return {"dtype": str(out.dtype), "eager_dtype": str(want.dtype),
                 "max_diff": float((out.double() - want.double()).abs().max())}
@@ -111,6 +116,21 @@ def test_a_graph_compiled_under_a_float64_default_dtype_never_comes_back_from_th
     assert got[1] == {"dtype": "torch.float32", "eager_dtype": "torch.float32", "max_diff": 0.0}, got
 
 
+def test_a_graph_plain_inductor_compiled_under_a_float64_default_dtype_never_comes_back_to_cgtrees_float32_program(
+        tmp_path):
+    """The same order with plain Inductor's compile first: its entry, under
+    plain Inductor's key, was written under a float64 default dtype, and
+    cgtree's float32 forward, which shares plain Inductor's key where the
+    default dtype cannot change the code, came back with a float64 output.
+    A graph whose code the default dtype can change (a floating result of
+    no floating input, where no dtype is named: here arange(4) / 3) is now
+    keyed by the default dtype under float32 too
+    (_backend._reads_the_default_dtype)."""
+    got = _run(DEFAULT_DTYPE_INFERENCE, ["inductor:float64", "float32"], tmp_path)
+    assert got[0]["dtype"] == "torch.float64", got  # plain Inductor's own phase: float64, as eager under it
+    assert got[1] == {"dtype": "torch.float32", "eager_dtype": "torch.float32", "max_diff": 0.0}, got
+
+
 # A training step of a float32 Linear whose output is scaled by
 # torch.arange(4) / 3 (float32 or float64, as the default dtype says),
 # through cgtree's backend; one phase per argument (a default dtype), each
@@ -129,13 +149,14 @@ DEFAULT_DTYPE_TRAINING = textwrap.dedent('''
         def forward(self, x):
             return self.l(x) * (torch.arange(4) / 3)
 
-    def phase(default):
+    def phase(spec):  # "float64", or "inductor:float64" for plain Inductor's compile
+        backend, _, default = spec.rpartition(":")
         torch._dynamo.reset()
         torch.set_default_dtype(getattr(torch, default))
         torch.manual_seed(0)
         m = M()
         x = torch.randn(2, 8, dtype=torch.float32)
-        out = torch.compile(m, backend=_backend.compile_graph)(x)
+        out = torch.compile(m, backend=backend or _backend.compile_graph)(x)
         out.square().sum().backward()
         got, grad = out.detach().clone(), m.l.weight.grad.clone()
         m.l.weight.grad = None
@@ -164,6 +185,17 @@ def test_a_training_step_after_a_phase_with_a_float64_default_dtype_computes_a_f
     got = _run(DEFAULT_DTYPE_TRAINING, ["float64", "float32"], tmp_path)
     assert got[0] == {"dtype": "torch.float64", "eager_dtype": "torch.float64", "out_diff": 0.0,
                       "grad_diff": 0.0}, got
+    assert got[1] == {"dtype": "torch.float32", "eager_dtype": "torch.float32", "out_diff": 0.0,
+                      "grad_diff": 0.0}, got
+
+
+def test_a_training_step_after_plain_inductors_float64_phase_computes_a_fresh_compiles_gradients(tmp_path):
+    """Plain Inductor trains the step first under a float64 default dtype,
+    then cgtree under float32: the forward's code the default dtype
+    decides (arange(4) / 3) is keyed by it, so it never comes back with
+    float64 activations for a backward compiled for float32."""
+    got = _run(DEFAULT_DTYPE_TRAINING, ["inductor:float64", "float32"], tmp_path)
+    assert got[0]["dtype"] == "torch.float64", got
     assert got[1] == {"dtype": "torch.float32", "eager_dtype": "torch.float32", "out_diff": 0.0,
                       "grad_diff": 0.0}, got
 
@@ -411,3 +443,35 @@ def test_a_common_training_step_shares_plain_inductors_cache_entries_forward_and
     losses differed from plain Inductor's in the last bits."""
     got = _run(SHARED, [ckpt], tmp_path)
     assert got == [[0, 2], [2, 0]], got
+
+
+@pytest.mark.parametrize("case, reads", [
+    ("int_true_division", True), ("int_times_python_float", True), ("constructor_without_dtype", True),
+    ("float_mlp", False), ("bool_mask_to_float_names_its_dtype", False), ("int_arange", False),
+    ("constructor_naming_its_dtype", False), ("inductor_random", False), ("float_constant", False)])
+def test_which_graphs_the_default_dtype_can_change(case, reads):
+    """_reads_the_default_dtype on graphs traced as AOTAutograd hands them
+    over (make_fx, ATen ops, each node's value in its metadata): a
+    floating result of no floating argument where no argument names a dtype
+    reads the default dtype at lowering; everything else does not, and is
+    shared with plain Inductor's key under float32."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from cgtree.torch import _backend
+    import torch._inductor.inductor_prims  # noqa: F401  (registers prims.inductor_random)
+
+    w, i, seed = torch.randn(4, 4), torch.arange(4), torch.tensor(7)
+    const = torch.tensor([0.5, 2.0, 1.0, 3.0])
+    fns = {
+        "int_true_division": (lambda i: i / 3, (i,)),
+        "int_times_python_float": (lambda i: i * 0.5, (i,)),
+        "constructor_without_dtype": (lambda w: w + torch.ops.aten.empty_strided.default([4, 4], [4, 1]).fill_(1), (w,)),
+        "float_mlp": (lambda w: torch.relu(w @ w.t()).sum(0), (w,)),
+        "bool_mask_to_float_names_its_dtype": (lambda w: w * (w > 0).float(), (w,)),
+        "int_arange": (lambda i: i + torch.arange(4), (i,)),
+        "constructor_naming_its_dtype": (lambda w: w + torch.ones(4, 4, dtype=torch.float32), (w,)),
+        "inductor_random": (lambda w, s: w * torch.ops.prims.inductor_random.default([4, 4], s, "rand"), (w, seed)),
+        "float_constant": (lambda w: w * const, (w,)),
+    }
+    fn, args = fns[case]
+    gm = make_fx(fn)(*args)
+    assert _backend._reads_the_default_dtype(gm) is reads, gm.graph

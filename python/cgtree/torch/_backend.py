@@ -400,7 +400,7 @@ def _backward_static(example_inputs, kwargs):
 
 
 @contextlib.contextmanager
-def _cache_keyed_by_what_it_omits(backward, graph_id):
+def _cache_keyed_by_what_it_omits(backward, graph_id, reads_default_dtype):
     """Inductor's FX graph cache keyed by what its key (PyTorch 2.11) leaves
     out and the compiled code depends on. Each of these gave wrong values,
     silently, where a compile came back from the cache to a program that
@@ -431,16 +431,18 @@ def _cache_keyed_by_what_it_omits(backward, graph_id):
 
     The common compiles keep plain Inductor's key and share its entries,
     so their compiled code, and the autotuning choices that decide a
-    reduction's last bits, are plain Inductor's: a forward (or inference)
-    graph under float32, whose code no donation changes, and a backward
-    under float32 that is donated every saved activation that is not an
-    input of its forward (_donates_all_it_may): an entry of its graph can
-    have been compiled with no more. Keyed, a training loop's backward
+    reduction's last bits, are plain Inductor's: under float32, a graph
+    whose code the default dtype cannot change (reads_default_dtype false:
+    _reads_the_default_dtype), if a forward (or inference) graph, whose
+    code no donation changes, or a backward donated every saved activation
+    that is not an input of its forward (_donates_all_it_may): an entry of
+    its graph can have been compiled with no more. A graph the default
+    dtype can change is keyed by it under float32 too: shared, plain
+    Inductor's entry of it written under float64 came back to cgtree's
+    float32 program (float64 outputs, gradients off by 5e25). Keyed, a training loop's backward
     autotuned its reductions apart from plain Inductor's on an H200 with
     empty caches, and the losses differed in the last bits (2 runs of 2).
-    Limits: an entry plain Inductor wrote under another default dtype can
-    still come back to cgtree's float32 forward; and one backward graph
-    whose forwards differ in which saved activations are their own inputs
+    Limit: one backward graph whose forwards differ in which saved activations are their own inputs
     (one saves an input where another saves a tensor it computed) could
     share an entry compiled with that tensor donated.
 
@@ -456,15 +458,18 @@ def _cache_keyed_by_what_it_omits(backward, graph_id):
     than plain Inductor's for the same kernel source in 5 of 10 cold runs
     on an H200 (a bias off by 1.5e-8): the later compile, made before
     Inductor's compile workers were ready, was handed the kernel object
-    the first had tuned and benchmarked it again (docs/torch.md). The slot is process-wide configuration: Dynamo's compile lock,
-    which Inductor takes around a backward's lazy compile too
+    the first had tuned and benchmarked it again (docs/torch.md).
+
+    The slot is process-wide configuration: Dynamo's compile lock, which
+    Inductor takes around a backward's lazy compile too
     (compile_fx_backward), keeps any other compile from running meanwhile,
     and our own lock keeps cgtree's in turn should that change."""
     from torch._inductor import config as inductor_config
 
     dtype = torch.get_default_dtype()
     donated = getattr(_fw_metadata(), "bw_donated_idxs", None) if backward else None
-    if dtype == torch.float32 and (not backward or _donates_all_it_may(graph_id, donated)):
+    if dtype == torch.float32 and not reads_default_dtype and (
+            not backward or _donates_all_it_may(graph_id, donated)):
         yield  # plain Inductor's key, its entries shared: see above
         return
     facts = (str(dtype),)
@@ -477,6 +482,45 @@ def _cache_keyed_by_what_it_omits(backward, graph_id):
 
 
 _cache_key_lock = threading.RLock()
+
+
+def _reads_the_default_dtype(gm):
+    """True if torch.get_default_dtype() can change gm's compiled code: a
+    node with a floating-point result though none of its tensor arguments
+    is floating-point and none of its arguments names a dtype (an integer
+    tensor's true division, an integer tensor times a Python float, a
+    constructor given no dtype). Inductor works such a result's dtype out
+    at lowering from the default dtype, which neither the graph's code nor
+    the FX graph cache key carries. True where a node's result is unknown
+    (no metadata): the safe side, keyed. Inductor's own random prim
+    (prims.inductor_random, which dropout becomes) takes no dtype and is
+    float32 whatever the default (torch/_inductor/inductor_prims.py says
+    so, and its lowering burns it in)."""
+    fixed = (getattr(getattr(torch.ops.prims, "inductor_random", None), "default", None),)
+
+    def values(node):  # what a node holds: its metadata's value, or a constant's tensor; flattened
+        v = node.meta.get("val")
+        if v is None and node.op == "get_attr":
+            try:
+                v = functools.reduce(getattr, node.target.split("."), gm)
+            except AttributeError:
+                v = None
+        return v if isinstance(v, (tuple, list)) else (v,)
+
+    def floating(v):
+        return isinstance(v, torch.Tensor) and (v.is_floating_point() or v.is_complex())
+
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or not any(floating(v) for v in values(node)):
+            if node.op == "call_function" and "val" not in node.meta:
+                return True
+            continue
+        if node.target in fixed or any(isinstance(a, torch.dtype)
+                                       for a in itertools.chain(node.args, node.kwargs.values())):
+            continue
+        if not any(floating(v) for a in node.all_input_nodes for v in values(a)):
+            return True
+    return False
 
 
 def _donates_all_it_may(graph_id, donated):
@@ -540,7 +584,8 @@ def inner_compile(gm, example_inputs, **kwargs):
         remade = _outputs_remade(saved_from)
         if saved_inputs is not None:  # where the saved tensors begin is known: never a user's output
             saved_cuda = saved_on_cuda(gm, saved_from)
-    with _cache_keyed_by_what_it_omits(backward, kwargs.get("graph_id")):
+    reads_default_dtype = _reads_the_default_dtype(gm)  # before Inductor's passes rewrite gm
+    with _cache_keyed_by_what_it_omits(backward, kwargs.get("graph_id"), reads_default_dtype):
         compiled = compile_fx_inner(gm, example_inputs, **kwargs)
     static_idxs = tuple(kwargs.get("static_input_idxs") or ())
     mutated, known = mutated_inputs(compiled, len(example_inputs))
