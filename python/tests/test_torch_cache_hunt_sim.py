@@ -48,6 +48,7 @@ then training and back; dynamic=True, mark_dynamic; an activation memory
 budget; BatchNorm; dropout under checkpointing; freezing with other
 weights; automatic-dynamic PGO state from an earlier process."""
 import json
+import operator
 import os
 import pathlib
 import subprocess
@@ -448,7 +449,8 @@ def test_a_common_training_step_shares_plain_inductors_cache_entries_forward_and
 @pytest.mark.parametrize("case, reads", [
     ("int_true_division", True), ("int_times_python_float", True), ("constructor_without_dtype", True),
     ("float_mlp", False), ("bool_mask_to_float_names_its_dtype", False), ("int_arange", False),
-    ("constructor_naming_its_dtype", False), ("inductor_random", False), ("float_constant", False)])
+    ("constructor_naming_its_dtype", False), ("inductor_random", False), ("float_constant", False),
+    ("call_without_a_value_of_a_float", False), ("call_without_a_value_of_an_int", True)])
 def test_which_graphs_the_default_dtype_can_change(case, reads):
     """_reads_the_default_dtype on graphs traced as AOTAutograd hands them
     over (make_fx, ATen ops, each node's value in its metadata): a
@@ -472,6 +474,16 @@ def test_which_graphs_the_default_dtype_can_change(case, reads):
         "inductor_random": (lambda w, s: w * torch.ops.prims.inductor_random.default([4, 4], s, "rand"), (w, seed)),
         "float_constant": (lambda w: w * const, (w,)),
     }
-    fn, args = fns[case]
-    gm = make_fx(fn)(*args)
+    if case.startswith("call_without_a_value"):  # as a higher-order op (run_and_save_rng_state) stands
+        g = torch.fx.Graph()
+        x = g.placeholder("x")
+        x.meta["val"] = w if case.endswith("float") else i
+        hop = g.call_function(torch.neg, (x,))  # no value in its metadata
+        out = g.call_function(operator.getitem, (hop, 0))
+        out.meta["val"] = w[0]
+        g.output(out)
+        gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    else:
+        fn, args = fns[case]
+        gm = make_fx(fn)(*args)
     assert _backend._reads_the_default_dtype(gm) is reads, gm.graph

@@ -491,34 +491,41 @@ def _reads_the_default_dtype(gm):
     tensor's true division, an integer tensor times a Python float, a
     constructor given no dtype). Inductor works such a result's dtype out
     at lowering from the default dtype, which neither the graph's code nor
-    the FX graph cache key carries. True where a node's result is unknown
-    (no metadata): the safe side, keyed. Inductor's own random prim
+    the FX graph cache key carries. A call whose result is unknown (no
+    value in its metadata, as a higher-order op such as
+    run_and_save_rng_state has) counts as such a node unless an argument
+    is floating-point, and as a floating-point argument to the calls that
+    read it (getitem), which it was judged in place of. Inductor's own random prim
     (prims.inductor_random, which dropout becomes) takes no dtype and is
     float32 whatever the default (torch/_inductor/inductor_prims.py says
     so, and its lowering burns it in)."""
     fixed = (getattr(getattr(torch.ops.prims, "inductor_random", None), "default", None),)
 
-    def values(node):  # what a node holds: its metadata's value, or a constant's tensor; flattened
+    def values(node):  # what a node holds: its metadata's value, or a constant's tensor; nested tuples flattened
         v = node.meta.get("val")
         if v is None and node.op == "get_attr":
             try:
                 v = functools.reduce(getattr, node.target.split("."), gm)
             except AttributeError:
                 v = None
-        return v if isinstance(v, (tuple, list)) else (v,)
+        return flat(v)
+
+    def flat(v):
+        return [x for e in v for x in flat(e)] if isinstance(v, (tuple, list)) else [v]
 
     def floating(v):
         return isinstance(v, torch.Tensor) and (v.is_floating_point() or v.is_complex())
 
+    def unknown(node):  # a call with no value in its metadata (a higher-order op's): judged at itself
+        return node.op == "call_function" and "val" not in node.meta
+
     for node in gm.graph.nodes:
-        if node.op != "call_function" or not any(floating(v) for v in values(node)):
-            if node.op == "call_function" and "val" not in node.meta:
-                return True
+        if node.op != "call_function" or not (unknown(node) or any(floating(v) for v in values(node))):
             continue
         if node.target in fixed or any(isinstance(a, torch.dtype)
                                        for a in itertools.chain(node.args, node.kwargs.values())):
             continue
-        if not any(floating(v) for a in node.all_input_nodes for v in values(a)):
+        if not any(unknown(a) or any(floating(v) for v in values(a)) for a in node.all_input_nodes):
             return True
     return False
 
