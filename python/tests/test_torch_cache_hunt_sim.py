@@ -450,7 +450,8 @@ def test_a_common_training_step_shares_plain_inductors_cache_entries_forward_and
     ("int_true_division", True), ("int_times_python_float", True), ("constructor_without_dtype", True),
     ("float_mlp", False), ("bool_mask_to_float_names_its_dtype", False), ("int_arange", False),
     ("constructor_naming_its_dtype", False), ("inductor_random", False), ("float_constant", False),
-    ("call_without_a_value_of_a_float", False), ("call_without_a_value_of_an_int", True)])
+    ("call_without_a_value_of_a_float", False), ("call_without_a_value_of_an_int", True),
+    ("int_true_division_in_a_subgraph", True), ("float_subgraph", False)])
 def test_which_graphs_the_default_dtype_can_change(case, reads):
     """_reads_the_default_dtype on graphs traced as AOTAutograd hands them
     over (make_fx, ATen ops, each node's value in its metadata): a
@@ -474,7 +475,20 @@ def test_which_graphs_the_default_dtype_can_change(case, reads):
         "inductor_random": (lambda w, s: w * torch.ops.prims.inductor_random.default([4, 4], s, "rand"), (w, seed)),
         "float_constant": (lambda w: w * const, (w,)),
     }
-    if case.startswith("call_without_a_value"):  # as a higher-order op (run_and_save_rng_state) stands
+    if case.endswith("subgraph"):  # a higher-order op's subgraph, as flex attention's score function is
+        sub = make_fx(fns["int_true_division" if case.startswith("int") else "float_mlp"][0])(
+            i if case.startswith("int") else w)
+        g = torch.fx.Graph()
+        x = g.placeholder("x")
+        x.meta["val"] = w
+        body = g.get_attr("body")
+        out = g.call_function(torch.neg, (x, body))  # stands for the op: a float argument, a float result
+        out.meta["val"] = w
+        g.output(out)
+        root = torch.nn.Module()
+        root.body = sub
+        gm = torch.fx.GraphModule(root, g)
+    elif case.startswith("call_without_a_value"):  # as a higher-order op (run_and_save_rng_state) stands
         g = torch.fx.Graph()
         x = g.placeholder("x")
         x.meta["val"] = w if case.endswith("float") else i

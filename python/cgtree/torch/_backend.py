@@ -439,12 +439,13 @@ def _cache_keyed_by_what_it_omits(backward, graph_id, reads_default_dtype):
     its graph can have been compiled with no more. A graph the default
     dtype can change is keyed by it under float32 too: shared, plain
     Inductor's entry of it written under float64 came back to cgtree's
-    float32 program (float64 outputs, gradients off by 5e25). Keyed, a training loop's backward
-    autotuned its reductions apart from plain Inductor's on an H200 with
-    empty caches, and the losses differed in the last bits (2 runs of 2).
-    Limit: one backward graph whose forwards differ in which saved activations are their own inputs
-    (one saves an input where another saves a tensor it computed) could
-    share an entry compiled with that tensor donated.
+    float32 program (float64 outputs, gradients off by 5e25). Keyed, a
+    training loop's backward autotuned its reductions apart from plain
+    Inductor's on an H200 with empty caches, and the losses differed in
+    the last bits (2 runs of 2). Limit: one backward graph whose forwards
+    differ in which saved activations are their own inputs (one saves an
+    input where another saves a tensor it computed) could share an entry
+    compiled with that tensor donated.
 
     Turning the cache off for such compiles (the first fix) missed the
     second donation case, and the variable TORCHINDUCTOR_FX_GRAPH_CACHE=1
@@ -486,29 +487,23 @@ _cache_key_lock = threading.RLock()
 
 def _reads_the_default_dtype(gm):
     """True if torch.get_default_dtype() can change gm's compiled code: a
-    node with a floating-point result though none of its tensor arguments
-    is floating-point and none of its arguments names a dtype (an integer
-    tensor's true division, an integer tensor times a Python float, a
-    constructor given no dtype). Inductor works such a result's dtype out
-    at lowering from the default dtype, which neither the graph's code nor
-    the FX graph cache key carries. A call whose result is unknown (no
-    value in its metadata, as a higher-order op such as
-    run_and_save_rng_state has) counts as such a node unless an argument
-    is floating-point, and as a floating-point argument to the calls that
-    read it (getitem), which it was judged in place of. Inductor's own random prim
-    (prims.inductor_random, which dropout becomes) takes no dtype and is
-    float32 whatever the default (torch/_inductor/inductor_prims.py says
-    so, and its lowering burns it in)."""
-    fixed = (getattr(getattr(torch.ops.prims, "inductor_random", None), "default", None),)
+    node, in gm or in a subgraph of a higher-order op (torch.cond's
+    branches, flex attention's score function), with a floating-point
+    result though none of its tensor arguments is floating-point and none
+    of its arguments names a dtype (an integer tensor's true division, an
+    integer tensor times a Python float, a constructor given no dtype).
+    Inductor works such a result's dtype out at lowering from the default
+    dtype, which neither the graph's code nor the FX graph cache key
+    carries.
 
-    def values(node):  # what a node holds: its metadata's value, or a constant's tensor; nested tuples flattened
-        v = node.meta.get("val")
-        if v is None and node.op == "get_attr":
-            try:
-                v = functools.reduce(getattr, node.target.split("."), gm)
-            except AttributeError:
-                v = None
-        return flat(v)
+    A call whose result is unknown (no value in its metadata, as a
+    higher-order op such as run_and_save_rng_state has) counts as such a
+    node unless an argument is floating-point, and as a floating-point
+    argument to the calls that read it (getitem): it was judged in their
+    place. Inductor's own random prim (prims.inductor_random, which dropout
+    becomes) takes no dtype and is float32 whatever the default
+    (torch/_inductor/inductor_prims.py says so; its lowering burns it in)."""
+    fixed = (getattr(getattr(torch.ops.prims, "inductor_random", None), "default", None),)
 
     def flat(v):
         return [x for e in v for x in flat(e)] if isinstance(v, (tuple, list)) else [v]
@@ -516,18 +511,30 @@ def _reads_the_default_dtype(gm):
     def floating(v):
         return isinstance(v, torch.Tensor) and (v.is_floating_point() or v.is_complex())
 
-    def unknown(node):  # a call with no value in its metadata (a higher-order op's): judged at itself
+    def unknown(node):
         return node.op == "call_function" and "val" not in node.meta
 
-    for node in gm.graph.nodes:
-        if node.op != "call_function" or not (unknown(node) or any(floating(v) for v in values(node))):
-            continue
-        if node.target in fixed or any(isinstance(a, torch.dtype)
-                                       for a in itertools.chain(node.args, node.kwargs.values())):
-            continue
-        if not any(unknown(a) or any(floating(v) for v in values(a)) for a in node.all_input_nodes):
-            return True
-    return False
+    def reads(module):
+        def values(node):  # its metadata's value, or a constant's tensor; nested tuples flattened
+            v = node.meta.get("val")
+            if v is None and node.op == "get_attr":
+                try:
+                    v = functools.reduce(getattr, node.target.split("."), module)
+                except AttributeError:
+                    v = None
+            return flat(v)
+
+        for node in module.graph.nodes:
+            if node.op != "call_function" or not (unknown(node) or any(floating(v) for v in values(node))):
+                continue
+            if node.target in fixed or any(isinstance(a, torch.dtype)
+                                           for a in itertools.chain(node.args, node.kwargs.values())):
+                continue
+            if not any(unknown(a) or any(floating(v) for v in values(a)) for a in node.all_input_nodes):
+                return True
+        return False
+
+    return any(reads(m) for m in gm.modules() if isinstance(m, torch.fx.GraphModule))
 
 
 def _donates_all_it_may(graph_id, donated):
