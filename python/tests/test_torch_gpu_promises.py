@@ -289,7 +289,7 @@ def test_an_eager_random_op_on_another_thread_while_a_random_graph_is_recorded_f
 # --- 4. compiled autograd's first call, with gradients accumulating ------------------------------------------------
 
 
-from test_torch_training import mlp  # noqa: E402
+from test_torch_training import assert_close_params, mlp  # noqa: E402
 
 
 def micro_step_of(model):
@@ -369,8 +369,7 @@ def test_compiled_autograds_backward_never_runs_twice_at_its_first_call_with_gra
         for j, (a, b) in enumerate(zip(gs, ws)):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7,
                                        msg=lambda s: "micro-step %d, gradient %d: %s" % (i, j, s))
-    for p, q in zip(model.parameters(), ref.parameters()):
-        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7)
+    assert_close_params(model, ref)
 
 
 # --- 5. the explicit-mode tree's stream ---------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import torch_gpu  # skips the file without a GPU; imports cgtree.torch before CU
 
 torch, ct, pytestmark = torch_gpu.torch, torch_gpu.ct, torch_gpu.pytestmark
 from cgtree.torch import _backend, _rng  # noqa: E402
+from test_torch_training import assert_close_params  # noqa: E402
 
 
 DEV = "cuda"
@@ -319,8 +320,7 @@ def test_fp32_attention_with_dropout_records_and_its_backward_reads_the_forwards
     assert any(d["host_read_seeds"] for d in mine if d["graph"] == "backward"), mine
     assert r.plain == [] and r.replays >= 2 * 8, vars(r)  # the forward and the backward replay
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
-    for (n, p), (_, q) in zip(model.named_parameters(), ref_model.named_parameters()):
-        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7, msg=lambda m: "weight %s: %s" % (n, m))
+    assert_close_params(model, ref_model)
 
 
 def test_a_random_graph_called_on_a_side_stream_draws_inductors_numbers():
