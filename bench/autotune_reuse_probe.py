@@ -9,7 +9,7 @@
 # AsyncCompile.triton (which path: in-process vs worker future; pool ready?; the object returned is the
 # very CachingAutotuner A ran, from PyCodeCache.modules_no_attr?), CachingAutotuner.precompile (launchers
 # rebuilt from compile_results?), benchmark_all_configs, and triton_heuristics.check_autotune_cache.
-import copy, json, os, shutil, subprocess, sys, tempfile, time
+import json, os, shutil, subprocess, sys, tempfile, time
 
 KERNEL = "triton_per_"  # the backward's persistent reduction (triton_per_fused_sigmoid_backward_sum_0)
 EXPERIMENTS = {  # name: (mode, extra env, action before B)
@@ -24,9 +24,7 @@ DEFAULT = ["cgtree", "cgtree+wait_pool", "plain-nocache", "plain-nocache+1thread
 
 def child(name):
     mode, _, action = EXPERIMENTS[name]
-    sys.path.insert(0, "python/tests")
-    import test_torch_training as t
-    torch = t.torch
+    from sigmoid_bias_probe import first_phase, sigmoid_pair, t, torch  # bench/, beside this file
     from torch._inductor import async_compile as ac, codecache as cc
     from torch._inductor.runtime import triton_heuristics as th
 
@@ -102,19 +100,10 @@ def child(name):
         return out
     th.check_autotune_cache = check
 
-    m = t.SigmoidHead().to("cuda")
-    torch._dynamo.reset()
-    ref = copy.deepcopy(m)
-    cf = torch.compile(m, backend="cgtree" if mode == "cgtree" else "inductor")
-    rf = torch.compile(ref)
-    xs = t.batches(6, width=16)
+    m, ref, cf, rf, xs = sigmoid_pair(mode)
     st["phase"] = "A"
     t0 = time.time()
-    if mode == "plain-nocache":
-        with torch._inductor.config.patch(fx_graph_cache=False):
-            got = t.train(cf, m, xs)
-    else:
-        got = t.train(cf, m, xs)
+    got = first_phase(mode, cf, m, xs)
     st["phase"] = "between"
     emit(ev="A_done", secs=round(time.time() - t0, 2), pool_ready=ready(),
          compile_threads=torch._inductor.config.compile_threads)
