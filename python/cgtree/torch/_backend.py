@@ -400,7 +400,7 @@ def _backward_static(example_inputs, kwargs):
 
 
 @contextlib.contextmanager
-def _cache_keyed_by_what_it_omits(backward, graph_id, reads_default_dtype):
+def _cache_keyed_by_what_it_omits(gm, backward, graph_id):
     """Inductor's FX graph cache keyed by what its key (PyTorch 2.11) leaves
     out and the compiled code depends on. Each of these gave wrong values,
     silently, where a compile came back from the cache to a program that
@@ -432,11 +432,12 @@ def _cache_keyed_by_what_it_omits(backward, graph_id, reads_default_dtype):
     The common compiles keep plain Inductor's key and share its entries,
     so their compiled code, and the autotuning choices that decide a
     reduction's last bits, are plain Inductor's: under float32, a graph
-    whose code the default dtype cannot change (reads_default_dtype false:
-    _reads_the_default_dtype), if a forward (or inference) graph, whose
-    code no donation changes, or a backward donated every saved activation
-    that is not an input of its forward (_donates_all_it_may): an entry of
-    its graph can have been compiled with no more. A graph the default
+    whose code the default dtype cannot change (_reads_the_default_dtype,
+    asked last, of gm before Inductor's passes rewrite it), if a forward
+    (or inference) graph, whose code no donation changes, or a backward
+    donated every saved activation that is not an input of its forward
+    (_donates_all_it_may): an entry of its graph can have been compiled
+    with no more. A graph the default
     dtype can change is keyed by it under float32 too: shared, plain
     Inductor's entry of it written under float64 came back to cgtree's
     float32 program (float64 outputs, gradients off by 5e25). Keyed, a
@@ -469,8 +470,8 @@ def _cache_keyed_by_what_it_omits(backward, graph_id, reads_default_dtype):
 
     dtype = torch.get_default_dtype()
     donated = getattr(_fw_metadata(), "bw_donated_idxs", None) if backward else None
-    if dtype == torch.float32 and not reads_default_dtype and (
-            not backward or _donates_all_it_may(graph_id, donated)):
+    if dtype == torch.float32 and (not backward or _donates_all_it_may(graph_id, donated)) \
+            and not _reads_the_default_dtype(gm):
         yield  # plain Inductor's key, its entries shared: see above
         return
     facts = (str(dtype),)
@@ -598,8 +599,7 @@ def inner_compile(gm, example_inputs, **kwargs):
         remade = _outputs_remade(saved_from)
         if saved_inputs is not None:  # where the saved tensors begin is known: never a user's output
             saved_cuda = saved_on_cuda(gm, saved_from)
-    reads_default_dtype = _reads_the_default_dtype(gm)  # before Inductor's passes rewrite gm
-    with _cache_keyed_by_what_it_omits(backward, kwargs.get("graph_id"), reads_default_dtype):
+    with _cache_keyed_by_what_it_omits(gm, backward, kwargs.get("graph_id")):
         compiled = compile_fx_inner(gm, example_inputs, **kwargs)
     static_idxs = tuple(kwargs.get("static_input_idxs") or ())
     mutated, known = mutated_inputs(compiled, len(example_inputs))
