@@ -11,14 +11,20 @@ differ, how many elements, by how much, and in which parameter.
 --deterministic runs the ranks with TORCHINDUCTOR_DETERMINISTIC=1 (Inductor
 picks reduction configurations by heuristics, not by timing them).
 --no-cgtree leaves cgtree out of the ranks altogether (PyTorch's own
-allocator; then --modes may name only inductor). It launches its two ranks
-itself (NCCL_NVLS_ENABLE=0), a process each.
+allocator; then --modes may name only inductor). --share-backward makes
+cgtree's backend share plain Inductor's FX-graph-cache key for every
+backward (its rule keys a backward with nothing it may donate, such as
+the last DDP piece's lone Linear; the probe asks whether that keying is
+what differs). --cold gives each repeat empty Inductor and Triton caches.
+It launches its two ranks itself (NCCL_NVLS_ENABLE=0), a process each.
 """
 import argparse
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 
 
 def parse():
@@ -29,6 +35,9 @@ def parse():
     ap.add_argument("--deterministic", action="store_true", help="TORCHINDUCTOR_DETERMINISTIC=1 in the ranks")
     ap.add_argument("--no-cgtree", action="store_true",
                     help="never import cgtree (PyTorch's own allocator): --modes must name only inductor")
+    ap.add_argument("--share-backward", action="store_true",
+                    help="every backward under plain Inductor's cache key (a probe of cgtree's keying rule)")
+    ap.add_argument("--cold", action="store_true", help="empty Inductor and Triton caches for each repeat")
     ap.add_argument("--rank", type=int, default=-1)
     ap.add_argument("--port", type=int, default=0)
     return ap.parse_args()
@@ -44,10 +53,16 @@ def launch(a):
         env = dict(os.environ, NCCL_NVLS_ENABLE="0")
         if a.deterministic:
             env["TORCHINDUCTOR_DETERMINISTIC"] = "1"
+        cold = tempfile.mkdtemp(prefix="ddp_diff_cache.") if a.cold else None
+        if cold:
+            env.update(TORCHINDUCTOR_CACHE_DIR=os.path.join(cold, "inductor"), TRITON_CACHE_DIR=os.path.join(cold, "triton"))
         procs = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), "--port", str(port),
                                    "--modes", a.modes, "--steps", str(a.steps)]
-                                  + (["--no-cgtree"] if a.no_cgtree else []), env=env) for r in range(2)]
+                                  + (["--no-cgtree"] if a.no_cgtree else [])
+                                  + (["--share-backward"] if a.share_backward else []), env=env) for r in range(2)]
         codes = [p.wait() for p in procs]
+        if cold:
+            shutil.rmtree(cold, ignore_errors=True)
         print("repeat %d: exit codes %s" % (rep, codes), flush=True)
 
 
@@ -55,6 +70,9 @@ def rank_main(a):
     ct = None
     if not a.no_cgtree:
         import cgtree.torch as ct
+        if a.share_backward:
+            from cgtree.torch import _backend
+            _backend._donates_all_it_may = lambda graph_id, donated: True
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F

@@ -9,7 +9,9 @@
 #      test subset (`meson test -C build --suite quick`; CI runs the full
 #      second command elsewhere);
 #   2. the Python twin in a fresh venv, as README says to make one:
-#      `pip install . && cgtree demo`, then its test command;
+#      `pip install . && cgtree demo`, then its test command, the whole
+#      pytest suite (CI counts its cases from the JUnit report its
+#      PYTEST_ADDOPTS asks for; the summary line is printed here);
 #   3. "Using the installed library": install to $HOME/opt/cgtree (HOME is a
 #      temporary directory here), link a program through pkg-config shared
 #      and static (ldd must show no libcgtree.so for the static one) and run
@@ -77,6 +79,7 @@ else
   check python-demo "$venv && $py1"
   grep -q "all equal" "$tmp/log/python-demo" || bad "python-demo: the demo did not check its outputs"
   check python-tests "$venv && $py2"
+  echo "python-tests: $(tail -1 "$tmp/log/python-tests")" # pytest's summary line
 fi
 
 # --- 3. the installed library: README's block, with a program as app.c

@@ -129,13 +129,21 @@ def main():
     # three bias gradients other last bits than every later run's in the same process, a second Inductor
     # run's as much as cgtree's (fresh 2x H200, `python bench/ddp_diff.py`: in 4 of 5 processes, with and
     # without TORCHINDUCTOR_DETERMINISTIC=1; with a warm cache every run was bit-equal). So the first run
-    # warms the compile, and whether its losses equal the reference's is reported, not asserted.
+    # warms the compile, and whether its losses equal the reference's is reported, not asserted. Later
+    # compiles differ too: the last piece's backward, which cgtree compiles under its own key, gave its bias
+    # gradient other last bits than plain Inductor's (`bench/ddp_diff.py --cold`, one compile thread).
     l_first, _, _, _ = train("inductor")
     l_ind, w_ind, res["inductor"], _ = train("inductor")
     res["first_inductor_run_equal_to_reference"] = torch.equal(l_first, l_ind)
     l_cg, w_cg, res["cgtree"], before = train("cgtree" if cuda else counted)
     res["losses_equal_to_inductor"] = torch.equal(l_cg, l_ind)
     res["weights_equal_to_inductor"] = torch.equal(w_cg, w_ind)
+    # What the test asserts (see test_torch_ddp.py): two compiles of one graph in one process can differ in the
+    # last bits, so cgtree's run, whose last piece's backward compiles under its own cache key, must agree with
+    # Inductor's to 1e-5 relative; memory a replay overwrote would be off by far more.
+    res["losses_close_to_inductor"] = torch.allclose(l_cg, l_ind, rtol=1e-5, atol=1e-7)
+    res["weights_close_to_inductor"] = torch.allclose(w_cg, w_ind, rtol=1e-5, atol=1e-7)
+    res["cgtree_equal_to_first_inductor_run"] = torch.equal(l_cg, l_first)
     res["max_loss_difference"] = float((l_cg - l_ind).abs().max())
     res["max_weight_difference"] = float((w_cg - w_ind).abs().max())
     if ct is not None:

@@ -16,9 +16,17 @@ Each rank trains on its own batches, so only the all-reduce keeps the
 ranks' weights equal. The parent asserts on what the ranks wrote:
 
 - the final weights are bit-equal on both ranks, under Inductor and cgtree;
-- each rank's losses (every step) and final weights under cgtree are
-  bit-equal to its own under Inductor (the kernels are the same; so is
-  NCCL's all-reduce of the same buckets);
+- each rank's losses (every step) and final weights under cgtree agree
+  with its own under Inductor to 1e-5, relative: not bit for bit, since two
+  Inductor compiles of one graph in one process can differ in the last
+  bits. On a fresh 2x H200 (`python bench/ddp_diff.py --cold`), plain
+  Inductor's own first and second runs differed so in half the processes,
+  and the last piece's backward, which cgtree compiles under its own cache
+  key (it has no input it may donate: docs/torch.md, the cache
+  paragraphs), gave its bias gradient other last bits than plain
+  Inductor's with one compile thread, in deterministic mode too; the
+  losses then differ by 1 ulp at a few steps. A value read from memory a
+  replay overwrote would be off by far more;
 - DDPOptimizer gave cgtree several forward graphs (a model DDP wraps must be
   a class of the program's own files: see ddp_worker.py), none ran plainly;
 - after the warm-up, every segment call of every step replays: no
@@ -91,7 +99,7 @@ def run_ranks(tmp_path, world=2, timeout=170):  # under torch_gpu.sh's pytest --
     return [json.load(open(os.path.join(tmp_path, "rank%d.json" % r))) for r in range(world)]
 
 
-def test_ddp_on_two_gpus_keeps_both_ranks_and_inductor_bit_equal_and_replays_after_warm_up(tmp_path):
+def test_ddp_on_two_gpus_keeps_both_ranks_bit_equal_agrees_with_inductor_and_replays_after_warm_up(tmp_path):
     ranks = run_ranks(tmp_path)
     for res in ranks:
         r = res["rank"]
@@ -104,11 +112,15 @@ def test_ddp_on_two_gpus_keeps_both_ranks_and_inductor_bit_equal_and_replays_aft
             "rank %d: DDPOptimizer should cut the model into several graphs at DDP's bucket boundaries; cgtree "
             "compiled %d forward graphs" % (r, res["forward_graphs"]))
         assert res["graphs_plain"] == 0, "rank %d: %d graphs ran as plain Inductor" % (r, res["graphs_plain"])
-        assert res["losses_equal_to_inductor"], (
+        assert res["losses_close_to_inductor"], (
             "rank %d: cgtree's losses differ from Inductor's (max %g)\ncgtree   %s\ninductor %s"
             % (r, res["max_loss_difference"], res["cgtree"]["losses"], res["inductor"]["losses"]))
-        assert res["weights_equal_to_inductor"], (
+        assert res["weights_close_to_inductor"], (
             "rank %d: cgtree's final weights differ from Inductor's (max %g)" % (r, res["max_weight_difference"]))
+        print("rank %d: cgtree bit-equal to Inductor's reference run: losses %s, weights %s; to its first run: "
+              "losses %s (max differences %g, %g)" % (
+                  r, res["losses_equal_to_inductor"], res["weights_equal_to_inductor"],
+                  res["cgtree_equal_to_first_inductor_run"], res["max_loss_difference"], res["max_weight_difference"]))
         after = res["after_warm_up"]
         want = (STEPS - WARM) * res["graphs"]
         assert after["recordings"] == 0, "rank %d: recorded again after the warm-up: %s" % (r, after)
