@@ -183,11 +183,13 @@ static int64_t output_offset_bytes(PyObject *const *args, const out_meta *m) {
  * (another thread's, handed over) is that tree's memory, which its next
  * step reuses: only a view of the caller's tensor, which shares the
  * output's storage and so the mark that tree puts on it, may lie over it.
- * Where the dtypes differ and no such view can be made, the output stays
- * this tree's: in the placeholder copy for a DYNAMIC input, marked at this
- * tree's next step; over the other tree's memory for a STATIC one, marked
- * then too (if the other tree's step ends first, it may read that tree's
- * next outputs until this tree's step ends: docs/torch.md says so). */
+ * Where the dtypes differ and no such view can be made, the call does not
+ * get here: it runs as the plain graph (segment.c,
+ * seg_call_plain_over_side_value), whose view shares the output's storage.
+ * Made here, it lay in the placeholder copy for a DYNAMIC input (missing
+ * the program's writes to it), and over the other tree's memory for a
+ * STATIC one, marked only at this tree's next step: once the other tree's
+ * step ended first, it read that tree's next outputs (a limit once). */
 static int over_caller_memory(const seg_run *run, const out_meta *m, int saved, void **ptr) {
   if (m->alias_arg < 0)
     return 0;

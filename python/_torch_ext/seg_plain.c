@@ -118,18 +118,33 @@ PyObject *seg_call_colliding(SegmentObject *s, const seg_run *r, PyObject *const
 }
 
 /* 1 if an output of template t is a view, as another dtype, of a tensor
- * argument in side_values (a bit per argument k < 63; bit 63 stands for
- * every k from 63 on). */
-int seg_views_as_other_dtype(const variant_tmpl *t, uint64_t side_values) {
-  if (!side_values)
+ * argument in values (a bit per argument k < 63; bit 63 stands for every
+ * k from 63 on): side-pool VALUEs, or outputs of another tree's step. */
+int seg_views_as_other_dtype(const variant_tmpl *t, uint64_t values) {
+  if (!values)
     return 0;
   for (uint32_t i = 0, k = 0; i < t->n_res; i++) {
     if (!t->is_tensor[i])
       continue;
     const out_meta *m = &t->outs[k++];
-    if (m->alias_arg >= 0 && !m->alias_same_dtype && side_values >> (m->alias_k < 63 ? m->alias_k : 63) & 1)
+    if (m->alias_arg >= 0 && !m->alias_same_dtype && values >> (m->alias_k < 63 ? m->alias_k : 63) & 1)
       return 1;
   }
+  return 0;
+}
+
+/* seg_views_as_other_dtype for a call of variant known, or, where the call
+ * is its variant's first (known NULL: no template says yet what it
+ * returns), for any variant's template: which output views which argument
+ * is the graph's own, not its shapes'. 0 before the first call's template.
+ * A scan of the templates, only for a call that reads another tree's
+ * output. */
+int seg_may_view_as_other_dtype(const SegmentObject *s, const variant_tmpl *known, uint64_t values) {
+  if (known)
+    return seg_views_as_other_dtype(known, values);
+  for (size_t i = 0; i < s->n_tmpls; i++)
+    if (seg_views_as_other_dtype(s->tmpls[i], values))
+      return 1;
   return 0;
 }
 
@@ -159,16 +174,33 @@ PyObject *seg_call_plain_in_step(SegmentObject *s, TreeObject *T, void *caller, 
  * themselves, after the tree's work; the segment stays a segment, and the
  * first such call says so. A training forward's saved results hold the step
  * until its backward, as at any plain call (a review: a second forward
- * before the backwards began a step and marked the first one's input). */
-PyObject *seg_call_plain_over_side_value(SegmentObject *s, const seg_run *r, PyObject *const *args, size_t n) {
-  if (!s->warned_side_write) {
-    s->warned_side_write = 1;
-    PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
-                     "cgtree.torch: graph '%s' writes into an output of a run cgtree made eagerly (a graph whose "
-                     "capture failed, or a node past the rerecord limit), or returns a view of one as another "
-                     "dtype; such calls run as the plain graph, so that the write lands in that output and the "
-                     "view is of it",
-                     s->name);
+ * before the backwards began a step and marked the first one's input).
+ *
+ * With other_tree, the call returns a view as another dtype of an output
+ * of another tree's step (another thread's), which as_strided cannot make
+ * of that tensor. A tensor of its own over the other tree's memory (a
+ * STATIC argument) was never marked by that tree's step end, and read its
+ * next outputs, silently; over this tree's copy (a DYNAMIC one) it missed
+ * the program's writes to the argument. The plain graph's view shares the
+ * argument's storage, and so its writes and that tree's mark. */
+PyObject *seg_call_plain_over_side_value(SegmentObject *s, const seg_run *r, PyObject *const *args, size_t n,
+                                         int other_tree) {
+  int *warned = other_tree ? &s->warned_other_view : &s->warned_side_write;
+  if (!*warned) {
+    *warned = 1;
+    if (other_tree)
+      PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
+                       "cgtree.torch: graph '%s' returns a view, as another dtype, of an output of another "
+                       "thread's compiled call; such calls run as the plain graph, so that the view shares that "
+                       "output's storage (its writes, and its staleness)",
+                       s->name);
+    else
+      PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
+                       "cgtree.torch: graph '%s' writes into an output of a run cgtree made eagerly (a graph "
+                       "whose capture failed, or a node past the rerecord limit), or returns a view of one as "
+                       "another dtype; such calls run as the plain graph, so that the write lands in that output "
+                       "and the view is of it",
+                       s->name);
     PyErr_Clear(); /* a warning turned error must not break the call */
   }
   PyObject *res = call_plain_after_tree(s, r, args, n);

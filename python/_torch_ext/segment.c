@@ -142,6 +142,7 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
   int statics_same = !fast && seg_static_ptrs_unchanged(r, args, n), statics_noted = 1;
   int writes_side_value = 0;
   uint64_t side_values = 0; /* the tensor arguments k < 63 that are side-pool VALUEs; bit 63: one at 63 or past */
+  uint64_t other_values = 0; /* the same, for outputs of another tree's step (another thread's) */
   r->n_read = 0;
   for (size_t i = 0; i < n; i++) {
     PyObject *o = args[i];
@@ -287,6 +288,8 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
           return NULL;
         if (other && s->backward) /* another thread's forward's: its tree hears of this backward too */
           r->read[r->n_read++] = other;
+        if (other)
+          other_values |= 1ull << (k < 63 ? k : 63);
       }
       if (r->args[k].kind == CGT_ARG_VALUE && ref->side_pool) {
         side_values |= 1ull << (k < 63 ? k : 63);
@@ -321,7 +324,9 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
   if (known && !seg_key_is(known, r))
     return seg_call_colliding(s, r, args, n);
   if (s->outputs_known && (writes_side_value || (known && seg_views_as_other_dtype(known, side_values))))
-    return seg_call_plain_over_side_value(s, r, args, n);
+    return seg_call_plain_over_side_value(s, r, args, n, 0);
+  if (other_values && seg_may_view_as_other_dtype(s, known, other_values))
+    return seg_call_plain_over_side_value(s, r, args, n, 1);
   uint64_t t_args = clock_if(timed);
   if (!s->outputs_known) { /* runs on the caller's stream: wait for the tree's outputs */
     if (tx_caller_needs_events(T, caller))

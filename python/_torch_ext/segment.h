@@ -171,6 +171,7 @@ struct SegmentObject {
    * through cgt_run (seg_call_plain_over_side_value). */
   uint8_t *arg_written;
   int warned_side_write; /* the first such call was reported */
+  int warned_other_view; /* the first call viewing another tree's output as another dtype was reported */
   int warned_collision;  /* the first call whose variant key collided was reported (seg_call_colliding) */
   uint64_t collisions;   /* such calls */
   /* The list of STATIC positions, as PyTorch's pointer check wants them
@@ -322,10 +323,12 @@ void seg_plain_saved_hold_step(SegmentObject *s, TreeObject *T, PyObject *res);
 
 void seg_go_plain(SegmentObject *s, const char *why);
 PyObject *seg_call_colliding(SegmentObject *s, const seg_run *r, PyObject *const *args, size_t n);
-int seg_views_as_other_dtype(const variant_tmpl *t, uint64_t side_values);
+int seg_views_as_other_dtype(const variant_tmpl *t, uint64_t values);
+int seg_may_view_as_other_dtype(const SegmentObject *s, const variant_tmpl *known, uint64_t values);
 PyObject *seg_call_plain_in_step(SegmentObject *s, TreeObject *T, void *caller, PyObject *const *args,
                                  size_t n);
-PyObject *seg_call_plain_over_side_value(SegmentObject *s, const seg_run *r, PyObject *const *args, size_t n);
+PyObject *seg_call_plain_over_side_value(SegmentObject *s, const seg_run *r, PyObject *const *args, size_t n,
+                                         int other_tree);
 PyObject *seg_ran_then_failed(SegmentObject *s, PyObject *res);
 PyObject *seg_first_call(SegmentObject *s, const seg_run *r, void *caller, PyObject *const *args, size_t n,
                          uint64_t variant);

@@ -6888,6 +6888,69 @@ def test_a_view_of_another_trees_output_shares_its_storage_and_goes_stale_with_i
     M.check()
 
 
+class InputViewAsInt32AndDouble:
+    """(x[1:] as int32, 2x + 1): the view a custom autograd.Function
+    returns of its input as another dtype, handed to the user as the graph
+    returned it (AOTAutograd's custom_function_view). The int argument
+    only keys the variant (a shape, under dynamic shapes)."""
+
+    def __init__(self, tree):
+        self.tree = tree
+
+    def __call__(self, x, _variant):
+        y = affine(self.tree.stream, x, 2.0, 1.0)
+        v = x.narrow(1, x.n - 1)
+        v.dtype = "int32"
+        return (v, y)
+
+
+@pytest.mark.parametrize("kind", [ARG_TENSOR, ARG_TENSOR_STATIC], ids=["dynamic", "static"])
+def test_a_view_as_another_dtype_of_another_trees_output_runs_as_the_plain_graph_and_goes_stale_with_it(kind):
+    """As test_a_view_of_another_trees_output_shares_its_storage_and_goes_stale_with_it,
+    with M's view of A's output y as another dtype, which as_strided cannot
+    make of y. Over a STATIC y it was a tensor of its own over A's memory,
+    which A's next step reused and never marked: it read A's next outputs,
+    silently (a limit docs/torch.md listed); over a DYNAMIC y it lay in M's
+    copy, and missed the program's writes to y after the call. Such a call
+    runs as the plain graph, whose view shares y's storage: it shows y's
+    writes and raises once A's next step begins, as y does; so does the
+    first call of a variant M has not run before (no template of its own
+    yet says what it returns)."""
+    A = X.Tree(0, backend="sim")
+    M = X.Tree(0, backend="sim")
+    seg_a = segment(A, Graph(A, 1.0, 0.0), spans=(16,), name="a")
+    seg_m = segment(M, InputViewAsInt32AndDouble(M), kinds=(kind, ARG_INT), spans=(16, 0), name="m")
+    x = FakeTensor(4)
+    raised = 0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(6):
+            x.fill([10 * i, 10 * i + 1, 10 * i + 2, 10 * i + 3])
+            (y,) = call(seg_a, x)  # y = x, in tree A's pool from A's second call on
+            v, d = call(seg_m, y, int(i >= 3))  # v = y[1:] as int32, under tree M; a new variant at i = 3
+            assert d.values() == [2.0 * (10 * i + j) + 1 for j in range(4)]
+            assert v.values() == [10 * i + 1, 10 * i + 2, 10 * i + 3]
+            assert v.storage is y.storage, i  # the plain graph's view of y
+            y.fill([7, 7, 7, 7])  # the program writes y after the call: the view shows it
+            assert v.values() == [7, 7, 7], i
+            del y
+            x.fill([-1, -2, -3, -4])
+            (y2,) = call(seg_a, x)  # tree A's next step: y's memory is y2's now
+            try:
+                assert v.values() == [7, 7, 7], i  # y was the plain graph's own tensor: nothing reused it
+                assert i == 0
+            except RuntimeError as e:
+                assert "StaleTensorError" in str(e)
+                raised += 1
+            del y2, v, d
+    assert raised == 5
+    assert A.stats()["replays"] >= 2
+    assert seg_m.info["plain_calls"] >= 4, seg_m.info
+    assert sum("another thread" in str(w.message) for w in caught) == 1
+    A.check()
+    M.check()
+
+
 def test_an_output_that_is_a_view_at_an_offset_keeps_the_plain_graphs_storage_offset(tree):
     """AOTAutograd rebuilds an output that aliases an input or another
     output from its base with as_strided(size, stride, storage_offset())

@@ -1264,6 +1264,75 @@ def test_a_custom_autograd_functions_view_of_its_input_is_a_view_of_the_callers_
         assert torch.equal(c.detach(), i.detach()), (c, i)
 
 
+class _HalfViewOf(torch.autograd.Function):
+    """A custom autograd.Function whose forward returns a view of its input
+    as another dtype (float16 over float32: AOTAutograd's
+    custom_function_view, which the graph hands to the user itself; a view
+    as int32 it regenerates from the input instead)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view(torch.float16)[2:]
+
+    @staticmethod
+    def backward(ctx, g):
+        return None
+
+
+def test_a_custom_functions_view_as_another_dtype_of_another_threads_output_shows_its_writes_and_goes_stale_with_it():
+    """Thread A's compiled enc makes y in A's tree; this thread's compiled
+    f returns a view of it as float16 (a custom autograd.Function), which
+    as_strided cannot make of y. Made by this thread's tree it lay in the
+    copy its graph read: a write to y after the call did not show in it
+    (Inductor's view shows it), silently. Such a call runs as the plain
+    graph: the view is of y itself, shows the write, and raises
+    StaleTensorError once A's next step begins, as y does."""
+    fresh()
+    from concurrent.futures import ThreadPoolExecutor
+
+    enc = torch.compile(lambda x: x * 3 + 1, backend="cgtree")
+    f = torch.compile(lambda y, w: (_HalfViewOf.apply(y), (y * w).sum()), backend="cgtree")
+    w = torch.full((64,), 2.0, device=DEV, requires_grad=True)
+    x = torch.zeros(64, device=DEV)
+    with torch.no_grad():  # both compiled here: Dynamo's tracing is not thread-safe
+        y0 = enc(x)
+    f(y0.detach().requires_grad_(), w)[1].backward()
+    del y0
+    torch.cuda.synchronize()
+
+    def a_step(i):  # on A's thread: its tree's next step
+        with torch.no_grad():
+            x.fill_(float(i))
+            return enc(x)
+
+    kept = None
+    raised = 0
+    with ThreadPoolExecutor(max_workers=1) as a, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(6):
+            y_a = a.submit(a_step, i).result()  # A's next step: the last round's y is stale now
+            if kept is not None:
+                try:
+                    kept.clone()
+                    assert i <= 2, "round %d: the view of A's last output read on past A's next step" % i
+                except RuntimeError as e:
+                    assert "StaleTensorError" in str(e), str(e)
+                    raised += 1
+            y = y_a.detach().requires_grad_()  # A's memory: the same storage
+            v, loss = f(y, w)
+            loss.backward()
+            assert v.dtype == torch.float16
+            assert torch.equal(v.detach(), y.detach().view(torch.float16)[2:]), i
+            with torch.no_grad():
+                y.add_(1.0)  # the program writes y after the call: Inductor's view shows it
+            assert torch.equal(v.detach(), y.detach().view(torch.float16)[2:]), (
+                "round %d: the view missed a write to the tensor it views" % i)
+            kept = v
+            del y, y_a, v, loss
+    assert raised >= 3, "a view of A's output never went stale with it"
+    assert any("another thread" in str(m.message) for m in caught), [str(m.message) for m in caught]
+
+
 def test_another_threads_torch_cuda_graph_capture_survives_this_threads_replays_allocations_tree_close_and_empty_cache():
     """torch.cuda.graph captures in CUDA's global mode: while it is open,
     CUDA refuses potentially unsafe calls from every other thread in global
