@@ -32,11 +32,13 @@ bad() { echo "FAIL: $*"; failed=$((failed + 1)); }
 check() {
   local name=$1 cmd=$2
   echo "== $name: $cmd"
-  if (cd "$tmp/repo" && bash -c "$cmd") >"$tmp/log/$name" 2>&1; then
+  local rc=0
+  (cd "$tmp/repo" && bash -c "$cmd") >"$tmp/log/$name" 2>&1 || rc=$?
+  if [ $rc -eq 0 ]; then
     ok "$name"
   else
     tail -25 "$tmp/log/$name"
-    bad "$name (exit status $?)"
+    bad "$name (exit status $rc)"
   fi
 }
 line_after() { sed -n "/^$1/{n;p;q}" "$src/README.md"; } # the line after the first match

@@ -148,6 +148,20 @@ int seg_may_view_as_other_dtype(const SegmentObject *s, const variant_tmpl *know
   return 0;
 }
 
+/* The first call of s that runs as the plain graph because it returns a
+ * view, as another dtype, of another tree's output says so. */
+void seg_warn_view_of_other_tree(SegmentObject *s) {
+  if (s->warned_other_view)
+    return;
+  s->warned_other_view = 1;
+  PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
+                   "cgtree.torch: graph '%s' returns a view, as another dtype, of an output of another thread's "
+                   "compiled call; such calls run as the plain graph, so that the view shares that output's "
+                   "storage (its writes, and its staleness)",
+                   s->name);
+  PyErr_Clear(); /* a warning turned error must not break the call */
+}
+
 /* A call of T, in its step, as the plain graph: a call of a segment plain
  * from before (seg_call_bypassed), or the call at which it goes plain (seg_go_plain:
  * its warm-up or recording raised, an argument is off the device). A
@@ -185,22 +199,16 @@ PyObject *seg_call_plain_in_step(SegmentObject *s, TreeObject *T, void *caller, 
  * argument's storage, and so its writes and that tree's mark. */
 PyObject *seg_call_plain_over_side_value(SegmentObject *s, const seg_run *r, PyObject *const *args, size_t n,
                                          int other_tree) {
-  int *warned = other_tree ? &s->warned_other_view : &s->warned_side_write;
-  if (!*warned) {
-    *warned = 1;
-    if (other_tree)
-      PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
-                       "cgtree.torch: graph '%s' returns a view, as another dtype, of an output of another "
-                       "thread's compiled call; such calls run as the plain graph, so that the view shares that "
-                       "output's storage (its writes, and its staleness)",
-                       s->name);
-    else
-      PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
-                       "cgtree.torch: graph '%s' writes into an output of a run cgtree made eagerly (a graph "
-                       "whose capture failed, or a node past the rerecord limit), or returns a view of one as "
-                       "another dtype; such calls run as the plain graph, so that the write lands in that output "
-                       "and the view is of it",
-                       s->name);
+  if (other_tree) {
+    seg_warn_view_of_other_tree(s);
+  } else if (!s->warned_side_write) {
+    s->warned_side_write = 1;
+    PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
+                     "cgtree.torch: graph '%s' writes into an output of a run cgtree made eagerly (a graph whose "
+                     "capture failed, or a node past the rerecord limit), or returns a view of one as another "
+                     "dtype; such calls run as the plain graph, so that the write lands in that output and the "
+                     "view is of it",
+                     s->name);
     PyErr_Clear(); /* a warning turned error must not break the call */
   }
   PyObject *res = call_plain_after_tree(s, r, args, n);

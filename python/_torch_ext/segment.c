@@ -335,6 +335,15 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
     if (!plain)
       return NULL;
     int keeps_plain = !s->outputs_known || s->bypass_reason;
+    /* The template this call just made may say it returns a view, as
+     * another dtype, of another tree's output: its plain outputs stand, as
+     * at a later call of it (seg_call_plain_over_side_value), not the
+     * tree's rerun (a helper's review: rerun, a STATIC argument's view read
+     * the other tree's next outputs). */
+    if (!keeps_plain && other_values && seg_may_view_as_other_dtype(s, seg_tmpl_find(s, variant), other_values)) {
+      seg_warn_view_of_other_tree(s);
+      keeps_plain = 1;
+    }
     if (!keeps_plain && seg_run_register(r) < 0)
       return seg_ran_then_failed(s, plain); /* registered at a later call (below) */
     if (keeps_plain || !s->rerun_first) { /* the caller gets the plain outputs */

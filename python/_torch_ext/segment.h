@@ -325,6 +325,7 @@ void seg_go_plain(SegmentObject *s, const char *why);
 PyObject *seg_call_colliding(SegmentObject *s, const seg_run *r, PyObject *const *args, size_t n);
 int seg_views_as_other_dtype(const variant_tmpl *t, uint64_t values);
 int seg_may_view_as_other_dtype(const SegmentObject *s, const variant_tmpl *known, uint64_t values);
+void seg_warn_view_of_other_tree(SegmentObject *s);
 PyObject *seg_call_plain_in_step(SegmentObject *s, TreeObject *T, void *caller, PyObject *const *args,
                                  size_t n);
 PyObject *seg_call_plain_over_side_value(SegmentObject *s, const seg_run *r, PyObject *const *args, size_t n,

@@ -6951,6 +6951,46 @@ def test_a_view_as_another_dtype_of_another_trees_output_runs_as_the_plain_graph
     M.check()
 
 
+@pytest.mark.parametrize("rerun_first", [False, True], ids=["keeps_first", "reruns_first"])
+@pytest.mark.parametrize("kind", [ARG_TENSOR, ARG_TENSOR_STATIC], ids=["dynamic", "static"])
+def test_a_first_call_that_views_another_trees_output_as_another_dtype_keeps_its_plain_outputs(kind, rerun_first):
+    """The segment's very first call already takes an output of A's pool. That
+    call runs the plain graph, and its template is made from it; a graph
+    that may run again (rerun_first: no input writes, no autograd, no
+    random draws) then threw the plain outputs away and had the tree make
+    them: the view of A's y as another dtype lay in A's memory (STATIC),
+    unmarked, and read A's next outputs silently, or in M's copy (DYNAMIC)
+    and missed the program's write (a helper's review). The plain outputs
+    stand."""
+    A = X.Tree(0, backend="sim")
+    M = X.Tree(0, backend="sim")
+    seg_a = segment(A, Graph(A, 1.0, 0.0), spans=(16,), name="a")
+    x = FakeTensor(4).fill([1, 2, 3, 4])
+    for _ in range(3):  # A's outputs lie in its pool from here on
+        call(seg_a, x)
+    seg_m = segment(M, InputViewAsInt32AndDouble(M), kinds=(kind, ARG_INT), spans=(16, 0), name="m",
+                    rerun_first=rerun_first)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(4):
+            x.fill([10 * i, 10 * i + 1, 10 * i + 2, 10 * i + 3])
+            (y,) = call(seg_a, x)
+            v, _ = call(seg_m, y, 0)
+            assert v.values() == [10 * i + 1, 10 * i + 2, 10 * i + 3] and v.storage is y.storage, i
+            y.fill([7, 7, 7, 7])
+            assert v.values() == [7, 7, 7], i
+            del y
+            x.fill([-1, -2, -3, -4])
+            (y2,) = call(seg_a, x)  # A's next step
+            with pytest.raises(RuntimeError, match="StaleTensorError"):
+                v.values()
+            del y2, v
+    assert seg_m.info["plain_calls"] == 4, seg_m.info
+    assert sum("another thread" in str(w.message) for w in caught) == 1
+    A.check()
+    M.check()
+
+
 def test_an_output_that_is_a_view_at_an_offset_keeps_the_plain_graphs_storage_offset(tree):
     """AOTAutograd rebuilds an output that aliases an input or another
     output from its base with as_strided(size, stride, storage_offset())

@@ -1305,15 +1305,16 @@ def test_a_custom_functions_view_as_another_dtype_of_another_threads_output_show
             x.fill_(float(i))
             return enc(x)
 
-    kept = None
+    kept = kept_want = None
     raised = 0
     with ThreadPoolExecutor(max_workers=1) as a, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for i in range(6):
             y_a = a.submit(a_step, i).result()  # A's next step: the last round's y is stale now
-            if kept is not None:
+            if kept is not None:  # last round's view: its own value (A's plain first outputs), or it raises
                 try:
-                    kept.clone()
+                    assert torch.equal(kept.detach().clone(), kept_want), (
+                        "round %d: the view of A's last output reads other data" % i)
                     assert i <= 2, "round %d: the view of A's last output read on past A's next step" % i
                 except RuntimeError as e:
                     assert "StaleTensorError" in str(e), str(e)
@@ -1327,7 +1328,7 @@ def test_a_custom_functions_view_as_another_dtype_of_another_threads_output_show
                 y.add_(1.0)  # the program writes y after the call: Inductor's view shows it
             assert torch.equal(v.detach(), y.detach().view(torch.float16)[2:]), (
                 "round %d: the view missed a write to the tensor it views" % i)
-            kept = v
+            kept, kept_want = v, v.detach().clone()
             del y, y_a, v, loss
     assert raised >= 3, "a view of A's output never went stale with it"
     assert any("another thread" in str(m.message) for m in caught), [str(m.message) for m in caught]
