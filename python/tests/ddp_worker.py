@@ -140,9 +140,11 @@ def main():
     res["weights_equal_to_inductor"] = torch.equal(w_cg, w_ind)
     # What the test asserts (see test_torch_ddp.py): two compiles of one graph in one process can differ in the
     # last bits, so cgtree's run, whose last piece's backward compiles under its own cache key, must agree with
-    # Inductor's to 1e-5 relative; memory a replay overwrote would be off by far more.
+    # Inductor's: losses to 1e-5 relative, weights to 1e-6 absolute (AdamW turns a last-bit difference in a
+    # gradient near zero into a larger one in its weight: 1.1e-7 to 2e-7 seen, weights of order 0.04, 1/sqrt(512));
+    # memory a replay overwrote would be off by the weights' size, a step's stale gradient by about lr, 1e-3.
     res["losses_close_to_inductor"] = torch.allclose(l_cg, l_ind, rtol=1e-5, atol=1e-7)
-    res["weights_close_to_inductor"] = torch.allclose(w_cg, w_ind, rtol=1e-5, atol=1e-7)
+    res["weights_close_to_inductor"] = torch.allclose(w_cg, w_ind, rtol=1e-5, atol=1e-6)
     res["cgtree_equal_to_first_inductor_run"] = torch.equal(l_cg, l_first)
     res["max_loss_difference"] = float((l_cg - l_ind).abs().max())
     res["max_weight_difference"] = float((w_cg - w_ind).abs().max())
