@@ -6840,14 +6840,20 @@ def test_an_eager_runs_view_of_a_dynamic_input_holds_the_callers_storage_and_is_
 
 class InputViewAndDouble:
     """(x[1:], 2x + 1): a view of its input handed to the user as the graph
-    returned it."""
+    returned it; with as_dtype, a view as another dtype (the view a custom
+    autograd.Function returns of its input, AOTAutograd's
+    custom_function_view). Int arguments after x only key the variant (a
+    shape, under dynamic shapes)."""
 
-    def __init__(self, tree):
-        self.tree = tree
+    def __init__(self, tree, as_dtype=None):
+        self.tree, self.as_dtype = tree, as_dtype
 
-    def __call__(self, x):
+    def __call__(self, x, *_variant):
         y = affine(self.tree.stream, x, 2.0, 1.0)
-        return (x.narrow(1, x.n - 1), y)
+        v = x.narrow(1, x.n - 1)
+        if self.as_dtype:
+            v.dtype = self.as_dtype
+        return (v, y)
 
 
 @pytest.mark.parametrize("kind", [ARG_TENSOR, ARG_TENSOR_STATIC], ids=["dynamic", "static"])
@@ -6888,22 +6894,6 @@ def test_a_view_of_another_trees_output_shares_its_storage_and_goes_stale_with_i
     M.check()
 
 
-class InputViewAsInt32AndDouble:
-    """(x[1:] as int32, 2x + 1): the view a custom autograd.Function
-    returns of its input as another dtype, handed to the user as the graph
-    returned it (AOTAutograd's custom_function_view). The int argument
-    only keys the variant (a shape, under dynamic shapes)."""
-
-    def __init__(self, tree):
-        self.tree = tree
-
-    def __call__(self, x, _variant):
-        y = affine(self.tree.stream, x, 2.0, 1.0)
-        v = x.narrow(1, x.n - 1)
-        v.dtype = "int32"
-        return (v, y)
-
-
 @pytest.mark.parametrize("kind", [ARG_TENSOR, ARG_TENSOR_STATIC], ids=["dynamic", "static"])
 def test_a_view_as_another_dtype_of_another_trees_output_runs_as_the_plain_graph_and_goes_stale_with_it(kind):
     """As test_a_view_of_another_trees_output_shares_its_storage_and_goes_stale_with_it,
@@ -6919,7 +6909,7 @@ def test_a_view_as_another_dtype_of_another_trees_output_runs_as_the_plain_graph
     A = X.Tree(0, backend="sim")
     M = X.Tree(0, backend="sim")
     seg_a = segment(A, Graph(A, 1.0, 0.0), spans=(16,), name="a")
-    seg_m = segment(M, InputViewAsInt32AndDouble(M), kinds=(kind, ARG_INT), spans=(16, 0), name="m")
+    seg_m = segment(M, InputViewAndDouble(M, "int32"), kinds=(kind, ARG_INT), spans=(16, 0), name="m")
     x = FakeTensor(4)
     raised = 0
     with warnings.catch_warnings(record=True) as caught:
@@ -6968,7 +6958,7 @@ def test_a_first_call_that_views_another_trees_output_as_another_dtype_keeps_its
     x = FakeTensor(4).fill([1, 2, 3, 4])
     for _ in range(3):  # A's outputs lie in its pool from here on
         call(seg_a, x)
-    seg_m = segment(M, InputViewAsInt32AndDouble(M), kinds=(kind, ARG_INT), spans=(16, 0), name="m",
+    seg_m = segment(M, InputViewAndDouble(M, "int32"), kinds=(kind, ARG_INT), spans=(16, 0), name="m",
                     rerun_first=rerun_first)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
