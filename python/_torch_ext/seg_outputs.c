@@ -184,8 +184,8 @@ static int64_t output_offset_bytes(PyObject *const *args, const out_meta *m) {
  * step reuses: only a view of the caller's tensor, which shares the
  * output's storage and so the mark that tree puts on it, may lie over it.
  * Where the dtypes differ and no such view can be made, the call does not
- * get here: it runs as the plain graph (segment.c,
- * seg_call_plain_over_side_value), whose view shares the output's storage.
+ * get here: it runs as the plain graph (seg_plain.c,
+ * seg_call_plain_over_other_trees_output), whose view shares the output's storage.
  * Made here, it lay in the placeholder copy for a DYNAMIC input (missing
  * the program's writes to it), and over the other tree's memory for a
  * STATIC one, marked only at this tree's next step: once the other tree's

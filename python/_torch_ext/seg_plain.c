@@ -176,6 +176,17 @@ PyObject *seg_call_plain_in_step(SegmentObject *s, TreeObject *T, void *caller, 
   return res;
 }
 
+/* The plain graph after the tree's work, in the call's step: a training
+ * forward's saved results hold the step until its backward, as at any
+ * plain call (a review: a second forward before the backwards began a
+ * step and marked the first one's input). */
+static PyObject *call_plain_after_tree_in_step(SegmentObject *s, const seg_run *r, PyObject *const *args,
+                                               size_t n) {
+  PyObject *res = call_plain_after_tree(s, r, args, n);
+  seg_plain_saved_hold_step(s, r->tree, res);
+  return res;
+}
+
 /* A call whose graph writes into an output of an eager run of the tree (a
  * failed capture's, or a node's past the rerecord limit), or returns a view
  * of one as another dtype. That output lies in the tree's side pool, and
@@ -186,22 +197,9 @@ PyObject *seg_call_plain_in_step(SegmentObject *s, TreeObject *T, void *caller, 
  * would miss the program's later writes to that tensor, silently (a
  * review). This call runs as the plain graph instead, on the tensors
  * themselves, after the tree's work; the segment stays a segment, and the
- * first such call says so. A training forward's saved results hold the step
- * until its backward, as at any plain call (a review: a second forward
- * before the backwards began a step and marked the first one's input).
- *
- * With other_tree, the call returns a view as another dtype of an output
- * of another tree's step (another thread's), which as_strided cannot make
- * of that tensor. A tensor of its own over the other tree's memory (a
- * STATIC argument) was never marked by that tree's step end, and read its
- * next outputs, silently; over this tree's copy (a DYNAMIC one) it missed
- * the program's writes to the argument. The plain graph's view shares the
- * argument's storage, and so its writes and that tree's mark. */
-PyObject *seg_call_plain_over_side_value(SegmentObject *s, const seg_run *r, PyObject *const *args, size_t n,
-                                         int other_tree) {
-  if (other_tree) {
-    seg_warn_view_of_other_tree(s);
-  } else if (!s->warned_side_write) {
+ * first such call says so. */
+PyObject *seg_call_plain_over_side_value(SegmentObject *s, const seg_run *r, PyObject *const *args, size_t n) {
+  if (!s->warned_side_write) {
     s->warned_side_write = 1;
     PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
                      "cgtree.torch: graph '%s' writes into an output of a run cgtree made eagerly (a graph whose "
@@ -211,9 +209,21 @@ PyObject *seg_call_plain_over_side_value(SegmentObject *s, const seg_run *r, PyO
                      s->name);
     PyErr_Clear(); /* a warning turned error must not break the call */
   }
-  PyObject *res = call_plain_after_tree(s, r, args, n);
-  seg_plain_saved_hold_step(s, r->tree, res);
-  return res;
+  return call_plain_after_tree_in_step(s, r, args, n);
+}
+
+/* A call that returns a view, as another dtype, of an output of another
+ * tree's step (another thread's), which as_strided cannot make of that
+ * tensor. Made by this tree, over the other tree's memory (a STATIC
+ * argument) it was never marked by that tree's step end, and read its next
+ * outputs, silently; over this tree's copy (a DYNAMIC one) it missed the
+ * program's writes to the argument. The plain graph's view shares the
+ * argument's storage, and so its writes and that tree's mark; the first
+ * such call says so. */
+PyObject *seg_call_plain_over_other_trees_output(SegmentObject *s, const seg_run *r, PyObject *const *args,
+                                                 size_t n) {
+  seg_warn_view_of_other_tree(s);
+  return call_plain_after_tree_in_step(s, r, args, n);
 }
 
 /* The first call's plain run is done, and what came after it failed (an

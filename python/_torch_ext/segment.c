@@ -324,9 +324,9 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
   if (known && !seg_key_is(known, r))
     return seg_call_colliding(s, r, args, n);
   if (s->outputs_known && (writes_side_value || (known && seg_views_as_other_dtype(known, side_values))))
-    return seg_call_plain_over_side_value(s, r, args, n, 0);
+    return seg_call_plain_over_side_value(s, r, args, n);
   if (other_values && seg_may_view_as_other_dtype(s, known, other_values))
-    return seg_call_plain_over_side_value(s, r, args, n, 1);
+    return seg_call_plain_over_other_trees_output(s, r, args, n);
   uint64_t t_args = clock_if(timed);
   if (!s->outputs_known) { /* runs on the caller's stream: wait for the tree's outputs */
     if (tx_caller_needs_events(T, caller))
@@ -337,7 +337,7 @@ static PyObject *seg_call(SegmentObject *s, PyObject *const *args, size_t n, PyO
     int keeps_plain = !s->outputs_known || s->bypass_reason;
     /* The template this call just made may say it returns a view, as
      * another dtype, of another tree's output: its plain outputs stand, as
-     * at a later call of it (seg_call_plain_over_side_value), not the
+     * at a later call of it (seg_call_plain_over_other_trees_output), not the
      * tree's rerun (a helper's review: rerun, a STATIC argument's view read
      * the other tree's next outputs). */
     if (!keeps_plain && other_values && seg_may_view_as_other_dtype(s, seg_tmpl_find(s, variant), other_values)) {

@@ -328,8 +328,9 @@ int seg_may_view_as_other_dtype(const SegmentObject *s, const variant_tmpl *know
 void seg_warn_view_of_other_tree(SegmentObject *s);
 PyObject *seg_call_plain_in_step(SegmentObject *s, TreeObject *T, void *caller, PyObject *const *args,
                                  size_t n);
-PyObject *seg_call_plain_over_side_value(SegmentObject *s, const seg_run *r, PyObject *const *args, size_t n,
-                                         int other_tree);
+PyObject *seg_call_plain_over_side_value(SegmentObject *s, const seg_run *r, PyObject *const *args, size_t n);
+PyObject *seg_call_plain_over_other_trees_output(SegmentObject *s, const seg_run *r, PyObject *const *args,
+                                                 size_t n);
 PyObject *seg_ran_then_failed(SegmentObject *s, PyObject *res);
 PyObject *seg_first_call(SegmentObject *s, const seg_run *r, void *caller, PyObject *const *args, size_t n,
                          uint64_t variant);
